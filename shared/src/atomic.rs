@@ -1,0 +1,96 @@
+//! Atomic file writes and safe file creation in a run dir.
+//!
+//! [`write_atomic`] is the one way any record reaches disk: a temp file in the same directory
+//! (created `O_EXCL | O_NOFOLLOW`, mode 0600), the bytes, `rename(2)` over the target. Readers see
+//! the old document or the new one, never a mix. With `durable`, the file is fsynced before the
+//! rename and the directory after it, so the record survives a crash once we report it.
+
+use crate::error::{Error, Result};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Replace `dir/name` atomically with `bytes`; fsync file and dir when `durable`.
+pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8], durable: bool) -> Result<()> {
+    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let tmp = dir.join(format!(".{name}.{}.{n}.tmp", std::process::id()));
+    let target = dir.join(name);
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)
+            .map_err(|e| Error::io("create", &tmp, e))?;
+        f.write_all(bytes).map_err(|e| Error::io("write", &tmp, e))?;
+        if durable {
+            f.sync_all().map_err(|e| Error::io("fsync", &tmp, e))?;
+        }
+        drop(f);
+        std::fs::rename(&tmp, &target).map_err(|e| Error::io("rename into place", &target, e))?;
+        if durable {
+            sync_dir(dir)?;
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// fsync a directory, so a rename in it is durable.
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io("fsync directory", dir, e))
+}
+
+/// Open `dir/name` for appending, creating it mode 0600, never following a symlink.
+pub fn open_append(dir: &Path, name: &str) -> Result<File> {
+    let path = dir.join(name);
+    OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .map_err(|e| Error::io("open", &path, e))
+}
+
+/// Open `dir/name` read-only, never following a symlink.
+pub fn open_read(dir: &Path, name: &str) -> std::io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(dir.join(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn replaces_whole_files_with_mode_0600_and_leaves_no_temp() {
+        let d = tempfile::tempdir().unwrap();
+        write_atomic(d.path(), "status.json", b"{\"a\":1}", false).unwrap();
+        write_atomic(d.path(), "status.json", b"{\"a\":2}", true).unwrap();
+        assert_eq!(std::fs::read(d.path().join("status.json")).unwrap(), b"{\"a\":2}");
+        let mode = std::fs::metadata(d.path().join("status.json")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn refuses_to_append_through_a_symlink() {
+        let d = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", d.path().join("stdout.log")).unwrap();
+        assert!(open_append(d.path(), "stdout.log").is_err());
+    }
+}

@@ -1,0 +1,65 @@
+//! lease.json: `{"deadline_epoch": SECONDS_FLOAT, "lease_s": SECONDS_FLOAT}`, replaced atomically.
+//!
+//! `start --lease` writes it, `renew` pushes the deadline, the wrapper and the watchdog read it.
+//! A lease is only a deadline: what happens when it passes is the stop routine's business.
+
+use crate::atomic::{open_read, write_atomic};
+use crate::error::{Error, Result};
+use crate::root::files;
+use serde::{Deserialize, Serialize};
+use std::io::Read;
+use std::path::Path;
+use std::time::Duration;
+
+/// A lease: the deadline (epoch seconds) and its length.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Lease {
+    pub deadline_epoch: f64,
+    pub lease_s: f64,
+}
+
+impl Lease {
+    /// A lease of `len` from now.
+    pub fn from_now(len: Duration) -> Lease {
+        Lease {
+            deadline_epoch: crate::time::epoch_now() + len.as_secs_f64(),
+            lease_s: len.as_secs_f64(),
+        }
+    }
+
+    /// Seconds left (negative once expired).
+    pub fn remaining_s(&self) -> f64 {
+        self.deadline_epoch - crate::time::epoch_now()
+    }
+}
+
+/// Write lease.json atomically. Not fsynced: after a crash the boot id, not the lease, decides.
+pub fn write_lease(dir: &Path, lease: &Lease) -> Result<()> {
+    let mut s = serde_json::to_string(lease).expect("a lease serializes");
+    s.push('\n');
+    write_atomic(dir, files::LEASE, s.as_bytes(), false)
+}
+
+/// Read lease.json: `Ok(None)` when the run has no lease, `Corrupt` when it is not a whole lease.
+pub fn read_lease(dir: &Path) -> Result<Option<Lease>> {
+    let path = dir.join(files::LEASE);
+    let mut f = match open_read(dir, files::LEASE) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io("open", path, e)),
+    };
+    let mut s = String::new();
+    f.read_to_string(&mut s)
+        .map_err(|e| Error::io("read", &path, e))?;
+    let l: Lease = serde_json::from_str(&s).map_err(|e| Error::Corrupt {
+        path: path.clone(),
+        why: e.to_string(),
+    })?;
+    if !l.deadline_epoch.is_finite() || !l.lease_s.is_finite() || l.lease_s < 0.0 {
+        return Err(Error::Corrupt {
+            path,
+            why: "deadline or length out of range".into(),
+        });
+    }
+    Ok(Some(l))
+}

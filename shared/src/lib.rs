@@ -1,0 +1,35 @@
+//! The library behind `agent-run` and `agent-run-watchdog`.
+//!
+//! Every piece that more than one binary needs lives here, once: run ids ([`id`]), the run root
+//! and run dirs ([`root`]), atomic writes ([`atomic`]), the status record ([`record`]), the events
+//! journal ([`journal`]), leases ([`lease`]), /proc reading ([`procfs`]), the run's process set
+//! ([`procset`]), THE stop routine ([`stop`]) and the exit-code table ([`exit`]). Raw syscalls that
+//! std lacks are fenced in [`sys`], the only module allowed to use `unsafe`.
+#![deny(unsafe_code)]
+
+pub mod atomic;
+pub mod error;
+pub mod exit;
+pub mod id;
+pub mod journal;
+pub mod lease;
+pub mod pid;
+pub mod procfs;
+pub mod procset;
+pub mod record;
+pub mod root;
+pub mod stop;
+pub mod sys;
+pub mod time;
+
+pub use error::{Error, Result};
+
+/// agent-run's version, written into every record.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The environment variable that names the run in the workload's environment.
+pub const ENV_RUN_ID: &str = "AGENT_RUN_ID";
+/// The environment variable that holds the run dir in the workload's environment.
+pub const ENV_RUN_DIR: &str = "AGENT_RUN_DIR";
+/// The environment variable that overrides the default run root.
+pub const ENV_ROOT: &str = "AGENT_RUN_ROOT";

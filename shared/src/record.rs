@@ -1,0 +1,231 @@
+//! status.json: the run's record, and the one writer for it.
+//!
+//! Every key of the contract is present in every write (null where unknown). Records are replaced
+//! through [`crate::atomic::write_atomic`]; a final record is fsynced (file and directory) before
+//! [`write_status`] returns, and is never overwritten: writing over a final record is refused.
+//! Readers get [`Error::Missing`] or [`Error::Corrupt`] for a missing or partial document and
+//! must report it as such, never guess.
+
+use crate::atomic::{open_read, write_atomic};
+use crate::error::{Error, Result};
+use crate::root::files;
+use serde::{Deserialize, Serialize};
+use std::io::Read;
+use std::path::Path;
+
+/// The record's schema version.
+pub const SCHEMA: u32 = 1;
+
+/// The states of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    Starting,
+    Running,
+    Cancelling,
+    Finished,
+    Cancelled,
+    LaunchFailed,
+    Unknown,
+}
+
+impl State {
+    /// Final states are written once and never change.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            State::Finished | State::Cancelled | State::LaunchFailed | State::Unknown
+        )
+    }
+
+    /// The contract's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Starting => "starting",
+            State::Running => "running",
+            State::Cancelling => "cancelling",
+            State::Finished => "finished",
+            State::Cancelled => "cancelled",
+            State::LaunchFailed => "launch_failed",
+            State::Unknown => "unknown",
+        }
+    }
+}
+
+/// What a stop did: the `cleanup` key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cleanup {
+    /// Signal names in the order first sent: "TERM", "HUP", "KILL".
+    pub signals: Vec<String>,
+    pub duration_ms: u64,
+    /// Pids still alive after the KILL step and the confirmation window.
+    pub survivors: Vec<i32>,
+    /// Pids that were signalled (the leftovers, when the leader exited on its own).
+    #[serde(default)]
+    pub signalled: Vec<i32>,
+}
+
+/// The record, key for key as the contract lists it (plus the run's stop timings, so a later
+/// `cancel` or the watchdog stops the run with the timings it was started with).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    pub schema: u32,
+    pub run_id: String,
+    pub state: State,
+    pub reason: Option<String>,
+    pub exit_code: Option<i32>,
+    pub term_signal: Option<String>,
+    pub argv: Vec<String>,
+    pub cwd: String,
+    pub pid: Option<i32>,
+    pub pgid: Option<i32>,
+    pub sid: Option<i32>,
+    pub start_ticks: Option<u64>,
+    pub boot_id: String,
+    pub wrapper_pid: Option<i32>,
+    pub host: String,
+    pub user: String,
+    pub uid: u32,
+    pub created_at: String,
+    pub started_at: Option<String>,
+    pub ended_at: Option<String>,
+    pub cleanup: Option<Cleanup>,
+    pub error: Option<String>,
+    pub version: String,
+    /// TERM -> KILL grace of this run, in milliseconds.
+    #[serde(default)]
+    pub grace_ms: Option<u64>,
+    /// TERM -> HUP step of this run, in milliseconds (0: no HUP step).
+    #[serde(default)]
+    pub hup_after_ms: Option<u64>,
+    /// Host policies that may kill the run behind agent-run's back.
+    #[serde(default)]
+    pub warnings: Vec<String>,
+}
+
+impl Status {
+    /// Serialize as one pretty JSON document with a trailing newline.
+    pub fn to_json(&self) -> String {
+        let mut s = serde_json::to_string_pretty(self).expect("a record always serializes");
+        s.push('\n');
+        s
+    }
+}
+
+/// Write the record atomically; fsync it when final. Refuses to overwrite a final record.
+pub fn write_status(dir: &Path, st: &Status) -> Result<()> {
+    if let Ok(old) = read_status(dir) {
+        if old.state.is_final() {
+            return Err(Error::Corrupt {
+                path: dir.join(files::STATUS),
+                why: format!(
+                    "the record is already final ({}); refusing to overwrite it with {}",
+                    old.state.as_str(),
+                    st.state.as_str()
+                ),
+            });
+        }
+    }
+    write_atomic(
+        dir,
+        files::STATUS,
+        st.to_json().as_bytes(),
+        st.state.is_final(),
+    )
+}
+
+/// Read and parse the record: `Missing` when absent, `Corrupt` when not a whole valid document.
+pub fn read_status(dir: &Path) -> Result<Status> {
+    let path = dir.join(files::STATUS);
+    let mut f = match open_read(dir, files::STATUS) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Error::Missing { path }),
+        Err(e) => return Err(Error::io("open", path, e)),
+    };
+    let mut s = String::new();
+    f.read_to_string(&mut s)
+        .map_err(|e| Error::io("read", &path, e))?;
+    parse_status(&s).map_err(|why| Error::Corrupt { path, why })
+}
+
+/// Parse a record from text, checking the schema.
+pub fn parse_status(s: &str) -> std::result::Result<Status, String> {
+    let st: Status = serde_json::from_str(s).map_err(|e| e.to_string())?;
+    if st.schema != SCHEMA {
+        return Err(format!("unsupported schema {}", st.schema));
+    }
+    Ok(st)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn sample() -> Status {
+        Status {
+            schema: SCHEMA,
+            run_id: "r1".into(),
+            state: State::Starting,
+            reason: None,
+            exit_code: None,
+            term_signal: None,
+            argv: vec!["true".into()],
+            cwd: "/".into(),
+            pid: None,
+            pgid: None,
+            sid: None,
+            start_ticks: None,
+            boot_id: "b".into(),
+            wrapper_pid: Some(1),
+            host: "h".into(),
+            user: "u".into(),
+            uid: 0,
+            created_at: "2026-11-30T00:00:00.000Z".into(),
+            started_at: None,
+            ended_at: None,
+            cleanup: None,
+            error: None,
+            version: crate::VERSION.into(),
+            grace_ms: Some(5000),
+            hup_after_ms: Some(500),
+            warnings: vec![],
+        }
+    }
+
+    #[test]
+    fn every_contract_key_is_present_even_when_null() {
+        let v: serde_json::Value = serde_json::from_str(&sample().to_json()).unwrap();
+        for k in [
+            "schema", "run_id", "state", "reason", "exit_code", "term_signal", "argv", "cwd",
+            "pid", "pgid", "sid", "start_ticks", "boot_id", "wrapper_pid", "host", "user", "uid",
+            "created_at", "started_at", "ended_at", "cleanup", "error", "version",
+        ] {
+            assert!(v.get(k).is_some(), "missing {k}");
+        }
+    }
+
+    #[test]
+    fn a_final_record_is_never_overwritten() {
+        let d = tempfile::tempdir().unwrap();
+        let mut st = sample();
+        write_status(d.path(), &st).unwrap();
+        st.state = State::Finished;
+        st.exit_code = Some(0);
+        write_status(d.path(), &st).unwrap();
+        st.state = State::Cancelled;
+        assert!(write_status(d.path(), &st).is_err());
+        assert_eq!(read_status(d.path()).unwrap().state, State::Finished);
+    }
+
+    #[test]
+    fn partial_documents_are_corrupt_not_guessed() {
+        let d = tempfile::tempdir().unwrap();
+        let text = sample().to_json();
+        std::fs::write(d.path().join("status.json"), &text[..text.len() / 2]).unwrap();
+        assert!(matches!(read_status(d.path()), Err(Error::Corrupt { .. })));
+        assert!(matches!(
+            read_status(&d.path().join("nope")),
+            Err(Error::Missing { .. })
+        ));
+    }
+}

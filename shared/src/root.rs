@@ -1,0 +1,169 @@
+//! The run root and run dirs: where they are, and whether they are safe to use.
+//!
+//! The root is `--root`, else `$AGENT_RUN_ROOT`, else `$HOME/.agent-runs`. It is created mode 0700
+//! when missing, and must be a real directory (not a symlink) owned by us and not group- or
+//! world-writable. A run dir is `<root>/<run-id>`, created with one `mkdir(2)` (the exclusive step
+//! that decides which of two simultaneous launches of one id runs the command) and held to the
+//! same rules plus mode 0700. Every check names the path it refused.
+
+use crate::error::{Error, Result};
+use crate::id::RunId;
+use crate::sys;
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+/// The files of a run dir.
+pub mod files {
+    pub const STATUS: &str = "status.json";
+    pub const STDOUT: &str = "stdout.log";
+    pub const STDERR: &str = "stderr.log";
+    pub const EVENTS: &str = "events.jsonl";
+    pub const LEASE: &str = "lease.json";
+    pub const CANCEL: &str = "cancel.json";
+    pub const PID: &str = "pid";
+    pub const PGID: &str = "pgid";
+    pub const LOCK: &str = "lock";
+}
+
+/// Where the root is: `--root`, else `$AGENT_RUN_ROOT`, else `$HOME/.agent-runs`, made absolute
+/// (without resolving symlinks, so a symlinked root is still seen and refused).
+pub fn resolve_root(cli: Option<&Path>) -> Result<PathBuf> {
+    let p = match cli {
+        Some(p) => p.to_path_buf(),
+        None => match std::env::var_os(crate::ENV_ROOT).filter(|v| !v.is_empty()) {
+            Some(v) => PathBuf::from(v),
+            None => match std::env::var_os("HOME").filter(|v| !v.is_empty()) {
+                Some(h) => Path::new(&h).join(".agent-runs"),
+                None => {
+                    return Err(Error::Invalid {
+                        what: "run root",
+                        value: String::new(),
+                        why: "neither --root, AGENT_RUN_ROOT nor HOME is set".into(),
+                    })
+                }
+            },
+        },
+    };
+    std::path::absolute(&p).map_err(|e| Error::io("resolve", &p, e))
+}
+
+/// A run root that passed the safety checks.
+#[derive(Debug, Clone)]
+pub struct Root {
+    path: PathBuf,
+}
+
+impl Root {
+    /// Check the root, creating it (mode 0700, parents too) when `create` and it is missing.
+    pub fn open(path: &Path, create: bool) -> Result<Root> {
+        match fs::symlink_metadata(path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
+                fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(path)
+                    .map_err(|e| Error::io("create run root", path, e))?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(Error::Missing {
+                    path: path.to_path_buf(),
+                })
+            }
+            Err(e) => return Err(Error::io("inspect run root", path, e)),
+            Ok(_) => {}
+        }
+        check_dir(path, "run root", 0o022)?;
+        Ok(Root {
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The root's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Where a run's dir is (it may not exist).
+    pub fn run_dir_path(&self, id: &RunId) -> PathBuf {
+        self.path.join(id.as_str())
+    }
+
+    /// Create a new run dir with one mkdir. `Ok(None)` when it already exists.
+    pub fn create_run_dir(&self, id: &RunId) -> Result<Option<RunDir>> {
+        let path = self.run_dir_path(id);
+        match fs::DirBuilder::new().mode(0o700).create(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(None),
+            Err(e) => return Err(Error::io("create run dir", &path, e)),
+        }
+        // mkdir never follows a symlink at the last component; umask may have narrowed 0700,
+        // but never widened it. Check anyway: the dir must be ours and private.
+        check_dir(&path, "run dir", 0o077)?;
+        Ok(Some(RunDir {
+            path,
+            id: id.clone(),
+        }))
+    }
+
+    /// Open an existing run dir after the safety checks (`Missing` when there is none).
+    pub fn open_run_dir(&self, id: &RunId) -> Result<RunDir> {
+        let path = self.run_dir_path(id);
+        match fs::symlink_metadata(&path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(Error::Missing { path }),
+            Err(e) => return Err(Error::io("inspect run dir", &path, e)),
+            Ok(_) => {}
+        }
+        check_dir(&path, "run dir", 0o077)?;
+        Ok(RunDir {
+            path,
+            id: id.clone(),
+        })
+    }
+}
+
+/// A run dir that passed the safety checks.
+#[derive(Debug, Clone)]
+pub struct RunDir {
+    pub path: PathBuf,
+    pub id: RunId,
+}
+
+impl RunDir {
+    /// The path of one of the run's files.
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+}
+
+/// Refuse a path that is a symlink, not a directory, not ours, or has any of `forbidden_bits`.
+pub fn check_dir(path: &Path, what: &str, forbidden_bits: u32) -> Result<()> {
+    let unsafe_ = |why: String| {
+        Err(Error::Unsafe {
+            path: path.to_path_buf(),
+            why,
+        })
+    };
+    let md = fs::symlink_metadata(path).map_err(|e| Error::io("inspect", path, e))?;
+    if md.file_type().is_symlink() {
+        return unsafe_(format!("the {what} is a symlink"));
+    }
+    if !md.is_dir() {
+        return unsafe_(format!("the {what} is not a directory"));
+    }
+    let me = sys::geteuid();
+    if md.uid() != me {
+        return unsafe_(format!(
+            "the {what} is owned by uid {}, not by uid {me}",
+            md.uid()
+        ));
+    }
+    let mode = md.mode() & 0o7777;
+    if mode & forbidden_bits != 0 {
+        return unsafe_(format!(
+            "the {what} has mode {mode:04o} (must not have {forbidden_bits:04o})"
+        ));
+    }
+    Ok(())
+}

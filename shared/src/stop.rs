@@ -1,0 +1,521 @@
+//! THE stop routine: the only way agent-run ends a run's processes, from every path (a signal
+//! to the wrapper, the leader exiting with leftovers, `cancel`, lease expiry, the watchdog).
+//!
+//! [`stop_run`] finds the run's process set ([`crate::procset`]), pins each member with a pidfd
+//! and re-checks its start time through it, then escalates on deadlines:
+//!
+//! 1. t=0: TERM to all (the group through the leader's pidfd with `PIDFD_SIGNAL_PROCESS_GROUP`
+//!    where the kernel has it), HUP at once to members whose TERM is ignored (SigIgn: they can run
+//!    no TERM handler, so waiting gains nothing), CONT to stopped members;
+//! 2. t=`hup_after`: HUP to whatever remains (skipped when `hup_after` is zero);
+//! 3. t=`grace`: KILL to whatever remains, members that outlived the leader included;
+//! 4. up to `confirm` more: wait until nothing remains; what does is reported as a survivor.
+//!
+//! Between deadlines it sleeps in one `poll(2)` on every member's pidfd and on an optional
+//! escalation fd (the wrapper's signal pipe: a second TERM/INT/HUP skips to KILL at once). When
+//! every known member is gone it scans again (with the environment marker) and only finishes when
+//! that scan is empty too, so processes forked mid-stop are caught. "Already gone" (ESRCH) is
+//! success. Zombies count as gone.
+//!
+//! What it does not do: reap. Only a parent can, and an unreaped zombie leader still answers
+//! `kill(pid, 0)`; the wrapper reaps its children after this returns. It never signals a bare
+//! pid or pgid: every signal goes through a pidfd whose process was verified after opening.
+
+use crate::journal::Journal;
+use crate::pid::Pid;
+use crate::procfs::{self, Stat};
+use crate::procset::{discover, Depth, RunScope};
+use crate::record::Cleanup;
+use crate::sys;
+use serde_json::json;
+use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+/// The signals agent-run sends or names in records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Sig {
+    Hup,
+    Int,
+    Quit,
+    Kill,
+    Term,
+    Cont,
+    Other(i32),
+}
+
+impl Sig {
+    /// The signal number.
+    pub fn number(self) -> i32 {
+        match self {
+            Sig::Hup => libc::SIGHUP,
+            Sig::Int => libc::SIGINT,
+            Sig::Quit => libc::SIGQUIT,
+            Sig::Kill => libc::SIGKILL,
+            Sig::Term => libc::SIGTERM,
+            Sig::Cont => libc::SIGCONT,
+            Sig::Other(n) => n,
+        }
+    }
+
+    /// From a number.
+    pub fn from_number(n: i32) -> Sig {
+        match n {
+            libc::SIGHUP => Sig::Hup,
+            libc::SIGINT => Sig::Int,
+            libc::SIGQUIT => Sig::Quit,
+            libc::SIGKILL => Sig::Kill,
+            libc::SIGTERM => Sig::Term,
+            libc::SIGCONT => Sig::Cont,
+            n => Sig::Other(n),
+        }
+    }
+
+    /// The name without the SIG prefix, as records spell it ("TERM").
+    pub fn name(self) -> String {
+        match self {
+            Sig::Hup => "HUP".into(),
+            Sig::Int => "INT".into(),
+            Sig::Quit => "QUIT".into(),
+            Sig::Kill => "KILL".into(),
+            Sig::Term => "TERM".into(),
+            Sig::Cont => "CONT".into(),
+            Sig::Other(n) => SIG_NAMES
+                .iter()
+                .find(|(num, _)| *num == n)
+                .map_or_else(|| n.to_string(), |(_, name)| (*name).to_string()),
+        }
+    }
+
+    /// From a record's name ("TERM", "SIGTERM" or a number).
+    pub fn from_name(s: &str) -> Option<Sig> {
+        let s = s.strip_prefix("SIG").unwrap_or(s);
+        if let Ok(n) = s.parse::<i32>() {
+            return (1..=64).contains(&n).then(|| Sig::from_number(n));
+        }
+        SIG_NAMES
+            .iter()
+            .find(|(_, name)| *name == s)
+            .map(|(n, _)| Sig::from_number(*n))
+    }
+}
+
+const SIG_NAMES: &[(i32, &str)] = &[
+    (libc::SIGHUP, "HUP"),
+    (libc::SIGINT, "INT"),
+    (libc::SIGQUIT, "QUIT"),
+    (libc::SIGILL, "ILL"),
+    (libc::SIGTRAP, "TRAP"),
+    (libc::SIGABRT, "ABRT"),
+    (libc::SIGBUS, "BUS"),
+    (libc::SIGFPE, "FPE"),
+    (libc::SIGKILL, "KILL"),
+    (libc::SIGUSR1, "USR1"),
+    (libc::SIGSEGV, "SEGV"),
+    (libc::SIGUSR2, "USR2"),
+    (libc::SIGPIPE, "PIPE"),
+    (libc::SIGALRM, "ALRM"),
+    (libc::SIGTERM, "TERM"),
+    (libc::SIGCHLD, "CHLD"),
+    (libc::SIGCONT, "CONT"),
+    (libc::SIGSTOP, "STOP"),
+    (libc::SIGTSTP, "TSTP"),
+    (libc::SIGTTIN, "TTIN"),
+    (libc::SIGTTOU, "TTOU"),
+    (libc::SIGURG, "URG"),
+    (libc::SIGXCPU, "XCPU"),
+    (libc::SIGXFSZ, "XFSZ"),
+    (libc::SIGVTALRM, "VTALRM"),
+    (libc::SIGPROF, "PROF"),
+    (libc::SIGWINCH, "WINCH"),
+    (libc::SIGIO, "IO"),
+    (libc::SIGPWR, "PWR"),
+    (libc::SIGSYS, "SYS"),
+];
+
+/// The escalation timings of a stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timings {
+    /// TERM -> HUP step; zero disables every HUP.
+    pub hup_after: Duration,
+    /// TERM -> KILL.
+    pub grace: Duration,
+    /// How long after KILL to wait for the last members to go.
+    pub confirm: Duration,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Timings {
+            hup_after: Duration::from_millis(500),
+            grace: Duration::from_secs(5),
+            confirm: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Something that can cut the grace short: a descriptor to poll and a check to run when it is
+/// readable (it must drain the descriptor). `true` means "KILL now".
+pub trait Escalation {
+    fn fd(&self) -> BorrowedFd<'_>;
+    fn kill_now(&mut self) -> bool;
+}
+
+/// What a stop did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Signals in the order first sent (TERM, HUP, KILL; CONT is journalled, not listed).
+    pub signals: Vec<Sig>,
+    pub duration: Duration,
+    /// Members still alive at the end.
+    pub survivors: Vec<Pid>,
+    /// Every member that was signalled.
+    pub signalled: Vec<Pid>,
+    /// A second stop request cut the grace short.
+    pub escalated: bool,
+}
+
+impl Report {
+    /// The `cleanup` key of the record.
+    pub fn to_cleanup(&self) -> Cleanup {
+        Cleanup {
+            signals: self.signals.iter().map(|s| s.name()).collect(),
+            duration_ms: self.duration.as_millis() as u64,
+            survivors: self.survivors.iter().map(|p| p.get()).collect(),
+            signalled: self.signalled.iter().map(|p| p.get()).collect(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Level {
+    Term,
+    Hup,
+    Kill,
+}
+
+struct Member {
+    stat: Stat,
+    /// None when pidfds are unavailable (old kernel): then liveness is polled through /proc.
+    fd: Option<OwnedFd>,
+    gone: bool,
+}
+
+struct Stopper<'a> {
+    scope: &'a RunScope,
+    reason: &'a str,
+    journal: Option<&'a Journal>,
+    t0: Instant,
+    members: HashMap<Pid, Member>,
+    report: Report,
+    hup_enabled: bool,
+}
+
+/// Stop the run's processes: TERM, HUP, KILL on deadlines, until none is left or `confirm` has
+/// passed after KILL. `reason` goes into every journal line.
+pub fn stop_run(
+    scope: &RunScope,
+    timings: &Timings,
+    reason: &str,
+    journal: Option<&Journal>,
+    mut escalation: Option<&mut dyn Escalation>,
+) -> Report {
+    let mut s = Stopper {
+        scope,
+        reason,
+        journal,
+        t0: Instant::now(),
+        members: HashMap::new(),
+        report: Report::default(),
+        hup_enabled: !timings.hup_after.is_zero(),
+    };
+    let hup_at = s.t0 + timings.hup_after;
+    let mut kill_at = s.t0 + timings.grace;
+    let mut level = Level::Term;
+    let mut confirm_until = None::<Instant>;
+
+    let first = s.adopt(Depth::Tree);
+    s.signal(&first, Level::Term);
+    if !first.is_empty() {
+        s.journal_event("stop_begin", json!({ "members": pids(&first) }));
+    }
+
+    loop {
+        if s.live().is_empty() {
+            // Everything we know of is gone: look once more, deeper, before calling it done.
+            let late = s.adopt(Depth::WithMarker);
+            if late.is_empty() {
+                break;
+            }
+            s.signal(&late, level);
+            continue;
+        }
+        let now = Instant::now();
+        let deadline = match level {
+            Level::Term if s.hup_enabled && hup_at < kill_at => hup_at,
+            Level::Term | Level::Hup => kill_at,
+            Level::Kill => *confirm_until.get_or_insert(now + timings.confirm),
+        };
+        if now >= deadline {
+            level = match level {
+                Level::Term if deadline < kill_at => Level::Hup,
+                Level::Term | Level::Hup => {
+                    kill_at = now;
+                    Level::Kill
+                }
+                Level::Kill => break,
+            };
+            let mut all = s.adopt(Depth::Tree);
+            all.extend(s.live());
+            s.signal(&all, level);
+            continue;
+        }
+        if s.wait(deadline - now, escalation.as_mut().map(|e| &mut **e as _)) && level < Level::Kill {
+            s.report.escalated = true;
+            s.journal_event("stop_escalated", json!({}));
+            level = Level::Kill;
+            kill_at = Instant::now();
+            let mut all = s.adopt(Depth::Tree);
+            all.extend(s.live());
+            s.signal(&all, Level::Kill);
+        }
+    }
+
+    s.report.survivors = s
+        .live()
+        .into_iter()
+        .filter(|p| procfs::stat(*p).is_some_and(|st| !st.is_dead()))
+        .collect();
+    s.report.survivors.sort();
+    s.report.signalled.sort();
+    s.report.signalled.dedup();
+    s.report.duration = s.t0.elapsed();
+    let r = &s.report;
+    if !r.signals.is_empty() || !r.survivors.is_empty() {
+        s.journal_event(
+            "stop_end",
+            json!({
+                "signals": r.signals.iter().map(|x| x.name()).collect::<Vec<_>>(),
+                "duration_ms": r.duration.as_millis() as u64,
+                "survivors": pids(&r.survivors),
+                "signalled": pids(&r.signalled),
+            }),
+        );
+    }
+    s.report
+}
+
+fn pids(p: &[Pid]) -> Vec<i32> {
+    p.iter().map(|p| p.get()).collect()
+}
+
+impl Stopper<'_> {
+    /// Discover members not yet tracked, pin each with a pidfd, and keep those whose start time
+    /// still matches after the pidfd is open. Returns the new members.
+    fn adopt(&mut self, depth: Depth) -> Vec<Pid> {
+        let skip: HashSet<Pid> = self.members.keys().copied().collect();
+        let mut new = Vec::new();
+        for st in discover(self.scope, depth, &skip) {
+            let fd = match sys::pidfd_open(st.pid) {
+                Ok(fd) => Some(fd),
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
+                Err(_) => None,
+            };
+            // The check that matters: the process behind the pidfd is the one we scanned.
+            match procfs::stat(st.pid) {
+                Some(now) if now.start_ticks == st.start_ticks && !now.is_dead() => {}
+                _ => continue,
+            }
+            self.members.insert(
+                st.pid,
+                Member {
+                    stat: st,
+                    fd,
+                    gone: false,
+                },
+            );
+            new.push(st.pid);
+        }
+        new
+    }
+
+    fn live(&self) -> Vec<Pid> {
+        self.members
+            .iter()
+            .filter(|(_, m)| !m.gone)
+            .map(|(p, _)| *p)
+            .collect()
+    }
+
+    /// Send the signals of `level` to `targets` (live members only).
+    fn signal(&mut self, targets: &[Pid], level: Level) {
+        let targets: Vec<Pid> = targets
+            .iter()
+            .copied()
+            .filter(|p| self.members.get(p).is_some_and(|m| !m.gone))
+            .collect();
+        if targets.is_empty() {
+            return;
+        }
+        let main = match level {
+            Level::Term => Sig::Term,
+            Level::Hup if self.hup_enabled => Sig::Hup,
+            Level::Hup => return,
+            Level::Kill => Sig::Kill,
+        };
+        // The group, in one call through the leader's pidfd: it also reaches members forked
+        // since the scan. Members outside the group get their own signal below.
+        let leader = self.scope.leader.pid;
+        let grouped = targets.contains(&leader) && self.send(leader, main, true);
+        for &p in &targets {
+            let m = &self.members[&p];
+            let in_group = m.stat.pgid == leader.get();
+            let stopped = m.stat.is_stopped() || procfs::stat(p).is_some_and(|s| s.is_stopped());
+            if grouped && in_group {
+                self.report.signalled.push(p);
+            } else {
+                self.send(p, main, false);
+            }
+            if level == Level::Term && self.hup_enabled && ignores_term(p) {
+                self.send(p, Sig::Hup, false);
+            }
+            if stopped && level != Level::Kill {
+                self.send(p, Sig::Cont, false);
+            }
+        }
+    }
+
+    /// One signal through a member's pidfd (`group`: to its whole process group). Returns
+    /// whether it was delivered; ESRCH marks the member gone.
+    fn send(&mut self, pid: Pid, sig: Sig, group: bool) -> bool {
+        let Some(m) = self.members.get_mut(&pid) else {
+            return false;
+        };
+        let result = match &m.fd {
+            Some(fd) => sys::pidfd_send_signal(fd.as_fd(), sig.number(), group),
+            None => send_without_pidfd(&m.stat, sig, group),
+        };
+        let target = if group {
+            format!("group:{}", m.stat.pgid)
+        } else {
+            format!("pid:{pid}")
+        };
+        let ok = match &result {
+            Ok(()) => true,
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                if !group {
+                    m.gone = true;
+                }
+                false
+            }
+            Err(_) => false,
+        };
+        if ok {
+            if sig != Sig::Cont && !self.report.signals.contains(&sig) {
+                self.report.signals.push(sig);
+            }
+            self.report.signalled.push(pid);
+        }
+        let err = result.err().map(|e| e.to_string());
+        let at_ms = self.t0.elapsed().as_millis() as u64;
+        let start_ticks = m.stat.start_ticks;
+        self.journal_event(
+            "signal",
+            json!({
+                "target": target, "pid": pid.get(), "start_ticks": start_ticks,
+                "signal": sig.name(), "reason": self.reason, "at_ms": at_ms, "error": err,
+            }),
+        );
+        ok
+    }
+
+    /// Wait until a member goes, the escalation fd fires, or `timeout`. Returns true when the
+    /// escalation asked for KILL now.
+    fn wait(&mut self, timeout: Duration, esc: Option<&mut (dyn Escalation + '_)>) -> bool {
+        let live: Vec<Pid> = self.live();
+        let mut fds = Vec::with_capacity(live.len() + 1);
+        let mut polled = Vec::with_capacity(live.len());
+        let mut unpinned = false;
+        for p in &live {
+            match &self.members[p].fd {
+                Some(fd) => {
+                    fds.push(sys::PollFd {
+                        fd: fd.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    });
+                    polled.push(*p);
+                }
+                None => unpinned = true,
+            }
+        }
+        let esc_index = esc.as_ref().map(|e| {
+            fds.push(sys::PollFd {
+                fd: e.fd().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            fds.len() - 1
+        });
+        // Without pidfds, /proc is the only feedback: look again every 10 ms.
+        let timeout = if unpinned {
+            timeout.min(Duration::from_millis(10))
+        } else {
+            timeout
+        };
+        if sys::poll(&mut fds, Some(timeout)).is_err() {
+            std::thread::yield_now();
+        }
+        for (i, p) in polled.iter().enumerate() {
+            if fds[i].revents != 0 {
+                self.mark_gone(*p);
+            }
+        }
+        if unpinned {
+            for p in &live {
+                let m = &self.members[p];
+                if m.fd.is_none() {
+                    let alive = procfs::stat(*p)
+                        .is_some_and(|s| s.start_ticks == m.stat.start_ticks && !s.is_dead());
+                    if !alive {
+                        self.mark_gone(*p);
+                    }
+                }
+            }
+        }
+        match (esc, esc_index) {
+            (Some(e), Some(i)) if fds[i].revents != 0 => e.kill_now(),
+            _ => false,
+        }
+    }
+
+    fn mark_gone(&mut self, p: Pid) {
+        if let Some(m) = self.members.get_mut(&p) {
+            m.gone = true;
+            m.fd = None;
+        }
+    }
+
+    fn journal_event(&self, event: &str, fields: serde_json::Value) {
+        if let Some(j) = self.journal {
+            let _ = j.event(event, fields);
+        }
+    }
+}
+
+fn ignores_term(p: Pid) -> bool {
+    procfs::sig_dispositions(p).is_some_and(|d| d.ignores(libc::SIGTERM))
+}
+
+/// Fallback for kernels without pidfds: re-check the start time, then kill(2). The window
+/// between the check and the kill is the one pidfds close; it is as small as we can make it.
+fn send_without_pidfd(st: &Stat, sig: Sig, group: bool) -> std::io::Result<()> {
+    match procfs::stat(st.pid) {
+        Some(now) if now.start_ticks == st.start_ticks => {}
+        _ => return Err(std::io::Error::from_raw_os_error(libc::ESRCH)),
+    }
+    if group && st.pgid != st.pid.get() {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    sys::kill(st.pid, sig.number(), group)
+}

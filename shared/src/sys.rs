@@ -1,0 +1,318 @@
+//! Raw syscalls that std lacks, each in a small function with its safety argument.
+//!
+//! This is the only module of the library that may use `unsafe`. Every function here takes and
+//! returns owned or borrowed descriptors and typed pids, so callers stay in safe code. Functions
+//! marked async-signal-safe are the only ones a `pre_exec` closure may call.
+#![allow(unsafe_code)]
+
+use crate::pid::Pid;
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+/// `PIDFD_SIGNAL_PROCESS_GROUP` (linux/pidfd.h, kernel 6.9+): signal the pidfd's whole group.
+const PIDFD_SIGNAL_PROCESS_GROUP: libc::c_uint = 4;
+/// `CLOSE_RANGE_CLOEXEC` (linux/close_range.h, kernel 5.11+).
+const CLOSE_RANGE_CLOEXEC: libc::c_uint = 4;
+
+fn cvt(r: libc::c_long) -> io::Result<libc::c_long> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// Open a pidfd for `pid` (pidfd_open(2)). Works for any process we can see, not only children;
+/// while we hold it, signals sent through it cannot reach a process that reused the pid.
+pub fn pidfd_open(pid: Pid) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1; no memory is passed.
+    let fd = cvt(unsafe { libc::syscall(libc::SYS_pidfd_open, pid.get(), 0 as libc::c_uint) })?;
+    // SAFETY: the kernel just returned this fd to us and nothing else owns it. pidfds are
+    // always close-on-exec (pidfd_open(2)).
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Send `sig` to the process behind `pidfd` (pidfd_send_signal(2)). With `group`, to its whole
+/// process group (kernel 6.9+; older kernels answer EINVAL).
+pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, sig: i32, group: bool) -> io::Result<()> {
+    let flags = if group { PIDFD_SIGNAL_PROCESS_GROUP } else { 0 };
+    // SAFETY: a valid fd, a signal number and a NULL siginfo (the kernel fills it in as for
+    // kill(2)); no memory of ours is written.
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            flags,
+        )
+    })?;
+    Ok(())
+}
+
+/// kill(2) to one process, or with `group` to the process group whose id is `pid`. Only for
+/// kernels without pidfds, after the caller re-checked the process's start time.
+pub fn kill(pid: Pid, sig: i32, group: bool) -> io::Result<()> {
+    let target = if group { -pid.get() } else { pid.get() };
+    // SAFETY: integers only. `Pid` is > 0, so `target` is never 0 or -1 (our own group, or
+    // every process we may signal).
+    if unsafe { libc::kill(target, sig) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Make this process a child subreaper (prctl(2) PR_SET_CHILD_SUBREAPER): orphans of our
+/// descendants are reparented to us instead of to init.
+pub fn set_child_subreaper() -> io::Result<()> {
+    // SAFETY: PR_SET_CHILD_SUBREAPER takes an integer flag; no pointers.
+    cvt(unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0) } as _)?;
+    Ok(())
+}
+
+/// One `poll(2)` entry.
+pub struct PollFd {
+    pub fd: RawFd,
+    pub events: i16,
+    pub revents: i16,
+}
+
+/// `poll(2)` with a timeout (None blocks). EINTR is reported as zero ready fds.
+pub fn poll(fds: &mut [PollFd], timeout: Option<Duration>) -> io::Result<usize> {
+    let mut raw: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|p| libc::pollfd {
+            fd: p.fd,
+            events: p.events,
+            revents: 0,
+        })
+        .collect();
+    let ms = match timeout {
+        None => -1,
+        // Round up, so a deadline 0.4 ms away does not spin with a 0 ms timeout.
+        Some(d) => d.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32,
+    };
+    // SAFETY: `raw` is a valid, exclusively borrowed array of `raw.len()` pollfd structs.
+    let r = unsafe { libc::poll(raw.as_mut_ptr(), raw.len() as libc::nfds_t, ms) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok(0);
+        }
+        return Err(e);
+    }
+    for (p, r) in fds.iter_mut().zip(&raw) {
+        p.revents = r.revents;
+    }
+    Ok(r as usize)
+}
+
+/// Non-blocking exclusive `flock(2)`. Ok(false) when another open file description holds it.
+pub fn try_lock_exclusive(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    // SAFETY: flock on a valid fd; no memory involved.
+    let r = unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if r == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(e)
+    }
+}
+
+/// Blocking exclusive `flock(2)`, retried on EINTR.
+pub fn lock_exclusive(fd: BorrowedFd<'_>) -> io::Result<()> {
+    loop {
+        // SAFETY: flock on a valid fd; no memory involved.
+        if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// How a child ended, from `waitpid(2)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitStatus {
+    Exited(i32),
+    Signaled(i32),
+}
+
+/// Reap one child without blocking: `pid` for one child, `None` for any. Ok(None) when a child
+/// exists but none has ended; Err(ECHILD) when there is no child to wait for.
+pub fn waitpid_nohang(pid: Option<Pid>) -> io::Result<Option<(Pid, WaitStatus)>> {
+    let mut status: libc::c_int = 0;
+    let target = pid.map_or(-1, Pid::get);
+    loop {
+        // SAFETY: `status` is a valid out-pointer for the duration of the call.
+        let r = unsafe { libc::waitpid(target, &mut status, libc::WNOHANG) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        let Some(p) = Pid::new(r as i64) else {
+            return Ok(None);
+        };
+        let ws = if libc::WIFEXITED(status) {
+            WaitStatus::Exited(libc::WEXITSTATUS(status))
+        } else if libc::WIFSIGNALED(status) {
+            WaitStatus::Signaled(libc::WTERMSIG(status))
+        } else {
+            continue; // stopped/continued are not reported without WUNTRACED/WCONTINUED
+        };
+        return Ok(Some((p, ws)));
+    }
+}
+
+/// Reap every child that has ended (never blocks). Returns the leader's status if it was among
+/// them, and whether any child at all is left.
+pub fn reap_all(leader: Option<Pid>) -> (Option<WaitStatus>, bool) {
+    let mut leader_status = None;
+    loop {
+        match waitpid_nohang(None) {
+            Ok(Some((p, ws))) => {
+                if Some(p) == leader {
+                    leader_status = Some(ws);
+                }
+            }
+            Ok(None) => return (leader_status, true),
+            Err(_) => return (leader_status, false), // ECHILD: nothing left
+        }
+    }
+}
+
+/// This process's effective uid.
+pub fn geteuid() -> u32 {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    unsafe { libc::geteuid() }
+}
+
+/// This host's name (gethostname(2)).
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; the result is NUL-terminated when it fits.
+    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if r != 0 {
+        return String::new();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// The login name of `uid` from the passwd database, or `$USER`, or the number.
+pub fn user_name(uid: u32) -> String {
+    let mut pw: libc::passwd = unsafe_zeroed_passwd();
+    let mut out: *mut libc::passwd = std::ptr::null_mut();
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: all pointers are valid for the call; getpwuid_r writes into `pw` and `buf` only
+    // and sets `out` to `&pw` on success.
+    let r = unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut out) };
+    if r == 0 && !out.is_null() && !pw.pw_name.is_null() {
+        // SAFETY: pw_name points into `buf`, NUL-terminated, alive until `buf` drops.
+        return unsafe { CStr::from_ptr(pw.pw_name) }
+            .to_string_lossy()
+            .into_owned();
+    }
+    std::env::var("USER").unwrap_or_else(|_| uid.to_string())
+}
+
+fn unsafe_zeroed_passwd() -> libc::passwd {
+    // SAFETY: libc::passwd is a plain C struct of pointers and integers; all-zero is valid.
+    unsafe { std::mem::zeroed() }
+}
+
+/// Clock ticks per second (sysconf(_SC_CLK_TCK)), for /proc start times.
+pub fn clock_ticks_per_sec() -> u64 {
+    // SAFETY: sysconf has no memory arguments.
+    let r = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if r > 0 {
+        r as u64
+    } else {
+        100
+    }
+}
+
+/// Seconds since boot (CLOCK_BOOTTIME), comparable with /proc start ticks.
+pub fn boottime_secs() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+}
+
+// ---- the pre_exec half: async-signal-safe only -------------------------------------------
+
+/// In a forked child before exec: reset every signal to its default action and empty the
+/// signal mask, so the workload inherits no ignored signal (SIGPIPE included) and no mask.
+/// Async-signal-safe: sigaction(2) and sigprocmask(2) only.
+pub fn child_reset_signals() -> io::Result<()> {
+    for sig in 1..libc::SIGRTMAX() {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: SIG_DFL is valid for every catchable signal; EINVAL for the few reserved
+        // by the C library is harmless and ignored.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
+    // SAFETY: an empty set built on the stack; sigprocmask is async-signal-safe.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        if libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// In a forked child before exec: mark every descriptor above stderr close-on-exec
+/// (close_range(2) with CLOSE_RANGE_CLOEXEC), so no descriptor the wrapper inherited leaks into
+/// the workload, while std's exec-error pipe still works. Async-signal-safe: one syscall.
+pub fn child_cloexec_from_3() -> io::Result<()> {
+    // SAFETY: close_range takes integers only.
+    let r = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        // Kernels before 5.11 lack the flag: every fd we open is O_CLOEXEC anyway.
+        if e.raw_os_error() == Some(libc::EINVAL) || e.raw_os_error() == Some(libc::ENOSYS) {
+            return Ok(());
+        }
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// In a forked child before exec: start a new session (setsid(2)). Async-signal-safe.
+pub fn child_setsid() -> io::Result<()> {
+    // SAFETY: setsid has no arguments.
+    if unsafe { libc::setsid() } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pidfd_of_self_can_be_opened_and_signalled_with_zero() {
+        let fd = pidfd_open(Pid::this()).unwrap();
+        pidfd_send_signal(fd.as_fd(), 0, false).unwrap();
+    }
+
+    use std::os::fd::AsFd;
+}
