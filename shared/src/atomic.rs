@@ -27,7 +27,8 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8], durable: bool) -> Resu
             .custom_flags(libc::O_NOFOLLOW)
             .open(&tmp)
             .map_err(|e| Error::io("create", &tmp, e))?;
-        f.write_all(bytes).map_err(|e| Error::io("write", &tmp, e))?;
+        f.write_all(bytes)
+            .map_err(|e| Error::io("write", &tmp, e))?;
         if durable {
             f.sync_all().map_err(|e| Error::io("fsync", &tmp, e))?;
         }
@@ -81,8 +82,14 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         write_atomic(d.path(), "status.json", b"{\"a\":1}", false).unwrap();
         write_atomic(d.path(), "status.json", b"{\"a\":2}", true).unwrap();
-        assert_eq!(std::fs::read(d.path().join("status.json")).unwrap(), b"{\"a\":2}");
-        let mode = std::fs::metadata(d.path().join("status.json")).unwrap().permissions().mode();
+        assert_eq!(
+            std::fs::read(d.path().join("status.json")).unwrap(),
+            b"{\"a\":2}"
+        );
+        let mode = std::fs::metadata(d.path().join("status.json"))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600);
         assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
     }

@@ -28,7 +28,11 @@ pub enum Error {
     /// A record whose processes are not (or no longer) the run's.
     Identity { why: String },
     /// A bad value on the command line or in a file (durations and the like).
-    Invalid { what: &'static str, value: String, why: String },
+    Invalid {
+        what: &'static str,
+        value: String,
+        why: String,
+    },
 }
 
 impl Error {

@@ -18,6 +18,7 @@ pub mod procfs;
 pub mod procset;
 pub mod record;
 pub mod root;
+pub mod run;
 pub mod stop;
 pub mod sys;
 pub mod time;

@@ -196,9 +196,29 @@ mod tests {
     fn every_contract_key_is_present_even_when_null() {
         let v: serde_json::Value = serde_json::from_str(&sample().to_json()).unwrap();
         for k in [
-            "schema", "run_id", "state", "reason", "exit_code", "term_signal", "argv", "cwd",
-            "pid", "pgid", "sid", "start_ticks", "boot_id", "wrapper_pid", "host", "user", "uid",
-            "created_at", "started_at", "ended_at", "cleanup", "error", "version",
+            "schema",
+            "run_id",
+            "state",
+            "reason",
+            "exit_code",
+            "term_signal",
+            "argv",
+            "cwd",
+            "pid",
+            "pgid",
+            "sid",
+            "start_ticks",
+            "boot_id",
+            "wrapper_pid",
+            "host",
+            "user",
+            "uid",
+            "created_at",
+            "started_at",
+            "ended_at",
+            "cleanup",
+            "error",
+            "version",
         ] {
             assert!(v.get(k).is_some(), "missing {k}");
         }

@@ -270,7 +270,8 @@ pub fn stop_run(
             s.signal(&all, level);
             continue;
         }
-        if s.wait(deadline - now, escalation.as_mut().map(|e| &mut **e as _)) && level < Level::Kill {
+        if s.wait(deadline - now, escalation.as_mut().map(|e| &mut **e as _)) && level < Level::Kill
+        {
             s.report.escalated = true;
             s.journal_event("stop_escalated", json!({}));
             level = Level::Kill;

@@ -259,7 +259,7 @@ pub fn boottime_secs() -> f64 {
 /// signal mask, so the workload inherits no ignored signal (SIGPIPE included) and no mask.
 /// Async-signal-safe: sigaction(2) and sigprocmask(2) only.
 pub fn child_reset_signals() -> io::Result<()> {
-    for sig in 1..libc::SIGRTMAX() {
+    for sig in 1..=64 {
         if sig == libc::SIGKILL || sig == libc::SIGSTOP {
             continue;
         }
@@ -315,4 +315,20 @@ mod tests {
     }
 
     use std::os::fd::AsFd;
+}
+
+/// Make `cmd` start its program in a new session with a clean signal state and no inherited
+/// descriptor above stderr. The `pre_exec` closure calls only async-signal-safe functions:
+/// sigaction, sigprocmask, setsid and close_range.
+pub fn spawn_in_new_session(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec; it allocates nothing, takes no
+    // lock and calls only the async-signal-safe syscalls above (signal-safety(7)).
+    unsafe {
+        cmd.pre_exec(|| {
+            child_reset_signals()?;
+            child_setsid()?;
+            child_cloexec_from_3()
+        });
+    }
 }

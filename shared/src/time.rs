@@ -89,7 +89,9 @@ pub fn parse_duration(what: &'static str, s: &str) -> Result<Duration> {
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     if num.is_empty() {
-        return Err(bad("expected a number with an optional unit: 500ms, 90, 90s, 5m, 2h"));
+        return Err(bad(
+            "expected a number with an optional unit: 500ms, 90, 90s, 5m, 2h",
+        ));
     }
     let n: f64 = num
         .parse()
@@ -118,7 +120,10 @@ mod tests {
         assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
         let t = UNIX_EPOCH + Duration::from_millis(1_796_001_199_123);
         assert_eq!(rfc3339(t), "2026-11-30T01:13:19.123Z");
-        assert_eq!(parse_rfc3339("2026-11-30T01:13:19.123Z"), Some(1_796_001_199.123));
+        assert_eq!(
+            parse_rfc3339("2026-11-30T01:13:19.123Z"),
+            Some(1_796_001_199.123)
+        );
         let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
         assert_eq!(&rfc3339(leap)[..10], "2000-02-29");
     }

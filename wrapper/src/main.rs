@@ -1,1 +1,43 @@
-fn main(){}
+//! `agent-run`: run a command so that cancelling it stops all of it, with an honest record.
+//!
+//! Thin by design: parse the command line, hand it to [`run`], turn the result into an exit code.
+//! The logic lives in the `agent-run-shared` library and in one module per subcommand here.
+#![forbid(unsafe_code)]
+
+mod cli;
+mod control;
+mod launch;
+mod signals;
+mod stream;
+mod supervise;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = match cli::parse() {
+        Ok(cli) => cli,
+        Err(code) => return ExitCode::from(code),
+    };
+    match run(cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(err) => {
+            eprintln!("agent-run: {err:#}");
+            ExitCode::from(cli::exit_code_of(&err))
+        }
+    }
+}
+
+fn run(cli: cli::Cli) -> anyhow::Result<u8> {
+    let root = cli.root.as_deref();
+    match cli.command {
+        cli::Command::Start(args) => launch::start(root, args),
+        cli::Command::Cancel(args) => control::cancel(root, args),
+        cli::Command::Renew(args) => control::renew(root, args),
+        cli::Command::Status(args) => control::status(root, args),
+        cli::Command::Wait(args) => control::wait(root, args),
+        cli::Command::Attach(args) => control::attach(root, args),
+        cli::Command::Logs(args) => control::logs(root, args),
+        cli::Command::List(args) => control::list(root, args),
+        cli::Command::Gc(args) => control::gc(root, args),
+    }
+}

@@ -1,0 +1,98 @@
+//! A run's lifecycle on disk: state transitions, the final record, and what a record says about
+//! the run's processes (its scope and stop timings).
+//!
+//! The wrapper, `cancel` and the watchdog all move a run through these functions, so the rules
+//! live once: every transition is journalled; a final record carries `ended_at`; a stop that left
+//! survivors turns any final state into `unknown` with reason `survivors` and their pids.
+
+use crate::error::Result;
+use crate::journal::Journal;
+use crate::pid::{Identity, Pid};
+use crate::procset::RunScope;
+use crate::record::{write_status, State, Status};
+use crate::stop::{Report, Timings};
+use serde_json::json;
+use std::path::Path;
+use std::time::Duration;
+
+/// Move a run to a non-final state (starting, running, cancelling) and journal it.
+pub fn transition(
+    dir: &Path,
+    st: &mut Status,
+    to: State,
+    reason: Option<&str>,
+    journal: Option<&Journal>,
+) -> Result<()> {
+    debug_assert!(!to.is_final());
+    let from = st.state;
+    st.state = to;
+    st.reason = reason.map(str::to_string);
+    write_status(dir, st)?;
+    if let Some(j) = journal {
+        let _ = j.event(
+            "state",
+            json!({"from": from.as_str(), "to": to.as_str(), "reason": reason}),
+        );
+    }
+    Ok(())
+}
+
+/// Write the final record (fsynced) and journal it. With a stop report that left survivors the
+/// state becomes `unknown`, reason `survivors`: a run is never `cancelled` or `finished` while a
+/// process of it lives.
+pub fn finalize(
+    dir: &Path,
+    st: &mut Status,
+    state: State,
+    reason: Option<&str>,
+    report: Option<&Report>,
+    journal: Option<&Journal>,
+) -> Result<()> {
+    debug_assert!(state.is_final());
+    let from = st.state;
+    let survivors = report.is_some_and(|r| !r.survivors.is_empty());
+    st.state = if survivors { State::Unknown } else { state };
+    st.reason = if survivors {
+        Some("survivors".into())
+    } else {
+        reason.map(str::to_string)
+    };
+    if let Some(r) = report.filter(|r| !r.signals.is_empty() || !r.survivors.is_empty()) {
+        st.cleanup = Some(r.to_cleanup());
+    }
+    st.ended_at = Some(crate::time::rfc3339_now());
+    write_status(dir, st)?;
+    if let Some(j) = journal {
+        let _ = j.event(
+            "state",
+            json!({
+                "from": from.as_str(), "to": st.state.as_str(), "reason": st.reason,
+                "exit_code": st.exit_code, "term_signal": st.term_signal,
+            }),
+        );
+    }
+    Ok(())
+}
+
+/// The process scope a record describes, or `None` when it never launched.
+pub fn scope_of(st: &Status, wrapper: Option<Pid>) -> Option<RunScope> {
+    Some(RunScope {
+        run_id: st.run_id.clone(),
+        leader: Identity {
+            pid: Pid::new(st.pid?.into())?,
+            start_ticks: st.start_ticks?,
+        },
+        uid: st.uid,
+        wrapper,
+    })
+}
+
+/// The stop timings a record was started with (the defaults where it does not say).
+pub fn timings_of(st: &Status) -> Timings {
+    let d = Timings::default();
+    Timings {
+        hup_after: st.hup_after_ms.map_or(d.hup_after, Duration::from_millis),
+        grace: st.grace_ms.map_or(d.grace, Duration::from_millis),
+        confirm: d.confirm,
+    }
+}

@@ -1,0 +1,308 @@
+//! The command line, as the contract spells it. Parsing only: validation of run ids, roots and
+//! durations happens where they are used, with the contract's exit codes.
+//!
+//! `agent-run [OPTIONS] <RUN_ID> -- CMD...` means `agent-run start ...`: [`parse`] inserts `start`
+//! when the first word that is not an option is not a subcommand. clap's usage errors exit 64.
+
+use agent_run_shared::{exit, time::parse_duration, Error};
+use clap::{Args, Parser, Subcommand};
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+const EXIT_CODES: &str = "\
+Exit codes (start, wait, attach, relaunch):
+  0-125  the workload's own exit status
+  128+N  killed by signal N, or cancelled by signal N to the wrapper (TERM 143, INT 130,
+         HUP 129), or by `agent-run cancel` (143)
+  124    the lease expired and the run was stopped
+  126    the command was found but could not be executed
+  127    the command was not found
+  64     bad usage or a bad run id
+  65     the run id exists with a different command
+  69     no such run
+  70     launch failed for another reason (for instance PGID != PID)
+  75     a wait ran out before the run was final, or the run's outcome is unknown
+  77     the run's record failed validation (owner, pid reuse, boot id): refused to signal
+  78     unsafe run root or run dir (owner, mode, symlink)
+
+Files: <root>/<run-id>/{status.json,stdout.log,stderr.log,events.jsonl,lease.json,cancel.json,pid,pgid}
+Root: --root DIR, else $AGENT_RUN_ROOT, else $HOME/.agent-runs";
+
+/// Run a command in its own session so that cancelling it stops all of it, and keep an honest
+/// record of how it ended.
+///
+/// `agent-run <RUN_ID> -- CMD [ARGS...]` is the same as `agent-run start <RUN_ID> -- CMD...`.
+/// TERM, INT or HUP to agent-run, `agent-run cancel <RUN_ID>` from another connection, or an
+/// expired lease stop the whole run: TERM, HUP after 500 ms, KILL at the grace, then a final
+/// record in <root>/<RUN_ID>/status.json.
+#[derive(Debug, Parser)]
+#[command(name = "agent-run", version, after_long_help = EXIT_CODES, after_help = "Exit codes and files: agent-run --help")]
+pub struct Cli {
+    /// The run root (default: $AGENT_RUN_ROOT, else $HOME/.agent-runs)
+    #[arg(long, global = true, value_name = "DIR")]
+    pub root: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Launch a run and supervise it to its final record (the default subcommand)
+    Start(StartArgs),
+    /// Stop a run from a second connection and print its final record
+    Cancel(CancelArgs),
+    /// Push a run's lease deadline to now + DUR
+    Renew(RenewArgs),
+    /// Show a run's record (a human summary, or status.json plus derived fields with --json)
+    Status(StatusArgs),
+    /// Block until a run is final, then exit as the run did
+    Wait(WaitArgs),
+    /// Stream a run's output from the start, then exit as the run did
+    Attach(IdArg),
+    /// Print (and with -f follow) one of a run's logs
+    Logs(LogsArgs),
+    /// List every run under the root
+    List(ListArgs),
+    /// Remove final run dirs older than DUR
+    Gc(GcArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct StartArgs {
+    /// Stop the run unless it is renewed within DUR (e.g. 90, 90s, 5m, 2h)
+    #[arg(long, value_name = "DUR", value_parser = dur("--lease"))]
+    pub lease: Option<Duration>,
+    /// TERM -> KILL grace
+    #[arg(long, value_name = "DUR", default_value = "5s", value_parser = dur("--grace"))]
+    pub grace: Duration,
+    /// TERM -> HUP step (0 disables every HUP)
+    #[arg(long, value_name = "DUR", default_value = "500ms", value_parser = dur("--hup-after"))]
+    pub hup_after: Duration,
+    /// Return once the run is running (or failed to launch), printing one JSON line
+    #[arg(short, long)]
+    pub detach: bool,
+    /// Do not copy the workload's output to this process's stdout/stderr
+    #[arg(long)]
+    pub quiet: bool,
+    /// The run id: 1-128 characters of A-Z a-z 0-9 . _ -, not starting with . or -
+    #[arg(value_name = "RUN_ID")]
+    pub run_id: String,
+    /// The command and its arguments (after --)
+    #[arg(value_name = "COMMAND", required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+pub struct IdArg {
+    /// The run id
+    #[arg(value_name = "RUN_ID")]
+    pub run_id: String,
+}
+
+#[derive(Debug, Args)]
+pub struct CancelArgs {
+    /// The run id
+    #[arg(value_name = "RUN_ID")]
+    pub run_id: String,
+    /// How long to wait for the final record (default: the run's grace + 5s)
+    #[arg(long, value_name = "DUR", value_parser = dur("--wait"))]
+    pub wait: Option<Duration>,
+}
+
+#[derive(Debug, Args)]
+pub struct RenewArgs {
+    /// The run id
+    #[arg(value_name = "RUN_ID")]
+    pub run_id: String,
+    /// New lease length (default: the run's lease length)
+    #[arg(long, value_name = "DUR", value_parser = dur("--lease"))]
+    pub lease: Option<Duration>,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The run id
+    #[arg(value_name = "RUN_ID")]
+    pub run_id: String,
+    /// Print status.json plus derived fields as one JSON document
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct WaitArgs {
+    /// The run id
+    #[arg(value_name = "RUN_ID")]
+    pub run_id: String,
+    /// Give up after DUR (exit 75)
+    #[arg(long, value_name = "DUR", value_parser = dur("--timeout"))]
+    pub timeout: Option<Duration>,
+}
+
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    /// The run id
+    #[arg(value_name = "RUN_ID")]
+    pub run_id: String,
+    /// stderr.log instead of stdout.log
+    #[arg(long)]
+    pub stderr: bool,
+    /// Follow the log until the run is final
+    #[arg(short, long)]
+    pub follow: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// One JSON document (an array of runs)
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct GcArgs {
+    /// Remove final runs that ended more than DUR ago
+    #[arg(long, value_name = "DUR", value_parser = dur("--older-than"))]
+    pub older_than: Duration,
+    /// Only say what would be removed
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+fn dur(what: &'static str) -> impl Fn(&str) -> Result<Duration, String> + Clone {
+    move |s| parse_duration(what, s).map_err(|e| e.to_string())
+}
+
+const SUBCOMMANDS: &[&str] = &[
+    "start", "cancel", "renew", "status", "wait", "attach", "logs", "list", "gc", "help",
+];
+
+/// Insert `start` when the first word that is not an option is not a subcommand.
+fn with_default_subcommand(mut args: Vec<OsString>) -> Vec<OsString> {
+    let takes_value = ["--root", "--lease", "--grace", "--hup-after"];
+    let mut i = 1;
+    while i < args.len() {
+        let a = args[i].to_string_lossy();
+        if a == "--" {
+            break;
+        }
+        if a.starts_with('-') {
+            i += if takes_value.contains(&a.as_ref()) {
+                2
+            } else {
+                1
+            };
+            continue;
+        }
+        if SUBCOMMANDS.contains(&a.as_ref()) {
+            return args;
+        }
+        break;
+    }
+    let only_info = args[1..]
+        .iter()
+        .all(|a| matches!(a.to_str(), Some("-h" | "--help" | "-V" | "--version")));
+    if args.len() > 1 && !only_info {
+        args.insert(1, "start".into());
+    }
+    args
+}
+
+/// Parse the process's arguments. `Err(code)` after clap printed help (0) or an error (64).
+pub fn parse() -> Result<Cli, u8> {
+    let args = with_default_subcommand(std::env::args_os().collect());
+    Cli::try_parse_from(args).map_err(|e| {
+        let code = match e.kind() {
+            clap::error::ErrorKind::DisplayHelp
+            | clap::error::ErrorKind::DisplayVersion
+            | clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                let _ = e.print();
+                return if e.kind()
+                    == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+                {
+                    exit::USAGE
+                } else {
+                    0
+                };
+            }
+            _ => exit::USAGE,
+        };
+        let msg = e.render().to_string();
+        let msg = msg
+            .trim_end()
+            .strip_prefix("error: ")
+            .unwrap_or(msg.trim_end());
+        eprintln!("agent-run: {msg}");
+        code
+    })
+}
+
+/// The exit code for an error that reached `main`: the library's error kinds map to the
+/// contract's table; anything else is an internal failure (70).
+pub fn exit_code_of(err: &anyhow::Error) -> u8 {
+    if let Some(code) = err.downcast_ref::<Exit>() {
+        return code.0;
+    }
+    for cause in err.chain() {
+        if let Some(e) = cause.downcast_ref::<Error>() {
+            return match e {
+                Error::InvalidRunId { .. } | Error::Invalid { .. } => exit::USAGE,
+                Error::Unsafe { .. } => exit::CONFIG,
+                Error::Missing { .. } => exit::NO_SUCH_RUN,
+                Error::Identity { .. } => exit::NOPERM,
+                Error::Corrupt { .. } | Error::Io { .. } => exit::SOFTWARE,
+            };
+        }
+    }
+    exit::SOFTWARE
+}
+
+/// An error that carries its own exit code.
+#[derive(Debug)]
+pub struct Exit(pub u8, pub String);
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.1)
+    }
+}
+
+impl std::error::Error for Exit {}
+
+/// Fail with a given exit code and message.
+pub fn fail<T>(code: u8, msg: impl Into<String>) -> anyhow::Result<T> {
+    Err(Exit(code, msg.into()).into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    fn words(v: &[&str]) -> Vec<String> {
+        with_default_subcommand(v.iter().map(OsString::from).collect())
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_bare_run_id_means_start() {
+        assert_eq!(words(&["a", "r1", "--", "true"])[1], "start");
+        assert_eq!(words(&["a", "--root", "x", "r1", "--", "true"])[1], "start");
+        assert_eq!(
+            words(&["a", "--grace", "1s", "r1", "--", "true"])[1],
+            "start"
+        );
+        assert_eq!(words(&["a", "cancel", "r1"])[1], "cancel");
+        assert_eq!(words(&["a", "--root", "x", "list"])[3], "list");
+        assert_eq!(words(&["a", "--help"]), ["a", "--help"]);
+        assert_eq!(words(&["a"]), ["a"]);
+    }
+}

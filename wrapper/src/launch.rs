@@ -1,0 +1,375 @@
+//! `agent-run start`: spec -> run dir -> spawn -> supervise -> stop -> final record -> exit code.
+//!
+//! The run dir is created with one `mkdir`; its lock is taken before the first record appears, so
+//! anyone who sees a record and can take the lock knows the wrapper is gone. The workload starts in
+//! a new session (setsid in `pre_exec`), writes its own logs, and is checked from /proc to be its
+//! own session and group leader before the record says `running`.
+
+use crate::cli::{fail, StartArgs};
+use crate::signals::Signals;
+use crate::stream::Streamer;
+use crate::supervise::{self, Outcome};
+use agent_run_shared::atomic::{open_append, write_atomic};
+use agent_run_shared::exit;
+use agent_run_shared::id::RunId;
+use agent_run_shared::journal::Journal;
+use agent_run_shared::lease::{write_lease, Lease};
+use agent_run_shared::pid::{Identity, Pid};
+use agent_run_shared::record::{State, Status, SCHEMA};
+use agent_run_shared::root::{files, resolve_root, Root, RunDir};
+use agent_run_shared::run::{finalize, scope_of, transition};
+use agent_run_shared::stop::{stop_run, Sig, Timings};
+use agent_run_shared::sys::{self, WaitStatus};
+use agent_run_shared::{procfs, time, ENV_RUN_DIR, ENV_RUN_ID, VERSION};
+use anyhow::Context;
+use serde_json::json;
+use std::ffi::OsString;
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// `agent-run start`.
+pub fn start(root: Option<&Path>, args: StartArgs) -> anyhow::Result<u8> {
+    let id = RunId::parse(&args.run_id)?;
+    let root = Root::open(&resolve_root(root)?, true)?;
+    let argv: Vec<String> = args
+        .command
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let Some(dir) = root.create_run_dir(&id)? else {
+        return crate::control::relaunch(&root, &id, &argv, args.quiet);
+    };
+    if args.detach {
+        return crate::control::detach_parent(&root, &dir, &args);
+    }
+    Launch::new(dir, &args, argv)?.run(&args)
+}
+
+/// Take the run's lock: an exclusive flock held for the wrapper's whole life (close-on-exec, so
+/// the workload never holds it). `cancel` and the watchdog take it to prove the wrapper is gone.
+pub fn open_lock(dir: &Path) -> anyhow::Result<File> {
+    let path = dir.join(files::LOCK);
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .with_context(|| format!("cannot open lock file {}", path.display()))
+}
+
+struct Launch {
+    dir: RunDir,
+    st: Status,
+    journal: Journal,
+    _lock: File,
+    timings: Timings,
+}
+
+impl Launch {
+    fn new(dir: RunDir, args: &StartArgs, argv: Vec<String>) -> anyhow::Result<Launch> {
+        let lock = open_lock(&dir.path)?;
+        if !sys::try_lock_exclusive(lock.as_fd())
+            .with_context(|| format!("cannot lock {}", dir.file(files::LOCK).display()))?
+        {
+            return fail(
+                exit::SOFTWARE,
+                "the new run dir is locked by another process",
+            );
+        }
+        let journal = Journal::open(&dir.path, "wrapper")?;
+        let uid = sys::geteuid();
+        let timings = Timings {
+            hup_after: args.hup_after,
+            grace: args.grace,
+            ..Timings::default()
+        };
+        let st = Status {
+            schema: SCHEMA,
+            run_id: dir.id.to_string(),
+            state: State::Starting,
+            reason: None,
+            exit_code: None,
+            term_signal: None,
+            argv,
+            cwd: std::env::current_dir()
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            pid: None,
+            pgid: None,
+            sid: None,
+            start_ticks: None,
+            boot_id: procfs::boot_id(),
+            wrapper_pid: Some(std::process::id() as i32),
+            host: sys::hostname(),
+            user: sys::user_name(uid),
+            uid,
+            created_at: time::rfc3339_now(),
+            started_at: None,
+            ended_at: None,
+            cleanup: None,
+            error: None,
+            version: VERSION.into(),
+            grace_ms: Some(timings.grace.as_millis() as u64),
+            hup_after_ms: Some(timings.hup_after.as_millis() as u64),
+            warnings: Vec::new(),
+        };
+        Ok(Launch {
+            dir,
+            st,
+            journal,
+            _lock: lock,
+            timings,
+        })
+    }
+
+    fn run(mut self, args: &StartArgs) -> anyhow::Result<u8> {
+        let dir = self.dir.path.clone();
+        agent_run_shared::record::write_status(&dir, &self.st)?;
+        let _ = self.journal.event(
+            "launch",
+            json!({"argv": self.st.argv, "cwd": self.st.cwd, "wrapper_pid": self.st.wrapper_pid,
+                   "grace_ms": self.st.grace_ms, "hup_after_ms": self.st.hup_after_ms,
+                   "lease_s": args.lease.map(|l| l.as_secs_f64())}),
+        );
+        if let Some(len) = args.lease {
+            write_lease(&dir, &Lease::from_now(len))?;
+        }
+        sys::set_child_subreaper().context("cannot become a child subreaper")?;
+        let signals = Signals::register().context("cannot register signal handlers")?;
+        let streamer = (!args.quiet).then(|| Streamer::start(&dir));
+
+        let code = match self.spawn(&args.command, args.detach_child()) {
+            Ok((leader, leader_fd)) => {
+                let outcome =
+                    supervise::supervise(&self.dir, &self.journal, &signals, &leader_fd, leader);
+                self.finish(leader, outcome, &signals)?
+            }
+            Err(code) => code,
+        };
+        if let Some(s) = streamer {
+            s.finish();
+        }
+        Ok(code)
+    }
+
+    /// Spawn the workload in a new session and verify pid == pgid == sid. On failure the final
+    /// record is written here and the exit code returned.
+    fn spawn(
+        &mut self,
+        command: &[OsString],
+        stdin_null: bool,
+    ) -> Result<(Identity, std::os::fd::OwnedFd), u8> {
+        let dir = self.dir.path.clone();
+        let (out, err) = match (
+            open_append(&dir, files::STDOUT),
+            open_append(&dir, files::STDERR),
+        ) {
+            (Ok(o), Ok(e)) => (o, e),
+            (Err(e), _) | (_, Err(e)) => {
+                return Err(self.launch_failed(exit::SOFTWARE, &e.to_string()))
+            }
+        };
+        let mut cmd = Command::new(&command[0]);
+        cmd.args(&command[1..])
+            .env(ENV_RUN_ID, self.dir.id.as_str())
+            .env(ENV_RUN_DIR, &dir)
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .stdin(if stdin_null {
+                Stdio::null()
+            } else {
+                Stdio::inherit()
+            });
+        sys::spawn_in_new_session(&mut cmd);
+        let child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                let code = match e.raw_os_error() {
+                    Some(libc::ENOENT | libc::ENOTDIR) => exit::NOT_FOUND,
+                    Some(libc::EACCES | libc::ENOEXEC | libc::EISDIR | libc::EPERM) => {
+                        exit::CANNOT_EXECUTE
+                    }
+                    _ => exit::SOFTWARE,
+                };
+                let what = if code == exit::NOT_FOUND {
+                    "command not found"
+                } else {
+                    "cannot execute"
+                };
+                let msg = format!("{what}: {}: {e}", command[0].to_string_lossy());
+                return Err(self.launch_failed(code, &msg));
+            }
+        };
+        let pid = Pid::new(child.id() as i64).expect("a child has a positive pid");
+        drop(child); // we reap it ourselves, through waitpid
+                     // Pin the leader first, then read /proc: the stat we check is the pinned process's.
+        let pidfd = sys::pidfd_open(pid);
+        let stat = procfs::stat(pid);
+        let (Ok(pidfd), Some(stat)) = (pidfd, stat) else {
+            return Err(self.launch_failed(
+                exit::SOFTWARE,
+                "the workload vanished before it could be checked",
+            ));
+        };
+        let leader = stat.identity();
+        if stat.pgid != pid.get() || stat.sid != pid.get() {
+            let msg = format!(
+                "workload pid {pid} is not its own session and group leader (pgid {}, sid {})",
+                stat.pgid, stat.sid
+            );
+            self.st.pid = Some(pid.get());
+            self.st.start_ticks = Some(leader.start_ticks);
+            let scope = scope_of(&self.st, Some(Pid::this())).expect("pid and start ticks are set");
+            let report = stop_run(
+                &scope,
+                &self.timings,
+                "launch_failed",
+                Some(&self.journal),
+                None,
+            );
+            sys::reap_all(Some(pid));
+            self.st.cleanup = Some(report.to_cleanup());
+            return Err(self.launch_failed(exit::SOFTWARE, &msg));
+        }
+        self.st.pid = Some(pid.get());
+        self.st.pgid = Some(stat.pgid);
+        self.st.sid = Some(stat.sid);
+        self.st.start_ticks = Some(leader.start_ticks);
+        self.st.started_at = Some(time::rfc3339_now());
+        let ids = format!("{pid}\n");
+        let written = write_atomic(&dir, files::PID, ids.as_bytes(), false)
+            .and_then(|()| {
+                write_atomic(
+                    &dir,
+                    files::PGID,
+                    format!("{}\n", stat.pgid).as_bytes(),
+                    false,
+                )
+            })
+            .and_then(|()| {
+                transition(
+                    &dir,
+                    &mut self.st,
+                    State::Running,
+                    None,
+                    Some(&self.journal),
+                )
+            });
+        if let Err(e) = written {
+            // Without a record nobody else can find this run: stop it rather than run blind.
+            eprintln!("agent-run: {e}; stopping the workload");
+            let scope = scope_of(&self.st, Some(Pid::this())).expect("pid and start ticks are set");
+            stop_run(
+                &scope,
+                &self.timings,
+                "record_failed",
+                Some(&self.journal),
+                None,
+            );
+            sys::reap_all(Some(pid));
+            return Err(exit::SOFTWARE);
+        }
+        let _ = self.journal.event(
+            "spawn",
+            json!({"pid": pid.get(), "pgid": stat.pgid, "sid": stat.sid, "start_ticks": leader.start_ticks}),
+        );
+        Ok((leader, pidfd))
+    }
+
+    fn launch_failed(&mut self, code: u8, msg: &str) -> u8 {
+        eprintln!("agent-run: {msg}");
+        self.st.error = Some(msg.replace('\n', " "));
+        self.st.exit_code = (code != exit::SOFTWARE).then_some(code as i32);
+        if let Err(e) = finalize(
+            &self.dir.path,
+            &mut self.st,
+            State::LaunchFailed,
+            None,
+            None,
+            Some(&self.journal),
+        ) {
+            eprintln!("agent-run: {e}");
+        }
+        code
+    }
+
+    /// After supervision: stop what is left, write the final record, pick the exit code.
+    fn finish(
+        &mut self,
+        leader: Identity,
+        outcome: Outcome,
+        signals: &Signals,
+    ) -> anyhow::Result<u8> {
+        let dir = self.dir.path.clone();
+        let scope = scope_of(&self.st, Some(Pid::this())).expect("a launched run has a scope");
+        let mut signals_esc = signals;
+        let (state, reason, report, leader_status) = match outcome {
+            Outcome::LeaderExited(ws) => {
+                let (_, children_left) = sys::reap_all(None);
+                let report = children_left.then(|| {
+                    let _ = transition(
+                        &dir,
+                        &mut self.st,
+                        State::Cancelling,
+                        Some("leader_exited"),
+                        Some(&self.journal),
+                    );
+                    let r = stop_run(
+                        &scope,
+                        &self.timings,
+                        "leader_exited",
+                        Some(&self.journal),
+                        Some(&mut signals_esc),
+                    );
+                    sys::reap_all(None);
+                    r
+                });
+                (State::Finished, None, report, Some(ws))
+            }
+            Outcome::Stop(reason) => {
+                transition(
+                    &dir,
+                    &mut self.st,
+                    State::Cancelling,
+                    Some(&reason),
+                    Some(&self.journal),
+                )?;
+                let report = stop_run(
+                    &scope,
+                    &self.timings,
+                    &reason,
+                    Some(&self.journal),
+                    Some(&mut signals_esc),
+                );
+                let (ws, _) = sys::reap_all(Some(leader.pid));
+                (State::Cancelled, Some(reason), Some(report), ws)
+            }
+        };
+        match leader_status {
+            Some(WaitStatus::Exited(c)) => self.st.exit_code = Some(c),
+            Some(WaitStatus::Signaled(s)) => self.st.term_signal = Some(Sig::from_number(s).name()),
+            None => {}
+        }
+        finalize(
+            &dir,
+            &mut self.st,
+            state,
+            reason.as_deref(),
+            report.as_ref(),
+            Some(&self.journal),
+        )?;
+        Ok(exit::for_record(&self.st).unwrap_or(exit::SOFTWARE))
+    }
+}
+
+impl StartArgs {
+    /// The workload reads /dev/null when detached.
+    fn detach_child(&self) -> bool {
+        self.detach
+    }
+}

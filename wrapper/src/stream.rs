@@ -1,0 +1,138 @@
+//! Copying a run's logs to a stream: the wrapper's live output, `attach` and `logs -f`.
+//!
+//! The workload writes stdout.log/stderr.log itself; this only reads them from an offset and
+//! writes what is new to our stdout/stderr, every byte once. A sink that breaks (EPIPE, EIO: the
+//! SSH channel is gone) is dropped and the copy of the other goes on; supervision never depends
+//! on it. The wrapper runs it on its own thread, so a stalled reader never blocks the event loop.
+
+use agent_run_shared::atomic::open_read;
+use agent_run_shared::root::files;
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+/// How often an idle follower looks for new bytes.
+pub const FOLLOW_INTERVAL: Duration = Duration::from_millis(20);
+
+/// One log being followed into one sink.
+pub struct Tail {
+    dir: PathBuf,
+    name: &'static str,
+    src: Option<File>,
+    sink: Option<File>,
+    /// Bytes read from the log so far (the offset in it).
+    pub copied: u64,
+}
+
+impl Tail {
+    /// Follow `dir/name` (which may not exist yet) into `sink`.
+    pub fn new(dir: &Path, name: &'static str, sink: Option<File>) -> Tail {
+        Tail {
+            dir: dir.to_path_buf(),
+            name,
+            src: None,
+            sink,
+            copied: 0,
+        }
+    }
+
+    /// Start from `offset` instead of the beginning.
+    pub fn from_offset(mut self, offset: u64) -> Tail {
+        self.copied = offset;
+        self
+    }
+
+    /// Copy everything new. Returns whether any byte moved.
+    pub fn pump(&mut self) -> bool {
+        if self.src.is_none() {
+            // Never follow a symlink planted in the run dir.
+            self.src = open_read(&self.dir, self.name).ok();
+            if let Some(f) = &mut self.src {
+                if f.seek(SeekFrom::Start(self.copied)).is_err() {
+                    self.src = None;
+                }
+            }
+        }
+        let (Some(src), Some(_)) = (&mut self.src, &self.sink) else {
+            return false;
+        };
+        let mut buf = vec![0u8; 128 * 1024];
+        let mut moved = false;
+        loop {
+            let n = match src.read(&mut buf) {
+                Ok(0) => return moved,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return moved,
+            };
+            moved = true;
+            self.copied += n as u64;
+            if let Some(sink) = &mut self.sink {
+                if sink.write_all(&buf[..n]).is_err() {
+                    // The reader is gone (EPIPE, EIO): stop streaming, never stop the run.
+                    self.sink = None;
+                    return moved;
+                }
+            }
+        }
+    }
+
+    /// Whether the sink still accepts bytes.
+    pub fn open(&self) -> bool {
+        self.sink.is_some()
+    }
+}
+
+/// A duplicate of this process's stdout (or stderr) as an unbuffered file.
+pub fn std_sink(stderr: bool) -> Option<File> {
+    let fd = if stderr {
+        io::stderr().as_fd().try_clone_to_owned()
+    } else {
+        io::stdout().as_fd().try_clone_to_owned()
+    };
+    fd.ok().map(File::from)
+}
+
+/// The wrapper's streaming thread.
+pub struct Streamer {
+    done: Arc<AtomicBool>,
+    handle: JoinHandle<()>,
+}
+
+impl Streamer {
+    /// Start copying the run dir's logs to our stdout and stderr.
+    pub fn start(dir: &Path) -> Streamer {
+        let done = Arc::new(AtomicBool::new(false));
+        let mut out = Tail::new(dir, files::STDOUT, std_sink(false));
+        let mut err = Tail::new(dir, files::STDERR, std_sink(true));
+        let flag = Arc::clone(&done);
+        let handle = thread::spawn(move || loop {
+            // Read `done` before pumping: once it is set every writer is gone, so one more
+            // pass that moves nothing means everything was copied.
+            let finishing = flag.load(Ordering::SeqCst);
+            let moved = out.pump() | err.pump();
+            if finishing && !moved {
+                break;
+            }
+            if !out.open() && !err.open() {
+                break;
+            }
+            if !moved {
+                thread::park_timeout(FOLLOW_INTERVAL);
+            }
+        });
+        Streamer { done, handle }
+    }
+
+    /// Copy what is left and stop. Call once the workload can write no more.
+    pub fn finish(self) {
+        self.done.store(true, Ordering::SeqCst);
+        self.handle.thread().unpark();
+        let _ = self.handle.join();
+    }
+}

@@ -1,0 +1,100 @@
+//! The wrapper's event loop: one `poll(2)` on the signal pipe and the leader's pidfd, with the
+//! lease deadline as its timeout. It returns when the leader has exited (with its wait status) or
+//! when something asked the run to stop (with the reason); the caller does the stopping.
+
+use crate::signals::Signals;
+use agent_run_shared::journal::Journal;
+use agent_run_shared::lease::read_lease;
+use agent_run_shared::pid::Identity;
+use agent_run_shared::root::{files, RunDir};
+use agent_run_shared::stop::Sig;
+use agent_run_shared::sys::{self, PollFd, WaitStatus};
+use serde_json::json;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::Duration;
+
+/// Why supervision ended.
+pub enum Outcome {
+    /// The leader exited on its own.
+    LeaderExited(WaitStatus),
+    /// A stop was asked for: "signal:TERM", "cancel_request", "lease_expired".
+    Stop(String),
+}
+
+/// Supervise until the leader exits or a stop is requested.
+pub fn supervise(
+    dir: &RunDir,
+    journal: &Journal,
+    signals: &Signals,
+    leader_fd: &OwnedFd,
+    leader: Identity,
+) -> Outcome {
+    loop {
+        let lease_left = lease_remaining(dir);
+        if lease_left.is_some_and(|l| l <= 0.0) {
+            let _ = journal.event("lease_expired", json!({}));
+            return Outcome::Stop("lease_expired".into());
+        }
+        let timeout = lease_left.map(|l| Duration::from_secs_f64(l.min(86_400.0)));
+        let mut fds = [
+            PollFd {
+                fd: signals.fd().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            PollFd {
+                fd: leader_fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let _ = sys::poll(&mut fds, timeout);
+        signals.drain();
+        if let Some(sig) = signals.take_stop() {
+            let reason = stop_reason(dir, sig);
+            let _ = journal.event(
+                "stop_requested",
+                json!({"signal": sig.name(), "reason": reason}),
+            );
+            return Outcome::Stop(reason);
+        }
+        if signals.take_chld() || fds[1].revents != 0 {
+            let (leader_status, _) = sys::reap_all(Some(leader.pid));
+            if let Some(ws) = leader_status {
+                let _ = journal.event("leader_exit", leader_exit_json(ws));
+                return Outcome::LeaderExited(ws);
+            }
+        }
+    }
+}
+
+fn leader_exit_json(ws: WaitStatus) -> serde_json::Value {
+    match ws {
+        WaitStatus::Exited(c) => json!({"exit_code": c}),
+        WaitStatus::Signaled(s) => json!({"term_signal": Sig::from_number(s).name()}),
+    }
+}
+
+/// Seconds left on the lease, re-read from lease.json so a `renew` is seen.
+fn lease_remaining(dir: &RunDir) -> Option<f64> {
+    read_lease(&dir.path)
+        .ok()
+        .flatten()
+        .map(|l| l.remaining_s())
+}
+
+/// A TERM that follows a cancel.json is that cancel; its `reason` (the watchdog writes
+/// "lease_expired") wins. Any other signal is "signal:NAME".
+fn stop_reason(dir: &RunDir, sig: Sig) -> String {
+    if sig == Sig::Term {
+        if let Ok(text) = std::fs::read_to_string(dir.file(files::CANCEL)) {
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+            return v
+                .get("reason")
+                .and_then(|r| r.as_str())
+                .unwrap_or("cancel_request")
+                .to_string();
+        }
+    }
+    format!("signal:{}", sig.name())
+}
