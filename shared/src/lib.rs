@@ -21,6 +21,7 @@ pub mod root;
 pub mod run;
 pub mod stop;
 pub mod sys;
+pub mod takeover;
 pub mod time;
 
 pub use error::{Error, Result};

@@ -83,6 +83,9 @@ pub struct Status {
     pub start_ticks: Option<u64>,
     pub boot_id: String,
     pub wrapper_pid: Option<i32>,
+    /// The wrapper's start time (clock ticks since boot), to tell it from a reused pid.
+    #[serde(default)]
+    pub wrapper_start_ticks: Option<u64>,
     pub host: String,
     pub user: String,
     pub uid: u32,
@@ -177,6 +180,7 @@ mod tests {
             start_ticks: None,
             boot_id: "b".into(),
             wrapper_pid: Some(1),
+            wrapper_start_ticks: None,
             host: "h".into(),
             user: "u".into(),
             uid: 0,

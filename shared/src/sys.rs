@@ -332,3 +332,73 @@ pub fn spawn_in_new_session(cmd: &mut std::process::Command) {
         });
     }
 }
+
+/// An inotify instance (inotify(7)), non-blocking and close-on-exec: event-driven waits for
+/// records and leases instead of sleep loops.
+pub struct Inotify {
+    fd: OwnedFd,
+}
+
+impl Inotify {
+    /// `IN_MOVED_TO | IN_CLOSE_WRITE | IN_CREATE`: a file renamed into place, written or created.
+    pub const CHANGED: u32 = libc::IN_MOVED_TO | libc::IN_CLOSE_WRITE | libc::IN_CREATE;
+    /// `IN_MODIFY`: bytes appended.
+    pub const MODIFIED: u32 = libc::IN_MODIFY;
+
+    /// A new instance.
+    pub fn new() -> io::Result<Inotify> {
+        // SAFETY: flags only; returns a new fd or -1.
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh fd that nothing else owns.
+        Ok(Inotify {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    /// Watch `path` for `mask` events (IN_DONT_FOLLOW: a symlink is watched as itself).
+    pub fn watch(&self, path: &std::path::Path, mask: u32) -> io::Result<()> {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: a valid fd and a NUL-terminated path that outlives the call.
+        let r = unsafe {
+            libc::inotify_add_watch(self.fd.as_raw_fd(), c.as_ptr(), mask | libc::IN_DONT_FOLLOW)
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Throw away pending events (callers re-read the files they care about).
+    pub fn drain(&self) {
+        let mut buf = [0u8; 4096];
+        loop {
+            // SAFETY: the buffer is valid for its length.
+            let r = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if r <= 0 {
+                return;
+            }
+        }
+    }
+
+    /// Wait up to `timeout` for an event (drained before returning). Returns whether one came.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let mut fds = [PollFd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        let ready = poll(&mut fds, Some(timeout)).unwrap_or(0) > 0;
+        self.drain();
+        ready
+    }
+
+    /// The descriptor, to poll together with others.
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}

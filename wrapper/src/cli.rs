@@ -85,6 +85,9 @@ pub struct StartArgs {
     /// Do not copy the workload's output to this process's stdout/stderr
     #[arg(long)]
     pub quiet: bool,
+    /// Internal: this is the wrapper that --detach started (the workload reads /dev/null)
+    #[arg(long, hide = true)]
+    pub detached_child: bool,
     /// The run id: 1-128 characters of A-Z a-z 0-9 . _ -, not starting with . or -
     #[arg(value_name = "RUN_ID")]
     pub run_id: String,

@@ -1,40 +1,257 @@
-//! The control subcommands (placeholder while [core] lands).
+//! The second control channel: `cancel` and `renew`, plus relaunch and `--detach`.
+//!
+//! `cancel` never trusts a record blindly: it validates it ([`check_record`]), pins the wrapper
+//! with a pidfd before checking its start time, and only then signals it. When the wrapper is gone
+//! (its lock can be taken) it stops the run itself through the shared routine and writes the final
+//! record. Concurrent cancels agree: exactly one creates cancel.json and signals, or takes the
+//! lock; the others wait for the same final record.
 
-use crate::cli::*;
+use crate::cli::{fail, CancelArgs, RenewArgs, StartArgs};
+use crate::inspect::{self, open_run, print_record, read_record, wait_final};
+use agent_run_shared::exit;
 use agent_run_shared::id::RunId;
-use agent_run_shared::root::{Root, RunDir};
+use agent_run_shared::journal::Journal;
+use agent_run_shared::lease::{read_lease, write_lease, Lease};
+use agent_run_shared::record::{State, Status};
+use agent_run_shared::root::Root;
+use agent_run_shared::run::timings_of;
+use agent_run_shared::stop::Sig;
+use agent_run_shared::sys::{self, Inotify, PollFd};
+use agent_run_shared::takeover::{
+    check_record, live_wrapper, request_cancel, signal_wrapper, stop_orphaned, RunLock, Wrapper,
+};
+use serde_json::json;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
-pub fn relaunch(_root: &Root, id: &RunId, _argv: &[String], _quiet: bool) -> anyhow::Result<u8> {
-    fail(
-        agent_run_shared::exit::SOFTWARE,
-        format!("run {id} already exists"),
-    )
+/// `agent-run cancel`.
+pub fn cancel(root: Option<&Path>, args: CancelArgs) -> anyhow::Result<u8> {
+    let dir = open_run(root, &args.run_id)?;
+    let first = read_record(&dir.path)?;
+    let t = timings_of(&first);
+    let wait = args
+        .wait
+        .unwrap_or(t.grace + t.confirm + Duration::from_secs(3));
+    let deadline = Instant::now() + wait;
+    let journal = Journal::open(&dir.path, "cancel")?;
+    let lock = RunLock::open(&dir.path)?;
+    let ino = Inotify::new()?;
+    ino.watch(&dir.path, Inotify::CHANGED)?;
+    let mut signalled_at: Option<Instant> = None;
+    loop {
+        let mut st = read_record(&dir.path)?;
+        if st.state.is_final() {
+            print_record(&dir.path, &st);
+            return Ok(exit::OK);
+        }
+        if let Err(e) = check_record(&st) {
+            let _ = journal.event("refused", json!({"why": e.to_string()}));
+            return fail(
+                exit::NOPERM,
+                format!("refusing to cancel run {}: {e}", dir.id),
+            );
+        }
+        if lock.try_lock()? {
+            // The wrapper is gone and we hold the lock: we are the one party that finishes it.
+            st = read_record(&dir.path)?;
+            if !st.state.is_final() {
+                let _ = request_cancel(&dir.path, "cancel", "cancel_request");
+                let _ = journal.event(
+                    "takeover",
+                    json!({"why": "the wrapper is gone", "state": st.state.as_str()}),
+                );
+                stop_orphaned(&dir.path, &mut st, "cancel_request", &journal)?;
+            }
+            print_record(&dir.path, &st);
+            return Ok(exit::OK);
+        }
+        let wrapper_fd = match live_wrapper(&st) {
+            Wrapper::Alive(fd) => Some(fd),
+            Wrapper::Reused(why) => {
+                let _ = journal.event("refused", json!({"why": why}));
+                return fail(
+                    exit::NOPERM,
+                    format!("refusing to cancel run {}: {why}", dir.id),
+                );
+            }
+            // The lock is held but not by the wrapper: another canceller or the watchdog is
+            // finishing the run. Wait for its record (or for the lock to come free).
+            Wrapper::Gone => None,
+        };
+        if let Some(fd) = &wrapper_fd {
+            let created = request_cancel(&dir.path, "cancel", "cancel_request")?;
+            // Exactly one caller signals: a second TERM would cut the grace short. If the
+            // creator of cancel.json died before signalling, the wrapper is still `running` a
+            // second later: signal it then.
+            let stale = st.state == State::Running
+                && signalled_at.is_some_and(|t| t.elapsed() > Duration::from_secs(1));
+            if created || stale {
+                let _ = journal.event(
+                    "signal",
+                    json!({"target": format!("pid:{}", st.wrapper_pid.unwrap_or_default()),
+                           "signal": "TERM", "reason": "cancel_request"}),
+                );
+                signal_wrapper(fd, Sig::Term)?;
+                signalled_at = Some(Instant::now());
+            } else if signalled_at.is_none() {
+                signalled_at = Some(Instant::now());
+            }
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return fail(
+                exit::TEMPFAIL,
+                format!(
+                    "run {} is still {} after {:?}",
+                    dir.id,
+                    st.state.as_str(),
+                    wait
+                ),
+            );
+        }
+        let step = (deadline - now).min(Duration::from_millis(if wrapper_fd.is_some() {
+            1000
+        } else {
+            50
+        }));
+        wait_event(&ino, wrapper_fd.as_ref(), step);
+    }
 }
-pub fn detach_parent(_root: &Root, _dir: &RunDir, _args: &StartArgs) -> anyhow::Result<u8> {
-    fail(70, "not yet")
+
+/// Wait for a change in the run dir, the wrapper's exit, or `timeout`.
+fn wait_event(ino: &Inotify, wrapper: Option<&OwnedFd>, timeout: Duration) {
+    let mut fds = vec![PollFd {
+        fd: ino.raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    if let Some(fd) = wrapper {
+        fds.push(PollFd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+    }
+    let _ = sys::poll(&mut fds, Some(timeout));
+    ino.drain();
 }
-pub fn cancel(_r: Option<&Path>, _a: CancelArgs) -> anyhow::Result<u8> {
-    fail(70, "not yet")
+
+/// `agent-run renew`.
+pub fn renew(root: Option<&Path>, args: RenewArgs) -> anyhow::Result<u8> {
+    let dir = open_run(root, &args.run_id)?;
+    let st = read_record(&dir.path)?;
+    if st.state.is_final() {
+        return fail(
+            exit::NO_SUCH_RUN,
+            format!("run {} is {}: nothing to renew", dir.id, st.state.as_str()),
+        );
+    }
+    let len = match (args.lease, read_lease(&dir.path)?) {
+        (Some(d), _) => d,
+        (None, Some(l)) => Duration::from_secs_f64(l.lease_s),
+        (None, None) => {
+            return fail(
+                exit::USAGE,
+                format!(
+                    "run {} has no lease; give its length with --lease DUR",
+                    dir.id
+                ),
+            )
+        }
+    };
+    let lease = Lease::from_now(len);
+    write_lease(&dir.path, &lease)?;
+    if let Ok(j) = Journal::open(&dir.path, "renew") {
+        let _ = j.event(
+            "renew",
+            json!({"deadline_epoch": lease.deadline_epoch, "lease_s": lease.lease_s}),
+        );
+    }
+    println!("{}", serde_json::to_string(&lease)?);
+    Ok(exit::OK)
 }
-pub fn renew(_r: Option<&Path>, _a: RenewArgs) -> anyhow::Result<u8> {
-    fail(70, "not yet")
+
+/// Relaunch of an existing run id: never runs the command twice.
+pub fn relaunch(root: &Root, id: &RunId, argv: &[String], quiet: bool) -> anyhow::Result<u8> {
+    let dir = root.open_run_dir(id)?;
+    let st = inspect::read_record_waiting(&dir.path, Duration::from_secs(10))?;
+    if st.argv != argv {
+        return fail(
+            exit::DATA_MISMATCH,
+            format!(
+                "run {id} exists with a different command: {:?} (asked for {:?})",
+                st.argv, argv
+            ),
+        );
+    }
+    if st.state.is_final() {
+        eprint!("{}", inspect::record_json(&dir.path, &st));
+        return Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE));
+    }
+    eprintln!(
+        "agent-run: run {id} is already {}; attaching",
+        st.state.as_str()
+    );
+    if quiet {
+        let st = wait_final(&dir.path, None)?;
+        return Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE));
+    }
+    inspect::follow_to_end(&dir.path)
 }
-pub fn status(_r: Option<&Path>, _a: StatusArgs) -> anyhow::Result<u8> {
-    fail(70, "not yet")
-}
-pub fn wait(_r: Option<&Path>, _a: WaitArgs) -> anyhow::Result<u8> {
-    fail(70, "not yet")
-}
-pub fn attach(_r: Option<&Path>, _a: IdArg) -> anyhow::Result<u8> {
-    fail(70, "not yet")
-}
-pub fn logs(_r: Option<&Path>, _a: LogsArgs) -> anyhow::Result<u8> {
-    fail(70, "not yet")
-}
-pub fn list(_r: Option<&Path>, _a: ListArgs) -> anyhow::Result<u8> {
-    fail(70, "not yet")
-}
-pub fn gc(_r: Option<&Path>, _a: GcArgs) -> anyhow::Result<u8> {
-    fail(70, "not yet")
+
+/// `start --detach`: start a wrapper of our own in its own session with stdio on /dev/null, and
+/// return once its record says `running` (or the launch failed), printing one JSON line.
+pub fn detach_parent(root: &Root, id: &RunId, args: &StartArgs) -> anyhow::Result<u8> {
+    let exe = std::env::current_exe()?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("--root")
+        .arg(root.path())
+        .arg("start")
+        .arg("--quiet")
+        .arg("--detached-child")
+        .arg("--grace")
+        .arg(format!("{}ms", args.grace.as_millis()))
+        .arg("--hup-after")
+        .arg(format!("{}ms", args.hup_after.as_millis()));
+    if let Some(l) = args.lease {
+        cmd.arg("--lease").arg(format!("{}ms", l.as_millis()));
+    }
+    cmd.arg(id.as_str()).arg("--").args(&args.command);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    sys::spawn_in_new_session(&mut cmd);
+    let mut child = cmd.spawn()?;
+    let dir = root.run_dir_path(id);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st: Option<Status> = agent_run_shared::record::read_status(&dir).ok();
+        if let Some(st) = st.filter(|s| s.state != State::Starting) {
+            let line = json!({
+                "run_id": st.run_id, "run_dir": dir, "pid": st.pid, "pgid": st.pgid,
+                "state": st.state.as_str(),
+            });
+            println!("{line}");
+            if st.state.is_final() {
+                if let Some(e) = &st.error {
+                    eprintln!("agent-run: {e}");
+                }
+                return Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE));
+            }
+            return Ok(exit::OK);
+        }
+        if let Some(status) = child.try_wait()? {
+            // It ended before the run was running: refused input or a setup failure.
+            return fail(
+                status.code().map_or(exit::SOFTWARE, |c| c as u8),
+                format!("the detached wrapper for run {id} exited before the run started"),
+            );
+        }
+        if Instant::now() >= deadline {
+            return fail(exit::TEMPFAIL, format!("run {id} did not start within 30s"));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }

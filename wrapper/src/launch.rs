@@ -20,13 +20,11 @@ use agent_run_shared::root::{files, resolve_root, Root, RunDir};
 use agent_run_shared::run::{finalize, scope_of, transition};
 use agent_run_shared::stop::{stop_run, Sig, Timings};
 use agent_run_shared::sys::{self, WaitStatus};
+use agent_run_shared::takeover::RunLock;
 use agent_run_shared::{procfs, time, ENV_RUN_DIR, ENV_RUN_ID, VERSION};
 use anyhow::Context;
 use serde_json::json;
 use std::ffi::OsString;
-use std::fs::{File, OpenOptions};
-use std::os::fd::AsFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
@@ -39,43 +37,30 @@ pub fn start(root: Option<&Path>, args: StartArgs) -> anyhow::Result<u8> {
         .iter()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
+    if args.detach {
+        // The detached wrapper does everything below, in its own session.
+        return crate::control::detach_parent(&root, &id, &args);
+    }
     let Some(dir) = root.create_run_dir(&id)? else {
         return crate::control::relaunch(&root, &id, &argv, args.quiet);
     };
-    if args.detach {
-        return crate::control::detach_parent(&root, &dir, &args);
-    }
     Launch::new(dir, &args, argv)?.run(&args)
-}
-
-/// Take the run's lock: an exclusive flock held for the wrapper's whole life (close-on-exec, so
-/// the workload never holds it). `cancel` and the watchdog take it to prove the wrapper is gone.
-pub fn open_lock(dir: &Path) -> anyhow::Result<File> {
-    let path = dir.join(files::LOCK);
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
-        .with_context(|| format!("cannot open lock file {}", path.display()))
 }
 
 struct Launch {
     dir: RunDir,
     st: Status,
     journal: Journal,
-    _lock: File,
+    _lock: RunLock,
     timings: Timings,
 }
 
 impl Launch {
     fn new(dir: RunDir, args: &StartArgs, argv: Vec<String>) -> anyhow::Result<Launch> {
-        let lock = open_lock(&dir.path)?;
-        if !sys::try_lock_exclusive(lock.as_fd())
-            .with_context(|| format!("cannot lock {}", dir.file(files::LOCK).display()))?
-        {
+        // Taken before the first record exists: whoever sees a record and can take the lock
+        // knows the wrapper is gone. Close-on-exec, so the workload never holds it.
+        let lock = RunLock::open(&dir.path)?;
+        if !lock.try_lock()? {
             return fail(
                 exit::SOFTWARE,
                 "the new run dir is locked by another process",
@@ -105,6 +90,7 @@ impl Launch {
             start_ticks: None,
             boot_id: procfs::boot_id(),
             wrapper_pid: Some(std::process::id() as i32),
+            wrapper_start_ticks: procfs::stat(Pid::this()).map(|s| s.start_ticks),
             host: sys::hostname(),
             user: sys::user_name(uid),
             uid,
@@ -370,6 +356,6 @@ impl Launch {
 impl StartArgs {
     /// The workload reads /dev/null when detached.
     fn detach_child(&self) -> bool {
-        self.detach
+        self.detached_child
     }
 }

@@ -6,6 +6,7 @@
 
 mod cli;
 mod control;
+mod inspect;
 mod launch;
 mod signals;
 mod stream;
@@ -33,11 +34,11 @@ fn run(cli: cli::Cli) -> anyhow::Result<u8> {
         cli::Command::Start(args) => launch::start(root, args),
         cli::Command::Cancel(args) => control::cancel(root, args),
         cli::Command::Renew(args) => control::renew(root, args),
-        cli::Command::Status(args) => control::status(root, args),
-        cli::Command::Wait(args) => control::wait(root, args),
-        cli::Command::Attach(args) => control::attach(root, args),
-        cli::Command::Logs(args) => control::logs(root, args),
-        cli::Command::List(args) => control::list(root, args),
-        cli::Command::Gc(args) => control::gc(root, args),
+        cli::Command::Status(args) => inspect::status(root, args),
+        cli::Command::Wait(args) => inspect::wait(root, args),
+        cli::Command::Attach(args) => inspect::attach(root, args),
+        cli::Command::Logs(args) => inspect::logs(root, args),
+        cli::Command::List(args) => inspect::list(root, args),
+        cli::Command::Gc(args) => inspect::gc(root, args),
     }
 }

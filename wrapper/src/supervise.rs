@@ -8,7 +8,7 @@ use agent_run_shared::lease::read_lease;
 use agent_run_shared::pid::Identity;
 use agent_run_shared::root::{files, RunDir};
 use agent_run_shared::stop::Sig;
-use agent_run_shared::sys::{self, PollFd, WaitStatus};
+use agent_run_shared::sys::{self, Inotify, PollFd, WaitStatus};
 use serde_json::json;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Duration;
@@ -29,6 +29,12 @@ pub fn supervise(
     leader_fd: &OwnedFd,
     leader: Identity,
 ) -> Outcome {
+    // A renew (or a new lease) is a rename of lease.json into the run dir: wake for it, so a
+    // shortened lease is enforced on time too.
+    let ino = Inotify::new().ok();
+    if let Some(i) = &ino {
+        let _ = i.watch(&dir.path, Inotify::CHANGED);
+    }
     loop {
         let lease_left = lease_remaining(dir);
         if lease_left.is_some_and(|l| l <= 0.0) {
@@ -36,7 +42,7 @@ pub fn supervise(
             return Outcome::Stop("lease_expired".into());
         }
         let timeout = lease_left.map(|l| Duration::from_secs_f64(l.min(86_400.0)));
-        let mut fds = [
+        let mut fds = vec![
             PollFd {
                 fd: signals.fd().as_raw_fd(),
                 events: libc::POLLIN,
@@ -48,7 +54,17 @@ pub fn supervise(
                 revents: 0,
             },
         ];
+        if let Some(i) = &ino {
+            fds.push(PollFd {
+                fd: i.raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
         let _ = sys::poll(&mut fds, timeout);
+        if let Some(i) = &ino {
+            i.drain();
+        }
         signals.drain();
         if let Some(sig) = signals.take_stop() {
             let reason = stop_reason(dir, sig);
