@@ -1,1 +1,896 @@
+//! The harness of agent-run's black-box tests (`tests/tests/*.rs`).
+//!
+//! It finds (or builds) the binaries under test and the `fixture` workload, gives each test its
+//! own run root, waits on kernel facts instead of sleeping, and pins every process a test sees
+//! with a pidfd so that it can be checked without pid-reuse races and killed, by pid, when the
+//! test ends. It never signals a process by name.
+//!
+//! Every wait has one deadline and reports what it saw last when it runs out; every panic about a
+//! run carries [`diagnostics`] (the run dir listing, status.json, events.jsonl and log tails).
 
+use std::ffi::OsStr;
+use std::fmt::Debug;
+use std::fs;
+use std::io::{self, Read};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+// ---------------------------------------------------------------------------------------------
+// Binaries under test
+
+/// The cargo profile directory of the running executable: `…/target/debug/deps/t-123` and
+/// `…/target/debug/fixture` both give `…/target/debug`.
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("cannot find the current executable");
+    let dir = exe
+        .parent()
+        .expect("the current executable has no parent dir");
+    match dir.file_name().and_then(OsStr::to_str) {
+        Some("deps" | "examples") => dir.parent().unwrap_or(dir).to_path_buf(),
+        _ => dir.to_path_buf(),
+    }
+}
+
+/// Builds agent-run, agent-run-watchdog and the fixture once per process, into the profile dir
+/// of the running test, and returns that dir. Panics with cargo's stderr if the build fails.
+fn built_profile_dir() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let profile = profile_dir();
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "--bins"])
+            .args([
+                "-p",
+                "agent-run",
+                "-p",
+                "agent-run-watchdog",
+                "-p",
+                "agent-run-tests",
+            ])
+            .arg("--manifest-path")
+            .arg(&manifest);
+        if profile.file_name() == Some(OsStr::new("release")) {
+            cmd.arg("--release");
+        }
+        if let Some(target_dir) = profile.parent() {
+            cmd.arg("--target-dir").arg(target_dir);
+        }
+        let out = cmd
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+        if !out.status.success() {
+            panic!(
+                "{cmd:?} failed ({}):\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        profile
+    })
+}
+
+fn bin_from_env_or_build(var: &str, name: &str) -> PathBuf {
+    match std::env::var_os(var) {
+        Some(path) => PathBuf::from(path),
+        None => built_profile_dir().join(name),
+    }
+}
+
+/// The `agent-run` binary: `$AGENT_RUN_BIN`, else built (once per process) next to the tests.
+pub fn agent_run_bin() -> PathBuf {
+    bin_from_env_or_build("AGENT_RUN_BIN", "agent-run")
+}
+
+/// The `agent-run-watchdog` binary: `$AGENT_RUN_WATCHDOG_BIN`, else built next to the tests.
+pub fn watchdog_bin() -> PathBuf {
+    bin_from_env_or_build("AGENT_RUN_WATCHDOG_BIN", "agent-run-watchdog")
+}
+
+/// The `fixture` workload: `$AGENT_RUN_FIXTURE_BIN`, else `<profile dir>/fixture` (cargo builds
+/// it before running integration tests), else built with the binaries under test.
+pub fn fixture_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("AGENT_RUN_FIXTURE_BIN") {
+        return PathBuf::from(path);
+    }
+    let beside = profile_dir().join("fixture");
+    if beside.is_file() {
+        return beside;
+    }
+    built_profile_dir().join("fixture")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Run roots and run records
+
+/// The final states of status.json.
+pub const FINAL_STATES: [&str; 4] = ["finished", "cancelled", "launch_failed", "unknown"];
+
+/// One test's private run root: `<tempdir>/runs`, left for agent-run to create.
+pub struct TestRoot {
+    /// The temporary directory holding the root; removed when the TestRoot is dropped.
+    pub dir: tempfile::TempDir,
+}
+
+impl Default for TestRoot {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TestRoot {
+    /// A fresh temporary directory (mode 0700); the run root inside it does not exist yet.
+    pub fn new() -> TestRoot {
+        let dir = tempfile::Builder::new()
+            .prefix("agent-run-test.")
+            .tempdir()
+            .expect("cannot create a temporary directory");
+        TestRoot { dir }
+    }
+
+    /// The run root passed as `--root`.
+    pub fn root(&self) -> PathBuf {
+        self.dir.path().join("runs")
+    }
+
+    /// The run dir of `id`.
+    pub fn run_dir(&self, id: &str) -> PathBuf {
+        self.root().join(id)
+    }
+
+    /// status.json of `id`, or why it cannot be had (missing, unreadable, invalid JSON).
+    pub fn try_status(&self, id: &str) -> Result<Value, String> {
+        let path = self.run_dir(id).join("status.json");
+        let text = fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}: {text:?}", path.display()))
+    }
+
+    /// status.json of `id`; panics with [`diagnostics`] if it cannot be read or parsed.
+    pub fn status(&self, id: &str) -> Value {
+        self.try_status(id)
+            .unwrap_or_else(|e| panic!("no valid status.json: {e}\n{}", diagnostics(self, id)))
+    }
+
+    /// events.jsonl of `id`, one value per line; panics with [`diagnostics`] on a bad line.
+    pub fn events(&self, id: &str) -> Vec<Value> {
+        let path = self.run_dir(id).join("events.jsonl");
+        let text = fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!(
+                "cannot read {}: {e}\n{}",
+                path.display(),
+                diagnostics(self, id)
+            )
+        });
+        text.lines()
+            .filter(|line| !line.trim().is_empty())
+            .map(|line| {
+                serde_json::from_str(line).unwrap_or_else(|e| {
+                    panic!(
+                        "bad events.jsonl line {line:?}: {e}\n{}",
+                        diagnostics(self, id)
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// The `event` names of events.jsonl, in order.
+    pub fn event_names(&self, id: &str) -> Vec<String> {
+        self.events(id)
+            .iter()
+            .map(|e| e["event"].as_str().unwrap_or("<no event name>").to_string())
+            .collect()
+    }
+
+    /// Polls status.json until its state is final, and returns it.
+    pub fn wait_final(&self, id: &str, timeout: Duration) -> Value {
+        wait_until_dbg(&format!("a final status.json for {id}"), timeout, || {
+            let status = self.try_status(id)?;
+            match status["state"].as_str() {
+                Some(state) if FINAL_STATES.contains(&state) => Ok(status),
+                _ => Err(status.to_string()),
+            }
+        })
+    }
+
+    /// `agent-run --root <root>` with `AGENT_RUN_ROOT` removed and stdin from /dev/null.
+    pub fn cmd(&self) -> Command {
+        let mut cmd = Command::new(agent_run_bin());
+        cmd.arg("--root")
+            .arg(self.root())
+            .env_remove("AGENT_RUN_ROOT")
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    /// `agent-run-watchdog --root <root>` with `AGENT_RUN_ROOT` removed and stdin from /dev/null.
+    pub fn watchdog_cmd(&self) -> Command {
+        let mut cmd = Command::new(watchdog_bin());
+        cmd.arg("--root")
+            .arg(self.root())
+            .env_remove("AGENT_RUN_ROOT")
+            .stdin(Stdio::null());
+        cmd
+    }
+}
+
+/// The last `max` bytes of a file, as lossy text, or why it cannot be read.
+fn tail(path: &Path, max: usize) -> String {
+    match fs::read(path) {
+        Ok(bytes) => {
+            let start = bytes.len().saturating_sub(max);
+            let prefix = if start > 0 { "[…]" } else { "" };
+            format!("{prefix}{}", String::from_utf8_lossy(&bytes[start..]))
+        }
+        Err(e) => format!("<{e}>"),
+    }
+}
+
+/// A dump of a run for panic messages: the run dir listing (mode, size, name), status.json,
+/// events.jsonl, lease.json and cancel.json, and the tails of stdout.log and stderr.log.
+pub fn diagnostics(root: &TestRoot, id: &str) -> String {
+    let dir = root.run_dir(id);
+    let mut out = format!("--- run dir {}\n", dir.display());
+    match fs::read_dir(&dir) {
+        Ok(entries) => {
+            let mut names: Vec<_> = entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name())
+                .collect();
+            names.sort();
+            for name in names {
+                let path = dir.join(&name);
+                match fs::symlink_metadata(&path) {
+                    Ok(meta) => out.push_str(&format!(
+                        "  {:06o} {:>8} {}\n",
+                        meta.mode(),
+                        meta.len(),
+                        name.to_string_lossy()
+                    )),
+                    Err(e) => out.push_str(&format!("  {}: {e}\n", name.to_string_lossy())),
+                }
+            }
+        }
+        Err(e) => out.push_str(&format!("  <{e}>\n")),
+    }
+    let files = [
+        ("status.json", 8000),
+        ("events.jsonl", 8000),
+        ("lease.json", 2000),
+        ("cancel.json", 2000),
+        ("stdout.log", 2000),
+        ("stderr.log", 2000),
+    ];
+    for (name, max) in files {
+        let path = dir.join(name);
+        if name.ends_with(".log") || path.exists() {
+            out.push_str(&format!("--- {name}\n{}\n", tail(&path, max)));
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Waiting
+
+/// Polls `probe` every 5 ms until it returns Some, and returns that; panics naming `what` and
+/// the time waited once `timeout` has passed.
+pub fn wait_until<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
+    wait_until_dbg(what, timeout, || probe().ok_or("nothing yet"))
+}
+
+/// Like [`wait_until`], but the probe says what it saw instead (`Err(seen)`), and the panic on
+/// timeout reports the last thing seen.
+pub fn wait_until_dbg<T, D: Debug>(
+    what: &str,
+    timeout: Duration,
+    mut probe: impl FnMut() -> Result<T, D>,
+) -> T {
+    let start = Instant::now();
+    loop {
+        match probe() {
+            Ok(value) => return value,
+            Err(seen) if start.elapsed() >= timeout => panic!(
+                "timed out after {:?} waiting for {what}; last seen: {seen:?}",
+                start.elapsed()
+            ),
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+}
+
+/// The fixture's handshake: `ready pid=.. pgid=.. sid=.. members=a,b,c`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ready {
+    /// The tree's leader.
+    pub pid: i32,
+    /// The leader's process group.
+    pub pgid: i32,
+    /// The leader's session.
+    pub sid: i32,
+    /// Every descendant (children, grandchildren, escapee), sorted; the leader excluded.
+    pub members: Vec<i32>,
+}
+
+impl Ready {
+    /// The leader and every member.
+    pub fn all_pids(&self) -> Vec<i32> {
+        let mut pids = vec![self.pid];
+        pids.extend(&self.members);
+        pids
+    }
+}
+
+/// Parses a `ready ...` line; None if it is not one. Unknown keys are ignored.
+pub fn parse_ready(line: &str) -> Option<Ready> {
+    let rest = line.trim_end().strip_prefix("ready ")?;
+    let (mut pid, mut pgid, mut sid, mut members) = (None, None, None, None);
+    for field in rest.split_whitespace() {
+        let (key, value) = field.split_once('=')?;
+        match key {
+            "pid" => pid = Some(value.parse().ok()?),
+            "pgid" => pgid = Some(value.parse().ok()?),
+            "sid" => sid = Some(value.parse().ok()?),
+            "members" => {
+                let pids: Option<Vec<i32>> = value
+                    .split(',')
+                    .filter(|p| !p.is_empty())
+                    .map(|p| p.parse().ok())
+                    .collect();
+                members = Some(pids?);
+            }
+            _ => {}
+        }
+    }
+    Some(Ready {
+        pid: pid?,
+        pgid: pgid?,
+        sid: sid?,
+        members: members?,
+    })
+}
+
+/// Polls a file (such as a run's stdout.log) for a complete `ready ` line and parses it.
+pub fn wait_ready(path: &Path, timeout: Duration) -> Ready {
+    wait_until_dbg(
+        &format!("a ready line in {}", path.display()),
+        timeout,
+        || {
+            let text = fs::read_to_string(path).map_err(|e| e.to_string())?;
+            text.split_inclusive('\n')
+                .filter(|line| line.ends_with('\n') && line.starts_with("ready "))
+                .find_map(parse_ready)
+                .ok_or_else(|| tail(path, 2000))
+        },
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Raw syscalls: pidfds, poll, kill
+
+mod sys {
+    use std::io;
+    use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+    /// pidfd_open(2): Ok(None) when the process is already gone (ESRCH).
+    pub fn pidfd_open(pid: i32) -> io::Result<Option<OwnedFd>> {
+        if pid <= 0 {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        // SAFETY: pidfd_open(2) takes a pid and flags and returns a new fd or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            let err = io::Error::last_os_error();
+            return match err.raw_os_error() {
+                Some(libc::ESRCH) => Ok(None),
+                _ => Err(err),
+            };
+        }
+        // SAFETY: the kernel just returned this fd, and nothing else owns it.
+        Ok(Some(unsafe { OwnedFd::from_raw_fd(fd as i32) }))
+    }
+
+    /// pidfd_send_signal(2). ESRCH means the process has exited.
+    pub fn pidfd_send_signal(fd: BorrowedFd<'_>, sig: i32) -> io::Result<()> {
+        // SAFETY: pidfd_send_signal(2) with a valid pidfd, a null siginfo and no flags.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd.as_raw_fd(),
+                sig,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// poll(2) for readability; returns, per fd, whether it polled readable (or hung up).
+    pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout_ms: i32) -> io::Result<Vec<bool>> {
+        let mut pollfds: Vec<libc::pollfd> = fds
+            .iter()
+            .map(|fd| libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: poll(2) on a valid array of pollfd of the given length.
+        let rc = unsafe {
+            libc::poll(
+                pollfds.as_mut_ptr(),
+                pollfds.len() as libc::nfds_t,
+                timeout_ms,
+            )
+        };
+        if rc < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                return Ok(vec![false; fds.len()]);
+            }
+            return Err(err);
+        }
+        Ok(pollfds.iter().map(|p| p.revents != 0).collect())
+    }
+
+    /// kill(2) to one positive pid.
+    pub fn kill(pid: i32, sig: i32) -> io::Result<()> {
+        if pid <= 0 {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        // SAFETY: kill(2) to a single positive pid (never 0 or -1, which reach many processes).
+        if unsafe { libc::kill(pid, sig) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pinned processes
+
+/// pidfds for a set of processes, opened right after the handshake, so that later checks and
+/// signals reach these processes and never a process that reused a pid. On drop, every pinned
+/// process still alive is sent SIGKILL through its pidfd.
+pub struct Pinned {
+    procs: Vec<(i32, Option<OwnedFd>)>,
+}
+
+fn readable(fd: &OwnedFd) -> bool {
+    use std::os::fd::AsFd;
+    sys::poll_readable(&[fd.as_fd()], 0)
+        .map(|r| r[0])
+        .unwrap_or_else(|e| panic!("poll on a pidfd: {e}"))
+}
+
+impl Pinned {
+    /// Opens a pidfd for each pid; a pid already gone is recorded as gone.
+    pub fn new(pids: &[i32]) -> Pinned {
+        let procs = pids
+            .iter()
+            .map(|&pid| {
+                let fd = sys::pidfd_open(pid)
+                    .unwrap_or_else(|e| panic!("pidfd_open({pid}): {e} (Linux >= 5.3 needed)"));
+                (pid, fd)
+            })
+            .collect();
+        Pinned { procs }
+    }
+
+    /// Every pinned pid, alive or not.
+    pub fn pids(&self) -> Vec<i32> {
+        self.procs.iter().map(|(pid, _)| *pid).collect()
+    }
+
+    /// The pinned pids still alive: the pidfd does not poll readable (it does once the process
+    /// has exited, zombie included) and /proc does not show it as a zombie or dead.
+    pub fn alive(&self) -> Vec<i32> {
+        self.procs
+            .iter()
+            .filter(|(pid, fd)| match fd {
+                Some(fd) => {
+                    !readable(fd) && proc_stat(*pid).is_some_and(|s| !matches!(s.0, 'Z' | 'X'))
+                }
+                None => false,
+            })
+            .map(|(pid, _)| *pid)
+            .collect()
+    }
+
+    /// Waits, to one deadline, until every pinned process has exited (zombies count as gone).
+    /// Ok(time waited), or Err(the pids still alive at the deadline).
+    pub fn wait_all_gone(&self, timeout: Duration) -> Result<Duration, Vec<i32>> {
+        use std::os::fd::AsFd;
+        let start = Instant::now();
+        let mut pending: Vec<&(i32, Option<OwnedFd>)> =
+            self.procs.iter().filter(|(_, fd)| fd.is_some()).collect();
+        loop {
+            let remaining = timeout.saturating_sub(start.elapsed());
+            let fds: Vec<_> = pending
+                .iter()
+                .filter_map(|(_, fd)| fd.as_ref().map(|fd| fd.as_fd()))
+                .collect();
+            let ms = remaining.as_millis().min(i32::MAX as u128) as i32;
+            let gone =
+                sys::poll_readable(&fds, ms).unwrap_or_else(|e| panic!("poll on pidfds: {e}"));
+            let mut gone = gone.into_iter();
+            pending.retain(|_| !gone.next().unwrap_or(false));
+            if pending.is_empty() {
+                return Ok(start.elapsed());
+            }
+            if remaining.is_zero() {
+                return Err(pending.iter().map(|(pid, _)| *pid).collect());
+            }
+        }
+    }
+
+    /// Sends `sig` to one pinned pid through its pidfd. Panics if `pid` is not pinned.
+    pub fn signal(&self, pid: i32, sig: i32) -> io::Result<()> {
+        use std::os::fd::AsFd;
+        let (_, fd) = self
+            .procs
+            .iter()
+            .find(|(p, _)| *p == pid)
+            .unwrap_or_else(|| panic!("pid {pid} is not pinned"));
+        match fd {
+            Some(fd) => sys::pidfd_send_signal(fd.as_fd(), sig),
+            None => Err(io::Error::from_raw_os_error(libc::ESRCH)),
+        }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        use std::os::fd::AsFd;
+        for (_, fd) in &self.procs {
+            if let Some(fd) = fd {
+                if !readable(fd) {
+                    // ESRCH: it exited meanwhile, which is what we want.
+                    let _ = sys::pidfd_send_signal(fd.as_fd(), libc::SIGKILL);
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// /proc
+
+/// Fields of /proc/PID/stat: (state, ppid, pgid, sid, start time in clock ticks since boot).
+/// None if the process does not exist or the file cannot be parsed.
+pub fn proc_stat(pid: i32) -> Option<(char, i32, i32, i32, u64)> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // comm may hold spaces and parentheses: the fields start after the last ')'.
+    let fields: Vec<&str> = text[text.rfind(')')? + 1..].split_whitespace().collect();
+    // fields[0] is field 3 (state) of proc(5), so field N is fields[N - 3].
+    let state = fields.first()?.chars().next()?;
+    let ppid = fields.get(1)?.parse().ok()?;
+    let pgid = fields.get(2)?.parse().ok()?;
+    let sid = fields.get(3)?.parse().ok()?;
+    let start_ticks = fields.get(19)?.parse().ok()?;
+    Some((state, ppid, pgid, sid, start_ticks))
+}
+
+/// Every live (non-zombie) process with a stat line matching `keep`, sorted by pid.
+fn live_processes(keep: impl Fn(&(char, i32, i32, i32, u64)) -> bool) -> Vec<i32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut pids: Vec<i32> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|&pid| proc_stat(pid).is_some_and(|s| !matches!(s.0, 'Z' | 'X') && keep(&s)))
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// Every non-zombie process whose session id is `sid`.
+pub fn session_members(sid: i32) -> Vec<i32> {
+    live_processes(|s| s.3 == sid)
+}
+
+/// Every non-zombie process whose parent is `ppid`.
+pub fn children_of(ppid: i32) -> Vec<i32> {
+    live_processes(|s| s.1 == ppid)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Spawning and waiting
+
+/// `agent-run --root <root> ARGS...` started with stdout and stderr piped. The caller must drain
+/// the pipes if the run writes much (or use [`Spawned`], which does).
+pub fn spawn_wrapper<S: AsRef<OsStr>>(root: &TestRoot, args: &[S]) -> Child {
+    let mut cmd = root.cmd();
+    cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.spawn()
+        .unwrap_or_else(|e| panic!("cannot spawn {cmd:?}: {e}"))
+}
+
+/// Waits for `child` until `timeout`; Ok(None) if it is still running then.
+fn wait_deadline(child: &mut Child, timeout: Duration) -> io::Result<Option<ExitStatus>> {
+    use std::os::fd::AsFd;
+    if let Some(status) = child.try_wait()? {
+        return Ok(Some(status));
+    }
+    // The child is not reaped until we wait for it, so its pid cannot have been reused.
+    if let Ok(Some(fd)) = sys::pidfd_open(child.id() as i32) {
+        let start = Instant::now();
+        loop {
+            let remaining = timeout.saturating_sub(start.elapsed());
+            let ms = remaining.as_millis().min(i32::MAX as u128) as i32;
+            if sys::poll_readable(&[fd.as_fd()], ms)?[0] {
+                return child.wait().map(Some);
+            }
+            if remaining.is_zero() {
+                return Ok(None);
+            }
+        }
+    }
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status));
+        }
+        if start.elapsed() >= timeout {
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Waits for `child` with a deadline; on timeout SIGKILLs it, reaps it and panics.
+pub fn wait_child(child: &mut Child, timeout: Duration) -> ExitStatus {
+    match wait_deadline(child, timeout) {
+        Ok(Some(status)) => status,
+        Ok(None) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "process {} still running after {timeout:?}; killed it",
+                child.id()
+            )
+        }
+        Err(e) => panic!("cannot wait for process {}: {e}", child.id()),
+    }
+}
+
+/// Sends `sig` to a child that has not been waited for (so its pid is still its own).
+pub fn send_signal(child: &Child, sig: i32) {
+    sys::kill(child.id() as i32, sig)
+        .unwrap_or_else(|e| panic!("kill({}, {sig}): {e}", child.id()));
+}
+
+/// The exit code a shell would report: the code, or 128 + the signal that killed the process.
+pub fn exit_code(st: &ExitStatus) -> i32 {
+    st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0))
+}
+
+type Captured = Arc<Mutex<Vec<u8>>>;
+
+fn drain(pipe: Option<impl Read + Send + 'static>) -> (Captured, Option<JoinHandle<()>>) {
+    let buf = Captured::default();
+    let handle = pipe.map(|mut pipe| {
+        let buf = Arc::clone(&buf);
+        std::thread::spawn(move || {
+            let mut chunk = [0u8; 8192];
+            while let Ok(n) = pipe.read(&mut chunk) {
+                if n == 0 {
+                    break;
+                }
+                buf.lock().unwrap().extend_from_slice(&chunk[..n]);
+            }
+        })
+    });
+    (buf, handle)
+}
+
+/// A running command whose stdout and stderr are drained by threads, so it never blocks on a
+/// full pipe, with a description for failure messages.
+pub struct Spawned {
+    /// The process. Do not `wait` on it directly; use [`Spawned::finish`].
+    pub child: Child,
+    /// The command, for messages.
+    pub what: String,
+    stdout: (Captured, Option<JoinHandle<()>>),
+    stderr: (Captured, Option<JoinHandle<()>>),
+}
+
+impl Spawned {
+    /// Spawns `cmd` with stdout and stderr piped and drained.
+    pub fn spawn(cmd: &mut Command) -> Spawned {
+        let what = format!("{cmd:?}");
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot spawn {what}: {e}"));
+        let stdout = drain(child.stdout.take());
+        let stderr = drain(child.stderr.take());
+        Spawned {
+            child,
+            what,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// Spawns `agent-run --root <root> ARGS...`.
+    pub fn wrapper<S: AsRef<OsStr>>(root: &TestRoot, args: &[S]) -> Spawned {
+        Spawned::spawn(root.cmd().args(args))
+    }
+
+    /// The stdout captured so far.
+    pub fn stdout_so_far(&self) -> Vec<u8> {
+        self.stdout.0.lock().unwrap().clone()
+    }
+
+    /// The stderr captured so far.
+    pub fn stderr_so_far(&self) -> Vec<u8> {
+        self.stderr.0.lock().unwrap().clone()
+    }
+
+    /// Sends `sig` to the process (not yet reaped, so the pid is still its own).
+    pub fn signal(&self, sig: i32) {
+        send_signal(&self.child, sig);
+    }
+
+    /// Waits for the process with a deadline, then for its output (a grandchild holding a pipe
+    /// open gets at most one more second); on timeout SIGKILLs it and panics with its output.
+    pub fn finish(mut self, timeout: Duration) -> Output {
+        let status = match wait_deadline(&mut self.child, timeout) {
+            Ok(Some(status)) => status,
+            Ok(None) => {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!(
+                    "{} still running after {timeout:?}; killed it\n--- stdout\n{}\n--- stderr\n{}",
+                    self.what,
+                    String::from_utf8_lossy(&self.stdout_so_far()),
+                    String::from_utf8_lossy(&self.stderr_so_far())
+                );
+            }
+            Err(e) => panic!("cannot wait for {}: {e}", self.what),
+        };
+        let deadline = Instant::now() + Duration::from_secs(1);
+        for handle in [self.stdout.1.take(), self.stderr.1.take()]
+            .into_iter()
+            .flatten()
+        {
+            while !handle.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if handle.is_finished() {
+                let _ = handle.join();
+            }
+        }
+        Output {
+            status,
+            stdout: self.stdout_so_far(),
+            stderr: self.stderr_so_far(),
+        }
+    }
+}
+
+/// Runs `cmd` to completion with a deadline, capturing its output.
+pub fn run_with_timeout(cmd: &mut Command, timeout: Duration) -> Output {
+    Spawned::spawn(cmd).finish(timeout)
+}
+
+/// A command's outcome for failure messages: status, exit code, stdout and stderr.
+pub fn describe_output(what: &str, out: &Output) -> String {
+    format!(
+        "--- command {what}\n--- status {} (exit code {})\n--- stdout\n{}\n--- stderr\n{}",
+        out.status,
+        exit_code(&out.status),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_ready_reads_every_field() {
+        let ready = parse_ready("ready pid=10 pgid=10 sid=9 members=11,12,13\n").unwrap();
+        assert_eq!(
+            ready,
+            Ready {
+                pid: 10,
+                pgid: 10,
+                sid: 9,
+                members: vec![11, 12, 13]
+            }
+        );
+        assert_eq!(ready.all_pids(), vec![10, 11, 12, 13]);
+    }
+
+    #[test]
+    fn parse_ready_accepts_no_members() {
+        let ready = parse_ready("ready pid=10 pgid=10 sid=10 members=").unwrap();
+        assert!(ready.members.is_empty());
+    }
+
+    #[test]
+    fn parse_ready_refuses_other_lines() {
+        assert_eq!(parse_ready("hello"), None);
+        assert_eq!(parse_ready("ready pid=10 pgid=10 sid=10"), None);
+        assert_eq!(parse_ready("ready pid=x pgid=10 sid=10 members="), None);
+        assert_eq!(
+            parse_ready("ready pid=10 pgid=10 sid=10 members=1,,x"),
+            None
+        );
+    }
+
+    #[test]
+    fn proc_stat_of_self_matches_the_kernel() {
+        let me = std::process::id() as i32;
+        let (state, ppid, pgid, sid, start) = proc_stat(me).unwrap();
+        // The main thread (whose state /proc/PID/stat shows) waits for this test's thread.
+        assert!(matches!(state, 'R' | 'S'), "state {state}");
+        assert_eq!(ppid, std::os::unix::process::parent_id() as i32);
+        // SAFETY: getpgrp(2) and getsid(2) have no preconditions.
+        let (kernel_pgid, kernel_sid) = unsafe { (libc::getpgrp(), libc::getsid(0)) };
+        assert_eq!((pgid, sid), (kernel_pgid, kernel_sid));
+        assert!(start > 0);
+    }
+
+    #[test]
+    fn proc_stat_of_a_missing_pid_is_none() {
+        assert_eq!(proc_stat(i32::MAX), None);
+    }
+
+    #[test]
+    fn session_members_include_self() {
+        let me = std::process::id() as i32;
+        let sid = proc_stat(me).unwrap().3;
+        assert!(session_members(sid).contains(&me));
+    }
+
+    #[test]
+    fn pinned_sees_a_child_exit() {
+        let mut child = Command::new("sleep").arg("60").spawn().unwrap();
+        let pid = child.id() as i32;
+        let pinned = Pinned::new(&[pid]);
+        assert_eq!(pinned.alive(), vec![pid]);
+        assert!(pinned.wait_all_gone(Duration::from_millis(20)).is_err());
+        pinned.signal(pid, libc::SIGTERM).unwrap();
+        // Not yet reaped: a zombie counts as gone.
+        pinned.wait_all_gone(Duration::from_secs(10)).unwrap();
+        assert!(pinned.alive().is_empty());
+        assert_eq!(
+            exit_code(&wait_child(&mut child, Duration::from_secs(10))),
+            143
+        );
+    }
+
+    #[test]
+    fn wait_until_returns_the_probed_value() {
+        let mut n = 0;
+        let got = wait_until("n to reach 3", Duration::from_secs(5), || {
+            n += 1;
+            (n >= 3).then_some(n)
+        });
+        assert_eq!(got, 3);
+    }
+
+    #[test]
+    #[should_panic(expected = "last seen: 7")]
+    fn wait_until_dbg_reports_the_last_thing_seen() {
+        wait_until_dbg("never", Duration::from_millis(20), || Err::<(), _>(7));
+    }
+}
