@@ -402,3 +402,159 @@ impl Inotify {
         self.fd.as_raw_fd()
     }
 }
+
+/// One inotify event: the watch it came from, its mask, and the name inside a watched directory.
+#[derive(Debug, Clone)]
+pub struct InotifyEvent {
+    pub wd: i32,
+    pub mask: u32,
+    pub name: String,
+}
+
+impl Inotify {
+    /// Watch `path` and return the watch descriptor.
+    pub fn add_watch(&self, path: &std::path::Path, mask: u32) -> io::Result<i32> {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: a valid fd and a NUL-terminated path that outlives the call.
+        let r = unsafe {
+            libc::inotify_add_watch(self.fd.as_raw_fd(), c.as_ptr(), mask | libc::IN_DONT_FOLLOW)
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(r)
+    }
+
+    /// Stop watching a descriptor (errors ignored: the watch may already be gone).
+    pub fn rm_watch(&self, wd: i32) {
+        // SAFETY: integers only.
+        unsafe { libc::inotify_rm_watch(self.fd.as_raw_fd(), wd) };
+    }
+
+    /// Read every pending event without blocking.
+    pub fn read_events(&self) -> Vec<InotifyEvent> {
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            // SAFETY: the buffer is valid for its length.
+            let r = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if r <= 0 {
+                return out;
+            }
+            let n = r as usize;
+            let mut off = 0;
+            let head = std::mem::size_of::<libc::inotify_event>();
+            while off + head <= n {
+                // SAFETY: the kernel wrote whole events; the header may be unaligned in our
+                // byte buffer, so it is read with read_unaligned.
+                let ev: libc::inotify_event =
+                    unsafe { std::ptr::read_unaligned(buf[off..].as_ptr().cast()) };
+                let name_bytes = &buf[off + head..(off + head + ev.len as usize).min(n)];
+                let end = name_bytes
+                    .iter()
+                    .position(|&b| b == 0)
+                    .unwrap_or(name_bytes.len());
+                out.push(InotifyEvent {
+                    wd: ev.wd,
+                    mask: ev.mask,
+                    name: String::from_utf8_lossy(&name_bytes[..end]).into_owned(),
+                });
+                off += head + ev.len as usize;
+            }
+        }
+    }
+}
+
+/// An epoll instance (epoll(7)): one wait over thousands of pidfds without rebuilding a poll set.
+pub struct Epoll {
+    fd: OwnedFd,
+}
+
+impl Epoll {
+    /// A new close-on-exec instance.
+    pub fn new() -> io::Result<Epoll> {
+        // SAFETY: flags only.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh fd that nothing else owns.
+        Ok(Epoll {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    /// Watch `fd` for readability; `token` comes back with its events.
+    pub fn add(&self, fd: RawFd, token: u64) -> io::Result<()> {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: token,
+        };
+        // SAFETY: `ev` is valid for the call; the kernel copies it.
+        if unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Stop watching `fd` (closing the fd also removes it).
+    pub fn remove(&self, fd: RawFd) {
+        // SAFETY: a NULL event is allowed for EPOLL_CTL_DEL since Linux 2.6.9.
+        unsafe {
+            libc::epoll_ctl(
+                self.fd.as_raw_fd(),
+                libc::EPOLL_CTL_DEL,
+                fd,
+                std::ptr::null_mut(),
+            )
+        };
+    }
+
+    /// Wait up to `timeout` (None: forever) and return the tokens that are ready.
+    pub fn wait(&self, timeout: Option<Duration>) -> io::Result<Vec<u64>> {
+        let mut evs: Vec<libc::epoll_event> = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
+        let ms = match timeout {
+            None => -1,
+            Some(d) => d.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32,
+        };
+        // SAFETY: `evs` is valid for `evs.len()` events.
+        let r = unsafe {
+            libc::epoll_wait(self.fd.as_raw_fd(), evs.as_mut_ptr(), evs.len() as i32, ms)
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                return Ok(Vec::new());
+            }
+            return Err(e);
+        }
+        Ok(evs[..r as usize].iter().map(|e| e.u64).collect())
+    }
+}
+
+/// Raise the soft open-file limit to the hard limit (a watchdog holds one pidfd per live
+/// wrapper). Returns the new soft limit.
+pub fn raise_nofile_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid out-pointer, then a valid in-pointer.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 1024;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let want = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
+                lim.rlim_cur = lim.rlim_max;
+            }
+        }
+    }
+    lim.rlim_cur as u64
+}

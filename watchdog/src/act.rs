@@ -1,0 +1,180 @@
+//! Carrying out a verdict on one run. Every path ends in the shared stop routine and the shared
+//! final-record writer, under the run's lock, so the watchdog, `cancel` and the wrapper never
+//! both write a final record.
+
+use crate::assess::{Action, Subject};
+use agent_run_shared::journal::Journal;
+use agent_run_shared::procset::RunScope;
+use agent_run_shared::record::{read_status, State};
+use agent_run_shared::run::{finalize, scope_of, timings_of, transition};
+use agent_run_shared::stop::{stop_run, Sig};
+use agent_run_shared::sys::{self, PollFd};
+use agent_run_shared::takeover::{
+    check_record, live_wrapper, request_cancel, signal_wrapper, stop_orphaned, RunLock, Wrapper,
+};
+use agent_run_shared::{pid::Pid, Result};
+use serde_json::json;
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+/// What happened, for the log line.
+pub fn act(subject: &Subject, action: Action) -> Result<String> {
+    let dir = &subject.dir;
+    let journal = Journal::open(dir, "watchdog")?;
+    let lock = RunLock::open(dir)?;
+    match action {
+        Action::HostRebooted => {
+            if !lock.try_lock()? {
+                return Ok("locked by another party; left alone".into());
+            }
+            let mut st = read_status(dir)?;
+            if st.state.is_final() {
+                return Ok(format!("already {}", st.state.as_str()));
+            }
+            let _ = journal.event(
+                "reconcile",
+                json!({"why": "host_rebooted", "record_boot_id": st.boot_id}),
+            );
+            finalize(
+                dir,
+                &mut st,
+                State::Unknown,
+                Some("host_rebooted"),
+                None,
+                Some(&journal),
+            )?;
+            Ok("unknown (host_rebooted), nothing signalled".into())
+        }
+        Action::Orphan { lease_expired } => {
+            if !lock.try_lock()? {
+                return Ok("locked by another party (a cancel in progress?); left alone".into());
+            }
+            let mut st = read_status(dir)?;
+            if st.state.is_final() {
+                return Ok(format!("already {}", st.state.as_str()));
+            }
+            check_record(&st)?;
+            let reason = if lease_expired {
+                "lease_expired"
+            } else {
+                "wrapper_lost"
+            };
+            let _ = request_cancel(dir, "watchdog", reason);
+            let _ = journal.event(
+                "takeover",
+                json!({"why": "the wrapper is gone", "reason": reason}),
+            );
+            let report = stop_orphaned(dir, &mut st, reason, &journal)?;
+            Ok(format!(
+                "{} ({}), signalled {}, survivors {}",
+                st.state.as_str(),
+                st.reason.as_deref().unwrap_or("-"),
+                pid_list(&report.signalled),
+                pid_list(&report.survivors)
+            ))
+        }
+        Action::Stuck => stuck(subject, &journal, &lock),
+    }
+}
+
+/// A live wrapper past its lease + grace + slack: ask it (cancel.json + TERM); stop the process
+/// set ourselves; if the wrapper still has not written a final record, it is stuck for good
+/// (SIGSTOPped, wedged): KILL it, take its lock, and write the record.
+fn stuck(subject: &Subject, journal: &Journal, lock: &RunLock) -> Result<String> {
+    let dir = &subject.dir;
+    let st = read_status(dir)?;
+    if st.state.is_final() {
+        return Ok(format!("already {}", st.state.as_str()));
+    }
+    check_record(&st)?;
+    let Wrapper::Alive(wfd) = live_wrapper(&st) else {
+        // It died meanwhile: the orphan path handles it.
+        return act(
+            subject,
+            Action::Orphan {
+                lease_expired: true,
+            },
+        );
+    };
+    let _ = request_cancel(dir, "watchdog", "lease_expired");
+    let _ = journal.event(
+        "signal",
+        json!({"target": format!("pid:{}", st.wrapper_pid.unwrap_or_default()), "signal": "TERM",
+               "reason": "lease_expired", "why": "wrapper past its lease deadline + grace"}),
+    );
+    signal_wrapper(&wfd, Sig::Term)?;
+    let scope: RunScope = scope_of(&st, st.wrapper_pid.and_then(|p| Pid::new(p.into())))
+        .ok_or_else(|| agent_run_shared::Error::Identity {
+            why: "the record has no pid".into(),
+        })?;
+    let report = stop_run(
+        &scope,
+        &timings_of(&st),
+        "lease_expired",
+        Some(journal),
+        None,
+    );
+    // Give a wrapper that is only slow a moment to write its own record.
+    let mut fds = [PollFd {
+        fd: wfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    let _ = sys::poll(&mut fds, Some(Duration::from_secs(1)));
+    if read_status(dir)?.state.is_final() {
+        return Ok("the wrapper finished the stop itself".into());
+    }
+    let _ = journal.event(
+        "signal",
+        json!({"target": format!("pid:{}", st.wrapper_pid.unwrap_or_default()), "signal": "KILL",
+               "reason": "lease_expired", "why": "wrapper stuck"}),
+    );
+    signal_wrapper(&wfd, Sig::Kill)?;
+    let _ = sys::poll(&mut fds, Some(Duration::from_secs(5)));
+    // The lock frees when the wrapper's descriptors close, at its exit (before it is reaped).
+    let mut locked = false;
+    for _ in 0..50 {
+        if lock.try_lock()? {
+            locked = true;
+            break;
+        }
+        let _ = sys::poll(&mut [], Some(Duration::from_millis(20)));
+    }
+    if !locked {
+        return Ok("processes stopped; the wrapper still holds its lock, record left to it".into());
+    }
+    let mut st = read_status(dir)?;
+    if st.state.is_final() {
+        return Ok(format!("already {}", st.state.as_str()));
+    }
+    if st.state != State::Cancelling {
+        transition(
+            dir,
+            &mut st,
+            State::Cancelling,
+            Some("lease_expired"),
+            Some(journal),
+        )?;
+    }
+    st.exit_code = None;
+    st.term_signal = None;
+    finalize(
+        dir,
+        &mut st,
+        State::Cancelled,
+        Some("lease_expired"),
+        Some(&report),
+        Some(journal),
+    )?;
+    Ok(format!(
+        "{} ({}), wrapper killed, signalled {}",
+        st.state.as_str(),
+        st.reason.as_deref().unwrap_or("-"),
+        pid_list(&report.signalled)
+    ))
+}
+
+fn pid_list(p: &[Pid]) -> String {
+    let v: Vec<String> = p.iter().map(|p| p.to_string()).collect();
+    format!("[{}]", v.join(","))
+}

@@ -1,0 +1,171 @@
+//! What the watchdog should do about one run dir, decided from its record, its lease, its
+//! wrapper and its processes. Pure decision, no action: [`crate::act`] carries it out.
+//!
+//! - final: nothing (forgotten);
+//! - from an earlier boot: `unknown`, `host_rebooted`, nothing signalled (those pids belong to
+//!   this boot's processes now);
+//! - wrapper alive: the wrapper's business, unless its lease is past deadline + grace + slack
+//!   (the wrapper is stopped or stuck): then the watchdog steps in;
+//! - wrapper gone: if processes of the run remain, the watchdog owns them and stops them when the
+//!   lease expires (or after the orphan grace without a lease); if none remain, `unknown`,
+//!   `wrapper_lost` at once.
+
+use agent_run_shared::id::RunId;
+use agent_run_shared::lease::read_lease;
+use agent_run_shared::procset::{discover, Depth};
+use agent_run_shared::record::{read_status, Status};
+use agent_run_shared::root::Root;
+use agent_run_shared::run::{scope_of, timings_of};
+use agent_run_shared::takeover::{live_wrapper, Wrapper};
+use agent_run_shared::{procfs, time};
+use std::collections::HashSet;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The watchdog's knobs.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// How long a run without a lease may outlive its wrapper.
+    pub orphan_grace: Duration,
+    /// How far past deadline + grace a live wrapper may be before it counts as stuck.
+    pub slack: Duration,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            orphan_grace: Duration::from_secs(60),
+            slack: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What to do now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Record from an earlier boot: `unknown`, `host_rebooted`, signal nothing.
+    HostRebooted,
+    /// Wrapper gone: stop what remains (reason `lease_expired` or `wrapper_lost`).
+    Orphan { lease_expired: bool },
+    /// Wrapper alive but stuck past its lease: ask it, then stop the run ourselves.
+    Stuck,
+}
+
+/// The verdict on one run dir.
+pub enum Verdict {
+    /// Final, or not a run: nothing to do.
+    Done,
+    /// A run dir without a record yet (a launch in progress): watch it for the record.
+    Pending,
+    /// Unusable dir (corrupt, unsafe, foreign): skipped, with the reason.
+    Skip(String),
+    /// Alive wrapper (pinned), to be looked at again at `recheck_epoch` (lease + grace + slack).
+    Watch {
+        wrapper: OwnedFd,
+        recheck_epoch: Option<f64>,
+    },
+    /// Wrapper gone, processes remain: act at `act_epoch`.
+    Later { act_epoch: f64, action: Action },
+    /// Act now.
+    Now(Action),
+}
+
+/// A run dir the watchdog looks at.
+pub struct Subject {
+    pub dir: PathBuf,
+    pub status: Status,
+}
+
+/// Decide about `name` under `root`. `orphan_since` is when the watchdog first saw the wrapper
+/// gone (epoch seconds); `now` is the current epoch time.
+pub fn assess(
+    root: &Root,
+    name: &str,
+    now: f64,
+    orphan_since: Option<f64>,
+    policy: &Policy,
+) -> (Verdict, Option<Subject>) {
+    let id = match RunId::parse(name) {
+        Ok(id) => id,
+        Err(e) => return (Verdict::Skip(e.to_string()), None),
+    };
+    let dir = match root.open_run_dir(&id) {
+        Ok(d) => d,
+        Err(e) => return (Verdict::Skip(e.to_string()), None),
+    };
+    let st = match read_status(&dir.path) {
+        Ok(st) => st,
+        // A dir without a record yet is a launch in progress (or one that died at once): the
+        // next event or scan looks again.
+        Err(agent_run_shared::Error::Missing { .. }) => return (Verdict::Pending, None),
+        Err(e) => return (Verdict::Skip(e.to_string()), None),
+    };
+    if st.state.is_final() {
+        return (Verdict::Done, None);
+    }
+    let subject = Some(Subject {
+        dir: dir.path.clone(),
+        status: st.clone(),
+    });
+    if st.boot_id != procfs::boot_id() {
+        return (Verdict::Now(Action::HostRebooted), subject);
+    }
+    if st.uid != agent_run_shared::sys::geteuid() {
+        return (
+            Verdict::Skip(format!("run belongs to uid {}", st.uid)),
+            None,
+        );
+    }
+    let lease = match read_lease(&dir.path) {
+        Ok(l) => l,
+        Err(e) => return (Verdict::Skip(e.to_string()), None),
+    };
+    let grace = timings_of(&st).grace.as_secs_f64();
+    match live_wrapper(&st) {
+        Wrapper::Alive(fd) => {
+            let stuck_at = lease.map(|l| l.deadline_epoch + grace + policy.slack.as_secs_f64());
+            match stuck_at {
+                Some(t) if now >= t => (Verdict::Now(Action::Stuck), subject),
+                _ => (
+                    Verdict::Watch {
+                        wrapper: fd,
+                        recheck_epoch: stuck_at,
+                    },
+                    subject,
+                ),
+            }
+        }
+        Wrapper::Gone | Wrapper::Reused(_) => {
+            // Does anything of the run remain? If not, there is nothing to wait for.
+            let remains = scope_of(&st, None)
+                .is_some_and(|s| !discover(&s, Depth::WithMarker, &HashSet::new()).is_empty());
+            if !remains {
+                return (
+                    Verdict::Now(Action::Orphan {
+                        lease_expired: false,
+                    }),
+                    subject,
+                );
+            }
+            let (act_epoch, lease_expired) = match lease {
+                Some(l) => (l.deadline_epoch, true),
+                None => (
+                    orphan_since.unwrap_or(now) + policy.orphan_grace.as_secs_f64(),
+                    false,
+                ),
+            };
+            let action = Action::Orphan { lease_expired };
+            if now >= act_epoch {
+                (Verdict::Now(action), subject)
+            } else {
+                (Verdict::Later { act_epoch, action }, subject)
+            }
+        }
+    }
+}
+
+/// Epoch seconds to a monotonic delay from now.
+pub fn delay_until(epoch: f64) -> Duration {
+    Duration::from_secs_f64((epoch - time::epoch_now()).clamp(0.0, 86_400.0))
+}

@@ -1,0 +1,472 @@
+//! The watchdog's loop, as library functions: [`run_once`] (one full pass, acting on what is due
+//! now and waiting for those stops) and [`run`] (the daemon).
+
+use crate::act::act;
+use crate::assess::{assess, delay_until, Action, Policy, Subject, Verdict};
+use crate::notify::Notifier;
+use agent_run_shared::root::{files, Root};
+use agent_run_shared::sys::{self, Epoll, Inotify};
+use agent_run_shared::time::epoch_now;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Options of the daemon.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub root: PathBuf,
+    pub scan_interval: Duration,
+    pub policy: Policy,
+    /// Stops allowed in flight at once.
+    pub max_parallel: usize,
+    /// How long SIGTERM waits for stops in flight.
+    pub shutdown_timeout: Duration,
+}
+
+fn log(msg: &str) {
+    eprintln!("agent-run-watchdog: {msg}");
+}
+
+/// One pass over the root: act on everything due now, wait for those stops, and return what
+/// was done (one line per run acted on). Runs that are not due are left alone.
+pub fn run_once(root: &Root, policy: &Policy) -> Vec<String> {
+    let now = epoch_now();
+    let mut handles = Vec::new();
+    for name in entries(root) {
+        match assess(root, &name, now, None, policy) {
+            (Verdict::Now(action), Some(subject)) => {
+                handles.push(thread::spawn(move || {
+                    describe(&subject, action, act(&subject, action))
+                }));
+            }
+            (Verdict::Skip(why), _) => log(&format!("{name}: skipped: {why}")),
+            _ => {}
+        }
+    }
+    handles
+        .into_iter()
+        .filter_map(|h| h.join().ok())
+        .inspect(|l| log(l))
+        .collect()
+}
+
+fn describe(s: &Subject, action: Action, r: agent_run_shared::Result<String>) -> String {
+    match r {
+        Ok(what) => format!("run {}: {action:?}: {what}", s.status.run_id),
+        Err(e) => format!("run {}: {action:?} failed: {e}", s.status.run_id),
+    }
+}
+
+/// The names in the root that could be run dirs.
+fn entries(root: &Root) -> Vec<String> {
+    match std::fs::read_dir(root.path()) {
+        Ok(rd) => rd
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with('.'))
+            .collect(),
+        Err(e) => {
+            log(&format!("cannot list {}: {e}", root.path().display()));
+            Vec::new()
+        }
+    }
+}
+
+const TOKEN_SIGNALS: u64 = 0;
+const TOKEN_INOTIFY: u64 = 1;
+const TOKEN_FIRST_WRAPPER: u64 = 16;
+
+/// What the daemon remembers about a non-final run.
+#[derive(Default)]
+struct Tracked {
+    wrapper: Option<(OwnedFd, u64)>,
+    orphan_since: Option<f64>,
+    wd: Option<i32>,
+}
+
+struct Daemon {
+    opts: Options,
+    root: Root,
+    epoll: Epoll,
+    ino: Inotify,
+    root_wd: i32,
+    runs: HashMap<String, Tracked>,
+    /// Final (or skipped) runs by status.json (mtime, inode): not parsed again until it changes.
+    settled: HashMap<String, (i64, u64)>,
+    skipped: HashSet<String>,
+    wd_names: HashMap<i32, String>,
+    tokens: HashMap<u64, String>,
+    next_token: u64,
+    heap: BinaryHeap<Reverse<(Instant, String)>>,
+    inflight: Arc<AtomicUsize>,
+    busy: HashSet<String>,
+    done_tx: mpsc::Sender<(String, String)>,
+    done_rx: mpsc::Receiver<(String, String)>,
+    threads: Vec<thread::JoinHandle<()>>,
+}
+
+/// Signal flags for the daemon.
+struct Flags {
+    term: Arc<AtomicBool>,
+    hup: Arc<AtomicBool>,
+    read: UnixStream,
+}
+
+fn register_signals() -> std::io::Result<Flags> {
+    let (read, write) = UnixStream::pair()?;
+    read.set_nonblocking(true)?;
+    write.set_nonblocking(true)?;
+    let f = Flags {
+        term: Arc::default(),
+        hup: Arc::default(),
+        read,
+    };
+    for (sig, flag) in [
+        (libc::SIGTERM, &f.term),
+        (libc::SIGINT, &f.term),
+        (libc::SIGHUP, &f.hup),
+    ] {
+        signal_hook::flag::register(sig, Arc::clone(flag))?;
+        signal_hook::low_level::pipe::register(sig, write.try_clone()?)?;
+    }
+    Ok(f)
+}
+
+/// Run the daemon until SIGTERM/SIGINT. Returns after the stops in flight finished (bounded).
+pub fn run(opts: Options) -> anyhow::Result<()> {
+    let root = Root::open(&opts.root, true)?;
+    let limit = sys::raise_nofile_limit();
+    let flags = register_signals()?;
+    let epoll = Epoll::new()?;
+    let ino = Inotify::new()?;
+    let root_wd = ino.add_watch(
+        root.path(),
+        libc::IN_CREATE
+            | libc::IN_MOVED_TO
+            | libc::IN_DELETE
+            | libc::IN_MOVED_FROM
+            | libc::IN_ONLYDIR,
+    )?;
+    epoll.add(flags.read.as_raw_fd(), TOKEN_SIGNALS)?;
+    epoll.add(ino.raw_fd(), TOKEN_INOTIFY)?;
+    let (done_tx, done_rx) = mpsc::channel();
+    let mut d = Daemon {
+        opts,
+        root,
+        epoll,
+        ino,
+        root_wd,
+        runs: HashMap::new(),
+        settled: HashMap::new(),
+        skipped: HashSet::new(),
+        wd_names: HashMap::new(),
+        tokens: HashMap::new(),
+        next_token: TOKEN_FIRST_WRAPPER,
+        heap: BinaryHeap::new(),
+        inflight: Arc::default(),
+        busy: HashSet::new(),
+        done_tx,
+        done_rx,
+        threads: Vec::new(),
+    };
+    let notifier = Notifier::from_env();
+    log(&format!(
+        "watching {} (rescan every {:?}, orphan grace {:?}, open-file limit {limit})",
+        d.root.path().display(),
+        d.opts.scan_interval,
+        d.opts.policy.orphan_grace
+    ));
+    d.scan();
+    notifier.send("READY=1");
+    let mut next_scan = Instant::now() + d.opts.scan_interval;
+    let mut next_ping = notifier.ping_every.map(|p| Instant::now() + p);
+    let mut last_status = String::new();
+    loop {
+        let now = Instant::now();
+        let mut deadline = next_scan;
+        if let Some(Reverse((t, _))) = d.heap.peek() {
+            deadline = deadline.min(*t);
+        }
+        if let Some(p) = next_ping {
+            deadline = deadline.min(p);
+        }
+        let tokens = d
+            .epoll
+            .wait(Some(deadline.saturating_duration_since(now)))?;
+        for t in tokens {
+            match t {
+                TOKEN_SIGNALS => {
+                    let mut buf = [0u8; 64];
+                    while matches!(std::io::Read::read(&mut &flags.read, &mut buf), Ok(n) if n > 0)
+                    {
+                    }
+                }
+                TOKEN_INOTIFY => d.on_inotify(),
+                t => {
+                    // A wrapper exited: look at its run now.
+                    if let Some(name) = d.tokens.get(&t).cloned() {
+                        d.evaluate(&name);
+                    }
+                }
+            }
+        }
+        if flags.term.load(Ordering::SeqCst) {
+            notifier.send("STOPPING=1");
+            log("stopping: no new work; waiting for stops in flight");
+            d.shutdown();
+            return Ok(());
+        }
+        if flags.hup.swap(false, Ordering::SeqCst) {
+            log("SIGHUP: rescanning");
+            d.scan();
+            next_scan = Instant::now() + d.opts.scan_interval;
+        }
+        d.collect_done();
+        d.run_due();
+        if Instant::now() >= next_scan {
+            d.scan();
+            next_scan = Instant::now() + d.opts.scan_interval;
+        }
+        if let (Some(p), Some(every)) = (next_ping, notifier.ping_every) {
+            if Instant::now() >= p {
+                notifier.send("WATCHDOG=1");
+                next_ping = Some(Instant::now() + every);
+            }
+        }
+        let status = format!(
+            "STATUS=watching {} runs, {} stops in flight",
+            d.runs.len(),
+            d.inflight.load(Ordering::SeqCst)
+        );
+        if status != last_status {
+            notifier.send(&status);
+            last_status = status;
+        }
+    }
+}
+
+impl Daemon {
+    /// Full pass over the root: the backstop for anything an event missed.
+    fn scan(&mut self) {
+        let names = entries(&self.root);
+        let present: HashSet<&String> = names.iter().collect();
+        let gone: Vec<String> = self
+            .runs
+            .keys()
+            .filter(|n| !present.contains(n))
+            .cloned()
+            .collect();
+        for n in gone {
+            self.forget(&n);
+        }
+        self.settled.retain(|n, _| present.contains(n));
+        for name in &names {
+            self.evaluate(name);
+        }
+    }
+
+    fn on_inotify(&mut self) {
+        let mut names = HashSet::new();
+        for ev in self.ino.read_events() {
+            if ev.mask & libc::IN_Q_OVERFLOW != 0 {
+                log("inotify queue overflow: rescanning");
+                self.scan();
+                return;
+            }
+            if ev.wd == self.root_wd {
+                if !ev.name.is_empty() && !ev.name.starts_with('.') {
+                    names.insert(ev.name);
+                }
+            } else if let Some(n) = self.wd_names.get(&ev.wd) {
+                if ev.name == files::STATUS
+                    || ev.name == files::LEASE
+                    || ev.mask & libc::IN_IGNORED != 0
+                {
+                    names.insert(n.clone());
+                }
+            }
+        }
+        for n in names {
+            self.evaluate(&n);
+        }
+    }
+
+    /// Look at one run and file it: forget, watch, schedule, or act.
+    fn evaluate(&mut self, name: &str) {
+        if self.busy.contains(name) {
+            return;
+        }
+        let dir = self.root.path().join(name);
+        let key = std::fs::metadata(dir.join(files::STATUS))
+            .ok()
+            .map(|m| (m.mtime_nsec() + m.mtime() * 1_000_000_000, m.ino()));
+        if key.is_some() && self.settled.get(name) == key.as_ref() {
+            return;
+        }
+        let orphan_since = self.runs.get(name).and_then(|t| t.orphan_since);
+        let (verdict, subject) = assess(
+            &self.root,
+            name,
+            epoch_now(),
+            orphan_since,
+            &self.opts.policy,
+        );
+        match verdict {
+            Verdict::Done => {
+                self.forget(name);
+                if let Some(k) = key {
+                    self.settled.insert(name.to_string(), k);
+                }
+            }
+            Verdict::Pending => self.track_dir(name),
+            Verdict::Skip(why) => {
+                self.forget(name);
+                if self.skipped.insert(format!("{name}: {why}")) {
+                    log(&format!("{name}: skipped: {why}"));
+                }
+                if let Some(k) = key {
+                    self.settled.insert(name.to_string(), k);
+                }
+            }
+            Verdict::Watch {
+                wrapper,
+                recheck_epoch,
+            } => {
+                self.track_dir(name);
+                let t = self.runs.entry(name.to_string()).or_default();
+                t.orphan_since = None;
+                if t.wrapper.is_none() {
+                    let token = self.next_token;
+                    self.next_token += 1;
+                    if self.epoll.add(wrapper.as_raw_fd(), token).is_ok() {
+                        self.tokens.insert(token, name.to_string());
+                        let t = self.runs.get_mut(name).expect("just inserted");
+                        t.wrapper = Some((wrapper, token));
+                    }
+                }
+                if let Some(e) = recheck_epoch {
+                    self.heap
+                        .push(Reverse((Instant::now() + delay_until(e), name.to_string())));
+                }
+            }
+            Verdict::Later { act_epoch, .. } => {
+                self.track_dir(name);
+                self.drop_wrapper(name);
+                let t = self.runs.entry(name.to_string()).or_default();
+                t.orphan_since.get_or_insert_with(epoch_now);
+                self.heap.push(Reverse((
+                    Instant::now() + delay_until(act_epoch),
+                    name.to_string(),
+                )));
+            }
+            Verdict::Now(action) => {
+                self.drop_wrapper(name);
+                if let Some(s) = subject {
+                    self.spawn_action(name, s, action);
+                }
+            }
+        }
+    }
+
+    fn spawn_action(&mut self, name: &str, subject: Subject, action: Action) {
+        if self.inflight.load(Ordering::SeqCst) >= self.opts.max_parallel {
+            self.heap.push(Reverse((
+                Instant::now() + Duration::from_millis(50),
+                name.to_string(),
+            )));
+            return;
+        }
+        self.busy.insert(name.to_string());
+        self.inflight.fetch_add(1, Ordering::SeqCst);
+        let tx = self.done_tx.clone();
+        let inflight = Arc::clone(&self.inflight);
+        let n = name.to_string();
+        self.threads.push(thread::spawn(move || {
+            let line = describe(&subject, action, act(&subject, action));
+            log(&line);
+            inflight.fetch_sub(1, Ordering::SeqCst);
+            let _ = tx.send((n, line));
+        }));
+    }
+
+    fn collect_done(&mut self) {
+        while let Ok((name, _)) = self.done_rx.try_recv() {
+            self.busy.remove(&name);
+            self.evaluate(&name);
+        }
+        self.threads.retain(|h| !h.is_finished());
+    }
+
+    fn run_due(&mut self) {
+        let now = Instant::now();
+        let mut due = Vec::new();
+        while let Some(Reverse((t, _))) = self.heap.peek() {
+            if *t > now {
+                break;
+            }
+            let Reverse((_, name)) = self.heap.pop().expect("peeked");
+            due.push(name);
+        }
+        due.sort();
+        due.dedup();
+        for name in due {
+            self.evaluate(&name);
+        }
+    }
+
+    fn track_dir(&mut self, name: &str) {
+        let t = self.runs.entry(name.to_string()).or_default();
+        if t.wd.is_none() {
+            let dir = self.root.path().join(name);
+            if let Ok(wd) = self
+                .ino
+                .add_watch(&dir, Inotify::CHANGED | libc::IN_ONLYDIR)
+            {
+                t.wd = Some(wd);
+                self.wd_names.insert(wd, name.to_string());
+            }
+        }
+    }
+
+    fn drop_wrapper(&mut self, name: &str) {
+        if let Some(t) = self.runs.get_mut(name) {
+            if let Some((fd, token)) = t.wrapper.take() {
+                self.epoll.remove(fd.as_raw_fd());
+                self.tokens.remove(&token);
+            }
+        }
+    }
+
+    fn forget(&mut self, name: &str) {
+        self.drop_wrapper(name);
+        if let Some(t) = self.runs.remove(name) {
+            if let Some(wd) = t.wd {
+                self.ino.rm_watch(wd);
+                self.wd_names.remove(&wd);
+            }
+        }
+    }
+
+    /// SIGTERM: take no new work, let the stops in flight finish (bounded), never start a stop
+    /// because we are stopping.
+    fn shutdown(&mut self) {
+        let deadline = Instant::now() + self.opts.shutdown_timeout;
+        while self.inflight.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            let _ = self.done_rx.recv_timeout(Duration::from_millis(100));
+        }
+        let left = self.inflight.load(Ordering::SeqCst);
+        if left > 0 {
+            log(&format!("exiting with {left} stops still in flight"));
+        } else {
+            log("stopped");
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! `agent-run-watchdog`: the independent backstop. It expires leases nobody renews and reconciles
+//! runs whose wrapper is gone, stuck, or from an earlier boot, always through the shared stop
+//! routine and record writer.
+//!
+//! Event-driven: inotify on the root and on every run dir (new runs, renewed leases, records),
+//! a pidfd per live wrapper in one epoll set (a wrapper that dies wakes us at once), and a
+//! deadline heap for leases and orphan graces. A full rescan every `scan_interval` is only the
+//! backstop. Idle, it sleeps in `epoll_wait`. Stops run on their own threads, so one stubborn
+//! run's grace never delays another's.
+#![forbid(unsafe_code)]
+
+pub mod act;
+pub mod assess;
+pub mod daemon;
+pub mod notify;
+
+pub use assess::{Action, Policy, Verdict};
+pub use daemon::{run, run_once, Options};
