@@ -73,6 +73,8 @@ impl Launch {
             grace: args.grace,
             ..Timings::default()
         };
+        let user = sys::user_name(uid);
+        let warnings = agent_run_shared::hostpolicy::launch_warnings(&user);
         let st = Status {
             schema: SCHEMA,
             run_id: dir.id.to_string(),
@@ -92,7 +94,7 @@ impl Launch {
             wrapper_pid: Some(std::process::id() as i32),
             wrapper_start_ticks: procfs::stat(Pid::this()).map(|s| s.start_ticks),
             host: sys::hostname(),
-            user: sys::user_name(uid),
+            user,
             uid,
             created_at: time::rfc3339_now(),
             started_at: None,
@@ -102,7 +104,7 @@ impl Launch {
             version: VERSION.into(),
             grace_ms: Some(timings.grace.as_millis() as u64),
             hup_after_ms: Some(timings.hup_after.as_millis() as u64),
-            warnings: Vec::new(),
+            warnings,
         };
         Ok(Launch {
             dir,
@@ -122,6 +124,10 @@ impl Launch {
                    "grace_ms": self.st.grace_ms, "hup_after_ms": self.st.hup_after_ms,
                    "lease_s": args.lease.map(|l| l.as_secs_f64())}),
         );
+        for w in &self.st.warnings {
+            eprintln!("agent-run: warning: {w}");
+            let _ = self.journal.event("warning", json!({"warning": w}));
+        }
         if let Some(len) = args.lease {
             write_lease(&dir, &Lease::from_now(len))?;
         }
