@@ -41,6 +41,7 @@ pub enum Sig {
     Kill,
     Term,
     Cont,
+    Usr1,
     Other(i32),
 }
 
@@ -54,6 +55,7 @@ impl Sig {
             Sig::Kill => libc::SIGKILL,
             Sig::Term => libc::SIGTERM,
             Sig::Cont => libc::SIGCONT,
+            Sig::Usr1 => libc::SIGUSR1,
             Sig::Other(n) => n,
         }
     }
@@ -67,6 +69,7 @@ impl Sig {
             libc::SIGKILL => Sig::Kill,
             libc::SIGTERM => Sig::Term,
             libc::SIGCONT => Sig::Cont,
+            libc::SIGUSR1 => Sig::Usr1,
             n => Sig::Other(n),
         }
     }
@@ -80,6 +83,7 @@ impl Sig {
             Sig::Kill => "KILL".into(),
             Sig::Term => "TERM".into(),
             Sig::Cont => "CONT".into(),
+            Sig::Usr1 => "USR1".into(),
             Sig::Other(n) => SIG_NAMES
                 .iter()
                 .find(|(num, _)| *num == n)

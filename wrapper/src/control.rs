@@ -16,7 +16,7 @@ use agent_run_shared::record::{State, Status};
 use agent_run_shared::root::Root;
 use agent_run_shared::run::timings_of;
 use agent_run_shared::stop::Sig;
-use agent_run_shared::sys::{self, Inotify, PollFd};
+use agent_run_shared::sys::{self, PollFd};
 use agent_run_shared::takeover::{
     check_record, live_wrapper, request_cancel, signal_wrapper, stop_orphaned, RunLock, Wrapper,
 };
@@ -37,8 +37,6 @@ pub fn cancel(root: Option<&Path>, args: CancelArgs) -> anyhow::Result<u8> {
     let deadline = Instant::now() + wait;
     let journal = Journal::open(&dir.path, "cancel")?;
     let lock = RunLock::open(&dir.path)?;
-    let ino = Inotify::new()?;
-    ino.watch(&dir.path, Inotify::CHANGED)?;
     let mut signalled_at: Option<Instant> = None;
     loop {
         let mut st = read_record(&dir.path)?;
@@ -111,31 +109,28 @@ pub fn cancel(root: Option<&Path>, args: CancelArgs) -> anyhow::Result<u8> {
                 ),
             );
         }
-        let step = (deadline - now).min(Duration::from_millis(if wrapper_fd.is_some() {
-            1000
-        } else {
-            50
-        }));
-        wait_event(&ino, wrapper_fd.as_ref(), step);
+        wait_event(wrapper_fd.as_ref(), (deadline - now).min(RECHECK));
     }
 }
 
-/// Wait for a change in the run dir, the wrapper's exit, or `timeout`.
-fn wait_event(ino: &Inotify, wrapper: Option<&OwnedFd>, timeout: Duration) {
-    let mut fds = vec![PollFd {
-        fd: ino.raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    }];
-    if let Some(fd) = wrapper {
-        fds.push(PollFd {
+/// How often `cancel` re-reads the record while it waits. The wrapper's exit (its pidfd) is the
+/// event that normally ends the wait; the re-read covers a wrapper whose exit is delayed by a
+/// slow reader of its output, and the other parties (a canceller or the watchdog) that hold the
+/// lock. Not inotify: closing an inotify instance costs ~10 ms on this kernel, most of the budget
+/// of a cancel round trip.
+const RECHECK: Duration = Duration::from_millis(20);
+
+/// Wait for the wrapper's exit, or `timeout`.
+fn wait_event(wrapper: Option<&OwnedFd>, timeout: Duration) {
+    let mut fds: Vec<PollFd> = wrapper
+        .map(|fd| PollFd {
             fd: fd.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
-        });
-    }
+        })
+        .into_iter()
+        .collect();
     let _ = sys::poll(&mut fds, Some(timeout));
-    ino.drain();
 }
 
 /// `agent-run renew`.
@@ -168,6 +163,10 @@ pub fn renew(root: Option<&Path>, args: RenewArgs) -> anyhow::Result<u8> {
             "renew",
             json!({"deadline_epoch": lease.deadline_epoch, "lease_s": lease.lease_s}),
         );
+    }
+    // Wake the wrapper so a shortened lease is enforced on time (it re-reads lease.json).
+    if let Wrapper::Alive(fd) = live_wrapper(&st) {
+        let _ = signal_wrapper(&fd, Sig::Usr1);
     }
     println!("{}", serde_json::to_string(&lease)?);
     Ok(exit::OK)

@@ -19,7 +19,7 @@ pub struct Signals {
 }
 
 impl Signals {
-    /// Register TERM, INT, HUP and CHLD. Call before spawning, so no signal is lost.
+    /// Register TERM, INT, HUP, CHLD and USR1 (`renew`'s "re-read the lease"). Call before spawning, so no signal is lost.
     pub fn register() -> io::Result<Signals> {
         let (read, write) = UnixStream::pair()?;
         read.set_nonblocking(true)?;
@@ -41,6 +41,8 @@ impl Signals {
             signal_hook::flag::register(sig, Arc::clone(flag))?;
             signal_hook::low_level::pipe::register(sig, write.try_clone()?)?;
         }
+        // USR1 only wakes the loop, which re-reads lease.json at every wake-up.
+        signal_hook::low_level::pipe::register(libc::SIGUSR1, write)?;
         Ok(s)
     }
 
