@@ -118,19 +118,22 @@ pub fn sig_dispositions(pid: Pid) -> Option<SigDispositions> {
     Some(d)
 }
 
-/// Whether the process's environment holds exactly `NAME=value` (/proc/PID/environ). False when
-/// it is gone or unreadable (another user's, or a kernel thread).
-pub fn environ_has(pid: Pid, name: &str, value: &str) -> bool {
+/// The values of the given variables in a process's environment (/proc/PID/environ), in the
+/// order asked; `None` for a variable that is not set. Empty when the process is gone or its
+/// environment is unreadable (another user's, or a kernel thread).
+pub fn environ_get(pid: Pid, names: &[&str]) -> Vec<Option<Vec<u8>>> {
+    let mut out = vec![None; names.len()];
     let Ok(env) = fs::read(format!("/proc/{pid}/environ")) else {
-        return false;
+        return out;
     };
-    let want_len = name.len() + 1 + value.len();
-    env.split(|&b| b == 0).any(|kv| {
-        kv.len() == want_len
-            && kv.starts_with(name.as_bytes())
-            && kv[name.len()] == b'='
-            && &kv[name.len() + 1..] == value.as_bytes()
-    })
+    for kv in env.split(|&b| b == 0) {
+        for (i, name) in names.iter().enumerate() {
+            if kv.len() > name.len() && kv.starts_with(name.as_bytes()) && kv[name.len()] == b'=' {
+                out[i] = Some(kv[name.len() + 1..].to_vec());
+            }
+        }
+    }
+    out
 }
 
 /// The owner uid of a process (owner of /proc/PID). `None` when it is gone.

@@ -25,6 +25,21 @@ pub struct RunScope {
     pub uid: u32,
     /// The live wrapper whose descendants are the run's (`Some(self)` inside the wrapper).
     pub wrapper: Option<Pid>,
+    /// The run dir's (device, inode): a marker only counts when the process's `AGENT_RUN_DIR`
+    /// is this very directory, so a run of the same id under another root is never taken for
+    /// ours. `None` skips the check.
+    pub run_dir: Option<(u64, u64)>,
+    /// The leader is not known (only the wrapper's identity, as a start-time floor): match by
+    /// marker and wrapper descent only, never by group or session.
+    pub marker_only: bool,
+}
+
+impl RunScope {
+    /// The (device, inode) of a run dir, for [`RunScope::run_dir`].
+    pub fn dir_identity(dir: &std::path::Path) -> Option<(u64, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(dir).ok().map(|m| (m.dev(), m.ino()))
+    }
 }
 
 /// How deep a discovery looks.
@@ -60,7 +75,7 @@ pub fn discover(scope: &RunScope, depth: Depth, skip: &HashSet<Pid>) -> Vec<Stat
             continue;
         }
         let in_group = s.pgid == leader_pid || s.sid == leader_pid;
-        let member = (in_group && leader_alive)
+        let member = (in_group && leader_alive && !scope.marker_only)
             || scope
                 .wrapper
                 .is_some_and(|w| descends_from(s.pid.get(), w.get(), &parent, &mut descends))
@@ -73,8 +88,22 @@ pub fn discover(scope: &RunScope, depth: Depth, skip: &HashSet<Pid>) -> Vec<Stat
 }
 
 fn has_marker(pid: Pid, scope: &RunScope) -> bool {
-    procfs::uid_of(pid) == Some(scope.uid)
-        && procfs::environ_has(pid, crate::ENV_RUN_ID, &scope.run_id)
+    if procfs::uid_of(pid) != Some(scope.uid) {
+        return false;
+    }
+    let env = procfs::environ_get(pid, &[crate::ENV_RUN_ID, crate::ENV_RUN_DIR]);
+    if env[0].as_deref() != Some(scope.run_id.as_bytes()) {
+        return false;
+    }
+    match (scope.run_dir, &env[1]) {
+        (None, _) => true,
+        (Some(want), Some(dir)) => {
+            use std::os::unix::ffi::OsStrExt;
+            RunScope::dir_identity(std::path::Path::new(std::ffi::OsStr::from_bytes(dir)))
+                == Some(want)
+        }
+        (Some(_), None) => false,
+    }
 }
 
 /// Whether `pid` has `ancestor` among its ancestors, memoised across one scan.

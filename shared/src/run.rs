@@ -74,16 +74,28 @@ pub fn finalize(
     Ok(())
 }
 
-/// The process scope a record describes, or `None` when it never launched.
-pub fn scope_of(st: &Status, wrapper: Option<Pid>) -> Option<RunScope> {
+/// The process scope a record in `dir` describes. A record without a leader (the wrapper died
+/// between spawn and `running`) falls back to the wrapper's identity: the wrapper is dead, so
+/// only processes carrying the run's marker and started after it match. `None` when neither is
+/// recorded.
+pub fn scope_of(dir: &Path, st: &Status, wrapper: Option<Pid>) -> Option<RunScope> {
+    let (leader, marker_only) = match (st.pid.and_then(|p| Pid::new(p.into())), st.start_ticks) {
+        (Some(pid), Some(start_ticks)) => (Identity { pid, start_ticks }, false),
+        _ => (
+            Identity {
+                pid: Pid::new(st.wrapper_pid?.into())?,
+                start_ticks: st.wrapper_start_ticks?,
+            },
+            true,
+        ),
+    };
     Some(RunScope {
         run_id: st.run_id.clone(),
-        leader: Identity {
-            pid: Pid::new(st.pid?.into())?,
-            start_ticks: st.start_ticks?,
-        },
+        leader,
         uid: st.uid,
         wrapper,
+        run_dir: RunScope::dir_identity(dir),
+        marker_only,
     })
 }
 

@@ -166,7 +166,7 @@ pub fn stop_orphaned(
     reason: &str,
     journal: &Journal,
 ) -> Result<Report> {
-    let Some(scope) = scope_of(st, None) else {
+    let Some(scope) = scope_of(dir, st, None) else {
         // Never launched (the wrapper died while starting): nothing can be running.
         finalize(
             dir,

@@ -103,7 +103,7 @@ fn stuck(subject: &Subject, journal: &Journal, lock: &RunLock) -> Result<String>
                "reason": "lease_expired", "why": "wrapper past its lease deadline + grace"}),
     );
     signal_wrapper(&wfd, Sig::Term)?;
-    let scope: RunScope = scope_of(&st, st.wrapper_pid.and_then(|p| Pid::new(p.into())))
+    let scope: RunScope = scope_of(dir, &st, st.wrapper_pid.and_then(|p| Pid::new(p.into())))
         .ok_or_else(|| agent_run_shared::Error::Identity {
             why: "the record has no pid".into(),
         })?;

@@ -138,7 +138,7 @@ pub fn assess(
         }
         Wrapper::Gone | Wrapper::Reused(_) => {
             // Does anything of the run remain? If not, there is nothing to wait for.
-            let remains = scope_of(&st, None)
+            let remains = scope_of(&dir.path, &st, None)
                 .is_some_and(|s| !discover(&s, Depth::WithMarker, &HashSet::new()).is_empty());
             if !remains {
                 return (

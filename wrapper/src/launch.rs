@@ -216,7 +216,8 @@ impl Launch {
             );
             self.st.pid = Some(pid.get());
             self.st.start_ticks = Some(leader.start_ticks);
-            let scope = scope_of(&self.st, Some(Pid::this())).expect("pid and start ticks are set");
+            let scope = scope_of(&self.dir.path, &self.st, Some(Pid::this()))
+                .expect("pid and start ticks are set");
             let report = stop_run(
                 &scope,
                 &self.timings,
@@ -255,7 +256,8 @@ impl Launch {
         if let Err(e) = written {
             // Without a record nobody else can find this run: stop it rather than run blind.
             eprintln!("agent-run: {e}; stopping the workload");
-            let scope = scope_of(&self.st, Some(Pid::this())).expect("pid and start ticks are set");
+            let scope = scope_of(&self.dir.path, &self.st, Some(Pid::this()))
+                .expect("pid and start ticks are set");
             stop_run(
                 &scope,
                 &self.timings,
@@ -298,7 +300,8 @@ impl Launch {
         signals: &Signals,
     ) -> anyhow::Result<u8> {
         let dir = self.dir.path.clone();
-        let scope = scope_of(&self.st, Some(Pid::this())).expect("a launched run has a scope");
+        let scope = scope_of(&self.dir.path, &self.st, Some(Pid::this()))
+            .expect("a launched run has a scope");
         let mut signals_esc = signals;
         let (state, reason, report, leader_status) = match outcome {
             Outcome::LeaderExited(ws) => {
