@@ -27,6 +27,14 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8], durable: bool) -> Resu
             .custom_flags(libc::O_NOFOLLOW)
             .open(&tmp)
             .map_err(|e| Error::io("create", &tmp, e))?;
+        if name == crate::root::files::STATUS
+            && crate::fault::armed("mid_record_write")
+            && target.exists()
+        {
+            // Die with half a document in the temp file: status.json must stay whole.
+            let _ = f.write_all(&bytes[..bytes.len() / 2]);
+            crate::sys::kill_self();
+        }
         f.write_all(bytes)
             .map_err(|e| Error::io("write", &tmp, e))?;
         if durable {

@@ -10,6 +10,7 @@
 pub mod atomic;
 pub mod error;
 pub mod exit;
+pub mod fault;
 pub mod hostpolicy;
 pub mod id;
 pub mod journal;

@@ -107,6 +107,41 @@ pub struct Status {
 }
 
 impl Status {
+    /// A record for `run_id` in state `starting`, with this host, user, boot and version filled
+    /// in and nothing known about the workload yet.
+    pub fn blank(run_id: &str) -> Status {
+        let uid = crate::sys::geteuid();
+        Status {
+            schema: SCHEMA,
+            run_id: run_id.to_string(),
+            state: State::Starting,
+            reason: None,
+            exit_code: None,
+            term_signal: None,
+            argv: Vec::new(),
+            cwd: String::new(),
+            pid: None,
+            pgid: None,
+            sid: None,
+            start_ticks: None,
+            boot_id: crate::procfs::boot_id(),
+            wrapper_pid: None,
+            wrapper_start_ticks: None,
+            host: crate::sys::hostname(),
+            user: crate::sys::user_name(uid),
+            uid,
+            created_at: crate::time::rfc3339_now(),
+            started_at: None,
+            ended_at: None,
+            cleanup: None,
+            error: None,
+            version: crate::VERSION.into(),
+            grace_ms: None,
+            hup_after_ms: None,
+            warnings: Vec::new(),
+        }
+    }
+
     /// Serialize as one pretty JSON document with a trailing newline.
     pub fn to_json(&self) -> String {
         let mut s = serde_json::to_string_pretty(self).expect("a record always serializes");

@@ -61,6 +61,7 @@ pub fn finalize(
         st.cleanup = Some(r.to_cleanup());
     }
     st.ended_at = Some(crate::time::rfc3339_now());
+    crate::fault::point("before_final");
     write_status(dir, st)?;
     if let Some(j) = journal {
         let _ = j.event(

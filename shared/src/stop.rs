@@ -362,6 +362,11 @@ impl Stopper<'_> {
         if targets.is_empty() {
             return;
         }
+        let point = match level {
+            Level::Term => "after_term",
+            Level::Hup => "after_hup",
+            Level::Kill => "after_kill",
+        };
         let main = match level {
             Level::Term => Sig::Term,
             Level::Hup if self.hup_enabled => Sig::Hup,
@@ -388,6 +393,7 @@ impl Stopper<'_> {
                 self.send(p, Sig::Cont, false);
             }
         }
+        crate::fault::point(point);
     }
 
     /// One signal through a member's pidfd (`group`: to its whole process group). Returns

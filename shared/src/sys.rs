@@ -558,3 +558,10 @@ pub fn raise_nofile_limit() -> u64 {
     }
     lim.rlim_cur as u64
 }
+
+/// SIGKILL this process at once (fault injection in debug builds).
+pub fn kill_self() -> ! {
+    // SAFETY: raise takes a signal number; SIGKILL cannot be caught, so it does not return.
+    unsafe { libc::raise(libc::SIGKILL) };
+    std::process::abort()
+}

@@ -179,7 +179,8 @@ pub fn stop_orphaned(
         return Ok(Report::default());
     };
     if st.state != State::Cancelling {
-        transition(dir, st, State::Cancelling, Some(reason), Some(journal))?;
+        // A record that cannot be written (a full disk) never keeps the processes alive.
+        let _ = transition(dir, st, State::Cancelling, Some(reason), Some(journal));
     }
     let report = stop_run(&scope, &timings_of(st), reason, Some(journal), None);
     let (state, why) = if report.signalled.is_empty() {
@@ -191,4 +192,21 @@ pub fn stop_orphaned(
     st.term_signal = None;
     finalize(dir, st, state, Some(why), Some(&report), Some(journal))?;
     Ok(report)
+}
+
+/// With the lock held, for a run dir that has no record (its wrapper died between `mkdir` and
+/// its first record, before anything was spawned): write a final `unknown` record, reason
+/// `wrapper_lost`, so every run dir ends with a whole, truthful document.
+pub fn record_lost_launch(dir: &Path, run_id: &str, journal: &Journal) -> Result<Status> {
+    let mut st = Status::blank(run_id);
+    st.error = Some("the wrapper died before it wrote the run's first record".into());
+    finalize(
+        dir,
+        &mut st,
+        State::Unknown,
+        Some("wrapper_lost"),
+        None,
+        Some(journal),
+    )?;
+    Ok(st)
 }

@@ -10,7 +10,8 @@ use agent_run_shared::run::{finalize, scope_of, timings_of, transition};
 use agent_run_shared::stop::{stop_run, Sig};
 use agent_run_shared::sys::{self, PollFd};
 use agent_run_shared::takeover::{
-    check_record, live_wrapper, request_cancel, signal_wrapper, stop_orphaned, RunLock, Wrapper,
+    check_record, live_wrapper, record_lost_launch, request_cancel, signal_wrapper, stop_orphaned,
+    RunLock, Wrapper,
 };
 use agent_run_shared::{pid::Pid, Result};
 use serde_json::json;
@@ -74,6 +75,16 @@ pub fn act(subject: &Subject, action: Action) -> Result<String> {
             ))
         }
         Action::Stuck => stuck(subject, &journal, &lock),
+        Action::LostLaunch => {
+            if !lock.try_lock()? {
+                return Ok("locked (a launch in progress?); left alone".into());
+            }
+            if read_status(dir).is_ok() {
+                return Ok("the record appeared meanwhile".into());
+            }
+            record_lost_launch(dir, &subject.status.run_id, &journal)?;
+            Ok("unknown (wrapper_lost): no record was ever written".into())
+        }
     }
 }
 

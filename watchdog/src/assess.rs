@@ -23,6 +23,9 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// How long a run dir may exist without a record before its launch counts as lost.
+pub const LOST_LAUNCH_AFTER: Duration = Duration::from_secs(10);
+
 /// The watchdog's knobs.
 #[derive(Debug, Clone)]
 pub struct Policy {
@@ -50,14 +53,14 @@ pub enum Action {
     Orphan { lease_expired: bool },
     /// Wrapper alive but stuck past its lease: ask it, then stop the run ourselves.
     Stuck,
+    /// A run dir that never got a record (its wrapper died before writing one).
+    LostLaunch,
 }
 
 /// The verdict on one run dir.
 pub enum Verdict {
     /// Final, or not a run: nothing to do.
     Done,
-    /// A run dir without a record yet (a launch in progress): watch it for the record.
-    Pending,
     /// Unusable dir (corrupt, unsafe, foreign): skipped, with the reason.
     Skip(String),
     /// Alive wrapper (pinned), to be looked at again at `recheck_epoch` (lease + grace + slack).
@@ -98,7 +101,28 @@ pub fn assess(
         Ok(st) => st,
         // A dir without a record yet is a launch in progress (or one that died at once): the
         // next event or scan looks again.
-        Err(agent_run_shared::Error::Missing { .. }) => return (Verdict::Pending, None),
+        Err(agent_run_shared::Error::Missing { .. }) => {
+            // A launch in progress writes its first record within milliseconds; a dir still
+            // without one after LOST_LAUNCH_AFTER lost its wrapper before it could.
+            let age = std::fs::metadata(&dir.path)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|m| m.elapsed().ok());
+            if age.is_some_and(|a| a >= LOST_LAUNCH_AFTER) {
+                let subject = Subject {
+                    dir: dir.path.clone(),
+                    status: Status::blank(name),
+                };
+                return (Verdict::Now(Action::LostLaunch), Some(subject));
+            }
+            return (
+                Verdict::Later {
+                    act_epoch: now + LOST_LAUNCH_AFTER.as_secs_f64(),
+                    action: Action::LostLaunch,
+                },
+                None,
+            );
+        }
         Err(e) => return (Verdict::Skip(e.to_string()), None),
     };
     if st.state.is_final() {

@@ -326,7 +326,6 @@ impl Daemon {
                     self.settled.insert(name.to_string(), k);
                 }
             }
-            Verdict::Pending => self.track_dir(name),
             Verdict::Skip(why) => {
                 self.forget(name);
                 if self.skipped.insert(format!("{name}: {why}")) {

@@ -18,7 +18,8 @@ use agent_run_shared::run::timings_of;
 use agent_run_shared::stop::Sig;
 use agent_run_shared::sys::{self, PollFd};
 use agent_run_shared::takeover::{
-    check_record, live_wrapper, request_cancel, signal_wrapper, stop_orphaned, RunLock, Wrapper,
+    check_record, live_wrapper, record_lost_launch, request_cancel, signal_wrapper, stop_orphaned,
+    RunLock, Wrapper,
 };
 use serde_json::json;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -29,14 +30,26 @@ use std::time::{Duration, Instant};
 /// `agent-run cancel`.
 pub fn cancel(root: Option<&Path>, args: CancelArgs) -> anyhow::Result<u8> {
     let dir = open_run(root, &args.run_id)?;
-    let first = read_record(&dir.path)?;
+    let journal = Journal::open(&dir.path, "cancel")?;
+    let lock = RunLock::open(&dir.path)?;
+    let first = match inspect::read_record_waiting(&dir.path, Duration::from_secs(2)) {
+        Ok(st) => st,
+        // No record at all: the wrapper died between mkdir and its first record. If its lock
+        // is free, nothing was launched; say so in a final record.
+        Err(_)
+            if agent_run_shared::record::read_status(&dir.path).is_err() && lock.try_lock()? =>
+        {
+            let st = record_lost_launch(&dir.path, dir.id.as_str(), &journal)?;
+            print_record(&dir.path, &st);
+            return Ok(exit::OK);
+        }
+        Err(e) => return Err(e),
+    };
     let t = timings_of(&first);
     let wait = args
         .wait
         .unwrap_or(t.grace + t.confirm + Duration::from_secs(3));
     let deadline = Instant::now() + wait;
-    let journal = Journal::open(&dir.path, "cancel")?;
-    let lock = RunLock::open(&dir.path)?;
     let mut signalled_at: Option<Instant> = None;
     loop {
         let mut st = read_record(&dir.path)?;

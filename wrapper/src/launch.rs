@@ -15,13 +15,13 @@ use agent_run_shared::id::RunId;
 use agent_run_shared::journal::Journal;
 use agent_run_shared::lease::{write_lease, Lease};
 use agent_run_shared::pid::{Identity, Pid};
-use agent_run_shared::record::{State, Status, SCHEMA};
+use agent_run_shared::record::{State, Status};
 use agent_run_shared::root::{files, resolve_root, Root, RunDir};
 use agent_run_shared::run::{finalize, scope_of, transition};
 use agent_run_shared::stop::{stop_run, Sig, Timings};
 use agent_run_shared::sys::{self, WaitStatus};
 use agent_run_shared::takeover::RunLock;
-use agent_run_shared::{procfs, time, ENV_RUN_DIR, ENV_RUN_ID, VERSION};
+use agent_run_shared::{fault, procfs, time, ENV_RUN_DIR, ENV_RUN_ID};
 use anyhow::Context;
 use serde_json::json;
 use std::ffi::OsString;
@@ -44,6 +44,7 @@ pub fn start(root: Option<&Path>, args: StartArgs) -> anyhow::Result<u8> {
     let Some(dir) = root.create_run_dir(&id)? else {
         return crate::control::relaunch(&root, &id, &argv, args.quiet);
     };
+    fault::point("after_run_dir");
     Launch::new(dir, &args, argv)?.run(&args)
 }
 
@@ -67,45 +68,21 @@ impl Launch {
             );
         }
         let journal = Journal::open(&dir.path, "wrapper")?;
-        let uid = sys::geteuid();
         let timings = Timings {
             hup_after: args.hup_after,
             grace: args.grace,
             ..Timings::default()
         };
-        let user = sys::user_name(uid);
-        let warnings = agent_run_shared::hostpolicy::launch_warnings(&user);
-        let st = Status {
-            schema: SCHEMA,
-            run_id: dir.id.to_string(),
-            state: State::Starting,
-            reason: None,
-            exit_code: None,
-            term_signal: None,
-            argv,
-            cwd: std::env::current_dir()
-                .map(|p| p.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-            pid: None,
-            pgid: None,
-            sid: None,
-            start_ticks: None,
-            boot_id: procfs::boot_id(),
-            wrapper_pid: Some(std::process::id() as i32),
-            wrapper_start_ticks: procfs::stat(Pid::this()).map(|s| s.start_ticks),
-            host: sys::hostname(),
-            user,
-            uid,
-            created_at: time::rfc3339_now(),
-            started_at: None,
-            ended_at: None,
-            cleanup: None,
-            error: None,
-            version: VERSION.into(),
-            grace_ms: Some(timings.grace.as_millis() as u64),
-            hup_after_ms: Some(timings.hup_after.as_millis() as u64),
-            warnings,
-        };
+        let mut st = Status::blank(dir.id.as_str());
+        st.argv = argv;
+        st.cwd = std::env::current_dir()
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        st.wrapper_pid = Some(std::process::id() as i32);
+        st.wrapper_start_ticks = procfs::stat(Pid::this()).map(|s| s.start_ticks);
+        st.grace_ms = Some(timings.grace.as_millis() as u64);
+        st.hup_after_ms = Some(timings.hup_after.as_millis() as u64);
+        st.warnings = agent_run_shared::hostpolicy::launch_warnings(&st.user);
         Ok(Launch {
             dir,
             st,
@@ -118,6 +95,7 @@ impl Launch {
     fn run(mut self, args: &StartArgs) -> anyhow::Result<u8> {
         let dir = self.dir.path.clone();
         agent_run_shared::record::write_status(&dir, &self.st)?;
+        fault::point("after_starting");
         let _ = self.journal.event(
             "launch",
             json!({"argv": self.st.argv, "cwd": self.st.cwd, "wrapper_pid": self.st.wrapper_pid,
@@ -170,6 +148,7 @@ impl Launch {
         cmd.args(&command[1..])
             .env(ENV_RUN_ID, self.dir.id.as_str())
             .env(ENV_RUN_DIR, &dir)
+            .env_remove(fault::ENV)
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err))
             .stdin(if stdin_null {
@@ -198,6 +177,7 @@ impl Launch {
             }
         };
         let pid = Pid::new(child.id() as i64).expect("a child has a positive pid");
+        fault::point("after_spawn");
         drop(child); // we reap it ourselves, through waitpid
                      // Pin the leader first, then read /proc: the stat we check is the pinned process's.
         let pidfd = sys::pidfd_open(pid);
@@ -234,6 +214,7 @@ impl Launch {
         self.st.sid = Some(stat.sid);
         self.st.start_ticks = Some(leader.start_ticks);
         self.st.started_at = Some(time::rfc3339_now());
+        fault::point("before_running");
         let ids = format!("{pid}\n");
         let written = write_atomic(&dir, files::PID, ids.as_bytes(), false)
             .and_then(|()| {
@@ -303,44 +284,38 @@ impl Launch {
         let scope = scope_of(&self.dir.path, &self.st, Some(Pid::this()))
             .expect("a launched run has a scope");
         let mut signals_esc = signals;
+        // The stop comes first: a record that cannot be written (a full disk) is reported, but
+        // never keeps the run's processes alive.
+        let mut stop = |st: &mut Status, reason: &str| {
+            if let Err(e) = transition(
+                &dir,
+                st,
+                State::Cancelling,
+                Some(reason),
+                Some(&self.journal),
+            ) {
+                eprintln!("agent-run: {e}; stopping the run anyway");
+            }
+            stop_run(
+                &scope,
+                &self.timings,
+                reason,
+                Some(&self.journal),
+                Some(&mut signals_esc),
+            )
+        };
         let (state, reason, report, leader_status) = match outcome {
             Outcome::LeaderExited(ws) => {
                 let (_, children_left) = sys::reap_all(None);
                 let report = children_left.then(|| {
-                    let _ = transition(
-                        &dir,
-                        &mut self.st,
-                        State::Cancelling,
-                        Some("leader_exited"),
-                        Some(&self.journal),
-                    );
-                    let r = stop_run(
-                        &scope,
-                        &self.timings,
-                        "leader_exited",
-                        Some(&self.journal),
-                        Some(&mut signals_esc),
-                    );
+                    let r = stop(&mut self.st, "leader_exited");
                     sys::reap_all(None);
                     r
                 });
                 (State::Finished, None, report, Some(ws))
             }
             Outcome::Stop(reason) => {
-                transition(
-                    &dir,
-                    &mut self.st,
-                    State::Cancelling,
-                    Some(&reason),
-                    Some(&self.journal),
-                )?;
-                let report = stop_run(
-                    &scope,
-                    &self.timings,
-                    &reason,
-                    Some(&self.journal),
-                    Some(&mut signals_esc),
-                );
+                let report = stop(&mut self.st, &reason);
                 let (ws, _) = sys::reap_all(Some(leader.pid));
                 (State::Cancelled, Some(reason), Some(report), ws)
             }
@@ -350,14 +325,23 @@ impl Launch {
             Some(WaitStatus::Signaled(s)) => self.st.term_signal = Some(Sig::from_number(s).name()),
             None => {}
         }
-        finalize(
+        if let Err(e) = finalize(
             &dir,
             &mut self.st,
             state,
             reason.as_deref(),
             report.as_ref(),
             Some(&self.journal),
-        )?;
+        ) {
+            let left = report.as_ref().map_or(0, |r| r.survivors.len());
+            return fail(
+                exit::SOFTWARE,
+                format!(
+                    "the run ended ({}, {left} survivors) but its final record could not be written: {e}",
+                    self.st.state.as_str()
+                ),
+            );
+        }
         Ok(exit::for_record(&self.st).unwrap_or(exit::SOFTWARE))
     }
 }

@@ -1,0 +1,51 @@
+//! Fault points for tests: in debug builds, `AGENT_RUN_FAULT=<point>` makes the process SIGKILL
+//! itself when it reaches that point, so tests can prove that `cancel` and the watchdog bring a
+//! run to a truthful final state whatever step the wrapper died at. Release builds compile every
+//! point to nothing.
+//!
+//! The points, in the order a run meets them: see [`POINTS`].
+
+/// Every fault point, in launch-then-stop order.
+pub const POINTS: &[&str] = &[
+    "after_run_dir",
+    "after_starting",
+    "after_spawn",
+    "before_running",
+    "after_term",
+    "after_hup",
+    "after_kill",
+    "before_final",
+    "mid_record_write",
+];
+
+/// The environment variable that names the point to die at.
+pub const ENV: &str = "AGENT_RUN_FAULT";
+
+/// Die here (SIGKILL, no cleanup) if `AGENT_RUN_FAULT` names this point. Debug builds only.
+#[inline]
+pub fn point(name: &str) {
+    #[cfg(debug_assertions)]
+    {
+        debug_assert!(POINTS.contains(&name), "unknown fault point {name}");
+        if armed(name) {
+            crate::sys::kill_self();
+        }
+    }
+    #[cfg(not(debug_assertions))]
+    let _ = name;
+}
+
+/// Whether `AGENT_RUN_FAULT` names this point (always false in release builds).
+#[inline]
+pub fn armed(name: &str) -> bool {
+    #[cfg(debug_assertions)]
+    {
+        static WANT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+        WANT.get_or_init(|| std::env::var(ENV).ok()).as_deref() == Some(name)
+    }
+    #[cfg(not(debug_assertions))]
+    {
+        let _ = name;
+        false
+    }
+}
