@@ -59,13 +59,16 @@ pub enum Command {
     /// Block until a run is final, then exit as the run did
     Wait(WaitArgs),
     /// Stream a run's output from the start, then exit as the run did
-    Attach(IdArg),
+    Attach(AttachArgs),
     /// Print (and with -f follow) one of a run's logs
     Logs(LogsArgs),
     /// List every run under the root
     List(ListArgs),
     /// Remove final run dirs older than DUR
     Gc(GcArgs),
+    /// Run a command on HOST through OpenSSH with a lease, renewals, a second-channel cancel and
+    /// resumable output (the controller half)
+    Remote(RemoteArgs),
 }
 
 #[derive(Debug, Args)]
@@ -97,10 +100,50 @@ pub struct StartArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct IdArg {
+pub struct AttachArgs {
     /// The run id
     #[arg(value_name = "RUN_ID")]
     pub run_id: String,
+    /// Start stdout at this byte offset (to resume after a broken stream)
+    #[arg(long, value_name = "BYTES", default_value_t = 0)]
+    pub stdout_from: u64,
+    /// Start stderr at this byte offset
+    #[arg(long, value_name = "BYTES", default_value_t = 0)]
+    pub stderr_from: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct RemoteArgs {
+    /// An option for ssh (repeatable), e.g. --ssh-option=-p2222 --ssh-option=-oUser=ci
+    #[arg(long = "ssh-option", value_name = "OPT", allow_hyphen_values = true)]
+    pub ssh_options: Vec<String>,
+    /// The remote agent-run program
+    #[arg(long, value_name = "PATH", default_value = "agent-run")]
+    pub remote_bin: String,
+    /// The run id (default: 128 random bits, printed to stderr first)
+    #[arg(long, value_name = "ID")]
+    pub id: Option<String>,
+    /// The lease; renewed every third of it while the run is active
+    #[arg(long, value_name = "DUR", default_value = "60s", value_parser = dur("--lease"))]
+    pub lease: Duration,
+    /// TERM -> KILL grace on the host
+    #[arg(long, value_name = "DUR", value_parser = dur("--grace"))]
+    pub grace: Option<Duration>,
+    /// Print the record of an earlier run and exit as it did
+    #[arg(long, value_name = "ID", conflicts_with_all = ["cancel", "attach"])]
+    pub status: Option<String>,
+    /// Cancel an earlier run over a fresh channel and print its final record
+    #[arg(long, value_name = "ID", conflicts_with_all = ["status", "attach"])]
+    pub cancel: Option<String>,
+    /// Re-attach to an earlier run's output and exit as it did
+    #[arg(long, value_name = "ID", conflicts_with_all = ["status", "cancel"])]
+    pub attach: Option<String>,
+    /// The host, as ssh understands it (user@host, an alias from ~/.ssh/config, ...)
+    #[arg(value_name = "HOST")]
+    pub host: String,
+    /// The command and its arguments (after --), passed to the remote agent-run unchanged
+    #[arg(value_name = "COMMAND", num_args = 0.., trailing_var_arg = true, allow_hyphen_values = true)]
+    pub command: Vec<OsString>,
 }
 
 #[derive(Debug, Args)]
@@ -178,7 +221,7 @@ fn dur(what: &'static str) -> impl Fn(&str) -> Result<Duration, String> + Clone 
 }
 
 const SUBCOMMANDS: &[&str] = &[
-    "start", "cancel", "renew", "status", "wait", "attach", "logs", "list", "gc", "help",
+    "start", "cancel", "renew", "status", "wait", "attach", "logs", "list", "gc", "remote", "help",
 ];
 
 /// Insert `start` when the first word that is not an option is not a subcommand.

@@ -210,7 +210,7 @@ pub fn relaunch(root: &Root, id: &RunId, argv: &[String], quiet: bool) -> anyhow
         let st = wait_final(&dir.path, None)?;
         return Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE));
     }
-    inspect::follow_to_end(&dir.path)
+    inspect::follow_to_end(&dir.path, (0, 0))
 }
 
 /// `start --detach`: start a wrapper of our own in its own session with stdio on /dev/null, and

@@ -5,7 +5,7 @@
 //! "wrapper gone, not reconciled", a record from an earlier boot as "host rebooted", and a corrupt
 //! or unsafe run dir is reported on its own line without stopping `list` or `gc`.
 
-use crate::cli::{fail, GcArgs, IdArg, ListArgs, LogsArgs, StatusArgs, WaitArgs};
+use crate::cli::{fail, AttachArgs, GcArgs, ListArgs, LogsArgs, StatusArgs, WaitArgs};
 use crate::stream::{std_sink, Tail};
 use agent_run_shared::exit;
 use agent_run_shared::id::RunId;
@@ -215,15 +215,15 @@ pub fn wait(root: Option<&Path>, args: WaitArgs) -> anyhow::Result<u8> {
 }
 
 /// `agent-run attach`.
-pub fn attach(root: Option<&Path>, args: IdArg) -> anyhow::Result<u8> {
+pub fn attach(root: Option<&Path>, args: AttachArgs) -> anyhow::Result<u8> {
     let dir = open_run(root, &args.run_id)?;
-    follow_to_end(&dir.path)
+    follow_to_end(&dir.path, (args.stdout_from, args.stderr_from))
 }
 
-/// Stream both logs from the start until the run is final, then exit as the run did.
-pub fn follow_to_end(dir: &Path) -> anyhow::Result<u8> {
-    let mut out = Tail::new(dir, files::STDOUT, std_sink(false));
-    let mut err = Tail::new(dir, files::STDERR, std_sink(true));
+/// Stream both logs from the given offsets until the run is final, then exit as the run did.
+pub fn follow_to_end(dir: &Path, from: (u64, u64)) -> anyhow::Result<u8> {
+    let mut out = Tail::new(dir, files::STDOUT, std_sink(false)).from_offset(from.0);
+    let mut err = Tail::new(dir, files::STDERR, std_sink(true)).from_offset(from.1);
     let st = follow(dir, &mut [&mut out, &mut err])?;
     Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE))
 }

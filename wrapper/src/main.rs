@@ -8,6 +8,7 @@ mod cli;
 mod control;
 mod inspect;
 mod launch;
+mod remote;
 mod signals;
 mod stream;
 mod supervise;
@@ -40,5 +41,6 @@ fn run(cli: cli::Cli) -> anyhow::Result<u8> {
         cli::Command::Logs(args) => inspect::logs(root, args),
         cli::Command::List(args) => inspect::list(root, args),
         cli::Command::Gc(args) => inspect::gc(root, args),
+        cli::Command::Remote(args) => remote::remote(args),
     }
 }

@@ -41,6 +41,12 @@ impl Tail {
         }
     }
 
+    /// Start from `offset` instead of the beginning.
+    pub fn from_offset(mut self, offset: u64) -> Tail {
+        self.copied = offset;
+        self
+    }
+
     /// Copy everything new. Returns whether any byte moved.
     pub fn pump(&mut self) -> bool {
         if self.src.is_none() {
