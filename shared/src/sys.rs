@@ -6,7 +6,6 @@
 #![allow(unsafe_code)]
 
 use crate::pid::Pid;
-use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
@@ -209,26 +208,30 @@ pub fn hostname() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
-/// The login name of `uid` from the passwd database, or `$USER`, or the number.
+/// The login name of `uid`: `$USER` when /etc/passwd agrees, else the first /etc/passwd entry
+/// with that uid, else the number. Read directly rather than through NSS: a static binary has no
+/// NSS modules, and a launch should not pay for loading them.
 pub fn user_name(uid: u32) -> String {
-    let mut pw: libc::passwd = unsafe_zeroed_passwd();
-    let mut out: *mut libc::passwd = std::ptr::null_mut();
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: all pointers are valid for the call; getpwuid_r writes into `pw` and `buf` only
-    // and sets `out` to `&pw` on success.
-    let r = unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut out) };
-    if r == 0 && !out.is_null() && !pw.pw_name.is_null() {
-        // SAFETY: pw_name points into `buf`, NUL-terminated, alive until `buf` drops.
-        return unsafe { CStr::from_ptr(pw.pw_name) }
-            .to_string_lossy()
-            .into_owned();
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    let entries: Vec<(&str, Option<u32>)> = passwd
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split(':');
+            let name = f.next()?;
+            let id = f.nth(1)?.parse().ok();
+            Some((name, id))
+        })
+        .collect();
+    let env_user = std::env::var("USER").ok();
+    if let Some(u) = env_user.as_deref() {
+        if entries.iter().any(|(n, id)| *n == u && *id == Some(uid)) {
+            return u.to_string();
+        }
     }
-    std::env::var("USER").unwrap_or_else(|_| uid.to_string())
-}
-
-fn unsafe_zeroed_passwd() -> libc::passwd {
-    // SAFETY: libc::passwd is a plain C struct of pointers and integers; all-zero is valid.
-    unsafe { std::mem::zeroed() }
+    entries
+        .iter()
+        .find(|(_, id)| *id == Some(uid))
+        .map_or_else(|| uid.to_string(), |(n, _)| n.to_string())
 }
 
 /// Clock ticks per second (sysconf(_SC_CLK_TCK)), for /proc start times.
