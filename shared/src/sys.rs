@@ -559,7 +559,7 @@ pub fn raise_nofile_limit() -> u64 {
             }
         }
     }
-    lim.rlim_cur as u64
+    lim.rlim_cur
 }
 
 /// SIGKILL this process at once (fault injection in debug builds).

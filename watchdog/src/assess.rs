@@ -161,17 +161,6 @@ pub fn assess(
             }
         }
         Wrapper::Gone | Wrapper::Reused(_) => {
-            // Does anything of the run remain? If not, there is nothing to wait for.
-            let remains = scope_of(&dir.path, &st, None)
-                .is_some_and(|s| !discover(&s, Depth::WithMarker, &HashSet::new()).is_empty());
-            if !remains {
-                return (
-                    Verdict::Now(Action::Orphan {
-                        lease_expired: false,
-                    }),
-                    subject,
-                );
-            }
             let (act_epoch, lease_expired) = match lease {
                 Some(l) => (l.deadline_epoch, true),
                 None => (
@@ -180,13 +169,21 @@ pub fn assess(
                 ),
             };
             let action = Action::Orphan { lease_expired };
-            if now >= act_epoch {
+            // Due: act at once; the stop itself (on a worker thread) finds whatever remains,
+            // and an empty set ends as `unknown`/`wrapper_lost`. Not due yet: if nothing of the
+            // run remains there is nothing to wait for. One /proc scan, only on this path.
+            if now >= act_epoch || !remains(&dir.path, &st) {
                 (Verdict::Now(action), subject)
             } else {
                 (Verdict::Later { act_epoch, action }, subject)
             }
         }
     }
+}
+
+fn remains(dir: &std::path::Path, st: &Status) -> bool {
+    scope_of(dir, st, None)
+        .is_some_and(|s| !discover(&s, Depth::WithMarker, &HashSet::new()).is_empty())
 }
 
 /// Epoch seconds to a monotonic delay from now.

@@ -222,8 +222,8 @@ pub fn attach(root: Option<&Path>, args: AttachArgs) -> anyhow::Result<u8> {
 
 /// Stream both logs from the given offsets until the run is final, then exit as the run did.
 pub fn follow_to_end(dir: &Path, from: (u64, u64)) -> anyhow::Result<u8> {
-    let mut out = Tail::new(dir, files::STDOUT, std_sink(false)).from_offset(from.0);
-    let mut err = Tail::new(dir, files::STDERR, std_sink(true)).from_offset(from.1);
+    let mut out = Tail::new(dir, files::STDOUT, std_sink(false)).starting_at(from.0);
+    let mut err = Tail::new(dir, files::STDERR, std_sink(true)).starting_at(from.1);
     let st = follow(dir, &mut [&mut out, &mut err])?;
     Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE))
 }

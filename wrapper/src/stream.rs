@@ -42,7 +42,7 @@ impl Tail {
     }
 
     /// Start from `offset` instead of the beginning.
-    pub fn from_offset(mut self, offset: u64) -> Tail {
+    pub fn starting_at(mut self, offset: u64) -> Tail {
         self.copied = offset;
         self
     }
