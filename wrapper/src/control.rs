@@ -215,7 +215,12 @@ pub fn relaunch(root: &Root, id: &RunId, argv: &[String], quiet: bool) -> anyhow
 
 /// `start --detach`: start a wrapper of our own in its own session with stdio on /dev/null, and
 /// return once its record says `running` (or the launch failed), printing one JSON line.
-pub fn detach_parent(root: &Root, id: &RunId, args: &StartArgs) -> anyhow::Result<u8> {
+pub fn detach_parent(
+    root: &Root,
+    id: &RunId,
+    argv: &[String],
+    args: &StartArgs,
+) -> anyhow::Result<u8> {
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(exe);
     cmd.arg("--root")
@@ -241,6 +246,16 @@ pub fn detach_parent(root: &Root, id: &RunId, args: &StartArgs) -> anyhow::Resul
     loop {
         let st: Option<Status> = agent_run_shared::record::read_status(&dir).ok();
         if let Some(st) = st.filter(|s| s.state != State::Starting) {
+            // The id may be an earlier run's (a relaunch): same rules as in the foreground.
+            if st.argv != argv {
+                return fail(
+                    exit::DATA_MISMATCH,
+                    format!(
+                        "run {id} exists with a different command: {:?} (asked for {:?})",
+                        st.argv, argv
+                    ),
+                );
+            }
             let line = json!({
                 "run_id": st.run_id, "run_dir": dir, "pid": st.pid, "pgid": st.pgid,
                 "state": st.state.as_str(),

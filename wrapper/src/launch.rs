@@ -39,7 +39,7 @@ pub fn start(root: Option<&Path>, args: StartArgs) -> anyhow::Result<u8> {
         .collect();
     if args.detach {
         // The detached wrapper does everything below, in its own session.
-        return crate::control::detach_parent(&root, &id, &args);
+        return crate::control::detach_parent(&root, &id, &argv, &args);
     }
     let Some(dir) = root.create_run_dir(&id)? else {
         return crate::control::relaunch(&root, &id, &argv, args.quiet);
