@@ -262,13 +262,26 @@ pub fn boottime_secs() -> f64 {
 /// signal mask, so the workload inherits no ignored signal (SIGPIPE included) and no mask.
 /// Async-signal-safe: sigaction(2) and sigprocmask(2) only.
 pub fn child_reset_signals() -> io::Result<()> {
+    // The raw syscall, not glibc's signal(): glibc refuses signals 32 and 33 (its reserved
+    // SIGCANCEL and SIGSETXID) with EINVAL, so an ignored 32 would leak into the workload.
+    // A kernel `struct sigaction` that is all zeros is SIG_DFL, no flags, no restorer, an
+    // empty mask, on every architecture's layout (with or without sa_restorer).
+    let dfl = [0u64; 4];
     for sig in 1..=64 {
         if sig == libc::SIGKILL || sig == libc::SIGSTOP {
             continue;
         }
-        // SAFETY: SIG_DFL is valid for every catchable signal; EINVAL for the few reserved
-        // by the C library is harmless and ignored.
-        unsafe { libc::signal(sig, libc::SIG_DFL) };
+        // SAFETY: rt_sigaction reads `dfl` (32 bytes, at least the kernel struct's size) and
+        // writes nothing (NULL old action); 8 is the kernel sigset size. Async-signal-safe.
+        unsafe {
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                sig,
+                dfl.as_ptr(),
+                std::ptr::null_mut::<u64>(),
+                8usize,
+            )
+        };
     }
     // SAFETY: an empty set built on the stack; sigprocmask is async-signal-safe.
     unsafe {
