@@ -53,6 +53,34 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8], durable: bool) -> Resu
     result
 }
 
+/// Create `dir/name` with `bytes` unless it exists: the bytes go to a temp file first, which is
+/// then hard-linked into place, so the file appears whole and exactly one of several racing
+/// callers creates it. Returns whether this call created it.
+pub fn write_new(dir: &Path, name: &str, bytes: &[u8]) -> Result<bool> {
+    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let tmp = dir.join(format!(".{name}.{}.{n}.tmp", std::process::id()));
+    let target = dir.join(name);
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)
+            .map_err(|e| Error::io("create", &tmp, e))?;
+        f.write_all(bytes)
+            .map_err(|e| Error::io("write", &tmp, e))?;
+        drop(f);
+        match std::fs::hard_link(&tmp, &target) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(Error::io("create", &target, e)),
+        }
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    result
+}
+
 /// fsync a directory, so a rename in it is durable.
 pub fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)

@@ -70,11 +70,6 @@ impl fmt::Display for Error {
     }
 }
 
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Error::Io { source, .. } => Some(source),
-            _ => None,
-        }
-    }
-}
+/// The I/O cause is part of the message (`cannot write X: No space left on device`), so it is
+/// not also reported as a `source()`: chained printing (`{:#}`) would say it twice.
+impl std::error::Error for Error {}

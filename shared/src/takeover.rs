@@ -134,15 +134,7 @@ pub fn request_cancel(dir: &Path, source: &str, reason: &str) -> Result<bool> {
         "by_uid": sys::geteuid(),
         "by_pid": std::process::id(),
     });
-    let tmp = format!(".cancel.{}.tmp", std::process::id());
-    crate::atomic::write_atomic(dir, &tmp, format!("{doc}\n").as_bytes(), false)?;
-    let r = std::fs::hard_link(dir.join(&tmp), dir.join(files::CANCEL));
-    let _ = std::fs::remove_file(dir.join(&tmp));
-    match r {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
-        Err(e) => Err(Error::io("create", dir.join(files::CANCEL), e)),
-    }
+    crate::atomic::write_new(dir, files::CANCEL, format!("{doc}\n").as_bytes())
 }
 
 /// The reason in cancel.json, if there is one.

@@ -112,14 +112,38 @@ pub struct AttachArgs {
     pub stderr_from: u64,
 }
 
+const REMOTE_HELP: &str = "\
+The run is started on HOST with `agent-run start --detach --lease` and streamed with `attach`
+over one private ssh master connection; the workload's stdin is /dev/null. Its id is printed
+first on stderr: `agent-run: run id <ID> on <HOST>`.
+
+INT, TERM or HUP: `cancel` on a fresh channel; the final record is printed on stderr and the
+exit code is the record's (143 for a cancel, as `wait` and --status will say later; the
+workload's own code if it finished first). A second signal stops waiting (75).
+
+A broken stream is resumed from the bytes already received (no byte lost or repeated). If HOST
+stays unreachable until the lease must have run out, the outcome is reported unknown (75): the
+host stops the run by its lease; ask later with --status.
+
+--status exits as the run did, or 75 while it is not final. --cancel exits 0 once the run is
+final. --attach streams an earlier run from the start, renews its lease, cancels it on INT/TERM/
+HUP and exits as it did. 75 also when HOST cannot be reached at all (nothing was started).
+ssh options that must hold (ControlPath, ControlMaster) cannot be overridden; keepalive and
+ConnectTimeout defaults can. The remote login shell must be POSIX (sh, bash, dash, ksh, zsh).";
+
 #[derive(Debug, Args)]
+#[command(after_long_help = REMOTE_HELP)]
 pub struct RemoteArgs {
     /// An option for ssh (repeatable), e.g. --ssh-option=-p2222 --ssh-option=-oUser=ci
     #[arg(long = "ssh-option", value_name = "OPT", allow_hyphen_values = true)]
     pub ssh_options: Vec<String>,
-    /// The remote agent-run program
+    /// The remote agent-run program (a relative path starts at the remote home directory)
     #[arg(long, value_name = "PATH", default_value = "agent-run")]
     pub remote_bin: String,
+    /// The run root on the host, passed as the remote agent-run's --root (default: the host's
+    /// $AGENT_RUN_ROOT, else ~/.agent-runs)
+    #[arg(long, value_name = "DIR")]
+    pub remote_root: Option<PathBuf>,
     /// The run id (default: 128 random bits, printed to stderr first)
     #[arg(long, value_name = "ID")]
     pub id: Option<String>,
@@ -129,13 +153,13 @@ pub struct RemoteArgs {
     /// TERM -> KILL grace on the host
     #[arg(long, value_name = "DUR", value_parser = dur("--grace"))]
     pub grace: Option<Duration>,
-    /// Print the record of an earlier run and exit as it did
+    /// Print the record of an earlier run and exit as it did (75 while it is not final)
     #[arg(long, value_name = "ID", conflicts_with_all = ["cancel", "attach"])]
     pub status: Option<String>,
     /// Cancel an earlier run over a fresh channel and print its final record
     #[arg(long, value_name = "ID", conflicts_with_all = ["status", "attach"])]
     pub cancel: Option<String>,
-    /// Re-attach to an earlier run's output and exit as it did
+    /// Come back to an earlier run: stream it, renew its lease, exit as it did
     #[arg(long, value_name = "ID", conflicts_with_all = ["status", "cancel"])]
     pub attach: Option<String>,
     /// The host, as ssh understands it (user@host, an alias from ~/.ssh/config, ...)

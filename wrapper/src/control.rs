@@ -92,7 +92,13 @@ pub fn cancel(root: Option<&Path>, args: CancelArgs) -> anyhow::Result<u8> {
             Wrapper::Gone => None,
         };
         if let Some(fd) = &wrapper_fd {
-            let created = request_cancel(&dir.path, "cancel", "cancel_request")?;
+            // A cancel.json that cannot be written (a full disk) must not keep the run alive:
+            // say so, and signal anyway.
+            let created =
+                request_cancel(&dir.path, "cancel", "cancel_request").unwrap_or_else(|e| {
+                    eprintln!("agent-run: {e}; signalling the wrapper without it");
+                    true
+                });
             // Exactly one caller signals: a second TERM would cut the grace short. If the
             // creator of cancel.json died before signalling, the wrapper is still `running` a
             // second later: signal it then.

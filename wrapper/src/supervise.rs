@@ -9,6 +9,7 @@ use agent_run_shared::pid::Identity;
 use agent_run_shared::root::{files, RunDir};
 use agent_run_shared::stop::Sig;
 use agent_run_shared::sys::{self, PollFd, WaitStatus};
+use agent_run_shared::takeover::cancel_reason;
 use serde_json::json;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Duration;
@@ -89,15 +90,9 @@ fn lease_remaining(dir: &RunDir) -> Option<f64> {
 /// A TERM that follows a cancel.json is that cancel; its `reason` (the watchdog writes
 /// "lease_expired") wins. Any other signal is "signal:NAME".
 fn stop_reason(dir: &RunDir, sig: Sig) -> String {
-    if sig == Sig::Term {
-        if let Ok(text) = std::fs::read_to_string(dir.file(files::CANCEL)) {
-            let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-            return v
-                .get("reason")
-                .and_then(|r| r.as_str())
-                .unwrap_or("cancel_request")
-                .to_string();
-        }
+    if sig == Sig::Term && dir.file(files::CANCEL).symlink_metadata().is_ok() {
+        // Read without following a symlink: a planted link is not a cancel request's reason.
+        return cancel_reason(&dir.path).unwrap_or_else(|| "cancel_request".into());
     }
     format!("signal:{}", sig.name())
 }

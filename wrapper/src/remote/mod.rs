@@ -1,11 +1,227 @@
-//! `agent-run remote`: the controller half (being built).
+//! `agent-run remote`: the controller half. It runs a command on HOST under the host's
+//! agent-run, through the system's OpenSSH client, so that users' ssh config, agents, jump hosts
+//! and known_hosts just work.
+//!
+//! - The run is named before anything happens (128 random bits unless `--id`), and the id is the
+//!   first thing printed on stderr: a caller can always come back to it.
+//! - The host starts it detached with a lease (`start --detach --lease`), and the output comes
+//!   from `attach` on the same channel. The host's wrapper never writes to the SSH session, so a
+//!   dead link cannot block it or garble the logs, and what we receive is exactly the log bytes:
+//!   the counts are the offsets to resume from ([`stream`]).
+//! - While the run is active the lease is renewed every third of its length, over the master.
+//! - INT, TERM or HUP asks `cancel` on a fresh channel (the first one keeps streaming), prints the
+//!   final record on stderr and exits as the record says: 143 for a cancel, or the workload's
+//!   own code if it finished first. A second signal gives up waiting (75).
+//! - A broken stream (ssh 255, a dead master, a renew that gets no answer) is resumed: reconnect
+//!   with backoff, read the record, `attach` from the offsets received. If the host stays
+//!   unreachable until the lease must have run out, the outcome is reported `unknown` (75) with
+//!   the run id and host: the host stops the run by its lease; we do not guess how it ended.
+//!
+//! `--attach ID` is the same session without the launch: a controller that comes back to its
+//! run streams it from the start, renews its lease and cancels it on INT/TERM/HUP.
+//!
+//! The pieces: [`quote`] (argv for the remote shell), [`ssh`] (the master and channels over it),
+//! [`children`] (our ssh processes, pinned; captured replies), [`stream`] (the output channel),
+//! [`session`] (the event loop), [`requests`] (renew and cancel), [`resync`] (reconnect and
+//! resume), and the one-shot `--status` and `--cancel` below, which need no master.
+
+mod children;
+mod quote;
+mod requests;
+mod resync;
+mod session;
+mod ssh;
+mod stream;
 
 use crate::cli::{fail, RemoteArgs};
+use agent_run_shared::exit;
+use agent_run_shared::id::RunId;
+use serde_json::Value;
+use std::ffi::{OsStr, OsString};
+use std::io::{Read, Write};
+use std::time::Duration;
+
+/// The default TERM -> KILL grace of a run, for the cancel's wait when `--grace` is not given.
+const DEFAULT_GRACE: Duration = Duration::from_secs(5);
 
 /// `agent-run remote`.
-pub fn remote(_args: RemoteArgs) -> anyhow::Result<u8> {
-    fail(
-        agent_run_shared::exit::SOFTWARE,
-        "agent-run remote is not implemented yet",
-    )
+pub fn remote(args: RemoteArgs) -> anyhow::Result<u8> {
+    if args.host.is_empty() || args.host.starts_with('-') {
+        return fail(
+            exit::USAGE,
+            format!(
+                "bad host {:?}: it must not be empty or start with -",
+                args.host
+            ),
+        );
+    }
+    let remote = Remote {
+        bin: OsString::from(&args.remote_bin),
+        root: args.remote_root.clone().map(OsString::from),
+    };
+    let one_shot = [&args.status, &args.cancel, &args.attach]
+        .into_iter()
+        .flatten()
+        .next();
+    if one_shot.is_some() && (!args.command.is_empty() || args.id.is_some()) {
+        return fail(
+            exit::USAGE,
+            "--status, --cancel and --attach take a run id and no --id or command",
+        );
+    }
+    if let Some(id) = &args.status {
+        return status(&args, &remote, RunId::parse(id)?.as_str());
+    }
+    if let Some(id) = &args.cancel {
+        return cancel(&args, &remote, RunId::parse(id)?.as_str());
+    }
+    if let Some(id) = &args.attach {
+        let id = RunId::parse(id)?;
+        return session::run(&args, &remote, id.as_str(), None);
+    }
+    if args.command.is_empty() {
+        return fail(
+            exit::USAGE,
+            "missing the command: remote HOST -- COMMAND [ARGS...]",
+        );
+    }
+    let id = match &args.id {
+        Some(id) => RunId::parse(id)?.as_str().to_string(),
+        None => random_hex(16)?,
+    };
+    say(&format!("run id {id} on {}", args.host));
+    let mut start: Vec<OsString> = ["start", "--detach", "--lease"]
+        .map(OsString::from)
+        .to_vec();
+    start.push(millis(args.lease));
+    if let Some(g) = args.grace {
+        start.extend([OsString::from("--grace"), millis(g)]);
+    }
+    start.extend([OsString::from(&id), OsString::from("--")]);
+    start.extend(args.command.iter().cloned());
+    // Launch detached (its JSON line is not output of the run), then stream from the start.
+    // `|| exit` passes a refused or failed launch on with its own exit code.
+    let mut script = remote.line(&start)?;
+    script.extend_from_slice(b" >/dev/null || exit; ");
+    script.extend(remote.exec(&["attach", &id])?);
+    session::run(&args, &remote, &id, Some(script))
+}
+
+/// How to call agent-run on the host.
+pub struct Remote {
+    bin: OsString,
+    root: Option<OsString>,
+}
+
+impl Remote {
+    /// `BIN [--root DIR] WORDS...`, quoted for the remote shell.
+    fn line(&self, words: &[OsString]) -> anyhow::Result<Vec<u8>> {
+        let mut all = vec![self.bin.clone()];
+        if let Some(root) = &self.root {
+            all.extend([OsString::from("--root"), root.clone()]);
+        }
+        all.extend(words.iter().cloned());
+        match quote::command(&all) {
+            Some(line) => Ok(line),
+            None => fail(exit::USAGE, "an argument holds a NUL byte"),
+        }
+    }
+
+    /// `exec BIN [--root DIR] WORDS...`: the remote shell becomes agent-run, so a remote
+    /// agent-run killed by a signal shows as ssh's 255 (unsure), never as a plausible code.
+    fn exec<S: AsRef<OsStr>>(&self, words: &[S]) -> anyhow::Result<Vec<u8>> {
+        let words: Vec<OsString> = words.iter().map(|w| w.as_ref().to_owned()).collect();
+        let mut script = b"exec ".to_vec();
+        script.extend(self.line(&words)?);
+        Ok(script)
+    }
+}
+
+/// `--status ID`: print the host's `status --json` and exit as the run did; 75 while the run is
+/// not final (its outcome is not known yet).
+fn status(args: &RemoteArgs, remote: &Remote, id: &str) -> anyhow::Result<u8> {
+    let reply = one_shot(args, &remote.exec(&["status", "--json", id])?)?;
+    let Some(0) = reply.0 else {
+        return Ok(remote_failure(args, id, reply.0));
+    };
+    std::io::stdout().write_all(&reply.1)?;
+    let v: Value = serde_json::from_slice(&reply.1).unwrap_or_default();
+    if let Some(code) = outcome(&v) {
+        return Ok(code);
+    }
+    let state = v["state"].as_str().unwrap_or("not final");
+    say(&format!("run {id} on {} is still {state}", args.host));
+    Ok(exit::TEMPFAIL)
+}
+
+/// `--cancel ID`: the host's `cancel`, its record on stdout, its exit code (0 once final).
+fn cancel(args: &RemoteArgs, remote: &Remote, id: &str) -> anyhow::Result<u8> {
+    let mut words = vec!["cancel".to_string(), id.to_string()];
+    if let Some(g) = args.grace {
+        words.extend([
+            "--wait".into(),
+            format!("{}ms", (g + Duration::from_secs(10)).as_millis()),
+        ]);
+    }
+    let reply = one_shot(args, &remote.exec(&words)?)?;
+    std::io::stdout().write_all(&reply.1)?;
+    match reply.0 {
+        Some(c) if c != 255 => Ok(c as u8),
+        code => Ok(remote_failure(args, id, code)),
+    }
+}
+
+/// One command on a connection of its own (no master for a single channel); its stderr is
+/// ours. (exit code, stdout).
+fn one_shot(args: &RemoteArgs, script: &[u8]) -> anyhow::Result<(Option<i32>, Vec<u8>)> {
+    let mut options = args.ssh_options.clone();
+    options.extend(ssh::default_options(args.lease));
+    let mut child = ssh::direct(&args.host, &options, script)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("cannot run ssh: {e}"))?;
+    let mut out = Vec::new();
+    child.stdout.take().expect("piped").read_to_end(&mut out)?;
+    Ok((child.wait()?.code(), out))
+}
+
+/// The exit code for a one-shot whose remote side did not answer normally.
+fn remote_failure(args: &RemoteArgs, id: &str, code: Option<i32>) -> u8 {
+    match code {
+        Some(c) if c != 255 => c as u8,
+        _ => {
+            say(&format!(
+                "no answer about run {id} from {} (ssh failed); its outcome is unknown here",
+                args.host
+            ));
+            exit::TEMPFAIL
+        }
+    }
+}
+
+/// The exit code a record (as `status --json` prints it) maps to, if it is final.
+pub fn outcome(v: &Value) -> Option<u8> {
+    if v["final"].as_bool() != Some(true) {
+        return None;
+    }
+    v["outcome_exit_code"].as_u64().map(|c| c.min(255) as u8)
+}
+
+/// A duration as agent-run parses it.
+fn millis(d: Duration) -> OsString {
+    format!("{}ms", d.as_millis()).into()
+}
+
+/// `n` random bytes from /dev/urandom, as lowercase hex.
+pub fn random_hex(n: usize) -> std::io::Result<String> {
+    let mut bytes = vec![0u8; n];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A message on stderr, in one write (so it never splits around a chunk of the run's stderr);
+/// a stderr that is gone is not an error worth dying for.
+pub fn say(msg: &str) {
+    let line = format!("agent-run: {msg}\n");
+    let _ = std::io::stderr().write_all(line.as_bytes());
 }

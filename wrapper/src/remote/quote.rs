@@ -55,20 +55,30 @@ mod tests {
     use super::*;
     use std::process::Command;
 
-    /// Run `sh -c 'printf "%s\0" "$@"' sh <quoted words>` and split its output on NUL: the
-    /// argv a POSIX shell built from our string.
+    /// Run `SHELL -c 'printf "%s\0" <quoted words>'` and split its output on NUL: the argv a
+    /// shell built from our string. `sh` always; `bash` (a common login shell) when installed.
     fn through_sh(words: &[OsString]) -> Vec<Vec<u8>> {
         let mut script = b"printf '%s\\0' ".to_vec();
         script.extend_from_slice(&command(words).expect("no NUL"));
-        let out = Command::new("sh")
-            .arg("-c")
-            .arg(os(script))
-            .output()
-            .expect("sh runs");
-        assert!(out.status.success(), "sh failed: {out:?}");
-        let mut got: Vec<Vec<u8>> = out.stdout.split(|&b| b == 0).map(<[u8]>::to_vec).collect();
-        assert_eq!(got.pop(), Some(Vec::new()), "output ends with NUL");
-        got
+        let mut answers = Vec::new();
+        for shell in ["sh", "bash"] {
+            let out = match Command::new(shell)
+                .arg("-c")
+                .arg(os(script.clone()))
+                .output()
+            {
+                Ok(out) => out,
+                Err(_) if shell != "sh" => continue,
+                Err(e) => panic!("cannot run sh: {e}"),
+            };
+            assert!(out.status.success(), "{shell} failed: {out:?}");
+            let mut got: Vec<Vec<u8>> = out.stdout.split(|&b| b == 0).map(<[u8]>::to_vec).collect();
+            assert_eq!(got.pop(), Some(Vec::new()), "output ends with NUL");
+            answers.push(got);
+        }
+        answers.dedup();
+        assert_eq!(answers.len(), 1, "the shells disagree: {answers:?}");
+        answers.pop().unwrap()
     }
 
     fn hostile() -> Vec<OsString> {
@@ -114,7 +124,10 @@ mod tests {
     #[test]
     fn each_word_alone_survives_too() {
         for w in hostile() {
-            assert_eq!(through_sh(std::slice::from_ref(&w)), vec![w.as_bytes().to_vec()]);
+            assert_eq!(
+                through_sh(std::slice::from_ref(&w)),
+                vec![w.as_bytes().to_vec()]
+            );
         }
     }
 
