@@ -581,3 +581,11 @@ pub fn kill_self() -> ! {
     unsafe { libc::raise(libc::SIGKILL) };
     std::process::abort()
 }
+
+/// Restore SIGPIPE's default action (Rust's runtime ignores it), so a command whose output goes
+/// to a closed pipe (`agent-run list | head`) ends quietly like any Unix filter. Not for the
+/// supervising wrapper: a dropped SSH channel must never kill it.
+pub fn default_sigpipe() {
+    // SAFETY: installing SIG_DFL for SIGPIPE touches no memory of ours.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}

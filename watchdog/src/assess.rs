@@ -57,6 +57,22 @@ pub enum Action {
     LostLaunch,
 }
 
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Action::HostRebooted => "from an earlier boot",
+            Action::Orphan {
+                lease_expired: true,
+            } => "wrapper gone, lease expired",
+            Action::Orphan {
+                lease_expired: false,
+            } => "wrapper gone",
+            Action::Stuck => "wrapper stuck past its lease",
+            Action::LostLaunch => "launch lost before its first record",
+        })
+    }
+}
+
 /// The verdict on one run dir.
 pub enum Verdict {
     /// Final, or not a run: nothing to do.

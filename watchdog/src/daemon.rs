@@ -60,8 +60,8 @@ pub fn run_once(root: &Root, policy: &Policy) -> Vec<String> {
 
 fn describe(s: &Subject, action: Action, r: agent_run_shared::Result<String>) -> String {
     match r {
-        Ok(what) => format!("run {}: {action:?}: {what}", s.status.run_id),
-        Err(e) => format!("run {}: {action:?} failed: {e}", s.status.run_id),
+        Ok(what) => format!("run {}: {action}: {what}", s.status.run_id),
+        Err(e) => format!("run {}: {action}: failed: {e}", s.status.run_id),
     }
 }
 

@@ -340,6 +340,8 @@ pub fn list(root: Option<&Path>, args: ListArgs) -> anyhow::Result<u8> {
     let Some(root) = open_root(root)? else {
         if args.json {
             println!("[]");
+        } else {
+            eprintln!("agent-run: no runs (no run root yet)");
         }
         return Ok(exit::OK);
     };

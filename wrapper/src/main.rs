@@ -31,6 +31,18 @@ fn main() -> ExitCode {
 
 fn run(cli: cli::Cli) -> anyhow::Result<u8> {
     let root = cli.root.as_deref();
+    // Readers of our output may go away (`agent-run list | head`): the control subcommands end
+    // quietly then. The supervising wrapper (`start`) and the streaming ones handle EPIPE
+    // themselves and must outlive a dropped channel.
+    if !matches!(
+        cli.command,
+        cli::Command::Start(_)
+            | cli::Command::Attach(_)
+            | cli::Command::Remote(_)
+            | cli::Command::Logs(_)
+    ) {
+        agent_run_shared::sys::default_sigpipe();
+    }
     match cli.command {
         cli::Command::Start(args) => launch::start(root, args),
         cli::Command::Cancel(args) => control::cancel(root, args),
