@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Build the Debian package target/deb/agent-run_<version>_<arch>.deb from the
+# static binaries in target/static/ (built first by build-static.sh when they
+# are missing), with dpkg-deb alone: no debhelper, no cargo-deb, no fakeroot.
+#
+#   bash packaging/build-deb.sh
+#   sudo dpkg -i target/deb/agent-run_*.deb
+#
+# Contents:
+#   /usr/bin/agent-run, /usr/bin/agent-run-watchdog
+#   /usr/lib/systemd/user/agent-run-watchdog.service
+#   /usr/lib/systemd/system/agent-run-watchdog@.service
+#   /usr/share/doc/agent-run/{README.md,contract.md,copyright,changelog.Debian.gz}
+#   man pages and shell completions, when target/static/{man,completions} exist
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+say() { printf 'agent-run: build-deb: %s\n' "$*" >&2; }
+die() { say "$*"; exit 1; }
+
+umask 022
+
+# The version is the workspace's ([workspace.package] version in Cargo.toml).
+version=$(sed -n '/^\[workspace\.package\]/,/^\[/ s/^version *= *"\([^"]*\)".*/\1/p' Cargo.toml | sed -n 1p)
+[[ -n $version ]] || die "no [workspace.package] version in Cargo.toml"
+# A semver pre-release (1.2.0-rc.1) must sort before its release in Debian: 1.2.0~rc.1.
+debversion=${version//-/\~}
+
+changelog_version=$(sed -n '1s/^agent-run (\([^)]*\)).*/\1/p' packaging/debian/changelog)
+[[ $changelog_version == "$debversion" ]] \
+    || die "packaging/debian/changelog starts at '$changelog_version' but Cargo.toml says '$version' (Debian: '$debversion'): add a changelog entry"
+
+arch=$(dpkg --print-architecture)
+
+static=target/static
+if [[ ! -x $static/agent-run || ! -x $static/agent-run-watchdog ]]; then
+    say "no static binaries in $static: running packaging/build-static.sh"
+    bash packaging/build-static.sh
+fi
+built_version=$("$static/agent-run" --version)
+[[ $built_version == "agent-run $version" ]] \
+    || die "$static/agent-run --version says '$built_version', expected 'agent-run $version': rebuild with packaging/build-static.sh"
+
+out=target/deb
+mkdir -p "$out"
+rm -f "$out"/agent-run_*.deb
+stage="$out/stage/agent-run_${debversion}_$arch"
+rm -rf "$stage"
+mkdir -p "$stage/DEBIAN"
+
+install -D -m 0755 "$static/agent-run" "$stage/usr/bin/agent-run"
+install -D -m 0755 "$static/agent-run-watchdog" "$stage/usr/bin/agent-run-watchdog"
+install -D -m 0644 packaging/systemd/agent-run-watchdog.service \
+    "$stage/usr/lib/systemd/user/agent-run-watchdog.service"
+install -D -m 0644 packaging/systemd/agent-run-watchdog@.service \
+    "$stage/usr/lib/systemd/system/agent-run-watchdog@.service"
+
+doc="$stage/usr/share/doc/agent-run"
+install -D -m 0644 README.md "$doc/README.md"
+# The external contract lives in shared/ beside the repository, when it is there.
+if [[ -f ../shared/contract.md ]]; then
+    install -m 0644 ../shared/contract.md "$doc/contract.md"
+else
+    say "no ../shared/contract.md: packaging without contract.md"
+fi
+install -m 0644 packaging/debian/copyright "$doc/copyright"
+gzip -9n <packaging/debian/changelog >"$doc/changelog.Debian.gz"
+chmod 0644 "$doc/changelog.Debian.gz"
+
+# Man pages and completions, generated from the same clap definitions the binaries parse with.
+cargo run --quiet --locked -p agent-run-gen -- "$static"
+
+# --- man pages and shell completions -------------------------------------
+# Generated from the clap definitions by packaging/gen (agent-run-gen OUT_DIR)
+# with OUT_DIR = target/static: man pages in target/static/man, flat or in
+# man1/ and man8/ (the section is the file's extension: agent-run.1,
+# agent-run-start.1, ..., agent-run-watchdog.8), completions in
+# target/static/completions under clap_complete's names (agent-run.bash,
+# _agent-run for zsh, agent-run.fish). Nothing to do while those directories
+# don't exist.
+if [[ -d $static/man ]]; then
+    while IFS= read -r -d '' page; do
+        name=${page##*/}
+        section=${name##*.}
+        install -D -m 0644 "$page" "$stage/usr/share/man/man$section/$name"
+        gzip -9nf "$stage/usr/share/man/man$section/$name"
+    done < <(find "$static/man" -type f -name '*.[1-8]' -print0 | sort -z)
+fi
+if [[ -d $static/completions ]]; then
+    shopt -s nullglob
+    for f in "$static"/completions/*; do
+        name=${f##*/}
+        case $name in
+            *.bash) install -D -m 0644 "$f" "$stage/usr/share/bash-completion/completions/${name%.bash}" ;;
+            _*.ps1 | *.elv) ;; # no Debian location for PowerShell or Elvish completions
+            _*) install -D -m 0644 "$f" "$stage/usr/share/zsh/vendor-completions/$name" ;;
+            *.fish) install -D -m 0644 "$f" "$stage/usr/share/fish/vendor_completions.d/$name" ;;
+            *) say "ignoring completion file of unknown shell: $f" ;;
+        esac
+    done
+    shopt -u nullglob
+fi
+# --- end of hook ------------------------------------------------------------
+
+for script in postinst prerm postrm; do
+    install -m 0755 "packaging/debian/$script" "$stage/DEBIAN/$script"
+done
+
+installed_size=$(du -sk --exclude=DEBIAN "$stage" | cut -f1)
+sed -e "s/@VERSION@/$debversion/" -e "s/@ARCH@/$arch/" -e "s/@INSTALLED_SIZE@/$installed_size/" \
+    packaging/debian/control >"$stage/DEBIAN/control"
+if grep -q '@[A-Z_]*@' "$stage/DEBIAN/control"; then
+    die "unfilled placeholder in DEBIAN/control: $(grep '@[A-Z_]*@' "$stage/DEBIAN/control")"
+fi
+(cd "$stage" && find usr -type f -print0 | sort -z | xargs -0 md5sum) >"$stage/DEBIAN/md5sums"
+chmod 0644 "$stage/DEBIAN/control" "$stage/DEBIAN/md5sums"
+
+deb="$out/agent-run_${debversion}_$arch.deb"
+dpkg-deb --root-owner-group --build "$stage" "$deb" >/dev/null
+rm -rf "$out/stage"
+
+dpkg-deb --info "$deb" >&2
+dpkg-deb --contents "$deb" >&2
+say "built $deb ($(stat -c %s "$deb") bytes)"
