@@ -934,7 +934,7 @@ fn in_process_run_once_marks_a_record_from_an_earlier_boot_unknown_without_signa
     lines.sort();
     assert_eq!(lines.len(), 2, "{lines:?}\n{}", diagnostics(&root, id));
     assert!(
-        lines.iter().all(|l| l.contains("HostRebooted")),
+        lines.iter().all(|l| l.contains("from an earlier boot")),
         "{lines:?}"
     );
     for id in [id, empty_id] {
