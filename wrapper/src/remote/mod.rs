@@ -90,6 +90,14 @@ pub fn remote(args: RemoteArgs) -> anyhow::Result<u8> {
         None => random_hex(16)?,
     };
     say(&format!("run id {id} on {}", args.host));
+    let script = launch_script(&args, &remote, &id)?;
+    session::run(&args, &remote, &id, Some(script))
+}
+
+/// `BIN start --detach --lease L [--grace G] ID -- CMD... >/dev/null || exit; exec BIN attach ID`:
+/// the launch's JSON line is not output of the run, a refused or failed launch passes its own
+/// exit code on, and the stream starts at byte 0 of both logs.
+fn launch_script(args: &RemoteArgs, remote: &Remote, id: &str) -> anyhow::Result<Vec<u8>> {
     let mut start: Vec<OsString> = ["start", "--detach", "--lease"]
         .map(OsString::from)
         .to_vec();
@@ -97,14 +105,12 @@ pub fn remote(args: RemoteArgs) -> anyhow::Result<u8> {
     if let Some(g) = args.grace {
         start.extend([OsString::from("--grace"), millis(g)]);
     }
-    start.extend([OsString::from(&id), OsString::from("--")]);
+    start.extend([OsString::from(id), OsString::from("--")]);
     start.extend(args.command.iter().cloned());
-    // Launch detached (its JSON line is not output of the run), then stream from the start.
-    // `|| exit` passes a refused or failed launch on with its own exit code.
     let mut script = remote.line(&start)?;
     script.extend_from_slice(b" >/dev/null || exit; ");
-    script.extend(remote.exec(&["attach", &id])?);
-    session::run(&args, &remote, &id, Some(script))
+    script.extend(remote.exec(&["attach", id])?);
+    Ok(script)
 }
 
 /// How to call agent-run on the host.
