@@ -9,24 +9,32 @@ use crate::error::{Error, Result};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
-/// Replace `dir/name` atomically with `bytes`; fsync file and dir when `durable`.
-pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8], durable: bool) -> Result<()> {
+/// A fresh temp file beside `dir/name` (`O_EXCL | O_NOFOLLOW`, mode 0600), unique to this
+/// process and call, so the rename or link that follows is atomic within the directory.
+fn temp_beside(dir: &Path, name: &str) -> (PathBuf, Result<File>) {
     let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
     let tmp = dir.join(format!(".{name}.{}.{n}.tmp", std::process::id()));
+    let f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)
+        .map_err(|e| Error::io("create", &tmp, e));
+    (tmp, f)
+}
+
+/// Replace `dir/name` atomically with `bytes`; fsync file and dir when `durable`.
+pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8], durable: bool) -> Result<()> {
+    let (tmp, file) = temp_beside(dir, name);
     let target = dir.join(name);
     let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp)
-            .map_err(|e| Error::io("create", &tmp, e))?;
+        let mut f = file?;
         if name == crate::root::files::STATUS
             && crate::fault::armed("mid_record_write")
             && target.exists()
@@ -57,17 +65,10 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8], durable: bool) -> Resu
 /// then hard-linked into place, so the file appears whole and exactly one of several racing
 /// callers creates it. Returns whether this call created it.
 pub fn write_new(dir: &Path, name: &str, bytes: &[u8]) -> Result<bool> {
-    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-    let tmp = dir.join(format!(".{name}.{}.{n}.tmp", std::process::id()));
+    let (tmp, file) = temp_beside(dir, name);
     let target = dir.join(name);
     let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp)
-            .map_err(|e| Error::io("create", &tmp, e))?;
+        let mut f = file?;
         f.write_all(bytes)
             .map_err(|e| Error::io("write", &tmp, e))?;
         drop(f);

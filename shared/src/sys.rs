@@ -374,21 +374,6 @@ impl Inotify {
         })
     }
 
-    /// Watch `path` for `mask` events (IN_DONT_FOLLOW: a symlink is watched as itself).
-    pub fn watch(&self, path: &std::path::Path, mask: u32) -> io::Result<()> {
-        use std::os::unix::ffi::OsStrExt;
-        let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-        // SAFETY: a valid fd and a NUL-terminated path that outlives the call.
-        let r = unsafe {
-            libc::inotify_add_watch(self.fd.as_raw_fd(), c.as_ptr(), mask | libc::IN_DONT_FOLLOW)
-        };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
-    }
-
     /// Throw away pending events (callers re-read the files they care about).
     pub fn drain(&self) {
         let mut buf = [0u8; 4096];
@@ -428,7 +413,8 @@ pub struct InotifyEvent {
 }
 
 impl Inotify {
-    /// Watch `path` and return the watch descriptor.
+    /// Watch `path` for `mask` events (IN_DONT_FOLLOW: a symlink is watched as itself) and
+    /// return the watch descriptor.
     pub fn add_watch(&self, path: &std::path::Path, mask: u32) -> io::Result<i32> {
         use std::os::unix::ffi::OsStrExt;
         let c = std::ffi::CString::new(path.as_os_str().as_bytes())

@@ -113,6 +113,33 @@ pub fn fixture_bin() -> PathBuf {
 // ---------------------------------------------------------------------------------------------
 // Run roots and run records
 
+/// Every key the contract says status.json always has, null or not.
+pub const RECORD_KEYS: [&str; 23] = [
+    "schema",
+    "run_id",
+    "state",
+    "reason",
+    "exit_code",
+    "term_signal",
+    "argv",
+    "cwd",
+    "pid",
+    "pgid",
+    "sid",
+    "start_ticks",
+    "boot_id",
+    "wrapper_pid",
+    "host",
+    "user",
+    "uid",
+    "created_at",
+    "started_at",
+    "ended_at",
+    "cleanup",
+    "error",
+    "version",
+];
+
 /// The final states of status.json.
 pub const FINAL_STATES: [&str; 4] = ["finished", "cancelled", "launch_failed", "unknown"];
 

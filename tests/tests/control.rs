@@ -25,7 +25,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use agent_run_tests::{
     describe_output, diagnostics, exit_code, fixture_bin, parse_ready, proc_stat, run_with_timeout,
-    session_members, Pinned, Ready, Spawned, TestRoot, FINAL_STATES,
+    session_members, Pinned, Ready, Spawned, TestRoot, FINAL_STATES, RECORD_KEYS,
 };
 use serde_json::{json, Map, Value};
 
@@ -33,33 +33,6 @@ use serde_json::{json, Map, Value};
 const T: Duration = Duration::from_secs(20);
 /// The deadline for one agent-run command to return.
 const CMD: Duration = Duration::from_secs(60);
-
-/// Every key the contract lists for status.json.
-const RECORD_KEYS: [&str; 23] = [
-    "schema",
-    "run_id",
-    "state",
-    "reason",
-    "exit_code",
-    "term_signal",
-    "argv",
-    "cwd",
-    "pid",
-    "pgid",
-    "sid",
-    "start_ticks",
-    "boot_id",
-    "wrapper_pid",
-    "host",
-    "user",
-    "uid",
-    "created_at",
-    "started_at",
-    "ended_at",
-    "cleanup",
-    "error",
-    "version",
-];
 
 // ---------------------------------------------------------------------------------------------
 // Workloads

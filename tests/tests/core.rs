@@ -22,39 +22,12 @@ use std::time::{Duration, Instant};
 
 use agent_run_tests::{
     children_of, describe_output, diagnostics, exit_code, fixture_bin, parse_ready, proc_stat,
-    run_with_timeout, session_members, Pinned, Ready, Spawned, TestRoot, FINAL_STATES,
+    run_with_timeout, session_members, Pinned, Ready, Spawned, TestRoot, FINAL_STATES, RECORD_KEYS,
 };
 use serde_json::Value;
 
 /// The deadline for anything that normally takes milliseconds.
 const LONG: Duration = Duration::from_secs(20);
-
-/// Every key the contract says status.json always has.
-const CONTRACT_KEYS: [&str; 23] = [
-    "schema",
-    "run_id",
-    "state",
-    "reason",
-    "exit_code",
-    "term_signal",
-    "argv",
-    "cwd",
-    "pid",
-    "pgid",
-    "sid",
-    "start_ticks",
-    "boot_id",
-    "wrapper_pid",
-    "host",
-    "user",
-    "uid",
-    "created_at",
-    "started_at",
-    "ended_at",
-    "cleanup",
-    "error",
-    "version",
-];
 
 /// Every state of the contract.
 const STATES: [&str; 7] = [
@@ -508,7 +481,7 @@ fn is_utc_millis(s: &str) -> bool {
 /// known state, times in RFC 3339 UTC with milliseconds, ids once launched, `ended_at` once final.
 fn check_record(v: &Value) -> Result<(), String> {
     let obj = v.as_object().ok_or("not a JSON object")?;
-    let missing: Vec<&str> = CONTRACT_KEYS
+    let missing: Vec<&str> = RECORD_KEYS
         .iter()
         .copied()
         .filter(|k| !obj.contains_key(*k))

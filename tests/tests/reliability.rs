@@ -39,7 +39,7 @@ use agent_run_shared::root::Root;
 use agent_run_tests::{
     agent_run_bin, describe_output, diagnostics, exit_code, fixture_bin, parse_ready, proc_stat,
     processes_with_env, run_with_timeout, wait_child, watchdog_bin, Pinned, Ready, Spawned,
-    TestRoot, FINAL_STATES,
+    TestRoot, FINAL_STATES, RECORD_KEYS,
 };
 use serde_json::Value;
 
@@ -49,33 +49,6 @@ const T: Duration = Duration::from_secs(30);
 const CMD: Duration = Duration::from_secs(90);
 /// `nobody`, the other user of the hostile-neighbour tests.
 const NOBODY: u32 = 65534;
-
-/// Every key the contract lists for status.json.
-const RECORD_KEYS: [&str; 23] = [
-    "schema",
-    "run_id",
-    "state",
-    "reason",
-    "exit_code",
-    "term_signal",
-    "argv",
-    "cwd",
-    "pid",
-    "pgid",
-    "sid",
-    "start_ticks",
-    "boot_id",
-    "wrapper_pid",
-    "host",
-    "user",
-    "uid",
-    "created_at",
-    "started_at",
-    "ended_at",
-    "cleanup",
-    "error",
-    "version",
-];
 
 // ---------------------------------------------------------------------------------------------
 // CPU sharing: the load test runs alone; every other test of this file may run beside the others.

@@ -191,19 +191,25 @@ pub fn renew(root: Option<&Path>, args: RenewArgs) -> anyhow::Result<u8> {
     Ok(exit::OK)
 }
 
+/// A relaunch must ask for the command the run id already stands for (65 otherwise).
+fn same_command(id: &RunId, st: &Status, argv: &[String]) -> anyhow::Result<()> {
+    if st.argv == argv {
+        return Ok(());
+    }
+    fail(
+        exit::DATA_MISMATCH,
+        format!(
+            "run {id} exists with a different command: {:?} (asked for {:?})",
+            st.argv, argv
+        ),
+    )
+}
+
 /// Relaunch of an existing run id: never runs the command twice.
 pub fn relaunch(root: &Root, id: &RunId, argv: &[String], quiet: bool) -> anyhow::Result<u8> {
     let dir = root.open_run_dir(id)?;
     let st = inspect::read_record_waiting(&dir.path, Duration::from_secs(10))?;
-    if st.argv != argv {
-        return fail(
-            exit::DATA_MISMATCH,
-            format!(
-                "run {id} exists with a different command: {:?} (asked for {:?})",
-                st.argv, argv
-            ),
-        );
-    }
+    same_command(id, &st, argv)?;
     if st.state.is_final() {
         eprint!("{}", inspect::record_json(&dir.path, &st));
         return Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE));
@@ -253,15 +259,7 @@ pub fn detach_parent(
         let st: Option<Status> = agent_run_shared::record::read_status(&dir).ok();
         if let Some(st) = st.filter(|s| s.state != State::Starting) {
             // The id may be an earlier run's (a relaunch): same rules as in the foreground.
-            if st.argv != argv {
-                return fail(
-                    exit::DATA_MISMATCH,
-                    format!(
-                        "run {id} exists with a different command: {:?} (asked for {:?})",
-                        st.argv, argv
-                    ),
-                );
-            }
+            same_command(id, &st, argv)?;
             let line = json!({
                 "run_id": st.run_id, "run_dir": dir, "pid": st.pid, "pgid": st.pgid,
                 "state": st.state.as_str(),

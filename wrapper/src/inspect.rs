@@ -57,7 +57,7 @@ pub fn read_record(dir: &Path) -> anyhow::Result<Status> {
 /// Read a record that may not be written yet (a launch of the same id racing us).
 pub fn read_record_waiting(dir: &Path, timeout: Duration) -> anyhow::Result<Status> {
     let ino = Inotify::new()?;
-    ino.watch(dir, Inotify::CHANGED)?;
+    ino.add_watch(dir, Inotify::CHANGED)?;
     let deadline = Instant::now() + timeout;
     loop {
         match read_status(dir) {
@@ -74,7 +74,7 @@ pub fn read_record_waiting(dir: &Path, timeout: Duration) -> anyhow::Result<Stat
 /// Block until the record is final (or `timeout`: exit 75 naming the state).
 pub fn wait_final(dir: &Path, timeout: Option<Duration>) -> anyhow::Result<Status> {
     let ino = Inotify::new()?;
-    ino.watch(dir, Inotify::CHANGED)?;
+    ino.add_watch(dir, Inotify::CHANGED)?;
     let deadline = timeout.map(|t| Instant::now() + t);
     loop {
         let st = read_record(dir)?;
@@ -231,7 +231,7 @@ pub fn follow_to_end(dir: &Path, from: (u64, u64)) -> anyhow::Result<u8> {
 /// Copy new bytes of each tail until the record is final; then copy the rest once more.
 fn follow(dir: &Path, tails: &mut [&mut Tail]) -> anyhow::Result<Status> {
     let ino = Inotify::new()?;
-    ino.watch(dir, Inotify::CHANGED | Inotify::MODIFIED)?;
+    ino.add_watch(dir, Inotify::CHANGED | Inotify::MODIFIED)?;
     loop {
         // Read the record first: once it is final no process of the run writes, so the pump
         // after it reaches the true end of every log.
