@@ -21,9 +21,22 @@ pub fn warnings_for(prefix: &Path, cgroup: &str, user: &str) -> Vec<String> {
         return Vec::new();
     };
     let cfg = logind_settings(prefix);
-    let kill = cfg.kill_user_processes.unwrap_or(false);
-    let excluded = cfg.kill_exclude_users.iter().any(|u| u == user);
-    if kill && !excluded {
+    // Unset: the compiled-in default, which the shipped logind.conf shows as a commented line
+    // (`#KillUserProcesses=no` on Debian and Ubuntu); upstream's own default is `yes`.
+    let kill = cfg
+        .kill_user_processes
+        .or(cfg.shipped_default)
+        .unwrap_or(true);
+    // logind's defaults: KillExcludeUsers=root, KillOnlyUsers= empty (everyone).
+    let excluded = match &cfg.kill_exclude_users {
+        Some(list) => list.iter().any(|u| u == user),
+        None => user == "root",
+    };
+    let only = cfg
+        .kill_only_users
+        .as_ref()
+        .is_none_or(|list| list.is_empty() || list.iter().any(|u| u == user));
+    if kill && !excluded && only {
         vec![format!(
             "systemd-logind has KillUserProcesses=yes and this run was started from {scope}: \
              logind will kill it when that login session ends, whatever setsid does (systemd \
@@ -46,7 +59,10 @@ fn session_scope(cgroup: &str) -> Option<String> {
 #[derive(Default, Debug)]
 struct Logind {
     kill_user_processes: Option<bool>,
-    kill_exclude_users: Vec<String>,
+    /// The commented `#KillUserProcesses=` line of the main file: the compiled-in default.
+    shipped_default: Option<bool>,
+    kill_exclude_users: Option<Vec<String>>,
+    kill_only_users: Option<Vec<String>>,
 }
 
 fn logind_settings(prefix: &Path) -> Logind {
@@ -71,16 +87,23 @@ fn logind_settings(prefix: &Path) -> Logind {
     dropins.sort_by(|a, b| a.0.cmp(&b.0));
     files.extend(dropins.into_iter().map(|(_, p)| p));
     let mut out = Logind::default();
-    for f in files {
-        let Ok(text) = fs::read_to_string(&f) else {
+    let users = |v: &str| Some(v.split_whitespace().map(str::to_string).collect::<Vec<_>>());
+    for (i, f) in files.iter().enumerate() {
+        let Ok(text) = fs::read_to_string(f) else {
             continue;
         };
         for line in text.lines() {
             let line = line.trim();
             if let Some(v) = line.strip_prefix("KillUserProcesses=") {
                 out.kill_user_processes = parse_bool(v.trim());
+            } else if let Some(v) = line.strip_prefix("#KillUserProcesses=") {
+                if i == 0 {
+                    out.shipped_default = parse_bool(v.trim());
+                }
             } else if let Some(v) = line.strip_prefix("KillExcludeUsers=") {
-                out.kill_exclude_users = v.split_whitespace().map(str::to_string).collect();
+                out.kill_exclude_users = users(v);
+            } else if let Some(v) = line.strip_prefix("KillOnlyUsers=") {
+                out.kill_only_users = users(v);
             }
         }
     }
@@ -120,6 +143,14 @@ mod tests {
     }
 
     #[test]
+    fn an_unset_value_falls_back_to_the_shipped_default_then_to_upstreams_yes() {
+        let d = tree("[Login]\n#KillUserProcesses=yes\n", None);
+        assert_eq!(warnings_for(d.path(), SSH, "alice").len(), 1);
+        let d = tree("[Login]\n", None);
+        assert_eq!(warnings_for(d.path(), SSH, "alice").len(), 1);
+    }
+
+    #[test]
     fn is_quiet_when_excluded_overridden_or_not_in_a_session() {
         let d = tree(
             "[Login]\nKillUserProcesses=yes\nKillExcludeUsers=root alice\n",
@@ -131,7 +162,14 @@ mod tests {
             Some("[Login]\nKillUserProcesses=no\n"),
         );
         assert!(warnings_for(d.path(), SSH, "alice").is_empty());
-        let d = tree("[Login]\n#KillUserProcesses=yes\n", None);
+        let d = tree("[Login]\n#KillUserProcesses=no\n", None);
+        assert!(warnings_for(d.path(), SSH, "alice").is_empty());
+        let d = tree("[Login]\nKillUserProcesses=yes\n", None);
+        assert!(
+            warnings_for(d.path(), SSH, "root").is_empty(),
+            "root is excluded by default"
+        );
+        let d = tree("[Login]\nKillUserProcesses=yes\nKillOnlyUsers=bob\n", None);
         assert!(warnings_for(d.path(), SSH, "alice").is_empty());
         let d = tree("[Login]\nKillUserProcesses=yes\n", None);
         let service = "0::/system.slice/agent.service\n";

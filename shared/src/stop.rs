@@ -238,7 +238,14 @@ pub fn stop_run(
     let mut level = Level::Term;
     let mut confirm_until = None::<Instant>;
 
-    let first = s.adopt(Depth::Tree);
+    // Without a live wrapper (cancel after its death, the watchdog) the escapees are found only
+    // by their marker: look for them from the start, so they get TERM and its grace too.
+    let depth = if scope.wrapper.is_some() {
+        Depth::Tree
+    } else {
+        Depth::WithMarker
+    };
+    let first = s.adopt(depth);
     s.signal(&first, Level::Term);
     if !first.is_empty() {
         s.journal_event("stop_begin", json!({ "members": pids(&first) }));
@@ -269,7 +276,7 @@ pub fn stop_run(
                 }
                 Level::Kill => break,
             };
-            let mut all = s.adopt(Depth::Tree);
+            let mut all = s.adopt(depth);
             all.extend(s.live());
             s.signal(&all, level);
             continue;

@@ -10,9 +10,8 @@
 //! written with the shared library's writers. Every process a test starts is pinned with a pidfd
 //! and killed (by pid) and reaped when the test ends, pass or fail.
 //!
-//! Run ids are unique across this file: the contract lets a stop find a run's processes by the
-//! `AGENT_RUN_ID` marker alone, so two tests using the same id in two roots could see each
-//! other's processes.
+//! Run ids are unique across this file anyway, although a marker only counts when the process's
+//! `AGENT_RUN_DIR` is the very run dir (device and inode), so one id under two roots is safe.
 
 use std::collections::BTreeMap;
 use std::fs;

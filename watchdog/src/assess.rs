@@ -157,10 +157,9 @@ pub fn assess(
             None,
         );
     }
-    let lease = match read_lease(&dir.path) {
-        Ok(l) => l,
-        Err(e) => return (Verdict::Skip(e.to_string()), None),
-    };
+    // A damaged lease.json: the live wrapper keeps the last deadline it saw; an orphan gets
+    // the orphan grace instead of running forever.
+    let lease = read_lease(&dir.path).unwrap_or(None);
     let grace = timings_of(&st).grace.as_secs_f64();
     match live_wrapper(&st) {
         Wrapper::Alive(fd) => {

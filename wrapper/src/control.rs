@@ -12,6 +12,7 @@ use agent_run_shared::exit;
 use agent_run_shared::id::RunId;
 use agent_run_shared::journal::Journal;
 use agent_run_shared::lease::{read_lease, write_lease, Lease};
+use agent_run_shared::pid::Pid;
 use agent_run_shared::record::{State, Status};
 use agent_run_shared::root::Root;
 use agent_run_shared::run::timings_of;
@@ -21,29 +22,50 @@ use agent_run_shared::takeover::{
     check_record, live_wrapper, record_lost_launch, request_cancel, signal_wrapper, stop_orphaned,
     RunLock, Wrapper,
 };
+use agent_run_shared::{procfs, Error};
 use serde_json::json;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// How long `cancel` waits for the first record of a launch that holds its lock.
+const LOST_LAUNCH_AFTER: Duration = Duration::from_secs(10);
+
 /// `agent-run cancel`.
 pub fn cancel(root: Option<&Path>, args: CancelArgs) -> anyhow::Result<u8> {
     let dir = open_run(root, &args.run_id)?;
     let journal = Journal::open(&dir.path, "cancel")?;
     let lock = RunLock::open(&dir.path)?;
-    let first = match inspect::read_record_waiting(&dir.path, Duration::from_secs(2)) {
+    let first = match agent_run_shared::record::read_status(&dir.path) {
         Ok(st) => st,
-        // No record at all: the wrapper died between mkdir and its first record. If its lock
-        // is free, nothing was launched; say so in a final record.
-        Err(_)
-            if agent_run_shared::record::read_status(&dir.path).is_err() && lock.try_lock()? =>
-        {
-            let st = record_lost_launch(&dir.path, dir.id.as_str(), &journal)?;
-            print_record(&dir.path, &st);
-            return Ok(exit::OK);
+        // No record yet. If the lock is free, the wrapper has not taken it (or died before its
+        // first record): holding it, we declare the launch lost, and a slow wrapper that comes
+        // later finds the record and refuses to run. If it is held, the wrapper is about to
+        // write its first record: wait for it.
+        Err(Error::Missing { .. }) => {
+            if lock.try_lock()? {
+                match agent_run_shared::record::read_status(&dir.path) {
+                    Err(Error::Missing { .. }) => {
+                        let st = record_lost_launch(&dir.path, dir.id.as_str(), &journal)?;
+                        print_record(&dir.path, &st);
+                        return Ok(exit::OK);
+                    }
+                    r => r?,
+                }
+            } else {
+                inspect::read_record_waiting(&dir.path, LOST_LAUNCH_AFTER)?
+            }
         }
-        Err(e) => return Err(e),
+        // A damaged record names no processes we could trust: refuse, signal nothing.
+        Err(corrupt @ Error::Corrupt { .. }) => {
+            let _ = journal.event("refused", json!({"why": corrupt.to_string()}));
+            return fail(
+                exit::NOPERM,
+                format!("refusing to cancel run {}: {corrupt}", dir.id),
+            );
+        }
+        Err(e) => return Err(e.into()),
     };
     let t = timings_of(&first);
     let wait = args
@@ -111,6 +133,16 @@ pub fn cancel(root: Option<&Path>, args: CancelArgs) -> anyhow::Result<u8> {
                            "signal": "TERM", "reason": "cancel_request"}),
                 );
                 signal_wrapper(fd, Sig::Term)?;
+                // A stopped wrapper (SIGSTOP, a debugger let go) cannot act on the TERM: let it.
+                if let Some(w) = st.wrapper_pid.and_then(|p| Pid::new(p.into())) {
+                    if procfs::stat(w).is_some_and(|s| s.is_stopped()) {
+                        let _ = journal.event(
+                            "signal",
+                            json!({"target": format!("pid:{w}"), "signal": "CONT", "reason": "cancel_request"}),
+                        );
+                        signal_wrapper(fd, Sig::Cont)?;
+                    }
+                }
                 signalled_at = Some(Instant::now());
             } else if signalled_at.is_none() {
                 signalled_at = Some(Instant::now());

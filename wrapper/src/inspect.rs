@@ -61,9 +61,7 @@ pub fn read_record_waiting(dir: &Path, timeout: Duration) -> anyhow::Result<Stat
     let deadline = Instant::now() + timeout;
     loop {
         match read_status(dir) {
-            Err(Error::Missing { .. }) | Err(Error::Corrupt { .. })
-                if Instant::now() < deadline =>
-            {
+            Err(Error::Missing { .. }) if Instant::now() < deadline => {
                 ino.wait(Duration::from_millis(50));
             }
             _ => return read_record(dir),

@@ -67,6 +67,17 @@ impl Launch {
                 "the new run dir is locked by another process",
             );
         }
+        // A `cancel` or the watchdog that found this dir without a record, and took the lock
+        // before we did, has declared the launch lost: never run the command after that.
+        if agent_run_shared::record::read_status(&dir.path).is_ok() {
+            return fail(
+                exit::SOFTWARE,
+                format!(
+                    "run {} was declared lost before it could start; not running it",
+                    dir.id
+                ),
+            );
+        }
         let journal = Journal::open(&dir.path, "wrapper")?;
         let timings = Timings {
             hup_after: args.hup_after,
@@ -115,8 +126,13 @@ impl Launch {
 
         let code = match self.spawn(&args.command, args.detach_child()) {
             Ok((leader, leader_fd)) => {
-                let outcome =
-                    supervise::supervise(&self.dir, &self.journal, &signals, &leader_fd, leader);
+                let outcome = supervise::supervise(
+                    &self.dir,
+                    &self.journal,
+                    &signals,
+                    leader_fd.as_ref(),
+                    leader,
+                );
                 self.finish(leader, outcome, &signals)?
             }
             Err(code) => code,
@@ -133,7 +149,7 @@ impl Launch {
         &mut self,
         command: &[OsString],
         stdin_null: bool,
-    ) -> Result<(Identity, std::os::fd::OwnedFd), u8> {
+    ) -> Result<(Identity, Option<std::os::fd::OwnedFd>), u8> {
         let dir = self.dir.path.clone();
         let (out, err) = match (
             open_append(&dir, files::STDOUT),
@@ -179,13 +195,17 @@ impl Launch {
         let pid = Pid::new(child.id() as i64).expect("a child has a positive pid");
         fault::point("after_spawn");
         drop(child); // we reap it ourselves, through waitpid
-                     // Pin the leader first, then read /proc: the stat we check is the pinned process's.
-        let pidfd = sys::pidfd_open(pid);
-        let stat = procfs::stat(pid);
-        let (Ok(pidfd), Some(stat)) = (pidfd, stat) else {
+                     // Our unreaped child: its pid cannot be reused until we wait for it, so this stat is
+                     // its own even before the pidfd is open. A pidfd that cannot be had (EMFILE, a kernel
+                     // before 5.3) costs the event-driven wake-up on its exit, not the run: SIGCHLD still
+                     // wakes the loop.
+        let pidfd = sys::pidfd_open(pid).ok();
+        let Some(stat) = procfs::stat(pid) else {
+            let _ = sys::kill(pid, libc::SIGKILL, false);
+            sys::reap_all(Some(pid));
             return Err(self.launch_failed(
                 exit::SOFTWARE,
-                "the workload vanished before it could be checked",
+                "the workload could not be read from /proc after its spawn",
             ));
         };
         let leader = stat.identity();

@@ -27,31 +27,32 @@ pub fn supervise(
     dir: &RunDir,
     journal: &Journal,
     signals: &Signals,
-    leader_fd: &OwnedFd,
+    leader_fd: Option<&OwnedFd>,
     leader: Identity,
 ) -> Outcome {
+    let mut lease = LeaseView::default();
     // The lease is re-read at every wake-up; `renew` sends SIGUSR1 so a shortened lease is seen
     // at once. (Not inotify: closing an inotify instance costs ~10 ms of SRCU grace period on
     // this kernel, a launch's whole budget.)
     loop {
-        let lease_left = lease_remaining(dir);
+        let lease_left = lease.remaining(dir, journal);
         if lease_left.is_some_and(|l| l <= 0.0) {
             let _ = journal.event("lease_expired", json!({}));
             return Outcome::Stop("lease_expired".into());
         }
         let timeout = lease_left.map(|l| Duration::from_secs_f64(l.min(86_400.0)));
-        let mut fds = [
-            PollFd {
-                fd: signals.fd().as_raw_fd(),
+        let mut fds = vec![PollFd {
+            fd: signals.fd().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        if let Some(fd) = leader_fd {
+            fds.push(PollFd {
+                fd: fd.as_raw_fd(),
                 events: libc::POLLIN,
                 revents: 0,
-            },
-            PollFd {
-                fd: leader_fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
+            });
+        }
         let _ = sys::poll(&mut fds, timeout);
         signals.drain();
         if let Some(sig) = signals.take_stop() {
@@ -62,7 +63,7 @@ pub fn supervise(
             );
             return Outcome::Stop(reason);
         }
-        if signals.take_chld() || fds[1].revents != 0 {
+        if signals.take_chld() || fds.get(1).is_some_and(|f| f.revents != 0) {
             let (leader_status, _) = sys::reap_all(Some(leader.pid));
             if let Some(ws) = leader_status {
                 let _ = journal.event("leader_exit", leader_exit_json(ws));
@@ -79,12 +80,36 @@ fn leader_exit_json(ws: WaitStatus) -> serde_json::Value {
     }
 }
 
-/// Seconds left on the lease, re-read from lease.json so a `renew` is seen.
-fn lease_remaining(dir: &RunDir) -> Option<f64> {
-    read_lease(&dir.path)
-        .ok()
-        .flatten()
-        .map(|l| l.remaining_s())
+/// The lease as the wrapper last saw it. lease.json is re-read at every wake-up, so a `renew`
+/// is seen; a lease.json that cannot be read or parsed keeps the last deadline seen (a damaged
+/// file must not turn a leased run into one that runs forever).
+#[derive(Default)]
+struct LeaseView {
+    last: Option<f64>,
+    complained: bool,
+}
+
+impl LeaseView {
+    /// Seconds left on the lease, if the run has one.
+    fn remaining(&mut self, dir: &RunDir, journal: &Journal) -> Option<f64> {
+        match read_lease(&dir.path) {
+            Ok(Some(l)) => {
+                self.last = Some(l.deadline_epoch);
+                self.complained = false;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                if !self.complained {
+                    self.complained = true;
+                    let _ = journal.event(
+                        "lease_unreadable",
+                        json!({"error": e.to_string(), "keeping_deadline": self.last}),
+                    );
+                }
+            }
+        }
+        self.last.map(|d| d - agent_run_shared::time::epoch_now())
+    }
 }
 
 /// A TERM that follows a cancel.json is that cancel; its `reason` (the watchdog writes
