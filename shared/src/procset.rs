@@ -14,6 +14,7 @@
 
 use crate::pid::{Identity, Pid};
 use crate::procfs::{self, Stat};
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 
 /// Everything needed to recognise a run's processes.
@@ -51,20 +52,81 @@ pub enum Depth {
     WithMarker,
 }
 
+/// One look at /proc: every process's stat, plus each process's run marker read at most once
+/// (lazily, when a discovery asks for it). The watchdog shares one snapshot across every run of
+/// a pass, so N runs cost one scan instead of N.
+pub struct Snapshot {
+    stats: Vec<Stat>,
+    parent: HashMap<i32, i32>,
+    markers: RefCell<HashMap<Pid, Option<Marker>>>,
+}
+
+/// A process's run marker: its uid, `AGENT_RUN_ID` and the (dev, inode) of its `AGENT_RUN_DIR`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Marker {
+    uid: u32,
+    run_id: Vec<u8>,
+    dir: Option<(u64, u64)>,
+}
+
+impl Snapshot {
+    /// Scan /proc now.
+    pub fn take() -> Snapshot {
+        let stats = procfs::scan();
+        let parent = stats.iter().map(|s| (s.pid.get(), s.ppid)).collect();
+        Snapshot {
+            stats,
+            parent,
+            markers: RefCell::default(),
+        }
+    }
+
+    fn marker(&self, pid: Pid) -> Option<Marker> {
+        self.markers
+            .borrow_mut()
+            .entry(pid)
+            .or_insert_with(|| read_marker(pid))
+            .clone()
+    }
+}
+
+fn read_marker(pid: Pid) -> Option<Marker> {
+    use std::os::unix::ffi::OsStrExt;
+    let env = procfs::environ_get(pid, &[crate::ENV_RUN_ID, crate::ENV_RUN_DIR]);
+    let [run_id, dir] = <[Option<Vec<u8>>; 2]>::try_from(env).ok()?;
+    let run_id = run_id?;
+    Some(Marker {
+        uid: procfs::uid_of(pid)?,
+        run_id,
+        dir: dir.and_then(|d| {
+            RunScope::dir_identity(std::path::Path::new(std::ffi::OsStr::from_bytes(&d)))
+        }),
+    })
+}
+
 /// Find the run's live (non-zombie) processes, except those in `skip`. Never includes this
-/// process, the wrapper itself or pid 1.
+/// process, the wrapper itself or pid 1. Takes a fresh [`Snapshot`].
 pub fn discover(scope: &RunScope, depth: Depth, skip: &HashSet<Pid>) -> Vec<Stat> {
-    let all = procfs::scan();
+    discover_in(&Snapshot::take(), scope, depth, skip)
+}
+
+/// [`discover`] over a given snapshot.
+pub fn discover_in(
+    snap: &Snapshot,
+    scope: &RunScope,
+    depth: Depth,
+    skip: &HashSet<Pid>,
+) -> Vec<Stat> {
     let me = Pid::this();
     let leader = scope.leader;
     let leader_pid = leader.pid.get();
-    let leader_alive = all
+    let leader_alive = snap
+        .stats
         .iter()
         .any(|s| s.pid == leader.pid && s.start_ticks == leader.start_ticks);
-    let parent: HashMap<i32, i32> = all.iter().map(|s| (s.pid.get(), s.ppid)).collect();
     let mut descends: HashMap<i32, bool> = HashMap::new();
     let mut out = Vec::new();
-    for s in &all {
+    for s in &snap.stats {
         if s.pid == me
             || Some(s.pid) == scope.wrapper
             || s.pid.get() == 1
@@ -78,8 +140,8 @@ pub fn discover(scope: &RunScope, depth: Depth, skip: &HashSet<Pid>) -> Vec<Stat
         let member = (in_group && leader_alive && !scope.marker_only)
             || scope
                 .wrapper
-                .is_some_and(|w| descends_from(s.pid.get(), w.get(), &parent, &mut descends))
-            || ((in_group || depth == Depth::WithMarker) && has_marker(s.pid, scope));
+                .is_some_and(|w| descends_from(s.pid.get(), w.get(), &snap.parent, &mut descends))
+            || ((in_group || depth == Depth::WithMarker) && has_marker(snap, s.pid, scope));
         if member {
             out.push(*s);
         }
@@ -87,23 +149,12 @@ pub fn discover(scope: &RunScope, depth: Depth, skip: &HashSet<Pid>) -> Vec<Stat
     out
 }
 
-fn has_marker(pid: Pid, scope: &RunScope) -> bool {
-    if procfs::uid_of(pid) != Some(scope.uid) {
-        return false;
-    }
-    let env = procfs::environ_get(pid, &[crate::ENV_RUN_ID, crate::ENV_RUN_DIR]);
-    if env[0].as_deref() != Some(scope.run_id.as_bytes()) {
-        return false;
-    }
-    match (scope.run_dir, &env[1]) {
-        (None, _) => true,
-        (Some(want), Some(dir)) => {
-            use std::os::unix::ffi::OsStrExt;
-            RunScope::dir_identity(std::path::Path::new(std::ffi::OsStr::from_bytes(dir)))
-                == Some(want)
-        }
-        (Some(_), None) => false,
-    }
+fn has_marker(snap: &Snapshot, pid: Pid, scope: &RunScope) -> bool {
+    snap.marker(pid).is_some_and(|m| {
+        m.uid == scope.uid
+            && m.run_id == scope.run_id.as_bytes()
+            && scope.run_dir.is_none_or(|want| m.dir == Some(want))
+    })
 }
 
 /// Whether `pid` has `ancestor` among its ancestors, memoised across one scan.

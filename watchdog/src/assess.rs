@@ -12,12 +12,13 @@
 
 use agent_run_shared::id::RunId;
 use agent_run_shared::lease::read_lease;
-use agent_run_shared::procset::{discover, Depth};
+use agent_run_shared::procset::{discover_in, Depth, Snapshot};
 use agent_run_shared::record::{read_status, Status};
 use agent_run_shared::root::Root;
 use agent_run_shared::run::{scope_of, timings_of};
 use agent_run_shared::takeover::{live_wrapper, Wrapper};
 use agent_run_shared::{procfs, time};
+use std::cell::OnceCell;
 use std::collections::HashSet;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
@@ -97,13 +98,15 @@ pub struct Subject {
 }
 
 /// Decide about `name` under `root`. `orphan_since` is when the watchdog first saw the wrapper
-/// gone (epoch seconds); `now` is the current epoch time.
+/// gone (epoch seconds); `now` is the current epoch time. `procs` is the pass's look at /proc,
+/// taken on first use and shared by every run of the pass.
 pub fn assess(
     root: &Root,
     name: &str,
     now: f64,
     orphan_since: Option<f64>,
     policy: &Policy,
+    procs: &OnceCell<Snapshot>,
 ) -> (Verdict, Option<Subject>) {
     let id = match RunId::parse(name) {
         Ok(id) => id,
@@ -187,7 +190,7 @@ pub fn assess(
             // Due: act at once; the stop itself (on a worker thread) finds whatever remains,
             // and an empty set ends as `unknown`/`wrapper_lost`. Not due yet: if nothing of the
             // run remains there is nothing to wait for. One /proc scan, only on this path.
-            if now >= act_epoch || !remains(&dir.path, &st) {
+            if now >= act_epoch || !remains(&dir.path, &st, procs.get_or_init(Snapshot::take)) {
                 (Verdict::Now(action), subject)
             } else {
                 (Verdict::Later { act_epoch, action }, subject)
@@ -196,9 +199,9 @@ pub fn assess(
     }
 }
 
-fn remains(dir: &std::path::Path, st: &Status) -> bool {
+fn remains(dir: &std::path::Path, st: &Status, snap: &Snapshot) -> bool {
     scope_of(dir, st, None)
-        .is_some_and(|s| !discover(&s, Depth::WithMarker, &HashSet::new()).is_empty())
+        .is_some_and(|s| !discover_in(snap, &s, Depth::WithMarker, &HashSet::new()).is_empty())
 }
 
 /// Epoch seconds to a monotonic delay from now.

@@ -4,9 +4,11 @@
 use crate::act::act;
 use crate::assess::{assess, delay_until, Action, Policy, Subject, Verdict};
 use crate::notify::Notifier;
+use agent_run_shared::procset::Snapshot;
 use agent_run_shared::root::{files, Root};
 use agent_run_shared::sys::{self, Epoll, Inotify};
 use agent_run_shared::time::epoch_now;
+use std::cell::OnceCell;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -39,9 +41,10 @@ fn log(msg: &str) {
 /// was done (one line per run acted on). Runs that are not due are left alone.
 pub fn run_once(root: &Root, policy: &Policy) -> Vec<String> {
     let now = epoch_now();
+    let procs = OnceCell::new();
     let mut handles = Vec::new();
     for name in entries(root) {
-        match assess(root, &name, now, None, policy) {
+        match assess(root, &name, now, None, policy, &procs) {
             (Verdict::Now(action), Some(subject)) => {
                 handles.push(thread::spawn(move || {
                     describe(&subject, action, act(&subject, action))
@@ -268,8 +271,10 @@ impl Daemon {
             self.forget(&n);
         }
         self.settled.retain(|n, _| present.contains(n));
+        // One look at /proc for the whole pass, not one per run.
+        let procs = OnceCell::new();
         for name in &names {
-            self.evaluate(name);
+            self.evaluate_with(name, &procs);
         }
     }
 
@@ -301,6 +306,10 @@ impl Daemon {
 
     /// Look at one run and file it: forget, watch, schedule, or act.
     fn evaluate(&mut self, name: &str) {
+        self.evaluate_with(name, &OnceCell::new());
+    }
+
+    fn evaluate_with(&mut self, name: &str, procs: &OnceCell<Snapshot>) {
         if self.busy.contains(name) {
             return;
         }
@@ -318,6 +327,7 @@ impl Daemon {
             epoch_now(),
             orphan_since,
             &self.opts.policy,
+            procs,
         );
         match verdict {
             Verdict::Done => {

@@ -16,8 +16,10 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-/// How often an idle follower looks for new bytes.
-pub const FOLLOW_INTERVAL: Duration = Duration::from_millis(20);
+/// How soon a follower looks again after it copied bytes.
+pub const FOLLOW_FAST: Duration = Duration::from_millis(5);
+/// The longest an idle follower waits between looks: output reaches the stream within this.
+pub const FOLLOW_SLOW: Duration = Duration::from_millis(80);
 
 /// One log being followed into one sink.
 pub struct Tail {
@@ -111,19 +113,27 @@ impl Streamer {
         let mut out = Tail::new(dir, files::STDOUT, std_sink(false));
         let mut err = Tail::new(dir, files::STDERR, std_sink(true));
         let flag = Arc::clone(&done);
-        let handle = thread::spawn(move || loop {
-            // Read `done` before pumping: once it is set every writer is gone, so one more
-            // pass that moves nothing means everything was copied.
-            let finishing = flag.load(Ordering::SeqCst);
-            let moved = out.pump() | err.pump();
-            if finishing && !moved {
-                break;
-            }
-            if !out.open() && !err.open() {
-                break;
-            }
-            if !moved {
-                thread::park_timeout(FOLLOW_INTERVAL);
+        let handle = thread::spawn(move || {
+            // Look again soon after output, then back off while the workload is quiet: a busy
+            // run streams promptly, an idle one costs a dozen wake-ups a second.
+            let mut interval = FOLLOW_FAST;
+            loop {
+                // Read `done` before pumping: once it is set every writer is gone, so one more
+                // pass that moves nothing means everything was copied.
+                let finishing = flag.load(Ordering::SeqCst);
+                let moved = out.pump() | err.pump();
+                if finishing && !moved {
+                    break;
+                }
+                if !out.open() && !err.open() {
+                    break;
+                }
+                if moved {
+                    interval = FOLLOW_FAST;
+                } else {
+                    thread::park_timeout(interval);
+                    interval = (interval * 2).min(FOLLOW_SLOW);
+                }
             }
         });
         Streamer { done, handle }
