@@ -225,7 +225,9 @@ pub fn renew(root: Option<&Path>, args: RenewArgs) -> anyhow::Result<u8> {
 
 /// A relaunch must ask for the command the run id already stands for (65 otherwise).
 fn same_command(id: &RunId, st: &Status, argv: &[String]) -> anyhow::Result<()> {
-    if st.argv == argv {
+    // A final record with no command is a launch declared lost before anyone knew its command:
+    // it stands for no command in particular, and replays its outcome (unknown) for any.
+    if st.argv == argv || (st.state.is_final() && st.argv.is_empty()) {
         return Ok(());
     }
     fail(

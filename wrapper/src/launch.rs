@@ -117,11 +117,25 @@ impl Launch {
             eprintln!("agent-run: warning: {w}");
             let _ = self.journal.event("warning", json!({"warning": w}));
         }
-        if let Some(len) = args.lease {
-            write_lease(&dir, &Lease::from_now(len))?;
-        }
-        sys::set_child_subreaper().context("cannot become a child subreaper")?;
-        let signals = Signals::register().context("cannot register signal handlers")?;
+        // Every failure from here to the spawn ends in a final `launch_failed` record, never in
+        // a `starting` record that only a later cancel or the watchdog could resolve.
+        let prepared = (|| -> anyhow::Result<(Option<f64>, Signals)> {
+            let lease = match args.lease {
+                Some(len) => {
+                    let lease = Lease::from_now(len);
+                    write_lease(&dir, &lease)?;
+                    Some(lease.deadline_epoch)
+                }
+                None => None,
+            };
+            sys::set_child_subreaper().context("cannot become a child subreaper")?;
+            let signals = Signals::register().context("cannot register signal handlers")?;
+            Ok((lease, signals))
+        })();
+        let (lease_deadline, signals) = match prepared {
+            Ok(p) => p,
+            Err(e) => return Ok(self.launch_failed(exit::SOFTWARE, &format!("{e:#}"))),
+        };
         let streamer = (!args.quiet).then(|| Streamer::start(&dir));
 
         let code = match self.spawn(&args.command, args.detach_child()) {
@@ -132,6 +146,7 @@ impl Launch {
                     &signals,
                     leader_fd.as_ref(),
                     leader,
+                    lease_deadline,
                 );
                 self.finish(leader, outcome, &signals)?
             }

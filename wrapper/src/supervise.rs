@@ -22,15 +22,22 @@ pub enum Outcome {
     Stop(String),
 }
 
-/// Supervise until the leader exits or a stop is requested.
+/// Supervise until the leader exits or a stop is requested. `lease_deadline` is the lease the
+/// wrapper wrote at launch (epoch seconds), if any.
 pub fn supervise(
     dir: &RunDir,
     journal: &Journal,
     signals: &Signals,
     leader_fd: Option<&OwnedFd>,
     leader: Identity,
+    lease_deadline: Option<f64>,
 ) -> Outcome {
-    let mut lease = LeaseView::default();
+    // The deadline the wrapper wrote at launch, so a lease.json damaged before the first read
+    // still cannot turn the leased run into one that runs forever.
+    let mut lease = LeaseView {
+        last: lease_deadline,
+        complained: false,
+    };
     // The lease is re-read at every wake-up; `renew` sends SIGUSR1 so a shortened lease is seen
     // at once. (Not inotify: closing an inotify instance costs ~10 ms of SRCU grace period on
     // this kernel, a launch's whole budget.)
