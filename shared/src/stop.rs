@@ -238,15 +238,22 @@ pub fn stop_run(
     let mut level = Level::Term;
     let mut confirm_until = None::<Instant>;
 
-    // Without a live wrapper (cancel after its death, the watchdog) the escapees are found only
-    // by their marker: look for them from the start, so they get TERM and its grace too.
+    // TERM first to what one stat pass finds (group, session, wrapper descendants): the common
+    // case is signalled before any environment is read. Without a live wrapper (cancel after its
+    // death, the watchdog) escapees are found only by their marker: look for them right after,
+    // so they get TERM and its grace too, not only the KILL at the end.
     let depth = if scope.wrapper.is_some() {
         Depth::Tree
     } else {
         Depth::WithMarker
     };
-    let first = s.adopt(depth);
+    let mut first = s.adopt(Depth::Tree);
     s.signal(&first, Level::Term);
+    if depth == Depth::WithMarker {
+        let marked = s.adopt(Depth::WithMarker);
+        s.signal(&marked, Level::Term);
+        first.extend(marked);
+    }
     if !first.is_empty() {
         s.journal_event("stop_begin", json!({ "members": pids(&first) }));
     }
