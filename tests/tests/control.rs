@@ -952,7 +952,7 @@ fn two_runs_of_one_user_cancel_one_and_the_other_lives_and_finishes() {
     let (a, b) = (ctx(&root, "victim"), ctx(&root, "bystander"));
     let run_a = a.start_detached("", &fx("tree --children 2 --grandchildren"));
     let (_, tree_a) = a.pin_tree();
-    // The bystander runs the same program (a pkill by name would hit it too) and ends with 5
+    // The bystander runs the same program (a kill by name would hit it too) and ends with 5
     // once the test writes a line to its stdin.
     let script = r#""$0" tree --children 1 --grandchildren & read line; exit 5"#;
     let mut run_b = b.start_foreground("--quiet", &sh(script, &[&fixture_path()]), Stdio::piped());
