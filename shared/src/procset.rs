@@ -59,6 +59,15 @@ pub struct Snapshot {
     stats: Vec<Stat>,
     parent: HashMap<i32, i32>,
     markers: RefCell<HashMap<Pid, Option<Marker>>>,
+    /// For [`Snapshot::take_indexed`]: positions in `stats` by session, by group and by marker,
+    /// so a lookup costs the size of the run, not of the process table.
+    index: Option<Index>,
+}
+
+struct Index {
+    by_sid: HashMap<i32, Vec<usize>>,
+    by_pgid: HashMap<i32, Vec<usize>>,
+    by_marker: HashMap<(u32, Vec<u8>), Vec<usize>>,
 }
 
 /// A process's run marker: its uid, `AGENT_RUN_ID` and the (dev, inode) of its `AGENT_RUN_DIR`.
@@ -78,7 +87,35 @@ impl Snapshot {
             stats,
             parent,
             markers: RefCell::default(),
+            index: None,
         }
+    }
+
+    /// Scan /proc now and read every live process's marker once, indexed: for a caller that
+    /// asks about many runs at once (the watchdog's pass over thousands of run dirs).
+    pub fn take_indexed() -> Snapshot {
+        let mut snap = Snapshot::take();
+        let mut index = Index {
+            by_sid: HashMap::new(),
+            by_pgid: HashMap::new(),
+            by_marker: HashMap::new(),
+        };
+        for (i, st) in snap.stats.iter().enumerate() {
+            if st.is_dead() {
+                continue;
+            }
+            index.by_sid.entry(st.sid).or_default().push(i);
+            index.by_pgid.entry(st.pgid).or_default().push(i);
+            if let Some(m) = snap.marker(st.pid) {
+                index
+                    .by_marker
+                    .entry((m.uid, m.run_id))
+                    .or_default()
+                    .push(i);
+            }
+        }
+        snap.index = Some(index);
+        snap
     }
 
     fn marker(&self, pid: Pid) -> Option<Marker> {
@@ -126,7 +163,7 @@ pub fn discover_in(
         .any(|s| s.pid == leader.pid && s.start_ticks == leader.start_ticks);
     let mut descends: HashMap<i32, bool> = HashMap::new();
     let mut out = Vec::new();
-    for s in &snap.stats {
+    for s in candidates(snap, scope, depth) {
         if s.pid == me
             || Some(s.pid) == scope.wrapper
             || s.pid.get() == 1
@@ -147,6 +184,26 @@ pub fn discover_in(
         }
     }
     out
+}
+
+/// The processes worth looking at: all of them, or with an index and no wrapper to descend
+/// from, only those of the run's session, group or marker.
+fn candidates<'s>(snap: &'s Snapshot, scope: &RunScope, depth: Depth) -> Vec<&'s Stat> {
+    let Some(index) = snap.index.as_ref().filter(|_| scope.wrapper.is_none()) else {
+        return snap.stats.iter().collect();
+    };
+    let leader = scope.leader.pid.get();
+    let none = Vec::new();
+    let mut picked: Vec<usize> = Vec::new();
+    picked.extend(index.by_sid.get(&leader).unwrap_or(&none));
+    picked.extend(index.by_pgid.get(&leader).unwrap_or(&none));
+    if depth == Depth::WithMarker {
+        let key = (scope.uid, scope.run_id.as_bytes().to_vec());
+        picked.extend(index.by_marker.get(&key).unwrap_or(&none));
+    }
+    picked.sort_unstable();
+    picked.dedup();
+    picked.into_iter().map(|i| &snap.stats[i]).collect()
 }
 
 fn has_marker(snap: &Snapshot, pid: Pid, scope: &RunScope) -> bool {

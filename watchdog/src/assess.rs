@@ -190,7 +190,9 @@ pub fn assess(
             // Due: act at once; the stop itself (on a worker thread) finds whatever remains,
             // and an empty set ends as `unknown`/`wrapper_lost`. Not due yet: if nothing of the
             // run remains there is nothing to wait for. One /proc scan, only on this path.
-            if now >= act_epoch || !remains(&dir.path, &st, procs.get_or_init(Snapshot::take)) {
+            if now >= act_epoch
+                || !remains(&dir.path, &st, procs.get_or_init(Snapshot::take_indexed))
+            {
                 (Verdict::Now(action), subject)
             } else {
                 (Verdict::Later { act_epoch, action }, subject)
