@@ -7,7 +7,6 @@ use crate::atomic::{open_read, write_atomic};
 use crate::error::{Error, Result};
 use crate::root::files;
 use serde::{Deserialize, Serialize};
-use std::io::Read;
 use std::path::Path;
 use std::time::Duration;
 
@@ -48,10 +47,12 @@ pub fn read_lease(dir: &Path) -> Result<Option<Lease>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::io("open", path, e)),
     };
-    let mut s = String::new();
-    f.read_to_string(&mut s)
-        .map_err(|e| Error::io("read", &path, e))?;
-    let l: Lease = serde_json::from_str(&s).map_err(|e| Error::Corrupt {
+    let bytes = crate::atomic::read_small(&mut f).map_err(|e| Error::io("read", &path, e))?;
+    let s = std::str::from_utf8(&bytes).map_err(|e| Error::Corrupt {
+        path: path.clone(),
+        why: e.to_string(),
+    })?;
+    let l: Lease = serde_json::from_str(s).map_err(|e| Error::Corrupt {
         path: path.clone(),
         why: e.to_string(),
     })?;

@@ -10,7 +10,6 @@ use crate::atomic::{open_read, write_atomic};
 use crate::error::{Error, Result};
 use crate::root::files;
 use serde::{Deserialize, Serialize};
-use std::io::Read;
 use std::path::Path;
 
 /// The record's schema version.
@@ -180,10 +179,12 @@ pub fn read_status(dir: &Path) -> Result<Status> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Error::Missing { path }),
         Err(e) => return Err(Error::io("open", path, e)),
     };
-    let mut s = String::new();
-    f.read_to_string(&mut s)
-        .map_err(|e| Error::io("read", &path, e))?;
-    parse_status(&s).map_err(|why| Error::Corrupt { path, why })
+    let bytes = crate::atomic::read_small(&mut f).map_err(|e| Error::io("read", &path, e))?;
+    let s = std::str::from_utf8(&bytes).map_err(|e| Error::Corrupt {
+        path: path.clone(),
+        why: e.to_string(),
+    })?;
+    parse_status(s).map_err(|why| Error::Corrupt { path, why })
 }
 
 /// Parse a record from text, checking the schema.

@@ -110,12 +110,12 @@ impl Root {
     /// Open an existing run dir after the safety checks (`Missing` when there is none).
     pub fn open_run_dir(&self, id: &RunId) -> Result<RunDir> {
         let path = self.run_dir_path(id);
-        match fs::symlink_metadata(&path) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(Error::Missing { path }),
-            Err(e) => return Err(Error::io("inspect run dir", &path, e)),
-            Ok(_) => {}
+        match check_dir(&path, "run dir", 0o077) {
+            Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+                return Err(Error::Missing { path })
+            }
+            r => r?,
         }
-        check_dir(&path, "run dir", 0o077)?;
         Ok(RunDir {
             path,
             id: id.clone(),

@@ -24,7 +24,7 @@
 use crate::journal::Journal;
 use crate::pid::Pid;
 use crate::procfs::{self, Stat};
-use crate::procset::{discover, Depth, RunScope};
+use crate::procset::{discover_in, Depth, RunScope, Snapshot};
 use crate::record::Cleanup;
 use crate::sys;
 use serde_json::json;
@@ -247,13 +247,16 @@ pub fn stop_run(
     } else {
         Depth::WithMarker
     };
-    let mut first = s.adopt(Depth::Tree);
+    // One look at /proc serves both: the stat pass, then the markers of what it did not match.
+    let snap = Snapshot::take();
+    let mut first = s.adopt_in(&snap, Depth::Tree);
     s.signal(&first, Level::Term);
     if depth == Depth::WithMarker {
-        let marked = s.adopt(Depth::WithMarker);
+        let marked = s.adopt_in(&snap, Depth::WithMarker);
         s.signal(&marked, Level::Term);
         first.extend(marked);
     }
+    drop(snap);
     if !first.is_empty() {
         s.journal_event("stop_begin", json!({ "members": pids(&first) }));
     }
@@ -332,9 +335,14 @@ impl Stopper<'_> {
     /// Discover members not yet tracked, pin each with a pidfd, and keep those whose start time
     /// still matches after the pidfd is open. Returns the new members.
     fn adopt(&mut self, depth: Depth) -> Vec<Pid> {
+        self.adopt_in(&Snapshot::take(), depth)
+    }
+
+    /// [`Stopper::adopt`] over a given look at /proc.
+    fn adopt_in(&mut self, snap: &Snapshot, depth: Depth) -> Vec<Pid> {
         let skip: HashSet<Pid> = self.members.keys().copied().collect();
         let mut new = Vec::new();
-        for st in discover(self.scope, depth, &skip) {
+        for st in discover_in(snap, self.scope, depth, &skip) {
             let fd = match sys::pidfd_open(st.pid) {
                 Ok(fd) => Some(fd),
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,

@@ -192,8 +192,11 @@ pub fn reap_all(leader: Option<Pid>) -> (Option<WaitStatus>, bool) {
 
 /// This process's effective uid.
 pub fn geteuid() -> u32 {
+    // agent-run never changes its credentials, so one call per process is enough (the watchdog
+    // asks once per run dir of a pass).
+    static EUID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     // SAFETY: geteuid cannot fail and touches no memory.
-    unsafe { libc::geteuid() }
+    *EUID.get_or_init(|| unsafe { libc::geteuid() })
 }
 
 /// This host's name (gethostname(2)).

@@ -114,7 +114,12 @@ struct Daemon {
     done_tx: mpsc::Sender<(String, String)>,
     done_rx: mpsc::Receiver<(String, String)>,
     threads: Vec<thread::JoinHandle<()>>,
+    /// The last look at /proc outside a full pass, and when it was taken.
+    snapshot: Option<(Instant, OnceCell<Snapshot>)>,
 }
+
+/// How long one look at /proc may serve events outside a full pass.
+const SNAPSHOT_REUSE: Duration = Duration::from_millis(200);
 
 /// Signal flags for the daemon.
 struct Flags {
@@ -179,6 +184,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         done_tx,
         done_rx,
         threads: Vec::new(),
+        snapshot: None,
     };
     let notifier = Notifier::from_env();
     log(&format!(
@@ -304,9 +310,20 @@ impl Daemon {
         }
     }
 
-    /// Look at one run and file it: forget, watch, schedule, or act.
+    /// Look at one run and file it: forget, watch, schedule, or act. Events come in bursts
+    /// (renewals, a batch of deadlines): a look at /proc younger than SNAPSHOT_REUSE serves
+    /// them all instead of one full scan per event.
     fn evaluate(&mut self, name: &str) {
-        self.evaluate_with(name, &OnceCell::new());
+        let fresh = self
+            .snapshot
+            .as_ref()
+            .is_some_and(|(t, _)| t.elapsed() < SNAPSHOT_REUSE);
+        let (taken, procs) = match self.snapshot.take() {
+            Some(s) if fresh => s,
+            _ => (Instant::now(), OnceCell::new()),
+        };
+        self.evaluate_with(name, &procs);
+        self.snapshot = Some((taken, procs));
     }
 
     fn evaluate_with(&mut self, name: &str, procs: &OnceCell<Snapshot>) {

@@ -27,6 +27,7 @@ pub struct Tail {
     name: &'static str,
     src: Option<File>,
     sink: Option<File>,
+    buf: Vec<u8>,
     /// Bytes read from the log so far (the offset in it).
     pub copied: u64,
 }
@@ -39,6 +40,7 @@ impl Tail {
             name,
             src: None,
             sink,
+            buf: vec![0u8; 128 * 1024],
             copied: 0,
         }
     }
@@ -63,10 +65,9 @@ impl Tail {
         let (Some(src), Some(_)) = (&mut self.src, &self.sink) else {
             return false;
         };
-        let mut buf = vec![0u8; 128 * 1024];
         let mut moved = false;
         loop {
-            let n = match src.read(&mut buf) {
+            let n = match src.read(&mut self.buf) {
                 Ok(0) => return moved,
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -75,7 +76,7 @@ impl Tail {
             moved = true;
             self.copied += n as u64;
             if let Some(sink) = &mut self.sink {
-                if sink.write_all(&buf[..n]).is_err() {
+                if sink.write_all(&self.buf[..n]).is_err() {
                     // The reader is gone (EPIPE, EIO): stop streaming, never stop the run.
                     self.sink = None;
                     return moved;
