@@ -98,8 +98,10 @@ pub struct Subject {
 }
 
 /// Decide about `name` under `root`. `orphan_since` is when the watchdog first saw the wrapper
-/// gone (epoch seconds); `now` is the current epoch time. `procs` is the pass's look at /proc,
-/// taken on first use and shared by every run of the pass.
+/// gone (epoch seconds); `now` is the current epoch time. `procs` is the look at /proc, taken on
+/// first use and shared by every run of a pass; `whole_pass` takes it indexed (every marker read
+/// once, for thousands of lookups), a single event takes it plain (markers read lazily, only
+/// for processes newer than the run).
 pub fn assess(
     root: &Root,
     name: &str,
@@ -107,6 +109,7 @@ pub fn assess(
     orphan_since: Option<f64>,
     policy: &Policy,
     procs: &OnceCell<Snapshot>,
+    whole_pass: bool,
 ) -> (Verdict, Option<Subject>) {
     let id = match RunId::parse(name) {
         Ok(id) => id,
@@ -191,7 +194,15 @@ pub fn assess(
             // and an empty set ends as `unknown`/`wrapper_lost`. Not due yet: if nothing of the
             // run remains there is nothing to wait for. One /proc scan, only on this path.
             if now >= act_epoch
-                || !remains(&dir.path, &st, procs.get_or_init(Snapshot::take_indexed))
+                || !remains(
+                    &dir.path,
+                    &st,
+                    procs.get_or_init(if whole_pass {
+                        Snapshot::take_indexed
+                    } else {
+                        Snapshot::take
+                    }),
+                )
             {
                 (Verdict::Now(action), subject)
             } else {

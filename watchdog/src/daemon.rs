@@ -44,7 +44,7 @@ pub fn run_once(root: &Root, policy: &Policy) -> Vec<String> {
     let procs = OnceCell::new();
     let mut handles = Vec::new();
     for name in entries(root) {
-        match assess(root, &name, now, None, policy, &procs) {
+        match assess(root, &name, now, None, policy, &procs, true) {
             (Verdict::Now(action), Some(subject)) => {
                 handles.push(thread::spawn(move || {
                     describe(&subject, action, act(&subject, action))
@@ -118,8 +118,9 @@ struct Daemon {
     snapshot: Option<(Instant, OnceCell<Snapshot>)>,
 }
 
-/// How long one look at /proc may serve events outside a full pass.
-const SNAPSHOT_REUSE: Duration = Duration::from_millis(200);
+/// How long one look at /proc may serve events outside a full pass (it only decides whether a
+/// not-yet-due orphan still has processes; the stop itself always looks afresh).
+const SNAPSHOT_REUSE: Duration = Duration::from_secs(1);
 
 /// Signal flags for the daemon.
 struct Flags {
@@ -280,7 +281,7 @@ impl Daemon {
         // One look at /proc for the whole pass, not one per run.
         let procs = OnceCell::new();
         for name in &names {
-            self.evaluate_with(name, &procs);
+            self.evaluate_with(name, &procs, true);
         }
     }
 
@@ -322,11 +323,11 @@ impl Daemon {
             Some(s) if fresh => s,
             _ => (Instant::now(), OnceCell::new()),
         };
-        self.evaluate_with(name, &procs);
+        self.evaluate_with(name, &procs, false);
         self.snapshot = Some((taken, procs));
     }
 
-    fn evaluate_with(&mut self, name: &str, procs: &OnceCell<Snapshot>) {
+    fn evaluate_with(&mut self, name: &str, procs: &OnceCell<Snapshot>, whole_pass: bool) {
         if self.busy.contains(name) {
             return;
         }
@@ -345,6 +346,7 @@ impl Daemon {
             orphan_since,
             &self.opts.policy,
             procs,
+            whole_pass,
         );
         match verdict {
             Verdict::Done => {
