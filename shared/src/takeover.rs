@@ -123,6 +123,28 @@ pub fn signal_wrapper(fd: &OwnedFd, sig: Sig) -> Result<()> {
     }
 }
 
+/// Send `sig` to a record's pinned wrapper and journal it (target, signal, reason, and why when
+/// given): every signal anyone sends to a run is in its journal.
+pub fn signal_wrapper_journalled(
+    fd: &OwnedFd,
+    st: &Status,
+    sig: Sig,
+    reason: &str,
+    why: Option<&str>,
+    journal: &Journal,
+) -> Result<()> {
+    let mut ev = json!({
+        "target": format!("pid:{}", st.wrapper_pid.unwrap_or_default()),
+        "signal": sig.name(),
+        "reason": reason,
+    });
+    if let Some(w) = why {
+        ev["why"] = json!(w);
+    }
+    let _ = journal.event("signal", ev);
+    signal_wrapper(fd, sig)
+}
+
 /// Write cancel.json (who asked and why) unless one exists: created with `link(2)` from a
 /// complete temp file, so it appears whole and exactly one caller creates it. Returns whether
 /// this call created it.

@@ -10,8 +10,8 @@ use agent_run_shared::run::{finalize, scope_of, timings_of, transition};
 use agent_run_shared::stop::{stop_run, Sig};
 use agent_run_shared::sys::{self, PollFd};
 use agent_run_shared::takeover::{
-    check_record, live_wrapper, record_lost_launch, request_cancel, signal_wrapper, stop_orphaned,
-    RunLock, Wrapper,
+    check_record, live_wrapper, record_lost_launch, request_cancel, signal_wrapper_journalled,
+    stop_orphaned, RunLock, Wrapper,
 };
 use agent_run_shared::{pid::Pid, Result};
 use serde_json::json;
@@ -108,12 +108,14 @@ fn stuck(subject: &Subject, journal: &Journal, lock: &RunLock) -> Result<String>
         );
     };
     let _ = request_cancel(dir, "watchdog", "lease_expired");
-    let _ = journal.event(
-        "signal",
-        json!({"target": format!("pid:{}", st.wrapper_pid.unwrap_or_default()), "signal": "TERM",
-               "reason": "lease_expired", "why": "wrapper past its lease deadline + grace"}),
-    );
-    signal_wrapper(&wfd, Sig::Term)?;
+    signal_wrapper_journalled(
+        &wfd,
+        &st,
+        Sig::Term,
+        "lease_expired",
+        Some("wrapper past its lease deadline + grace"),
+        journal,
+    )?;
     let scope: RunScope = scope_of(dir, &st, st.wrapper_pid.and_then(|p| Pid::new(p.into())))
         .ok_or_else(|| agent_run_shared::Error::Identity {
             why: "the record has no pid".into(),
@@ -135,12 +137,14 @@ fn stuck(subject: &Subject, journal: &Journal, lock: &RunLock) -> Result<String>
     if read_status(dir)?.state.is_final() {
         return Ok("the wrapper finished the stop itself".into());
     }
-    let _ = journal.event(
-        "signal",
-        json!({"target": format!("pid:{}", st.wrapper_pid.unwrap_or_default()), "signal": "KILL",
-               "reason": "lease_expired", "why": "wrapper stuck"}),
-    );
-    signal_wrapper(&wfd, Sig::Kill)?;
+    signal_wrapper_journalled(
+        &wfd,
+        &st,
+        Sig::Kill,
+        "lease_expired",
+        Some("wrapper stuck"),
+        journal,
+    )?;
     let _ = sys::poll(&mut fds, Some(Duration::from_secs(5)));
     // The lock frees when the wrapper's descriptors close, at its exit (before it is reaped).
     let mut locked = false;

@@ -19,8 +19,8 @@ use agent_run_shared::run::timings_of;
 use agent_run_shared::stop::Sig;
 use agent_run_shared::sys::{self, PollFd};
 use agent_run_shared::takeover::{
-    check_record, live_wrapper, record_lost_launch, request_cancel, signal_wrapper, stop_orphaned,
-    RunLock, Wrapper,
+    check_record, live_wrapper, record_lost_launch, request_cancel, signal_wrapper,
+    signal_wrapper_journalled, stop_orphaned, RunLock, Wrapper,
 };
 use agent_run_shared::{procfs, Error};
 use serde_json::json;
@@ -127,20 +127,18 @@ pub fn cancel(root: Option<&Path>, args: CancelArgs) -> anyhow::Result<u8> {
             let stale = st.state == State::Running
                 && signalled_at.is_some_and(|t| t.elapsed() > Duration::from_secs(1));
             if created || stale {
-                let _ = journal.event(
-                    "signal",
-                    json!({"target": format!("pid:{}", st.wrapper_pid.unwrap_or_default()),
-                           "signal": "TERM", "reason": "cancel_request"}),
-                );
-                signal_wrapper(fd, Sig::Term)?;
+                signal_wrapper_journalled(fd, &st, Sig::Term, "cancel_request", None, &journal)?;
                 // A stopped wrapper (SIGSTOP, a debugger let go) cannot act on the TERM: let it.
                 if let Some(w) = st.wrapper_pid.and_then(|p| Pid::new(p.into())) {
                     if procfs::stat(w).is_some_and(|s| s.is_stopped()) {
-                        let _ = journal.event(
-                            "signal",
-                            json!({"target": format!("pid:{w}"), "signal": "CONT", "reason": "cancel_request"}),
-                        );
-                        signal_wrapper(fd, Sig::Cont)?;
+                        signal_wrapper_journalled(
+                            fd,
+                            &st,
+                            Sig::Cont,
+                            "cancel_request",
+                            None,
+                            &journal,
+                        )?;
                     }
                 }
                 signalled_at = Some(Instant::now());

@@ -231,16 +231,7 @@ impl Launch {
             );
             self.st.pid = Some(pid.get());
             self.st.start_ticks = Some(leader.start_ticks);
-            let scope = scope_of(&self.dir.path, &self.st, Some(Pid::this()))
-                .expect("pid and start ticks are set");
-            let report = stop_run(
-                &scope,
-                &self.timings,
-                "launch_failed",
-                Some(&self.journal),
-                None,
-            );
-            sys::reap_all(Some(pid));
+            let report = self.stop_spawned(pid, "launch_failed");
             self.st.cleanup = Some(report.to_cleanup());
             return Err(self.launch_failed(exit::SOFTWARE, &msg));
         }
@@ -272,16 +263,7 @@ impl Launch {
         if let Err(e) = written {
             // Without a record nobody else can find this run: stop it rather than run blind.
             eprintln!("agent-run: {e}; stopping the workload");
-            let scope = scope_of(&self.dir.path, &self.st, Some(Pid::this()))
-                .expect("pid and start ticks are set");
-            stop_run(
-                &scope,
-                &self.timings,
-                "record_failed",
-                Some(&self.journal),
-                None,
-            );
-            sys::reap_all(Some(pid));
+            self.stop_spawned(pid, "record_failed");
             return Err(exit::SOFTWARE);
         }
         let _ = self.journal.event(
@@ -289,6 +271,16 @@ impl Launch {
             json!({"pid": pid.get(), "pgid": stat.pgid, "sid": stat.sid, "start_ticks": leader.start_ticks}),
         );
         Ok((leader, pidfd))
+    }
+
+    /// Stop a workload that was spawned but must not run on (it failed its checks, or its
+    /// record could not be written), through the shared routine, and reap it.
+    fn stop_spawned(&self, pid: Pid, reason: &str) -> agent_run_shared::stop::Report {
+        let scope = scope_of(&self.dir.path, &self.st, Some(Pid::this()))
+            .expect("pid and start ticks are set");
+        let report = stop_run(&scope, &self.timings, reason, Some(&self.journal), None);
+        sys::reap_all(Some(pid));
+        report
     }
 
     fn launch_failed(&mut self, code: u8, msg: &str) -> u8 {
