@@ -58,12 +58,10 @@ install -D -m 0644 packaging/systemd/agent-run-watchdog@.service \
 
 doc="$stage/usr/share/doc/agent-run"
 install -D -m 0644 README.md "$doc/README.md"
-# The external contract lives in shared/ beside the repository, when it is there.
-if [[ -f ../shared/contract.md ]]; then
-    install -m 0644 ../shared/contract.md "$doc/contract.md"
-else
-    say "no ../shared/contract.md: packaging without contract.md"
-fi
+# The external contract is the repository's own (docs/contract.md); a package without it is
+# not a package of this project.
+[[ -f docs/contract.md ]] || { echo "agent-run: build-deb: docs/contract.md is missing" >&2; exit 1; }
+install -m 0644 docs/contract.md "$doc/contract.md"
 install -m 0644 packaging/debian/copyright "$doc/copyright"
 gzip -9n <packaging/debian/changelog >"$doc/changelog.Debian.gz"
 chmod 0644 "$doc/changelog.Debian.gz"
