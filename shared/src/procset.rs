@@ -16,8 +16,10 @@
 
 use crate::pid::{Identity, Pid};
 use crate::procfs::{self, Stat};
-use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
 
 /// Everything needed to recognise a run's processes.
 #[derive(Debug, Clone)]
@@ -64,7 +66,7 @@ pub enum Depth {
 pub struct Snapshot {
     stats: Vec<Stat>,
     parent: HashMap<i32, i32>,
-    markers: RefCell<HashMap<Pid, Option<Marker>>>,
+    markers: Mutex<HashMap<Pid, Option<Marker>>>,
     /// For [`Snapshot::take_indexed`]: positions in `stats` by session, by group and by marker,
     /// so a lookup costs the size of the run, not of the process table.
     index: Option<Index>,
@@ -92,7 +94,7 @@ impl Snapshot {
         Snapshot {
             stats,
             parent,
-            markers: RefCell::default(),
+            markers: Mutex::default(),
             index: None,
         }
     }
@@ -125,13 +127,91 @@ impl Snapshot {
     }
 
     fn marker(&self, pid: Pid) -> Option<Marker> {
+        // Read under the lock: stops that share this look would otherwise all miss at once and
+        // each read every environment itself.
         self.markers
-            .borrow_mut()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
             .entry(pid)
             .or_insert_with(|| read_marker(pid))
             .clone()
     }
+
+    /// A look at /proc that began no earlier than `since`: the last one taken by this process
+    /// if it began after `since`, else a new one. Stops that run at once (the watchdog's, a
+    /// cancel of many runs) share their looks instead of each scanning the whole process
+    /// table: what a stop needs is a look that began after the moment it asks about (its start,
+    /// the moment its last known member was seen gone), and any such look will do.
+    ///
+    /// While several stops run in this process, new looks are at least [`CONTENDED_INTERVAL`]
+    /// apart: each serves every stop that asked before it began, so a burst of stops costs a
+    /// few scans instead of one each, and scanning cannot starve the stops themselves.
+    pub fn since(since: Instant) -> Arc<Snapshot> {
+        let (lock, done) = &SHARED;
+        let mut st = lock.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some((began, snap)) = &st.last {
+                if *began >= since {
+                    return Arc::clone(snap);
+                }
+            }
+            if let Some(began) = st.scanning {
+                // A look is being taken: it serves us if it began after `since`; either way
+                // wait for it (no second scan beside it), then look again.
+                let _ = began;
+                st = done.wait(st).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            let contended = ACTIVE_STOPS.load(Ordering::Relaxed) > 1;
+            if let Some((began, _)) = &st.last {
+                let next = *began + CONTENDED_INTERVAL;
+                let now = Instant::now();
+                if contended && now < next {
+                    let (g, _) = done
+                        .wait_timeout(st, next - now)
+                        .unwrap_or_else(|e| e.into_inner());
+                    st = g;
+                    continue;
+                }
+            }
+            let began = Instant::now();
+            st.scanning = Some(began);
+            drop(st);
+            // Shared by several stops: read every marker once now and index the look, so each
+            // stop's lookups cost the size of its run, not of the process table.
+            let snap = Arc::new(if contended {
+                Snapshot::take_indexed()
+            } else {
+                Snapshot::take()
+            });
+            let mut g = lock.lock().unwrap_or_else(|e| e.into_inner());
+            g.scanning = None;
+            g.last = Some((began, Arc::clone(&snap)));
+            done.notify_all();
+            return snap;
+        }
+    }
 }
+
+/// The last look at /proc this process took for its stops, and the one being taken.
+struct Shared {
+    last: Option<(Instant, Arc<Snapshot>)>,
+    scanning: Option<Instant>,
+}
+
+static SHARED: (Mutex<Shared>, Condvar) = (
+    Mutex::new(Shared {
+        last: None,
+        scanning: None,
+    }),
+    Condvar::new(),
+);
+
+/// The shortest time between two looks at /proc while several stops share them.
+pub const CONTENDED_INTERVAL: std::time::Duration = std::time::Duration::from_millis(25);
+
+/// Stops running in this process (see [`Snapshot::since`]).
+pub static ACTIVE_STOPS: AtomicUsize = AtomicUsize::new(0);
 
 fn read_marker(pid: Pid) -> Option<Marker> {
     use std::os::unix::ffi::OsStrExt;

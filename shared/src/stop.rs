@@ -137,6 +137,9 @@ const SIG_NAMES: &[(i32, &str)] = &[
     (libc::SIGSYS, "SYS"),
 ];
 
+/// How old a look at /proc may be for a stop's first pass.
+const FIRST_LOOK_AGE: Duration = Duration::from_millis(250);
+
 /// The escalation timings of a stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timings {
@@ -224,6 +227,25 @@ pub fn stop_run(
     journal: Option<&Journal>,
     mut escalation: Option<&mut dyn Escalation>,
 ) -> Report {
+    crate::procset::ACTIVE_STOPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let report = stop_run_inner(
+        scope,
+        timings,
+        reason,
+        journal,
+        escalation.as_mut().map(|e| &mut **e as _),
+    );
+    crate::procset::ACTIVE_STOPS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    report
+}
+
+fn stop_run_inner(
+    scope: &RunScope,
+    timings: &Timings,
+    reason: &str,
+    journal: Option<&Journal>,
+    mut escalation: Option<&mut dyn Escalation>,
+) -> Report {
     let mut s = Stopper {
         scope,
         reason,
@@ -248,7 +270,11 @@ pub fn stop_run(
         Depth::WithMarker
     };
     // One look at /proc serves both: the stat pass, then the markers of what it did not match.
-    let snap = Snapshot::take();
+    // A look that began a little before this stop serves its first pass: anything forked
+    // since is found by the later looks (the stop ends only on a look that began after its
+    // last known member was gone), and the TERMs of many stops at once (a cancel of many runs,
+    // leases expiring together) go out without a scan each.
+    let snap = Snapshot::since(s.t0.checked_sub(FIRST_LOOK_AGE).unwrap_or(s.t0));
     let mut first = s.adopt_in(&snap, Depth::Tree);
     s.signal(&first, Level::Term);
     if depth == Depth::WithMarker {
@@ -350,7 +376,7 @@ impl Stopper<'_> {
     /// Discover members not yet tracked, pin each with a pidfd, and keep those whose start time
     /// still matches after the pidfd is open. Returns the new members.
     fn adopt(&mut self, depth: Depth) -> Vec<Pid> {
-        self.adopt_in(&Snapshot::take(), depth)
+        self.adopt_in(&Snapshot::since(Instant::now()), depth)
     }
 
     /// [`Stopper::adopt`] over a given look at /proc.

@@ -1037,9 +1037,11 @@ fn in_process_run_once_leaves_a_live_wrapper_alone_until_lease_plus_grace_plus_s
     run.wrapper
         .signal(wrapper, libc::SIGSTOP)
         .expect("SIGSTOP the wrapper");
-    wait_until_dbg("the wrapper to be stopped", LONG, || match proc_stat(wrapper) {
-        Some(s) if s.0 == 'T' => Ok(()),
-        other => Err(format!("{other:?}")),
+    wait_until_dbg("the wrapper to be stopped", LONG, || {
+        match proc_stat(wrapper) {
+            Some(s) if s.0 == 'T' => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
     });
     let mut everyone = vec![wrapper];
     everyone.extend(run.ready.all_pids());
@@ -1049,7 +1051,12 @@ fn in_process_run_once_leaves_a_live_wrapper_alone_until_lease_plus_grace_plus_s
     let lines = run_once(&r, &policy(Duration::from_secs(5)));
     assert_eq!(lines, Vec::<String>::new(), "{}", diagnostics(&root, id));
     assert_eq!(root.status(id)["state"], "running");
-    assert_eq!(pinned.alive().len(), everyone.len(), "{}", diagnostics(&root, id));
+    assert_eq!(
+        pinned.alive().len(),
+        everyone.len(),
+        "{}",
+        diagnostics(&root, id)
+    );
 
     // Past deadline + grace + slack: the watchdog steps in, wrapper and workload.
     write_deadline(&dir, epoch_now() - 10.0, 1.0);
