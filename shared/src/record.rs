@@ -10,6 +10,7 @@ use crate::atomic::{open_read, write_atomic};
 use crate::error::{Error, Result};
 use crate::root::files;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 /// The record's schema version.
@@ -103,6 +104,22 @@ pub struct Status {
     /// Host policies that may kill the run behind agent-run's back.
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// The run's wall-clock limit (`--timeout`) in milliseconds, counted from `started_at`.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// The labels given with `--label K=V` (an engine's own job id, a team...).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// The names of the variables given with `-e K=V` (the values are not recorded).
+    #[serde(default)]
+    pub env: Vec<String>,
+    /// When the foreground wrapper saw its caller go (its stdout and stderr hung up).
+    #[serde(default)]
+    pub caller_lost_at: Option<String>,
+    /// The `--on-disconnect` policy of a foreground run: "keep", "cancel" or a duration
+    /// ("30s"); null for a detached run, which has no caller to lose.
+    #[serde(default)]
+    pub on_disconnect: Option<String>,
 }
 
 impl Status {
@@ -138,7 +155,19 @@ impl Status {
             grace_ms: None,
             hup_after_ms: None,
             warnings: Vec::new(),
+            timeout_ms: None,
+            labels: BTreeMap::new(),
+            env: Vec::new(),
+            caller_lost_at: None,
+            on_disconnect: None,
         }
+    }
+
+    /// When the run's `--timeout` expires (epoch seconds): `started_at` + `timeout_ms`. `None`
+    /// without a timeout, or before the workload started.
+    pub fn timeout_deadline_epoch(&self) -> Option<f64> {
+        let started = crate::time::parse_rfc3339(self.started_at.as_deref()?)?;
+        Some(started + self.timeout_ms? as f64 / 1000.0)
     }
 
     /// Serialize as one pretty JSON document with a trailing newline.
@@ -229,6 +258,11 @@ mod tests {
             grace_ms: Some(5000),
             hup_after_ms: Some(500),
             warnings: vec![],
+            timeout_ms: None,
+            labels: BTreeMap::new(),
+            env: vec![],
+            caller_lost_at: None,
+            on_disconnect: None,
         }
     }
 
@@ -259,6 +293,11 @@ mod tests {
             "cleanup",
             "error",
             "version",
+            "timeout_ms",
+            "labels",
+            "env",
+            "caller_lost_at",
+            "on_disconnect",
         ] {
             assert!(v.get(k).is_some(), "missing {k}");
         }
