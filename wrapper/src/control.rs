@@ -7,7 +7,9 @@
 //! lock; the others wait for the same final record.
 
 use crate::cli::{fail, CancelArgs, RenewArgs, StartArgs};
+use crate::human;
 use crate::inspect::{self, open_run, print_record, read_record, wait_final};
+use crate::select::{self, Picked};
 use agent_run_shared::exit;
 use agent_run_shared::id::RunId;
 use agent_run_shared::journal::Journal;
@@ -25,16 +27,93 @@ use agent_run_shared::takeover::{
 use agent_run_shared::{procfs, Error};
 use serde_json::json;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// How long `cancel` waits for the first record of a launch that holds its lock.
 const LOST_LAUNCH_AFTER: Duration = Duration::from_secs(10);
 
-/// `agent-run cancel`.
+/// How many runs `cancel` stops at once: each is a thread that signals, then waits.
+const CANCEL_PARALLEL: usize = 128;
+
+/// `agent-run cancel`: one run, several, `--all` or `--label`. Several are cancelled
+/// concurrently (every wrapper is signalled before any final record is waited for), and their
+/// final records come back as one JSON array. On a terminal, without `--json`, one line a run.
 pub fn cancel(root: Option<&Path>, args: CancelArgs) -> anyhow::Result<u8> {
-    let dir = open_run(root, &args.run_id)?;
+    let json = args.json || !human::stdout_is_terminal();
+    let colour = human::colour_for(human::stdout_is_terminal());
+    let ids = match select::pick(root, &args.select, true)? {
+        Picked::One(id) => {
+            let (dir, st) = cancel_one(root, &id, args.wait)?;
+            if json {
+                print_record(&dir, &st);
+            } else {
+                println!("{}", human::final_line(&st, colour));
+            }
+            return Ok(exit::OK);
+        }
+        Picked::Many(ids) => ids,
+    };
+    let results = parallel(&ids, CANCEL_PARALLEL, |id| cancel_one(root, id, args.wait));
+    let mut code = exit::OK;
+    let mut docs = Vec::new();
+    for (id, r) in ids.iter().zip(results) {
+        match r {
+            Ok((dir, st)) => {
+                if json {
+                    docs.push(inspect::record_value(&dir, &st));
+                } else {
+                    println!("{}", human::final_line(&st, colour));
+                }
+            }
+            Err(e) => {
+                let (doc, c) = select::error_entry(id, &e);
+                docs.push(doc);
+                if code == exit::OK {
+                    code = c;
+                }
+            }
+        }
+    }
+    if json {
+        select::print_json(&serde_json::Value::Array(docs));
+    }
+    Ok(code)
+}
+
+/// Run `f` over `items` on up to `width` threads; the results in the order of `items`.
+pub fn parallel<T: Sync, R: Send>(items: &[T], width: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let slots: Vec<std::sync::Mutex<Option<R>>> =
+        items.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..width.min(items.len()) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let Some(item) = items.get(i) else { break };
+                let r = f(item);
+                *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+            });
+        }
+    });
+    slots
+        .into_iter()
+        .map(|m| {
+            m.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .expect("every item was run")
+        })
+        .collect()
+}
+
+/// Cancel one run and return its final record (and its run dir).
+pub fn cancel_one(
+    root: Option<&Path>,
+    run_id: &str,
+    wait: Option<Duration>,
+) -> anyhow::Result<(PathBuf, Status)> {
+    let dir = open_run(root, run_id)?;
     let journal = Journal::open(&dir.path, "cancel")?;
     let lock = RunLock::open(&dir.path)?;
     let first = match agent_run_shared::record::read_status(&dir.path) {
@@ -48,8 +127,7 @@ pub fn cancel(root: Option<&Path>, args: CancelArgs) -> anyhow::Result<u8> {
                 match agent_run_shared::record::read_status(&dir.path) {
                     Err(Error::Missing { .. }) => {
                         let st = record_lost_launch(&dir.path, dir.id.as_str(), &journal)?;
-                        print_record(&dir.path, &st);
-                        return Ok(exit::OK);
+                        return Ok((dir.path.clone(), st));
                     }
                     r => r?,
                 }
@@ -68,16 +146,13 @@ pub fn cancel(root: Option<&Path>, args: CancelArgs) -> anyhow::Result<u8> {
         Err(e) => return Err(e.into()),
     };
     let t = timings_of(&first);
-    let wait = args
-        .wait
-        .unwrap_or(t.grace + t.confirm + Duration::from_secs(3));
+    let wait = wait.unwrap_or(t.grace + t.confirm + Duration::from_secs(3));
     let deadline = Instant::now() + wait;
     let mut signalled_at: Option<Instant> = None;
     loop {
         let mut st = read_record(&dir.path)?;
         if st.state.is_final() {
-            print_record(&dir.path, &st);
-            return Ok(exit::OK);
+            return Ok((dir.path.clone(), st));
         }
         if let Err(e) = check_record(&st) {
             let _ = journal.event("refused", json!({"why": e.to_string()}));
@@ -97,8 +172,7 @@ pub fn cancel(root: Option<&Path>, args: CancelArgs) -> anyhow::Result<u8> {
                 );
                 stop_orphaned(&dir.path, &mut st, "cancel_request", &journal)?;
             }
-            print_record(&dir.path, &st);
-            return Ok(exit::OK);
+            return Ok((dir.path.clone(), st));
         }
         let wrapper_fd = match live_wrapper(&st) {
             Wrapper::Alive(fd) => Some(fd),
@@ -182,9 +256,40 @@ fn wait_event(wrapper: Option<&OwnedFd>, timeout: Duration) {
     let _ = sys::poll(&mut fds, Some(timeout));
 }
 
-/// `agent-run renew`.
+/// `agent-run renew`: one run prints its new lease; several (or `--all`, `--label`) print an
+/// array of `{"run_id", "deadline_epoch", "lease_s"}`.
 pub fn renew(root: Option<&Path>, args: RenewArgs) -> anyhow::Result<u8> {
-    let dir = open_run(root, &args.run_id)?;
+    let ids = match select::pick(root, &args.select, true)? {
+        Picked::One(id) => {
+            let lease = renew_one(root, &id, args.lease)?;
+            println!("{}", serde_json::to_string(&lease)?);
+            return Ok(exit::OK);
+        }
+        Picked::Many(ids) => ids,
+    };
+    let mut code = exit::OK;
+    let mut docs = Vec::new();
+    for id in &ids {
+        match renew_one(root, id, args.lease) {
+            Ok(l) => docs.push(
+                json!({"run_id": id, "deadline_epoch": l.deadline_epoch, "lease_s": l.lease_s}),
+            ),
+            Err(e) => {
+                let (doc, c) = select::error_entry(id, &e);
+                docs.push(doc);
+                if code == exit::OK {
+                    code = c;
+                }
+            }
+        }
+    }
+    select::print_json(&serde_json::Value::Array(docs));
+    Ok(code)
+}
+
+/// Renew one run's lease: now + `len` (default: the run's own lease length).
+fn renew_one(root: Option<&Path>, run_id: &str, len: Option<Duration>) -> anyhow::Result<Lease> {
+    let dir = open_run(root, run_id)?;
     let st = read_record(&dir.path)?;
     if st.state.is_final() {
         return fail(
@@ -192,7 +297,7 @@ pub fn renew(root: Option<&Path>, args: RenewArgs) -> anyhow::Result<u8> {
             format!("run {} is {}: nothing to renew", dir.id, st.state.as_str()),
         );
     }
-    let len = match (args.lease, read_lease(&dir.path)?) {
+    let len = match (len, read_lease(&dir.path)?) {
         (Some(d), _) => d,
         (None, Some(l)) => Duration::from_secs_f64(l.lease_s),
         (None, None) => {
@@ -217,8 +322,7 @@ pub fn renew(root: Option<&Path>, args: RenewArgs) -> anyhow::Result<u8> {
     if let Wrapper::Alive(fd) = live_wrapper(&st) {
         let _ = signal_wrapper(&fd, Sig::Usr1);
     }
-    println!("{}", serde_json::to_string(&lease)?);
-    Ok(exit::OK)
+    Ok(lease)
 }
 
 /// A relaunch must ask for the command the run id already stands for (65 otherwise).
@@ -243,7 +347,13 @@ pub fn relaunch(root: &Root, id: &RunId, argv: &[String], quiet: bool) -> anyhow
     let st = inspect::read_record_waiting(&dir.path, Duration::from_secs(10))?;
     same_command(id, &st, argv)?;
     if st.state.is_final() {
-        eprint!("{}", inspect::record_json(&dir.path, &st));
+        // A person sees what happened in one line; a program gets the record.
+        if human::stderr_is_terminal() {
+            let line = human::final_line(&st, human::colour_for(true));
+            eprintln!("agent-run: {line}; not running it again");
+        } else {
+            eprint!("{}", inspect::record_json(&dir.path, &st));
+        }
         return Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE));
     }
     eprintln!(
@@ -278,6 +388,23 @@ pub fn detach_parent(
         .arg(format!("{}ms", args.hup_after.as_millis()));
     if let Some(l) = args.lease {
         cmd.arg("--lease").arg(format!("{}ms", l.as_millis()));
+    }
+    if let Some(t) = args.timeout {
+        cmd.arg("--timeout").arg(format!("{}ms", t.as_millis()));
+    }
+    if let Some(c) = &args.cwd {
+        cmd.arg("--cwd").arg(c);
+    }
+    for (k, v) in &args.labels {
+        cmd.arg("--label").arg(format!("{k}={v}"));
+    }
+    // The values of -e may be secrets: never on a command line (/proc/PID/cmdline is world
+    // readable), but in the environment of our own detached wrapper, which passes them on.
+    if !args.env.is_empty() {
+        cmd.env(
+            crate::launch::ENV_PASSED,
+            crate::launch::encode_env(&args.env),
+        );
     }
     cmd.arg(id.as_str()).arg("--").args(&args.command);
     cmd.stdin(Stdio::null())

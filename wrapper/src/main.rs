@@ -6,12 +6,15 @@
 
 mod cli;
 mod control;
+mod human;
 mod inspect;
 mod launch;
 mod remote;
+mod select;
 mod signals;
 mod stream;
 mod supervise;
+mod version;
 
 use std::process::ExitCode;
 
@@ -54,5 +57,6 @@ fn run(cli: cli::Cli) -> anyhow::Result<u8> {
         cli::Command::List(args) => inspect::list(root, args),
         cli::Command::Gc(args) => inspect::gc(root, args),
         cli::Command::Remote(args) => remote::remote(args),
+        cli::Command::Version(args) => version::version(args),
     }
 }
