@@ -1261,3 +1261,38 @@ fn a_lost_caller_with_a_grace_is_stopped_after_it_unless_someone_attaches_or_ren
         describe_output("attach", &out)
     );
 }
+
+#[test]
+fn programs_that_prompt_fail_fast_instead_of_waiting_for_a_terminal() {
+    let root = TestRoot::new();
+    let t = Tmux::new(120, 40, &[]);
+    let ar_t = tmux_root(&root);
+    // On a real terminal, in the foreground: the workload has no controlling terminal (its own
+    // session), so a prompt on /dev/tty fails at once; with stdin from /dev/null, so does `read`.
+    let said = t.run(
+        &format!(
+            "{ar_t} tty-prompt -- sh -c 'read -r x </dev/tty; echo tty=$?' </dev/null; \
+             {ar_t} stdin-prompt -- sh -c 'read -r x; echo read=$?' </dev/null"
+        ),
+        T,
+    );
+    assert!(said.contains("tty=") && !said.contains("tty=0"), "{said}");
+    assert!(said.contains("read=1"), "{said}");
+    // Detached: stdin is /dev/null already.
+    ar_code(
+        &root,
+        &[
+            "-d",
+            "bg-prompt",
+            "--",
+            "sh",
+            "-c",
+            "read -r x; echo read=$?",
+        ],
+        0,
+    );
+    let st = root.wait_final("bg-prompt", T);
+    assert_eq!(st["exit_code"], 0, "{st:#}");
+    let log = fs::read_to_string(root.run_dir("bg-prompt").join("stdout.log")).unwrap();
+    assert_eq!(log, "read=1\n");
+}

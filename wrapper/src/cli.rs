@@ -54,19 +54,19 @@ pub struct Cli {
 pub enum Command {
     /// Launch a run and supervise it to its final record (the default subcommand)
     Start(StartArgs),
-    /// Stop a run from a second connection and print its final record
+    /// Stop runs from a second connection and print their final records
     Cancel(CancelArgs),
-    /// Push a run's lease deadline to now + DUR
+    /// Push runs' lease deadlines to now + DUR
     Renew(RenewArgs),
-    /// Show a run's record (a human summary, or status.json plus derived fields with --json)
+    /// Show runs' records (a human summary, or status.json plus derived fields with --json)
     Status(StatusArgs),
-    /// Block until a run is final, then exit as the run did
+    /// Block until runs are final, then exit as they did
     Wait(WaitArgs),
     /// Stream a run's output from the start, then exit as the run did
     Attach(AttachArgs),
     /// Print (and with -f follow) one of a run's logs
     Logs(LogsArgs),
-    /// List every run under the root
+    /// List the runs under the root, newest first
     List(ListArgs),
     /// Remove final run dirs older than DUR
     Gc(GcArgs),
@@ -107,8 +107,9 @@ pub struct StartArgs {
     /// Label the run KEY=VALUE (repeatable), e.g. an engine's own job id; `list --label` filters
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = label_pair)]
     pub labels: Vec<(String, String)>,
-    /// When the caller goes away (its stdout and stderr hang up): keep, cancel, or DUR (stop
-    /// unless someone attaches or renews within DUR). Default: keep with --lease, else cancel
+    /// When the caller goes away (its stdout and stderr hang up, as when an ssh client without
+    /// a pty dies): keep, cancel, or DUR (stop unless someone attaches or renews within DUR).
+    /// Default: keep with --lease (the lease decides), else cancel
     #[arg(long, value_name = "POLICY", value_parser = policy)]
     pub on_disconnect: Option<OnDisconnect>,
     /// Internal: this is the wrapper that --detach started (the workload reads /dev/null)
@@ -138,7 +139,10 @@ pub struct AttachArgs {
 const REMOTE_HELP: &str = "\
 The run is started on HOST with `agent-run start --detach --lease` and streamed with `attach`
 over one private ssh master connection; the workload's stdin is /dev/null. Its id is printed
-first on stderr: `agent-run: run id <ID> on <HOST>`.
+first on stderr: `agent-run: run id <ID> on <HOST>`. Before the launch, the host's agent-run is
+asked `version --json`: if it is missing, cannot run, or lacks what --timeout, --label, -C or -e
+need, remote says so, starts nothing and exits 69. --timeout holds on the host whatever happens
+here (renewals do not extend it; exit 124).
 
 INT, TERM or HUP: `cancel` on a fresh channel; the final record is printed on stderr and the
 exit code is the record's (143 for a cancel, as `wait` and --status will say later; the
@@ -220,7 +224,16 @@ pub struct Selection {
     pub labels: Vec<LabelMatch>,
 }
 
+const CANCEL_HELP: &str = "\
+Output: on a terminal, one line a run (`run train-3: cancelled (cancel_request) after 1.2s, 3
+processes stopped in 4ms, exit 143`); with --json, or when stdout is not a terminal, the final
+record as `status --json` prints it (several runs: one JSON array, in the order given, newest
+first for --all and --label). Several runs are cancelled concurrently. Exit 0 once every run is
+final, whether this call stopped it or it already was; else the first failure's code (69 no
+such run, 75 not final in time, 77 refused, 78 unsafe), the others still cancelled.";
+
 #[derive(Debug, Args)]
+#[command(after_long_help = CANCEL_HELP)]
 pub struct CancelArgs {
     #[command(flatten)]
     pub select: Selection,

@@ -267,6 +267,17 @@ pub fn renew(root: Option<&Path>, args: RenewArgs) -> anyhow::Result<u8> {
         }
         Picked::Many(ids) => ids,
     };
+    // `--all` and `--label` renew the runs that have a lease (without --lease, a run without
+    // one has nothing to renew; named by its id, it is an error).
+    let selected = args.select.all || !args.select.labels.is_empty();
+    let ids: Vec<String> = ids
+        .into_iter()
+        .filter(|id| {
+            !selected
+                || args.lease.is_some()
+                || open_run(root, id).is_ok_and(|d| read_lease(&d.path).is_ok_and(|l| l.is_some()))
+        })
+        .collect();
     let mut code = exit::OK;
     let mut docs = Vec::new();
     for id in &ids {
@@ -400,11 +411,11 @@ pub fn detach_parent(
     }
     // The values of -e may be secrets: never on a command line (/proc/PID/cmdline is world
     // readable), but in the environment of our own detached wrapper, which passes them on.
-    if !args.env.is_empty() {
-        cmd.env(
-            crate::launch::ENV_PASSED,
-            crate::launch::encode_env(&args.env),
-        );
+    if args.env.is_empty() {
+        cmd.env_remove(crate::launch::ENV_PASSED);
+    } else {
+        let passed = crate::launch::encode_env(&args.env);
+        cmd.env(crate::launch::ENV_PASSED, passed);
     }
     cmd.arg(id.as_str()).arg("--").args(&args.command);
     cmd.stdin(Stdio::null())

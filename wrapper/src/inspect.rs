@@ -287,7 +287,11 @@ fn summary(dir: &Path, st: &Status, colour: bool) -> String {
             .map_or(String::new(), |c| format!(" ({c})"));
         put("contained", format!("{mode}{cg}"));
     }
-    if let Some(p) = &st.on_disconnect {
+    if let Some(p) = st
+        .on_disconnect
+        .as_ref()
+        .filter(|_| !st.state.is_final() || st.caller_lost_at.is_some())
+    {
         let lost = st
             .caller_lost_at
             .as_deref()

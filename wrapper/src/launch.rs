@@ -171,11 +171,12 @@ impl Launch {
         };
         st.timeout_ms = args.timeout.map(|t| t.as_millis() as u64);
         st.labels = agent_run_shared::spec::labels_map(&args.labels)?;
-        st.env = args
-            .env
-            .iter()
-            .map(|(k, _)| k.to_string_lossy().into_owned())
-            .collect();
+        for (k, _) in &args.env {
+            let name = k.to_string_lossy().into_owned();
+            if !st.env.contains(&name) {
+                st.env.push(name);
+            }
+        }
         st.on_disconnect = (!args.detached_child).then(|| args.on_disconnect().as_record());
         st.wrapper_pid = Some(std::process::id() as i32);
         st.wrapper_start_ticks = procfs::stat(Pid::this()).map(|s| s.start_ticks);
@@ -205,7 +206,7 @@ impl Launch {
                    "env": self.st.env, "on_disconnect": self.st.on_disconnect}),
         );
         for w in &self.st.warnings {
-            eprintln!("agent-run: warning: {w}");
+            human::say(&format!("warning: {w}"));
             let _ = self.journal.event("warning", json!({"warning": w}));
         }
         // Every failure from here to the spawn ends in a final `launch_failed` record, never in
@@ -377,7 +378,7 @@ impl Launch {
             });
         if let Err(e) = written {
             // Without a record nobody else can find this run: stop it rather than run blind.
-            eprintln!("agent-run: {e}; stopping the workload");
+            human::say(&format!("{e}; stopping the workload"));
             self.stop_spawned(pid, "record_failed");
             return Err(exit::SOFTWARE);
         }
@@ -399,7 +400,7 @@ impl Launch {
     }
 
     fn launch_failed(&mut self, code: u8, msg: &str) -> u8 {
-        eprintln!("agent-run: {msg}");
+        human::say(msg);
         self.st.error = Some(msg.replace('\n', " "));
         self.st.exit_code = (code != exit::SOFTWARE).then_some(code as i32);
         if let Err(e) = finalize(
@@ -410,7 +411,7 @@ impl Launch {
             None,
             Some(&self.journal),
         ) {
-            eprintln!("agent-run: {e}");
+            human::say(&e.to_string());
         }
         code
     }
@@ -437,7 +438,7 @@ impl Launch {
                 Some(reason),
                 Some(&self.journal),
             ) {
-                eprintln!("agent-run: {e}; stopping the run anyway");
+                human::say(&format!("{e}; stopping the run anyway"));
             }
             stop_run(
                 &scope,

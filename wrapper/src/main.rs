@@ -26,7 +26,8 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
-            eprintln!("agent-run: {err:#}");
+            // Never a panic on a closed stderr (the caller may be gone).
+            human::say(&format!("{err:#}"));
             ExitCode::from(cli::exit_code_of(&err))
         }
     }
