@@ -741,6 +741,20 @@ fn status_on_a_terminal_quotes_the_command_and_names_the_signal() {
         ),
         (Some("SEGV"), Some(139))
     );
+    // The record is the workload's to rewrite: what it holds never reaches a terminal raw.
+    let path = root.run_dir("segv").join("status.json");
+    let mut forged: Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+    forged["reason"] = "x\u{1b}[2Jy".into();
+    forged["cwd"] = "/\u{1b}]0;owned\u{7}".into();
+    fs::write(&path, serde_json::to_string(&forged).unwrap()).unwrap();
+    for args in [&["status", "segv"][..], &["list"][..]] {
+        let shown = String::from_utf8_lossy(&ar_code(&root, args, 0).stdout).into_owned();
+        assert!(
+            !shown.contains('\u{1b}') && !shown.contains('\u{7}'),
+            "{shown:?}"
+        );
+        assert!(shown.contains("x\\x1b[2Jy"), "{shown:?}");
+    }
 
     // A running run: the command quoted so that it can be pasted back, the time it has run.
     let script = r#"echo "it's a b"; exec "$0" tree --children 0"#;

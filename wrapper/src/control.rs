@@ -371,6 +371,7 @@ pub fn relaunch(root: &Root, id: &RunId, argv: &[String], quiet: bool) -> anyhow
         "agent-run: run {id} is already {}; attaching",
         st.state.as_str()
     );
+    inspect::claim_lost_run(&dir);
     if quiet {
         let st = wait_final(&dir.path, None)?;
         return Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE));

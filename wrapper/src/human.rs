@@ -68,6 +68,23 @@ pub fn duration_coarse(secs: f64) -> String {
     }
 }
 
+/// Text from a record made safe for a terminal: the workload can rewrite its record, so a
+/// control character (an escape sequence) is shown as `\xNN`, never sent to the terminal.
+pub fn printable(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_string();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                format!("\\x{:02x}", c as u32)
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 /// One word for a POSIX shell: as it is when it needs no quoting, else in single quotes
 /// (`'` written `'\''`); a word with control characters in `$'...'` (bash, zsh, ksh).
 pub fn shell_word(w: &str) -> String {
@@ -208,6 +225,7 @@ mod tests {
         assert_eq!(shell_word("it's"), "'it'\\''s'");
         assert_eq!(shell_word(""), "''");
         assert_eq!(shell_word("a\nb"), "$'a\\nb'");
+        assert_eq!(printable("ok\x1b[31m"), "ok\\x1b[31m");
         assert_eq!(
             shell_command(&["sh".into(), "-c".into(), "echo $HOME; exit 3".into()]),
             "sh -c 'echo $HOME; exit 3'"

@@ -205,17 +205,17 @@ fn summary(dir: &Path, st: &Status, colour: bool) -> String {
     let mut out = String::new();
     let mut line = format!(
         "run {}: {}",
-        st.run_id,
+        human::printable(&st.run_id),
         human::paint(st, st.state.as_str(), colour)
     );
     if let Some(r) = &st.reason {
-        line += &format!(" ({r})");
+        line += &format!(" ({})", human::printable(r));
     }
     if let Some(n) = note(st) {
         line += &format!(", {n}");
     }
     let mut put = |k: &str, val: String| {
-        let _ = writeln!(out, "  {:<12}{val}", format!("{k}:"));
+        let _ = writeln!(out, "  {:<12}{}", format!("{k}:"), human::printable(&val));
     };
     put("command", human::shell_command(&st.argv));
     put("cwd", st.cwd.clone());
@@ -422,8 +422,9 @@ pub fn attach(root: Option<&Path>, args: AttachArgs) -> anyhow::Result<u8> {
 }
 
 /// A foreground run whose caller is gone and whose `--on-disconnect DUR` is counting down is
-/// kept alive by an attach: tell its wrapper (USR1, journalled) that someone is here.
-fn claim_lost_run(dir: &RunDir) {
+/// kept alive by an attach (or a relaunch, which attaches): tell its wrapper (USR1,
+/// journalled) that someone is here.
+pub fn claim_lost_run(dir: &RunDir) {
     let Ok(st) = read_status(&dir.path) else {
         return;
     };
@@ -535,7 +536,7 @@ fn list_line(v: &Value, st: &Status, id_w: usize, state_w: usize, colour: bool) 
     let state = st.state.as_str();
     let detail = match (v["note"].as_str(), st.reason.as_deref()) {
         (Some(n), _) => format!(" ({})", short_note(n)),
-        (None, Some(r)) => format!(" ({r})"),
+        (None, Some(r)) => format!(" ({})", human::printable(r)),
         (None, None) => String::new(),
     };
     let mut text = format!("{state}{detail}");
@@ -563,7 +564,7 @@ fn list_line(v: &Value, st: &Status, id_w: usize, state_w: usize, colour: bool) 
     .min_by(f64::total_cmp);
     format!(
         "{:<id_w$} {painted} {:>7} {:>7} {:>7} {:>4}",
-        st.run_id,
+        human::printable(&st.run_id),
         st.pid.map_or("-".into(), |p| p.to_string()),
         v["age_s"]
             .as_f64()
