@@ -9,6 +9,7 @@
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Output, Stdio};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use agent_run_shared::time::parse_rfc3339;
@@ -22,6 +23,18 @@ use serde_json::Value;
 
 /// The deadline for things that normally take a second.
 const T: Duration = Duration::from_secs(30);
+
+/// Tests that measure lateness, or load the machine (100 runs at once), run alone; the others
+/// share the machine among themselves.
+static CPU: RwLock<()> = RwLock::new(());
+
+fn shared_cpu() -> RwLockReadGuard<'static, ()> {
+    CPU.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn exclusive_cpu() -> RwLockWriteGuard<'static, ()> {
+    CPU.write().unwrap_or_else(PoisonError::into_inner)
+}
 
 fn fixture() -> String {
     fixture_bin().display().to_string()
@@ -115,6 +128,7 @@ fn percentile(v: &[f64], p: f64) -> f64 {
 
 #[test]
 fn a_timeout_stops_a_foreground_run_with_124_and_says_so() {
+    let _cpu = shared_cpu();
     let root = TestRoot::new();
     let fx = fixture();
     let run = Spawned::wrapper(
@@ -169,6 +183,7 @@ fn a_timeout_stops_a_foreground_run_with_124_and_says_so() {
 
 #[test]
 fn renewals_do_not_extend_a_timeout() {
+    let _cpu = shared_cpu();
     let root = TestRoot::new();
     let run = detached(
         &root,
@@ -202,6 +217,7 @@ fn renewals_do_not_extend_a_timeout() {
 
 #[test]
 fn the_watchdog_stops_a_run_whose_wrapper_was_killed_at_its_timeout() {
+    let _cpu = exclusive_cpu();
     let root = TestRoot::new();
     fs::create_dir(root.root()).unwrap();
     fs::set_permissions(root.root(), fs::Permissions::from_mode(0o700)).unwrap();
@@ -281,6 +297,7 @@ fn the_watchdog_stops_a_run_whose_wrapper_was_killed_at_its_timeout() {
 
 #[test]
 fn cwd_env_and_labels_reach_the_workload_and_the_record_but_values_stay_out_of_it() {
+    let _cpu = shared_cpu();
     let root = TestRoot::new();
     let work = root.dir.path().join("work dir");
     fs::create_dir(&work).unwrap();
@@ -387,6 +404,7 @@ fn cwd_env_and_labels_reach_the_workload_and_the_record_but_values_stay_out_of_i
 
 #[test]
 fn bad_cwd_env_and_labels_are_refused_with_64_before_anything_is_created() {
+    let _cpu = shared_cpu();
     let root = TestRoot::new();
     for (args, says) in [
         (vec!["-C", "/nonexistent/dir"], "--cwd /nonexistent/dir"),
@@ -416,6 +434,7 @@ fn bad_cwd_env_and_labels_are_refused_with_64_before_anything_is_created() {
 
 #[test]
 fn an_unsafe_root_is_refused_with_the_command_that_fixes_it() {
+    let _cpu = shared_cpu();
     let root = TestRoot::new();
     let dir = root.root();
     fs::create_dir(&dir).unwrap();
@@ -442,6 +461,7 @@ fn an_unsafe_root_is_refused_with_the_command_that_fixes_it() {
 
 #[test]
 fn a_hundred_runs_are_cancelled_in_one_call() {
+    let _cpu = exclusive_cpu();
     let root = TestRoot::new();
     const N: usize = 100;
     let runs: Vec<Detached> = (0..N)
@@ -494,6 +514,7 @@ fn a_hundred_runs_are_cancelled_in_one_call() {
 
 #[test]
 fn status_renew_and_wait_take_several_ids_and_say_which_failed() {
+    let _cpu = shared_cpu();
     let root = TestRoot::new();
     ar_code(&root, &["done0", "--", "true"], 0);
     ar_code(&root, &["done3", "--", "sh", "-c", "exit 3"], 3);
@@ -551,6 +572,7 @@ fn status_renew_and_wait_take_several_ids_and_say_which_failed() {
 
 #[test]
 fn version_reports_the_features_and_this_hosts_cgroup() {
+    let _cpu = shared_cpu();
     let root = TestRoot::new();
     let v = json_of(&ar_code(&root, &["version", "--json"], 0));
     assert_eq!(v["version"], agent_run_shared::VERSION);
@@ -608,6 +630,7 @@ fn tmux_root(root: &TestRoot) -> String {
 
 #[test]
 fn cancel_and_a_final_relaunch_say_one_line_on_a_terminal_and_give_json_otherwise() {
+    let _cpu = shared_cpu();
     let root = TestRoot::new();
     let t = Tmux::new(120, 40, &[]);
     let ar_t = tmux_root(&root);
@@ -656,6 +679,7 @@ fn cancel_and_a_final_relaunch_say_one_line_on_a_terminal_and_give_json_otherwis
 
 #[test]
 fn a_foreground_run_says_on_stderr_why_it_stops() {
+    let _cpu = shared_cpu();
     let root = TestRoot::new();
     let t = Tmux::new(120, 40, &[]);
     let ar_t = tmux_root(&root);
@@ -716,6 +740,7 @@ fn a_foreground_run_says_on_stderr_why_it_stops() {
 
 #[test]
 fn status_on_a_terminal_quotes_the_command_and_names_the_signal() {
+    let _cpu = shared_cpu();
     let root = TestRoot::new();
     let t = Tmux::new(120, 50, &[]);
     let ar_t = tmux_root(&root);
@@ -799,6 +824,7 @@ fn status_on_a_terminal_quotes_the_command_and_names_the_signal() {
 
 #[test]
 fn list_on_a_terminal_is_newest_first_fits_80_columns_and_is_coloured_unless_no_color() {
+    let _cpu = shared_cpu();
     let root = TestRoot::new();
     let t = Tmux::new(80, 50, &[]);
     let ar_t = tmux_root(&root);
@@ -891,6 +917,7 @@ fn list_on_a_terminal_is_newest_first_fits_80_columns_and_is_coloured_unless_no_
 
 #[test]
 fn ctrl_z_suspends_every_process_of_the_run_and_fg_resumes_them() {
+    let _cpu = shared_cpu();
     let root = TestRoot::new();
     let t = Tmux::new(120, 40, &[]);
     let ar_t = tmux_root(&root);
@@ -979,6 +1006,7 @@ fn require_root() {
 
 #[test]
 fn remote_says_when_the_hosts_agent_run_is_missing_or_too_old_and_starts_nothing() {
+    let _cpu = shared_cpu();
     require_root();
     let srv = SshServer::start(None);
     let root = TestRoot::new();
@@ -1049,6 +1077,7 @@ fn remote_says_when_the_hosts_agent_run_is_missing_or_too_old_and_starts_nothing
 
 #[test]
 fn remote_timeout_stops_the_run_on_the_host() {
+    let _cpu = shared_cpu();
     require_root();
     let srv = SshServer::start(None);
     let root = TestRoot::new();
@@ -1177,6 +1206,7 @@ fn assert_keeps_running(root: &TestRoot, id: &str, tree: &Pinned, policy: &str) 
 
 #[test]
 fn a_lost_caller_cancels_a_run_without_a_lease_by_default() {
+    let _cpu = shared_cpu();
     require_root();
     let srv = SshServer::start(None);
     let root = TestRoot::new();
@@ -1203,6 +1233,7 @@ fn a_lost_caller_cancels_a_run_without_a_lease_by_default() {
 
 #[test]
 fn a_lost_caller_leaves_a_leased_run_to_its_lease_by_default_and_keep_keeps_it() {
+    let _cpu = shared_cpu();
     require_root();
     let srv = SshServer::start(None);
     let root = TestRoot::new();
@@ -1218,6 +1249,7 @@ fn a_lost_caller_leaves_a_leased_run_to_its_lease_by_default_and_keep_keeps_it()
 
 #[test]
 fn a_lost_caller_with_a_grace_is_stopped_after_it_unless_someone_attaches_or_renews() {
+    let _cpu = shared_cpu();
     require_root();
     let srv = SshServer::start(None);
     let root = TestRoot::new();
@@ -1278,6 +1310,7 @@ fn a_lost_caller_with_a_grace_is_stopped_after_it_unless_someone_attaches_or_ren
 
 #[test]
 fn programs_that_prompt_fail_fast_instead_of_waiting_for_a_terminal() {
+    let _cpu = shared_cpu();
     let root = TestRoot::new();
     let t = Tmux::new(120, 40, &[]);
     let ar_t = tmux_root(&root);

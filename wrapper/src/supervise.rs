@@ -237,13 +237,15 @@ impl Caller {
 
     /// The caller is gone: journal and record it, then apply the policy.
     fn lost(&mut self, dir: &RunDir, journal: &Journal, st: &mut Status) -> Option<Outcome> {
-        st.caller_lost_at = Some(agent_run_shared::time::rfc3339_now());
-        let written = write_status(&dir.path, st).err().map(|e| e.to_string());
-        let policy = self.policy.as_record();
+        // Journalled first: whoever sees `caller_lost_at` in the record finds the event too.
         let _ = journal.event(
             "caller_lost",
-            json!({"channels": self.gone, "policy": policy, "record_error": written}),
+            json!({"channels": self.gone, "policy": self.policy.as_record()}),
         );
+        st.caller_lost_at = Some(agent_run_shared::time::rfc3339_now());
+        if let Err(e) = write_status(&dir.path, st) {
+            let _ = journal.event("record_failed", json!({"error": e.to_string()}));
+        }
         match self.policy {
             OnDisconnect::Keep => None,
             OnDisconnect::Cancel => Some(Outcome::Stop("caller_lost".into())),
