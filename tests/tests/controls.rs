@@ -292,6 +292,45 @@ fn the_watchdog_stops_a_run_whose_wrapper_was_killed_at_its_timeout() {
     );
 }
 
+#[test]
+fn a_stopped_wrapper_past_its_timeout_is_taken_over_by_the_watchdog() {
+    let _cpu = shared_cpu();
+    let root = TestRoot::new();
+    fs::create_dir(root.root()).unwrap();
+    fs::set_permissions(root.root(), fs::Permissions::from_mode(0o700)).unwrap();
+    let watchdog = Spawned::spawn(root.watchdog_cmd().args(["--slack", "1s"]));
+    agent_run_tests::remote::wait_for_text("watching", T, || watchdog.stderr_so_far());
+    let run = detached(
+        &root,
+        "stuck",
+        &["--timeout", "1500ms", "--grace", "1s"],
+        &["--children", "1"],
+    );
+    // A wrapper that cannot act (SIGSTOPped; a suspended job is the same): the timeout holds.
+    run.wrapper_pin.signal(run.wrapper, libc::SIGSTOP).unwrap();
+    wait_until_dbg("the wrapper stopped", T, || match proc_stat(run.wrapper) {
+        Some(s) if s.0 == 'T' => Ok(()),
+        other => Err(other),
+    });
+    let st = root.wait_final("stuck", T);
+    assert_eq!(
+        (st["state"].as_str(), st["reason"].as_str()),
+        (Some("cancelled"), Some("timeout")),
+        "{}",
+        diagnostics(&root, "stuck")
+    );
+    run.assert_gone(&root, "after the watchdog's takeover");
+    run.wrapper_pin.wait_all_gone(T).unwrap();
+    let deadline = epoch(&st, "started_at") + 1.5;
+    let late = epoch(&st, "ended_at") - deadline;
+    assert!(
+        late >= 2.0 - 0.001,
+        "taken over {late:.3}s after the timeout: before grace + slack"
+    );
+    watchdog.signal(libc::SIGTERM);
+    watchdog.finish(T);
+}
+
 // ---------------------------------------------------------------------------------------------
 // -C, -e, --label
 
