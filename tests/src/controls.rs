@@ -152,12 +152,13 @@ impl Tmux {
         })
     }
 
-    /// Run a command line and wait for the prompt; return what it printed (the screen after
-    /// the command line, up to the prompt). Clears the screen first.
+    /// Run a command line and wait until it is done (its echo, then a new prompt after it);
+    /// return what it printed (the screen after the command line, without the prompt). Clears
+    /// the screen first.
     pub fn run(&self, line: &str, timeout: Duration) -> String {
         self.clear();
         self.line(line);
-        let s = self.wait_prompt(timeout);
+        let s = self.wait_done(line, timeout);
         after_command(&s, line)
     }
 
@@ -165,17 +166,39 @@ impl Tmux {
     pub fn run_escaped(&self, line: &str, timeout: Duration) -> String {
         self.clear();
         self.line(line);
-        self.wait_prompt(timeout);
-        let s = self.screen(true);
-        s.split_once('\n')
-            .map(|(_, rest)| rest.to_string())
-            .unwrap_or(s)
+        self.wait_done(line, timeout);
+        after_command(&self.screen(true), line)
+    }
+
+    fn wait_done(&self, line: &str, timeout: Duration) -> String {
+        wait_until_dbg(&format!("{line:?} to finish"), timeout, || {
+            let s = self.screen(false);
+            if done_after(&s, line) {
+                Ok(s)
+            } else {
+                Err(s)
+            }
+        })
     }
 }
 
-/// The output after the echoed command line, without the final prompt.
+/// Whether the screen shows `line` typed (its last occurrence) and a new prompt after it.
+fn done_after(screen: &str, line: &str) -> bool {
+    let Some(i) = screen.rfind(line) else {
+        return false;
+    };
+    let rest = &screen[i + line.len()..];
+    rest.starts_with('\n')
+        && rest
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .is_some_and(|l| l.trim_end() == "$")
+}
+
+/// The output after the echoed command line (its last occurrence), without the final prompt.
 fn after_command(screen: &str, line: &str) -> String {
-    let start = screen.find(line).map_or(0, |i| i + line.len());
+    let start = screen.rfind(line).map_or(0, |i| i + line.len());
     let rest = screen[start..].trim_start_matches('\n');
     let mut lines: Vec<&str> = rest.lines().collect();
     while lines
