@@ -19,7 +19,8 @@ pub enum Error {
     },
     /// A run id that the contract refuses.
     InvalidRunId { id: String, why: &'static str },
-    /// A path that fails the safety rules (symlink, owner, mode).
+    /// A path that fails the safety rules (symlink, owner, mode); `why` names the path and says
+    /// what to do.
     Unsafe { path: PathBuf, why: String },
     /// A file that exists but does not hold a valid document.
     Corrupt { path: PathBuf, why: String },
@@ -61,7 +62,9 @@ impl fmt::Display for Error {
                 write!(f, "cannot {what} {}: {source}", path.display())
             }
             Error::InvalidRunId { id, why } => write!(f, "invalid run id {id:?}: {why}"),
-            Error::Unsafe { path, why } => write!(f, "unsafe path {}: {why}", path.display()),
+            // The reason names the path and the remedy ("run root /x is writable by others
+            // (mode 0777): chmod 700 /x").
+            Error::Unsafe { why, .. } => f.write_str(why),
             Error::Corrupt { path, why } => write!(f, "invalid file {}: {why}", path.display()),
             Error::Missing { path } => write!(f, "{} does not exist", path.display()),
             Error::Identity { why } => write!(f, "record failed validation: {why}"),

@@ -8,6 +8,9 @@ use crate::stop::Sig;
 pub const OK: u8 = 0;
 /// The lease expired and the run was stopped.
 pub const LEASE_EXPIRED: u8 = 124;
+/// The run's `--timeout` expired and the run was stopped (the record's `reason` tells it from
+/// an expired lease).
+pub const TIMEOUT: u8 = 124;
 /// The command was found but could not be executed.
 pub const CANNOT_EXECUTE: u8 = 126;
 /// The command was not found.
@@ -42,6 +45,9 @@ pub fn for_record(st: &Status) -> Option<u8> {
         },
         State::Cancelled => match st.reason.as_deref() {
             Some("lease_expired") => LEASE_EXPIRED,
+            Some("timeout") => TIMEOUT,
+            // The caller's channel hung up: what a hangup with a pty gives (signal:HUP).
+            Some("caller_lost") => for_signal(Sig::Hup),
             Some(r) if r.starts_with("signal:") => Sig::from_name(&r["signal:".len()..])
                 .map(for_signal)
                 .unwrap_or(143),
@@ -54,4 +60,31 @@ pub fn for_record(st: &Status) -> Option<u8> {
         State::Unknown => TEMPFAIL,
         State::Starting | State::Running | State::Cancelling => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cancelled(reason: &str) -> Status {
+        let mut st = Status::blank("x");
+        st.state = State::Cancelled;
+        st.reason = Some(reason.into());
+        st
+    }
+
+    #[test]
+    fn stop_reasons_map_to_their_codes() {
+        for (reason, code) in [
+            ("lease_expired", 124),
+            ("timeout", 124),
+            ("caller_lost", 129),
+            ("signal:INT", 130),
+            ("signal:TERM", 143),
+            ("cancel_request", 143),
+            ("wrapper_lost", 143),
+        ] {
+            assert_eq!(for_record(&cancelled(reason)), Some(code), "{reason}");
+        }
+    }
 }

@@ -12,6 +12,7 @@ use crate::root::files;
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -112,6 +113,22 @@ pub struct Status {
     /// only); null when `argv` is exact.
     #[serde(default)]
     pub argv_b64: Option<Vec<String>>,
+    /// The run's wall-clock limit (`--timeout`) in milliseconds, counted from `started_at`.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// The labels given with `--label K=V` (an engine's own job id, a team...).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// The names of the variables given with `-e K=V` (the values are not recorded).
+    #[serde(default)]
+    pub env: Vec<String>,
+    /// When the foreground wrapper saw its caller go (its stdout and stderr hung up).
+    #[serde(default)]
+    pub caller_lost_at: Option<String>,
+    /// The `--on-disconnect` policy of a foreground run: "keep", "cancel" or a duration
+    /// ("30s"); null for a detached run, which has no caller to lose.
+    #[serde(default)]
+    pub on_disconnect: Option<String>,
 }
 
 impl Status {
@@ -148,6 +165,11 @@ impl Status {
             hup_after_ms: None,
             warnings: Vec::new(),
             argv_b64: None,
+            timeout_ms: None,
+            labels: BTreeMap::new(),
+            env: Vec::new(),
+            caller_lost_at: None,
+            on_disconnect: None,
         }
     }
 
@@ -179,6 +201,13 @@ impl Status {
         self.argv_bytes().is_some_and(|mine| {
             mine.len() == argv.len() && mine.iter().zip(argv).all(|(m, a)| m == a.as_bytes())
         })
+    }
+
+    /// When the run's `--timeout` expires (epoch seconds): `started_at` + `timeout_ms`. `None`
+    /// without a timeout, or before the workload started.
+    pub fn timeout_deadline_epoch(&self) -> Option<f64> {
+        let started = crate::time::parse_rfc3339(self.started_at.as_deref()?)?;
+        Some(started + self.timeout_ms? as f64 / 1000.0)
     }
 
     /// Serialize as one pretty JSON document with a trailing newline.
@@ -267,6 +296,11 @@ mod tests {
             hup_after_ms: Some(500),
             warnings: vec![],
             argv_b64: None,
+            timeout_ms: None,
+            labels: BTreeMap::new(),
+            env: vec![],
+            caller_lost_at: None,
+            on_disconnect: None,
         }
     }
 
@@ -321,6 +355,11 @@ mod tests {
             "cleanup",
             "error",
             "version",
+            "timeout_ms",
+            "labels",
+            "env",
+            "caller_lost_at",
+            "on_disconnect",
         ] {
             assert!(v.get(k).is_some(), "missing {k}");
         }

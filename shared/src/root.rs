@@ -138,6 +138,7 @@ impl RunDir {
 }
 
 /// Refuse a path that is a symlink, not a directory, not ours, or has any of `forbidden_bits`.
+/// The refusal names the path and says what to do about it.
 pub fn check_dir(path: &Path, what: &str, forbidden_bits: u32) -> Result<()> {
     let unsafe_ = |why: String| {
         Err(Error::Unsafe {
@@ -145,24 +146,61 @@ pub fn check_dir(path: &Path, what: &str, forbidden_bits: u32) -> Result<()> {
             why,
         })
     };
+    let p = path.display();
     let md = fs::symlink_metadata(path).map_err(|e| Error::io("inspect", path, e))?;
     if md.file_type().is_symlink() {
-        return unsafe_(format!("the {what} is a symlink"));
+        return unsafe_(format!(
+            "{what} {p} is a symlink: use the directory itself (--root DIR) or remove the link"
+        ));
     }
     if !md.is_dir() {
-        return unsafe_(format!("the {what} is not a directory"));
+        return unsafe_(format!(
+            "{what} {p} is not a directory: remove it or use another {}",
+            if what == "run root" {
+                "root (--root DIR)"
+            } else {
+                "run id"
+            }
+        ));
     }
     let me = sys::geteuid();
     if md.uid() != me {
         return unsafe_(format!(
-            "the {what} is owned by uid {}, not by uid {me}",
-            md.uid()
+            "{what} {p} belongs to uid {}, not to you (uid {me}): use a {} of your own",
+            md.uid(),
+            if what == "run root" {
+                "root (--root DIR)"
+            } else {
+                "run id or root"
+            }
         ));
     }
     let mode = md.mode() & 0o7777;
     if mode & forbidden_bits != 0 {
+        let who = match (
+            mode & forbidden_bits & 0o070 != 0,
+            mode & forbidden_bits & 0o007 != 0,
+        ) {
+            (true, true) => "its group and others",
+            (true, false) => "its group",
+            _ => "others",
+        };
+        let how = if forbidden_bits & 0o044 != 0 {
+            "open to"
+        } else {
+            "writable by"
+        };
+        // A shared directory such as /tmp (sticky) must stay as it is: a private one inside it.
+        let fix = if mode & 0o1000 != 0 {
+            format!(
+                "use a private directory inside it (--root {})",
+                path.join("agent-runs").display()
+            )
+        } else {
+            format!("chmod 700 {p}")
+        };
         return unsafe_(format!(
-            "the {what} has mode {mode:04o} (must not have {forbidden_bits:04o})"
+            "{what} {p} is {how} {who} (mode {mode:04o}): {fix}"
         ));
     }
     Ok(())

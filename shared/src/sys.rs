@@ -564,6 +564,13 @@ pub fn raise_nofile_limit() -> u64 {
     lim.rlim_cur
 }
 
+/// Stop this process (SIGSTOP to ourselves) until someone continues it (`fg`, SIGCONT): what
+/// Ctrl-Z does, once the wrapper has suspended its run. Returns once continued.
+pub fn stop_self() {
+    // SAFETY: raise takes a signal number; SIGSTOP stops every thread until SIGCONT.
+    unsafe { libc::raise(libc::SIGSTOP) };
+}
+
 /// SIGKILL this process at once (fault injection in debug builds).
 pub fn kill_self() -> ! {
     // SAFETY: raise takes a signal number; SIGKILL cannot be caught, so it does not return.

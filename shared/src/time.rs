@@ -111,6 +111,16 @@ pub fn parse_duration(what: &'static str, s: &str) -> Result<Duration> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// A duration as [`parse_duration`] reads it back: `90s` for whole seconds, else `1500ms`.
+pub fn duration_arg(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms % 1000 == 0 {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{ms}ms")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod controls;
 pub mod hostile;
 
 // ---------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 //! final-record writer, under the run's lock, so the watchdog, `cancel` and the wrapper never
 //! both write a final record.
 
-use crate::assess::{Action, Subject};
+use crate::assess::{Action, Due, Subject};
 use agent_run_shared::journal::Journal;
 use agent_run_shared::procset::RunScope;
 use agent_run_shared::record::{read_status, State};
@@ -46,7 +46,7 @@ pub fn act(subject: &Subject, action: Action) -> Result<String> {
             )?;
             Ok("unknown (host_rebooted), nothing signalled".into())
         }
-        Action::Orphan { lease_expired } => {
+        Action::Orphan { why } => {
             let mut st = read_status(dir)?;
             if st.state.is_final() {
                 return Ok(format!("already {}", st.state.as_str()));
@@ -76,11 +76,7 @@ pub fn act(subject: &Subject, action: Action) -> Result<String> {
                     return Ok(format!("already {}", st.state.as_str()));
                 }
             }
-            let reason = if lease_expired {
-                "lease_expired"
-            } else {
-                "wrapper_lost"
-            };
+            let reason = why.reason();
             let _ = request_cancel(dir, "watchdog", reason);
             let _ = journal.event("takeover", json!({"why": how, "reason": reason}));
             let report = stop_orphaned(dir, &mut st, reason, &journal)?;
@@ -92,7 +88,7 @@ pub fn act(subject: &Subject, action: Action) -> Result<String> {
                 pid_list(&report.survivors)
             ))
         }
-        Action::Stuck => stuck(subject, &journal, &lock),
+        Action::Stuck { why } => stuck(subject, &journal, &lock, why),
         Action::LostLaunch => {
             if !lock.try_lock()? {
                 return Ok("locked (a launch in progress?); left alone".into());
@@ -106,10 +102,11 @@ pub fn act(subject: &Subject, action: Action) -> Result<String> {
     }
 }
 
-/// A live wrapper past its lease + grace + slack: ask it (cancel.json + TERM); stop the process
-/// set ourselves; if the wrapper still has not written a final record, it is stuck for good
-/// (SIGSTOPped, wedged): KILL it, take its lock, and write the record.
-fn stuck(subject: &Subject, journal: &Journal, lock: &RunLock) -> Result<String> {
+/// A live wrapper past its lease (or timeout) + grace + slack: ask it (cancel.json + TERM);
+/// stop the process set ourselves; if the wrapper still has not written a final record, it is
+/// stuck for good (SIGSTOPped, wedged): KILL it, take its lock, and write the record.
+fn stuck(subject: &Subject, journal: &Journal, lock: &RunLock, why: Due) -> Result<String> {
+    let reason = why.reason();
     let dir = &subject.dir;
     let st = read_status(dir)?;
     if st.state.is_final() {
@@ -120,21 +117,17 @@ fn stuck(subject: &Subject, journal: &Journal, lock: &RunLock) -> Result<String>
         Wrapper::Alive(w) => w,
         Wrapper::Mismatch(why) => return Err(agent_run_shared::Error::Identity { why }),
         // It died meanwhile: the orphan path handles it.
-        Wrapper::Gone => {
-            return act(
-                subject,
-                Action::Orphan {
-                    lease_expired: true,
-                },
-            )
-        }
+        Wrapper::Gone => return act(subject, Action::Orphan { why }),
     };
-    let _ = request_cancel(dir, "watchdog", "lease_expired");
+    let _ = request_cancel(dir, "watchdog", reason);
     signal_wrapper(
         &w,
         Sig::Term,
-        "lease_expired",
-        Some("wrapper past its lease deadline + grace"),
+        reason,
+        Some(match why {
+            Due::Timeout => "wrapper past its timeout + grace",
+            _ => "wrapper past its lease deadline + grace",
+        }),
         journal,
     )?;
     // The wrapper is confirmed by the kernel, so its descendants are the run's.
@@ -142,13 +135,7 @@ fn stuck(subject: &Subject, journal: &Journal, lock: &RunLock) -> Result<String>
         scope_of(dir, &st, Some(w.pid())).ok_or_else(|| agent_run_shared::Error::Identity {
             why: "the record has no pid".into(),
         })?;
-    let report = stop_run(
-        &scope,
-        &timings_of(&st),
-        "lease_expired",
-        Some(journal),
-        None,
-    );
+    let report = stop_run(&scope, &timings_of(&st), reason, Some(journal), None);
     // Give a wrapper that is only slow a moment to write its own record.
     let mut fds = [PollFd {
         fd: w.fd().as_raw_fd(),
@@ -159,13 +146,7 @@ fn stuck(subject: &Subject, journal: &Journal, lock: &RunLock) -> Result<String>
     if read_status(dir)?.state.is_final() {
         return Ok("the wrapper finished the stop itself".into());
     }
-    signal_wrapper(
-        &w,
-        Sig::Kill,
-        "lease_expired",
-        Some("wrapper stuck"),
-        journal,
-    )?;
+    signal_wrapper(&w, Sig::Kill, reason, Some("wrapper stuck"), journal)?;
     let _ = sys::poll(&mut fds, Some(Duration::from_secs(5)));
     // The lock frees when the wrapper's descriptors close, at its exit (before it is reaped).
     let mut locked = false;
@@ -184,13 +165,7 @@ fn stuck(subject: &Subject, journal: &Journal, lock: &RunLock) -> Result<String>
         return Ok(format!("already {}", st.state.as_str()));
     }
     if st.state != State::Cancelling {
-        transition(
-            dir,
-            &mut st,
-            State::Cancelling,
-            Some("lease_expired"),
-            Some(journal),
-        )?;
+        transition(dir, &mut st, State::Cancelling, Some(reason), Some(journal))?;
     }
     st.exit_code = None;
     st.term_signal = None;
@@ -198,7 +173,7 @@ fn stuck(subject: &Subject, journal: &Journal, lock: &RunLock) -> Result<String>
         dir,
         &mut st,
         State::Cancelled,
-        Some("lease_expired"),
+        Some(reason),
         Some(&report),
         Some(journal),
     )?;

@@ -4,11 +4,16 @@
 //! - final: nothing (forgotten);
 //! - from an earlier boot: `unknown`, `host_rebooted`, nothing signalled (those pids belong to
 //!   this boot's processes now);
-//! - wrapper alive: the wrapper's business, unless its lease is past deadline + grace + slack
-//!   (the wrapper is stopped or stuck): then the watchdog steps in;
+//! - wrapper alive: the wrapper's business, unless its lease or its `--timeout` is past deadline
+//!   + grace + slack (the wrapper is stopped or stuck): then the watchdog steps in;
 //! - wrapper gone: if processes of the run remain, the watchdog owns them and stops them when the
-//!   lease expires (or after the orphan grace without a lease); if none remain, `unknown`,
-//!   `wrapper_lost` at once.
+//!   lease or the timeout expires, whichever is first (or after the orphan grace without
+//!   either); if none remain, `unknown`, `wrapper_lost` at once.
+//!
+//! The timeout is `started_at` + `timeout_ms` from the record, which the workload can rewrite:
+//! a forged value only moves the moment of a stop the watchdog would make anyway (earlier or
+//! later); what is signalled is decided from the same checks of the record's identity as for
+//! a lease, never from the timeout.
 
 use agent_run_shared::id::RunId;
 use agent_run_shared::lease::read_lease;
@@ -45,15 +50,37 @@ impl Default for Policy {
     }
 }
 
+/// What made a stop due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Due {
+    /// The lease expired.
+    Lease,
+    /// The run's `--timeout` expired.
+    Timeout,
+    /// The wrapper is gone and neither came first (the orphan grace passed).
+    WrapperLost,
+}
+
+impl Due {
+    /// The record's reason for the stop.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Due::Lease => "lease_expired",
+            Due::Timeout => "timeout",
+            Due::WrapperLost => "wrapper_lost",
+        }
+    }
+}
+
 /// What to do now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
     /// Record from an earlier boot: `unknown`, `host_rebooted`, signal nothing.
     HostRebooted,
-    /// Wrapper gone: stop what remains (reason `lease_expired` or `wrapper_lost`).
-    Orphan { lease_expired: bool },
-    /// Wrapper alive but stuck past its lease: ask it, then stop the run ourselves.
-    Stuck,
+    /// Wrapper gone: stop what remains (reason `lease_expired`, `timeout` or `wrapper_lost`).
+    Orphan { why: Due },
+    /// Wrapper alive but stuck past its lease or timeout: ask it, then stop the run ourselves.
+    Stuck { why: Due },
     /// A run dir that never got a record (its wrapper died before writing one).
     LostLaunch,
 }
@@ -62,13 +89,13 @@ impl std::fmt::Display for Action {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Action::HostRebooted => "from an earlier boot",
+            Action::Orphan { why: Due::Lease } => "wrapper gone, lease expired",
+            Action::Orphan { why: Due::Timeout } => "wrapper gone, timeout expired",
             Action::Orphan {
-                lease_expired: true,
-            } => "wrapper gone, lease expired",
-            Action::Orphan {
-                lease_expired: false,
+                why: Due::WrapperLost,
             } => "wrapper gone",
-            Action::Stuck => "wrapper stuck past its lease",
+            Action::Stuck { why: Due::Timeout } => "wrapper stuck past its timeout",
+            Action::Stuck { .. } => "wrapper stuck past its lease",
             Action::LostLaunch => "launch lost before its first record",
         })
     }
@@ -212,27 +239,34 @@ pub fn assess(
         Err(e) => (seen.last_lease, Some(e.to_string())),
     };
     let grace = timings_of(&st).grace.as_secs_f64();
+    // The earlier of the lease and the timeout, and which it is (the lease on a tie).
+    let due = [
+        lease.map(|l| (l, Due::Lease)),
+        st.timeout_deadline_epoch()
+            .filter(|d| d.is_finite())
+            .map(|d| (d, Due::Timeout)),
+    ]
+    .into_iter()
+    .flatten()
+    .min_by(|a, b| a.0.total_cmp(&b.0));
     let verdict = match live_wrapper(&dir.path, &st) {
         Wrapper::Alive(w) => {
-            let stuck_at = lease.map(|l| l + grace + policy.slack.as_secs_f64());
+            let stuck_at = due.map(|(d, why)| (d + grace + policy.slack.as_secs_f64(), why));
             match stuck_at {
-                Some(t) if now >= t => Verdict::Now(Action::Stuck),
+                Some((t, why)) if now >= t => Verdict::Now(Action::Stuck { why }),
                 _ => Verdict::Watch {
                     wrapper: w.into_fd(),
-                    recheck_epoch: stuck_at,
+                    recheck_epoch: stuck_at.map(|(t, _)| t),
                 },
             }
         }
         Wrapper::Mismatch(why) => Verdict::Skip(why),
         Wrapper::Gone => {
-            let (act_epoch, lease_expired) = match lease {
-                Some(l) => (l, true),
-                None => (
-                    seen.orphan_since.unwrap_or(now) + policy.orphan_grace.as_secs_f64(),
-                    false,
-                ),
-            };
-            let action = Action::Orphan { lease_expired };
+            let (act_epoch, why) = due.unwrap_or((
+                seen.orphan_since.unwrap_or(now) + policy.orphan_grace.as_secs_f64(),
+                Due::WrapperLost,
+            ));
+            let action = Action::Orphan { why };
             // Due: act at once; the stop itself (on a worker thread) finds whatever remains,
             // and an empty set ends as `unknown`/`wrapper_lost`. Not due yet: if nothing of the
             // run remains there is nothing to wait for. One /proc scan, only on this path.

@@ -4,6 +4,7 @@
 //! `agent-run [OPTIONS] <RUN_ID> -- CMD...` means `agent-run start ...`: [`parse`] inserts `start`
 //! when the first word that is not an option is not a subcommand. clap's usage errors exit 64.
 
+use agent_run_shared::spec::{self, LabelMatch, OnDisconnect};
 use agent_run_shared::{exit, time::parse_duration, Error};
 use clap::{Args, Parser, Subcommand};
 use std::ffi::OsString;
@@ -15,7 +16,10 @@ Exit codes (start, wait, attach, relaunch):
   0-125  the workload's own exit status
   128+N  killed by signal N, or cancelled by signal N to the wrapper (TERM 143, INT 130,
          HUP 129), or by `agent-run cancel` (143)
-  124    the lease expired and the run was stopped
+  124    the lease or the --timeout expired and the run was stopped (the record's reason
+         says which)
+  129    the caller went away (its channel hung up) and the run was stopped (reason
+         caller_lost, as a hangup with a pty gives)
   126    the command was found but could not be executed
   127    the command was not found
   64     bad usage or a bad run id
@@ -50,22 +54,24 @@ pub struct Cli {
 pub enum Command {
     /// Launch a run and supervise it to its final record (the default subcommand)
     Start(StartArgs),
-    /// Stop a run from a second connection and print its final record
+    /// Stop runs from a second connection and print their final records
     Cancel(CancelArgs),
-    /// Push a run's lease deadline to now + DUR
+    /// Push runs' lease deadlines to now + DUR
     Renew(RenewArgs),
-    /// Show a run's record (a human summary, or status.json plus derived fields with --json)
+    /// Show runs' records (a human summary, or status.json plus derived fields with --json)
     Status(StatusArgs),
-    /// Block until a run is final, then exit as the run did
+    /// Block until runs are final, then exit as they did
     Wait(WaitArgs),
     /// Stream a run's output from the start, then exit as the run did
     Attach(AttachArgs),
     /// Print (and with -f follow) one of a run's logs
     Logs(LogsArgs),
-    /// List every run under the root
+    /// List the runs under the root, newest first
     List(ListArgs),
     /// Remove final run dirs older than DUR
     Gc(GcArgs),
+    /// Print agent-run's version, the record schema, its features and what this host offers
+    Version(VersionArgs),
     /// Run a command on HOST through OpenSSH with a lease, renewals, a second-channel cancel and
     /// resumable output (the controller half)
     Remote(RemoteArgs),
@@ -88,6 +94,24 @@ pub struct StartArgs {
     /// Do not copy the workload's output to this process's stdout/stderr
     #[arg(long)]
     pub quiet: bool,
+    /// Stop the run DUR after it started, whatever its controller does: renewals do not
+    /// extend it (reason timeout, exit 124)
+    #[arg(long, value_name = "DUR", value_parser = positive_dur("--timeout"))]
+    pub timeout: Option<Duration>,
+    /// Run the command in DIR (default: the current directory)
+    #[arg(short = 'C', long = "cwd", value_name = "DIR")]
+    pub cwd: Option<PathBuf>,
+    /// Set NAME=VALUE in the workload's environment (repeatable; the record keeps the names only)
+    #[arg(short = 'e', long = "env", value_name = "NAME=VALUE", value_parser = EnvPair)]
+    pub env: Vec<(OsString, OsString)>,
+    /// Label the run KEY=VALUE (repeatable), e.g. an engine's own job id; `list --label` filters
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = label_pair)]
+    pub labels: Vec<(String, String)>,
+    /// When the caller goes away (its stdout and stderr hang up, as when an ssh client without
+    /// a pty dies): keep, cancel, or DUR (stop unless someone attaches or renews within DUR).
+    /// Default: keep with --lease (the lease decides), else cancel
+    #[arg(long, value_name = "POLICY", value_parser = policy)]
+    pub on_disconnect: Option<OnDisconnect>,
     /// Internal: this is the wrapper that --detach started (the workload reads /dev/null)
     #[arg(long, hide = true)]
     pub detached_child: bool,
@@ -115,7 +139,10 @@ pub struct AttachArgs {
 const REMOTE_HELP: &str = "\
 The run is started on HOST with `agent-run start --detach --lease` and streamed with `attach`
 over one private ssh master connection; the workload's stdin is /dev/null. Its id is printed
-first on stderr: `agent-run: run id <ID> on <HOST>`.
+first on stderr: `agent-run: run id <ID> on <HOST>`. Before the launch, the host's agent-run is
+asked `version --json`: if it is missing, cannot run, or lacks what --timeout, --label, -C or -e
+need, remote says so, starts nothing and exits 69. --timeout holds on the host whatever happens
+here (renewals do not extend it; exit 124).
 
 INT, TERM or HUP: `cancel` on a fresh channel; the final record is printed on stderr and the
 exit code is the record's (143 for a cancel, as `wait` and --status will say later; the
@@ -153,6 +180,19 @@ pub struct RemoteArgs {
     /// TERM -> KILL grace on the host
     #[arg(long, value_name = "DUR", value_parser = dur("--grace"))]
     pub grace: Option<Duration>,
+    /// Stop the run DUR after it started on the host, whatever happens to this controller
+    /// (renewals do not extend it; exit 124)
+    #[arg(long, value_name = "DUR", value_parser = positive_dur("--timeout"))]
+    pub timeout: Option<Duration>,
+    /// Run the command in DIR on the host
+    #[arg(short = 'C', long = "cwd", value_name = "DIR")]
+    pub cwd: Option<OsString>,
+    /// Set NAME=VALUE in the workload's environment on the host (repeatable)
+    #[arg(short = 'e', long = "env", value_name = "NAME=VALUE", value_parser = EnvPair)]
+    pub env: Vec<(OsString, OsString)>,
+    /// Label the run KEY=VALUE on the host (repeatable)
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = label_pair)]
+    pub labels: Vec<(String, String)>,
     /// Print the record of an earlier run and exit as it did (75 while it is not final)
     #[arg(long, value_name = "ID", conflicts_with_all = ["cancel", "attach"])]
     pub status: Option<String>,
@@ -170,44 +210,79 @@ pub struct RemoteArgs {
     pub command: Vec<OsString>,
 }
 
+/// Which runs a control subcommand acts on: run ids, or `--all`, or a label selector.
+#[derive(Debug, Args, Clone)]
+pub struct Selection {
+    /// The run ids (several: one JSON document for all of them, an array in the order given)
+    #[arg(value_name = "RUN_ID", conflicts_with_all = ["all", "select_labels"])]
+    pub run_ids: Vec<String>,
+    /// Every run under the root (for cancel, renew and wait: every run that is not final)
+    #[arg(long)]
+    pub all: bool,
+    /// The runs labelled KEY=VALUE (or carrying KEY at all); repeatable: every one must match
+    #[arg(long = "label", id = "select_labels", value_name = "KEY[=VALUE]", value_parser = label_match)]
+    pub labels: Vec<LabelMatch>,
+}
+
+const CANCEL_HELP: &str = "\
+Output: on a terminal, one line a run (`run train-3: cancelled (cancel_request) after 1.2s, 3
+processes stopped in 4ms, exit 143`); with --json, or when stdout is not a terminal, the final
+record as `status --json` prints it (several runs: one JSON array, in the order given, newest
+first for --all and --label). Several runs are cancelled concurrently. Exit 0 once every run is
+final, whether this call stopped it or it already was; else the first failure's code (69 no
+such run, 75 not final in time, 77 refused, 78 unsafe), the others still cancelled.";
+
 #[derive(Debug, Args)]
+#[command(after_long_help = CANCEL_HELP)]
 pub struct CancelArgs {
-    /// The run id
-    #[arg(value_name = "RUN_ID")]
-    pub run_id: String,
+    #[command(flatten)]
+    pub select: Selection,
     /// How long to wait for the final record (default: the run's grace + 5s)
     #[arg(long, value_name = "DUR", value_parser = dur("--wait"))]
     pub wait: Option<Duration>,
-}
-
-#[derive(Debug, Args)]
-pub struct RenewArgs {
-    /// The run id
-    #[arg(value_name = "RUN_ID")]
-    pub run_id: String,
-    /// New lease length (default: the run's lease length)
-    #[arg(long, value_name = "DUR", value_parser = dur("--lease"))]
-    pub lease: Option<Duration>,
-}
-
-#[derive(Debug, Args)]
-pub struct StatusArgs {
-    /// The run id
-    #[arg(value_name = "RUN_ID")]
-    pub run_id: String,
-    /// Print status.json plus derived fields as one JSON document
+    /// Print the final record(s) as JSON even on a terminal (the default when stdout is not one)
     #[arg(long)]
     pub json: bool,
 }
 
 #[derive(Debug, Args)]
+pub struct RenewArgs {
+    #[command(flatten)]
+    pub select: Selection,
+    /// New lease length (default: the run's lease length)
+    #[arg(long, value_name = "DUR", value_parser = positive_dur("--lease"))]
+    pub lease: Option<Duration>,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub select: Selection,
+    /// Print status.json plus derived fields as one JSON document
+    #[arg(long)]
+    pub json: bool,
+}
+
+const WAIT_HELP: &str = "\
+With several runs, wait blocks until every one is final (or with --any until one is) and exits
+0 when every run it waited for ended with 0; otherwise with the code of the first run, in the
+order given, whose code is not 0 (with --any: the code of the first run to end). --timeout ends
+the wait with 75, naming the runs that are not final.";
+
+#[derive(Debug, Args)]
+#[command(after_long_help = WAIT_HELP)]
 pub struct WaitArgs {
-    /// The run id
-    #[arg(value_name = "RUN_ID")]
-    pub run_id: String,
+    #[command(flatten)]
+    pub select: Selection,
     /// Give up after DUR (exit 75)
     #[arg(long, value_name = "DUR", value_parser = dur("--timeout"))]
     pub timeout: Option<Duration>,
+    /// Return as soon as one of the runs is final (default: when all of them are)
+    #[arg(long)]
+    pub any: bool,
+    /// Print the records of the runs waited for, as one JSON document
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -228,6 +303,22 @@ pub struct ListArgs {
     /// One JSON document (an array of runs)
     #[arg(long)]
     pub json: bool,
+    /// Only runs in STATE (a state name, or active, or final); repeatable
+    #[arg(long = "state", value_name = "STATE", value_parser = state_filter)]
+    pub states: Vec<String>,
+    /// Only runs labelled KEY=VALUE (or carrying KEY at all); repeatable: every one must match
+    #[arg(long = "label", value_name = "KEY[=VALUE]", value_parser = label_match)]
+    pub labels: Vec<LabelMatch>,
+    /// Only the N newest runs (after the filters)
+    #[arg(short = 'n', long = "limit", value_name = "N")]
+    pub limit: Option<usize>,
+}
+
+#[derive(Debug, Args)]
+pub struct VersionArgs {
+    /// One JSON document: version, schema, features, cgroup
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -244,13 +335,89 @@ fn dur(what: &'static str) -> impl Fn(&str) -> Result<Duration, String> + Clone 
     move |s| parse_duration(what, s).map_err(|e| e.to_string())
 }
 
+/// A duration that must be more than zero (a zero timeout or lease would stop the run at once).
+fn positive_dur(what: &'static str) -> impl Fn(&str) -> Result<Duration, String> + Clone {
+    move |s| match parse_duration(what, s) {
+        Ok(d) if d.is_zero() => Err(format!("invalid {what} {s:?}: must be more than 0")),
+        r => r.map_err(|e| e.to_string()),
+    }
+}
+
+/// `-e NAME=VALUE`, read as bytes (a value need not be UTF-8).
+#[derive(Clone)]
+struct EnvPair;
+
+impl clap::builder::TypedValueParser for EnvPair {
+    type Value = (OsString, OsString);
+
+    fn parse_ref(
+        &self,
+        _cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<Self::Value, clap::Error> {
+        spec::parse_env(value).map_err(|e| {
+            clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("{e}\n"))
+        })
+    }
+}
+
+fn label_pair(s: &str) -> Result<(String, String), String> {
+    spec::parse_label(s).map_err(|e| e.to_string())
+}
+
+fn label_match(s: &str) -> Result<LabelMatch, String> {
+    LabelMatch::parse(s).map_err(|e| e.to_string())
+}
+
+fn policy(s: &str) -> Result<OnDisconnect, String> {
+    OnDisconnect::parse(s).map_err(|e| e.to_string())
+}
+
+/// The states `list --state` takes: the record's, or `active` (not final) and `final`.
+pub const LIST_STATES: &[&str] = &[
+    "starting",
+    "running",
+    "cancelling",
+    "finished",
+    "cancelled",
+    "launch_failed",
+    "unknown",
+    "active",
+    "final",
+];
+
+fn state_filter(s: &str) -> Result<String, String> {
+    if LIST_STATES.contains(&s) {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "invalid --state {s:?}: expected one of {}",
+            LIST_STATES.join(", ")
+        ))
+    }
+}
+
 const SUBCOMMANDS: &[&str] = &[
-    "start", "cancel", "renew", "status", "wait", "attach", "logs", "list", "gc", "remote", "help",
+    "start", "cancel", "renew", "status", "wait", "attach", "logs", "list", "gc", "remote",
+    "version", "help",
 ];
 
 /// Insert `start` when the first word that is not an option is not a subcommand.
 fn with_default_subcommand(mut args: Vec<OsString>) -> Vec<OsString> {
-    let takes_value = ["--root", "--lease", "--grace", "--hup-after"];
+    let takes_value = [
+        "--root",
+        "--lease",
+        "--grace",
+        "--hup-after",
+        "--timeout",
+        "-C",
+        "--cwd",
+        "-e",
+        "--env",
+        "--label",
+        "--on-disconnect",
+    ];
     let mut i = 1;
     while i < args.len() {
         let a = args[i].to_string_lossy();

@@ -7,7 +7,9 @@
 //! lock; the others wait for the same final record.
 
 use crate::cli::{fail, CancelArgs, RenewArgs, StartArgs};
+use crate::human;
 use crate::inspect::{self, open_run, print_record, read_record, wait_final};
+use crate::select::{self, Picked};
 use agent_run_shared::exit;
 use agent_run_shared::id::RunId;
 use agent_run_shared::journal::Journal;
@@ -25,16 +27,93 @@ use agent_run_shared::{procfs, Error};
 use serde_json::json;
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// How long `cancel` waits for the first record of a launch that holds its lock.
 const LOST_LAUNCH_AFTER: Duration = Duration::from_secs(10);
 
-/// `agent-run cancel`.
+/// How many runs `cancel` stops at once: each is a thread that signals, then waits.
+const CANCEL_PARALLEL: usize = 128;
+
+/// `agent-run cancel`: one run, several, `--all` or `--label`. Several are cancelled
+/// concurrently (every wrapper is signalled before any final record is waited for), and their
+/// final records come back as one JSON array. On a terminal, without `--json`, one line a run.
 pub fn cancel(root: Option<&Path>, args: CancelArgs) -> anyhow::Result<u8> {
-    let dir = open_run(root, &args.run_id)?;
+    let json = args.json || !human::stdout_is_terminal();
+    let colour = human::colour_for(human::stdout_is_terminal());
+    let ids = match select::pick(root, &args.select, true)? {
+        Picked::One(id) => {
+            let (dir, st) = cancel_one(root, &id, args.wait)?;
+            if json {
+                print_record(&dir, &st);
+            } else {
+                println!("{}", human::final_line(&st, colour));
+            }
+            return Ok(exit::OK);
+        }
+        Picked::Many(ids) => ids,
+    };
+    let results = parallel(&ids, CANCEL_PARALLEL, |id| cancel_one(root, id, args.wait));
+    let mut code = exit::OK;
+    let mut docs = Vec::new();
+    for (id, r) in ids.iter().zip(results) {
+        match r {
+            Ok((dir, st)) => {
+                if json {
+                    docs.push(inspect::record_value(&dir, &st));
+                } else {
+                    println!("{}", human::final_line(&st, colour));
+                }
+            }
+            Err(e) => {
+                let (doc, c) = select::error_entry(id, &e);
+                docs.push(doc);
+                if code == exit::OK {
+                    code = c;
+                }
+            }
+        }
+    }
+    if json {
+        select::print_json(&serde_json::Value::Array(docs));
+    }
+    Ok(code)
+}
+
+/// Run `f` over `items` on up to `width` threads; the results in the order of `items`.
+pub fn parallel<T: Sync, R: Send>(items: &[T], width: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let slots: Vec<std::sync::Mutex<Option<R>>> =
+        items.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..width.min(items.len()) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let Some(item) = items.get(i) else { break };
+                let r = f(item);
+                *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+            });
+        }
+    });
+    slots
+        .into_iter()
+        .map(|m| {
+            m.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .expect("every item was run")
+        })
+        .collect()
+}
+
+/// Cancel one run and return its final record (and its run dir).
+pub fn cancel_one(
+    root: Option<&Path>,
+    run_id: &str,
+    wait: Option<Duration>,
+) -> anyhow::Result<(PathBuf, Status)> {
+    let dir = open_run(root, run_id)?;
     let journal = Journal::open(&dir.path, "cancel")?;
     let lock = RunLock::open(&dir.path)?;
     let first = match agent_run_shared::record::read_status(&dir.path) {
@@ -48,8 +127,7 @@ pub fn cancel(root: Option<&Path>, args: CancelArgs) -> anyhow::Result<u8> {
                 match agent_run_shared::record::read_status(&dir.path) {
                     Err(Error::Missing { .. }) => {
                         let st = record_lost_launch(&dir.path, dir.id.as_str(), &journal)?;
-                        print_record(&dir.path, &st);
-                        return Ok(exit::OK);
+                        return Ok((dir.path.clone(), st));
                     }
                     r => r?,
                 }
@@ -68,47 +146,44 @@ pub fn cancel(root: Option<&Path>, args: CancelArgs) -> anyhow::Result<u8> {
         Err(e) => return Err(e.into()),
     };
     let t = timings_of(&first);
-    let wait = args
-        .wait
-        .unwrap_or(t.grace + t.confirm + Duration::from_secs(3));
+    let wait = wait.unwrap_or(t.grace + t.confirm + Duration::from_secs(3));
     let deadline = Instant::now() + wait;
     let mut signalled_at: Option<Instant> = None;
     let mut party_since: Option<Instant> = None;
-    let refuse = |why: String| -> anyhow::Result<u8> {
+    let refuse = |why: String| -> anyhow::Error {
         let _ = journal.event("refused", json!({"why": why}));
-        fail(
+        crate::cli::Exit(
             exit::NOPERM,
             format!("refusing to cancel run {}: {why}", dir.id),
         )
+        .into()
     };
     loop {
         let mut st = match agent_run_shared::record::read_status(&dir.path) {
             Ok(st) => st,
-            Err(e @ Error::Corrupt { .. }) => return refuse(e.to_string()),
+            Err(e @ Error::Corrupt { .. }) => return Err(refuse(e.to_string())),
             Err(e) => return Err(e.into()),
         };
         if st.state.is_final() {
-            print_record(&dir.path, &st);
-            return Ok(exit::OK);
+            return Ok((dir.path.clone(), st));
         }
         if let Err(e) = check_record(&st) {
-            return refuse(e.to_string());
+            return Err(refuse(e.to_string()));
         }
         if lock.try_lock()? {
             // The wrapper is gone and we hold the lock: we are the one party that finishes it.
             st = read_record(&dir.path)?;
             if !st.state.is_final() {
-                check_record(&st).or_else(|e| refuse(e.to_string()).map(|_| ()))?;
+                check_record(&st).map_err(|e| refuse(e.to_string()))?;
                 take_over(&dir.path, &mut st, "the wrapper is gone", &journal)?;
             }
-            print_record(&dir.path, &st);
-            return Ok(exit::OK);
+            return Ok((dir.path.clone(), st));
         }
         let holder = lock_holder(&lock, &dir.path, &st);
         let mut wrapper: Option<VerifiedWrapper> = None;
         match holder {
             LockHolder::Wrapper(w) => wrapper = Some(w),
-            LockHolder::Mismatch(why) => return refuse(why),
+            LockHolder::Mismatch(why) => return Err(refuse(why)),
             // Another canceller or the watchdog is finishing the run: wait for its record. A
             // party that took the lock says `cancelling` at once; a record that still does not
             // after PARTY_SILENT names a wrapper that is not the process holding the lock (the
@@ -116,11 +191,11 @@ pub fn cancel(root: Option<&Path>, args: CancelArgs) -> anyhow::Result<u8> {
             LockHolder::Party(pids) => {
                 let since = *party_since.get_or_insert_with(Instant::now);
                 if st.state != State::Cancelling && since.elapsed() > PARTY_SILENT {
-                    return refuse(format!(
+                    return Err(refuse(format!(
                         "the record names wrapper pid {} (tick {}), but the run's lock is held by pid {pids:?}",
                         st.wrapper_pid.unwrap_or_default(),
                         st.wrapper_start_ticks.unwrap_or_default()
-                    ));
+                    )));
                 }
             }
             LockHolder::Squatter(pids) => {
@@ -135,8 +210,7 @@ pub fn cancel(root: Option<&Path>, args: CancelArgs) -> anyhow::Result<u8> {
                     "the wrapper is gone; its lock is squatted",
                     &journal,
                 )?;
-                print_record(&dir.path, &st);
-                return Ok(exit::OK);
+                return Ok((dir.path.clone(), st));
             }
         }
         if let Some(w) = &wrapper {
@@ -226,11 +300,55 @@ fn wait_event(wrapper: Option<&OwnedFd>, timeout: Duration) {
     let _ = sys::poll(&mut fds, Some(timeout));
 }
 
-/// `agent-run renew`.
+/// `agent-run renew`: one run prints its new lease; several (or `--all`, `--label`) print an
+/// array of `{"run_id", "deadline_epoch", "lease_s"}`.
 pub fn renew(root: Option<&Path>, args: RenewArgs) -> anyhow::Result<u8> {
-    let dir = open_run(root, &args.run_id)?;
+    let ids = match select::pick(root, &args.select, true)? {
+        Picked::One(id) => {
+            let lease = renew_one(root, &id, args.lease)?;
+            println!("{}", serde_json::to_string(&lease)?);
+            return Ok(exit::OK);
+        }
+        Picked::Many(ids) => ids,
+    };
+    // `--all` and `--label` renew the runs that have a lease (without --lease, a run without
+    // one has nothing to renew; named by its id, it is an error).
+    let selected = args.select.all || !args.select.labels.is_empty();
+    let ids: Vec<String> = ids
+        .into_iter()
+        .filter(|id| {
+            !selected
+                || args.lease.is_some()
+                || open_run(root, id).is_ok_and(|d| read_lease(&d.path).is_ok_and(|l| l.is_some()))
+        })
+        .collect();
+    let mut code = exit::OK;
+    let mut docs = Vec::new();
+    for id in &ids {
+        match renew_one(root, id, args.lease) {
+            Ok(l) => docs.push(
+                json!({"run_id": id, "deadline_epoch": l.deadline_epoch, "lease_s": l.lease_s}),
+            ),
+            Err(e) => {
+                let (doc, c) = select::error_entry(id, &e);
+                docs.push(doc);
+                if code == exit::OK {
+                    code = c;
+                }
+            }
+        }
+    }
+    select::print_json(&serde_json::Value::Array(docs));
+    Ok(code)
+}
+
+/// Renew one run's lease: now + `len` (default: the run's own lease length). The record must
+/// hold the whole identity and name a wrapper the kernel confirms (or none alive); the
+/// wrapper's wake-up is journalled.
+fn renew_one(root: Option<&Path>, run_id: &str, len: Option<Duration>) -> anyhow::Result<Lease> {
+    let dir = open_run(root, run_id)?;
     let journal = Journal::open(&dir.path, "renew")?;
-    let refuse = |why: String| -> anyhow::Result<u8> {
+    let refuse = |why: String| -> anyhow::Result<Lease> {
         let _ = journal.event("refused", json!({"why": why}));
         fail(
             exit::NOPERM,
@@ -258,7 +376,7 @@ pub fn renew(root: Option<&Path>, args: RenewArgs) -> anyhow::Result<u8> {
         Wrapper::Mismatch(why) => return refuse(why),
         Wrapper::Gone => None,
     };
-    let len = match args.lease {
+    let len = match len {
         Some(d) => d,
         None => match read_lease(&dir.path)? {
             Some(l) => Duration::from_secs_f64(l.lease_s),
@@ -284,8 +402,7 @@ pub fn renew(root: Option<&Path>, args: RenewArgs) -> anyhow::Result<u8> {
     if let Some(w) = &wrapper {
         let _ = signal_wrapper(w, Sig::Usr1, "renew", Some("re-read lease.json"), &journal);
     }
-    println!("{}", serde_json::to_string(&lease)?);
-    Ok(exit::OK)
+    Ok(lease)
 }
 
 /// A relaunch must ask for the command the run id already stands for (65 otherwise).
@@ -313,13 +430,20 @@ pub fn relaunch(root: &Root, id: &RunId, argv: &[OsString], quiet: bool) -> anyh
     let st = inspect::read_record_waiting(&dir.path, Duration::from_secs(10))?;
     same_command(id, &st, argv)?;
     if st.state.is_final() {
-        eprint!("{}", inspect::record_json(&dir.path, &st));
+        // A person sees what happened in one line; a program gets the record.
+        if human::stderr_is_terminal() {
+            let line = human::final_line(&st, human::colour_for(true));
+            eprintln!("agent-run: {line}; not running it again");
+        } else {
+            eprint!("{}", inspect::record_json(&dir.path, &st));
+        }
         return Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE));
     }
     eprintln!(
         "agent-run: run {id} is already {}; attaching",
         st.state.as_str()
     );
+    inspect::claim_lost_run(&dir);
     if quiet {
         let st = wait_final(&dir.path, None)?;
         return Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE));
@@ -348,6 +472,23 @@ pub fn detach_parent(
         .arg(format!("{}ms", args.hup_after.as_millis()));
     if let Some(l) = args.lease {
         cmd.arg("--lease").arg(format!("{}ms", l.as_millis()));
+    }
+    if let Some(t) = args.timeout {
+        cmd.arg("--timeout").arg(format!("{}ms", t.as_millis()));
+    }
+    if let Some(c) = &args.cwd {
+        cmd.arg("--cwd").arg(c);
+    }
+    for (k, v) in &args.labels {
+        cmd.arg("--label").arg(format!("{k}={v}"));
+    }
+    // The values of -e may be secrets: never on a command line (/proc/PID/cmdline is world
+    // readable), but in the environment of our own detached wrapper, which passes them on.
+    if args.env.is_empty() {
+        cmd.env_remove(crate::launch::ENV_PASSED);
+    } else {
+        let passed = crate::launch::encode_env(&args.env);
+        cmd.env(crate::launch::ENV_PASSED, passed);
     }
     cmd.arg(id.as_str()).arg("--").args(&args.command);
     cmd.stdin(Stdio::null())

@@ -6,6 +6,8 @@
 //! or unsafe run dir is reported on its own line without stopping `list` or `gc`.
 
 use crate::cli::{fail, AttachArgs, GcArgs, ListArgs, LogsArgs, StatusArgs, WaitArgs};
+use crate::human;
+use crate::select::{self, Picked};
 use crate::stream::{std_sink, Tail};
 use agent_run_shared::exit;
 use agent_run_shared::id::RunId;
@@ -13,6 +15,7 @@ use agent_run_shared::lease::read_lease;
 use agent_run_shared::procfs;
 use agent_run_shared::record::{read_status, Status};
 use agent_run_shared::root::{files, resolve_root, Root, RunDir};
+use agent_run_shared::spec::matches_all;
 use agent_run_shared::sys::Inotify;
 use agent_run_shared::takeover::{live_wrapper, Wrapper};
 use agent_run_shared::time::{epoch_now, parse_rfc3339};
@@ -152,71 +155,306 @@ pub fn print_record(dir: &Path, st: &Status) {
     print!("{}", record_json(dir, st));
 }
 
-/// `agent-run status`.
+/// `agent-run status`: one run (its summary, or the record with `--json`), or several (the
+/// summaries one after the other, or one JSON array).
 pub fn status(root: Option<&Path>, args: StatusArgs) -> anyhow::Result<u8> {
-    let dir = open_run(root, &args.run_id)?;
-    let st = read_record(&dir.path)?;
+    let colour = human::colour_for(human::stdout_is_terminal());
+    let ids = match select::pick(root, &args.select, false)? {
+        Picked::One(id) => {
+            let dir = open_run(root, &id)?;
+            let st = read_record(&dir.path)?;
+            if args.json {
+                print_record(&dir.path, &st);
+            } else {
+                print!("{}", summary(&dir.path, &st, colour));
+            }
+            return Ok(exit::OK);
+        }
+        Picked::Many(ids) => ids,
+    };
+    let mut code = exit::OK;
+    let mut docs = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        let got = open_run(root, id).and_then(|dir| Ok((read_record(&dir.path)?, dir)));
+        match got {
+            Ok((st, dir)) if args.json => docs.push(record_value(&dir.path, &st)),
+            Ok((st, dir)) => {
+                if i > 0 {
+                    println!();
+                }
+                print!("{}", summary(&dir.path, &st, colour));
+            }
+            Err(e) => {
+                let (doc, c) = select::error_entry(id, &e);
+                docs.push(doc);
+                if code == exit::OK {
+                    code = c;
+                }
+            }
+        }
+    }
     if args.json {
-        print_record(&dir.path, &st);
-        return Ok(exit::OK);
+        select::print_json(&Value::Array(docs));
     }
-    let v = record_value(&dir.path, &st);
-    let mut line = format!("run {}: {}", st.run_id, st.state.as_str());
+    Ok(code)
+}
+
+/// The human summary of one record: what ran, where, since when, how it ended.
+fn summary(dir: &Path, st: &Status, colour: bool) -> String {
+    use std::fmt::Write;
+    let v = record_value(dir, st);
+    let mut out = String::new();
+    let mut line = format!(
+        "run {}: {}",
+        human::printable(&st.run_id),
+        human::paint(st, st.state.as_str(), colour)
+    );
     if let Some(r) = &st.reason {
-        line += &format!(" ({r})");
+        line += &format!(" ({})", human::printable(r));
     }
-    if let Some(n) = note(&dir.path, &st) {
+    if let Some(n) = note(dir, st) {
         line += &format!(", {n}");
     }
-    println!("{line}");
-    println!("  command:  {}", st.argv.join(" "));
+    let mut put = |k: &str, val: String| {
+        let _ = writeln!(out, "  {:<12}{}", format!("{k}:"), human::printable(&val));
+    };
+    put("command", human::shell_command(&st.argv));
+    put("cwd", st.cwd.clone());
+    if !st.labels.is_empty() {
+        let l: Vec<String> = st.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        put("labels", l.join(" "));
+    }
+    if !st.env.is_empty() {
+        put("env", format!("{} (values not recorded)", st.env.join(" ")));
+    }
     if let Some(pid) = st.pid {
-        println!(
-            "  pid:      {pid} (pgid {}, sid {})",
-            st.pgid.unwrap_or(pid),
-            st.sid.unwrap_or(pid)
+        put(
+            "pid",
+            format!(
+                "{pid} (pgid {}, sid {})",
+                st.pgid.unwrap_or(pid),
+                st.sid.unwrap_or(pid)
+            ),
         );
     }
-    println!("  created:  {}", st.created_at);
+    let ago = |t: &str| {
+        parse_rfc3339(t).map_or(String::new(), |e| {
+            format!(" ({} ago)", human::duration(epoch_now() - e))
+        })
+    };
+    put(
+        "created",
+        format!("{}{}", st.created_at, ago(&st.created_at)),
+    );
+    if let Some(s) = &st.started_at {
+        put("started", format!("{s}{}", ago(s)));
+    }
     if let Some(e) = &st.ended_at {
-        println!("  ended:    {e}");
+        put("ended", format!("{e}{}", ago(e)));
     }
-    if let Some(c) = st.exit_code {
-        println!("  exit:     {c}");
+    if let Some(t) = human::run_time(st).filter(|_| st.started_at.is_some()) {
+        put(
+            if st.state.is_final() {
+                "ran"
+            } else {
+                "elapsed"
+            },
+            human::duration(t),
+        );
     }
-    if let Some(s) = &st.term_signal {
-        println!("  signal:   {s}");
+    if !st.state.is_final() {
+        if let Some(l) = v["lease_remaining_s"].as_f64() {
+            put("lease", left(l));
+        }
     }
-    if let Some(l) = v["lease_remaining_s"].as_f64() {
-        println!("  lease:    {l:.1}s left");
+    if let Some(ms) = st.timeout_ms {
+        let len = human::duration(ms as f64 / 1000.0);
+        match st.timeout_deadline_epoch().filter(|_| !st.state.is_final()) {
+            Some(d) => put("timeout", format!("{len} ({})", left(d - epoch_now()))),
+            None => put("timeout", len),
+        }
+    }
+    match (&st.term_signal, exit::for_record(st)) {
+        (Some(s), _) if st.state == agent_run_shared::record::State::Finished => {
+            put("signal", human::signal_text(s))
+        }
+        (Some(s), Some(c)) => put("exit", format!("{c} (the leader ended by {s})")),
+        (None, Some(c)) => put("exit", c.to_string()),
+        (_, None) => {}
+    }
+    if let Some(mode) = v["containment"]["mode"].as_str() {
+        let cg = v["containment"]["cgroup"]
+            .as_str()
+            .map_or(String::new(), |c| format!(" ({c})"));
+        put("contained", format!("{mode}{cg}"));
+    }
+    if let Some(p) = st
+        .on_disconnect
+        .as_ref()
+        .filter(|_| !st.state.is_final() || st.caller_lost_at.is_some())
+    {
+        let lost = st
+            .caller_lost_at
+            .as_deref()
+            .map_or(String::new(), |t| format!("; the caller was lost at {t}"));
+        put("disconnect", format!("{p}{lost}"));
     }
     if let Some(c) = &st.cleanup {
-        println!(
-            "  cleanup:  signals {:?}, {} ms, survivors {:?}",
-            c.signals, c.duration_ms, c.survivors
+        let mut pids = c.signalled.clone();
+        pids.sort_unstable();
+        pids.dedup();
+        let survivors = if c.survivors.is_empty() {
+            "no survivors".to_string()
+        } else {
+            format!("survivors {:?}", c.survivors)
+        };
+        put(
+            "cleanup",
+            format!(
+                "{} in {}; {} process{} stopped; {survivors}",
+                if c.signals.is_empty() {
+                    "no signal".into()
+                } else {
+                    c.signals.join(", ")
+                },
+                human::duration(c.duration_ms as f64 / 1000.0),
+                pids.len(),
+                if pids.len() == 1 { "" } else { "es" }
+            ),
         );
     }
     if let Some(e) = &st.error {
-        println!("  error:    {e}");
+        put("error", e.clone());
     }
     for w in &st.warnings {
-        println!("  warning:  {w}");
+        put("warning", w.clone());
     }
-    println!("  dir:      {}", dir.path.display());
-    Ok(exit::OK)
+    put("dir", dir.display().to_string());
+    format!("{line}\n{out}")
 }
 
-/// `agent-run wait`.
+/// `1m 55s left`, or `expired 3s ago`.
+fn left(secs: f64) -> String {
+    if secs >= 0.0 {
+        format!("{} left", human::duration(secs))
+    } else {
+        format!("expired {} ago", human::duration(-secs))
+    }
+}
+
+/// `agent-run wait`: one run, or several (all of them, or with `--any` the first to end).
 pub fn wait(root: Option<&Path>, args: WaitArgs) -> anyhow::Result<u8> {
-    let dir = open_run(root, &args.run_id)?;
-    let st = wait_final(&dir.path, args.timeout)?;
-    Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE))
+    let ids = match select::pick(root, &args.select, true)? {
+        Picked::One(id) => {
+            let dir = open_run(root, &id)?;
+            let st = wait_final(&dir.path, args.timeout)?;
+            if args.json {
+                print_record(&dir.path, &st);
+            }
+            return Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE));
+        }
+        Picked::Many(ids) => ids,
+    };
+    // Every run must exist before the wait begins: a typo must not turn into a long wait.
+    let dirs = ids
+        .iter()
+        .map(|id| open_run(root, id))
+        .collect::<anyhow::Result<Vec<RunDir>>>()?;
+    let ino = Inotify::new()?;
+    for d in &dirs {
+        ino.add_watch(&d.path, Inotify::CHANGED)?;
+    }
+    let deadline = args.timeout.map(|t| Instant::now() + t);
+    loop {
+        let records = dirs
+            .iter()
+            .map(|d| read_record(&d.path))
+            .collect::<anyhow::Result<Vec<Status>>>()?;
+        let done = if args.any {
+            dirs.is_empty() || records.iter().any(|st| st.state.is_final())
+        } else {
+            records.iter().all(|st| st.state.is_final())
+        };
+        if done {
+            if args.json {
+                let docs = dirs
+                    .iter()
+                    .zip(&records)
+                    .map(|(d, st)| record_value(&d.path, st))
+                    .collect();
+                select::print_json(&Value::Array(docs));
+            }
+            let codes = records.iter().filter_map(exit::for_record);
+            let code = if args.any {
+                codes.into_iter().next()
+            } else {
+                codes.into_iter().find(|c| *c != exit::OK)
+            };
+            return Ok(code.unwrap_or(exit::OK));
+        }
+        let step = Duration::from_millis(500);
+        let step = match deadline {
+            Some(d) => {
+                let now = Instant::now();
+                if now >= d {
+                    let waiting: Vec<String> = records
+                        .iter()
+                        .filter(|st| !st.state.is_final())
+                        .map(|st| format!("{} ({})", st.run_id, st.state.as_str()))
+                        .collect();
+                    return fail(
+                        exit::TEMPFAIL,
+                        format!("still waiting for {}", waiting.join(", ")),
+                    );
+                }
+                step.min(d - now)
+            }
+            None => step,
+        };
+        ino.wait(step);
+    }
 }
 
 /// `agent-run attach`.
 pub fn attach(root: Option<&Path>, args: AttachArgs) -> anyhow::Result<u8> {
     let dir = open_run(root, &args.run_id)?;
+    claim_lost_run(&dir);
     follow_to_end(&dir.path, (args.stdout_from, args.stderr_from))
+}
+
+/// A foreground run whose caller is gone and whose `--on-disconnect DUR` is counting down is
+/// kept alive by an attach (or a relaunch, which attaches): tell its wrapper (USR1,
+/// journalled) that someone is here.
+pub fn claim_lost_run(dir: &RunDir) {
+    let Ok(st) = read_status(&dir.path) else {
+        return;
+    };
+    let counting = st.caller_lost_at.is_some()
+        && st
+            .on_disconnect
+            .as_deref()
+            .is_some_and(|p| !matches!(p, "keep" | "cancel"));
+    if st.state.is_final() || !counting {
+        return;
+    }
+    let Ok(journal) = agent_run_shared::journal::Journal::open(&dir.path, "attach") else {
+        return;
+    };
+    let _ = journal.event("attach", json!({"claims": "the run whose caller was lost"}));
+    // Only a wrapper the kernel confirms is woken, and only for a record that holds the whole
+    // identity.
+    if agent_run_shared::takeover::check_record(&st).is_err() {
+        return;
+    }
+    if let Wrapper::Alive(w) = live_wrapper(&dir.path, &st) {
+        let _ = agent_run_shared::takeover::signal_wrapper(
+            &w,
+            agent_run_shared::stop::Sig::Usr1,
+            "attach",
+            Some("someone attached within the disconnect grace"),
+            &journal,
+        );
+    }
 }
 
 /// Stream both logs from the given offsets until the run is final, then exit as the run did.
@@ -262,8 +500,8 @@ pub fn logs(root: Option<&Path>, args: LogsArgs) -> anyhow::Result<u8> {
     Ok(exit::OK)
 }
 
-/// One line of `list`.
-fn list_entry(root: &Root, name: &str) -> Result<(Value, String), String> {
+/// What `list` knows of one run: its JSON entry, its record, and the sort key (created_at).
+fn list_entry(root: &Root, name: &str) -> Result<(Value, Status), String> {
     let id = RunId::parse(name).map_err(|e| e.to_string())?;
     let dir = root.open_run_dir(&id).map_err(|e| e.to_string())?;
     let st = read_status(&dir.path).map_err(|e| e.to_string())?;
@@ -277,45 +515,79 @@ fn list_entry(root: &Root, name: &str) -> Result<(Value, String), String> {
             .flatten()
             .map(|l| l.remaining_s())
     };
-    let n = note(&dir.path, &st);
+    let timeout_left = st
+        .timeout_deadline_epoch()
+        .filter(|_| !st.state.is_final())
+        .map(|d| d - now);
+    let round = |x: f64| (x * 10.0).round() / 10.0;
     let v = json!({
         "run_id": st.run_id, "state": st.state.as_str(), "reason": st.reason, "pid": st.pid,
-        "age_s": age.map(|a| a.round()), "lease_remaining_s": lease_left.map(|l| (l * 10.0).round() / 10.0),
-        "exit_code": st.exit_code, "term_signal": st.term_signal, "note": n,
-        "created_at": st.created_at, "ended_at": st.ended_at,
+        "age_s": age.map(|a| a.round()), "lease_remaining_s": lease_left.map(round),
+        "timeout_remaining_s": timeout_left.map(round),
+        "exit_code": st.exit_code, "term_signal": st.term_signal, "note": note(&dir.path, &st),
+        "final": st.state.is_final(), "outcome_exit_code": exit::for_record(&st),
+        "labels": st.labels, "created_at": st.created_at, "started_at": st.started_at,
+        "ended_at": st.ended_at,
     });
-    let state = match (&st.reason, n) {
-        (_, Some(n)) => format!("{} ({n})", st.state.as_str()),
-        (Some(r), None) => format!("{} ({r})", st.state.as_str()),
-        (None, None) => st.state.as_str().to_string(),
-    };
-    let line = format!(
-        "{:<24} {:<40} {:>8} {:>8} {:>10} {:>5}",
-        st.run_id,
-        state,
-        st.pid.map_or("-".into(), |p| p.to_string()),
-        age.map_or("-".into(), human_secs),
-        lease_left.map_or("-".into(), human_secs),
-        st.exit_code.map_or_else(
-            || st.term_signal.clone().unwrap_or("-".into()),
-            |c| c.to_string()
-        ),
-    );
-    Ok((v, line))
+    Ok((v, st))
 }
 
-fn human_secs(s: f64) -> String {
-    let s = s.max(0.0) as u64;
-    match s {
-        0..=119 => format!("{s}s"),
-        120..=7199 => format!("{}m", s / 60),
-        7200..=172_799 => format!("{}h", s / 3600),
-        _ => format!("{}d", s / 86_400),
+/// The width `list` keeps to: 80 columns for run ids of up to 37 characters (longer ids are
+/// shown whole, and the row grows).
+const LIST_WIDTH: usize = 80;
+
+/// One human line of `list`. `id_w` and `state_w` are the column widths.
+fn list_line(v: &Value, st: &Status, id_w: usize, state_w: usize, colour: bool) -> String {
+    let state = st.state.as_str();
+    let detail = match (v["note"].as_str(), st.reason.as_deref()) {
+        (Some(n), _) => format!(" ({})", short_note(n)),
+        (None, Some(r)) => format!(" ({})", human::printable(r)),
+        (None, None) => String::new(),
+    };
+    let mut text = format!("{state}{detail}");
+    if text.chars().count() > state_w {
+        text = text
+            .chars()
+            .take(state_w.saturating_sub(1))
+            .collect::<String>()
+            + "\u{2026}";
     }
+    let pad = state_w.saturating_sub(text.chars().count());
+    // Colour the state word only, after the padding is computed on the plain text.
+    let painted = format!(
+        "{}{}{}",
+        human::paint(st, state, colour),
+        &text[state.len()..],
+        " ".repeat(pad)
+    );
+    let left = [
+        v["lease_remaining_s"].as_f64(),
+        v["timeout_remaining_s"].as_f64(),
+    ]
+    .into_iter()
+    .flatten()
+    .min_by(f64::total_cmp);
+    format!(
+        "{:<id_w$} {painted} {:>7} {:>7} {:>7} {:>4}",
+        human::printable(&st.run_id),
+        st.pid.map_or("-".into(), |p| p.to_string()),
+        v["age_s"]
+            .as_f64()
+            .map_or("-".into(), human::duration_coarse),
+        left.map_or("-".into(), human::duration_coarse),
+        v["outcome_exit_code"]
+            .as_u64()
+            .map_or("-".into(), |c| c.to_string()),
+    )
+}
+
+/// The notes in their short form for the STATE column.
+fn short_note(n: &str) -> &str {
+    n.strip_suffix(", not reconciled").unwrap_or(n)
 }
 
 /// The names in the root, sorted, skipping our own temp files.
-fn root_entries(root: &Root) -> anyhow::Result<Vec<String>> {
+pub fn root_entries(root: &Root) -> anyhow::Result<Vec<String>> {
     let mut names: Vec<String> = std::fs::read_dir(root.path())
         .map_err(|e| Error::io("list run root", root.path(), e))?
         .filter_map(|e| e.ok())
@@ -326,7 +598,8 @@ fn root_entries(root: &Root) -> anyhow::Result<Vec<String>> {
     Ok(names)
 }
 
-fn open_root(root: Option<&Path>) -> anyhow::Result<Option<Root>> {
+/// The root if it exists (`None` when there is none yet: no runs).
+pub fn open_root(root: Option<&Path>) -> anyhow::Result<Option<Root>> {
     let path = resolve_root(root)?;
     match Root::open(&path, false) {
         Err(Error::Missing { .. }) => Ok(None),
@@ -334,7 +607,7 @@ fn open_root(root: Option<&Path>) -> anyhow::Result<Option<Root>> {
     }
 }
 
-/// `agent-run list`.
+/// `agent-run list`: newest first; `--state`, `--label`, `-n`.
 pub fn list(root: Option<&Path>, args: ListArgs) -> anyhow::Result<u8> {
     let Some(root) = open_root(root)? else {
         if args.json {
@@ -344,32 +617,64 @@ pub fn list(root: Option<&Path>, args: ListArgs) -> anyhow::Result<u8> {
         }
         return Ok(exit::OK);
     };
-    let mut rows = Vec::new();
-    if !args.json {
-        println!(
-            "{:<24} {:<40} {:>8} {:>8} {:>10} {:>5}",
-            "RUN_ID", "STATE", "PID", "AGE", "LEASE_LEFT", "EXIT"
-        );
-    }
+    let mut runs = Vec::new();
+    let mut broken = Vec::new();
     for name in root_entries(&root)? {
         match list_entry(&root, &name) {
-            Ok((v, line)) => {
-                if args.json {
-                    rows.push(v);
-                } else {
-                    println!("{line}");
-                }
-            }
+            Ok(entry) => runs.push(entry),
             Err(why) => {
                 eprintln!("agent-run: {name}: skipped: {why}");
-                if args.json {
-                    rows.push(json!({"run_id": name, "state": null, "error": why}));
-                }
+                broken.push(json!({"run_id": name, "state": null, "error": why}));
             }
         }
     }
+    let filtered = !args.states.is_empty() || !args.labels.is_empty();
+    runs.retain(|(_, st)| {
+        let state_ok = args.states.is_empty()
+            || args.states.iter().any(|want| match want.as_str() {
+                "active" => !st.state.is_final(),
+                "final" => st.state.is_final(),
+                w => st.state.as_str() == w,
+            });
+        state_ok && matches_all(&args.labels, &st.labels)
+    });
+    // Newest first (by created_at; the id breaks ties).
+    let created = |st: &Status| parse_rfc3339(&st.created_at).unwrap_or(0.0);
+    runs.sort_by(|a, b| {
+        created(&b.1)
+            .total_cmp(&created(&a.1))
+            .then_with(|| a.1.run_id.cmp(&b.1.run_id))
+    });
+    if let Some(n) = args.limit {
+        runs.truncate(n);
+    }
     if args.json {
+        let mut rows: Vec<Value> = runs.into_iter().map(|(v, _)| v).collect();
+        // Unreadable run dirs match no filter; unfiltered, they are listed (last) as errors.
+        if !filtered && args.limit.is_none() {
+            rows.extend(broken);
+        }
         println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(exit::OK);
+    }
+    let colour = human::colour_for(human::stdout_is_terminal());
+    // Run ids are shown whole (they are what you type next); the STATE column gives way to a
+    // long one, down to the width of the longest state word.
+    let id_w = runs
+        .iter()
+        .map(|(_, st)| st.run_id.len())
+        .max()
+        .unwrap_or(0)
+        .max(6);
+    // The fixed columns: PID, AGE, LEFT (7 each), EXIT (4), and the five gaps.
+    let fixed = 7 * 3 + 4 + 5;
+    let state_w = LIST_WIDTH.saturating_sub(fixed + id_w).clamp(13, 26);
+    println!(
+        "{:<id_w$} {:<state_w$} {:>7} {:>7} {:>7} {:>4}",
+        "RUN_ID", "STATE", "PID", "AGE", "LEFT", "EXIT"
+    );
+    for (v, st) in &runs {
+        println!("{}", list_line(v, st, id_w, state_w, colour));
     }
     Ok(exit::OK)
 }

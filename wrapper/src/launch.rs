@@ -6,9 +6,10 @@
 //! own session and group leader before the record says `running`.
 
 use crate::cli::{fail, StartArgs};
+use crate::human;
 use crate::signals::Signals;
 use crate::stream::Streamer;
-use crate::supervise::{self, Outcome};
+use crate::supervise::{self, Limits, Outcome};
 use agent_run_shared::atomic::{open_append, write_atomic};
 use agent_run_shared::exit;
 use agent_run_shared::id::RunId;
@@ -18,6 +19,7 @@ use agent_run_shared::pid::{Identity, Pid};
 use agent_run_shared::record::{State, Status};
 use agent_run_shared::root::{files, resolve_root, Root, RunDir};
 use agent_run_shared::run::{finalize, scope_of, transition};
+use agent_run_shared::spec::OnDisconnect;
 use agent_run_shared::stop::{stop_run, Sig, Timings};
 use agent_run_shared::sys::{self, WaitStatus};
 use agent_run_shared::takeover::RunLock;
@@ -27,10 +29,83 @@ use serde_json::json;
 use std::ffi::OsString;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::Instant;
+
+/// The variable through which `start --detach` hands the `-e` pairs to its detached wrapper
+/// (never on a command line: /proc/PID/cmdline is world readable). Removed from the workload's
+/// environment.
+pub const ENV_PASSED: &str = "AGENT_RUN_PASSED_ENV";
+
+/// `-e` pairs as one environment value: each `NAME=VALUE` in hex, comma-separated.
+pub fn encode_env(pairs: &[(OsString, OsString)]) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    pairs
+        .iter()
+        .map(|(k, v)| {
+            let mut b = k.as_bytes().to_vec();
+            b.push(b'=');
+            b.extend_from_slice(v.as_bytes());
+            b.iter().map(|x| format!("{x:02x}")).collect::<String>()
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The pairs [`encode_env`] wrote, validated as `-e` validates them.
+fn decode_env(s: &std::ffi::OsStr) -> anyhow::Result<Vec<(OsString, OsString)>> {
+    use std::os::unix::ffi::OsStringExt;
+    let bad = || anyhow::anyhow!("the environment passed to the detached wrapper is damaged");
+    let s = s.to_str().ok_or_else(bad)?;
+    let mut out = Vec::new();
+    for item in s.split(',').filter(|i| !i.is_empty()) {
+        if item.len() % 2 != 0 {
+            return Err(bad());
+        }
+        let bytes = (0..item.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&item[i..i + 2], 16).map_err(|_| bad()))
+            .collect::<anyhow::Result<Vec<u8>>>()?;
+        out.push(agent_run_shared::spec::parse_env(&OsString::from_vec(
+            bytes,
+        ))?);
+    }
+    Ok(out)
+}
 
 /// `agent-run start`.
-pub fn start(root: Option<&Path>, args: StartArgs) -> anyhow::Result<u8> {
+pub fn start(root: Option<&Path>, mut args: StartArgs) -> anyhow::Result<u8> {
     let id = RunId::parse(&args.run_id)?;
+    if args.detach && args.on_disconnect.is_some() {
+        return fail(
+            exit::USAGE,
+            "--on-disconnect is for a foreground run: a detached run (-d) has no caller to lose",
+        );
+    }
+    agent_run_shared::spec::labels_map(&args.labels)?;
+    if let Some(c) = &args.cwd {
+        // Checked before anything is created, and made absolute (the record says where).
+        let abs = std::path::absolute(c).unwrap_or_else(|_| c.clone());
+        match std::fs::metadata(&abs) {
+            Ok(m) if m.is_dir() => args.cwd = Some(abs),
+            Ok(_) => {
+                return fail(
+                    exit::USAGE,
+                    format!("cannot use --cwd {}: not a directory", abs.display()),
+                )
+            }
+            Err(e) => {
+                return fail(
+                    exit::USAGE,
+                    format!("cannot use --cwd {}: {e}", abs.display()),
+                )
+            }
+        }
+    }
+    if args.detached_child {
+        if let Some(passed) = std::env::var_os(ENV_PASSED) {
+            args.env = decode_env(&passed)?;
+        }
+    }
     let root = Root::open(&resolve_root(root)?, true)?;
     let argv: &[OsString] = &args.command;
     if args.detach {
@@ -50,6 +125,8 @@ struct Launch {
     journal: Journal,
     _lock: RunLock,
     timings: Timings,
+    /// When the workload was spawned (the `--timeout` counts from here).
+    started: Option<Instant>,
 }
 
 impl Launch {
@@ -82,9 +159,21 @@ impl Launch {
         };
         let mut st = Status::blank(dir.id.as_str());
         st.set_argv(argv);
-        st.cwd = std::env::current_dir()
-            .map(|p| p.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        st.cwd = match &args.cwd {
+            Some(c) => c.to_string_lossy().into_owned(),
+            None => std::env::current_dir()
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        };
+        st.timeout_ms = args.timeout.map(|t| t.as_millis() as u64);
+        st.labels = agent_run_shared::spec::labels_map(&args.labels)?;
+        for (k, _) in &args.env {
+            let name = k.to_string_lossy().into_owned();
+            if !st.env.contains(&name) {
+                st.env.push(name);
+            }
+        }
+        st.on_disconnect = (!args.detached_child).then(|| args.on_disconnect().as_record());
         st.wrapper_pid = Some(std::process::id() as i32);
         st.wrapper_start_ticks = procfs::stat(Pid::this()).map(|s| s.start_ticks);
         st.grace_ms = Some(timings.grace.as_millis() as u64);
@@ -96,6 +185,7 @@ impl Launch {
             journal,
             _lock: lock,
             timings,
+            started: None,
         })
     }
 
@@ -107,10 +197,12 @@ impl Launch {
             "launch",
             json!({"argv": self.st.argv, "argv_b64": self.st.argv_b64, "cwd": self.st.cwd, "wrapper_pid": self.st.wrapper_pid,
                    "grace_ms": self.st.grace_ms, "hup_after_ms": self.st.hup_after_ms,
-                   "lease_s": args.lease.map(|l| l.as_secs_f64())}),
+                   "lease_s": args.lease.map(|l| l.as_secs_f64()),
+                   "timeout_ms": self.st.timeout_ms, "labels": self.st.labels,
+                   "env": self.st.env, "on_disconnect": self.st.on_disconnect}),
         );
         for w in &self.st.warnings {
-            eprintln!("agent-run: warning: {w}");
+            human::say(&format!("warning: {w}"));
             let _ = self.journal.event("warning", json!({"warning": w}));
         }
         // Every failure from here to the spawn ends in a final `launch_failed` record, never in
@@ -126,6 +218,9 @@ impl Launch {
             };
             sys::set_child_subreaper().context("cannot become a child subreaper")?;
             let signals = Signals::register().context("cannot register signal handlers")?;
+            signals
+                .catch_tstp()
+                .context("cannot register the SIGTSTP handler")?;
             Ok((lease, signals))
         })();
         let (lease_deadline, signals) = match prepared {
@@ -134,17 +229,26 @@ impl Launch {
         };
         let streamer = (!args.quiet).then(|| Streamer::start(&dir));
 
-        let code = match self.spawn(&args.command, args.detach_child()) {
+        let code = match self.spawn(args) {
             Ok((leader, leader_fd)) => {
+                let limits = Limits {
+                    lease_deadline,
+                    timeout: args.timeout.zip(self.started).map(|(t, s)| (s + t, t)),
+                    on_disconnect: (!args.detached_child).then(|| args.on_disconnect()),
+                };
+                let scope = scope_of(&self.dir.path, &self.st, Some(Pid::this()))
+                    .expect("a launched run has a scope");
                 let outcome = supervise::supervise(
                     &self.dir,
                     &self.journal,
                     &signals,
                     leader_fd.as_ref(),
                     leader,
-                    lease_deadline,
+                    &limits,
+                    &mut self.st,
+                    &scope,
                 );
-                self.finish(leader, outcome, &signals)?
+                self.finish(leader, outcome, &signals, &limits)?
             }
             Err(code) => code,
         };
@@ -156,11 +260,9 @@ impl Launch {
 
     /// Spawn the workload in a new session and verify pid == pgid == sid. On failure the final
     /// record is written here and the exit code returned.
-    fn spawn(
-        &mut self,
-        command: &[OsString],
-        stdin_null: bool,
-    ) -> Result<(Identity, Option<std::os::fd::OwnedFd>), u8> {
+    fn spawn(&mut self, args: &StartArgs) -> Result<(Identity, Option<std::os::fd::OwnedFd>), u8> {
+        let command = &args.command[..];
+        let stdin_null = args.detach_child();
         let dir = self.dir.path.clone();
         let (out, err) = match (
             open_append(&dir, files::STDOUT),
@@ -176,6 +278,7 @@ impl Launch {
             .env(ENV_RUN_ID, self.dir.id.as_str())
             .env(ENV_RUN_DIR, &dir)
             .env_remove(fault::ENV)
+            .env_remove(ENV_PASSED)
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err))
             .stdin(if stdin_null {
@@ -183,9 +286,21 @@ impl Launch {
             } else {
                 Stdio::inherit()
             });
+        // -e after ours: the reserved names were refused when the command line was read.
+        cmd.envs(args.env.iter().map(|(k, v)| (k, v)));
+        if let Some(c) = &args.cwd {
+            cmd.current_dir(c);
+        }
         sys::spawn_in_new_session(&mut cmd);
         let child = match cmd.spawn() {
             Ok(c) => c,
+            Err(e) if args.cwd.as_ref().is_some_and(|c| !c.is_dir()) => {
+                // The directory went away between the check and the spawn: not the command's
+                // fault, and not "command not found".
+                let c = args.cwd.as_ref().expect("checked").display().to_string();
+                let msg = format!("cannot change to --cwd {c}: {e}");
+                return Err(self.launch_failed(exit::SOFTWARE, &msg));
+            }
             Err(e) => {
                 let code = match e.raw_os_error() {
                     Some(libc::ENOENT | libc::ENOTDIR) => exit::NOT_FOUND,
@@ -242,6 +357,7 @@ impl Launch {
         self.st.sid = Some(stat.sid);
         self.st.start_ticks = Some(leader.start_ticks);
         self.st.started_at = Some(time::rfc3339_now());
+        self.started = Some(Instant::now());
         fault::point("before_running");
         let ids = format!("{pid}\n");
         let written = write_atomic(&dir, files::PID, ids.as_bytes(), false)
@@ -264,7 +380,7 @@ impl Launch {
             });
         if let Err(e) = written {
             // Without a record nobody else can find this run: stop it rather than run blind.
-            eprintln!("agent-run: {e}; stopping the workload");
+            human::say(&format!("{e}; stopping the workload"));
             self.stop_spawned(pid, "record_failed");
             return Err(exit::SOFTWARE);
         }
@@ -286,7 +402,7 @@ impl Launch {
     }
 
     fn launch_failed(&mut self, code: u8, msg: &str) -> u8 {
-        eprintln!("agent-run: {msg}");
+        human::say(msg);
         self.st.error = Some(msg.replace('\n', " "));
         self.st.exit_code = (code != exit::SOFTWARE).then_some(code as i32);
         if let Err(e) = finalize(
@@ -297,7 +413,7 @@ impl Launch {
             None,
             Some(&self.journal),
         ) {
-            eprintln!("agent-run: {e}");
+            human::say(&e.to_string());
         }
         code
     }
@@ -308,6 +424,7 @@ impl Launch {
         leader: Identity,
         outcome: Outcome,
         signals: &Signals,
+        limits: &Limits,
     ) -> anyhow::Result<u8> {
         let dir = self.dir.path.clone();
         let scope = scope_of(&self.dir.path, &self.st, Some(Pid::this()))
@@ -323,7 +440,7 @@ impl Launch {
                 Some(reason),
                 Some(&self.journal),
             ) {
-                eprintln!("agent-run: {e}; stopping the run anyway");
+                human::say(&format!("{e}; stopping the run anyway"));
             }
             stop_run(
                 &scope,
@@ -344,11 +461,14 @@ impl Launch {
                 (State::Finished, None, report, Some(ws))
             }
             Outcome::Stop(reason) => {
+                // Said before the TERM goes out (a dead stderr is no reason to wait).
+                human::say(&stop_message(self.dir.id.as_str(), &reason, limits));
                 let report = stop(&mut self.st, &reason);
                 let (ws, _) = sys::reap_all(Some(leader.pid));
                 (State::Cancelled, Some(reason), Some(report), ws)
             }
         };
+        let stopped = state == State::Cancelled;
         match leader_status {
             Some(WaitStatus::Exited(c)) => self.st.exit_code = Some(c),
             Some(WaitStatus::Signaled(s)) => self.st.term_signal = Some(Sig::from_number(s).name()),
@@ -371,7 +491,35 @@ impl Launch {
                 ),
             );
         }
+        if stopped {
+            let colour = human::colour_for(human::stderr_is_terminal());
+            human::say(&human::final_line(&self.st, colour));
+        }
         Ok(exit::for_record(&self.st).unwrap_or(exit::SOFTWARE))
+    }
+}
+
+/// What a foreground run says on stderr when it is stopped, before the TERM goes out.
+fn stop_message(id: &str, reason: &str, limits: &Limits) -> String {
+    match reason {
+        r if r.starts_with("signal:") => {
+            let sig = &r["signal:".len()..];
+            format!("{sig}: stopping run {id} (TERM sent; again to KILL)")
+        }
+        "cancel_request" => {
+            format!("cancel requested from another connection: stopping run {id} (TERM sent)")
+        }
+        "lease_expired" => format!(
+            "the lease expired without a renewal: stopping run {id} (TERM sent; again to KILL)"
+        ),
+        "timeout" => format!(
+            "timeout of {} reached: stopping run {id} (TERM sent; again to KILL)",
+            limits
+                .timeout
+                .map_or("?".into(), |(_, t)| human::duration(t.as_secs_f64()))
+        ),
+        "caller_lost" => format!("the caller went away: stopping run {id} (TERM sent)"),
+        other => format!("{other}: stopping run {id} (TERM sent)"),
     }
 }
 
@@ -379,5 +527,11 @@ impl StartArgs {
     /// The workload reads /dev/null when detached.
     fn detach_child(&self) -> bool {
         self.detached_child
+    }
+
+    /// The `--on-disconnect` policy, or its default for this run.
+    fn on_disconnect(&self) -> OnDisconnect {
+        self.on_disconnect
+            .unwrap_or_else(|| OnDisconnect::default_for(self.lease.is_some()))
     }
 }

@@ -6,12 +6,15 @@
 
 mod cli;
 mod control;
+mod human;
 mod inspect;
 mod launch;
 mod remote;
+mod select;
 mod signals;
 mod stream;
 mod supervise;
+mod version;
 
 use std::process::ExitCode;
 
@@ -23,7 +26,8 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
-            eprintln!("agent-run: {err:#}");
+            // Never a panic on a closed stderr (the caller may be gone).
+            human::say(&format!("{err:#}"));
             ExitCode::from(cli::exit_code_of(&err))
         }
     }
@@ -54,5 +58,6 @@ fn run(cli: cli::Cli) -> anyhow::Result<u8> {
         cli::Command::List(args) => inspect::list(root, args),
         cli::Command::Gc(args) => inspect::gc(root, args),
         cli::Command::Remote(args) => remote::remote(args),
+        cli::Command::Version(args) => version::version(args),
     }
 }

@@ -12,38 +12,62 @@ use std::sync::Arc;
 /// The wrapper's signal state.
 pub struct Signals {
     read: UnixStream,
+    write: UnixStream,
     term: Arc<AtomicBool>,
     int: Arc<AtomicBool>,
     hup: Arc<AtomicBool>,
     chld: Arc<AtomicBool>,
+    tstp: Arc<AtomicBool>,
+    usr1: Arc<AtomicBool>,
 }
 
 impl Signals {
-    /// Register TERM, INT, HUP, CHLD and USR1 (`renew`'s "re-read the lease"). Call before spawning, so no signal is lost.
+    /// Register TERM, INT, HUP, CHLD and USR1 (`renew`'s "re-read the lease", `attach`'s
+    /// "someone is here"). Call before spawning, so no signal is lost.
     pub fn register() -> io::Result<Signals> {
         let (read, write) = UnixStream::pair()?;
         read.set_nonblocking(true)?;
         write.set_nonblocking(true)?;
         let s = Signals {
             read,
+            write: write.try_clone()?,
             term: Arc::default(),
             int: Arc::default(),
             hup: Arc::default(),
             chld: Arc::default(),
+            tstp: Arc::default(),
+            usr1: Arc::default(),
         };
         for (sig, flag) in [
             (libc::SIGTERM, &s.term),
             (libc::SIGINT, &s.int),
             (libc::SIGHUP, &s.hup),
             (libc::SIGCHLD, &s.chld),
+            (libc::SIGUSR1, &s.usr1),
         ] {
             // The flag first, then the wake-up: the loop never wakes to an unset flag.
             signal_hook::flag::register(sig, Arc::clone(flag))?;
             signal_hook::low_level::pipe::register(sig, write.try_clone()?)?;
         }
-        // USR1 only wakes the loop, which re-reads lease.json at every wake-up.
-        signal_hook::low_level::pipe::register(libc::SIGUSR1, write)?;
         Ok(s)
+    }
+
+    /// Catch TSTP too (Ctrl-Z): the supervising wrapper suspends the whole run, then itself,
+    /// instead of stopping alone.
+    pub fn catch_tstp(&self) -> io::Result<()> {
+        signal_hook::flag::register(libc::SIGTSTP, Arc::clone(&self.tstp))?;
+        signal_hook::low_level::pipe::register(libc::SIGTSTP, self.write.try_clone()?)?;
+        Ok(())
+    }
+
+    /// Whether Ctrl-Z (SIGTSTP) arrived since the last call.
+    pub fn take_tstp(&self) -> bool {
+        self.tstp.swap(false, Ordering::SeqCst)
+    }
+
+    /// Whether USR1 (a renew or an attach) arrived since the last call.
+    pub fn take_usr1(&self) -> bool {
+        self.usr1.swap(false, Ordering::SeqCst)
     }
 
     /// Empty the pipe (the flags say what happened).

@@ -1,53 +1,108 @@
-//! The wrapper's event loop: one `poll(2)` on the signal pipe and the leader's pidfd, with the
-//! lease deadline as its timeout. It returns when the leader has exited (with its wait status) or
-//! when something asked the run to stop (with the reason); the caller does the stopping.
+//! The wrapper's event loop: one `poll(2)` on the signal pipe, the leader's pidfd and the
+//! caller's channel (our own stdout and stderr), with the nearest deadline (lease, `--timeout`,
+//! the disconnect grace) as its timeout. It returns when the leader has exited (with its wait
+//! status) or when something asked the run to stop (with the reason); the caller does the
+//! stopping. Ctrl-Z (SIGTSTP) is handled here: the whole run is suspended, then the wrapper
+//! itself, and `fg` resumes both.
+//!
+//! The caller is lost when every one of our stdout and stderr that was a pipe, a socket or a
+//! terminal at launch reports a hang-up (POLLHUP/POLLERR: the reading end is gone). That is how
+//! an SSH session without a pty ends: sshd closes the session's pipes, nothing is signalled.
+//! It is seen even while the workload is silent, journalled, recorded (`caller_lost_at`) and
+//! handled by the run's `--on-disconnect` policy.
 
+use crate::human;
 use crate::signals::Signals;
 use agent_run_shared::journal::Journal;
 use agent_run_shared::lease::read_lease;
 use agent_run_shared::pid::Identity;
+use agent_run_shared::procset::RunScope;
+use agent_run_shared::record::{write_status, Status};
 use agent_run_shared::root::{files, RunDir};
+use agent_run_shared::spec::OnDisconnect;
 use agent_run_shared::stop::Sig;
+use agent_run_shared::suspend::set_suspended;
 use agent_run_shared::sys::{self, PollFd, WaitStatus};
 use agent_run_shared::takeover::cancel_reason;
 use serde_json::json;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::time::Duration;
+use std::fs::File;
+use std::io::IsTerminal;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::FileTypeExt;
+use std::time::{Duration, Instant};
 
 /// Why supervision ended.
 pub enum Outcome {
     /// The leader exited on its own.
     LeaderExited(WaitStatus),
-    /// A stop was asked for: "signal:TERM", "cancel_request", "lease_expired".
+    /// A stop was asked for: "signal:TERM", "cancel_request", "lease_expired", "timeout",
+    /// "caller_lost".
     Stop(String),
 }
 
-/// Supervise until the leader exits or a stop is requested. `lease_deadline` is the lease the
-/// wrapper wrote at launch (epoch seconds), if any.
+/// The limits the wrapper enforces itself.
+pub struct Limits {
+    /// The lease deadline the wrapper wrote at launch (epoch seconds), if any.
+    pub lease_deadline: Option<f64>,
+    /// When the `--timeout` expires, and its length.
+    pub timeout: Option<(Instant, Duration)>,
+    /// The `--on-disconnect` policy of a foreground run; `None` for a detached run.
+    pub on_disconnect: Option<OnDisconnect>,
+}
+
+/// Supervise until the leader exits or a stop is requested. `st` is the run's record (the
+/// wrapper holds the lock: it may write it), `scope` its process set (for Ctrl-Z).
+#[allow(clippy::too_many_arguments)]
 pub fn supervise(
     dir: &RunDir,
     journal: &Journal,
     signals: &Signals,
     leader_fd: Option<&OwnedFd>,
     leader: Identity,
-    lease_deadline: Option<f64>,
+    limits: &Limits,
+    st: &mut Status,
+    scope: &RunScope,
 ) -> Outcome {
     // The deadline the wrapper wrote at launch, so a lease.json damaged before the first read
     // still cannot turn the leased run into one that runs forever.
     let mut lease = LeaseView {
-        last: lease_deadline,
+        last: limits.lease_deadline,
         complained: false,
     };
+    let mut caller = limits.on_disconnect.map(Caller::watch);
     // The lease is re-read at every wake-up; `renew` sends SIGUSR1 so a shortened lease is seen
     // at once. (Not inotify: closing an inotify instance costs ~10 ms of SRCU grace period on
     // this kernel, a launch's whole budget.)
     loop {
+        let now = Instant::now();
         let lease_left = lease.remaining(dir, journal);
         if lease_left.is_some_and(|l| l <= 0.0) {
             let _ = journal.event("lease_expired", json!({}));
             return Outcome::Stop("lease_expired".into());
         }
-        let timeout = lease_left.map(|l| Duration::from_secs_f64(l.min(86_400.0)));
+        if let Some((at, len)) = limits.timeout {
+            if now >= at {
+                let _ = journal.event("timeout", json!({"timeout_ms": len.as_millis() as u64}));
+                return Outcome::Stop("timeout".into());
+            }
+        }
+        if caller.as_ref().is_some_and(|c| c.grace_over(now)) {
+            let _ = journal.event("caller_lost_grace_over", json!({}));
+            return Outcome::Stop("caller_lost".into());
+        }
+        let timeout = [
+            lease_left.map(|l| Duration::from_secs_f64(l.min(86_400.0))),
+            limits
+                .timeout
+                .map(|(at, _)| at.saturating_duration_since(now)),
+            caller
+                .as_ref()
+                .and_then(|c| c.grace_until)
+                .map(|g| g.saturating_duration_since(now)),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         let mut fds = vec![PollFd {
             fd: signals.fd().as_raw_fd(),
             events: libc::POLLIN,
@@ -60,6 +115,15 @@ pub fn supervise(
                 revents: 0,
             });
         }
+        let first_caller_fd = fds.len();
+        if let Some(c) = &caller {
+            // No events asked for: poll reports a hang-up (POLLHUP, POLLERR) regardless.
+            fds.extend(c.watched.iter().map(|(_, f)| PollFd {
+                fd: f.as_raw_fd(),
+                events: 0,
+                revents: 0,
+            }));
+        }
         let _ = sys::poll(&mut fds, timeout);
         signals.drain();
         if let Some(sig) = signals.take_stop() {
@@ -70,13 +134,137 @@ pub fn supervise(
             );
             return Outcome::Stop(reason);
         }
-        if signals.take_chld() || fds.get(1).is_some_and(|f| f.revents != 0) {
+        if signals.take_tstp() {
+            suspend_until_continued(dir, journal, scope);
+            continue;
+        }
+        let usr1 = signals.take_usr1();
+        if let Some(c) = &mut caller {
+            if usr1 {
+                c.reclaimed(journal);
+            }
+            let hung: Vec<usize> = fds[first_caller_fd..]
+                .iter()
+                .enumerate()
+                .filter(|(_, f)| f.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0)
+                .map(|(i, _)| i)
+                .collect();
+            if !hung.is_empty() && c.hung_up(&hung) {
+                if let Some(out) = c.lost(dir, journal, st) {
+                    return out;
+                }
+            }
+        }
+        if signals.take_chld() || leader_fd.is_some_and(|_| fds[1].revents != 0) {
             let (leader_status, _) = sys::reap_all(Some(leader.pid));
             if let Some(ws) = leader_status {
                 let _ = journal.event("leader_exit", leader_exit_json(ws));
                 return Outcome::LeaderExited(ws);
             }
         }
+    }
+}
+
+/// Ctrl-Z: stop every process of the run, then ourselves; once continued (`fg`, `bg`, a
+/// SIGCONT), continue them all.
+fn suspend_until_continued(dir: &RunDir, journal: &Journal, scope: &RunScope) {
+    let stopped = set_suspended(scope, true, Some(journal));
+    let _ = journal.event(
+        "suspended",
+        json!({"pids": stopped.iter().map(|p| p.get()).collect::<Vec<_>>()}),
+    );
+    let n = stopped.len();
+    human::say(&format!(
+        "run {} suspended ({n} process{} stopped); fg resumes it",
+        dir.id,
+        if n == 1 { "" } else { "es" }
+    ));
+    sys::stop_self();
+    let resumed = set_suspended(scope, false, Some(journal));
+    let _ = journal.event(
+        "resumed",
+        json!({"pids": resumed.iter().map(|p| p.get()).collect::<Vec<_>>()}),
+    );
+    human::say(&format!("run {} resumed", dir.id));
+}
+
+/// Our stdout and stderr, watched for the caller's hang-up.
+struct Caller {
+    policy: OnDisconnect,
+    /// ("stdout" | "stderr", a duplicate of the descriptor) for those that are a pipe, a
+    /// socket or a terminal and have not hung up yet.
+    watched: Vec<(&'static str, File)>,
+    /// Those that have hung up.
+    gone: Vec<&'static str>,
+    /// The stop deadline of a `DUR` policy once the caller is lost (None: none pending).
+    grace_until: Option<Instant>,
+}
+
+impl Caller {
+    fn watch(policy: OnDisconnect) -> Caller {
+        let mut watched = Vec::new();
+        for (name, fd) in [
+            ("stdout", std::io::stdout().as_fd().try_clone_to_owned()),
+            ("stderr", std::io::stderr().as_fd().try_clone_to_owned()),
+        ] {
+            let Ok(fd) = fd else { continue };
+            let f = File::from(fd);
+            let channel = f.metadata().is_ok_and(|m| {
+                let t = m.file_type();
+                t.is_fifo() || t.is_socket() || (t.is_char_device() && f.is_terminal())
+            });
+            if channel {
+                watched.push((name, f));
+            }
+        }
+        Caller {
+            policy,
+            watched,
+            gone: Vec::new(),
+            grace_until: None,
+        }
+    }
+
+    /// Note the descriptors (indexes into `watched`) that hung up. True once every watched
+    /// one has: the caller is gone.
+    fn hung_up(&mut self, idx: &[usize]) -> bool {
+        for &i in idx.iter().rev() {
+            let (name, _) = self.watched.remove(i);
+            self.gone.push(name);
+        }
+        self.watched.is_empty()
+    }
+
+    /// The caller is gone: journal and record it, then apply the policy.
+    fn lost(&mut self, dir: &RunDir, journal: &Journal, st: &mut Status) -> Option<Outcome> {
+        // Journalled first: whoever sees `caller_lost_at` in the record finds the event too.
+        let _ = journal.event(
+            "caller_lost",
+            json!({"channels": self.gone, "policy": self.policy.as_record()}),
+        );
+        st.caller_lost_at = Some(agent_run_shared::time::rfc3339_now());
+        if let Err(e) = write_status(&dir.path, st) {
+            let _ = journal.event("record_failed", json!({"error": e.to_string()}));
+        }
+        match self.policy {
+            OnDisconnect::Keep => None,
+            OnDisconnect::Cancel => Some(Outcome::Stop("caller_lost".into())),
+            OnDisconnect::Grace(d) => {
+                self.grace_until = Some(Instant::now() + d);
+                None
+            }
+        }
+    }
+
+    /// Someone renewed or attached: a pending disconnect grace is over, the run goes on.
+    fn reclaimed(&mut self, journal: &Journal) {
+        if self.grace_until.take().is_some() {
+            let _ = journal.event("caller_reclaimed", json!({"by": "a renew or an attach"}));
+        }
+    }
+
+    fn grace_over(&self, now: Instant) -> bool {
+        self.grace_until.is_some_and(|g| now >= g)
     }
 }
 

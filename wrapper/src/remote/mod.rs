@@ -26,6 +26,7 @@
 //! resume), and the one-shot `--status` and `--cancel` below, which need no master.
 
 mod children;
+mod probe;
 mod quote;
 mod requests;
 mod resync;
@@ -104,6 +105,24 @@ fn launch_script(args: &RemoteArgs, remote: &Remote, id: &str) -> anyhow::Result
     start.push(millis(args.lease));
     if let Some(g) = args.grace {
         start.extend([OsString::from("--grace"), millis(g)]);
+    }
+    if let Some(t) = args.timeout {
+        start.extend([OsString::from("--timeout"), millis(t)]);
+    }
+    if let Some(c) = &args.cwd {
+        start.extend([OsString::from("--cwd"), c.clone()]);
+    }
+    for (k, v) in &args.env {
+        let mut pair = k.clone();
+        pair.push("=");
+        pair.push(v);
+        start.extend([OsString::from("--env"), pair]);
+    }
+    for (k, v) in &args.labels {
+        start.extend([
+            OsString::from("--label"),
+            OsString::from(format!("{k}={v}")),
+        ]);
     }
     start.extend([OsString::from(id), OsString::from("--")]);
     start.extend(args.command.iter().cloned());

@@ -108,6 +108,14 @@ pub fn run(
             return Ok(exit::TEMPFAIL);
         }
     }
+    // Before anything starts: is there an agent-run on the host, and can it do what we ask?
+    if launch.is_some() {
+        if let Err((code, why)) = super::probe::check(&ssh, remote, args) {
+            say(&why);
+            ssh.shutdown();
+            return Ok(code);
+        }
+    }
     let grace = args.grace.unwrap_or(DEFAULT_GRACE);
     let mut session = Session {
         ssh: Arc::clone(&ssh),

@@ -1,0 +1,85 @@
+//! Which runs `status`, `cancel`, `renew` and `wait` act on: one run id (the output of one
+//! record, as always), several ids, `--all`, or a label selector (one JSON document for all of
+//! them: an array in the order asked, newest first for `--all` and `--label`).
+//!
+//! A run that cannot be acted on (no such run, unsafe, refused) does not stop the others: its
+//! entry in the array says why (`{"run_id", "state": null, "error", "error_exit_code"}`), its
+//! reason goes to stderr, and the exit code is the first such code.
+
+use crate::cli::{exit_code_of, fail, Selection};
+use crate::inspect::open_root;
+use agent_run_shared::exit;
+use agent_run_shared::id::RunId;
+use agent_run_shared::record::read_status;
+use agent_run_shared::spec::matches_all;
+use agent_run_shared::time::parse_rfc3339;
+use serde_json::{json, Value};
+use std::path::Path;
+
+/// The runs picked.
+pub enum Picked {
+    /// One run id given by itself: the subcommand's single-run output.
+    One(String),
+    /// Several ids, or a selector: one document for all of them.
+    Many(Vec<String>),
+}
+
+/// Resolve a selection. `active_only`: with `--all` or `--label`, skip runs that are final
+/// (nothing to cancel, renew or wait for).
+pub fn pick(root: Option<&Path>, sel: &Selection, active_only: bool) -> anyhow::Result<Picked> {
+    if !sel.all && sel.labels.is_empty() {
+        let mut ids: Vec<String> = Vec::new();
+        for id in &sel.run_ids {
+            if !ids.contains(id) {
+                ids.push(id.clone());
+            }
+        }
+        return match ids.len() {
+            0 => fail(
+                exit::USAGE,
+                "no run given: name one or more run ids, or use --all or --label KEY=VALUE",
+            ),
+            1 if sel.run_ids.len() == 1 => Ok(Picked::One(ids.remove(0))),
+            _ => Ok(Picked::Many(ids)),
+        };
+    }
+    let Some(root) = open_root(root)? else {
+        return Ok(Picked::Many(Vec::new()));
+    };
+    let mut found: Vec<(f64, String)> = Vec::new();
+    for name in crate::inspect::root_entries(&root)? {
+        let picked = RunId::parse(&name)
+            .map_err(|e| e.to_string())
+            .and_then(|id| root.open_run_dir(&id).map_err(|e| e.to_string()))
+            .and_then(|dir| read_status(&dir.path).map_err(|e| e.to_string()));
+        match picked {
+            Ok(st) => {
+                if matches_all(&sel.labels, &st.labels) && !(active_only && st.state.is_final()) {
+                    found.push((parse_rfc3339(&st.created_at).unwrap_or(0.0), name));
+                }
+            }
+            Err(why) => eprintln!("agent-run: {name}: skipped: {why}"),
+        }
+    }
+    // Newest first, as `list` shows them.
+    found.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+    Ok(Picked::Many(found.into_iter().map(|(_, n)| n).collect()))
+}
+
+/// The entry of a run that could not be acted on, and its exit code; the reason also goes to
+/// stderr.
+pub fn error_entry(id: &str, err: &anyhow::Error) -> (Value, u8) {
+    let code = exit_code_of(err);
+    eprintln!("agent-run: {err:#}");
+    (
+        json!({"run_id": id, "state": null, "error": format!("{err:#}"), "error_exit_code": code}),
+        code,
+    )
+}
+
+/// Print one JSON document (pretty, with a trailing newline) on stdout.
+pub fn print_json(v: &Value) {
+    let mut s = serde_json::to_string_pretty(v).expect("json serializes");
+    s.push('\n');
+    print!("{s}");
+}
