@@ -1,6 +1,6 @@
 //! Reliability of agent-run under faults, full disks, load, and hostile neighbours.
 //!
-//! The standard is the seed ADR's (`shared/seeds/000_*.txt`): name the hazard, name the causal
+//! The standard is the seed ADR's (`docs/references.md`): name the hazard, name the causal
 //! scenario, and prove with real processes that the constraint holds. The losses are the
 //! contract's: a process of a run alive after its record says it is over (L-1), a record that is
 //! partial, contradictory or missing (L-2), and a process that is not the run's being signalled or
