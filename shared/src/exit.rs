@@ -47,7 +47,8 @@ pub fn for_record(st: &Status) -> Option<u8> {
                 .unwrap_or(143),
             _ => for_signal(Sig::Term),
         },
-        State::LaunchFailed => match st.exit_code {
+        // `launch_exit_code`; records written before it existed kept the code in `exit_code`.
+        State::LaunchFailed => match st.launch_exit_code.or(st.exit_code) {
             Some(c) if c == NOT_FOUND as i32 || c == CANNOT_EXECUTE as i32 => c as u8,
             _ => SOFTWARE,
         },

@@ -103,6 +103,10 @@ pub struct Status {
     /// Host policies that may kill the run behind agent-run's back.
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// For `launch_failed`: the launch failure's exit code (127 not found, 126 cannot execute,
+    /// 70 anything else); null otherwise. `exit_code` stays null: the leader never exited.
+    #[serde(default)]
+    pub launch_exit_code: Option<i32>,
 }
 
 impl Status {
@@ -138,6 +142,7 @@ impl Status {
             grace_ms: None,
             hup_after_ms: None,
             warnings: Vec::new(),
+            launch_exit_code: None,
         }
     }
 
@@ -229,6 +234,7 @@ mod tests {
             grace_ms: Some(5000),
             hup_after_ms: Some(500),
             warnings: vec![],
+            launch_exit_code: None,
         }
     }
 
@@ -259,6 +265,7 @@ mod tests {
             "cleanup",
             "error",
             "version",
+            "launch_exit_code",
         ] {
             assert!(v.get(k).is_some(), "missing {k}");
         }

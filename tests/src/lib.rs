@@ -114,7 +114,7 @@ pub fn fixture_bin() -> PathBuf {
 // Run roots and run records
 
 /// Every key the contract says status.json always has, null or not.
-pub const RECORD_KEYS: [&str; 23] = [
+pub const RECORD_KEYS: [&str; 24] = [
     "schema",
     "run_id",
     "state",
@@ -138,6 +138,7 @@ pub const RECORD_KEYS: [&str; 23] = [
     "cleanup",
     "error",
     "version",
+    "launch_exit_code",
 ];
 
 /// The final states of status.json.

@@ -190,6 +190,7 @@ fn record_with(id: &str, pid: i32, pgid: i32, sid: i32, ticks: u64, boot_id: &st
         grace_ms: Some(2000),
         hup_after_ms: Some(500),
         warnings: vec![],
+        launch_exit_code: None,
     }
 }
 

@@ -130,9 +130,12 @@ pub fn record_value(dir: &Path, st: &Status) -> Value {
             "lease_deadline_epoch".into(),
             json!(lease.map(|l| l.deadline_epoch)),
         );
+        // A final run has no lease left to count: its deadline is history, not a countdown.
         m.insert(
             "lease_remaining_s".into(),
-            json!(lease.map(|l| (l.remaining_s() * 1000.0).round() / 1000.0)),
+            json!(lease
+                .filter(|_| !st.state.is_final())
+                .map(|l| (l.remaining_s() * 1000.0).round() / 1000.0)),
         );
         m.insert("outcome_exit_code".into(), json!(exit::for_record(st)));
     }
@@ -182,6 +185,9 @@ pub fn status(root: Option<&Path>, args: StatusArgs) -> anyhow::Result<u8> {
     }
     if let Some(c) = st.exit_code {
         println!("  exit:     {c}");
+    }
+    if let Some(c) = st.launch_exit_code {
+        println!("  exit:     {c} (the launch failed)");
     }
     if let Some(s) = &st.term_signal {
         println!("  signal:   {s}");
@@ -280,7 +286,8 @@ fn list_entry(root: &Root, name: &str) -> Result<(Value, String), String> {
     let v = json!({
         "run_id": st.run_id, "state": st.state.as_str(), "reason": st.reason, "pid": st.pid,
         "age_s": age.map(|a| a.round()), "lease_remaining_s": lease_left.map(|l| (l * 10.0).round() / 10.0),
-        "exit_code": st.exit_code, "term_signal": st.term_signal, "note": n,
+        "exit_code": st.exit_code, "launch_exit_code": st.launch_exit_code,
+        "term_signal": st.term_signal, "note": n,
         "created_at": st.created_at, "ended_at": st.ended_at,
     });
     let state = match (&st.reason, n) {
@@ -295,7 +302,7 @@ fn list_entry(root: &Root, name: &str) -> Result<(Value, String), String> {
         st.pid.map_or("-".into(), |p| p.to_string()),
         age.map_or("-".into(), human_secs),
         lease_left.map_or("-".into(), human_secs),
-        st.exit_code.map_or_else(
+        st.exit_code.or(st.launch_exit_code).map_or_else(
             || st.term_signal.clone().unwrap_or("-".into()),
             |c| c.to_string()
         ),

@@ -86,14 +86,14 @@ impl Launch {
         };
         let mut st = Status::blank(dir.id.as_str());
         st.argv = argv;
-        st.cwd = std::env::current_dir()
-            .map(|p| p.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let (cwd, cwd_warning) = working_dir();
+        st.cwd = cwd;
         st.wrapper_pid = Some(std::process::id() as i32);
         st.wrapper_start_ticks = procfs::stat(Pid::this()).map(|s| s.start_ticks);
         st.grace_ms = Some(timings.grace.as_millis() as u64);
         st.hup_after_ms = Some(timings.hup_after.as_millis() as u64);
         st.warnings = agent_run_shared::hostpolicy::launch_warnings(&st.user);
+        st.warnings.extend(cwd_warning);
         Ok(Launch {
             dir,
             st,
@@ -286,7 +286,8 @@ impl Launch {
     fn launch_failed(&mut self, code: u8, msg: &str) -> u8 {
         eprintln!("agent-run: {msg}");
         self.st.error = Some(msg.replace('\n', " "));
-        self.st.exit_code = (code != exit::SOFTWARE).then_some(code as i32);
+        // The leader never exited: `exit_code` stays null; the launch's own code is recorded.
+        self.st.launch_exit_code = Some(code as i32);
         if let Err(e) = finalize(
             &self.dir.path,
             &mut self.st,
@@ -370,6 +371,24 @@ impl Launch {
             );
         }
         Ok(exit::for_record(&self.st).unwrap_or(exit::SOFTWARE))
+    }
+}
+
+/// The working directory for the record, and a warning when it is not a plain path. A directory
+/// deleted before the launch has no path (getcwd fails): the record keeps what the kernel says,
+/// `/proc/self/cwd`'s `"/old/path (deleted)"`, never an empty string, and the run gets a warning
+/// (the workload runs in that deleted directory, as it would from a shell).
+fn working_dir() -> (String, Option<String>) {
+    match std::env::current_dir() {
+        Ok(p) => (p.to_string_lossy().into_owned(), None),
+        Err(e) => {
+            let cwd = match std::fs::read_link("/proc/self/cwd") {
+                Ok(p) => p.to_string_lossy().into_owned(),
+                Err(e2) => format!("(unknown: {e}; /proc/self/cwd: {e2})"),
+            };
+            let why = format!("the working directory has no path ({e}); recorded as {cwd:?}");
+            (cwd, Some(why))
+        }
     }
 }
 
