@@ -42,7 +42,7 @@ pub fn start(root: Option<&Path>, args: StartArgs) -> anyhow::Result<u8> {
         return crate::control::detach_parent(&root, &id, &argv, &args);
     }
     let Some(dir) = root.create_run_dir(&id)? else {
-        return crate::control::relaunch(&root, &id, &argv, args.quiet);
+        return crate::control::relaunch(&root, &id, &argv, args.quiet, args.detached_child);
     };
     fault::point("after_run_dir");
     Launch::new(dir, &args, argv)?.run(&args)
