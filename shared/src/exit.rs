@@ -26,6 +26,9 @@ pub const TEMPFAIL: u8 = 75;
 pub const NOPERM: u8 = 77;
 /// Unsafe run root or run dir.
 pub const CONFIG: u8 = 78;
+/// `agent-run remote`: agent-run could not be run on the host (the remote shell found no such
+/// program, or could not execute it); nothing was started or asked there.
+pub const REMOTE_BIN_MISSING: u8 = 72;
 
 /// 128 + N for a signal.
 pub fn for_signal(sig: Sig) -> u8 {

@@ -129,7 +129,12 @@ host stops the run by its lease; ask later with --status.
 final. --attach streams an earlier run from the start, renews its lease, cancels it on INT/TERM/
 HUP and exits as it did. 75 also when HOST cannot be reached at all (nothing was started).
 ssh options that must hold (ControlPath, ControlMaster) cannot be overridden; keepalive and
-ConnectTimeout defaults can. The remote login shell must be POSIX (sh, bash, dash, ksh, zsh).";
+ConnectTimeout defaults can. The remote login shell must be POSIX (sh, bash, dash, ksh, zsh).
+
+Exit codes: as the remote run did (agent-run --help), and
+  75  the outcome cannot be known here (HOST unreachable, or the run not final yet for --status)
+  72  agent-run could not be run on HOST: the remote shell found no --remote-bin program (127)
+      or could not execute it (126); nothing was started or asked there";
 
 #[derive(Debug, Args)]
 #[command(after_long_help = REMOTE_HELP)]
