@@ -11,6 +11,7 @@ pub mod atomic;
 pub mod error;
 pub mod exit;
 pub mod fault;
+pub mod heartbeat;
 pub mod hostpolicy;
 pub mod id;
 pub mod journal;

@@ -17,7 +17,7 @@ use agent_run_shared::record::{read_status, Status};
 use agent_run_shared::root::Root;
 use agent_run_shared::run::{scope_of, timings_of};
 use agent_run_shared::takeover::{live_wrapper, Wrapper};
-use agent_run_shared::{procfs, time};
+use agent_run_shared::{heartbeat, procfs, time};
 use std::cell::OnceCell;
 use std::collections::HashSet;
 use std::os::fd::OwnedFd;
@@ -184,10 +184,16 @@ pub fn assess(
         Wrapper::Gone | Wrapper::Reused(_) => {
             let (act_epoch, lease_expired) = match lease {
                 Some(l) => (l.deadline_epoch, true),
-                None => (
-                    orphan_since.unwrap_or(now) + policy.orphan_grace.as_secs_f64(),
-                    false,
-                ),
+                // Counted from when the wrapper died, as far as anyone can know: the first
+                // time this daemon saw it gone, or the bound its last heartbeat gives (which a
+                // `--once` pass, seeing it for the first time, has to go by).
+                None => {
+                    let since = [orphan_since, heartbeat::gone_by(&dir.path, now)]
+                        .into_iter()
+                        .flatten()
+                        .fold(now, f64::min);
+                    (since + policy.orphan_grace.as_secs_f64(), false)
+                }
             };
             let action = Action::Orphan { lease_expired };
             // Due: act at once; the stop itself (on a worker thread) finds whatever remains,

@@ -67,6 +67,9 @@ impl Launch {
                 "the new run dir is locked by another process",
             );
         }
+        // The lock's mtime is our heartbeat: the watchdog bounds our death by it (a lease-less
+        // run's orphan grace counts from there). Not being able to beat costs only that bound.
+        let _ = agent_run_shared::heartbeat::start(&dir.path);
         // A `cancel` or the watchdog that found this dir without a record, and took the lock
         // before we did, has declared the launch lost: never run the command after that.
         if agent_run_shared::record::read_status(&dir.path).is_ok() {
