@@ -23,6 +23,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod first_contact;
+
 // ---------------------------------------------------------------------------------------------
 // Binaries under test
 
