@@ -89,40 +89,156 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(|e| Error::io("fsync directory", dir, e))
 }
 
-/// Open `dir/name` for appending, creating it mode 0600, never following a symlink.
+/// The flags every open of a run file carries: never follow a symlink, never block on a FIFO,
+/// never make a terminal our controlling one, never leak into a child.
+const HOSTILE: libc::c_int = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC;
+
+/// Size caps for the documents of a run dir: a record holds argv (at most ~2 MiB on Linux,
+/// escaped); lease and cancel requests are a line each.
+pub mod caps {
+    pub const STATUS: u64 = 16 << 20;
+    pub const LEASE: u64 = 64 << 10;
+    pub const CANCEL: u64 = 64 << 10;
+}
+
+/// Check what `open` gave us: a regular file owned by this user. A FIFO, socket, device or
+/// directory planted by the workload makes the file corrupt, never a blocked reader.
+fn check_regular(f: &File, path: &Path) -> Result<std::fs::Metadata> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let md = f.metadata().map_err(|e| Error::io("inspect", path, e))?;
+    let ft = md.file_type();
+    let kind = if ft.is_file() {
+        None
+    } else if ft.is_fifo() {
+        Some("a FIFO")
+    } else if ft.is_socket() {
+        Some("a socket")
+    } else if ft.is_char_device() || ft.is_block_device() {
+        Some("a device")
+    } else if ft.is_dir() {
+        Some("a directory")
+    } else {
+        Some("not a file")
+    };
+    if let Some(kind) = kind {
+        return Err(Error::Corrupt {
+            path: path.to_path_buf(),
+            why: format!("it is {kind}, not a regular file"),
+        });
+    }
+    let me = crate::sys::geteuid();
+    if md.uid() != me {
+        return Err(Error::Corrupt {
+            path: path.to_path_buf(),
+            why: format!("it is owned by uid {}, not by uid {me}", md.uid()),
+        });
+    }
+    Ok(md)
+}
+
+/// An open() error on a run file, in the library's terms: `Missing`, `Corrupt` for what the
+/// workload could have planted (a symlink: ELOOP; a socket or a FIFO without a reader: ENXIO),
+/// `Io` otherwise.
+fn open_error(path: &Path, e: std::io::Error) -> Error {
+    match e.raw_os_error() {
+        Some(libc::ENOENT) => Error::Missing {
+            path: path.to_path_buf(),
+        },
+        Some(libc::ELOOP) => Error::Corrupt {
+            path: path.to_path_buf(),
+            why: "it is a symlink, not a regular file".into(),
+        },
+        Some(libc::ENXIO) => Error::Corrupt {
+            path: path.to_path_buf(),
+            why: "it is a socket or a FIFO, not a regular file".into(),
+        },
+        _ => Error::io("open", path, e),
+    }
+}
+
+/// Open `dir/name` for appending, creating it mode 0600, as a file the run could have replaced
+/// (see [`open_run_file`]).
 pub fn open_append(dir: &Path, name: &str) -> Result<File> {
     let path = dir.join(name);
-    OpenOptions::new()
+    let f = OpenOptions::new()
         .append(true)
         .create(true)
         .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(HOSTILE)
         .open(&path)
-        .map_err(|e| Error::io("open", &path, e))
+        .map_err(|e| open_error(&path, e))?;
+    check_regular(&f, &path)?;
+    Ok(f)
 }
 
-/// Open `dir/name` read-only, never following a symlink.
-pub fn open_read(dir: &Path, name: &str) -> std::io::Result<File> {
-    OpenOptions::new()
+/// Open `dir/name` (creating it mode 0600) for reading and writing, as a file the run could
+/// have replaced: the run's lock file.
+pub fn open_rw_create(dir: &Path, name: &str) -> Result<File> {
+    let path = dir.join(name);
+    let f = OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(dir.join(name))
+        .write(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(HOSTILE)
+        .open(&path)
+        .map_err(|e| open_error(&path, e))?;
+    check_regular(&f, &path)?;
+    Ok(f)
 }
 
-/// Read a small file whole: plain `read(2)` calls into a growing buffer, without the size probe
-/// and seek that `read_to_string` adds (two syscalls per record, 10,000 records per rescan).
-pub fn read_small(f: &mut File) -> std::io::Result<Vec<u8>> {
+/// Open `dir/name` read-only as a file the run could have replaced: `O_NOFOLLOW | O_NONBLOCK`,
+/// then fstat: a regular file owned by us, or `Corrupt` naming what it is instead. A FIFO
+/// costs one failed open, never a blocked reader. `Missing` when there is none.
+pub fn open_run_file(dir: &Path, name: &str) -> Result<(File, std::fs::Metadata)> {
+    let path = dir.join(name);
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(HOSTILE)
+        .open(&path)
+        .map_err(|e| open_error(&path, e))?;
+    let md = check_regular(&f, &path)?;
+    Ok((f, md))
+}
+
+/// Read a whole run document of at most `cap` bytes ([`open_run_file`], then plain `read(2)`
+/// calls). A larger file is `Corrupt`, and at most `cap + 1` bytes are ever read, so a 1 GiB
+/// file planted as status.json costs one fstat.
+pub fn read_run_file(dir: &Path, name: &str, cap: u64) -> Result<Vec<u8>> {
+    let (mut f, md) = open_run_file(dir, name)?;
+    let path = || dir.join(name);
+    let too_big = |n: u64| Error::Corrupt {
+        path: path(),
+        why: format!("it holds {n} bytes, more than the {cap} a {name} may hold"),
+    };
+    if md.len() > cap {
+        return Err(too_big(md.len()));
+    }
+    let bytes = read_capped(&mut f, cap).map_err(|e| Error::io("read", path(), e))?;
+    if bytes.len() as u64 > cap {
+        return Err(too_big(bytes.len() as u64));
+    }
+    Ok(bytes)
+}
+
+/// Read up to `cap + 1` bytes: plain `read(2)` calls into a growing buffer, without the size
+/// probe and seek that `read_to_string` adds (two syscalls per record, 10,000 records per
+/// rescan).
+fn read_capped(f: &mut File, cap: u64) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
-    let mut buf = vec![0u8; 4096];
+    let limit = usize::try_from(cap).unwrap_or(usize::MAX).saturating_add(1);
+    let mut buf = vec![0u8; 4096.min(limit)];
     let mut n = 0;
-    loop {
+    while n < limit {
         if n == buf.len() {
-            buf.resize(buf.len() * 2, 0);
+            buf.resize((buf.len() * 2).min(limit), 0);
         }
         match f.read(&mut buf[n..]) {
             Ok(0) => break,
             Ok(k) => n += k,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            // A FIFO swapped in between the fstat and here cannot happen (same fd), but a
+            // regular file on a filesystem that answers EAGAIN is reported, not spun on.
             Err(e) => return Err(e),
         }
     }
@@ -150,6 +266,38 @@ mod tests {
             .mode();
         assert_eq!(mode & 0o777, 0o600);
         assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn planted_fifos_symlinks_and_big_files_are_corrupt_without_blocking() {
+        let d = tempfile::tempdir().unwrap();
+        assert!(std::process::Command::new("mkfifo")
+            .arg(d.path().join("lease.json"))
+            .status()
+            .unwrap()
+            .success());
+        let e = read_run_file(d.path(), "lease.json", caps::LEASE).unwrap_err();
+        assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+        assert!(e.to_string().contains("FIFO"), "{e}");
+        // Appending to a FIFO nobody reads: ENXIO at once, never a blocked open.
+        assert!(matches!(
+            open_append(d.path(), "lease.json"),
+            Err(Error::Corrupt { .. })
+        ));
+        std::os::unix::fs::symlink("/dev/zero", d.path().join("cancel.json")).unwrap();
+        let e = read_run_file(d.path(), "cancel.json", caps::CANCEL).unwrap_err();
+        assert!(e.to_string().contains("symlink"), "{e}");
+        let big = std::fs::File::create(d.path().join("status.json")).unwrap();
+        big.set_len(1 << 30).unwrap();
+        let e = read_run_file(d.path(), "status.json", caps::STATUS).unwrap_err();
+        assert!(e.to_string().contains("more than"), "{e}");
+        assert!(matches!(
+            read_run_file(d.path(), "nope", 10),
+            Err(Error::Missing { .. })
+        ));
+        std::fs::write(d.path().join("small"), b"12345").unwrap();
+        assert_eq!(read_run_file(d.path(), "small", 5).unwrap(), b"12345");
+        assert!(read_run_file(d.path(), "small", 4).is_err());
     }
 
     #[test]

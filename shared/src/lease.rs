@@ -3,7 +3,7 @@
 //! `start --lease` writes it, `renew` pushes the deadline, the wrapper and the watchdog read it.
 //! A lease is only a deadline: what happens when it passes is the stop routine's business.
 
-use crate::atomic::{open_read, write_atomic};
+use crate::atomic::{caps, read_run_file, write_atomic};
 use crate::error::{Error, Result};
 use crate::root::files;
 use serde::{Deserialize, Serialize};
@@ -42,12 +42,11 @@ pub fn write_lease(dir: &Path, lease: &Lease) -> Result<()> {
 /// Read lease.json: `Ok(None)` when the run has no lease, `Corrupt` when it is not a whole lease.
 pub fn read_lease(dir: &Path) -> Result<Option<Lease>> {
     let path = dir.join(files::LEASE);
-    let mut f = match open_read(dir, files::LEASE) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io("open", path, e)),
+    let bytes = match read_run_file(dir, files::LEASE, caps::LEASE) {
+        Ok(b) => b,
+        Err(Error::Missing { .. }) => return Ok(None),
+        Err(e) => return Err(e),
     };
-    let bytes = crate::atomic::read_small(&mut f).map_err(|e| Error::io("read", &path, e))?;
     let s = std::str::from_utf8(&bytes).map_err(|e| Error::Corrupt {
         path: path.clone(),
         why: e.to_string(),

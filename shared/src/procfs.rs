@@ -141,6 +141,89 @@ pub fn uid_of(pid: Pid) -> Option<u32> {
     fs::metadata(format!("/proc/{pid}")).ok().map(|m| m.uid())
 }
 
+/// The pids holding a `flock(2)` on the file (device, inode), from /proc/locks: the kernel's own
+/// account, which no file of a run dir can forge. Waiters (`->` lines) are not holders.
+///
+/// /proc/locks is a seq_file: the kernel renders about a page per read(2) and finds its place
+/// again by position, so lines shift when locks come and go between reads and a holder can be
+/// missed (seen with 200 runs locking at once). Callers that know the lock is held and find no
+/// holder look again ([`flock_holders_of_held`]); to confirm one process, ask its own fdinfo
+/// ([`holds_flock`]).
+pub fn flock_holders(dev: u64, ino: u64) -> Vec<i32> {
+    let Ok(text) = fs::read_to_string("/proc/locks") else {
+        return Vec::new();
+    };
+    let (maj, min) = (libc::major(dev) as u64, libc::minor(dev) as u64);
+    text.lines()
+        .filter_map(parse_lock_line)
+        .filter(|&(m, n, i, _)| (m, n, i) == (maj, min, ino))
+        .map(|(_, _, _, pid)| pid)
+        .collect()
+}
+
+/// [`flock_holders`] for a lock known to be held: look a few times before answering none.
+pub fn flock_holders_of_held(dev: u64, ino: u64) -> Vec<i32> {
+    for _ in 0..5 {
+        let h = flock_holders(dev, ino);
+        if !h.is_empty() {
+            return h;
+        }
+    }
+    Vec::new()
+}
+
+/// Whether `pid` itself took and holds a `flock(2)` on the file (device, inode): one of its
+/// descriptors (/proc/PID/fdinfo) carries a lock line for that inode with its own pid (a child
+/// that merely inherited the descriptor shows its parent's pid there).
+pub fn holds_flock(pid: Pid, dev: u64, ino: u64) -> bool {
+    let (maj, min) = (libc::major(dev) as u64, libc::minor(dev) as u64);
+    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return false;
+    };
+    fds.filter_map(|e| e.ok()).any(|e| {
+        fs::read_to_string(e.path()).is_ok_and(|info| {
+            info.lines()
+                .filter_map(|l| l.strip_prefix("lock:"))
+                .filter_map(|l| parse_lock_line(l.trim_start()))
+                .any(|(m, n, i, p)| (m, n, i) == (maj, min, ino) && p == pid.get())
+        })
+    })
+}
+
+/// One /proc/locks line, `1: FLOCK  ADVISORY  WRITE 15672 fe:00:5341426 0 EOF`, as (major,
+/// minor, inode, pid) when it is a held flock.
+fn parse_lock_line(line: &str) -> Option<(u64, u64, u64, i32)> {
+    let mut f = line.split_ascii_whitespace().skip(1);
+    if f.next()? != "FLOCK" {
+        return None; // a POSIX/OFD lock, or a "->" waiter line
+    }
+    let _advisory = f.next()?;
+    let _mode = f.next()?;
+    let pid = f.next()?.parse().ok()?;
+    let mut dev = f.next()?.split(':');
+    let maj = u64::from_str_radix(dev.next()?, 16).ok()?;
+    let min = u64::from_str_radix(dev.next()?, 16).ok()?;
+    let ino = dev.next()?.parse().ok()?;
+    Some((maj, min, ino, pid))
+}
+
+/// The file name of a process's executable (/proc/PID/exe), without a " (deleted)" suffix (a
+/// wrapper whose binary was upgraded under it is still that binary). `None` when it is gone
+/// or not ours to read.
+pub fn exe_name(pid: Pid) -> Option<String> {
+    let target = fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+    let name = target.file_name()?.to_string_lossy().into_owned();
+    Some(name.strip_suffix(" (deleted)").unwrap_or(&name).to_string())
+}
+
+/// An epoch time as clock ticks since boot (the unit of /proc start times), 0 when it is
+/// before the boot.
+pub fn epoch_to_ticks(epoch: f64) -> u64 {
+    let booted_at = crate::time::epoch_now() - crate::sys::boottime_secs();
+    let secs = (epoch - booted_at).max(0.0);
+    (secs * crate::sys::clock_ticks_per_sec() as f64) as u64
+}
+
 /// This boot's id (/proc/sys/kernel/random/boot_id), trimmed.
 pub fn boot_id() -> String {
     fs::read_to_string("/proc/sys/kernel/random/boot_id")
@@ -186,6 +269,22 @@ mod tests {
         assert!(scan().iter().any(|s| s.pid == Pid::this()));
         assert!(!boot_id().is_empty());
         assert!(sig_dispositions(Pid::this()).is_some());
+    }
+
+    #[test]
+    fn lock_lines_are_parsed_and_waiters_skipped() {
+        assert_eq!(
+            parse_lock_line("1: FLOCK  ADVISORY  WRITE 15672 fe:00:5341426 0 EOF"),
+            Some((0xfe, 0, 5341426, 15672))
+        );
+        assert_eq!(
+            parse_lock_line("1: -> FLOCK  ADVISORY  WRITE 15673 fe:00:5341426 0 EOF"),
+            None
+        );
+        assert_eq!(
+            parse_lock_line("2: POSIX  ADVISORY  WRITE 15672 00:2e:11 0 EOF"),
+            None
+        );
     }
 
     #[test]

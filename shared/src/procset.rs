@@ -5,10 +5,12 @@
 //! - it descends from the wrapper (a child subreaper, so double-forked escapees come back to it), or
 //! - it is of the run's user and its environment carries this run's `AGENT_RUN_ID`.
 //!
-//! Session and group ids are trusted only while they cannot have been reused: while the leader
-//! (pid == sid == pgid) is alive with its recorded start time, or for processes that also carry
-//! the run's marker. Once an empty session's id is free, the kernel may hand it to an unrelated
-//! process, and a start-time check alone cannot tell that process from ours.
+//! Session and group ids are trusted only while they cannot have been reused and the leader is
+//! the run's by a kernel fact: while the leader (pid == sid == pgid) is alive with its recorded
+//! start time and is the child of the live wrapper or carries the run's marker, or for
+//! processes that also carry the run's marker. Once an empty session's id is free, the kernel
+//! may hand it to an unrelated process, and a start-time check alone cannot tell that process
+//! from ours; and a rewritten record may name any session leader.
 //!
 //! This module never signals; [`crate::stop`] verifies each member again through a pidfd.
 
@@ -33,6 +35,10 @@ pub struct RunScope {
     /// The leader is not known (only the wrapper's identity, as a start-time floor): match by
     /// marker and wrapper descent only, never by group or session.
     pub marker_only: bool,
+    /// No process that started before this tick is the run's. The record's start ticks, capped
+    /// by the run dir's birth (a kernel fact): a record rewritten to say the run started later
+    /// cannot shield the run's processes from its stop.
+    pub floor_ticks: u64,
 }
 
 impl RunScope {
@@ -157,10 +163,18 @@ pub fn discover_in(
     let me = Pid::this();
     let leader = scope.leader;
     let leader_pid = leader.pid.get();
-    let leader_alive = snap
-        .stats
-        .iter()
-        .any(|s| s.pid == leader.pid && s.start_ticks == leader.start_ticks);
+    // Session and group ids stand for the run only while its leader is alive and is the run's
+    // by a kernel fact: the child of the live wrapper we descend from, or carrying the run's
+    // marker. A record's leader that is neither (the record was rewritten to name another
+    // session leader) lends its session and group nothing.
+    let leader_trusted = !scope.marker_only
+        && snap
+            .stats
+            .iter()
+            .find(|s| s.pid == leader.pid && s.start_ticks == leader.start_ticks)
+            .is_some_and(|s| {
+                scope.wrapper.is_some_and(|w| s.ppid == w.get()) || has_marker(snap, s.pid, scope)
+            });
     let mut descends: HashMap<i32, bool> = HashMap::new();
     let mut out = Vec::new();
     for s in candidates(snap, scope, depth) {
@@ -169,12 +183,14 @@ pub fn discover_in(
             || s.pid.get() == 1
             || s.is_dead()
             || skip.contains(&s.pid)
-            || s.start_ticks < leader.start_ticks
+            || s.start_ticks < scope.floor_ticks
         {
             continue;
         }
-        let in_group = s.pgid == leader_pid || s.sid == leader_pid;
-        let member = (in_group && leader_alive && !scope.marker_only)
+        // Members of the leader's group or session joined it after the leader started.
+        let in_group =
+            (s.pgid == leader_pid || s.sid == leader_pid) && s.start_ticks >= leader.start_ticks;
+        let member = (in_group && leader_trusted)
             || scope
                 .wrapper
                 .is_some_and(|w| descends_from(s.pid.get(), w.get(), &snap.parent, &mut descends))

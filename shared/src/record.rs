@@ -6,10 +6,14 @@
 //! Readers get [`Error::Missing`] or [`Error::Corrupt`] for a missing or partial document and
 //! must report it as such, never guess.
 
-use crate::atomic::{open_read, write_atomic};
+use crate::atomic::{caps, read_run_file, write_atomic};
 use crate::error::{Error, Result};
 use crate::root::files;
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine as _;
 use serde::{Deserialize, Serialize};
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 /// The record's schema version.
@@ -103,6 +107,11 @@ pub struct Status {
     /// Host policies that may kill the run behind agent-run's back.
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// The exact bytes of every argument, base64 (standard, padded), when any argument is not
+    /// valid UTF-8 (`argv` then holds them with U+FFFD where bytes were invalid, for display
+    /// only); null when `argv` is exact.
+    #[serde(default)]
+    pub argv_b64: Option<Vec<String>>,
     /// For `launch_failed`: the launch failure's exit code (127 not found, 126 cannot execute,
     /// 70 anything else); null otherwise. `exit_code` stays null: the leader never exited.
     #[serde(default)]
@@ -142,8 +151,39 @@ impl Status {
             grace_ms: None,
             hup_after_ms: None,
             warnings: Vec::new(),
+            argv_b64: None,
             launch_exit_code: None,
         }
+    }
+
+    /// Record the command: `argv` as strings, and `argv_b64` with the exact bytes when any
+    /// argument is not valid UTF-8.
+    pub fn set_argv(&mut self, argv: &[OsString]) {
+        self.argv = argv
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        self.argv_b64 = argv
+            .iter()
+            .any(|a| a.to_str().is_none())
+            .then(|| argv.iter().map(|a| B64.encode(a.as_bytes())).collect());
+    }
+
+    /// The command's exact bytes: from `argv_b64` when present, else from `argv`. `None` when
+    /// `argv_b64` does not decode or disagrees with `argv` in length (a damaged record).
+    pub fn argv_bytes(&self) -> Option<Vec<Vec<u8>>> {
+        match &self.argv_b64 {
+            None => Some(self.argv.iter().map(|a| a.as_bytes().to_vec()).collect()),
+            Some(b) if b.len() == self.argv.len() => b.iter().map(|a| B64.decode(a).ok()).collect(),
+            Some(_) => None,
+        }
+    }
+
+    /// Whether the record stands for exactly this command, byte for byte.
+    pub fn same_argv(&self, argv: &[OsString]) -> bool {
+        self.argv_bytes().is_some_and(|mine| {
+            mine.len() == argv.len() && mine.iter().zip(argv).all(|(m, a)| m == a.as_bytes())
+        })
     }
 
     /// Serialize as one pretty JSON document with a trailing newline.
@@ -176,20 +216,17 @@ pub fn write_status(dir: &Path, st: &Status) -> Result<()> {
     write_atomic(dir, files::STATUS, st.to_json().as_bytes(), true)
 }
 
-/// Read and parse the record: `Missing` when absent, `Corrupt` when not a whole valid document.
+/// Read and parse the record: `Missing` when absent, `Corrupt` when not a whole valid document
+/// (or not a regular file of ours, or larger than a record can be: see
+/// [`crate::atomic::read_run_file`]).
 pub fn read_status(dir: &Path) -> Result<Status> {
-    let path = dir.join(files::STATUS);
-    let mut f = match open_read(dir, files::STATUS) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Error::Missing { path }),
-        Err(e) => return Err(Error::io("open", path, e)),
-    };
-    let bytes = crate::atomic::read_small(&mut f).map_err(|e| Error::io("read", &path, e))?;
+    let bytes = read_run_file(dir, files::STATUS, caps::STATUS)?;
+    let path = || dir.join(files::STATUS);
     let s = std::str::from_utf8(&bytes).map_err(|e| Error::Corrupt {
-        path: path.clone(),
+        path: path(),
         why: e.to_string(),
     })?;
-    parse_status(s).map_err(|why| Error::Corrupt { path, why })
+    parse_status(s).map_err(|why| Error::Corrupt { path: path(), why })
 }
 
 /// Parse a record from text, checking the schema.
@@ -234,8 +271,33 @@ mod tests {
             grace_ms: Some(5000),
             hup_after_ms: Some(500),
             warnings: vec![],
+            argv_b64: None,
             launch_exit_code: None,
         }
+    }
+
+    #[test]
+    fn argv_that_is_not_utf8_is_kept_byte_exact() {
+        use std::os::unix::ffi::OsStringExt;
+        let mut st = sample();
+        let a = vec![
+            OsString::from("echo"),
+            OsString::from_vec(b"A\xff".to_vec()),
+        ];
+        let b = vec![
+            OsString::from("echo"),
+            OsString::from_vec(b"A\xfe".to_vec()),
+        ];
+        st.set_argv(&a);
+        assert_eq!(st.argv, ["echo", "A\u{fffd}"]);
+        let back = parse_status(&st.to_json()).unwrap();
+        assert!(back.same_argv(&a));
+        assert!(!back.same_argv(&b));
+        assert_eq!(back.argv_bytes().unwrap()[1], b"A\xff");
+        let mut plain = sample();
+        plain.set_argv(&[OsString::from("true")]);
+        assert!(plain.argv_b64.is_none());
+        assert!(plain.same_argv(&[OsString::from("true")]));
     }
 
     #[test]

@@ -90,6 +90,17 @@ pub fn scope_of(dir: &Path, st: &Status, wrapper: Option<Pid>) -> Option<RunScop
             true,
         ),
     };
+    // The run began after its dir was made: a floor above that is a rewritten record. Two ticks
+    // of margin below it, for the clock arithmetic.
+    let mut floor = leader.start_ticks;
+    if let Some(born) = std::fs::metadata(dir)
+        .and_then(|m| m.created())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+    {
+        let born = crate::procfs::epoch_to_ticks(born.as_secs_f64());
+        floor = floor.min(born.saturating_sub(2));
+    }
     Some(RunScope {
         run_id: st.run_id.clone(),
         leader,
@@ -97,6 +108,7 @@ pub fn scope_of(dir: &Path, st: &Status, wrapper: Option<Pid>) -> Option<RunScop
         wrapper,
         run_dir: RunScope::dir_identity(dir),
         marker_only,
+        floor_ticks: floor,
     })
 }
 

@@ -308,6 +308,21 @@ pub fn stop_run(
         .into_iter()
         .filter(|p| procfs::stat(*p).is_some_and(|st| !st.is_dead()))
         .collect();
+    // The recorded leader, alive and never taken in: the kernel could not confirm it as the
+    // run's (not the live wrapper's child, no marker of this run), so it was not signalled. It
+    // may still be the run's: the run is not clean while it lives.
+    let leader = scope.leader;
+    if !scope.marker_only
+        && !s.members.contains_key(&leader.pid)
+        && procfs::stat(leader.pid)
+            .is_some_and(|st| st.start_ticks == leader.start_ticks && !st.is_dead())
+    {
+        s.journal_event(
+            "unverified",
+            json!({"pid": leader.pid.get(), "why": "the recorded leader is alive but is not the run's by any kernel fact; not signalled"}),
+        );
+        s.report.survivors.push(leader.pid);
+    }
     s.report.survivors.sort();
     s.report.signalled.sort();
     s.report.signalled.dedup();

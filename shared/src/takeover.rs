@@ -1,13 +1,18 @@
-//! Acting on a run from outside its wrapper: `cancel` and the watchdog.
+//! Acting on a run from outside its wrapper: `cancel`, `renew` and the watchdog.
 //!
 //! The wrapper holds an exclusive `flock` on `<run dir>/lock` for its whole life. Whoever else
 //! takes that lock knows the wrapper is gone and becomes the one party allowed to write the final
-//! record. Before anything is signalled, the record is validated ([`check_record`]): this boot,
-//! this user, and a recorded process that is alive must still have its recorded start time
-//! (otherwise its pid was reused, and we refuse). A live wrapper is reached through a pidfd
-//! opened before its start time is checked ([`live_wrapper`]).
+//! record. Nothing in the run dir is trusted for what gets signalled: the workload can rewrite
+//! every file there. Before anything is signalled,
+//! - the record must hold the whole identity ([`check_record`]): this boot, this user, the
+//!   wrapper's pid and start ticks, and once launched the leader's pid, pgid, sid and start
+//!   ticks, with pid == pgid == sid (a missing key is a corrupt record: nothing is signalled);
+//! - the wrapper is confirmed by kernel facts ([`live_wrapper`]): pinned by a pidfd, its start
+//!   ticks match, it holds the run dir's lock (/proc/locks, by the lock file's inode: a workload
+//!   cannot take that lock while the wrapper lives) and its executable is agent-run. Only a
+//!   [`VerifiedWrapper`] can be signalled ([`signal_wrapper`]), and never pid 1 or the caller.
 
-use crate::atomic::open_read;
+use crate::atomic::{caps, open_rw_create, read_run_file};
 use crate::error::{Error, Result};
 use crate::journal::Journal;
 use crate::pid::Pid;
@@ -18,30 +23,30 @@ use crate::run::{finalize, scope_of, timings_of, transition};
 use crate::stop::{stop_run, Report, Sig};
 use crate::sys;
 use serde_json::json;
-use std::fs::{File, OpenOptions};
-use std::io::Read;
+use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 /// The run's lock file, opened (not yet locked).
 pub struct RunLock {
     file: File,
+    dev: u64,
+    ino: u64,
 }
 
 impl RunLock {
-    /// Open (creating, 0600, never through a symlink) `<dir>/lock`.
+    /// Open (creating, 0600, never through a symlink, never a planted FIFO) `<dir>/lock`.
     pub fn open(dir: &Path) -> Result<RunLock> {
-        let path = dir.join(files::LOCK);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
-            .map_err(|e| Error::io("open lock file", &path, e))?;
-        Ok(RunLock { file })
+        let file = open_rw_create(dir, files::LOCK)?;
+        let md = file
+            .metadata()
+            .map_err(|e| Error::io("inspect", dir.join(files::LOCK), e))?;
+        Ok(RunLock {
+            file,
+            dev: md.dev(),
+            ino: md.ino(),
+        })
     }
 
     /// Take the lock without blocking. `false`: someone (the wrapper, another canceller, the
@@ -49,15 +54,34 @@ impl RunLock {
     pub fn try_lock(&self) -> Result<bool> {
         sys::try_lock_exclusive(self.file.as_fd()).map_err(|e| Error::io("lock", "lock file", e))
     }
+
+    /// Who holds the lock, by the kernel's account (/proc/locks); for a lock this process
+    /// could not take, so it is held by someone.
+    pub fn holders(&self) -> Vec<i32> {
+        procfs::flock_holders_of_held(self.dev, self.ino)
+    }
+
+    /// The lock file's (device, inode).
+    pub fn identity(&self) -> (u64, u64) {
+        (self.dev, self.ino)
+    }
 }
 
-/// Validate a record before acting on its processes. The error says what did not match.
+/// The executables that may hold a run's lock: the wrapper, and the parties that take a run
+/// over (`agent-run cancel`, the watchdog).
+pub fn is_agent_run_exe(name: &str) -> bool {
+    name == "agent-run" || name == "agent-run-watchdog"
+}
+
+/// Validate a record before acting on its processes: the whole identity must be there and agree
+/// with the kernel where the kernel can tell. The error says what did not match; a record that
+/// fails is corrupt and nothing it names is signalled.
 pub fn check_record(st: &Status) -> Result<()> {
     let refuse = |why: String| Err(Error::Identity { why });
     let boot = procfs::boot_id();
-    if st.boot_id != boot {
+    if st.boot_id.is_empty() || st.boot_id != boot {
         return refuse(format!(
-            "the record is from another boot ({}), this boot is {boot}",
+            "the record is from another boot ({:?}), this boot is {boot}",
             st.boot_id
         ));
     }
@@ -68,81 +92,266 @@ pub fn check_record(st: &Status) -> Result<()> {
             st.uid
         ));
     }
-    if let (Some(pid), Some(ticks)) = (st.pid.and_then(|p| Pid::new(p.into())), st.start_ticks) {
-        if let Some(now) = procfs::stat(pid).filter(|s| !s.is_dead()) {
-            if now.start_ticks != ticks {
-                return refuse(format!(
-                    "pid {pid} is alive but started at tick {}, not at tick {ticks}: it is not the run's leader",
-                    now.start_ticks
-                ));
-            }
+    let this = Pid::this().get();
+    match (st.wrapper_pid, st.wrapper_start_ticks) {
+        (Some(p), Some(_)) if p > 1 && p != this => {}
+        (Some(p), Some(_)) => {
+            return refuse(format!(
+                "wrapper_pid {p} cannot be a wrapper (pid 1, or this process)"
+            ))
+        }
+        (None, _) => return refuse("the record has no wrapper_pid".into()),
+        (_, None) => return refuse("the record has no wrapper_start_ticks".into()),
+    }
+    let leader = [
+        st.pid.map(i64::from),
+        st.pgid.map(i64::from),
+        st.sid.map(i64::from),
+        st.start_ticks.map(|t| t as i64),
+    ];
+    let known = leader.iter().filter(|v| v.is_some()).count();
+    match known {
+        // Not launched yet (or the wrapper died before it could say): only the marker and the
+        // wrapper's identity describe the run.
+        0 if matches!(st.state, State::Starting | State::Cancelling) => return Ok(()),
+        0 => {
+            return refuse(format!(
+                "a {} record must name its leader (pid, pgid, sid, start_ticks)",
+                st.state.as_str()
+            ))
+        }
+        4 => {}
+        _ => return refuse(
+            "the record names its leader only in part (pid, pgid, sid and start_ticks go together)"
+                .into(),
+        ),
+    }
+    let (pid, pgid, sid, ticks) = (
+        st.pid.unwrap_or_default(),
+        st.pgid.unwrap_or_default(),
+        st.sid.unwrap_or_default(),
+        st.start_ticks.unwrap_or_default(),
+    );
+    if pid <= 1 || pid == this || pgid != pid || sid != pid {
+        return refuse(format!(
+            "the leader must be its own session and group leader other than pid 1 (pid {pid}, pgid {pgid}, sid {sid})"
+        ));
+    }
+    let wrapper_ticks = st.wrapper_start_ticks.unwrap_or_default();
+    if ticks < wrapper_ticks {
+        return refuse(format!(
+            "the leader (tick {ticks}) cannot have started before its wrapper (tick {wrapper_ticks})"
+        ));
+    }
+    let pid = Pid::new(pid.into()).expect("checked > 1");
+    if let Some(now) = procfs::stat(pid).filter(|s| !s.is_dead()) {
+        if now.start_ticks != ticks {
+            return refuse(format!(
+                "pid {pid} is alive but started at tick {}, not at tick {ticks}: it is not the run's leader",
+                now.start_ticks
+            ));
+        }
+        // A session leader can change neither its group nor its session: a live leader that is
+        // not pid == pgid == sid is not the process the wrapper started.
+        if now.pgid != pid.get() || now.sid != pid.get() {
+            return refuse(format!(
+                "pid {pid} is alive but is not its own session and group leader (pgid {}, sid {}): it is not the run's leader",
+                now.pgid, now.sid
+            ));
         }
     }
     Ok(())
 }
 
-/// The live wrapper of a record, pinned by a pidfd, or why there is none.
-pub enum Wrapper {
-    /// Alive, with the recorded start time, pinned.
-    Alive(OwnedFd),
-    /// No process with that pid (or a zombie).
-    Gone,
-    /// The pid is alive but is another process: never signal it.
-    Reused(String),
+/// A wrapper confirmed by kernel facts and pinned by a pidfd: the only value
+/// [`signal_wrapper`] accepts.
+#[derive(Debug)]
+pub struct VerifiedWrapper {
+    fd: OwnedFd,
+    pid: Pid,
 }
 
-/// Find the record's wrapper: pidfd first, then the start-time check, so the process checked is
-/// the process we would signal.
-pub fn live_wrapper(st: &Status) -> Wrapper {
+impl VerifiedWrapper {
+    /// Its pid.
+    pub fn pid(&self) -> Pid {
+        self.pid
+    }
+
+    /// The pidfd (poll it for the wrapper's exit).
+    pub fn fd(&self) -> &OwnedFd {
+        &self.fd
+    }
+
+    /// Hand over the pidfd.
+    pub fn into_fd(self) -> OwnedFd {
+        self.fd
+    }
+}
+
+/// The live wrapper of a record, or why there is none.
+#[derive(Debug)]
+pub enum Wrapper {
+    /// Alive, with the recorded start time, holding the run's lock, running agent-run; pinned.
+    Alive(VerifiedWrapper),
+    /// No process with that pid (or a dead one): whoever holds the lock, if anyone, is not it.
+    Gone,
+    /// The pid is alive with the recorded start time, but the kernel says it is not this run's
+    /// wrapper (another executable, or it does not hold the run's lock): the record names a
+    /// process that is not the run's. Never signal it.
+    Mismatch(String),
+}
+
+/// Find the record's wrapper and confirm it from kernel facts: pidfd first, then the start
+/// time, the executable and the lock, so the process checked is the process we would signal.
+pub fn live_wrapper(dir: &Path, st: &Status) -> Wrapper {
     let Some(pid) = st.wrapper_pid.and_then(|p| Pid::new(p.into())) else {
         return Wrapper::Gone;
     };
+    if pid.get() == 1 || pid == Pid::this() {
+        return Wrapper::Mismatch(format!("wrapper_pid {pid} cannot be a wrapper"));
+    }
     let Ok(fd) = sys::pidfd_open(pid) else {
         return Wrapper::Gone;
     };
-    match procfs::stat(pid) {
-        None => Wrapper::Gone,
-        Some(s) if s.is_dead() => Wrapper::Gone,
-        Some(s) if st.wrapper_start_ticks.is_some_and(|t| t != s.start_ticks) => {
-            Wrapper::Reused(format!(
-                "wrapper pid {pid} is alive but started at tick {}, not at tick {}",
-                s.start_ticks,
-                st.wrapper_start_ticks.unwrap_or_default()
-            ))
-        }
-        Some(_) => Wrapper::Alive(fd),
+    let s = match procfs::stat(pid) {
+        None => return Wrapper::Gone,
+        Some(s) if s.is_dead() => return Wrapper::Gone,
+        Some(s) => s,
+    };
+    let Some(ticks) = st.wrapper_start_ticks else {
+        return Wrapper::Mismatch("the record has no wrapper_start_ticks".into());
+    };
+    if s.start_ticks != ticks {
+        // Another process has the pid now (the wrapper died and the pid was reused), or the
+        // record names someone else: either way not the wrapper, and the lock tells the rest.
+        return Wrapper::Gone;
     }
+    // What the kernel must confirm: the executable is agent-run and the process itself holds
+    // the run's lock. `Some(why)` when it does not.
+    let unconfirmed = || -> Option<String> {
+        match procfs::exe_name(pid) {
+            Some(name) if name == "agent-run" => {}
+            other => {
+                return Some(format!(
+                    "wrapper pid {pid} runs {}, not agent-run",
+                    other.as_deref().unwrap_or("an unreadable executable")
+                ))
+            }
+        }
+        let holds = std::fs::symlink_metadata(dir.join(files::LOCK))
+            .ok()
+            .filter(|m| m.file_type().is_file())
+            .is_some_and(|m| procfs::holds_flock(pid, m.dev(), m.ino()));
+        (!holds).then(|| {
+            format!(
+                "wrapper pid {pid} does not hold the run's lock ({})",
+                dir.join(files::LOCK).display()
+            )
+        })
+    };
+    // A wrapper on its way out drops its memory (its /proc exe link) and then its descriptors
+    // (the lock) a moment before it becomes a zombie: give it that moment before calling it a
+    // stranger.
+    if unconfirmed().is_some() {
+        if exits_within(&fd, EXITING) || procfs::stat(pid).is_none_or(|s| s.is_dead()) {
+            return Wrapper::Gone;
+        }
+        if let Some(why) = unconfirmed() {
+            return Wrapper::Mismatch(why);
+        }
+    }
+    Wrapper::Alive(VerifiedWrapper { fd, pid })
 }
 
-/// Send `sig` to a pinned wrapper.
-pub fn signal_wrapper(fd: &OwnedFd, sig: Sig) -> Result<()> {
-    match sys::pidfd_send_signal(fd.as_fd(), sig.number(), false) {
+/// How long a live process that should hold the run's lock, and does not, gets to show it is
+/// only exiting.
+const EXITING: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Whether the process behind `pidfd` exits within `t` (the pidfd polls readable).
+fn exits_within(pidfd: &OwnedFd, t: std::time::Duration) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut fds = [sys::PollFd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    sys::poll(&mut fds, Some(t)).is_ok_and(|n| n > 0)
+}
+
+/// Send `sig` to a verified wrapper (ESRCH, it just exited, is success).
+fn send_to_wrapper(w: &VerifiedWrapper, sig: Sig) -> Result<()> {
+    match sys::pidfd_send_signal(w.fd.as_fd(), sig.number(), false) {
         Ok(()) => Ok(()),
         Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
-        Err(e) => Err(Error::io("signal", "wrapper", e)),
+        Err(e) => Err(Error::io("signal", format!("wrapper pid {}", w.pid), e)),
     }
 }
 
-/// Send `sig` to a record's pinned wrapper and journal it (target, signal, reason, and why when
-/// given): every signal anyone sends to a run is in its journal.
-pub fn signal_wrapper_journalled(
-    fd: &OwnedFd,
-    st: &Status,
+/// Send `sig` to a verified wrapper and journal it (target, signal, reason, and why when given):
+/// every signal anyone sends to a run is in its journal.
+pub fn signal_wrapper(
+    w: &VerifiedWrapper,
     sig: Sig,
     reason: &str,
     why: Option<&str>,
     journal: &Journal,
 ) -> Result<()> {
     let mut ev = json!({
-        "target": format!("pid:{}", st.wrapper_pid.unwrap_or_default()),
+        "target": format!("pid:{}", w.pid),
         "signal": sig.name(),
         "reason": reason,
     });
     if let Some(w) = why {
         ev["why"] = json!(w);
     }
+    let result = send_to_wrapper(w, sig);
+    if let Err(e) = &result {
+        ev["error"] = json!(e.to_string());
+    }
     let _ = journal.event("signal", ev);
-    signal_wrapper(fd, sig)
+    result
+}
+
+/// Who holds a run's lock, when we could not take it.
+#[derive(Debug)]
+pub enum LockHolder {
+    /// The record's wrapper, confirmed.
+    Wrapper(VerifiedWrapper),
+    /// Another agent-run party (a canceller, the watchdog) is finishing the run.
+    Party(Vec<i32>),
+    /// Something that is not agent-run holds it: the wrapper is gone and a process squats on
+    /// its lock (a workload can open the lock file once the wrapper no longer holds it).
+    Squatter(Vec<i32>),
+    /// The record's wrapper pid is alive but is not the wrapper the kernel shows.
+    Mismatch(String),
+}
+
+/// Tell who holds a lock we could not take.
+pub fn lock_holder(lock: &RunLock, dir: &Path, st: &Status) -> LockHolder {
+    match live_wrapper(dir, st) {
+        Wrapper::Alive(w) => return LockHolder::Wrapper(w),
+        Wrapper::Mismatch(why) => return LockHolder::Mismatch(why),
+        Wrapper::Gone => {}
+    }
+    let holders = lock.holders();
+    // A squatter is a live holder that is not agent-run (or hides what it runs: a
+    // non-dumpable process). A holder that has exited meanwhile is nobody: the caller looks at
+    // the lock again.
+    let squatters: Vec<i32> = holders
+        .iter()
+        .copied()
+        .filter(|&p| {
+            Pid::new(p.into()).is_some_and(|pid| {
+                procfs::stat(pid).is_some_and(|s| !s.is_dead())
+                    && !procfs::exe_name(pid).is_some_and(|n| is_agent_run_exe(&n))
+            })
+        })
+        .collect();
+    if squatters.is_empty() {
+        LockHolder::Party(holders)
+    } else {
+        LockHolder::Squatter(squatters)
+    }
 }
 
 /// Write cancel.json (who asked and why) unless one exists: created with `link(2)` from a
@@ -159,14 +368,10 @@ pub fn request_cancel(dir: &Path, source: &str, reason: &str) -> Result<bool> {
     crate::atomic::write_new(dir, files::CANCEL, format!("{doc}\n").as_bytes())
 }
 
-/// The reason in cancel.json, if there is one.
+/// The reason in cancel.json, if there is one (read as a file the run could have planted).
 pub fn cancel_reason(dir: &Path) -> Option<String> {
-    let mut s = String::new();
-    open_read(dir, files::CANCEL)
-        .ok()?
-        .read_to_string(&mut s)
-        .ok()?;
-    let v: serde_json::Value = serde_json::from_str(&s).ok()?;
+    let bytes = read_run_file(dir, files::CANCEL, caps::CANCEL).ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
     Some(v.get("reason")?.as_str()?.to_string())
 }
 

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod first_contact;
+pub mod hostile;
 
 // ---------------------------------------------------------------------------------------------
 // Binaries under test
@@ -181,7 +182,9 @@ impl TestRoot {
     /// status.json of `id`, or why it cannot be had (missing, unreadable, invalid JSON).
     pub fn try_status(&self, id: &str) -> Result<Value, String> {
         let path = self.run_dir(id).join("status.json");
-        let text = fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let text = read_run_file(&path)
+            .and_then(|b| String::from_utf8(b).map_err(|e| io::Error::other(e.to_string())))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
         serde_json::from_str(&text).map_err(|e| format!("{}: {e}: {text:?}", path.display()))
     }
 
@@ -194,13 +197,15 @@ impl TestRoot {
     /// events.jsonl of `id`, one value per line; panics with [`diagnostics`] on a bad line.
     pub fn events(&self, id: &str) -> Vec<Value> {
         let path = self.run_dir(id).join("events.jsonl");
-        let text = fs::read_to_string(&path).unwrap_or_else(|e| {
-            panic!(
-                "cannot read {}: {e}\n{}",
-                path.display(),
-                diagnostics(self, id)
-            )
-        });
+        let text = read_run_file(&path)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot read {}: {e}\n{}",
+                    path.display(),
+                    diagnostics(self, id)
+                )
+            });
         text.lines()
             .filter(|line| !line.trim().is_empty())
             .map(|line| {
@@ -254,9 +259,26 @@ impl TestRoot {
     }
 }
 
+/// Read a file of a run dir the way a careful reader must (a test plays the hostile workload
+/// too): never follow a symlink, never block on a planted FIFO, only a regular file.
+pub fn read_run_file(path: &Path) -> io::Result<Vec<u8>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(io::Error::other("not a regular file"));
+    }
+    // A planted 1 GiB file must not become a 1 GiB failure message.
+    let mut buf = Vec::new();
+    (&mut f).take(16 << 20).read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
 /// The last `max` bytes of a file, as lossy text, or why it cannot be read.
 fn tail(path: &Path, max: usize) -> String {
-    match fs::read(path) {
+    match read_run_file(path) {
         Ok(bytes) => {
             let start = bytes.len().saturating_sub(max);
             let prefix = if start > 0 { "[…]" } else { "" };

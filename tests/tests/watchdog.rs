@@ -176,8 +176,10 @@ fn record_with(id: &str, pid: i32, pgid: i32, sid: i32, ticks: u64, boot_id: &st
         sid: Some(sid),
         start_ticks: Some(ticks),
         boot_id: boot_id.to_string(),
-        wrapper_pid: None,
-        wrapper_start_ticks: None,
+        // A wrapper that is gone (no process can have this pid: it is above pid_max), started
+        // at boot: the whole identity a record must hold, with the wrapper already dead.
+        wrapper_pid: Some(i32::MAX),
+        wrapper_start_ticks: Some(0),
         host: shared_sys::hostname(),
         user: shared_sys::user_name(uid),
         uid,
@@ -190,6 +192,7 @@ fn record_with(id: &str, pid: i32, pgid: i32, sid: i32, ticks: u64, boot_id: &st
         grace_ms: Some(2000),
         hup_after_ms: Some(500),
         warnings: vec![],
+        argv_b64: None,
         launch_exit_code: None,
     }
 }
@@ -1023,28 +1026,38 @@ fn in_process_run_once_leaves_a_live_wrapper_alone_until_lease_plus_grace_plus_s
     let root = TestRoot::new();
     let r = open_root(&root);
     let id = "wd-live-wrapper-inproc";
-    let dir = make_run_dir(&root, id);
-    let mut children = Reaper::default();
-    // A stand-in for a wrapper that is alive but does nothing (stuck).
-    let wrapper = children.push(spawn_in_session(&["sleep-ms", "600000"], None, None));
-    let leader = children.push(spawn_in_session(
-        &["sleep-ms", "600000"],
-        Some((id, &dir)),
-        None,
-    ));
-    let pinned = Pinned::new(&[wrapper, leader]);
-    let mut st = running_record(id, leader, &procfs::boot_id());
-    st.wrapper_pid = Some(wrapper);
-    st.wrapper_start_ticks = proc_stat(wrapper).map(|s| s.4);
-    st.grace_ms = Some(1000);
-    write_record(&dir, &st);
-
+    // A real wrapper, alive but doing nothing (SIGSTOPped: stuck).
+    let run = start_detached(
+        &root,
+        id,
+        &["--lease", "1h", "--grace", "1s"],
+        &["tree", "--children", "1"],
+    );
+    let dir = root.run_dir(id);
+    let wrapper = run.wrapper_pid;
+    run.wrapper
+        .signal(wrapper, libc::SIGSTOP)
+        .expect("SIGSTOP the wrapper");
+    wait_until_dbg("the wrapper to be stopped", LONG, || {
+        match proc_stat(wrapper) {
+            Some(s) if s.0 == 'T' => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    let mut everyone = vec![wrapper];
+    everyone.extend(run.ready.all_pids());
+    let pinned = Pinned::new(&everyone);
     // Expired, but within grace (1 s) + slack (5 s): the wrapper's business.
     write_deadline(&dir, epoch_now() - 0.5, 1.0);
     let lines = run_once(&r, &policy(Duration::from_secs(5)));
     assert_eq!(lines, Vec::<String>::new(), "{}", diagnostics(&root, id));
     assert_eq!(root.status(id)["state"], "running");
-    assert_eq!(pinned.alive(), vec![wrapper, leader]);
+    assert_eq!(
+        pinned.alive().len(),
+        everyone.len(),
+        "{}",
+        diagnostics(&root, id)
+    );
 
     // Past deadline + grace + slack: the watchdog steps in, wrapper and workload.
     write_deadline(&dir, epoch_now() - 10.0, 1.0);

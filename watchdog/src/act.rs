@@ -10,8 +10,8 @@ use agent_run_shared::run::{finalize, scope_of, timings_of, transition};
 use agent_run_shared::stop::{stop_run, Sig};
 use agent_run_shared::sys::{self, PollFd};
 use agent_run_shared::takeover::{
-    check_record, live_wrapper, record_lost_launch, request_cancel, signal_wrapper_journalled,
-    stop_orphaned, RunLock, Wrapper,
+    check_record, live_wrapper, lock_holder, record_lost_launch, request_cancel, signal_wrapper,
+    stop_orphaned, LockHolder, RunLock, Wrapper,
 };
 use agent_run_shared::{pid::Pid, Result};
 use serde_json::json;
@@ -47,24 +47,42 @@ pub fn act(subject: &Subject, action: Action) -> Result<String> {
             Ok("unknown (host_rebooted), nothing signalled".into())
         }
         Action::Orphan { lease_expired } => {
-            if !lock.try_lock()? {
-                return Ok("locked by another party (a cancel in progress?); left alone".into());
-            }
             let mut st = read_status(dir)?;
             if st.state.is_final() {
                 return Ok(format!("already {}", st.state.as_str()));
             }
-            check_record(&st)?;
+            refuse_unless_whole(&st, &journal)?;
+            let mut how = "the wrapper is gone";
+            if !lock.try_lock()? {
+                match lock_holder(&lock, dir, &st) {
+                    // The wrapper or a canceller: theirs to finish.
+                    LockHolder::Wrapper(_) | LockHolder::Party(_) => {
+                        return Ok(
+                            "locked by another party (a cancel in progress?); left alone".into(),
+                        )
+                    }
+                    LockHolder::Mismatch(why) => {
+                        return Err(agent_run_shared::Error::Identity { why })
+                    }
+                    // A process that is not agent-run sits on the dead wrapper's lock: finish
+                    // the run without it (the stop ends the squatter if it is the run's).
+                    LockHolder::Squatter(pids) => {
+                        let _ = journal.event("lock_squatted", json!({"holders": pids}));
+                        how = "the wrapper is gone; its lock is squatted";
+                    }
+                }
+                st = read_status(dir)?;
+                if st.state.is_final() {
+                    return Ok(format!("already {}", st.state.as_str()));
+                }
+            }
             let reason = if lease_expired {
                 "lease_expired"
             } else {
                 "wrapper_lost"
             };
             let _ = request_cancel(dir, "watchdog", reason);
-            let _ = journal.event(
-                "takeover",
-                json!({"why": "the wrapper is gone", "reason": reason}),
-            );
+            let _ = journal.event("takeover", json!({"why": how, "reason": reason}));
             let report = stop_orphaned(dir, &mut st, reason, &journal)?;
             Ok(format!(
                 "{} ({}), signalled {}, survivors {}",
@@ -97,27 +115,31 @@ fn stuck(subject: &Subject, journal: &Journal, lock: &RunLock) -> Result<String>
     if st.state.is_final() {
         return Ok(format!("already {}", st.state.as_str()));
     }
-    check_record(&st)?;
-    let Wrapper::Alive(wfd) = live_wrapper(&st) else {
+    refuse_unless_whole(&st, journal)?;
+    let w = match live_wrapper(dir, &st) {
+        Wrapper::Alive(w) => w,
+        Wrapper::Mismatch(why) => return Err(agent_run_shared::Error::Identity { why }),
         // It died meanwhile: the orphan path handles it.
-        return act(
-            subject,
-            Action::Orphan {
-                lease_expired: true,
-            },
-        );
+        Wrapper::Gone => {
+            return act(
+                subject,
+                Action::Orphan {
+                    lease_expired: true,
+                },
+            )
+        }
     };
     let _ = request_cancel(dir, "watchdog", "lease_expired");
-    signal_wrapper_journalled(
-        &wfd,
-        &st,
+    signal_wrapper(
+        &w,
         Sig::Term,
         "lease_expired",
         Some("wrapper past its lease deadline + grace"),
         journal,
     )?;
-    let scope: RunScope = scope_of(dir, &st, st.wrapper_pid.and_then(|p| Pid::new(p.into())))
-        .ok_or_else(|| agent_run_shared::Error::Identity {
+    // The wrapper is confirmed by the kernel, so its descendants are the run's.
+    let scope: RunScope =
+        scope_of(dir, &st, Some(w.pid())).ok_or_else(|| agent_run_shared::Error::Identity {
             why: "the record has no pid".into(),
         })?;
     let report = stop_run(
@@ -129,7 +151,7 @@ fn stuck(subject: &Subject, journal: &Journal, lock: &RunLock) -> Result<String>
     );
     // Give a wrapper that is only slow a moment to write its own record.
     let mut fds = [PollFd {
-        fd: wfd.as_raw_fd(),
+        fd: w.fd().as_raw_fd(),
         events: libc::POLLIN,
         revents: 0,
     }];
@@ -137,9 +159,8 @@ fn stuck(subject: &Subject, journal: &Journal, lock: &RunLock) -> Result<String>
     if read_status(dir)?.state.is_final() {
         return Ok("the wrapper finished the stop itself".into());
     }
-    signal_wrapper_journalled(
-        &wfd,
-        &st,
+    signal_wrapper(
+        &w,
         Sig::Kill,
         "lease_expired",
         Some("wrapper stuck"),
@@ -187,6 +208,14 @@ fn stuck(subject: &Subject, journal: &Journal, lock: &RunLock) -> Result<String>
         st.reason.as_deref().unwrap_or("-"),
         pid_list(&report.signalled)
     ))
+}
+
+/// The record must hold the whole identity before anything it names is signalled; a refusal is
+/// journalled.
+fn refuse_unless_whole(st: &agent_run_shared::record::Status, journal: &Journal) -> Result<()> {
+    check_record(st).inspect_err(|e| {
+        let _ = journal.event("refused", json!({"why": e.to_string()}));
+    })
 }
 
 fn pid_list(p: &[Pid]) -> String {

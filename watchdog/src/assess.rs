@@ -16,7 +16,7 @@ use agent_run_shared::procset::{discover_in, Depth, Snapshot};
 use agent_run_shared::record::{read_status, Status};
 use agent_run_shared::root::Root;
 use agent_run_shared::run::{scope_of, timings_of};
-use agent_run_shared::takeover::{live_wrapper, Wrapper};
+use agent_run_shared::takeover::{check_record, live_wrapper, Wrapper};
 use agent_run_shared::{heartbeat, procfs, time};
 use std::cell::OnceCell;
 use std::collections::HashSet;
@@ -91,14 +91,28 @@ pub enum Verdict {
     Now(Action),
 }
 
+/// What the daemon remembers of a run between looks.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Seen {
+    /// When the watchdog first saw the wrapper gone (epoch seconds).
+    pub orphan_since: Option<f64>,
+    /// The last valid lease deadline it saw (kept when lease.json is damaged).
+    pub last_lease: Option<f64>,
+}
+
 /// A run dir the watchdog looks at.
 pub struct Subject {
     pub dir: PathBuf,
     pub status: Status,
+    /// The lease deadline assessed (epoch seconds), if the run has one.
+    pub lease: Option<f64>,
+    /// Why lease.json could not be read, when it is damaged (the deadline is then the last
+    /// valid one, or now).
+    pub lease_damaged: Option<String>,
 }
 
-/// Decide about `name` under `root`. `orphan_since` is when the watchdog first saw the wrapper
-/// gone (epoch seconds); `now` is the current epoch time. `procs` is the look at /proc, taken on
+/// Decide about `name` under `root`, with what the daemon remembers of it (`seen`); `now` is
+/// the current epoch time. `procs` is the look at /proc, taken on
 /// first use and shared by every run of a pass; `whole_pass` takes it indexed (every marker read
 /// once, for thousands of lookups), a single event takes it plain (markers read lazily, only
 /// for processes newer than the run).
@@ -106,7 +120,7 @@ pub fn assess(
     root: &Root,
     name: &str,
     now: f64,
-    orphan_since: Option<f64>,
+    seen: Seen,
     policy: &Policy,
     procs: &OnceCell<Snapshot>,
     whole_pass: bool,
@@ -134,6 +148,8 @@ pub fn assess(
                 let subject = Subject {
                     dir: dir.path.clone(),
                     status: Status::blank(name),
+                    lease: None,
+                    lease_damaged: None,
                 };
                 return (Verdict::Now(Action::LostLaunch), Some(subject));
             }
@@ -153,8 +169,29 @@ pub fn assess(
     let subject = Some(Subject {
         dir: dir.path.clone(),
         status: st.clone(),
+        lease: None,
+        lease_damaged: None,
     });
+    let snapshot = || {
+        procs.get_or_init(if whole_pass {
+            Snapshot::take_indexed
+        } else {
+            Snapshot::take
+        })
+    };
     if st.boot_id != procfs::boot_id() {
+        // Pids from another boot name this boot's processes: signal nothing. Unless processes
+        // carrying this run's marker are alive: then the run is of this boot and the record
+        // was rewritten.
+        if marked_alive(&dir.path, &st, snapshot()) {
+            return (
+                Verdict::Skip(format!(
+                    "the record says boot {:?}, but processes carrying this run's marker are alive: the record was rewritten",
+                    st.boot_id
+                )),
+                None,
+            );
+        }
         return (Verdict::Now(Action::HostRebooted), subject);
     }
     if st.uid != agent_run_shared::sys::geteuid() {
@@ -163,32 +200,38 @@ pub fn assess(
             None,
         );
     }
-    // A damaged lease.json: the live wrapper keeps the last deadline it saw; an orphan gets
-    // the orphan grace instead of running forever.
-    let lease = read_lease(&dir.path).unwrap_or(None);
+    // A record that does not hold the whole identity names nothing we may signal.
+    if let Err(e) = check_record(&st) {
+        return (Verdict::Skip(e.to_string()), None);
+    }
+    // A damaged lease.json keeps the last valid deadline the daemon saw. Without one (a single
+    // pass, a daemon started after the damage) an orphan gets the orphan grace, as a run
+    // without a lease: bounded, never forever.
+    let (lease, damaged) = match read_lease(&dir.path) {
+        Ok(l) => (l.map(|l| l.deadline_epoch), None),
+        Err(e) => (seen.last_lease, Some(e.to_string())),
+    };
     let grace = timings_of(&st).grace.as_secs_f64();
-    match live_wrapper(&st) {
-        Wrapper::Alive(fd) => {
-            let stuck_at = lease.map(|l| l.deadline_epoch + grace + policy.slack.as_secs_f64());
+    let verdict = match live_wrapper(&dir.path, &st) {
+        Wrapper::Alive(w) => {
+            let stuck_at = lease.map(|l| l + grace + policy.slack.as_secs_f64());
             match stuck_at {
-                Some(t) if now >= t => (Verdict::Now(Action::Stuck), subject),
-                _ => (
-                    Verdict::Watch {
-                        wrapper: fd,
-                        recheck_epoch: stuck_at,
-                    },
-                    subject,
-                ),
+                Some(t) if now >= t => Verdict::Now(Action::Stuck),
+                _ => Verdict::Watch {
+                    wrapper: w.into_fd(),
+                    recheck_epoch: stuck_at,
+                },
             }
         }
-        Wrapper::Gone | Wrapper::Reused(_) => {
+        Wrapper::Mismatch(why) => Verdict::Skip(why),
+        Wrapper::Gone => {
             let (act_epoch, lease_expired) = match lease {
-                Some(l) => (l.deadline_epoch, true),
+                Some(l) => (l, true),
                 // Counted from when the wrapper died, as far as anyone can know: the first
                 // time this daemon saw it gone, or the bound its last heartbeat gives (which a
                 // `--once` pass, seeing it for the first time, has to go by).
                 None => {
-                    let since = [orphan_since, heartbeat::gone_by(&dir.path, now)]
+                    let since = [seen.orphan_since, heartbeat::gone_by(&dir.path, now)]
                         .into_iter()
                         .flatten()
                         .fold(now, f64::min);
@@ -199,23 +242,30 @@ pub fn assess(
             // Due: act at once; the stop itself (on a worker thread) finds whatever remains,
             // and an empty set ends as `unknown`/`wrapper_lost`. Not due yet: if nothing of the
             // run remains there is nothing to wait for. One /proc scan, only on this path.
-            if now >= act_epoch
-                || !remains(
-                    &dir.path,
-                    &st,
-                    procs.get_or_init(if whole_pass {
-                        Snapshot::take_indexed
-                    } else {
-                        Snapshot::take
-                    }),
-                )
-            {
-                (Verdict::Now(action), subject)
+            if now >= act_epoch || !remains(&dir.path, &st, snapshot()) {
+                Verdict::Now(action)
             } else {
-                (Verdict::Later { act_epoch, action }, subject)
+                Verdict::Later { act_epoch, action }
             }
         }
-    }
+    };
+    let subject = subject.map(|mut s| {
+        s.lease = lease;
+        s.lease_damaged = damaged;
+        s
+    });
+    (verdict, subject)
+}
+
+/// Whether any live process carries this run's marker (its `AGENT_RUN_DIR` is this very dir).
+fn marked_alive(dir: &std::path::Path, st: &Status, snap: &Snapshot) -> bool {
+    let Some(mut scope) = scope_of(dir, st, None) else {
+        return false;
+    };
+    // By marker alone, whenever it started: the record's pids and times are not to be trusted.
+    scope.marker_only = true;
+    scope.floor_ticks = 0;
+    !discover_in(snap, &scope, Depth::WithMarker, &HashSet::new()).is_empty()
 }
 
 fn remains(dir: &std::path::Path, st: &Status, snap: &Snapshot) -> bool {

@@ -13,7 +13,14 @@ use std::time::Duration;
 /// expires (or after --orphan-grace without a lease) and the record becomes `cancelled`; if
 /// nothing remains it becomes `unknown` (`wrapper_lost`). A record from an earlier boot becomes
 /// `unknown` (`host_rebooted`) and nothing is signalled. SIGTERM: finish stops in flight, exit 0.
-/// SIGHUP: rescan now.
+/// SIGHUP: rescan now (skipped runs are looked at again on every rescan).
+///
+/// One watchdog per root: it holds `<root>/.watchdog.lock`; a second one (daemon or --once)
+/// names the holder's pid and exits 75. Records that do not hold the whole identity, and run
+/// files that are not regular files of ours (a FIFO, a socket, a symlink, a huge file), make a
+/// run corrupt: it is skipped, said once in the log and its journal, and nothing is signalled.
+/// Exit codes: 0 done, 64 bad usage, 70 internal error, 75 another watchdog holds the root,
+/// 78 unsafe run root.
 #[derive(Debug, Parser)]
 #[command(name = "agent-run-watchdog", version)]
 pub struct Cli {

@@ -2,7 +2,7 @@
 //! now and waiting for those stops) and [`run`] (the daemon).
 
 use crate::act::act;
-use crate::assess::{assess, delay_until, Action, Policy, Subject, Verdict};
+use crate::assess::{assess, delay_until, Action, Policy, Seen, Subject, Verdict};
 use crate::notify::Notifier;
 use agent_run_shared::procset::Snapshot;
 use agent_run_shared::root::{files, Root};
@@ -33,6 +33,55 @@ pub struct Options {
     pub shutdown_timeout: Duration,
 }
 
+/// The file in a root whose `flock` makes one watchdog the root's only one (dot-named: never
+/// taken for a run dir).
+pub const ROOT_LOCK: &str = ".watchdog.lock";
+
+/// Another watchdog holds the root.
+#[derive(Debug)]
+pub struct RootBusy {
+    pub root: PathBuf,
+    /// The holders, by the kernel's account (/proc/locks).
+    pub pids: Vec<i32>,
+}
+
+impl std::fmt::Display for RootBusy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let who = match self.pids.as_slice() {
+            [] => "another process".to_string(),
+            [p] => format!("pid {p}"),
+            ps => format!("pids {ps:?}"),
+        };
+        write!(
+            f,
+            "another watchdog ({who}) already watches {}: one watchdog per root",
+            self.root.display()
+        )
+    }
+}
+
+impl std::error::Error for RootBusy {}
+
+/// The root's watchdog lock, held for as long as this value lives.
+pub struct RootLock {
+    _file: std::fs::File,
+}
+
+/// Take the root's watchdog lock, or say who holds it ([`RootBusy`]).
+pub fn lock_root(root: &Root) -> anyhow::Result<RootLock> {
+    use std::os::fd::AsFd;
+    let file = agent_run_shared::atomic::open_rw_create(root.path(), ROOT_LOCK)?;
+    if sys::try_lock_exclusive(file.as_fd())? {
+        return Ok(RootLock { _file: file });
+    }
+    let md = file.metadata()?;
+    Err(RootBusy {
+        root: root.path().to_path_buf(),
+        pids: agent_run_shared::procfs::flock_holders_of_held(md.dev(), md.ino()),
+    }
+    .into())
+}
+
 fn log(msg: &str) {
     eprintln!("agent-run-watchdog: {msg}");
 }
@@ -44,13 +93,16 @@ pub fn run_once(root: &Root, policy: &Policy) -> Vec<String> {
     let procs = OnceCell::new();
     let mut handles = Vec::new();
     for name in entries(root) {
-        match assess(root, &name, now, None, policy, &procs, true) {
+        match assess(root, &name, now, Seen::default(), policy, &procs, true) {
             (Verdict::Now(action), Some(subject)) => {
                 handles.push(thread::spawn(move || {
                     describe(&subject, action, act(&subject, action))
                 }));
             }
-            (Verdict::Skip(why), _) => log(&format!("{name}: skipped: {why}")),
+            (Verdict::Skip(why), _) => {
+                log(&format!("{name}: skipped: {why}"));
+                journal_once(root, &name, &why);
+            }
             _ => {}
         }
     }
@@ -83,6 +135,19 @@ fn entries(root: &Root) -> Vec<String> {
     }
 }
 
+/// Journal why a run dir is skipped, when it is a run dir we may write to (a skipped dir may be
+/// unsafe or not ours: then only the log says it).
+fn journal_once(root: &Root, name: &str, why: &str) {
+    let Ok(id) = agent_run_shared::id::RunId::parse(name) else {
+        return;
+    };
+    if let Ok(dir) = root.open_run_dir(&id) {
+        if let Ok(j) = agent_run_shared::journal::Journal::open(&dir.path, "watchdog") {
+            let _ = j.event("skipped", serde_json::json!({"why": why}));
+        }
+    }
+}
+
 const TOKEN_SIGNALS: u64 = 0;
 const TOKEN_INOTIFY: u64 = 1;
 const TOKEN_FIRST_WRAPPER: u64 = 16;
@@ -93,6 +158,10 @@ struct Tracked {
     wrapper: Option<(OwnedFd, u64)>,
     orphan_since: Option<f64>,
     wd: Option<i32>,
+    /// The last valid lease deadline seen (kept when lease.json is damaged).
+    last_lease: Option<f64>,
+    /// What was wrong with lease.json when it was last reported (reported once per damage).
+    lease_damage: Option<String>,
 }
 
 struct Daemon {
@@ -102,9 +171,11 @@ struct Daemon {
     ino: Inotify,
     root_wd: i32,
     runs: HashMap<String, Tracked>,
-    /// Final (or skipped) runs by status.json (mtime, inode): not parsed again until it changes.
+    /// Final runs by status.json (mtime, inode): not parsed again until it changes.
     settled: HashMap<String, (i64, u64)>,
-    skipped: HashSet<String>,
+    /// Why each skipped run was skipped, so each reason is said once. Skipped runs are not
+    /// settled: every full scan (and SIGHUP) looks at them again.
+    skipped: HashMap<String, String>,
     wd_names: HashMap<i32, String>,
     tokens: HashMap<u64, String>,
     next_token: u64,
@@ -152,6 +223,7 @@ fn register_signals() -> std::io::Result<Flags> {
 /// Run the daemon until SIGTERM/SIGINT. Returns after the stops in flight finished (bounded).
 pub fn run(opts: Options) -> anyhow::Result<()> {
     let root = Root::open(&opts.root, true)?;
+    let _root_lock = lock_root(&root)?;
     let limit = sys::raise_nofile_limit();
     let flags = register_signals()?;
     let epoll = Epoll::new()?;
@@ -162,6 +234,8 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
             | libc::IN_MOVED_TO
             | libc::IN_DELETE
             | libc::IN_MOVED_FROM
+            // A run dir's mode or owner fixed: look again at once.
+            | libc::IN_ATTRIB
             | libc::IN_ONLYDIR,
     )?;
     epoll.add(flags.read.as_raw_fd(), TOKEN_SIGNALS)?;
@@ -175,7 +249,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         root_wd,
         runs: HashMap::new(),
         settled: HashMap::new(),
-        skipped: HashSet::new(),
+        skipped: HashMap::new(),
         wd_names: HashMap::new(),
         tokens: HashMap::new(),
         next_token: TOKEN_FIRST_WRAPPER,
@@ -338,16 +412,25 @@ impl Daemon {
         if key.is_some() && self.settled.get(name) == key.as_ref() {
             return;
         }
-        let orphan_since = self.runs.get(name).and_then(|t| t.orphan_since);
+        let seen = Seen {
+            orphan_since: self.runs.get(name).and_then(|t| t.orphan_since),
+            last_lease: self.runs.get(name).and_then(|t| t.last_lease),
+        };
         let (verdict, subject) = assess(
             &self.root,
             name,
             epoch_now(),
-            orphan_since,
+            seen,
             &self.opts.policy,
             procs,
             whole_pass,
         );
+        if let Some(s) = &subject {
+            self.note_lease(name, s);
+        }
+        if !matches!(verdict, Verdict::Skip(_)) {
+            self.skipped.remove(name);
+        }
         match verdict {
             Verdict::Done => {
                 self.forget(name);
@@ -356,12 +439,13 @@ impl Daemon {
                 }
             }
             Verdict::Skip(why) => {
+                // Not settled: the next full scan, an event on the dir or SIGHUP looks again
+                // (a run dir whose mode is fixed is enforced at once).
                 self.forget(name);
-                if self.skipped.insert(format!("{name}: {why}")) {
+                if self.skipped.get(name) != Some(&why) {
                     log(&format!("{name}: skipped: {why}"));
-                }
-                if let Some(k) = key {
-                    self.settled.insert(name.to_string(), k);
+                    journal_once(&self.root, name, &why);
+                    self.skipped.insert(name.to_string(), why);
                 }
             }
             Verdict::Watch {
@@ -401,6 +485,37 @@ impl Daemon {
                     self.spawn_action(name, s, action);
                 }
             }
+        }
+    }
+
+    /// Remember the last valid lease deadline; say once that lease.json is damaged.
+    fn note_lease(&mut self, name: &str, s: &Subject) {
+        let t = self.runs.entry(name.to_string()).or_default();
+        match &s.lease_damaged {
+            None => {
+                if s.lease.is_some() {
+                    t.last_lease = s.lease;
+                }
+                t.lease_damage = None;
+            }
+            Some(why) if t.lease_damage.as_ref() != Some(why) => {
+                t.lease_damage = Some(why.clone());
+                let keep = t.last_lease;
+                log(&format!(
+                    "{name}: lease.json is damaged ({why}); keeping {}",
+                    keep.map_or(
+                        "no deadline (none was seen): an orphan gets the orphan grace".into(),
+                        |d| format!("the last valid deadline {d:.3}")
+                    )
+                ));
+                if let Ok(j) = agent_run_shared::journal::Journal::open(&s.dir, "watchdog") {
+                    let _ = j.event(
+                        "lease_unreadable",
+                        serde_json::json!({"error": why, "keeping_deadline": keep}),
+                    );
+                }
+            }
+            Some(_) => {}
         }
     }
 

@@ -14,5 +14,5 @@ pub mod assess;
 pub mod daemon;
 pub mod notify;
 
-pub use assess::{Action, Policy, Verdict};
-pub use daemon::{run, run_once, Options};
+pub use assess::{Action, Policy, Seen, Verdict};
+pub use daemon::{lock_root, run, run_once, Options, RootBusy, ROOT_LOCK};

@@ -3,8 +3,9 @@
 
 mod cli;
 
+use agent_run_shared::exit;
 use agent_run_shared::root::{resolve_root, Root};
-use agent_run_watchdog::{run, run_once, Options, Policy};
+use agent_run_watchdog::{lock_root, run, run_once, Options, Policy, RootBusy};
 use clap::Parser;
 use cli::Cli;
 use std::process::ExitCode;
@@ -15,17 +16,21 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { 64 } else { 0 });
+            return ExitCode::from(if e.use_stderr() { exit::USAGE } else { 0 });
         }
     };
     match real_main(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("agent-run-watchdog: {e:#}");
-            let code = match e.downcast_ref::<agent_run_shared::Error>() {
-                Some(agent_run_shared::Error::Unsafe { .. }) => 78,
-                Some(agent_run_shared::Error::Invalid { .. }) => 64,
-                _ => 70,
+            let code = if e.downcast_ref::<RootBusy>().is_some() {
+                exit::TEMPFAIL
+            } else {
+                match e.downcast_ref::<agent_run_shared::Error>() {
+                    Some(agent_run_shared::Error::Unsafe { .. }) => exit::CONFIG,
+                    Some(agent_run_shared::Error::Invalid { .. }) => exit::USAGE,
+                    _ => exit::SOFTWARE,
+                }
             };
             ExitCode::from(code)
         }
@@ -40,6 +45,8 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
     };
     if cli.once {
         let root = Root::open(&root_path, true)?;
+        // A single pass beside a daemon on the same root would only race it.
+        let _root_lock = lock_root(&root)?;
         run_once(&root, &policy);
         return Ok(());
     }

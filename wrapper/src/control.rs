@@ -12,18 +12,18 @@ use agent_run_shared::exit;
 use agent_run_shared::id::RunId;
 use agent_run_shared::journal::Journal;
 use agent_run_shared::lease::{read_lease, write_lease, Lease};
-use agent_run_shared::pid::Pid;
 use agent_run_shared::record::{State, Status};
 use agent_run_shared::root::Root;
 use agent_run_shared::run::timings_of;
 use agent_run_shared::stop::Sig;
 use agent_run_shared::sys::{self, PollFd};
 use agent_run_shared::takeover::{
-    check_record, live_wrapper, record_lost_launch, request_cancel, signal_wrapper,
-    signal_wrapper_journalled, stop_orphaned, RunLock, Wrapper,
+    check_record, live_wrapper, lock_holder, record_lost_launch, request_cancel, signal_wrapper,
+    stop_orphaned, LockHolder, RunLock, VerifiedWrapper, Wrapper,
 };
 use agent_run_shared::{procfs, Error};
 use serde_json::json;
+use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -73,47 +73,73 @@ pub fn cancel(root: Option<&Path>, args: CancelArgs) -> anyhow::Result<u8> {
         .unwrap_or(t.grace + t.confirm + Duration::from_secs(3));
     let deadline = Instant::now() + wait;
     let mut signalled_at: Option<Instant> = None;
+    let mut party_since: Option<Instant> = None;
+    let refuse = |why: String| -> anyhow::Result<u8> {
+        let _ = journal.event("refused", json!({"why": why}));
+        fail(
+            exit::NOPERM,
+            format!("refusing to cancel run {}: {why}", dir.id),
+        )
+    };
     loop {
-        let mut st = read_record(&dir.path)?;
+        let mut st = match agent_run_shared::record::read_status(&dir.path) {
+            Ok(st) => st,
+            Err(e @ Error::Corrupt { .. }) => return refuse(e.to_string()),
+            Err(e) => return Err(e.into()),
+        };
         if st.state.is_final() {
             print_record(&dir.path, &st);
             return Ok(exit::OK);
         }
         if let Err(e) = check_record(&st) {
-            let _ = journal.event("refused", json!({"why": e.to_string()}));
-            return fail(
-                exit::NOPERM,
-                format!("refusing to cancel run {}: {e}", dir.id),
-            );
+            return refuse(e.to_string());
         }
         if lock.try_lock()? {
             // The wrapper is gone and we hold the lock: we are the one party that finishes it.
             st = read_record(&dir.path)?;
             if !st.state.is_final() {
-                let _ = request_cancel(&dir.path, "cancel", "cancel_request");
-                let _ = journal.event(
-                    "takeover",
-                    json!({"why": "the wrapper is gone", "state": st.state.as_str()}),
-                );
-                stop_orphaned(&dir.path, &mut st, "cancel_request", &journal)?;
+                check_record(&st).or_else(|e| refuse(e.to_string()).map(|_| ()))?;
+                take_over(&dir.path, &mut st, "the wrapper is gone", &journal)?;
             }
             print_record(&dir.path, &st);
             return Ok(exit::OK);
         }
-        let wrapper_fd = match live_wrapper(&st) {
-            Wrapper::Alive(fd) => Some(fd),
-            Wrapper::Reused(why) => {
-                let _ = journal.event("refused", json!({"why": why}));
-                return fail(
-                    exit::NOPERM,
-                    format!("refusing to cancel run {}: {why}", dir.id),
-                );
+        let holder = lock_holder(&lock, &dir.path, &st);
+        let mut wrapper: Option<VerifiedWrapper> = None;
+        match holder {
+            LockHolder::Wrapper(w) => wrapper = Some(w),
+            LockHolder::Mismatch(why) => return refuse(why),
+            // Another canceller or the watchdog is finishing the run: wait for its record. A
+            // party that took the lock says `cancelling` at once; a record that still does not
+            // after PARTY_SILENT names a wrapper that is not the process holding the lock (the
+            // record was rewritten): refuse.
+            LockHolder::Party(pids) => {
+                let since = *party_since.get_or_insert_with(Instant::now);
+                if st.state != State::Cancelling && since.elapsed() > PARTY_SILENT {
+                    return refuse(format!(
+                        "the record names wrapper pid {} (tick {}), but the run's lock is held by pid {pids:?}",
+                        st.wrapper_pid.unwrap_or_default(),
+                        st.wrapper_start_ticks.unwrap_or_default()
+                    ));
+                }
             }
-            // The lock is held but not by the wrapper: another canceller or the watchdog is
-            // finishing the run. Wait for its record (or for the lock to come free).
-            Wrapper::Gone => None,
-        };
-        if let Some(fd) = &wrapper_fd {
+            LockHolder::Squatter(pids) => {
+                // The wrapper is gone and something that is not agent-run holds its lock: the
+                // run's own processes can open the lock file once the wrapper no longer holds
+                // it. Finish the run without the lock: the stop ends the squatter if it is the
+                // run's.
+                let _ = journal.event("lock_squatted", json!({"holders": pids}));
+                take_over(
+                    &dir.path,
+                    &mut st,
+                    "the wrapper is gone; its lock is squatted",
+                    &journal,
+                )?;
+                print_record(&dir.path, &st);
+                return Ok(exit::OK);
+            }
+        }
+        if let Some(w) = &wrapper {
             // A cancel.json that cannot be written (a full disk) must not keep the run alive:
             // say so, and signal anyway.
             let created =
@@ -127,19 +153,10 @@ pub fn cancel(root: Option<&Path>, args: CancelArgs) -> anyhow::Result<u8> {
             let stale = st.state == State::Running
                 && signalled_at.is_some_and(|t| t.elapsed() > Duration::from_secs(1));
             if created || stale {
-                signal_wrapper_journalled(fd, &st, Sig::Term, "cancel_request", None, &journal)?;
+                signal_wrapper(w, Sig::Term, "cancel_request", None, &journal)?;
                 // A stopped wrapper (SIGSTOP, a debugger let go) cannot act on the TERM: let it.
-                if let Some(w) = st.wrapper_pid.and_then(|p| Pid::new(p.into())) {
-                    if procfs::stat(w).is_some_and(|s| s.is_stopped()) {
-                        signal_wrapper_journalled(
-                            fd,
-                            &st,
-                            Sig::Cont,
-                            "cancel_request",
-                            None,
-                            &journal,
-                        )?;
-                    }
+                if procfs::stat(w.pid()).is_some_and(|s| s.is_stopped()) {
+                    signal_wrapper(w, Sig::Cont, "cancel_request", None, &journal)?;
                 }
                 signalled_at = Some(Instant::now());
             } else if signalled_at.is_none() {
@@ -148,19 +165,46 @@ pub fn cancel(root: Option<&Path>, args: CancelArgs) -> anyhow::Result<u8> {
         }
         let now = Instant::now();
         if now >= deadline {
-            return fail(
-                exit::TEMPFAIL,
-                format!(
-                    "run {} is still {} after {:?}",
-                    dir.id,
-                    st.state.as_str(),
-                    wait
-                ),
+            let mut msg = format!(
+                "run {} is still {} after {:?}",
+                dir.id,
+                st.state.as_str(),
+                wait
             );
+            if wrapper.is_none() {
+                let holders = lock.holders();
+                msg += &format!(
+                    "; its lock is held by pid {holders:?}, not by the recorded wrapper pid {}",
+                    st.wrapper_pid.unwrap_or_default()
+                );
+            }
+            return fail(exit::TEMPFAIL, msg);
         }
-        wait_event(wrapper_fd.as_ref(), (deadline - now).min(RECHECK));
+        wait_event(
+            wrapper.as_ref().map(|w| w.fd()),
+            (deadline - now).min(RECHECK),
+        );
     }
 }
+
+/// Finish a run whose wrapper is gone: cancel.json, the journal, then the shared stop and the
+/// final record.
+fn take_over(dir: &Path, st: &mut Status, why: &str, journal: &Journal) -> anyhow::Result<()> {
+    let _ = request_cancel(dir, "cancel", "cancel_request");
+    let _ = journal.event("takeover", json!({"why": why, "state": st.state.as_str()}));
+    if let Err(e) = stop_orphaned(dir, st, "cancel_request", journal) {
+        // Another party may have written the final record first (a squatted lock gives no
+        // exclusivity): then that record is the answer.
+        match agent_run_shared::record::read_status(dir) {
+            Ok(fin) if fin.state.is_final() => *st = fin,
+            _ => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// How long another party may hold a run's lock without the record saying `cancelling`.
+const PARTY_SILENT: Duration = Duration::from_secs(2);
 
 /// How often `cancel` re-reads the record while it waits. The wrapper's exit (its pidfd) is the
 /// event that normally ends the wait; the re-read covers a wrapper whose exit is delayed by a
@@ -185,54 +229,80 @@ fn wait_event(wrapper: Option<&OwnedFd>, timeout: Duration) {
 /// `agent-run renew`.
 pub fn renew(root: Option<&Path>, args: RenewArgs) -> anyhow::Result<u8> {
     let dir = open_run(root, &args.run_id)?;
-    let st = read_record(&dir.path)?;
+    let journal = Journal::open(&dir.path, "renew")?;
+    let refuse = |why: String| -> anyhow::Result<u8> {
+        let _ = journal.event("refused", json!({"why": why}));
+        fail(
+            exit::NOPERM,
+            format!("refusing to renew run {}: {why}", dir.id),
+        )
+    };
+    let st = match agent_run_shared::record::read_status(&dir.path) {
+        Ok(st) => st,
+        Err(e @ Error::Corrupt { .. }) => return refuse(e.to_string()),
+        Err(_) => read_record(&dir.path)?,
+    };
     if st.state.is_final() {
         return fail(
             exit::NO_SUCH_RUN,
             format!("run {} is {}: nothing to renew", dir.id, st.state.as_str()),
         );
     }
-    let len = match (args.lease, read_lease(&dir.path)?) {
-        (Some(d), _) => d,
-        (None, Some(l)) => Duration::from_secs_f64(l.lease_s),
-        (None, None) => {
-            return fail(
-                exit::USAGE,
-                format!(
-                    "run {} has no lease; give its length with --lease DUR",
-                    dir.id
-                ),
-            )
-        }
+    if let Err(e) = check_record(&st) {
+        return refuse(e.to_string());
+    }
+    // Confirm the wrapper before anything changes: a record that names a process the kernel
+    // says is not the wrapper is refused whole.
+    let wrapper = match live_wrapper(&dir.path, &st) {
+        Wrapper::Alive(w) => Some(w),
+        Wrapper::Mismatch(why) => return refuse(why),
+        Wrapper::Gone => None,
+    };
+    let len = match args.lease {
+        Some(d) => d,
+        None => match read_lease(&dir.path)? {
+            Some(l) => Duration::from_secs_f64(l.lease_s),
+            None => {
+                return fail(
+                    exit::USAGE,
+                    format!(
+                        "run {} has no lease; give its length with --lease DUR",
+                        dir.id
+                    ),
+                )
+            }
+        },
     };
     let lease = Lease::from_now(len);
     write_lease(&dir.path, &lease)?;
-    if let Ok(j) = Journal::open(&dir.path, "renew") {
-        let _ = j.event(
-            "renew",
-            json!({"deadline_epoch": lease.deadline_epoch, "lease_s": lease.lease_s}),
-        );
-    }
-    // Wake the wrapper so a shortened lease is enforced on time (it re-reads lease.json).
-    if let Wrapper::Alive(fd) = live_wrapper(&st) {
-        let _ = signal_wrapper(&fd, Sig::Usr1);
+    let _ = journal.event(
+        "renew",
+        json!({"deadline_epoch": lease.deadline_epoch, "lease_s": lease.lease_s}),
+    );
+    // Wake the wrapper so a shortened lease is enforced on time (it re-reads lease.json),
+    // journalled like every signal.
+    if let Some(w) = &wrapper {
+        let _ = signal_wrapper(w, Sig::Usr1, "renew", Some("re-read lease.json"), &journal);
     }
     println!("{}", serde_json::to_string(&lease)?);
     Ok(exit::OK)
 }
 
 /// A relaunch must ask for the command the run id already stands for (65 otherwise).
-fn same_command(id: &RunId, st: &Status, argv: &[String]) -> anyhow::Result<()> {
+fn same_command(id: &RunId, st: &Status, argv: &[OsString]) -> anyhow::Result<()> {
     // A final record with no command is a launch declared lost before anyone knew its command:
     // it stands for no command in particular, and replays its outcome (unknown) for any.
-    if st.argv == argv || (st.state.is_final() && st.argv.is_empty()) {
+    // Compared byte for byte: two commands that differ only in bytes that are not UTF-8 are
+    // two commands.
+    if st.same_argv(argv) || (st.state.is_final() && st.argv.is_empty()) {
         return Ok(());
     }
     fail(
         exit::DATA_MISMATCH,
         format!(
             "run {id} exists with a different command: {:?} (asked for {:?})",
-            st.argv, argv
+            st.argv,
+            argv.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>()
         ),
     )
 }
@@ -244,7 +314,7 @@ fn same_command(id: &RunId, st: &Status, argv: &[String]) -> anyhow::Result<()> 
 pub fn relaunch(
     root: &Root,
     id: &RunId,
-    argv: &[String],
+    argv: &[OsString],
     quiet: bool,
     detached: bool,
 ) -> anyhow::Result<u8> {
@@ -285,7 +355,7 @@ pub fn duration_arg(d: Duration) -> String {
 pub fn detach_parent(
     root: &Root,
     id: &RunId,
-    argv: &[String],
+    argv: &[OsString],
     args: &StartArgs,
 ) -> anyhow::Result<u8> {
     let dir = root.run_dir_path(id);

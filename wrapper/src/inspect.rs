@@ -90,7 +90,7 @@ pub fn wait_final(dir: &Path, timeout: Option<Duration>) -> anyhow::Result<Statu
                             "run {} is still {} ({})",
                             st.run_id,
                             st.state.as_str(),
-                            note(&st).unwrap_or("waiting")
+                            note(dir, &st).unwrap_or("waiting")
                         ),
                     );
                 }
@@ -103,16 +103,17 @@ pub fn wait_final(dir: &Path, timeout: Option<Duration>) -> anyhow::Result<Statu
 }
 
 /// What a record cannot say by itself: whether its wrapper still lives, whether the host rebooted.
-pub fn note(st: &Status) -> Option<&'static str> {
+pub fn note(dir: &Path, st: &Status) -> Option<&'static str> {
     if st.state.is_final() {
         return None;
     }
     if st.boot_id != procfs::boot_id() {
         return Some("host rebooted");
     }
-    match live_wrapper(st) {
+    match live_wrapper(dir, st) {
         Wrapper::Alive(_) => None,
-        _ => Some("wrapper gone, not reconciled"),
+        Wrapper::Gone => Some("wrapper gone, not reconciled"),
+        Wrapper::Mismatch(_) => Some("record names a process that is not its wrapper"),
     }
 }
 
@@ -120,12 +121,12 @@ pub fn note(st: &Status) -> Option<&'static str> {
 pub fn record_value(dir: &Path, st: &Status) -> Value {
     let mut v = serde_json::to_value(st).expect("a record serializes");
     let lease = read_lease(dir).ok().flatten();
-    let wrapper_alive = !st.state.is_final() && matches!(live_wrapper(st), Wrapper::Alive(_));
+    let wrapper_alive = !st.state.is_final() && matches!(live_wrapper(dir, st), Wrapper::Alive(_));
     if let Value::Object(m) = &mut v {
         m.insert("run_dir".into(), json!(dir));
         m.insert("final".into(), json!(st.state.is_final()));
         m.insert("wrapper_alive".into(), json!(wrapper_alive));
-        m.insert("note".into(), json!(note(st)));
+        m.insert("note".into(), json!(note(dir, st)));
         m.insert(
             "lease_deadline_epoch".into(),
             json!(lease.map(|l| l.deadline_epoch)),
@@ -167,7 +168,7 @@ pub fn status(root: Option<&Path>, args: StatusArgs) -> anyhow::Result<u8> {
     if let Some(r) = &st.reason {
         line += &format!(" ({r})");
     }
-    if let Some(n) = note(&st) {
+    if let Some(n) = note(&dir.path, &st) {
         line += &format!(", {n}");
     }
     println!("{line}");
@@ -282,7 +283,7 @@ fn list_entry(root: &Root, name: &str) -> Result<(Value, String), String> {
             .flatten()
             .map(|l| l.remaining_s())
     };
-    let n = note(&st);
+    let n = note(&dir.path, &st);
     let v = json!({
         "run_id": st.run_id, "state": st.state.as_str(), "reason": st.reason, "pid": st.pid,
         "age_s": age.map(|a| a.round()), "lease_remaining_s": lease_left.map(|l| (l * 10.0).round() / 10.0),

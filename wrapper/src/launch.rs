@@ -32,17 +32,13 @@ use std::process::{Command, Stdio};
 pub fn start(root: Option<&Path>, args: StartArgs) -> anyhow::Result<u8> {
     let id = RunId::parse(&args.run_id)?;
     let root = Root::open(&resolve_root(root)?, true)?;
-    let argv: Vec<String> = args
-        .command
-        .iter()
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
+    let argv: &[OsString] = &args.command;
     if args.detach {
         // The detached wrapper does everything below, in its own session.
-        return crate::control::detach_parent(&root, &id, &argv, &args);
+        return crate::control::detach_parent(&root, &id, argv, &args);
     }
     let Some(dir) = root.create_run_dir(&id)? else {
-        return crate::control::relaunch(&root, &id, &argv, args.quiet, args.detached_child);
+        return crate::control::relaunch(&root, &id, argv, args.quiet, args.detached_child);
     };
     fault::point("after_run_dir");
     Launch::new(dir, &args, argv)?.run(&args)
@@ -57,7 +53,7 @@ struct Launch {
 }
 
 impl Launch {
-    fn new(dir: RunDir, args: &StartArgs, argv: Vec<String>) -> anyhow::Result<Launch> {
+    fn new(dir: RunDir, args: &StartArgs, argv: &[OsString]) -> anyhow::Result<Launch> {
         // Taken before the first record exists: whoever sees a record and can take the lock
         // knows the wrapper is gone. Close-on-exec, so the workload never holds it.
         let lock = RunLock::open(&dir.path)?;
@@ -88,7 +84,7 @@ impl Launch {
             ..Timings::default()
         };
         let mut st = Status::blank(dir.id.as_str());
-        st.argv = argv;
+        st.set_argv(argv);
         let (cwd, cwd_warning) = working_dir();
         st.cwd = cwd;
         st.wrapper_pid = Some(std::process::id() as i32);
@@ -112,7 +108,7 @@ impl Launch {
         fault::point("after_starting");
         let _ = self.journal.event(
             "launch",
-            json!({"argv": self.st.argv, "cwd": self.st.cwd, "wrapper_pid": self.st.wrapper_pid,
+            json!({"argv": self.st.argv, "argv_b64": self.st.argv_b64, "cwd": self.st.cwd, "wrapper_pid": self.st.wrapper_pid,
                    "grace_ms": self.st.grace_ms, "hup_after_ms": self.st.hup_after_ms,
                    "lease_s": args.lease.map(|l| l.as_secs_f64())}),
         );
@@ -219,7 +215,13 @@ impl Launch {
                      // wakes the loop.
         let pidfd = sys::pidfd_open(pid).ok();
         let Some(stat) = procfs::stat(pid) else {
-            let _ = sys::kill(pid, libc::SIGKILL, false);
+            // Our unreaped child: the pid is still its own. Journalled like every signal.
+            let r = sys::kill(pid, libc::SIGKILL, false);
+            let _ = self.journal.event(
+                "signal",
+                json!({"target": format!("pid:{pid}"), "signal": "KILL", "reason": "launch_failed",
+                       "error": r.err().map(|e| e.to_string())}),
+            );
             sys::reap_all(Some(pid));
             return Err(self.launch_failed(
                 exit::SOFTWARE,

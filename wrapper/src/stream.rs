@@ -5,7 +5,7 @@
 //! SSH channel is gone) is dropped and the copy of the other goes on; supervision never depends
 //! on it. The wrapper runs it on its own thread, so a stalled reader never blocks the event loop.
 
-use agent_run_shared::atomic::open_read;
+use agent_run_shared::atomic::open_run_file;
 use agent_run_shared::root::files;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -54,8 +54,8 @@ impl Tail {
     /// Copy everything new. Returns whether any byte moved.
     pub fn pump(&mut self) -> bool {
         if self.src.is_none() {
-            // Never follow a symlink planted in the run dir.
-            self.src = open_read(&self.dir, self.name).ok();
+            // Never follow a symlink planted in the run dir, never block on a planted FIFO.
+            self.src = open_run_file(&self.dir, self.name).ok().map(|(f, _)| f);
             if let Some(f) = &mut self.src {
                 if f.seek(SeekFrom::Start(self.copied)).is_err() {
                     self.src = None;

@@ -1,0 +1,825 @@
+//! [trust]: nothing a workload can write decides what gets signalled, and no file in a run dir
+//! can hang or fool a reader.
+//!
+//! Each test plays the workload: it rewrites the run's own status.json, lease.json or
+//! cancel.json, plants FIFOs, sockets, symlinks and huge files, squats on the run's lock. The
+//! assertions are on the process table (the victim and the run's tree, pinned by pidfds) and
+//! on the journal (no `signal` event to a process that is not the run's).
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use agent_run_tests::hostile::{
+    as_nobody, edit_status, epoch_now, events_named, outcome, pin_tree, plant, signals_to,
+    write_lease, Daemon, Detached, Plant, Victim, CMD, NOBODY,
+};
+use agent_run_tests::{
+    agent_run_bin, diagnostics, fixture_bin, wait_until_dbg, watchdog_bin, Pinned, TestRoot,
+};
+use serde_json::Value;
+
+/// Who plays controller and workload: root, or `nobody` in a root of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum User {
+    Root,
+    Nobody,
+}
+
+struct Side<'a> {
+    root: &'a TestRoot,
+    user: User,
+}
+
+impl<'a> Side<'a> {
+    fn new(root: &'a TestRoot, user: User) -> Side<'a> {
+        if user == User::Nobody {
+            // nobody must reach its root: the temp dir is root's, 0700.
+            fs::set_permissions(root.dir.path(), fs::Permissions::from_mode(0o755))
+                .expect("chmod the test dir");
+            fs::create_dir(root.root()).expect("create nobody's root");
+            fs::set_permissions(root.root(), fs::Permissions::from_mode(0o700)).expect("chmod");
+            std::os::unix::fs::chown(root.root(), Some(NOBODY), Some(NOBODY)).expect("chown");
+        }
+        Side { root, user }
+    }
+
+    fn program(&self, program: &Path) -> Command {
+        let mut cmd = match self.user {
+            User::Root => {
+                let mut c = Command::new(program);
+                c.stdin(std::process::Stdio::null());
+                c
+            }
+            User::Nobody => as_nobody(program),
+        };
+        cmd.env_remove("AGENT_RUN_ROOT");
+        cmd
+    }
+
+    fn agent_run(&self) -> Command {
+        let mut cmd = self.program(&agent_run_bin());
+        cmd.arg("--root").arg(self.root.root());
+        cmd
+    }
+
+    fn watchdog(&self) -> Command {
+        let mut cmd = self.program(&watchdog_bin());
+        cmd.arg("--root").arg(self.root.root());
+        cmd
+    }
+
+    fn start(&self, id: &str, opts: &[&str], argv: &[&str]) -> Detached {
+        Detached::start(self.root, self.agent_run(), id, opts, argv)
+    }
+
+    fn ctl(&self, args: &[&str]) -> (i32, String, String) {
+        outcome(self.agent_run().args(args))
+    }
+
+    /// Edit the record as its owner would (root can edit nobody's files, the mode stays 0600
+    /// and the owner is kept).
+    fn edit(&self, dir: &Path, f: impl FnOnce(&mut serde_json::Map<String, Value>)) {
+        edit_status(dir, f);
+        if self.user == User::Nobody {
+            std::os::unix::fs::chown(dir.join("status.json"), Some(NOBODY), Some(NOBODY))
+                .expect("chown the edited record");
+        }
+    }
+
+    fn lease(&self, dir: &Path, deadline: f64) {
+        write_lease(dir, deadline, 1.0);
+        if self.user == User::Nobody {
+            std::os::unix::fs::chown(dir.join("lease.json"), Some(NOBODY), Some(NOBODY))
+                .expect("chown lease");
+        }
+    }
+}
+
+fn tree() -> Vec<String> {
+    vec![
+        fixture_bin().display().to_string(),
+        "tree".into(),
+        "--children".into(),
+        "1".into(),
+    ]
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn alive_or_panic(pin: &Pinned, what: &str, root: &TestRoot, id: &str) {
+    let alive = pin.alive();
+    assert_eq!(
+        alive.len(),
+        pin.pids().len(),
+        "{what}: only {alive:?} of {:?} alive\n{}",
+        pin.pids(),
+        diagnostics(root, id)
+    );
+}
+
+fn no_signal_to(root: &TestRoot, id: &str, pids: &[i32]) {
+    let sent = signals_to(root, id, pids);
+    assert!(
+        sent.is_empty(),
+        "signals journalled to {pids:?}: {sent:?}\n{}",
+        diagnostics(root, id)
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Identity: every key required, the wrapper confirmed by the kernel
+
+const IDENTITY_KEYS: [&str; 8] = [
+    "pid",
+    "pgid",
+    "sid",
+    "start_ticks",
+    "boot_id",
+    "uid",
+    "wrapper_pid",
+    "wrapper_start_ticks",
+];
+
+fn every_missing_identity_key_makes_the_record_corrupt(user: User) {
+    let root = TestRoot::new();
+    let side = Side::new(&root, user);
+    for key in IDENTITY_KEYS {
+        let id = format!("missing-{}", key.replace('_', "-"));
+        let run = side.start(&id, &["--lease", "1h"], &strs(&tree()));
+        let (_, tree) = pin_tree(&root, &id);
+        side.edit(&run.dir, |st| {
+            st.remove(key);
+        });
+        let (code, _, err) = side.ctl(&["cancel", &id]);
+        assert_eq!(
+            code,
+            77,
+            "cancel without {key}: {err}\n{}",
+            diagnostics(&root, &id)
+        );
+        let (code, _, err) = side.ctl(&["renew", &id, "--lease", "1h"]);
+        assert_eq!(
+            code,
+            77,
+            "renew without {key}: {err}\n{}",
+            diagnostics(&root, &id)
+        );
+        alive_or_panic(
+            &tree,
+            &format!("the tree after cancel/renew without {key}"),
+            &root,
+            &id,
+        );
+        alive_or_panic(&run.wrapper_pin, "the wrapper", &root, &id);
+        // The watchdog, with the wrapper gone and the lease long expired.
+        run.kill_wrapper();
+        side.lease(&run.dir, epoch_now() - 60.0);
+        let (code, _, err) = outcome(side.watchdog().args(["--once", "--orphan-grace", "0"]));
+        assert_eq!(code, 0, "watchdog --once: {err}");
+        alive_or_panic(
+            &tree,
+            &format!("the tree after the watchdog, without {key}"),
+            &root,
+            &id,
+        );
+        no_signal_to(&root, &id, &tree.pids());
+        let refusals = events_named(&root, &id, "refused").len();
+        let skips = events_named(&root, &id, "skipped").len();
+        assert!(
+            refusals >= 2 && skips >= 1,
+            "without {key}: {refusals} refusals and {skips} skips journalled\n{}",
+            diagnostics(&root, &id)
+        );
+        assert!(
+            err.contains("skipped"),
+            "the watchdog did not say it skipped {id}: {err}"
+        );
+        // The pins kill the tree when dropped.
+    }
+}
+
+#[test]
+fn a_record_missing_any_identity_key_is_refused_by_cancel_renew_and_the_watchdog_as_root() {
+    every_missing_identity_key_makes_the_record_corrupt(User::Root);
+}
+
+#[test]
+fn a_record_missing_any_identity_key_is_refused_by_cancel_renew_and_the_watchdog_as_nobody() {
+    every_missing_identity_key_makes_the_record_corrupt(User::Nobody);
+}
+
+/// A rewrite of a record, as the workload would do it.
+type Forgery<'a> = dyn Fn(&mut serde_json::Map<String, Value>) + 'a;
+
+fn a_forged_wrapper_gets_nothing_signalled(user: User) {
+    let root = TestRoot::new();
+    let side = Side::new(&root, user);
+    // The victim belongs to the same user as the run.
+    let victim = match user {
+        User::Root => Victim::spawn(false),
+        // A process of nobody's, outside the run.
+        User::Nobody => Victim::spawn_as(NOBODY),
+    };
+    let forgeries: Vec<(&str, Box<Forgery<'_>>)> = vec![
+        (
+            "the victim's pid, no start ticks",
+            Box::new(|st| {
+                st.insert("wrapper_pid".into(), victim.pid.into());
+                st.remove("wrapper_start_ticks");
+            }),
+        ),
+        (
+            "the victim's pid and its true start ticks",
+            Box::new(|st| {
+                st.insert("wrapper_pid".into(), victim.pid.into());
+                st.insert("wrapper_start_ticks".into(), victim.ticks().into());
+            }),
+        ),
+        (
+            "pid 1",
+            Box::new(|st| {
+                st.insert("wrapper_pid".into(), 1.into());
+                st.insert("wrapper_start_ticks".into(), 1.into());
+            }),
+        ),
+    ];
+    for (n, (what, forge)) in forgeries.iter().enumerate() {
+        let id = format!("forged-wrapper-{n}");
+        let run = side.start(&id, &["--lease", "1h"], &strs(&tree()));
+        let (_, tree) = pin_tree(&root, &id);
+        side.edit(&run.dir, forge);
+        for args in [vec!["cancel", &id], vec!["renew", &id, "--lease", "1h"]] {
+            let (code, _, err) = side.ctl(&args);
+            assert_eq!(
+                code,
+                77,
+                "{args:?} with a wrapper_pid of {what}: {err}\n{}",
+                diagnostics(&root, &id)
+            );
+        }
+        victim.assert_alive(&format!("after cancel and renew ({what})"), &root, &id);
+        alive_or_panic(&tree, "the run's tree", &root, &id);
+        alive_or_panic(&run.wrapper_pin, "the real wrapper", &root, &id);
+        no_signal_to(&root, &id, &[victim.pid, 1]);
+        // The watchdog, the lease past deadline + grace + slack: the stuck-wrapper path must
+        // not take the victim for the wrapper.
+        side.lease(&run.dir, epoch_now() - 3600.0);
+        let (code, _, err) = outcome(side.watchdog().args(["--once", "--slack", "0s"]));
+        assert_eq!(code, 0, "watchdog --once: {err}");
+        victim.assert_alive(&format!("after the watchdog ({what})"), &root, &id);
+        no_signal_to(&root, &id, &[victim.pid, 1]);
+        // The real wrapper still owns its run: stop it through its pin.
+        let _ = run.wrapper_pin.signal(run.wrapper, libc::SIGTERM);
+        root.wait_final(&id, CMD);
+        tree.wait_all_gone(CMD)
+            .expect("the wrapper's own stop ends its tree");
+    }
+    victim.assert_alive("at the end", &root, "forged-wrapper-0");
+}
+
+#[test]
+fn a_record_naming_an_unrelated_process_or_pid_1_as_its_wrapper_gets_nothing_signalled_as_root() {
+    a_forged_wrapper_gets_nothing_signalled(User::Root);
+}
+
+#[test]
+fn a_record_naming_an_unrelated_process_or_pid_1_as_its_wrapper_gets_nothing_signalled_as_nobody() {
+    a_forged_wrapper_gets_nothing_signalled(User::Nobody);
+}
+
+#[test]
+fn a_record_rewritten_to_name_another_session_leader_lends_it_nothing_after_the_wrapper_dies() {
+    let root = TestRoot::new();
+    let side = Side::new(&root, User::Root);
+    for (n, by) in ["cancel", "watchdog"].iter().enumerate() {
+        let id = format!("forged-leader-{n}");
+        let run = side.start(&id, &["--lease", "1h", "--grace", "1s"], &strs(&tree()));
+        // Started after the run, like the user's next login shell.
+        let victim = Victim::spawn(true);
+        let (_, tree) = pin_tree(&root, &id);
+        run.kill_wrapper();
+        let ticks = victim.ticks();
+        side.edit(&run.dir, |st| {
+            for k in ["pid", "pgid", "sid"] {
+                st.insert(k.into(), victim.pid.into());
+            }
+            st.insert("start_ticks".into(), ticks.into());
+        });
+        if *by == "cancel" {
+            let (code, out, err) = side.ctl(&["cancel", &id]);
+            assert_eq!(code, 0, "cancel: {err}\n{}", diagnostics(&root, &id));
+            assert!(out.contains("\"unknown\""), "cancel printed {out}");
+        } else {
+            side.lease(&run.dir, epoch_now() - 1.0);
+            let (code, _, err) = outcome(side.watchdog().args(["--once"]));
+            assert_eq!(code, 0, "watchdog: {err}");
+        }
+        let st = root.wait_final(&id, CMD);
+        victim.assert_alive(&format!("after the {by}"), &root, &id);
+        no_signal_to(&root, &id, &[victim.pid]);
+        // The run's own processes carry its marker: they were found and stopped.
+        tree.wait_all_gone(CMD).unwrap_or_else(|p| {
+            panic!("the run's tree {p:?} survived\n{}", diagnostics(&root, &id))
+        });
+        // Nobody can vouch for the process the record now names: not cancelled, and named.
+        assert_eq!(st["state"], "unknown", "{}", diagnostics(&root, &id));
+        let survivors: Vec<i64> = st["cleanup"]["survivors"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_i64).collect())
+            .unwrap_or_default();
+        assert!(
+            survivors.contains(&(victim.pid as i64)),
+            "the unverified leader is not named: {st}"
+        );
+    }
+}
+
+#[test]
+fn the_watchdog_as_root_never_signals_pid_1_inside_a_pid_namespace() {
+    // The record names pid 1 (the namespace's init) as its wrapper, has no wrapper start ticks,
+    // a dead leader and a long expired lease; every process of the namespace started after
+    // the record's start_ticks. The watchdog runs inside the namespace as root.
+    let root = TestRoot::new();
+    let r = root.root();
+    fs::create_dir(&r).unwrap();
+    fs::set_permissions(&r, fs::Permissions::from_mode(0o700)).unwrap();
+    let id = "pid1";
+    let dir = r.join(id);
+    fs::create_dir(&dir).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+    for variant in ["no wrapper_start_ticks", "init's true start ticks"] {
+        let mut rec = serde_json::json!({
+            "schema": 1, "run_id": id, "state": "running", "reason": null, "exit_code": null,
+            "term_signal": null, "argv": ["sleep", "1"], "cwd": "/", "pid": 4_000_000,
+            "pgid": 4_000_000, "sid": 4_000_000, "start_ticks": 1,
+            "boot_id": fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap().trim(),
+            "wrapper_pid": 1, "host": "h", "user": "root", "uid": 0,
+            "created_at": "2026-01-01T00:00:00.000Z", "started_at": null, "ended_at": null,
+            "cleanup": null, "error": null, "version": "0", "grace_ms": 500, "hup_after_ms": 100,
+        });
+        if variant != "no wrapper_start_ticks" {
+            rec["wrapper_start_ticks"] = Value::from("__INIT_TICKS__");
+        }
+        let text = serde_json::to_string(&rec).unwrap();
+        // Inside the namespace: start the victims, put the record in place (with init's start
+        // ticks where asked), run one watchdog pass, report who is still alive.
+        let script = format!(
+            r#"set -u
+{fx} sleep-ms 60000 & v1=$!
+setsid {fx} sleep-ms 60000 & v2=$!
+ticks=$(cut -d' ' -f22 /proc/1/stat)
+printf '%s' '{text}' | sed "s/\"__INIT_TICKS__\"/$ticks/" > {dir}/status.json
+chmod 600 {dir}/status.json
+printf '{{"deadline_epoch":1,"lease_s":1}}' > {dir}/lease.json
+chmod 600 {dir}/lease.json
+{wd} --root {root} --once --orphan-grace 0 --slack 0s 2>{dir}/wd.err; echo "rc=$?"
+for p in 1 $v1 $v2; do
+  if [ -d /proc/$p ] && [ "$(cut -d' ' -f3 /proc/$p/stat)" != Z ]; then echo "alive $p"; else echo "gone $p"; fi
+done
+"#,
+            fx = fixture_bin().display(),
+            wd = watchdog_bin().display(),
+            dir = dir.display(),
+            root = r.display(),
+        );
+        let out = agent_run_tests::run_with_timeout(
+            Command::new("unshare")
+                .args(["--fork", "--pid", "--mount-proc", "sh", "-c"])
+                .arg(&script),
+            CMD,
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        let wd_err = fs::read_to_string(dir.join("wd.err")).unwrap_or_default();
+        assert!(text.contains("rc=0"), "{variant}: {text}\n{wd_err}");
+        for line in text
+            .lines()
+            .filter(|l| l.starts_with("alive") || l.starts_with("gone"))
+        {
+            assert!(
+                line.starts_with("alive"),
+                "{variant}: {line}\n{text}\nwatchdog: {wd_err}\n{}",
+                diagnostics(&root, id)
+            );
+        }
+        assert_eq!(
+            text.lines().filter(|l| l.starts_with("alive")).count(),
+            3,
+            "{text}"
+        );
+        no_signal_to(&root, id, &[1]);
+        let st = root.status(id);
+        assert_eq!(
+            st["state"], "running",
+            "{variant}: the record was acted on: {st}"
+        );
+        let _ = fs::remove_file(dir.join("events.jsonl"));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Only regular files are read; nothing hangs a reader
+
+#[test]
+fn fifos_sockets_symlinks_and_huge_files_in_run_dirs_hang_nothing_and_other_leases_hold() {
+    let root = TestRoot::new();
+    let side = Side::new(&root, User::Root);
+    // The run whose lease must be enforced on time while the others are hostile.
+    let leased = side.start(
+        "on-time",
+        &["--lease", "1h", "--grace", "1s"],
+        &strs(&tree()),
+    );
+    let (_, leased_tree) = pin_tree(&root, "on-time");
+    leased.kill_wrapper();
+    let mut planted = Vec::new();
+    let mut sockets = Vec::new();
+    for file in ["status.json", "lease.json", "cancel.json"] {
+        for kind in Plant::ALL {
+            let id = format!("{}-{kind:?}", file.trim_end_matches(".json")).to_lowercase();
+            let run = side.start(&id, &["--lease", "1h", "--grace", "1s"], &strs(&tree()));
+            let (_, t) = pin_tree(&root, &id);
+            sockets.push(plant(&run.dir.join(file), kind));
+            planted.push((file, kind, id, run, t));
+        }
+    }
+    let mut dog = Daemon::start(side.watchdog(), &["--scan-interval", "1s"]);
+    // Let the daemon meet every planted file (a rescan and the events), then let the lease
+    // of the orphan run out.
+    let deadline = epoch_now() + 2.0;
+    side.lease(&leased.dir, deadline);
+    let st = root.wait_final("on-time", Duration::from_secs(20));
+    let ended = epoch_now();
+    assert_eq!(
+        st["state"],
+        "cancelled",
+        "{}",
+        diagnostics(&root, "on-time")
+    );
+    assert_eq!(st["reason"], "lease_expired");
+    assert!(
+        ended - deadline < 3.0,
+        "the lease was enforced {:.2}s late beside the planted files\n{}",
+        ended - deadline,
+        dog.stderr()
+    );
+    leased_tree
+        .wait_all_gone(CMD)
+        .expect("the leased tree is stopped");
+    assert!(dog.running(), "the daemon died: {}", dog.stderr());
+
+    // Every reader returns, and says what is wrong.
+    let t0 = Instant::now();
+    let (code, out, err) = side.ctl(&["list"]);
+    assert_eq!(code, 0, "list: {err}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "list took {:?}",
+        t0.elapsed()
+    );
+    for (file, kind, id, run, tree) in &planted {
+        let t0 = Instant::now();
+        let (scode, _, serr) = side.ctl(&["status", "--json", id]);
+        let (ccode, _, cerr) = side.ctl(&["cancel", id, "--wait", "20s"]);
+        assert!(
+            t0.elapsed() < Duration::from_secs(25),
+            "{file} as {kind:?}: status+cancel took {:?}",
+            t0.elapsed()
+        );
+        if *file == "status.json" {
+            assert!(
+                err.contains(id.as_str()) || out.contains(id.as_str()),
+                "list does not show {id}: {out} {err}"
+            );
+            assert_ne!(scode, 0, "status of a planted status.json ({kind:?})");
+            assert!(serr.contains("status.json"), "status names no file: {serr}");
+            assert_eq!(
+                ccode, 77,
+                "cancel with a planted status.json ({kind:?}): {cerr}"
+            );
+            alive_or_panic(tree, "the tree of a run with a corrupt record", &root, id);
+            // The wrapper itself is unharmed: it ends its run and writes its record.
+            let _ = run.wrapper_pin.signal(run.wrapper, libc::SIGTERM);
+            root.wait_final(id, CMD);
+        } else {
+            assert_eq!(scode, 0, "status with a planted {file} ({kind:?}): {serr}");
+            assert_eq!(
+                ccode,
+                0,
+                "cancel with a planted {file} ({kind:?}): {cerr}\n{}",
+                diagnostics(&root, id)
+            );
+            assert_eq!(
+                root.status(id)["state"],
+                "cancelled",
+                "{}",
+                diagnostics(&root, id)
+            );
+        }
+        tree.wait_all_gone(CMD)
+            .unwrap_or_else(|p| panic!("{id}: {p:?} alive\n{}", diagnostics(&root, id)));
+    }
+    assert!(dog.running(), "the daemon died: {}", dog.stderr());
+    drop(sockets);
+    let out = dog.stop();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. argv byte-exact
+
+#[test]
+fn argv_that_is_not_utf8_is_stored_byte_exact_and_a_relaunch_that_differs_in_one_byte_is_refused() {
+    use std::os::unix::ffi::OsStringExt;
+    let root = TestRoot::new();
+    let arg = |b: &[u8]| std::ffi::OsString::from_vec(b.to_vec());
+    let run = |last: &[u8]| {
+        let mut cmd = root.cmd();
+        cmd.args(["u2", "--", "/bin/echo"]).arg(arg(last));
+        outcome(&mut cmd)
+    };
+    let (code, out, err) = run(b"A\xff");
+    assert_eq!(code, 0, "{err}");
+    let _ = out;
+    let log = fs::read(root.run_dir("u2").join("stdout.log")).unwrap();
+    assert_eq!(log, b"A\xff\n", "the workload got other bytes");
+    let st = root.status("u2");
+    let b64: Vec<&str> = st["argv_b64"]
+        .as_array()
+        .expect("argv_b64 is set for a non-UTF-8 argv")
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(b64, ["L2Jpbi9lY2hv", "Qf8="], "{st}");
+    let (code, _, err) = run(b"A\xfe");
+    assert_eq!(
+        code, 65,
+        "a relaunch with other bytes must be refused: {err}"
+    );
+    let (code, _, err) = run(b"A\xff");
+    assert_eq!(code, 0, "the same bytes replay the run: {err}");
+    let log = fs::read(root.run_dir("u2").join("stdout.log")).unwrap();
+    assert_eq!(log, b"A\xff\n", "the command ran twice");
+    // A UTF-8 argv keeps argv_b64 null.
+    let (code, _, _) = outcome(root.cmd().args(["plain", "--", "/bin/true"]));
+    assert_eq!(code, 0);
+    assert!(root.status("plain")["argv_b64"].is_null());
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Every signal journalled
+
+#[test]
+fn renew_journals_its_wake_up_signal_to_the_wrapper() {
+    let root = TestRoot::new();
+    let side = Side::new(&root, User::Root);
+    let run = side.start("renewed", &["--lease", "1h"], &strs(&tree()));
+    let (_, tree) = pin_tree(&root, "renewed");
+    let (code, _, err) = side.ctl(&["renew", "renewed", "--lease", "2h"]);
+    assert_eq!(code, 0, "{err}");
+    let sent = signals_to(&root, "renewed", &[run.wrapper]);
+    assert!(
+        sent.iter()
+            .any(|e| e["signal"] == "USR1" && e["reason"] == "renew" && e["by"] == "renew"),
+        "no USR1 journalled: {sent:?}\n{}",
+        diagnostics(&root, "renewed")
+    );
+    let (code, _, _) = side.ctl(&["cancel", "renewed"]);
+    assert_eq!(code, 0);
+    tree.wait_all_gone(CMD).expect("cancelled");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Skipped runs are retried; a damaged lease is said once and its deadline kept
+
+#[test]
+fn a_run_skipped_for_its_mode_is_enforced_as_soon_as_the_mode_is_fixed() {
+    let root = TestRoot::new();
+    let side = Side::new(&root, User::Root);
+    let run = side.start("mode", &["--lease", "1h", "--grace", "1s"], &strs(&tree()));
+    let (_, tree) = pin_tree(&root, "mode");
+    run.kill_wrapper();
+    side.lease(&run.dir, epoch_now() + 1.0);
+    fs::set_permissions(&run.dir, fs::Permissions::from_mode(0o750)).unwrap();
+    let dog = Daemon::start(side.watchdog(), &["--scan-interval", "1h"]);
+    wait_until_dbg("the watchdog to skip the unsafe dir", CMD, || {
+        let e = dog.stderr();
+        if e.contains("mode: skipped") {
+            Ok(())
+        } else {
+            Err(e)
+        }
+    });
+    // Well past the deadline it is still running: the dir is unsafe, nothing may be done.
+    std::thread::sleep(Duration::from_millis(1500));
+    alive_or_panic(&tree, "the tree of the skipped run", &root, "mode");
+    let fixed = Instant::now();
+    fs::set_permissions(&run.dir, fs::Permissions::from_mode(0o700)).unwrap();
+    let st = root.wait_final("mode", Duration::from_secs(20));
+    assert!(
+        fixed.elapsed() < Duration::from_secs(5),
+        "enforced {:?} after the fix (the rescan is an hour away)",
+        fixed.elapsed()
+    );
+    assert_eq!(st["reason"], "lease_expired");
+    tree.wait_all_gone(CMD).expect("stopped");
+    let said = dog.stderr().matches("mode: skipped").count();
+    assert_eq!(said, 1, "the skip was said {said} times: {}", dog.stderr());
+}
+
+#[test]
+fn a_skipped_run_is_looked_at_again_on_sighup() {
+    let root = TestRoot::new();
+    let side = Side::new(&root, User::Root);
+    let run = side.start("hup", &["--lease", "1h", "--grace", "1s"], &strs(&tree()));
+    let (_, tree) = pin_tree(&root, "hup");
+    run.kill_wrapper();
+    side.lease(&run.dir, epoch_now() - 1.0);
+    // A record owned by someone else is not ours to believe: skipped, nothing signalled.
+    let record = run.dir.join("status.json");
+    std::os::unix::fs::chown(&record, Some(NOBODY), Some(NOBODY)).unwrap();
+    let dog = Daemon::start(side.watchdog(), &["--scan-interval", "1h"]);
+    wait_until_dbg("the skip", CMD, || {
+        let e = dog.stderr();
+        if e.contains("hup: skipped") {
+            Ok(())
+        } else {
+            Err(e)
+        }
+    });
+    alive_or_panic(&tree, "the tree of a skipped run", &root, "hup");
+    // Give the record back. Its mtime and inode do not change and the dir is no longer
+    // watched: only SIGHUP (or the hourly rescan) makes the daemon look again.
+    std::os::unix::fs::chown(&record, Some(0), Some(0)).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    alive_or_panic(&tree, "the tree before SIGHUP", &root, "hup");
+    dog.signal(libc::SIGHUP);
+    let st = root.wait_final("hup", Duration::from_secs(20));
+    assert_eq!(
+        st["reason"],
+        "lease_expired",
+        "{}",
+        diagnostics(&root, "hup")
+    );
+    tree.wait_all_gone(CMD).expect("stopped");
+}
+
+#[test]
+fn a_damaged_lease_is_reported_once_and_its_last_valid_deadline_is_kept() {
+    let root = TestRoot::new();
+    let side = Side::new(&root, User::Root);
+    let run = side.start(
+        "damaged",
+        &["--lease", "1h", "--grace", "1s"],
+        &strs(&tree()),
+    );
+    let (_, tree) = pin_tree(&root, "damaged");
+    run.kill_wrapper();
+    let deadline = epoch_now() + 3.0;
+    side.lease(&run.dir, deadline);
+    let dog = Daemon::start(side.watchdog(), &[]);
+    for garbage in [
+        &b"{\"deadline_epoch\": "[..],
+        &b"not json"[..],
+        &b"{\"deadline_epoch\": "[..],
+    ] {
+        let tmp = run.dir.join(".bad.tmp");
+        fs::write(&tmp, garbage).unwrap();
+        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o600)).unwrap();
+        fs::rename(&tmp, run.dir.join("lease.json")).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let st = root.wait_final("damaged", Duration::from_secs(20));
+    let ended = epoch_now();
+    assert_eq!(
+        st["reason"],
+        "lease_expired",
+        "{}",
+        diagnostics(&root, "damaged")
+    );
+    assert!(
+        ended >= deadline - 0.05,
+        "stopped {:.2}s before the kept deadline",
+        deadline - ended
+    );
+    assert!(
+        ended - deadline < 3.0,
+        "stopped {:.2}s after the kept deadline",
+        ended - deadline
+    );
+    tree.wait_all_gone(CMD).expect("stopped");
+    let log = dog.stderr();
+    let said = log.matches("lease.json is damaged").count();
+    assert!(
+        (1..=3).contains(&said),
+        "said {said} times (once per distinct damage): {log}"
+    );
+    let journalled = events_named(&root, "damaged", "lease_unreadable").len();
+    assert_eq!(journalled, said, "journal and log disagree: {log}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. One watchdog per root
+
+#[test]
+fn a_second_watchdog_on_a_root_names_the_first_and_exits_75() {
+    let root = TestRoot::new();
+    let side = Side::new(&root, User::Root);
+    fs::create_dir_all(root.root()).unwrap();
+    let mut first = Daemon::start(side.watchdog(), &[]);
+    for args in [vec![], vec!["--once"]] {
+        let (code, _, err) = outcome(side.watchdog().args(&args));
+        assert_eq!(code, 75, "second watchdog {args:?}: {err}");
+        assert!(
+            err.contains(&format!("pid {}", first.pid())),
+            "the message does not name the first watchdog ({}): {err}",
+            first.pid()
+        );
+    }
+    assert!(
+        first.running(),
+        "the first watchdog died: {}",
+        first.stderr()
+    );
+    let out = first.stop();
+    assert!(out.status.success());
+    // Once it is gone, a new one may watch the root.
+    let second = Daemon::start(side.watchdog(), &[]);
+    assert!(second.stop().status.success());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Squatting on the lock of a dead wrapper
+
+#[test]
+fn a_squatter_on_a_dead_wrappers_lock_does_not_keep_the_run_from_being_cancelled() {
+    let root = TestRoot::new();
+    let side = Side::new(&root, User::Root);
+    for (n, marked) in [true, false].iter().enumerate() {
+        let id = format!("squat-{n}");
+        let run = side.start(&id, &["--lease", "1h", "--grace", "1s"], &strs(&tree()));
+        let (_, tree) = pin_tree(&root, &id);
+        run.kill_wrapper();
+        // flock(1) holds the lock while its child sleeps; with the run's marker it is the
+        // run's own, without it an outsider.
+        let mut cmd = Command::new("flock");
+        cmd.arg(run.dir.join("lock"))
+            .arg(fixture_bin())
+            .args(["sleep-ms", "120000"])
+            .stdin(std::process::Stdio::null());
+        if *marked {
+            cmd.env("AGENT_RUN_ID", &id).env("AGENT_RUN_DIR", &run.dir);
+        } else {
+            cmd.env_remove("AGENT_RUN_ID").env_remove("AGENT_RUN_DIR");
+        }
+        let mut squatter = cmd.spawn().expect("spawn flock");
+        let spid = squatter.id() as i32;
+        let child = wait_until_dbg("flock's child", CMD, || {
+            agent_run_tests::children_of(spid)
+                .first()
+                .copied()
+                .ok_or(())
+        });
+        let spin = Pinned::new(&[spid, child]);
+        wait_until_dbg("the squatter to hold the lock", CMD, || {
+            let locks = fs::read_to_string("/proc/locks").unwrap_or_default();
+            let ino =
+                std::os::unix::fs::MetadataExt::ino(&fs::metadata(run.dir.join("lock")).unwrap());
+            if locks.contains(&format!(":{ino} ")) {
+                Ok(())
+            } else {
+                Err(locks)
+            }
+        });
+        let (code, _, err) = side.ctl(&["cancel", &id]);
+        assert_eq!(
+            code,
+            0,
+            "cancel of a squatted run: {err}\n{}",
+            diagnostics(&root, &id)
+        );
+        tree.wait_all_gone(CMD).expect("the run's tree is stopped");
+        let st = root.status(&id);
+        assert_eq!(st["state"], "cancelled", "{}", diagnostics(&root, &id));
+        assert!(!events_named(&root, &id, "lock_squatted").is_empty());
+        if *marked {
+            // flock(1) itself is the run's too (it carries the marker): both gone.
+            spin.wait_all_gone(CMD)
+                .expect("the marked squatter is stopped");
+        } else {
+            assert_eq!(spin.alive().len(), 2, "an outsider must not be signalled");
+            no_signal_to(&root, &id, &[spid, child]);
+        }
+        let _ = spin.signal(child, libc::SIGKILL);
+        let _ = spin.signal(spid, libc::SIGKILL);
+        let _ = squatter.wait();
+    }
+}
