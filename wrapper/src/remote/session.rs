@@ -379,7 +379,10 @@ impl Session<'_> {
                 self.breaks += 1;
                 // With the master alive this may be nothing worse than a run that exited 255
                 // (or an `attach` that died): the record will tell, quietly.
-                if !self.ssh.master_alive() && self.lost_at.is_none() {
+                // The master notices a dead link (keepalive) and exits; its channels end 255
+                // a moment before it does: give it that moment before deciding.
+                let master_gone = self.ssh.master_gone_within(Duration::from_secs(1));
+                if master_gone && self.lost_at.is_none() {
                     self.lost_at = Some(Instant::now());
                     let (out, err) = self.counts.get();
                     let left =
