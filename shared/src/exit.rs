@@ -29,6 +29,10 @@ pub const TEMPFAIL: u8 = 75;
 pub const NOPERM: u8 = 77;
 /// Unsafe run root or run dir.
 pub const CONFIG: u8 = 78;
+/// `agent-run remote`: agent-run could not be run on the host (the remote shell found no such
+/// program, or could not execute it), or it is too old for what the launch asks (`version`
+/// says which features it lacks); nothing was started there.
+pub const REMOTE_BIN_MISSING: u8 = 72;
 
 /// 128 + N for a signal.
 pub fn for_signal(sig: Sig) -> u8 {
@@ -53,7 +57,8 @@ pub fn for_record(st: &Status) -> Option<u8> {
                 .unwrap_or(143),
             _ => for_signal(Sig::Term),
         },
-        State::LaunchFailed => match st.exit_code {
+        // `launch_exit_code`; records written before it existed kept the code in `exit_code`.
+        State::LaunchFailed => match st.launch_exit_code.or(st.exit_code) {
             Some(c) if c == NOT_FOUND as i32 || c == CANNOT_EXECUTE as i32 => c as u8,
             _ => SOFTWARE,
         },

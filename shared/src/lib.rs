@@ -12,6 +12,7 @@ pub mod error;
 pub mod exit;
 pub mod fault;
 pub mod features;
+pub mod heartbeat;
 pub mod hostpolicy;
 pub mod id;
 pub mod journal;

@@ -129,6 +129,10 @@ pub struct Status {
     /// ("30s"); null for a detached run, which has no caller to lose.
     #[serde(default)]
     pub on_disconnect: Option<String>,
+    /// For `launch_failed`: the launch failure's exit code (127 not found, 126 cannot execute,
+    /// 70 anything else); null otherwise. `exit_code` stays null: the leader never exited.
+    #[serde(default)]
+    pub launch_exit_code: Option<i32>,
 }
 
 impl Status {
@@ -170,6 +174,7 @@ impl Status {
             env: Vec::new(),
             caller_lost_at: None,
             on_disconnect: None,
+            launch_exit_code: None,
         }
     }
 
@@ -301,6 +306,7 @@ mod tests {
             env: vec![],
             caller_lost_at: None,
             on_disconnect: None,
+            launch_exit_code: None,
         }
     }
 
@@ -360,6 +366,7 @@ mod tests {
             "env",
             "caller_lost_at",
             "on_disconnect",
+            "launch_exit_code",
         ] {
             assert!(v.get(k).is_some(), "missing {k}");
         }

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod controls;
+pub mod first_contact;
 pub mod hostile;
 
 // ---------------------------------------------------------------------------------------------
@@ -117,7 +118,7 @@ pub fn fixture_bin() -> PathBuf {
 // Run roots and run records
 
 /// Every key the contract says status.json always has, null or not.
-pub const RECORD_KEYS: [&str; 23] = [
+pub const RECORD_KEYS: [&str; 24] = [
     "schema",
     "run_id",
     "state",
@@ -141,6 +142,7 @@ pub const RECORD_KEYS: [&str; 23] = [
     "cleanup",
     "error",
     "version",
+    "launch_exit_code",
 ];
 
 /// The final states of status.json.

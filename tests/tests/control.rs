@@ -8,11 +8,11 @@
 //! deadline (two slow cores in CI), and every process a test sees is pinned, so it is killed by
 //! pid when the test ends, whatever happened.
 //!
-//! The seed article's failure paths (`shared/seeds/003_*.txt`) appear as far as they happen on
+//! The seed article's failure paths (`docs/references.md`) appear as far as they happen on
 //! one host: TERM to the wrapper (1), TERM to the leader alone (2), a `cancelling` record whose
 //! wrapper died mid-stop (4), two runs of one user of which one is cancelled (5). Path 3 (the
 //! controller's connection dies) is the lease's business: here only `renew` moving the deadline
-//! (lease expiry itself is core's and the watchdog's). The gateway report (`002_*`) gives the
+//! (lease expiry itself is core's and the watchdog's). The gateway report (`docs/references.md`) gives the
 //! rule that follows every `cancel`: assert on the pids, not on the absence of an error.
 
 use std::fmt::{Debug, Display};

@@ -1062,7 +1062,7 @@ fn remote_says_when_the_hosts_agent_run_is_missing_or_too_old_and_starts_nothing
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
         exit_code(&out.status),
-        69,
+        72,
         "{}",
         describe_output("remote", &out)
     );
@@ -1099,7 +1099,7 @@ fn remote_says_when_the_hosts_agent_run_is_missing_or_too_old_and_starts_nothing
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
         exit_code(&out.status),
-        69,
+        72,
         "{}",
         describe_output("remote", &out)
     );

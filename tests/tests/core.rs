@@ -1357,7 +1357,9 @@ fn assert_launch_failed(run: &mut Run<'_>, code: i32) {
     run.assert_exit(&out, code);
     let st = run.final_record();
     run.assert_state(&st, "launch_failed", None);
-    assert_eq!(st["exit_code"], code, "\n{}", run.diag());
+    // The leader never ran: `exit_code` is null; the launch's code is `launch_exit_code`.
+    assert_eq!(st["exit_code"], Value::Null, "\n{}", run.diag());
+    assert_eq!(st["launch_exit_code"], code, "\n{}", run.diag());
     let error = st["error"].as_str().unwrap_or_default();
     assert!(
         !error.is_empty() && !error.contains('\n'),

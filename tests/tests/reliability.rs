@@ -1,6 +1,6 @@
 //! Reliability of agent-run under faults, full disks, load, and hostile neighbours.
 //!
-//! The standard is the seed ADR's (`shared/seeds/000_*.txt`): name the hazard, name the causal
+//! The standard is the seed ADR's (`docs/references.md`): name the hazard, name the causal
 //! scenario, and prove with real processes that the constraint holds. The losses are the
 //! contract's: a process of a run alive after its record says it is over (L-1), a record that is
 //! partial, contradictory or missing (L-2), and a process that is not the run's being signalled or
@@ -373,6 +373,10 @@ fn cleanup_signals(st: &Value) -> Vec<String> {
 
 /// Reads status.json every 2 ms on its own thread for as long as it runs, and keeps every
 /// version that was not one whole JSON document, and the sequence of states seen.
+///
+/// [`RecordWatch::finish`] is called once the final record is on disk; the thread reads the
+/// file once more after it sees the stop request, so the last state it reports is the one on
+/// disk at that moment, not whatever it happened to read up to 2 ms before the final write.
 struct RecordWatch {
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<Watched>>,
@@ -391,7 +395,9 @@ impl RecordWatch {
         let flag = Arc::clone(&stop);
         let handle = std::thread::spawn(move || {
             let mut seen = Watched::default();
-            while !flag.load(Ordering::Relaxed) {
+            loop {
+                // Loaded before the read: a stop request seen here is followed by one more read.
+                let stopping = flag.load(Ordering::SeqCst);
                 if let Ok(text) = fs::read_to_string(&path) {
                     seen.reads += 1;
                     match serde_json::from_str::<Value>(&text) {
@@ -404,6 +410,9 @@ impl RecordWatch {
                         Err(e) => seen.partial.push(format!("{e}: {text:?}")),
                     }
                 }
+                if stopping {
+                    break;
+                }
                 std::thread::sleep(Duration::from_millis(2));
             }
             seen
@@ -415,7 +424,7 @@ impl RecordWatch {
     }
 
     fn finish(mut self) -> Watched {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::SeqCst);
         self.handle
             .take()
             .and_then(|h| h.join().ok())

@@ -22,7 +22,7 @@ use agent_run_shared::record::{read_status, Status};
 use agent_run_shared::root::Root;
 use agent_run_shared::run::{scope_of, timings_of};
 use agent_run_shared::takeover::{check_record, live_wrapper, Wrapper};
-use agent_run_shared::{procfs, time};
+use agent_run_shared::{heartbeat, procfs, time};
 use std::cell::OnceCell;
 use std::collections::HashSet;
 use std::os::fd::OwnedFd;
@@ -262,10 +262,16 @@ pub fn assess(
         }
         Wrapper::Mismatch(why) => Verdict::Skip(why),
         Wrapper::Gone => {
-            let (act_epoch, why) = due.unwrap_or((
-                seen.orphan_since.unwrap_or(now) + policy.orphan_grace.as_secs_f64(),
-                Due::WrapperLost,
-            ));
+            let (act_epoch, why) = due.unwrap_or_else(|| {
+                // Counted from when the wrapper died, as far as anyone can know: the first
+                // time this daemon saw it gone, or the bound its last heartbeat gives (which a
+                // `--once` pass, seeing it for the first time, has to go by).
+                let since = [seen.orphan_since, heartbeat::gone_by(&dir.path, now)]
+                    .into_iter()
+                    .flatten()
+                    .fold(now, f64::min);
+                (since + policy.orphan_grace.as_secs_f64(), Due::WrapperLost)
+            });
             let action = Action::Orphan { why };
             // Due: act at once; the stop itself (on a worker thread) finds whatever remains,
             // and an empty set ends as `unknown`/`wrapper_lost`. Not due yet: if nothing of the

@@ -80,7 +80,7 @@ pub enum Command {
 #[derive(Debug, Args)]
 pub struct StartArgs {
     /// Stop the run unless it is renewed within DUR (e.g. 90, 90s, 5m, 2h)
-    #[arg(long, value_name = "DUR", value_parser = dur("--lease"))]
+    #[arg(long, value_name = "DUR", value_parser = lease_dur)]
     pub lease: Option<Duration>,
     /// TERM -> KILL grace
     #[arg(long, value_name = "DUR", default_value = "5s", value_parser = dur("--grace"))]
@@ -141,7 +141,7 @@ The run is started on HOST with `agent-run start --detach --lease` and streamed 
 over one private ssh master connection; the workload's stdin is /dev/null. Its id is printed
 first on stderr: `agent-run: run id <ID> on <HOST>`. Before the launch, the host's agent-run is
 asked `version --json`: if it is missing, cannot run, or lacks what --timeout, --label, -C or -e
-need, remote says so, starts nothing and exits 69. --timeout holds on the host whatever happens
+need, remote says so, starts nothing and exits 72. --timeout holds on the host whatever happens
 here (renewals do not extend it; exit 124).
 
 INT, TERM or HUP: `cancel` on a fresh channel; the final record is printed on stderr and the
@@ -156,7 +156,13 @@ host stops the run by its lease; ask later with --status.
 final. --attach streams an earlier run from the start, renews its lease, cancels it on INT/TERM/
 HUP and exits as it did. 75 also when HOST cannot be reached at all (nothing was started).
 ssh options that must hold (ControlPath, ControlMaster) cannot be overridden; keepalive and
-ConnectTimeout defaults can. The remote login shell must be POSIX (sh, bash, dash, ksh, zsh).";
+ConnectTimeout defaults can. The remote login shell must be POSIX (sh, bash, dash, ksh, zsh).
+
+Exit codes: as the remote run did (agent-run --help), and
+  75  the outcome cannot be known here (HOST unreachable, or the run not final yet for --status)
+  72  agent-run could not be run on HOST: the remote shell found no --remote-bin program (127)
+      or could not execute it (126), or it is too old for what the launch asks; nothing was
+      started there";
 
 #[derive(Debug, Args)]
 #[command(after_long_help = REMOTE_HELP)]
@@ -175,7 +181,7 @@ pub struct RemoteArgs {
     #[arg(long, value_name = "ID")]
     pub id: Option<String>,
     /// The lease; renewed every third of it while the run is active
-    #[arg(long, value_name = "DUR", default_value = "60s", value_parser = dur("--lease"))]
+    #[arg(long, value_name = "DUR", default_value = "60s", value_parser = lease_dur)]
     pub lease: Duration,
     /// TERM -> KILL grace on the host
     #[arg(long, value_name = "DUR", value_parser = dur("--grace"))]
@@ -250,7 +256,7 @@ pub struct RenewArgs {
     #[command(flatten)]
     pub select: Selection,
     /// New lease length (default: the run's lease length)
-    #[arg(long, value_name = "DUR", value_parser = positive_dur("--lease"))]
+    #[arg(long, value_name = "DUR", value_parser = lease_dur)]
     pub lease: Option<Duration>,
 }
 
@@ -398,13 +404,28 @@ fn state_filter(s: &str) -> Result<String, String> {
     }
 }
 
+/// A lease length: a duration above zero (a lease of 0 would stop the run at once; a run
+/// without a lease is asked for by leaving --lease out).
+fn lease_dur(s: &str) -> Result<Duration, String> {
+    match parse_duration("--lease", s).map_err(|e| e.to_string())? {
+        d if d.is_zero() => Err(format!(
+            "a lease must be longer than 0 ({s:?} would stop the run at once); \
+             leave --lease out for a run without a lease"
+        )),
+        d => Ok(d),
+    }
+}
+
 const SUBCOMMANDS: &[&str] = &[
     "start", "cancel", "renew", "status", "wait", "attach", "logs", "list", "gc", "remote",
     "version", "help",
 ];
 
-/// Insert `start` when the first word that is not an option is not a subcommand.
-fn with_default_subcommand(mut args: Vec<OsString>) -> Vec<OsString> {
+/// Insert `start` when the first word that is not an option is not a subcommand. That word is
+/// then a run id, and the implicit form requires `--` after it (only options in between): a
+/// mistyped subcommand (`agent-run stop train-3`) is refused with exit 64 and a suggestion,
+/// never run as a command.
+fn with_default_subcommand(mut args: Vec<OsString>) -> Result<Vec<OsString>, String> {
     let takes_value = [
         "--root",
         "--lease",
@@ -433,7 +454,10 @@ fn with_default_subcommand(mut args: Vec<OsString>) -> Vec<OsString> {
             continue;
         }
         if SUBCOMMANDS.contains(&a.as_ref()) {
-            return args;
+            return Ok(args);
+        }
+        if !implicit_start(&args[i + 1..], &takes_value) {
+            return Err(unknown_subcommand(&a));
         }
         break;
     }
@@ -443,12 +467,109 @@ fn with_default_subcommand(mut args: Vec<OsString>) -> Vec<OsString> {
     if args.len() > 1 && !only_info {
         args.insert(1, "start".into());
     }
-    args
+    Ok(args)
+}
+
+/// After the run id of the implicit `start` form: options (and their values), then `--`.
+fn implicit_start(after_id: &[OsString], takes_value: &[&str]) -> bool {
+    let mut i = 0;
+    while let Some(a) = after_id.get(i).map(|a| a.to_string_lossy()) {
+        if a == "--" {
+            return true;
+        }
+        if !a.starts_with('-') {
+            return false;
+        }
+        i += if takes_value.contains(&a.as_ref()) {
+            2
+        } else {
+            1
+        };
+    }
+    false
+}
+
+/// What users type for a subcommand that has another name here.
+const SYNONYMS: &[(&str, &str)] = &[
+    ("stop", "cancel"),
+    ("kill", "cancel"),
+    ("abort", "cancel"),
+    ("terminate", "cancel"),
+    ("ls", "list"),
+    ("ps", "list"),
+    ("show", "status"),
+    ("info", "status"),
+    ("log", "logs"),
+    ("tail", "logs"),
+    ("follow", "attach"),
+    ("extend", "renew"),
+    ("run", "start"),
+    ("exec", "start"),
+    ("launch", "start"),
+    ("rm", "gc"),
+    ("clean", "gc"),
+    ("ssh", "remote"),
+];
+
+/// The message for a first word that is neither a subcommand nor a run id followed by `--`.
+fn unknown_subcommand(word: &str) -> String {
+    let mut msg = format!("unrecognized subcommand '{word}'");
+    if let Some(s) = suggestion(word) {
+        msg += &format!("; did you mean '{s}'?");
+    }
+    msg += "\nagent-run: to start a run: agent-run [OPTIONS] RUN_ID -- COMMAND [ARGS...] \
+            (the subcommands: agent-run --help)";
+    msg
+}
+
+/// A subcommand close to `word`: a synonym, a prefix, or one or two typos away.
+fn suggestion(word: &str) -> Option<&'static str> {
+    let w = word.to_ascii_lowercase();
+    if let Some((_, s)) = SYNONYMS.iter().find(|(k, _)| *k == w) {
+        return Some(s);
+    }
+    let real = || SUBCOMMANDS.iter().copied().filter(|s| *s != "help");
+    if let Some(s) = real().find(|s| s.starts_with(&w) && w.len() >= 2) {
+        return Some(s);
+    }
+    real()
+        .map(|s| (typos(&w, s), s))
+        .filter(|(d, s)| *d <= 2.min(s.len() / 2))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, s)| s)
+}
+
+/// Optimal string alignment distance: insertions, deletions, substitutions and swaps of two
+/// neighbours each count one.
+fn typos(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in d[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            d[i][j] = (d[i - 1][j] + 1)
+                .min(d[i][j - 1] + 1)
+                .min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                d[i][j] = d[i][j].min(d[i - 2][j - 2] + 1);
+            }
+        }
+    }
+    d[a.len()][b.len()]
 }
 
 /// Parse the process's arguments. `Err(code)` after clap printed help (0) or an error (64).
 pub fn parse() -> Result<Cli, u8> {
-    let args = with_default_subcommand(std::env::args_os().collect());
+    let args = with_default_subcommand(std::env::args_os().collect()).map_err(|msg| {
+        eprintln!("agent-run: {msg}");
+        exit::USAGE
+    })?;
     Cli::try_parse_from(args).map_err(|e| {
         let code = match e.kind() {
             clap::error::ErrorKind::DisplayHelp
@@ -524,9 +645,54 @@ mod tests {
 
     fn words(v: &[&str]) -> Vec<String> {
         with_default_subcommand(v.iter().map(OsString::from).collect())
+            .unwrap()
             .into_iter()
             .map(|s| s.into_string().unwrap())
             .collect()
+    }
+
+    fn refused(v: &[&str]) -> String {
+        with_default_subcommand(v.iter().map(OsString::from).collect()).unwrap_err()
+    }
+
+    #[test]
+    fn the_implicit_start_form_requires_a_double_dash() {
+        assert_eq!(words(&["a", "r1", "--quiet", "--", "true"])[1], "start");
+        assert_eq!(
+            words(&["a", "r1", "--lease", "5m", "--", "true"])[1],
+            "start"
+        );
+        for typo in [
+            &["a", "stop", "train-3"][..],
+            &["a", "kill", "train-3"],
+            &["a", "ls"],
+            &["a", "frobnicate", "x"],
+            &["a", "cancle", "r1"],
+            &["a", "r1", "true"],
+            &["a", "stop", "train-3", "--", "true"],
+        ] {
+            assert!(
+                refused(typo).starts_with("unrecognized subcommand"),
+                "{typo:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn near_subcommands_are_suggested() {
+        for (typo, want) in [
+            ("stop", Some("cancel")),
+            ("kill", Some("cancel")),
+            ("ls", Some("list")),
+            ("cancle", Some("cancel")),
+            ("staus", Some("status")),
+            ("stat", Some("status")),
+            ("lsit", Some("list")),
+            ("frobnicate", None),
+            ("x", None),
+        ] {
+            assert_eq!(suggestion(typo), want, "{typo}");
+        }
     }
 
     #[test]

@@ -28,7 +28,7 @@ use serde_json::json;
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// How long `cancel` waits for the first record of a launch that holds its lock.
@@ -424,11 +424,23 @@ fn same_command(id: &RunId, st: &Status, argv: &[OsString]) -> anyhow::Result<()
     )
 }
 
-/// Relaunch of an existing run id: never runs the command twice.
-pub fn relaunch(root: &Root, id: &RunId, argv: &[OsString], quiet: bool) -> anyhow::Result<u8> {
+/// Relaunch of an existing run id: never runs the command twice. In the foreground: a final run
+/// prints its record on stderr and exits as it did; an active one is attached to. The wrapper
+/// that `--detach` started (`detached`) found the id taken by a launch racing it: it leaves the
+/// answer to its parent, which reads the record, and returns at once.
+pub fn relaunch(
+    root: &Root,
+    id: &RunId,
+    argv: &[OsString],
+    quiet: bool,
+    detached: bool,
+) -> anyhow::Result<u8> {
     let dir = root.open_run_dir(id)?;
     let st = inspect::read_record_waiting(&dir.path, Duration::from_secs(10))?;
     same_command(id, &st, argv)?;
+    if detached {
+        return Ok(exit::for_record(&st).unwrap_or(exit::OK));
+    }
     if st.state.is_final() {
         // A person sees what happened in one line; a program gets the record.
         if human::stderr_is_terminal() {
@@ -451,14 +463,75 @@ pub fn relaunch(root: &Root, id: &RunId, argv: &[OsString], quiet: bool) -> anyh
     inspect::follow_to_end(&dir.path, (0, 0))
 }
 
+/// A duration as the command line parses it, without rounding (`1.5ms`, `90000ms`).
+pub fn duration_arg(d: Duration) -> String {
+    format!("{}ms", d.as_secs_f64() * 1000.0)
+}
+
 /// `start --detach`: start a wrapper of our own in its own session with stdio on /dev/null, and
-/// return once its record says `running` (or the launch failed), printing one JSON line.
+/// return once its record says `running` (or the run is already final), printing one JSON line
+/// `{"run_id","run_dir","pid","pgid","state"}` on stdout and nothing else there.
+///
+/// The same for a run id that exists (a relaunch, which never runs the command twice and never
+/// attaches): the line with the run's current state; the exit code is the run's own when it is
+/// final (as `wait` would give), else 0. A different command is refused (65). A launch failure
+/// also prints its error on stderr.
 pub fn detach_parent(
     root: &Root,
     id: &RunId,
     argv: &[OsString],
     args: &StartArgs,
 ) -> anyhow::Result<u8> {
+    let dir = root.run_dir_path(id);
+    // An existing run needs no wrapper of ours (it would only find the id taken).
+    let mut child = match root.open_run_dir(id) {
+        Ok(_) => None,
+        Err(Error::Missing { .. }) => Some(spawn_detached(root, id, args)?),
+        Err(e) => return Err(e.into()),
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st: Option<Status> = agent_run_shared::record::read_status(&dir).ok();
+        if let Some(st) = st.filter(|s| s.state != State::Starting) {
+            // The id may be an earlier run's (a relaunch, or a launch that raced ours).
+            same_command(id, &st, argv)?;
+            let line = json!({
+                "run_id": st.run_id, "run_dir": dir, "pid": st.pid, "pgid": st.pgid,
+                "state": st.state.as_str(),
+            });
+            println!("{line}");
+            let ours = child
+                .as_ref()
+                .is_some_and(|c| st.wrapper_pid == Some(c.id() as i32));
+            if st.state.is_final() {
+                if let (true, Some(e)) = (ours, &st.error) {
+                    eprintln!("agent-run: {e}");
+                }
+                return Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE));
+            }
+            return Ok(exit::OK);
+        }
+        if let Some(status) = child.as_mut().map(|c| c.try_wait()).transpose()?.flatten() {
+            if agent_run_shared::record::read_status(&dir).is_ok() {
+                // It found the id taken by a launch racing ours: that launch's record decides.
+                child = None;
+                continue;
+            }
+            // It ended before the run was running: refused input or a setup failure.
+            return fail(
+                status.code().map_or(exit::SOFTWARE, |c| c as u8),
+                format!("the detached wrapper for run {id} exited before the run started"),
+            );
+        }
+        if Instant::now() >= deadline {
+            return fail(exit::TEMPFAIL, format!("run {id} did not start within 30s"));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The wrapper of a detached run: this program, in its own session, stdio on /dev/null.
+fn spawn_detached(root: &Root, id: &RunId, args: &StartArgs) -> anyhow::Result<Child> {
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(exe);
     cmd.arg("--root")
@@ -467,14 +540,14 @@ pub fn detach_parent(
         .arg("--quiet")
         .arg("--detached-child")
         .arg("--grace")
-        .arg(format!("{}ms", args.grace.as_millis()))
+        .arg(duration_arg(args.grace))
         .arg("--hup-after")
-        .arg(format!("{}ms", args.hup_after.as_millis()));
+        .arg(duration_arg(args.hup_after));
     if let Some(l) = args.lease {
-        cmd.arg("--lease").arg(format!("{}ms", l.as_millis()));
+        cmd.arg("--lease").arg(duration_arg(l));
     }
     if let Some(t) = args.timeout {
-        cmd.arg("--timeout").arg(format!("{}ms", t.as_millis()));
+        cmd.arg("--timeout").arg(duration_arg(t));
     }
     if let Some(c) = &args.cwd {
         cmd.arg("--cwd").arg(c);
@@ -495,37 +568,5 @@ pub fn detach_parent(
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     sys::spawn_in_new_session(&mut cmd);
-    let mut child = cmd.spawn()?;
-    let dir = root.run_dir_path(id);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let st: Option<Status> = agent_run_shared::record::read_status(&dir).ok();
-        if let Some(st) = st.filter(|s| s.state != State::Starting) {
-            // The id may be an earlier run's (a relaunch): same rules as in the foreground.
-            same_command(id, &st, argv)?;
-            let line = json!({
-                "run_id": st.run_id, "run_dir": dir, "pid": st.pid, "pgid": st.pgid,
-                "state": st.state.as_str(),
-            });
-            println!("{line}");
-            if st.state.is_final() {
-                if let Some(e) = &st.error {
-                    eprintln!("agent-run: {e}");
-                }
-                return Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE));
-            }
-            return Ok(exit::OK);
-        }
-        if let Some(status) = child.try_wait()? {
-            // It ended before the run was running: refused input or a setup failure.
-            return fail(
-                status.code().map_or(exit::SOFTWARE, |c| c as u8),
-                format!("the detached wrapper for run {id} exited before the run started"),
-            );
-        }
-        if Instant::now() >= deadline {
-            return fail(exit::TEMPFAIL, format!("run {id} did not start within 30s"));
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    Ok(cmd.spawn()?)
 }

@@ -134,9 +134,12 @@ pub fn record_value(dir: &Path, st: &Status) -> Value {
             "lease_deadline_epoch".into(),
             json!(lease.map(|l| l.deadline_epoch)),
         );
+        // A final run has no lease left to count: its deadline is history, not a countdown.
         m.insert(
             "lease_remaining_s".into(),
-            json!(lease.map(|l| (l.remaining_s() * 1000.0).round() / 1000.0)),
+            json!(lease
+                .filter(|_| !st.state.is_final())
+                .map(|l| (l.remaining_s() * 1000.0).round() / 1000.0)),
         );
         m.insert("outcome_exit_code".into(), json!(exit::for_record(st)));
     }
@@ -279,6 +282,9 @@ fn summary(dir: &Path, st: &Status, colour: bool) -> String {
             put("signal", human::signal_text(s))
         }
         (Some(s), Some(c)) => put("exit", format!("{c} (the leader ended by {s})")),
+        (None, Some(c)) if st.state == agent_run_shared::record::State::LaunchFailed => {
+            put("exit", format!("{c} (the launch failed)"))
+        }
         (None, Some(c)) => put("exit", c.to_string()),
         (_, None) => {}
     }
@@ -524,7 +530,8 @@ fn list_entry(root: &Root, name: &str) -> Result<(Value, Status), String> {
         "run_id": st.run_id, "state": st.state.as_str(), "reason": st.reason, "pid": st.pid,
         "age_s": age.map(|a| a.round()), "lease_remaining_s": lease_left.map(round),
         "timeout_remaining_s": timeout_left.map(round),
-        "exit_code": st.exit_code, "term_signal": st.term_signal, "note": note(&dir.path, &st),
+        "exit_code": st.exit_code, "launch_exit_code": st.launch_exit_code,
+        "term_signal": st.term_signal, "note": note(&dir.path, &st),
         "final": st.state.is_final(), "outcome_exit_code": exit::for_record(&st),
         "labels": st.labels, "created_at": st.created_at, "started_at": st.started_at,
         "ended_at": st.ended_at,

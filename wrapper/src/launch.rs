@@ -113,7 +113,7 @@ pub fn start(root: Option<&Path>, mut args: StartArgs) -> anyhow::Result<u8> {
         return crate::control::detach_parent(&root, &id, argv, &args);
     }
     let Some(dir) = root.create_run_dir(&id)? else {
-        return crate::control::relaunch(&root, &id, argv, args.quiet);
+        return crate::control::relaunch(&root, &id, argv, args.quiet, args.detached_child);
     };
     fault::point("after_run_dir");
     Launch::new(dir, &args, argv)?.run(&args)
@@ -140,6 +140,9 @@ impl Launch {
                 "the new run dir is locked by another process",
             );
         }
+        // The lock's mtime is our heartbeat: the watchdog bounds our death by it (a lease-less
+        // run's orphan grace counts from there). Not being able to beat costs only that bound.
+        let _ = agent_run_shared::heartbeat::start(&dir.path);
         // A `cancel` or the watchdog that found this dir without a record, and took the lock
         // before we did, has declared the launch lost: never run the command after that.
         if agent_run_shared::record::read_status(&dir.path).is_ok() {
@@ -159,12 +162,11 @@ impl Launch {
         };
         let mut st = Status::blank(dir.id.as_str());
         st.set_argv(argv);
-        st.cwd = match &args.cwd {
-            Some(c) => c.to_string_lossy().into_owned(),
-            None => std::env::current_dir()
-                .map(|p| p.to_string_lossy().into_owned())
-                .unwrap_or_default(),
+        let (cwd, cwd_warning) = match &args.cwd {
+            Some(c) => (c.to_string_lossy().into_owned(), None),
+            None => working_dir(),
         };
+        st.cwd = cwd;
         st.timeout_ms = args.timeout.map(|t| t.as_millis() as u64);
         st.labels = agent_run_shared::spec::labels_map(&args.labels)?;
         for (k, _) in &args.env {
@@ -179,6 +181,7 @@ impl Launch {
         st.grace_ms = Some(timings.grace.as_millis() as u64);
         st.hup_after_ms = Some(timings.hup_after.as_millis() as u64);
         st.warnings = agent_run_shared::hostpolicy::launch_warnings(&st.user);
+        st.warnings.extend(cwd_warning);
         Ok(Launch {
             dir,
             st,
@@ -404,7 +407,8 @@ impl Launch {
     fn launch_failed(&mut self, code: u8, msg: &str) -> u8 {
         human::say(msg);
         self.st.error = Some(msg.replace('\n', " "));
-        self.st.exit_code = (code != exit::SOFTWARE).then_some(code as i32);
+        // The leader never exited: `exit_code` stays null; the launch's own code is recorded.
+        self.st.launch_exit_code = Some(code as i32);
         if let Err(e) = finalize(
             &self.dir.path,
             &mut self.st,
@@ -520,6 +524,24 @@ fn stop_message(id: &str, reason: &str, limits: &Limits) -> String {
         ),
         "caller_lost" => format!("the caller went away: stopping run {id} (TERM sent)"),
         other => format!("{other}: stopping run {id} (TERM sent)"),
+    }
+}
+
+/// The working directory for the record, and a warning when it is not a plain path. A directory
+/// deleted before the launch has no path (getcwd fails): the record keeps what the kernel says,
+/// `/proc/self/cwd`'s `"/old/path (deleted)"`, never an empty string, and the run gets a warning
+/// (the workload runs in that deleted directory, as it would from a shell).
+fn working_dir() -> (String, Option<String>) {
+    match std::env::current_dir() {
+        Ok(p) => (p.to_string_lossy().into_owned(), None),
+        Err(e) => {
+            let cwd = match std::fs::read_link("/proc/self/cwd") {
+                Ok(p) => p.to_string_lossy().into_owned(),
+                Err(e2) => format!("(unknown: {e}; /proc/self/cwd: {e2})"),
+            };
+            let why = format!("the working directory has no path ({e}); recorded as {cwd:?}");
+            (cwd, Some(why))
+        }
     }
 }
 

@@ -95,9 +95,12 @@ pub fn remote(args: RemoteArgs) -> anyhow::Result<u8> {
     session::run(&args, &remote, &id, Some(script))
 }
 
-/// `BIN start --detach --lease L [--grace G] ID -- CMD... >/dev/null || exit; exec BIN attach ID`:
-/// the launch's JSON line is not output of the run, a refused or failed launch passes its own
-/// exit code on, and the stream starts at byte 0 of both logs.
+/// `out=$(BIN start --detach --lease L [--grace G] ID -- CMD...); rc=$?; [ -n "$out" ] || exit
+/// "$rc"; exec BIN attach ID`: the launch's JSON line is not output of the run; a launch that
+/// was refused (a bad id, another command under this id, an unsafe root) prints no line and
+/// passes its own exit code on; a run that exists, even one already over (a command that fails
+/// within a millisecond, a launch failure), is always attached, so its output is streamed from
+/// byte 0 of both logs and the exit code is the run's, as `attach` says.
 fn launch_script(args: &RemoteArgs, remote: &Remote, id: &str) -> anyhow::Result<Vec<u8>> {
     let mut start: Vec<OsString> = ["start", "--detach", "--lease"]
         .map(OsString::from)
@@ -126,8 +129,9 @@ fn launch_script(args: &RemoteArgs, remote: &Remote, id: &str) -> anyhow::Result
     }
     start.extend([OsString::from(id), OsString::from("--")]);
     start.extend(args.command.iter().cloned());
-    let mut script = remote.line(&start)?;
-    script.extend_from_slice(b" >/dev/null || exit; ");
+    let mut script = b"out=$(".to_vec();
+    script.extend(remote.line(&start)?);
+    script.extend_from_slice(b"); rc=$?; [ -n \"$out\" ] || exit \"$rc\"; ");
     script.extend(remote.exec(&["attach", id])?);
     Ok(script)
 }
@@ -136,6 +140,30 @@ fn launch_script(args: &RemoteArgs, remote: &Remote, id: &str) -> anyhow::Result
 pub struct Remote {
     bin: OsString,
     root: Option<OsString>,
+}
+
+/// The remote shell's codes for a program it could not find (127) or execute (126). Nothing
+/// agent-run runs there returns them except `attach` of a run whose own code they are, so
+/// a session asks the host about the run before it believes them.
+pub fn shell_cannot_run(code: Option<i32>) -> bool {
+    matches!(code, Some(126 | 127))
+}
+
+/// agent-run could not be run on the host (the remote shell's 127 or 126): say so, naming the
+/// program and the host, and return [`exit::REMOTE_BIN_MISSING`], never the shell's code (it
+/// would read like the workload's own).
+pub fn bin_missing(host: &str, bin: &OsStr, code: Option<i32>, what: &str) -> u8 {
+    let why = match code {
+        Some(126) => "cannot be executed there (126)",
+        _ => "was not found there (127)",
+    };
+    say(&format!(
+        "cannot run agent-run on {host}: the remote shell says {bin:?} {why}; {what}. Install \
+         agent-run on {host}, or give its path with --remote-bin PATH (ssh sessions often lack \
+         ~/.local/bin in PATH)",
+        bin = bin.to_string_lossy(),
+    ));
+    exit::REMOTE_BIN_MISSING
 }
 
 impl Remote {
@@ -166,6 +194,10 @@ impl Remote {
 /// not final (its outcome is not known yet).
 fn status(args: &RemoteArgs, remote: &Remote, id: &str) -> anyhow::Result<u8> {
     let reply = one_shot(args, &remote.exec(&["status", "--json", id])?)?;
+    if shell_cannot_run(reply.0) {
+        let what = format!("nothing is known about run {id}");
+        return Ok(bin_missing(&args.host, &remote.bin, reply.0, &what));
+    }
     let Some(0) = reply.0 else {
         return Ok(remote_failure(args, id, reply.0));
     };
@@ -189,6 +221,10 @@ fn cancel(args: &RemoteArgs, remote: &Remote, id: &str) -> anyhow::Result<u8> {
         ]);
     }
     let reply = one_shot(args, &remote.exec(&words)?)?;
+    if shell_cannot_run(reply.0) {
+        let what = format!("run {id} was not cancelled");
+        return Ok(bin_missing(&args.host, &remote.bin, reply.0, &what));
+    }
     std::io::stdout().write_all(&reply.1)?;
     match reply.0 {
         Some(c) if c != 255 => Ok(c as u8),
@@ -232,9 +268,9 @@ pub fn outcome(v: &Value) -> Option<u8> {
     v["outcome_exit_code"].as_u64().map(|c| c.min(255) as u8)
 }
 
-/// A duration as agent-run parses it.
+/// A duration as agent-run parses it (not rounded: a lease of 0.4 ms is not a lease of 0).
 fn millis(d: Duration) -> OsString {
-    format!("{}ms", d.as_millis()).into()
+    crate::control::duration_arg(d).into()
 }
 
 /// `n` random bytes from /dev/urandom, as lowercase hex.

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 /// The exit code when the host's agent-run is missing, cannot run, or lacks a feature the
 /// launch needs: nothing was started.
-pub const UNAVAILABLE: u8 = exit::NO_SUCH_RUN;
+pub const UNAVAILABLE: u8 = exit::REMOTE_BIN_MISSING;
 
 /// How long the host may take to answer.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(20);

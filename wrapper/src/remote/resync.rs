@@ -115,6 +115,18 @@ impl Session<'_> {
                 }
                 None => Some(self.unknown()),
             },
+            Resync::Failed(code, _) if super::shell_cannot_run(Some(code.into())) => {
+                let what = match self.launch {
+                    Some(_) => format!("run {} was not started", self.id),
+                    None => format!("nothing is known about run {}", self.id),
+                };
+                Some(super::bin_missing(
+                    &self.host,
+                    &self.remote.bin,
+                    Some(code.into()),
+                    &what,
+                ))
+            }
             Resync::Failed(code, why) => {
                 say(&format!(
                     "cannot read the record of run {} on {}: {why}",

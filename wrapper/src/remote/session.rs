@@ -142,6 +142,7 @@ pub fn run(
         last_ok: Instant::now(),
         breaks: 0,
         drain_until: None,
+        probed: false,
     };
     let code = session.run(launch);
     ssh.shutdown();
@@ -206,6 +207,9 @@ pub(super) struct Session<'a> {
     /// Consecutive breaks without a successful renewal (the backoff before resyncing).
     pub(super) breaks: u32,
     pub(super) drain_until: Option<Instant>,
+    /// The launch's stream ended with the remote shell's 126/127 and the host was asked
+    /// whether the run exists (once: agent-run missing there, or the run's own code).
+    pub(super) probed: bool,
 }
 
 impl Session<'_> {
@@ -342,6 +346,19 @@ impl Session<'_> {
         self.streaming = false;
         match code {
             // 255 is ssh's failure, unless the final record says the run itself exited 255.
+            // 127/126 before the run is known to exist: the remote shell's own "not found" /
+            // "cannot execute" (agent-run missing there), or the run's code (its command was
+            // not found). The record tells which.
+            Some(c)
+                if super::shell_cannot_run(Some(c))
+                    && self.launch.is_some()
+                    && !self.probed
+                    && matches!(self.cancel, Cancel::No) =>
+            {
+                self.probed = true;
+                self.start_resync(Duration::ZERO);
+                None
+            }
             Some(c) if c != 255 || self.known == Some(255) => {
                 let c = c as u8;
                 match &self.cancel {
@@ -370,7 +387,10 @@ impl Session<'_> {
                 self.breaks += 1;
                 // With the master alive this may be nothing worse than a run that exited 255
                 // (or an `attach` that died): the record will tell, quietly.
-                if !self.ssh.master_alive() && self.lost_at.is_none() {
+                // The master notices a dead link (keepalive) and exits; its channels end 255
+                // a moment before it does: give it that moment before deciding.
+                let master_gone = self.ssh.master_gone_within(Duration::from_secs(1));
+                if master_gone && self.lost_at.is_none() {
                     self.lost_at = Some(Instant::now());
                     let (out, err) = self.counts.get();
                     let left =

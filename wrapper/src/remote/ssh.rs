@@ -275,6 +275,16 @@ impl Ssh {
         }
     }
 
+    /// Whether the master is gone, or goes within `t`: a channel over a master that lost its
+    /// link may end (255) a moment before the master itself exits.
+    pub fn master_gone_within(&self, t: Duration) -> bool {
+        let fd = match &*self.master.lock().unwrap() {
+            Some(m) => m.fd.try_clone(),
+            None => return true,
+        };
+        fd.is_ok_and(|fd| exited(&fd, t))
+    }
+
     /// Which master is current (0: none yet).
     pub fn generation(&self) -> u64 {
         self.master.lock().unwrap().as_ref().map_or(0, |m| m.gen)

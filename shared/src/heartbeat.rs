@@ -1,0 +1,79 @@
+//! The wrapper's heartbeat: the modification time of `<run dir>/lock`, touched every
+//! [`INTERVAL`] by a thread of the wrapper for its whole life.
+//!
+//! A wrapper killed with SIGKILL writes nothing, so its death leaves no mark of its own; but
+//! it stops beating. The last beat, read by anyone later (a `--once` pass of the watchdog from a
+//! timer, a daemon that started after the death), bounds the death from above: the wrapper was
+//! alive at the last beat and would have beaten again within [`INTERVAL`] (plus [`LATE`] for a
+//! beat delayed on a loaded machine). The watchdog counts a lease-less orphan's grace from that
+//! bound, so it never stops an orphan earlier than the grace after its wrapper died, and no
+//! later than the grace plus about three seconds.
+//!
+//! The beat only ever decides *when* the watchdog acts on a run whose wrapper is already gone,
+//! never *what* it signals. A workload can touch the file too (it runs as the same user): a
+//! beat in the future is clamped to now by the reader, so it cannot move the bound past the
+//! moment someone first saw the wrapper gone.
+
+use crate::root::files;
+use std::fs::OpenOptions;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+/// How often the wrapper touches its lock file.
+pub const INTERVAL: Duration = Duration::from_secs(1);
+/// How late a beat may be on a loaded machine and still count as on time.
+pub const LATE: Duration = Duration::from_secs(2);
+
+/// Start beating: a thread of this process touches `<dir>/lock` (opened here, never through a
+/// symlink) now and every [`INTERVAL`] until the process exits. The lock itself is another open
+/// file description, so this fd never holds or releases it.
+pub fn start(dir: &Path) -> std::io::Result<()> {
+    let lock = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(dir.join(files::LOCK))?;
+    if !lock.metadata()?.is_file() {
+        return Err(std::io::Error::other("the lock is not a regular file"));
+    }
+    lock.set_modified(SystemTime::now())?;
+    std::thread::Builder::new()
+        .name("heartbeat".into())
+        .stack_size(64 * 1024)
+        .spawn(move || loop {
+            std::thread::sleep(INTERVAL);
+            let _ = lock.set_modified(SystemTime::now());
+        })?;
+    Ok(())
+}
+
+/// The latest time (epoch seconds) at which the wrapper of the run in `dir` can have been
+/// alive, from its last beat, clamped to `now`. `None` when there is no lock file to read.
+pub fn gone_by(dir: &Path, now: f64) -> Option<f64> {
+    let beat = std::fs::symlink_metadata(dir.join(files::LOCK))
+        .ok()?
+        .modified()
+        .ok()?;
+    Some((crate::time::epoch_of(beat) + (INTERVAL + LATE).as_secs_f64()).min(now))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_beat_bounds_the_death_and_never_lies_ahead_of_now() {
+        let d = tempfile::tempdir().unwrap();
+        let now = crate::time::epoch_now();
+        assert_eq!(gone_by(d.path(), now), None);
+        std::fs::write(d.path().join(files::LOCK), b"").unwrap();
+        start(d.path()).unwrap();
+        let bound = gone_by(d.path(), now + 100.0).unwrap();
+        let slack = (INTERVAL + LATE).as_secs_f64();
+        assert!(
+            bound >= now + slack - 0.5 && bound <= now + slack + 1.0,
+            "{bound} vs {now}"
+        );
+        assert_eq!(gone_by(d.path(), now), Some(now));
+    }
+}
