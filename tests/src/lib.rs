@@ -26,6 +26,7 @@ use serde_json::Value;
 pub mod controls;
 pub mod first_contact;
 pub mod hostile;
+pub mod mcp;
 
 // ---------------------------------------------------------------------------------------------
 // Binaries under test
