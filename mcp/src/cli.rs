@@ -58,7 +58,7 @@ pub struct Cli {
     #[arg(long = "ssh-option", value_name = "OPT", allow_hyphen_values = true)]
     pub ssh_options: Vec<String>,
 
-    /// agent-run on the ssh hosts (default: agent-run on the remote PATH)
+    /// agent-run on the ssh hosts (a name is looked up in the remote PATH)
     #[arg(long, value_name = "PATH", default_value = "agent-run")]
     pub remote_bin: String,
 
