@@ -113,12 +113,14 @@ impl ServerHandler for Server {
             "wait" => inner.wait(args, &context).await,
             "cancel" => inner.cancel(args).await,
             "list" => inner.list(args).await,
-            other => return Err(McpError::invalid_params(
-                format!(
+            other => {
+                return Err(McpError::invalid_params(
+                    format!(
                     "no tool {other:?}: the tools are run, start, status, logs, wait, cancel, list"
                 ),
-                None,
-            )),
+                    None,
+                ))
+            }
         };
         Ok(answer.unwrap_or_else(|msg| view::error(&msg).into()))
     }
