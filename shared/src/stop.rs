@@ -216,6 +216,8 @@ struct Stopper<'a> {
     members: HashMap<Pid, Member>,
     report: Report,
     hup_enabled: bool,
+    /// The run's cgroup.events, polled (POLLPRI) for `populated` to change.
+    events: Option<std::fs::File>,
 }
 
 /// Stop the run's processes: TERM, HUP, KILL on deadlines, until none is left or `confirm` has
@@ -254,6 +256,7 @@ fn stop_run_inner(
         members: HashMap::new(),
         report: Report::default(),
         hup_enabled: !timings.hup_after.is_zero(),
+        events: scope.cgroup.as_ref().and_then(|c| c.events_fd()),
     };
     let hup_at = s.t0 + timings.hup_after;
     let mut kill_at = s.t0 + timings.grace;
@@ -274,7 +277,10 @@ fn stop_run_inner(
     // since is found by the later looks (the stop ends only on a look that began after its
     // last known member was gone), and the TERMs of many stops at once (a cancel of many runs,
     // leases expiring together) go out without a scan each.
-    let snap = Snapshot::since(s.t0.checked_sub(FIRST_LOOK_AGE).unwrap_or(s.t0));
+    let snap = Snapshot::since(
+        s.t0.checked_sub(FIRST_LOOK_AGE).unwrap_or(s.t0),
+        scope.newer_than(),
+    );
     let mut first = s.adopt_in(&snap, Depth::Tree);
     s.signal(&first, Level::Term);
     if depth == Depth::WithMarker {
@@ -287,15 +293,34 @@ fn stop_run_inner(
         s.journal_event("stop_begin", json!({ "members": pids(&first) }));
     }
 
+    // Looks in a row that found nothing of the run (procfs: two are needed to call it done).
+    let mut quiet_looks = 0;
     loop {
         if s.live().is_empty() {
             // Everything we know of is gone: look once more, deeper, before calling it done.
             let late = s.adopt(Depth::WithMarker);
-            if late.is_empty() {
-                break;
+            if !late.is_empty() {
+                quiet_looks = 0;
+                s.signal(&late, level);
+                continue;
             }
-            s.signal(&late, level);
-            continue;
+            match &scope.cgroup {
+                // The kernel's own account: nothing of the subtree is left.
+                Some(cg) if !cg.populated() => break,
+                // Something of the cgroup lives that cannot be taken in (it is not ours to
+                // signal by pidfd: older than the run): wait on the deadlines, and KILL through
+                // cgroup.kill at the grace.
+                Some(_) => {}
+                // By scanning alone: a process forked between a scan and the exit of its parent
+                // can be missed by one look; two in a row that find nothing are the bar.
+                None => {
+                    quiet_looks += 1;
+                    if quiet_looks >= 2 {
+                        break;
+                    }
+                    continue;
+                }
+            }
         }
         let now = Instant::now();
         let deadline = match level {
@@ -334,6 +359,27 @@ fn stop_run_inner(
         .into_iter()
         .filter(|p| procfs::stat(*p).is_some_and(|st| !st.is_dead()))
         .collect();
+    // By scanning alone, after the wrapper is gone: a process of the user that started after
+    // the run and hides its environment may be the run's. It is not signalled, but named.
+    if scope.wrapper.is_none() && scope.cgroup.is_none() {
+        for p in crate::procset::unverifiable(scope) {
+            if !s.members.contains_key(&p) && !s.report.survivors.contains(&p) {
+                s.journal_event(
+                    "unverified",
+                    json!({"pid": p.get(), "why": "a process of the run's user, started after the run, whose environment cannot be read; not signalled"}),
+                );
+                s.report.survivors.push(p);
+            }
+        }
+    }
+    // Whatever the cgroup still holds is left of the run, known to us or not.
+    if let Some(cg) = scope.cgroup.as_ref().filter(|c| c.populated()) {
+        for p in cg.members() {
+            if !s.report.survivors.contains(&p) && procfs::stat(p).is_some_and(|st| !st.is_dead()) {
+                s.report.survivors.push(p);
+            }
+        }
+    }
     // The recorded leader, alive and never taken in: the kernel could not confirm it as the
     // run's (not the live wrapper's child, no marker of this run), so it was not signalled. It
     // may still be the run's: the run is not clean while it lives.
@@ -376,14 +422,35 @@ impl Stopper<'_> {
     /// Discover members not yet tracked, pin each with a pidfd, and keep those whose start time
     /// still matches after the pidfd is open. Returns the new members.
     fn adopt(&mut self, depth: Depth) -> Vec<Pid> {
-        self.adopt_in(&Snapshot::since(Instant::now()), depth)
+        self.adopt_in(
+            &Snapshot::since(Instant::now(), self.scope.newer_than()),
+            depth,
+        )
     }
 
     /// [`Stopper::adopt`] over a given look at /proc.
     fn adopt_in(&mut self, snap: &Snapshot, depth: Depth) -> Vec<Pid> {
         let skip: HashSet<Pid> = self.members.keys().copied().collect();
         let mut new = Vec::new();
-        for st in discover_in(snap, self.scope, depth, &skip) {
+        let mut found = discover_in(snap, self.scope, depth, &skip);
+        // Inside the wrapper (a child subreaper), every orphan of the run is a child of ours: ask
+        // the kernel for them directly, so one that appeared after the look (a process that
+        // forks and exits in a loop) is not missed.
+        if self.scope.wrapper == Some(Pid::this()) {
+            for c in procfs::children_of(Pid::this()) {
+                if skip.contains(&c) || found.iter().any(|s| s.pid == c) {
+                    continue;
+                }
+                if let Some(st) = procfs::stat(c).filter(|st| {
+                    !st.is_dead()
+                        && st.start_ticks >= self.scope.floor_ticks
+                        && !self.scope.exclude.contains(&st.identity())
+                }) {
+                    found.push(st);
+                }
+            }
+        }
+        for st in found {
             let fd = match sys::pidfd_open(st.pid) {
                 Ok(fd) => Some(fd),
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
@@ -405,6 +472,25 @@ impl Stopper<'_> {
             new.push(st.pid);
         }
         new
+    }
+
+    /// `cgroup.kill` on the run's cgroup (journalled like every signal).
+    fn kill_cgroup(&mut self) {
+        let Some(cg) = &self.scope.cgroup else {
+            return;
+        };
+        let r = cg.kill();
+        if r.is_ok() && !self.report.signals.contains(&Sig::Kill) {
+            self.report.signals.push(Sig::Kill);
+        }
+        let at_ms = self.t0.elapsed().as_millis() as u64;
+        self.journal_event(
+            "signal",
+            json!({
+                "target": format!("cgroup:{}", cg.path().display()), "signal": "KILL",
+                "reason": self.reason, "at_ms": at_ms, "error": r.err().map(|e| e.to_string()),
+            }),
+        );
     }
 
     fn live(&self) -> Vec<Pid> {
@@ -436,6 +522,10 @@ impl Stopper<'_> {
             Level::Hup => return,
             Level::Kill => Sig::Kill,
         };
+        // KILL to a run held in a cgroup goes to the whole subtree at once, new forks included.
+        if level == Level::Kill {
+            self.kill_cgroup();
+        }
         // The group, in one call through the leader's pidfd: it also reaches members forked
         // since the scan. Members outside the group get their own signal below.
         let leader = self.scope.leader.pid;
@@ -531,6 +621,14 @@ impl Stopper<'_> {
             });
             fds.len() - 1
         });
+        // The cgroup emptying (or filling) wakes the wait too.
+        if let Some(ev) = &self.events {
+            fds.push(sys::PollFd {
+                fd: ev.as_raw_fd(),
+                events: libc::POLLPRI,
+                revents: 0,
+            });
+        }
         // Without pidfds, /proc is the only feedback: look again every 10 ms.
         let timeout = if unpinned {
             timeout.min(Duration::from_millis(10))
@@ -543,6 +641,14 @@ impl Stopper<'_> {
         for (i, p) in polled.iter().enumerate() {
             if fds[i].revents != 0 {
                 self.mark_gone(*p);
+            }
+        }
+        if let Some(ev) = &self.events {
+            let i = fds.len() - 1;
+            if fds[i].revents != 0 {
+                // kernfs reports a change until the file is read again.
+                use std::os::unix::fs::FileExt;
+                let _ = ev.read_at(&mut [0u8; 128], 0);
             }
         }
         if unpinned {
