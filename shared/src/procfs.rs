@@ -285,10 +285,19 @@ pub fn scan() -> Vec<Stat> {
 /// [`scan`], reading only processes whose pid is `min_pid` or above (the directory listing is
 /// cheap; each stat read is what a scan costs).
 pub fn scan_above(min_pid: Option<i32>) -> Vec<Stat> {
+    let stats = scan_from(min_pid.unwrap_or(0));
+    // The pid counter may have wrapped while we read: new processes then have pids below
+    // `min_pid`, and only a whole scan sees them.
+    match min_pid {
+        Some(min) if last_pid().is_none_or(|l| l < min) => scan_from(0),
+        _ => stats,
+    }
+}
+
+fn scan_from(min: i32) -> Vec<Stat> {
     let Ok(dir) = fs::read_dir("/proc") else {
         return Vec::new();
     };
-    let min = min_pid.unwrap_or(0);
     dir.filter_map(|e| {
         let e = e.ok()?;
         let pid: i32 = e.file_name().to_str()?.parse().ok()?;
@@ -341,8 +350,10 @@ const MAX_FORKS_PER_SEC: f64 = 100_000.0;
 
 /// Processes that started after `floor` have pids from `floor.pid` up when the pid counter has
 /// not wrapped since: the last pid handed out is still above it, and too little time has passed
-/// for a whole cycle of pid_max pids at [`MAX_FORKS_PER_SEC`]. Then a scan for them need not
-/// read the older pids at all. `Some(floor.pid)` when that holds, else `None` (scan everything).
+/// for a whole cycle of the free pids at [`MAX_FORKS_PER_SEC`] (the allocator skips pids in
+/// use, so on a crowded host a cycle is as short as the free pids are few). Then a scan for
+/// them need not read the older pids at all. `Some(floor.pid)` when that holds, else `None`
+/// (scan everything).
 pub fn only_newer_pids(floor: Identity) -> Option<i32> {
     static PID_MAX: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
     let pid_max = *PID_MAX.get_or_init(|| {
@@ -351,10 +362,20 @@ pub fn only_newer_pids(floor: Identity) -> Option<i32> {
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(32768.0)
     });
+    // /proc/loadavg: `0.10 0.20 0.30 2/183 4242`: every task holds a pid.
+    let tasks: f64 = fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .nth(3)?
+        .split('/')
+        .nth(1)?
+        .parse()
+        .ok()?;
+    let free = (pid_max - tasks).max(0.0);
     let tps = crate::sys::clock_ticks_per_sec() as f64;
     // One tick of margin: start times are rounded down to ticks.
     let age = (now_ticks().saturating_sub(floor.start_ticks) + 1) as f64 / tps;
-    if age >= pid_max / MAX_FORKS_PER_SEC {
+    if age >= free / MAX_FORKS_PER_SEC {
         return None;
     }
     let last = last_pid()?;

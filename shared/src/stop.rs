@@ -137,6 +137,9 @@ const SIG_NAMES: &[(i32, &str)] = &[
     (libc::SIGSYS, "SYS"),
 ];
 
+/// How soon a stop looks again when the run's processes vanish before they can be pinned.
+const CHASE_STEP: Duration = Duration::from_millis(2);
+
 /// How old a look at /proc may be for a stop's first pass.
 const FIRST_LOOK_AGE: Duration = Duration::from_millis(250);
 
@@ -180,6 +183,9 @@ pub struct Report {
     pub signalled: Vec<Pid>,
     /// A second stop request cut the grace short.
     pub escalated: bool,
+    /// The leader's wait status, when the stop reaped it (a stop inside the wrapper reaps the
+    /// children it finds dead, so that the kernel's count of children is the truth).
+    pub leader_exit: Option<sys::WaitStatus>,
 }
 
 impl Report {
@@ -218,6 +224,10 @@ struct Stopper<'a> {
     hup_enabled: bool,
     /// The run's cgroup.events, polled (POLLPRI) for `populated` to change.
     events: Option<std::fs::File>,
+    /// What the last look found of the run that is not pinned (gone before its pidfd opened).
+    seen_last: Vec<Stat>,
+    /// When the last look was asked for.
+    last_look: Option<Instant>,
 }
 
 /// Stop the run's processes: TERM, HUP, KILL on deadlines, until none is left or `confirm` has
@@ -257,6 +267,8 @@ fn stop_run_inner(
         report: Report::default(),
         hup_enabled: !timings.hup_after.is_zero(),
         events: scope.cgroup.as_ref().and_then(|c| c.events_fd()),
+        seen_last: Vec::new(),
+        last_look: None,
     };
     let hup_at = s.t0 + timings.hup_after;
     let mut kill_at = s.t0 + timings.grace;
@@ -304,21 +316,30 @@ fn stop_run_inner(
                 s.signal(&late, level);
                 continue;
             }
-            match &scope.cgroup {
-                // The kernel's own account: nothing of the subtree is left.
-                Some(cg) if !cg.populated() => break,
-                // Something of the cgroup lives that cannot be taken in (it is not ours to
-                // signal by pidfd: older than the run): wait on the deadlines, and KILL through
-                // cgroup.kill at the grace.
-                Some(_) => {}
-                // By scanning alone: a process forked between a scan and the exit of its parent
-                // can be missed by one look; two in a row that find nothing are the bar.
-                None => {
-                    quiet_looks += 1;
-                    if quiet_looks >= 2 {
-                        break;
+            if !s.seen_last.is_empty() || !s.live_children().is_empty() {
+                // The look saw processes of the run that were gone before they could be
+                // pinned (a process that forks and exits in a loop), or the kernel still counts
+                // a live child of the wrapper (a subreaper: while any process of its tree lives,
+                // it has a live child): not a quiet look. Go on to the deadlines and look again
+                // shortly; what is still there at the end is named.
+                quiet_looks = 0;
+            } else {
+                match &scope.cgroup {
+                    // The kernel's own account: nothing of the subtree is left.
+                    Some(cg) if !cg.populated() => break,
+                    // Something of the cgroup lives that cannot be taken in (it is not ours to
+                    // signal by pidfd: older than the run): wait on the deadlines, and KILL through
+                    // cgroup.kill at the grace.
+                    Some(_) => {}
+                    // By scanning alone: a process forked between a scan and the exit of its parent
+                    // can be missed by one look; two in a row that find nothing are the bar.
+                    None => {
+                        quiet_looks += 1;
+                        if quiet_looks >= 2 {
+                            break;
+                        }
+                        continue;
                     }
-                    continue;
                 }
             }
         }
@@ -342,8 +363,14 @@ fn stop_run_inner(
             s.signal(&all, level);
             continue;
         }
-        if s.wait(deadline - now, escalation.as_mut().map(|e| &mut **e as _)) && level < Level::Kill
-        {
+        // Nothing pinned to wait on (the last look saw only processes gone before they could
+        // be pinned): look again soon.
+        let step = if s.live().is_empty() {
+            (deadline - now).min(CHASE_STEP)
+        } else {
+            deadline - now
+        };
+        if s.wait(step, escalation.as_mut().map(|e| &mut **e as _)) && level < Level::Kill {
             s.report.escalated = true;
             s.journal_event("stop_escalated", json!({}));
             level = Level::Kill;
@@ -362,7 +389,9 @@ fn stop_run_inner(
     // By scanning alone, after the wrapper is gone: a process of the user that started after
     // the run and hides its environment may be the run's. It is not signalled, but named.
     if scope.wrapper.is_none() && scope.cgroup.is_none() {
-        for p in crate::procset::unverifiable(scope) {
+        // The last look serves (it began after the last member was seen gone).
+        let snap = Snapshot::since(s.last_look.unwrap_or(s.t0), scope.newer_than());
+        for p in crate::procset::unverifiable(scope, &snap) {
             if !s.members.contains_key(&p) && !s.report.survivors.contains(&p) {
                 s.journal_event(
                     "unverified",
@@ -370,6 +399,22 @@ fn stop_run_inner(
                 );
                 s.report.survivors.push(p);
             }
+        }
+    }
+    // What the last look saw of the run and never pinned, if it still lives (a process that
+    // kept one step ahead of every look): named, so the run is not called clean.
+    for st in std::mem::take(&mut s.seen_last) {
+        if procfs::stat(st.pid)
+            .is_some_and(|now| now.start_ticks == st.start_ticks && !now.is_dead())
+            && !s.report.survivors.contains(&st.pid)
+        {
+            s.report.survivors.push(st.pid);
+        }
+    }
+    // Inside the wrapper: a live child is a live descendant, whether a look saw it or not.
+    for p in s.live_children() {
+        if !s.report.survivors.contains(&p) {
+            s.report.survivors.push(p);
         }
     }
     // Whatever the cgroup still holds is left of the run, known to us or not.
@@ -422,10 +467,9 @@ impl Stopper<'_> {
     /// Discover members not yet tracked, pin each with a pidfd, and keep those whose start time
     /// still matches after the pidfd is open. Returns the new members.
     fn adopt(&mut self, depth: Depth) -> Vec<Pid> {
-        self.adopt_in(
-            &Snapshot::since(Instant::now(), self.scope.newer_than()),
-            depth,
-        )
+        let now = Instant::now();
+        self.last_look = Some(now);
+        self.adopt_in(&Snapshot::since(now, self.scope.newer_than()), depth)
     }
 
     /// [`Stopper::adopt`] over a given look at /proc.
@@ -450,16 +494,23 @@ impl Stopper<'_> {
                 }
             }
         }
+        self.seen_last.clear();
         for st in found {
             let fd = match sys::pidfd_open(st.pid) {
                 Ok(fd) => Some(fd),
-                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                    self.seen_last.push(st);
+                    continue;
+                }
                 Err(_) => None,
             };
             // The check that matters: the process behind the pidfd is the one we scanned.
             match procfs::stat(st.pid) {
                 Some(now) if now.start_ticks == st.start_ticks && !now.is_dead() => {}
-                _ => continue,
+                _ => {
+                    self.seen_last.push(st);
+                    continue;
+                }
             }
             self.members.insert(
                 st.pid,
@@ -472,6 +523,43 @@ impl Stopper<'_> {
             new.push(st.pid);
         }
         new
+    }
+
+    /// Inside the wrapper (a child subreaper), the live children of the wrapper that are the
+    /// run's, by the kernel's list of our children: every orphan of the run is reparented to
+    /// us, so while any process of the run's tree lives we have a live child. Children found
+    /// dead are reaped here (the leader's status is kept in the report), so the list stays the
+    /// truth and their pids cannot be mistaken for new processes. Empty outside the wrapper.
+    fn live_children(&mut self) -> Vec<Pid> {
+        if self.scope.wrapper != Some(Pid::this()) {
+            return Vec::new();
+        }
+        loop {
+            let mut live = Vec::new();
+            let mut reaped = false;
+            for c in procfs::children_of(Pid::this()) {
+                match procfs::stat(c) {
+                    Some(st) if !st.is_dead() => {
+                        if !self.scope.exclude.contains(&st.identity()) {
+                            live.push(c);
+                        }
+                    }
+                    _ => {
+                        if let Ok(Some((p, ws))) = sys::waitpid_nohang(Some(c)) {
+                            reaped = true;
+                            if p == self.scope.leader.pid {
+                                self.report.leader_exit = Some(ws);
+                            }
+                        }
+                    }
+                }
+            }
+            // A child that died since the list was read has handed its own children to us:
+            // list again until a list shows no dead child.
+            if !live.is_empty() || !reaped {
+                return live;
+            }
+        }
     }
 
     /// `cgroup.kill` on the run's cgroup (journalled like every signal).

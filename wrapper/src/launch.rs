@@ -535,6 +535,9 @@ impl Launch {
                 human::say(&stop_message(self.dir.id.as_str(), &reason, limits));
                 let report = stop(&mut self.st, &reason);
                 let (ws, _) = sys::reap_all(Some(leader.pid));
+                // The stop may have reaped the leader itself (it reaps the dead children it
+                // finds).
+                let ws = ws.or(report.leader_exit);
                 (State::Cancelled, Some(reason), Some(report), ws)
             }
         };
