@@ -30,6 +30,48 @@ use std::sync::OnceLock;
 /// The environment variable that names the parent of a run's cgroup (or `off`).
 pub const ENV: &str = "AGENT_RUN_CGROUP";
 
+/// Set in the environment of a wrapper that [`user_scope_command`] started, so it never asks for
+/// a second scope.
+pub const ENV_IN_SCOPE: &str = "AGENT_RUN_IN_SCOPE";
+
+/// For a user who is not root and has no cgroup to use, but a running systemd user manager
+/// (`$XDG_RUNTIME_DIR/systemd/private`) and `systemd-run` on PATH: the command that puts a
+/// wrapper in a transient scope delegated to the user (`systemd-run --user --scope -p
+/// Delegate=yes`), to which the caller appends the wrapper's own command line. The wrapper then
+/// finds its own cgroup, the scope, usable. `None` when any of that is missing, inside such a
+/// scope already, or when `AGENT_RUN_NO_SCOPE` is set.
+///
+/// Checked on paper only: no systemd runs on the machines this was built on (see
+/// docs/safety.md, R-22).
+pub fn user_scope_command(run_id: &str) -> Option<std::process::Command> {
+    if crate::sys::geteuid() == 0
+        || std::env::var_os(ENV_IN_SCOPE).is_some()
+        || std::env::var_os("AGENT_RUN_NO_SCOPE").is_some()
+    {
+        return None;
+    }
+    let runtime = std::env::var_os("XDG_RUNTIME_DIR")?;
+    if !Path::new(&runtime).join("systemd/private").exists() {
+        return None;
+    }
+    let path = std::env::var_os("PATH")?;
+    let systemd_run = std::env::split_paths(&path)
+        .map(|d| d.join("systemd-run"))
+        .find(|p| p.is_file())?;
+    let mut cmd = std::process::Command::new(systemd_run);
+    cmd.args([
+        "--user",
+        "--scope",
+        "--quiet",
+        "--collect",
+        "-p",
+        "Delegate=yes",
+    ])
+    .arg(format!("--unit=agent-run-{run_id}-{}", std::process::id()))
+    .arg("--");
+    Some(cmd)
+}
+
 /// The prefix of every run's cgroup name: `agent-run.<run-id>.<run dir inode, hex>`.
 pub const PREFIX: &str = "agent-run.";
 

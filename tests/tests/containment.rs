@@ -685,3 +685,64 @@ fn the_final_record_carries_the_cpu_the_run_used_and_an_explicit_parent_is_check
     );
     fs::remove_dir(&parent).unwrap();
 }
+
+#[test]
+fn a_user_without_a_cgroup_but_with_a_systemd_user_manager_asks_systemd_run_for_a_delegated_scope()
+{
+    // No systemd runs here: a stand-in systemd-run records how it was asked and runs the
+    // command it was given (a real one would first move the process into the new scope).
+    let root = TestRoot::new();
+    nobody_root(&root);
+    let tools = root.dir.path().join("bin");
+    fs::create_dir(&tools).unwrap();
+    let asked = root.dir.path().join("asked");
+    fs::write(&asked, b"").unwrap();
+    std::os::unix::fs::chown(&asked, Some(NOBODY), Some(NOBODY)).unwrap();
+    fs::write(
+        tools.join("systemd-run"),
+        format!(
+            "#!/bin/sh\necho \"$@\" > {}\nwhile [ \"$1\" != -- ]; do shift; done\nshift\nexec \"$@\"\n",
+            asked.display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(tools.join("systemd-run"), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(&tools, fs::Permissions::from_mode(0o755)).unwrap();
+    let runtime = root.dir.path().join("xdg");
+    fs::create_dir_all(runtime.join("systemd")).unwrap();
+    fs::write(runtime.join("systemd/private"), b"").unwrap();
+    let mut cmd = as_nobody(&agent_run_bin());
+    cmd.env("PATH", format!("{}:/usr/bin:/bin", tools.display()))
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .env_remove("AGENT_RUN_CGROUP")
+        .arg("--root")
+        .arg(root.root())
+        .args(["scoped", "--", "true"]);
+    let (code, _, err) = outcome(&mut cmd);
+    assert_eq!(code, 0, "{err}\n{}", diagnostics(&root, "scoped"));
+    let asked = fs::read_to_string(&asked).unwrap();
+    assert!(
+        asked.starts_with(
+            "--user --scope --quiet --collect -p Delegate=yes --unit=agent-run-scoped-"
+        ) && asked.contains(&format!("-- {} --root", agent_run_bin().display())),
+        "systemd-run was asked: {asked:?}"
+    );
+    let st = root.status("scoped");
+    assert_eq!(st["state"], "finished", "{st}");
+    // The stand-in gave no scope: the wrapper inside it did not ask again, and is procfs.
+    assert_eq!(st["containment"]["mode"], "procfs");
+    // Root never asks (it has its own cgroup); neither does AGENT_RUN_NO_SCOPE.
+    let mut cmd = as_nobody(&agent_run_bin());
+    cmd.env("PATH", format!("{}:/usr/bin:/bin", tools.display()))
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .env("AGENT_RUN_NO_SCOPE", "1")
+        .arg("--root")
+        .arg(root.root())
+        .args(["unscoped", "--", "true"]);
+    fs::write(root.dir.path().join("asked"), b"").unwrap();
+    let (code, _, err) = outcome(&mut cmd);
+    assert_eq!(code, 0, "{err}");
+    assert!(fs::read_to_string(root.dir.path().join("asked"))
+        .unwrap()
+        .is_empty());
+}

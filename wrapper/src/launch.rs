@@ -112,6 +112,23 @@ pub fn start(root: Option<&Path>, mut args: StartArgs) -> anyhow::Result<u8> {
     }
     // Where the run's cgroup goes, checked before anything is created (a bad --cgroup is 64).
     let parent = cgroup::choose_parent(args.cgroup.as_deref())?;
+    if let (Parent::Procfs(_), None) = (&parent, &args.cgroup) {
+        // No cgroup of our own to use: a user with a systemd user manager can have one, a
+        // transient scope delegated to it (which also takes the run out of the SSH session's
+        // scope, so logind's KillUserProcesses no longer kills it).
+        if let Some(scope) = cgroup::user_scope_command(args.run_id.as_str()) {
+            let mut cmd = scope;
+            cmd.arg(std::env::current_exe()?)
+                .args(std::env::args_os().skip(1))
+                .env(cgroup::ENV_IN_SCOPE, "1");
+            use std::os::unix::process::CommandExt;
+            // exec: the caller keeps talking to the same process (its pid, its signals).
+            let e = cmd.exec();
+            human::say(&format!(
+                "cannot start a user scope through systemd-run ({e}); held by /proc scans"
+            ));
+        }
+    }
     let root = Root::open(&resolve_root(root)?, true)?;
     let argv: &[OsString] = &args.command;
     if args.detach {
