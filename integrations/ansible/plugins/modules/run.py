@@ -125,10 +125,13 @@ options:
       - What a task does when its run id already names a final run.
       - V(stopped) runs the command again, as a new attempt with the id C(<id>.r2), C(<id>.r3)...,
         when the last attempt was stopped before it finished (V(cancelled) by Ctrl-C, a cancel, a
-        timeout or its lease; V(unknown); V(launch_failed)). A run that finished, whatever its exit code,
-        is never run again.
-      - V(failed) also runs it again when it finished with an exit code other than 0.
+        timeout or its lease) or never started (V(launch_failed), for example a command not found). A
+        run that finished, whatever its exit code, is never run again, nor one whose outcome is
+        V(unknown) (it may have done its work, or have processes left).
+      - V(failed) also runs it again when it finished with an exit code other than 0, or its outcome is
+        V(unknown).
       - V(never) never runs a command twice under one id; the task reports how the run ended.
+      - A run that is still active is never started again; the task waits for it (O(state=finished)).
     type: str
     choices: [stopped, failed, never]
     default: stopped
@@ -385,7 +388,7 @@ RUN_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 DURATION_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*$")
 UNIT_MS = {"ms": 1, "s": 1000, "m": 60000, "h": 3600000, "d": 86400000, None: 1000}
 FINAL_STATES = ("finished", "cancelled", "launch_failed", "unknown")
-STOPPED_STATES = ("cancelled", "unknown", "launch_failed")
+STOPPED_STATES = ("cancelled", "launch_failed")
 READ_CAP = 16 * 1024 * 1024
 
 
@@ -901,7 +904,7 @@ def main():
         attempt = 1
     elif rec.get("state") in FINAL_STATES and argv is not None and rerun != "never" and (
         rec.get("state") in STOPPED_STATES
-        or (rerun == "failed" and rec.get("outcome_exit_code") not in (0, None))
+        or (rerun == "failed" and (rec.get("state") == "unknown" or rec.get("outcome_exit_code") not in (0, None)))
     ):
         attempt = newest_n + 1
         start_id = "%s.r%d" % (base, attempt)
