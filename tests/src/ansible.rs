@@ -166,7 +166,7 @@ impl Play {
 pub struct Fleet {
     pub dir: tempfile::TempDir,
     pub hosts: Vec<Host>,
-    servers: Vec<SshServer>,
+    servers: Vec<Option<SshServer>>,
     plays: std::cell::Cell<u32>,
 }
 
@@ -210,7 +210,7 @@ impl Fleet {
                 root: hdir.join("runs"),
                 dir: hdir,
             });
-            servers.push(srv);
+            servers.push(Some(srv));
         }
         fs::write(d.join("inventory.ini"), inventory).unwrap();
         let cfg = format!(
@@ -329,6 +329,12 @@ impl Fleet {
     /// The workers and ssh clients of a running `ansible-playbook` (its descendants), pinned.
     pub fn pin_descendants(&self, pid: i32) -> Pinned {
         Pinned::new(&super::remote::descendants(pid))
+    }
+
+    /// Host `i` goes away: its sshd is stopped with every process it forked (the sessions and
+    /// the commands they ran; not the runs' wrappers, which are detached from them).
+    pub fn stop_sshd(&mut self, i: usize) {
+        drop(self.servers[i].take());
     }
 
     /// A path under the fleet's directory.

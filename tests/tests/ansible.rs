@@ -727,6 +727,10 @@ const TIMEOUTS: &str = r#"- name: timeouts
         labels:
           ticket: OPS-1
         max_output: 100
+    - name: looped
+      agentrun.remote.run:
+        cmd: "echo {{ item }}"
+      loop: [one, two]
     - name: keyword
       agentrun.remote.run:
         cmd: 'sleep 300 & sleep 300'
@@ -787,6 +791,14 @@ fn a_task_timeout_stops_the_run_on_every_host() {
         );
         assert_eq!(rec["labels"]["ticket"], "OPS-1", "{rec}");
         assert_eq!(rec["cwd"], h.dir.display().to_string(), "{rec}");
+
+        // A loop: a run of its own for each item (the item is part of the derived id).
+        let r = play.result("looped", &h.name);
+        assert_eq!(r["status"], "ok", "{r}");
+        let items = r["result"]["results"].as_array().unwrap();
+        let outs: Vec<_> = items.iter().map(|i| i["stdout"].clone()).collect();
+        assert_eq!(outs, vec!["one\n", "two\n"], "{r}");
+        assert_ne!(items[0]["run_id"], items[1]["run_id"], "{r}");
 
         // Ansible's own task timeout: Ansible gives up on the task, and the run is cancelled.
         let r = play.result("keyword", &h.name);
@@ -967,4 +979,136 @@ fn state_started_in_one_playbook_run_and_finished_in_a_later_one() {
         assert_eq!(fleet.records(h).len(), 2, "{}", h.name);
     }
     assert_nothing_left(&fleet, "after the later playbook");
+}
+
+// ---------------------------------------------------------------------------------------------
+// SIGTERM of the controller, and a host that goes away (smaller fleets: these add a path each)
+
+#[test]
+fn sigterm_of_ansible_playbook_cancels_every_run_too() {
+    require_root();
+    let _serial = serial();
+    let fleet = Fleet::new(3);
+    let (mut cmd, _results) = fleet.command("long", &book(LONG), &[]);
+    let play = agent_run_tests::Spawned::spawn(&mut cmd);
+    let recs = wait_all_running(&fleet, "ans-", 3, &play);
+    let runs = pin_runs(&recs);
+    let workers = fleet.pin_descendants(play.child.id() as i32);
+    // `kill PID`: Ansible forwards TERM to its workers and ends at once; the workers, orphans
+    // now, still cancel their runs.
+    let t0 = now_epoch();
+    play.signal(libc::SIGTERM);
+    let out = play.finish(T);
+    assert_eq!(out.status.code(), None, "ended by TERM: {:?}", out.status);
+    let finals = wait_until_dbg("every run final", T, || {
+        let mut finals = Vec::new();
+        for h in &fleet.hosts {
+            let (_, rec) = record_of(&fleet, h, "ans-");
+            if !matches!(
+                rec["state"].as_str(),
+                Some("cancelled" | "finished" | "unknown")
+            ) {
+                return Err(format!("{}: {}", h.name, rec["state"]));
+            }
+            finals.push(rec);
+        }
+        Ok(finals)
+    });
+    assert!(runs.wait_all_gone(T).is_ok(), "left: {:?}", runs.alive());
+    for (h, rec) in fleet.hosts.iter().zip(&finals) {
+        assert_eq!(rec["state"], "cancelled", "{}: {rec}", h.name);
+        assert_eq!(rec["reason"], "cancel_request", "{}: {rec}", h.name);
+        let ended = parse_rfc3339(rec["ended_at"].as_str().unwrap()).unwrap() - t0;
+        assert!(
+            ended <= 4.0,
+            "{}: cancelled {ended:.2} s after TERM",
+            h.name
+        );
+    }
+    assert!(workers.wait_all_gone(T).is_ok(), "{:?}", workers.alive());
+    assert_nothing_left(&fleet, "after SIGTERM");
+}
+
+const LOST: &str = r#"- name: lost
+  hosts: all
+  gather_facts: false
+@MD@
+  tasks:
+    - name: lost
+      agentrun.remote.run:
+        cmd: 'while [ ! -e "{{ agentrun_dir }}/gate" ]; do sleep 0.05; done; echo released'
+        lease: 3s
+        grace: 1s
+"#;
+
+#[test]
+fn a_host_lost_mid_run_is_unreachable_and_its_run_ends_at_its_lease() {
+    require_root();
+    let _serial = serial();
+    let mut fleet = Fleet::new(3);
+    let (mut cmd, results) = fleet.command("lost", &book(LOST), &[]);
+    let play = agent_run_tests::Spawned::spawn(&mut cmd);
+    let recs = wait_all_running(&fleet, "ans-", 1, &play);
+    // Every worker is past its first wait (it renewed once), then h02's sshd goes away with
+    // every session it had; the run's wrapper, detached, stays.
+    wait_until_dbg("a renewal on every host", PLAY, || {
+        for (h, rec) in fleet.hosts.iter().zip(&recs) {
+            let dir = h.root.join(rec["run_id"].as_str().unwrap());
+            let lease: Value = fs::read_to_string(dir.join("lease.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or(Value::Null);
+            let created = parse_rfc3339(rec["created_at"].as_str().unwrap()).unwrap();
+            match lease["deadline_epoch"].as_f64() {
+                Some(d) if d - created >= 3.5 => {}
+                other => return Err(format!("{}: deadline {other:?}", h.name)),
+            }
+        }
+        Ok(())
+    });
+    let lost_at = now_epoch();
+    fleet.stop_sshd(1);
+    // The host stops the run when the lease runs out; then the others are released.
+    let (_, rec) = wait_until_dbg("h02's run final", T, || {
+        let (id, rec) = record_of(&fleet, &fleet.hosts[1], "ans-");
+        if rec["state"] == "cancelled" {
+            Ok((id, rec))
+        } else {
+            Err(rec["state"].to_string())
+        }
+    });
+    assert_eq!(rec["reason"], "lease_expired", "{rec}");
+    let ended = parse_rfc3339(rec["ended_at"].as_str().unwrap()).unwrap() - lost_at;
+    assert!(
+        ended <= kill_deadline().as_secs_f64(),
+        "stopped {ended:.2} s after the host was lost: {rec}"
+    );
+    for h in [&fleet.hosts[0], &fleet.hosts[2]] {
+        fs::write(h.dir.join("gate"), "").unwrap();
+    }
+    let out = play.finish(PLAY);
+    let play = Play {
+        out,
+        elapsed: Duration::ZERO,
+        results: agent_run_tests::ansible::read_results(&results),
+    };
+    assert_eq!(
+        play.code(),
+        4,
+        "unreachable hosts give 4\n{}",
+        play.describe()
+    );
+    let r = play.result("lost", "h02");
+    assert_eq!(r["status"], "unreachable", "{r}");
+    let msg = r["result"]["msg"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("lease") && msg.contains(rec["run_id"].as_str().unwrap()),
+        "{r}"
+    );
+    for h in ["h01", "h03"] {
+        let r = play.result("lost", h);
+        assert_eq!(r["status"], "ok", "{r}");
+        assert_eq!(r["result"]["stdout"], "released\n", "{r}");
+    }
+    assert_nothing_left(&fleet, "after the lost host");
 }
