@@ -156,49 +156,45 @@ fn open_error(path: &Path, e: std::io::Error) -> Error {
     }
 }
 
-/// Open `dir/name` for appending, creating it mode 0600, as a file the run could have replaced
-/// (see [`open_run_file`]).
-pub fn open_append(dir: &Path, name: &str) -> Result<File> {
+/// Open `dir/name` with `opts` plus the hostile flags, and check it is a regular file of ours:
+/// the one way every run file is opened.
+fn open_hostile(
+    dir: &Path,
+    name: &str,
+    opts: &mut OpenOptions,
+) -> Result<(File, std::fs::Metadata)> {
     let path = dir.join(name);
-    let f = OpenOptions::new()
-        .append(true)
-        .create(true)
+    let f = opts
         .mode(0o600)
         .custom_flags(HOSTILE)
         .open(&path)
         .map_err(|e| open_error(&path, e))?;
-    check_regular(&f, &path)?;
-    Ok(f)
+    let md = check_regular(&f, &path)?;
+    Ok((f, md))
+}
+
+/// Open `dir/name` for appending, creating it mode 0600, as a file the run could have replaced
+/// (see [`open_run_file`]).
+pub fn open_append(dir: &Path, name: &str) -> Result<File> {
+    open_hostile(dir, name, OpenOptions::new().append(true).create(true)).map(|(f, _)| f)
 }
 
 /// Open `dir/name` (creating it mode 0600) for reading and writing, as a file the run could
 /// have replaced: the run's lock file.
 pub fn open_rw_create(dir: &Path, name: &str) -> Result<File> {
-    let path = dir.join(name);
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(HOSTILE)
-        .open(&path)
-        .map_err(|e| open_error(&path, e))?;
-    check_regular(&f, &path)?;
-    Ok(f)
+    open_hostile(
+        dir,
+        name,
+        OpenOptions::new().read(true).write(true).create(true),
+    )
+    .map(|(f, _)| f)
 }
 
 /// Open `dir/name` read-only as a file the run could have replaced: `O_NOFOLLOW | O_NONBLOCK`,
 /// then fstat: a regular file owned by us, or `Corrupt` naming what it is instead. A FIFO
 /// costs one failed open, never a blocked reader. `Missing` when there is none.
 pub fn open_run_file(dir: &Path, name: &str) -> Result<(File, std::fs::Metadata)> {
-    let path = dir.join(name);
-    let f = OpenOptions::new()
-        .read(true)
-        .custom_flags(HOSTILE)
-        .open(&path)
-        .map_err(|e| open_error(&path, e))?;
-    let md = check_regular(&f, &path)?;
-    Ok((f, md))
+    open_hostile(dir, name, OpenOptions::new().read(true))
 }
 
 /// Read a whole run document of at most `cap` bytes ([`open_run_file`], then plain `read(2)`

@@ -8,6 +8,7 @@
 #![deny(unsafe_code)]
 
 pub mod atomic;
+pub mod cgroup;
 pub mod error;
 pub mod exit;
 pub mod fault;

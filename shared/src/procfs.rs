@@ -23,6 +23,9 @@ pub struct Stat {
     pub start_ticks: u64,
     /// Field 24: resident set size in pages.
     pub rss_pages: u64,
+    /// Field 20: the number of threads of the process, its exited leader included while other
+    /// threads live.
+    pub threads: u64,
 }
 
 impl Stat {
@@ -34,9 +37,17 @@ impl Stat {
         }
     }
 
-    /// Dead for our purposes: a zombie or a task being torn down. It can run no code.
+    /// Dead: no thread of it can run code. `Z` in /proc/PID/stat is the *main thread's* state:
+    /// a process whose main thread called `SYS_exit` while other threads run shows `Z` with
+    /// `num_threads` > 1, and is alive. Only a zombie (or a task being torn down) with no other
+    /// thread is dead.
     pub fn is_dead(&self) -> bool {
-        matches!(self.state, b'Z' | b'X' | b'x')
+        matches!(self.state, b'Z' | b'X' | b'x') && self.threads <= 1
+    }
+
+    /// A zombie leader whose other threads still run.
+    pub fn is_zombie_leader(&self) -> bool {
+        matches!(self.state, b'Z' | b'X' | b'x') && self.threads > 1
     }
 
     /// Stopped by a signal or a tracer: a TERM stays pending until it is continued.
@@ -62,6 +73,7 @@ pub fn parse_stat(line: &str) -> Option<Stat> {
         sid: field(6)?.parse().ok()?,
         start_ticks: field(22)?.parse().ok()?,
         rss_pages: field(24)?.parse().ok()?,
+        threads: field(20)?.parse().ok()?,
     })
 }
 
@@ -123,8 +135,14 @@ pub fn sig_dispositions(pid: Pid) -> Option<SigDispositions> {
 /// environment is unreadable (another user's, or a kernel thread).
 pub fn environ_get(pid: Pid, names: &[&str]) -> Vec<Option<Vec<u8>>> {
     let mut out = vec![None; names.len()];
-    let Ok(env) = fs::read(format!("/proc/{pid}/environ")) else {
-        return out;
+    let env = match fs::read(format!("/proc/{pid}/environ")) {
+        Ok(env) if !env.is_empty() => env,
+        // A zombie leader's own environ reads empty (its memory is gone with its main
+        // thread); a thread that still runs shares the memory and shows it.
+        _ => match live_thread_environ(pid) {
+            Some(env) => env,
+            None => return out,
+        },
     };
     for kv in env.split(|&b| b == 0) {
         for (i, name) in names.iter().enumerate() {
@@ -134,6 +152,33 @@ pub fn environ_get(pid: Pid, names: &[&str]) -> Vec<Option<Vec<u8>>> {
         }
     }
     out
+}
+
+/// Whether this process may read `pid`'s environment at all: `false` for a process of another
+/// user, or one that made itself non-dumpable (PR_SET_DUMPABLE 0, as ssh-agent does), whose
+/// /proc/PID/environ its own user cannot read. A scan cannot tell whether such a process
+/// carries a run's marker.
+pub fn environ_unreadable(pid: Pid) -> bool {
+    match fs::File::open(format!("/proc/{pid}/environ")) {
+        Ok(mut f) => {
+            let mut b = [0u8; 1];
+            matches!(f.read(&mut b), Err(e) if e.raw_os_error() == Some(libc::EACCES) || e.raw_os_error() == Some(libc::EPERM))
+        }
+        Err(e) => matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM)),
+    }
+}
+
+/// The environment of a process as one of its live threads shows it (/proc/PID/task/TID).
+fn live_thread_environ(pid: Pid) -> Option<Vec<u8>> {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_str() != Some(&pid.to_string()))
+        .find_map(|e| {
+            fs::read(e.path().join("environ"))
+                .ok()
+                .filter(|v| !v.is_empty())
+        })
 }
 
 /// The owner uid of a process (owner of /proc/PID). `None` when it is gone.
@@ -234,15 +279,107 @@ pub fn boot_id() -> String {
 /// The stat of every process visible in /proc (thread-group leaders only). Processes that vanish
 /// during the scan are skipped.
 pub fn scan() -> Vec<Stat> {
+    scan_above(None)
+}
+
+/// [`scan`], reading only processes whose pid is `min_pid` or above (the directory listing is
+/// cheap; each stat read is what a scan costs).
+pub fn scan_above(min_pid: Option<i32>) -> Vec<Stat> {
+    let stats = scan_from(min_pid.unwrap_or(0));
+    // The pid counter may have wrapped while we read: new processes then have pids below
+    // `min_pid`, and only a whole scan sees them.
+    match min_pid {
+        Some(min) if last_pid().is_none_or(|l| l < min) => scan_from(0),
+        _ => stats,
+    }
+}
+
+fn scan_from(min: i32) -> Vec<Stat> {
     let Ok(dir) = fs::read_dir("/proc") else {
         return Vec::new();
     };
     dir.filter_map(|e| {
         let e = e.ok()?;
-        let pid = Pid::new(e.file_name().to_str()?.parse().ok()?)?;
-        stat(pid)
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        if pid < min {
+            return None;
+        }
+        stat(Pid::new(pid.into())?)
     })
     .collect()
+}
+
+/// The children of a process, from every one of its threads (/proc/PID/task/TID/children:
+/// an orphan reparented to a subreaper is the child of one of its threads).
+pub fn children_of(pid: Pid) -> Vec<Pid> {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut out: Vec<Pid> = tasks
+        .filter_map(|t| t.ok())
+        .filter_map(|t| fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|text| {
+            text.split_ascii_whitespace()
+                .filter_map(|p| p.parse::<i64>().ok())
+                .filter_map(Pid::new)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The last pid the kernel handed out in this pid namespace (/proc/sys/kernel/ns_last_pid).
+pub fn last_pid() -> Option<i32> {
+    fs::read_to_string("/proc/sys/kernel/ns_last_pid")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Clock ticks since boot now, as /proc start times count.
+pub fn now_ticks() -> u64 {
+    (crate::sys::boottime_secs() * crate::sys::clock_ticks_per_sec() as f64) as u64
+}
+
+/// The fastest rate at which any machine hands out pids, for [`only_newer_pids`]: far above
+/// what fork(2) achieves (tens of thousands a second on a big host).
+const MAX_FORKS_PER_SEC: f64 = 100_000.0;
+
+/// Processes that started after `floor` have pids from `floor.pid` up when the pid counter has
+/// not wrapped since: the last pid handed out is still above it, and too little time has passed
+/// for a whole cycle of the free pids at [`MAX_FORKS_PER_SEC`] (the allocator skips pids in
+/// use, so on a crowded host a cycle is as short as the free pids are few). Then a scan for
+/// them need not read the older pids at all. `Some(floor.pid)` when that holds, else `None`
+/// (scan everything).
+pub fn only_newer_pids(floor: Identity) -> Option<i32> {
+    static PID_MAX: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    let pid_max = *PID_MAX.get_or_init(|| {
+        fs::read_to_string("/proc/sys/kernel/pid_max")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(32768.0)
+    });
+    // /proc/loadavg: `0.10 0.20 0.30 2/183 4242`: every task holds a pid.
+    let tasks: f64 = fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .nth(3)?
+        .split('/')
+        .nth(1)?
+        .parse()
+        .ok()?;
+    let free = (pid_max - tasks).max(0.0);
+    let tps = crate::sys::clock_ticks_per_sec() as f64;
+    // One tick of margin: start times are rounded down to ticks.
+    let age = (now_ticks().saturating_sub(floor.start_ticks) + 1) as f64 / tps;
+    if age >= free / MAX_FORKS_PER_SEC {
+        return None;
+    }
+    let last = last_pid()?;
+    (last >= floor.pid.get()).then_some(floor.pid.get())
 }
 
 #[cfg(test)]
@@ -259,6 +396,7 @@ mod tests {
         assert_eq!((s.ppid, s.pgid, s.sid), (1, 4242, 4242));
         assert_eq!(s.start_ticks, 987654);
         assert_eq!(s.rss_pages, 250);
+        assert_eq!(s.threads, 1);
     }
 
     #[test]

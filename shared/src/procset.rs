@@ -41,9 +41,23 @@ pub struct RunScope {
     /// by the run dir's birth (a kernel fact): a record rewritten to say the run started later
     /// cannot shield the run's processes from its stop.
     pub floor_ticks: u64,
+    /// The run's cgroup (checked): every process in it (or in a cgroup below it) is the run's,
+    /// whatever its session, group, parent or environment.
+    pub cgroup: Option<crate::cgroup::RunCgroup>,
+    /// Processes that descend from the wrapper but are not the run's (its own helpers).
+    pub exclude: Vec<Identity>,
 }
 
 impl RunScope {
+    /// The lowest pid a member can have when a scan may skip the older pids
+    /// ([`procfs::only_newer_pids`]): every member started after the leader.
+    pub fn newer_than(&self) -> Option<i32> {
+        procfs::only_newer_pids(Identity {
+            pid: self.leader.pid,
+            start_ticks: self.floor_ticks.min(self.leader.start_ticks),
+        })
+    }
+
     /// The (device, inode) of a run dir, for [`RunScope::run_dir`].
     pub fn dir_identity(dir: &std::path::Path) -> Option<(u64, u64)> {
         use std::os::unix::fs::MetadataExt;
@@ -89,7 +103,12 @@ struct Marker {
 impl Snapshot {
     /// Scan /proc now.
     pub fn take() -> Snapshot {
-        let stats = procfs::scan();
+        Snapshot::take_above(None)
+    }
+
+    /// Scan /proc now, reading only pids above `min_pid` (see [`procfs::only_newer_pids`]).
+    pub fn take_above(min_pid: Option<i32>) -> Snapshot {
+        let stats = procfs::scan_above(min_pid);
         let parent = stats.iter().map(|s| (s.pid.get(), s.ppid)).collect();
         Snapshot {
             stats,
@@ -146,24 +165,30 @@ impl Snapshot {
     /// While several stops run in this process, new looks are at least [`CONTENDED_INTERVAL`]
     /// apart: each serves every stop that asked before it began, so a burst of stops costs a
     /// few scans instead of one each, and scanning cannot starve the stops themselves.
-    pub fn since(since: Instant) -> Arc<Snapshot> {
+    pub fn since(since: Instant, min_pid: Option<i32>) -> Arc<Snapshot> {
+        // A look that read only the pids from `m` up serves a request whose members all have
+        // pids from `want` up, when `m <= want`.
+        let serves = |m: Option<i32>| match (m, min_pid) {
+            (None, _) => true,
+            (Some(m), Some(want)) => m <= want,
+            (Some(_), None) => false,
+        };
         let (lock, done) = &SHARED;
         let mut st = lock.lock().unwrap_or_else(|e| e.into_inner());
         loop {
-            if let Some((began, snap)) = &st.last {
-                if *began >= since {
+            if let Some((began, m, snap)) = &st.last {
+                if *began >= since && serves(*m) {
                     return Arc::clone(snap);
                 }
             }
-            if let Some(began) = st.scanning {
-                // A look is being taken: it serves us if it began after `since`; either way
-                // wait for it (no second scan beside it), then look again.
-                let _ = began;
+            if st.scanning {
+                // A look is being taken: wait for it (no second scan beside it), then see
+                // whether it serves.
                 st = done.wait(st).unwrap_or_else(|e| e.into_inner());
                 continue;
             }
             let contended = ACTIVE_STOPS.load(Ordering::Relaxed) > 1;
-            if let Some((began, _)) = &st.last {
+            if let Some((began, _, _)) = &st.last {
                 let next = *began + CONTENDED_INTERVAL;
                 let now = Instant::now();
                 if contended && now < next {
@@ -175,18 +200,20 @@ impl Snapshot {
                 }
             }
             let began = Instant::now();
-            st.scanning = Some(began);
+            st.scanning = true;
             drop(st);
-            // Shared by several stops: read every marker once now and index the look, so each
-            // stop's lookups cost the size of its run, not of the process table.
-            let snap = Arc::new(if contended {
-                Snapshot::take_indexed()
+            // Shared by several stops: the whole table, every marker read once now, indexed,
+            // so each stop's lookups cost the size of its run. Alone: only the pids the run
+            // can have.
+            let (snap, m) = if contended {
+                (Snapshot::take_indexed(), None)
             } else {
-                Snapshot::take()
-            });
+                (Snapshot::take_above(min_pid), min_pid)
+            };
+            let snap = Arc::new(snap);
             let mut g = lock.lock().unwrap_or_else(|e| e.into_inner());
-            g.scanning = None;
-            g.last = Some((began, Arc::clone(&snap)));
+            g.scanning = false;
+            g.last = Some((began, m, Arc::clone(&snap)));
             done.notify_all();
             return snap;
         }
@@ -195,14 +222,15 @@ impl Snapshot {
 
 /// The last look at /proc this process took for its stops, and the one being taken.
 struct Shared {
-    last: Option<(Instant, Arc<Snapshot>)>,
-    scanning: Option<Instant>,
+    /// When it began, the lowest pid it read (None: all), the look.
+    last: Option<(Instant, Option<i32>, Arc<Snapshot>)>,
+    scanning: bool,
 }
 
 static SHARED: (Mutex<Shared>, Condvar) = (
     Mutex::new(Shared {
         last: None,
-        scanning: None,
+        scanning: false,
     }),
     Condvar::new(),
 );
@@ -230,7 +258,12 @@ fn read_marker(pid: Pid) -> Option<Marker> {
 /// Find the run's live (non-zombie) processes, except those in `skip`. Never includes this
 /// process, the wrapper itself or pid 1. Takes a fresh [`Snapshot`].
 pub fn discover(scope: &RunScope, depth: Depth, skip: &HashSet<Pid>) -> Vec<Stat> {
-    discover_in(&Snapshot::take(), scope, depth, skip)
+    discover_in(
+        &Snapshot::take_above(scope.newer_than()),
+        scope,
+        depth,
+        skip,
+    )
 }
 
 /// [`discover`] over a given snapshot.
@@ -257,14 +290,17 @@ pub fn discover_in(
             });
     let mut descends: HashMap<i32, bool> = HashMap::new();
     let mut out = Vec::new();
-    for s in candidates(snap, scope, depth) {
-        if s.pid == me
+    let excluded = |s: &Stat| {
+        s.pid == me
             || Some(s.pid) == scope.wrapper
             || s.pid.get() == 1
             || s.is_dead()
             || skip.contains(&s.pid)
             || s.start_ticks < scope.floor_ticks
-        {
+            || scope.exclude.contains(&s.identity())
+    };
+    for s in candidates(snap, scope, depth) {
+        if excluded(s) {
             continue;
         }
         // Members of the leader's group or session joined it after the leader started.
@@ -279,7 +315,40 @@ pub fn discover_in(
             out.push(*s);
         }
     }
+    // In a cgroup, membership is the kernel's: every process of it is the run's.
+    if let Some(cg) = &scope.cgroup {
+        for pid in cg.members() {
+            if out.iter().any(|s| s.pid == pid) {
+                continue;
+            }
+            if let Some(s) = procfs::stat(pid).filter(|s| !excluded(s)) {
+                out.push(s);
+            }
+        }
+    }
     out
+}
+
+/// Processes that may be the run's without any scan being able to say so: of the run's user,
+/// started after the run, alive, whose environment this process cannot read (non-dumpable).
+/// Only asked when nothing else holds the run (no live wrapper to descend from, no cgroup):
+/// they are not signalled, but the run cannot be called clean while they live.
+pub fn unverifiable(scope: &RunScope, snap: &Snapshot) -> Vec<Pid> {
+    // Root reads every environment: nothing is hidden from it.
+    if crate::sys::geteuid() == 0 {
+        return Vec::new();
+    }
+    snap.stats
+        .iter()
+        .filter(|s| {
+            !s.is_dead()
+                && s.start_ticks >= scope.floor_ticks
+                && s.pid != Pid::this()
+                && procfs::uid_of(s.pid) == Some(scope.uid)
+                && procfs::environ_unreadable(s.pid)
+        })
+        .map(|s| s.pid)
+        .collect()
 }
 
 /// The processes worth looking at: all of them, or with an index and no wrapper to descend

@@ -133,6 +133,49 @@ pub struct Status {
     /// 70 anything else); null otherwise. `exit_code` stays null: the leader never exited.
     #[serde(default)]
     pub launch_exit_code: Option<i32>,
+    /// What holds the run's processes: a cgroup of its own (the kernel's membership), or the
+    /// procfs process set. Null in records from before it was kept (procfs).
+    #[serde(default)]
+    pub containment: Option<Containment>,
+    /// The CPU the run used and its peak memory (from its cgroup), in a final record of a run
+    /// held in a cgroup; null otherwise.
+    #[serde(default)]
+    pub resources: Option<crate::cgroup::Resources>,
+}
+
+/// The `containment` key: `{"mode": "cgroup" | "procfs", "cgroup": PATH | null}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Containment {
+    pub mode: ContainmentMode,
+    pub cgroup: Option<String>,
+}
+
+/// How a run's processes are held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContainmentMode {
+    /// A cgroup v2 of the run's own: every process and thread in it is the run's.
+    Cgroup,
+    /// The process group, session, wrapper descendants and marker, found in /proc.
+    Procfs,
+}
+
+impl Containment {
+    /// Held in `cgroup`.
+    pub fn cgroup(path: &std::path::Path) -> Containment {
+        Containment {
+            mode: ContainmentMode::Cgroup,
+            cgroup: Some(path.to_string_lossy().into_owned()),
+        }
+    }
+
+    /// Held by the procfs process set.
+    pub fn procfs() -> Containment {
+        Containment {
+            mode: ContainmentMode::Procfs,
+            cgroup: None,
+        }
+    }
 }
 
 impl Status {
@@ -175,6 +218,8 @@ impl Status {
             caller_lost_at: None,
             on_disconnect: None,
             launch_exit_code: None,
+            containment: None,
+            resources: None,
         }
     }
 
@@ -307,6 +352,8 @@ mod tests {
             caller_lost_at: None,
             on_disconnect: None,
             launch_exit_code: None,
+            containment: None,
+            resources: None,
         }
     }
 

@@ -5,11 +5,12 @@
 //! live once: every transition is journalled; a final record carries `ended_at`; a stop that left
 //! survivors turns any final state into `unknown` with reason `survivors` and their pids.
 
+use crate::cgroup::RunCgroup;
 use crate::error::Result;
 use crate::journal::Journal;
 use crate::pid::{Identity, Pid};
 use crate::procset::RunScope;
-use crate::record::{write_status, State, Status};
+use crate::record::{write_status, ContainmentMode, State, Status};
 use crate::stop::{Report, Timings};
 use serde_json::json;
 use std::path::Path;
@@ -101,15 +102,47 @@ pub fn scope_of(dir: &Path, st: &Status, wrapper: Option<Pid>) -> Option<RunScop
         let born = crate::procfs::epoch_to_ticks(born.as_secs_f64());
         floor = floor.min(born.saturating_sub(2));
     }
+    let run_dir = RunScope::dir_identity(dir);
     Some(RunScope {
         run_id: st.run_id.clone(),
         leader,
         uid: st.uid,
         wrapper,
-        run_dir: RunScope::dir_identity(dir),
+        run_dir,
         marker_only,
         floor_ticks: floor,
+        cgroup: recorded_cgroup(dir, st).ok().flatten(),
+        exclude: Vec::new(),
     })
+}
+
+/// Remove a run's cgroup after its final record; a cgroup that cannot go (a process is left:
+/// the record says so) is journalled and left.
+pub fn remove_cgroup(cg: &RunCgroup, journal: &Journal) {
+    if let Err(e) = cg.remove() {
+        let _ = journal.event(
+            "cgroup_left",
+            json!({"cgroup": cg.path(), "error": e.to_string()}),
+        );
+    }
+}
+
+/// The run's cgroup as its record names it, checked ([`RunCgroup::verify`]): `Ok(None)` for a
+/// run held by procfs or a cgroup already removed; `Err(Identity)` for a record naming a
+/// cgroup that is not this run's (refuse, signal nothing).
+pub fn recorded_cgroup(dir: &Path, st: &Status) -> Result<Option<RunCgroup>> {
+    let Some(path) = st
+        .containment
+        .as_ref()
+        .filter(|c| c.mode == ContainmentMode::Cgroup)
+        .and_then(|c| c.cgroup.as_deref())
+    else {
+        return Ok(None);
+    };
+    let Some((_, ino)) = RunScope::dir_identity(dir) else {
+        return Ok(None);
+    };
+    RunCgroup::verify(Path::new(path), &st.run_id, ino)
 }
 
 /// The stop timings a record was started with (the defaults where it does not say).

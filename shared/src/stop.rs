@@ -137,6 +137,9 @@ const SIG_NAMES: &[(i32, &str)] = &[
     (libc::SIGSYS, "SYS"),
 ];
 
+/// How soon a stop looks again when the run's processes vanish before they can be pinned.
+const CHASE_STEP: Duration = Duration::from_millis(2);
+
 /// How old a look at /proc may be for a stop's first pass.
 const FIRST_LOOK_AGE: Duration = Duration::from_millis(250);
 
@@ -180,6 +183,9 @@ pub struct Report {
     pub signalled: Vec<Pid>,
     /// A second stop request cut the grace short.
     pub escalated: bool,
+    /// The leader's wait status, when the stop reaped it (a stop inside the wrapper reaps the
+    /// children it finds dead, so that the kernel's count of children is the truth).
+    pub leader_exit: Option<sys::WaitStatus>,
 }
 
 impl Report {
@@ -216,6 +222,12 @@ struct Stopper<'a> {
     members: HashMap<Pid, Member>,
     report: Report,
     hup_enabled: bool,
+    /// The run's cgroup.events, polled (POLLPRI) for `populated` to change.
+    events: Option<std::fs::File>,
+    /// What the last look found of the run that is not pinned (gone before its pidfd opened).
+    seen_last: Vec<Stat>,
+    /// When the last look was asked for.
+    last_look: Option<Instant>,
 }
 
 /// Stop the run's processes: TERM, HUP, KILL on deadlines, until none is left or `confirm` has
@@ -254,6 +266,9 @@ fn stop_run_inner(
         members: HashMap::new(),
         report: Report::default(),
         hup_enabled: !timings.hup_after.is_zero(),
+        events: scope.cgroup.as_ref().and_then(|c| c.events_fd()),
+        seen_last: Vec::new(),
+        last_look: None,
     };
     let hup_at = s.t0 + timings.hup_after;
     let mut kill_at = s.t0 + timings.grace;
@@ -274,7 +289,10 @@ fn stop_run_inner(
     // since is found by the later looks (the stop ends only on a look that began after its
     // last known member was gone), and the TERMs of many stops at once (a cancel of many runs,
     // leases expiring together) go out without a scan each.
-    let snap = Snapshot::since(s.t0.checked_sub(FIRST_LOOK_AGE).unwrap_or(s.t0));
+    let snap = Snapshot::since(
+        s.t0.checked_sub(FIRST_LOOK_AGE).unwrap_or(s.t0),
+        scope.newer_than(),
+    );
     let mut first = s.adopt_in(&snap, Depth::Tree);
     s.signal(&first, Level::Term);
     if depth == Depth::WithMarker {
@@ -287,15 +305,43 @@ fn stop_run_inner(
         s.journal_event("stop_begin", json!({ "members": pids(&first) }));
     }
 
+    // Looks in a row that found nothing of the run (procfs: two are needed to call it done).
+    let mut quiet_looks = 0;
     loop {
         if s.live().is_empty() {
             // Everything we know of is gone: look once more, deeper, before calling it done.
             let late = s.adopt(Depth::WithMarker);
-            if late.is_empty() {
-                break;
+            if !late.is_empty() {
+                quiet_looks = 0;
+                s.signal(&late, level);
+                continue;
             }
-            s.signal(&late, level);
-            continue;
+            if !s.seen_last.is_empty() || !s.live_children().is_empty() {
+                // The look saw processes of the run that were gone before they could be
+                // pinned (a process that forks and exits in a loop), or the kernel still counts
+                // a live child of the wrapper (a subreaper: while any process of its tree lives,
+                // it has a live child): not a quiet look. Go on to the deadlines and look again
+                // shortly; what is still there at the end is named.
+                quiet_looks = 0;
+            } else {
+                match &scope.cgroup {
+                    // The kernel's own account: nothing of the subtree is left.
+                    Some(cg) if !cg.populated() => break,
+                    // Something of the cgroup lives that cannot be taken in (it is not ours to
+                    // signal by pidfd: older than the run): wait on the deadlines, and KILL through
+                    // cgroup.kill at the grace.
+                    Some(_) => {}
+                    // By scanning alone: a process forked between a scan and the exit of its parent
+                    // can be missed by one look; two in a row that find nothing are the bar.
+                    None => {
+                        quiet_looks += 1;
+                        if quiet_looks >= 2 {
+                            break;
+                        }
+                        continue;
+                    }
+                }
+            }
         }
         let now = Instant::now();
         let deadline = match level {
@@ -317,8 +363,14 @@ fn stop_run_inner(
             s.signal(&all, level);
             continue;
         }
-        if s.wait(deadline - now, escalation.as_mut().map(|e| &mut **e as _)) && level < Level::Kill
-        {
+        // Nothing pinned to wait on (the last look saw only processes gone before they could
+        // be pinned): look again soon.
+        let step = if s.live().is_empty() {
+            (deadline - now).min(CHASE_STEP)
+        } else {
+            deadline - now
+        };
+        if s.wait(step, escalation.as_mut().map(|e| &mut **e as _)) && level < Level::Kill {
             s.report.escalated = true;
             s.journal_event("stop_escalated", json!({}));
             level = Level::Kill;
@@ -334,6 +386,45 @@ fn stop_run_inner(
         .into_iter()
         .filter(|p| procfs::stat(*p).is_some_and(|st| !st.is_dead()))
         .collect();
+    // By scanning alone, after the wrapper is gone: a process of the user that started after
+    // the run and hides its environment may be the run's. It is not signalled, but named.
+    if scope.wrapper.is_none() && scope.cgroup.is_none() {
+        // The last look serves (it began after the last member was seen gone).
+        let snap = Snapshot::since(s.last_look.unwrap_or(s.t0), scope.newer_than());
+        for p in crate::procset::unverifiable(scope, &snap) {
+            if !s.members.contains_key(&p) && !s.report.survivors.contains(&p) {
+                s.journal_event(
+                    "unverified",
+                    json!({"pid": p.get(), "why": "a process of the run's user, started after the run, whose environment cannot be read; not signalled"}),
+                );
+                s.report.survivors.push(p);
+            }
+        }
+    }
+    // What the last look saw of the run and never pinned, if it still lives (a process that
+    // kept one step ahead of every look): named, so the run is not called clean.
+    for st in std::mem::take(&mut s.seen_last) {
+        if procfs::stat(st.pid)
+            .is_some_and(|now| now.start_ticks == st.start_ticks && !now.is_dead())
+            && !s.report.survivors.contains(&st.pid)
+        {
+            s.report.survivors.push(st.pid);
+        }
+    }
+    // Inside the wrapper: a live child is a live descendant, whether a look saw it or not.
+    for p in s.live_children() {
+        if !s.report.survivors.contains(&p) {
+            s.report.survivors.push(p);
+        }
+    }
+    // Whatever the cgroup still holds is left of the run, known to us or not.
+    if let Some(cg) = scope.cgroup.as_ref().filter(|c| c.populated()) {
+        for p in cg.members() {
+            if !s.report.survivors.contains(&p) && procfs::stat(p).is_some_and(|st| !st.is_dead()) {
+                s.report.survivors.push(p);
+            }
+        }
+    }
     // The recorded leader, alive and never taken in: the kernel could not confirm it as the
     // run's (not the live wrapper's child, no marker of this run), so it was not signalled. It
     // may still be the run's: the run is not clean while it lives.
@@ -376,23 +467,50 @@ impl Stopper<'_> {
     /// Discover members not yet tracked, pin each with a pidfd, and keep those whose start time
     /// still matches after the pidfd is open. Returns the new members.
     fn adopt(&mut self, depth: Depth) -> Vec<Pid> {
-        self.adopt_in(&Snapshot::since(Instant::now()), depth)
+        let now = Instant::now();
+        self.last_look = Some(now);
+        self.adopt_in(&Snapshot::since(now, self.scope.newer_than()), depth)
     }
 
     /// [`Stopper::adopt`] over a given look at /proc.
     fn adopt_in(&mut self, snap: &Snapshot, depth: Depth) -> Vec<Pid> {
         let skip: HashSet<Pid> = self.members.keys().copied().collect();
         let mut new = Vec::new();
-        for st in discover_in(snap, self.scope, depth, &skip) {
+        let mut found = discover_in(snap, self.scope, depth, &skip);
+        // Inside the wrapper (a child subreaper), every orphan of the run is a child of ours: ask
+        // the kernel for them directly, so one that appeared after the look (a process that
+        // forks and exits in a loop) is not missed.
+        if self.scope.wrapper == Some(Pid::this()) {
+            for c in procfs::children_of(Pid::this()) {
+                if skip.contains(&c) || found.iter().any(|s| s.pid == c) {
+                    continue;
+                }
+                if let Some(st) = procfs::stat(c).filter(|st| {
+                    !st.is_dead()
+                        && st.start_ticks >= self.scope.floor_ticks
+                        && !self.scope.exclude.contains(&st.identity())
+                }) {
+                    found.push(st);
+                }
+            }
+        }
+        self.seen_last.clear();
+        for st in found {
             let fd = match sys::pidfd_open(st.pid) {
                 Ok(fd) => Some(fd),
-                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                    self.seen_last.push(st);
+                    continue;
+                }
                 Err(_) => None,
             };
             // The check that matters: the process behind the pidfd is the one we scanned.
             match procfs::stat(st.pid) {
                 Some(now) if now.start_ticks == st.start_ticks && !now.is_dead() => {}
-                _ => continue,
+                _ => {
+                    self.seen_last.push(st);
+                    continue;
+                }
             }
             self.members.insert(
                 st.pid,
@@ -405,6 +523,62 @@ impl Stopper<'_> {
             new.push(st.pid);
         }
         new
+    }
+
+    /// Inside the wrapper (a child subreaper), the live children of the wrapper that are the
+    /// run's, by the kernel's list of our children: every orphan of the run is reparented to
+    /// us, so while any process of the run's tree lives we have a live child. Children found
+    /// dead are reaped here (the leader's status is kept in the report), so the list stays the
+    /// truth and their pids cannot be mistaken for new processes. Empty outside the wrapper.
+    fn live_children(&mut self) -> Vec<Pid> {
+        if self.scope.wrapper != Some(Pid::this()) {
+            return Vec::new();
+        }
+        loop {
+            let mut live = Vec::new();
+            let mut reaped = false;
+            for c in procfs::children_of(Pid::this()) {
+                match procfs::stat(c) {
+                    Some(st) if !st.is_dead() => {
+                        if !self.scope.exclude.contains(&st.identity()) {
+                            live.push(c);
+                        }
+                    }
+                    _ => {
+                        if let Ok(Some((p, ws))) = sys::waitpid_nohang(Some(c)) {
+                            reaped = true;
+                            if p == self.scope.leader.pid {
+                                self.report.leader_exit = Some(ws);
+                            }
+                        }
+                    }
+                }
+            }
+            // A child that died since the list was read has handed its own children to us:
+            // list again until a list shows no dead child.
+            if !live.is_empty() || !reaped {
+                return live;
+            }
+        }
+    }
+
+    /// `cgroup.kill` on the run's cgroup (journalled like every signal).
+    fn kill_cgroup(&mut self) {
+        let Some(cg) = &self.scope.cgroup else {
+            return;
+        };
+        let r = cg.kill();
+        if r.is_ok() && !self.report.signals.contains(&Sig::Kill) {
+            self.report.signals.push(Sig::Kill);
+        }
+        let at_ms = self.t0.elapsed().as_millis() as u64;
+        self.journal_event(
+            "signal",
+            json!({
+                "target": format!("cgroup:{}", cg.path().display()), "signal": "KILL",
+                "reason": self.reason, "at_ms": at_ms, "error": r.err().map(|e| e.to_string()),
+            }),
+        );
     }
 
     fn live(&self) -> Vec<Pid> {
@@ -436,6 +610,10 @@ impl Stopper<'_> {
             Level::Hup => return,
             Level::Kill => Sig::Kill,
         };
+        // KILL to a run held in a cgroup goes to the whole subtree at once, new forks included.
+        if level == Level::Kill {
+            self.kill_cgroup();
+        }
         // The group, in one call through the leader's pidfd: it also reaches members forked
         // since the scan. Members outside the group get their own signal below.
         let leader = self.scope.leader.pid;
@@ -531,6 +709,14 @@ impl Stopper<'_> {
             });
             fds.len() - 1
         });
+        // The cgroup emptying (or filling) wakes the wait too.
+        if let Some(ev) = &self.events {
+            fds.push(sys::PollFd {
+                fd: ev.as_raw_fd(),
+                events: libc::POLLPRI,
+                revents: 0,
+            });
+        }
         // Without pidfds, /proc is the only feedback: look again every 10 ms.
         let timeout = if unpinned {
             timeout.min(Duration::from_millis(10))
@@ -543,6 +729,14 @@ impl Stopper<'_> {
         for (i, p) in polled.iter().enumerate() {
             if fds[i].revents != 0 {
                 self.mark_gone(*p);
+            }
+        }
+        if let Some(ev) = &self.events {
+            let i = fds.len() - 1;
+            if fds[i].revents != 0 {
+                // kernfs reports a change until the file is read again.
+                use std::os::unix::fs::FileExt;
+                let _ = ev.read_at(&mut [0u8; 128], 0);
             }
         }
         if unpinned {

@@ -199,6 +199,16 @@ pub fn geteuid() -> u32 {
     *EUID.get_or_init(|| unsafe { libc::geteuid() })
 }
 
+/// Whether this process may write `path` by its effective ids (faccessat(2) with AT_EACCESS).
+pub fn writable(path: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `c` is a valid NUL-terminated string for the duration of the call.
+    unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::W_OK, libc::AT_EACCESS) == 0 }
+}
+
 /// This host's name (gethostname(2)).
 pub fn hostname() -> String {
     let mut buf = [0u8; 256];
@@ -340,13 +350,33 @@ mod tests {
 /// descriptor above stderr. The `pre_exec` closure calls only async-signal-safe functions:
 /// sigaction, sigprocmask, setsid and close_range.
 pub fn spawn_in_new_session(cmd: &mut std::process::Command) {
+    spawn_in_new_session_into(cmd, None);
+}
+
+/// The errno a spawn fails with when the child could not enter its cgroup: ECHRNG, which no
+/// step of a spawn (fork, setsid, exec) ever returns, so the parent can tell it apart.
+pub const CGROUP_ENTRY_ERRNO: i32 = libc::ECHRNG;
+
+/// [`spawn_in_new_session`], and with `cgroup_procs` (an open `cgroup.procs` of the run's
+/// cgroup) the child moves itself into that cgroup (writes `0`: "this process") before it
+/// execs, so the workload runs no code of its own outside it. A failed move fails the spawn
+/// with [`CGROUP_ENTRY_ERRNO`]. Async-signal-safe: write(2) on a descriptor opened before the
+/// fork.
+pub fn spawn_in_new_session_into(cmd: &mut std::process::Command, cgroup_procs: Option<RawFd>) {
     use std::os::unix::process::CommandExt;
     // SAFETY: the closure runs in the forked child before exec; it allocates nothing, takes no
-    // lock and calls only the async-signal-safe syscalls above (signal-safety(7)).
+    // lock and calls only the async-signal-safe syscalls above and write(2) (signal-safety(7)).
+    // `cgroup_procs` is a descriptor the parent keeps open until the spawn returns.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             child_reset_signals()?;
             child_setsid()?;
+            if let Some(fd) = cgroup_procs {
+                let r = libc::write(fd, b"0".as_ptr().cast(), 1);
+                if r != 1 {
+                    return Err(io::Error::from_raw_os_error(CGROUP_ENTRY_ERRNO));
+                }
+            }
             child_cloexec_from_3()
         });
     }

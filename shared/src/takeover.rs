@@ -385,6 +385,8 @@ pub fn stop_orphaned(
     reason: &str,
     journal: &Journal,
 ) -> Result<Report> {
+    // A record naming a cgroup that is not this run's names nothing we may kill.
+    crate::run::recorded_cgroup(dir, st)?;
     let Some(scope) = scope_of(dir, st, None) else {
         // Never launched (the wrapper died while starting): nothing can be running.
         finalize(
@@ -409,7 +411,13 @@ pub fn stop_orphaned(
     };
     st.exit_code = None;
     st.term_signal = None;
+    if let Some(cg) = &scope.cgroup {
+        st.resources = Some(cg.resources());
+    }
     finalize(dir, st, state, Some(why), Some(&report), Some(journal))?;
+    if let Some(cg) = &scope.cgroup {
+        crate::run::remove_cgroup(cg, journal);
+    }
     Ok(report)
 }
 

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod ansible;
+pub mod contain;
 pub mod controls;
 pub mod first_contact;
 pub mod hostile;
@@ -555,8 +556,12 @@ impl Pinned {
         self.procs
             .iter()
             .filter(|(pid, fd)| match fd {
+                // The pidfd polls readable once every thread has exited; a zombie main
+                // thread whose other threads run is alive.
                 Some(fd) => {
-                    !readable(fd) && proc_stat(*pid).is_some_and(|s| !matches!(s.0, 'Z' | 'X'))
+                    !readable(fd)
+                        && proc_stat(*pid)
+                            .is_some_and(|s| !matches!(s.0, 'Z' | 'X') || proc_threads(*pid) > 1)
                 }
                 None => false,
             })
@@ -636,6 +641,17 @@ pub fn proc_stat(pid: i32) -> Option<(char, i32, i32, i32, u64)> {
     let sid = fields.get(3)?.parse().ok()?;
     let start_ticks = fields.get(19)?.parse().ok()?;
     Some((state, ppid, pgid, sid, start_ticks))
+}
+
+/// The number of threads of a process (field 20 of /proc/PID/stat), 0 when it is gone.
+pub fn proc_threads(pid: i32) -> u64 {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|t| {
+            let rest = t[t.rfind(')')? + 1..].to_string();
+            rest.split_whitespace().nth(17)?.parse().ok()
+        })
+        .unwrap_or(0)
 }
 
 /// Every live (non-zombie) process with a stat line matching `keep`, sorted by pid.

@@ -88,6 +88,10 @@ pub struct StartArgs {
     /// TERM -> HUP step (0 disables every HUP)
     #[arg(long, value_name = "DUR", default_value = "500ms", value_parser = dur("--hup-after"))]
     pub hup_after: Duration,
+    /// Hold the run in a cgroup v2 made in DIR (default: $AGENT_RUN_CGROUP, else this
+    /// process's own cgroup when this user may use it); `off` holds it by /proc scans only
+    #[arg(long, value_name = "DIR|off")]
+    pub cgroup: Option<String>,
     /// Return once the run is running (or failed to launch), printing one JSON line
     #[arg(short, long)]
     pub detach: bool,
@@ -438,6 +442,7 @@ fn with_default_subcommand(mut args: Vec<OsString>) -> Result<Vec<OsString>, Str
         "--env",
         "--label",
         "--on-disconnect",
+        "--cgroup",
     ];
     let mut i = 1;
     while i < args.len() {

@@ -552,6 +552,9 @@ fn spawn_detached(root: &Root, id: &RunId, args: &StartArgs) -> anyhow::Result<C
     if let Some(c) = &args.cwd {
         cmd.arg("--cwd").arg(c);
     }
+    if let Some(c) = &args.cgroup {
+        cmd.arg("--cgroup").arg(c);
+    }
     for (k, v) in &args.labels {
         cmd.arg("--label").arg(format!("{k}={v}"));
     }

@@ -535,6 +535,7 @@ fn list_entry(root: &Root, name: &str) -> Result<(Value, Status), String> {
         "final": st.state.is_final(), "outcome_exit_code": exit::for_record(&st),
         "labels": st.labels, "created_at": st.created_at, "started_at": st.started_at,
         "ended_at": st.ended_at,
+        "containment": st.containment.as_ref().map(|c| c.mode),
     });
     Ok((v, st))
 }

@@ -11,12 +11,14 @@ use crate::signals::Signals;
 use crate::stream::Streamer;
 use crate::supervise::{self, Limits, Outcome};
 use agent_run_shared::atomic::{open_append, write_atomic};
+use agent_run_shared::cgroup::{self, Parent, RunCgroup};
 use agent_run_shared::exit;
 use agent_run_shared::id::RunId;
 use agent_run_shared::journal::Journal;
 use agent_run_shared::lease::{write_lease, Lease};
 use agent_run_shared::pid::{Identity, Pid};
-use agent_run_shared::record::{State, Status};
+use agent_run_shared::procset::{discover, Depth, RunScope};
+use agent_run_shared::record::{Containment, State, Status};
 use agent_run_shared::root::{files, resolve_root, Root, RunDir};
 use agent_run_shared::run::{finalize, scope_of, transition};
 use agent_run_shared::spec::OnDisconnect;
@@ -26,7 +28,9 @@ use agent_run_shared::takeover::RunLock;
 use agent_run_shared::{fault, procfs, time, ENV_RUN_DIR, ENV_RUN_ID};
 use anyhow::Context;
 use serde_json::json;
+use std::collections::HashSet;
 use std::ffi::OsString;
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -106,6 +110,25 @@ pub fn start(root: Option<&Path>, mut args: StartArgs) -> anyhow::Result<u8> {
             args.env = decode_env(&passed)?;
         }
     }
+    // Where the run's cgroup goes, checked before anything is created (a bad --cgroup is 64).
+    let parent = cgroup::choose_parent(args.cgroup.as_deref())?;
+    if let (Parent::Procfs(_), None) = (&parent, &args.cgroup) {
+        // No cgroup of our own to use: a user with a systemd user manager can have one, a
+        // transient scope delegated to it (which also takes the run out of the SSH session's
+        // scope, so logind's KillUserProcesses no longer kills it).
+        if let Some(scope) = cgroup::user_scope_command(args.run_id.as_str()) {
+            let mut cmd = scope;
+            cmd.arg(std::env::current_exe()?)
+                .args(std::env::args_os().skip(1))
+                .env(cgroup::ENV_IN_SCOPE, "1");
+            use std::os::unix::process::CommandExt;
+            // exec: the caller keeps talking to the same process (its pid, its signals).
+            let e = cmd.exec();
+            human::say(&format!(
+                "cannot start a user scope through systemd-run ({e}); held by /proc scans"
+            ));
+        }
+    }
     let root = Root::open(&resolve_root(root)?, true)?;
     let argv: &[OsString] = &args.command;
     if args.detach {
@@ -116,7 +139,7 @@ pub fn start(root: Option<&Path>, mut args: StartArgs) -> anyhow::Result<u8> {
         return crate::control::relaunch(&root, &id, argv, args.quiet, args.detached_child);
     };
     fault::point("after_run_dir");
-    Launch::new(dir, &args, argv)?.run(&args)
+    Launch::new(dir, &args, argv, parent)?.run(&args)
 }
 
 struct Launch {
@@ -127,10 +150,19 @@ struct Launch {
     timings: Timings,
     /// When the workload was spawned (the `--timeout` counts from here).
     started: Option<Instant>,
+    /// The run's cgroup, when it has one.
+    cgroup: Option<RunCgroup>,
+    /// Why an explicitly asked cgroup could not be made (the launch fails with it).
+    cgroup_failure: Option<String>,
 }
 
 impl Launch {
-    fn new(dir: RunDir, args: &StartArgs, argv: &[OsString]) -> anyhow::Result<Launch> {
+    fn new(
+        dir: RunDir,
+        args: &StartArgs,
+        argv: &[OsString],
+        parent: Parent,
+    ) -> anyhow::Result<Launch> {
         // Taken before the first record exists: whoever sees a record and can take the lock
         // knows the wrapper is gone. Close-on-exec, so the workload never holds it.
         let lock = RunLock::open(&dir.path)?;
@@ -182,6 +214,23 @@ impl Launch {
         st.hup_after_ms = Some(timings.hup_after.as_millis() as u64);
         st.warnings = agent_run_shared::hostpolicy::launch_warnings(&st.user);
         st.warnings.extend(cwd_warning);
+        // The cgroup exists before the first record names it, so anyone who finds the record
+        // can find the run's processes through it, whatever step the wrapper dies at.
+        let (mut cgroup, mut cgroup_failure) = (None, None);
+        st.containment = Some(Containment::procfs());
+        if let Parent::Dir { path, explicit } = &parent {
+            let ino = RunScope::dir_identity(&dir.path).map_or(0, |(_, i)| i);
+            match RunCgroup::create(path, &cgroup::name_for(dir.id.as_str(), ino)) {
+                Ok(cg) => {
+                    st.containment = Some(Containment::cgroup(cg.path()));
+                    cgroup = Some(cg);
+                }
+                Err(e) if *explicit => cgroup_failure = Some(e.to_string()),
+                Err(e) => st.warnings.push(format!(
+                    "no cgroup for this run ({e}): held by /proc scans only"
+                )),
+            }
+        }
         Ok(Launch {
             dir,
             st,
@@ -189,6 +238,8 @@ impl Launch {
             _lock: lock,
             timings,
             started: None,
+            cgroup,
+            cgroup_failure,
         })
     }
 
@@ -207,6 +258,9 @@ impl Launch {
         for w in &self.st.warnings {
             human::say(&format!("warning: {w}"));
             let _ = self.journal.event("warning", json!({"warning": w}));
+        }
+        if let Some(why) = self.cgroup_failure.take() {
+            return Ok(self.launch_failed(exit::SOFTWARE, &why));
         }
         // Every failure from here to the spawn ends in a final `launch_failed` record, never in
         // a `starting` record that only a later cancel or the watchdog could resolve.
@@ -294,9 +348,29 @@ impl Launch {
         if let Some(c) = &args.cwd {
             cmd.current_dir(c);
         }
-        sys::spawn_in_new_session(&mut cmd);
-        let child = match cmd.spawn() {
+        // The child moves itself into the run's cgroup before it execs.
+        let procs = match self
+            .cgroup
+            .as_ref()
+            .map(RunCgroup::procs_for_spawn)
+            .transpose()
+        {
+            Ok(p) => p,
+            Err(e) => return Err(self.launch_failed(exit::SOFTWARE, &e.to_string())),
+        };
+        sys::spawn_in_new_session_into(&mut cmd, procs.as_ref().map(|f| f.as_raw_fd()));
+        let spawned = cmd.spawn();
+        drop(procs);
+        let child = match spawned {
             Ok(c) => c,
+            Err(e) if e.raw_os_error() == Some(sys::CGROUP_ENTRY_ERRNO) => {
+                let cg = self.cgroup.as_ref().map(|c| c.path().display().to_string());
+                let msg = format!(
+                    "cannot move the workload into its cgroup {}",
+                    cg.unwrap_or_default()
+                );
+                return Err(self.launch_failed(exit::SOFTWARE, &msg));
+            }
             Err(e) if args.cwd.as_ref().is_some_and(|c| !c.is_dir()) => {
                 // The directory went away between the check and the spawn: not the command's
                 // fault, and not "command not found".
@@ -419,6 +493,9 @@ impl Launch {
         ) {
             human::say(&e.to_string());
         }
+        if let Some(cg) = &self.cgroup {
+            agent_run_shared::run::remove_cgroup(cg, &self.journal);
+        }
         code
     }
 
@@ -457,7 +534,13 @@ impl Launch {
         let (state, reason, report, leader_status) = match outcome {
             Outcome::LeaderExited(ws) => {
                 let (_, children_left) = sys::reap_all(None);
-                let report = children_left.then(|| {
+                // The leader's exit ends the run; whatever of the run remains is stopped by the
+                // same routine as a cancel: our children (double-forked daemons come back to
+                // us), the cgroup's members, and processes elsewhere that carry the marker.
+                let leftovers = children_left
+                    || scope.cgroup.as_ref().is_some_and(|c| c.populated())
+                    || !discover(&scope, Depth::WithMarker, &HashSet::new()).is_empty();
+                let report = leftovers.then(|| {
                     let r = stop(&mut self.st, "leader_exited");
                     sys::reap_all(None);
                     r
@@ -469,6 +552,9 @@ impl Launch {
                 human::say(&stop_message(self.dir.id.as_str(), &reason, limits));
                 let report = stop(&mut self.st, &reason);
                 let (ws, _) = sys::reap_all(Some(leader.pid));
+                // The stop may have reaped the leader itself (it reaps the dead children it
+                // finds).
+                let ws = ws.or(report.leader_exit);
                 (State::Cancelled, Some(reason), Some(report), ws)
             }
         };
@@ -478,14 +564,23 @@ impl Launch {
             Some(WaitStatus::Signaled(s)) => self.st.term_signal = Some(Sig::from_number(s).name()),
             None => {}
         }
-        if let Err(e) = finalize(
+        if let Some(cg) = &self.cgroup {
+            self.st.resources = Some(cg.resources());
+        }
+        let written = finalize(
             &dir,
             &mut self.st,
             state,
             reason.as_deref(),
             report.as_ref(),
             Some(&self.journal),
-        ) {
+        );
+        // The cgroup goes after the final record (a cgroup that still holds a survivor stays,
+        // and the record says unknown).
+        if let Some(cg) = &self.cgroup {
+            agent_run_shared::run::remove_cgroup(cg, &self.journal);
+        }
+        if let Err(e) = written {
             let left = report.as_ref().map_or(0, |r| r.survivors.len());
             return fail(
                 exit::SOFTWARE,

@@ -29,6 +29,10 @@ pub fn version(args: VersionArgs) -> anyhow::Result<u8> {
                 "cgroup v2: mounted at {mount}, this process in {}, may create a child: {can}",
                 cg["cgroup"].as_str().unwrap_or("?")
             );
+            println!(
+                "runs started here are held by: {}",
+                cg["containment"].as_str().unwrap_or("procfs")
+            );
         }
         None => println!(
             "cgroup v2: {}",

@@ -25,6 +25,7 @@ const USAGE: &str = "usage: fixture tree [--children N] [--grandchildren] [--esc
 [--leader-exit CODE]
        fixture env | exit CODE | signal SIGNUM | sleep-ms MS | count FILE
        fixture spew BYTES [--stderr-bytes N] [--chunk N]
+       fixture zombie-leader | hopper | nondumpable-daemon | fork-loop
 MODE is default, ignore, log-exit or log-stay";
 
 /// Byte i of a `spew` stream is `PATTERN[i % PATTERN.len()]`.
@@ -84,6 +85,22 @@ fn run(args: &[String]) -> Result<i32, Failure> {
             die_by_signal(number("signal number", signum)?)
         }
         "spew" => spew(rest),
+        "zombie-leader" => {
+            no_more(rest)?;
+            zombie_leader()
+        }
+        "hopper" => {
+            no_more(rest)?;
+            hopper()
+        }
+        "nondumpable-daemon" => {
+            no_more(rest)?;
+            nondumpable_daemon()
+        }
+        "fork-loop" => {
+            no_more(rest)?;
+            fork_loop()
+        }
         "sleep-ms" => {
             let [ms] = rest else {
                 return Err(usage("sleep-ms takes one MS"));
@@ -656,4 +673,93 @@ fn spew(args: &[String]) -> Result<i32, Failure> {
         }
     }
     Ok(0)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workloads that hide from scans
+
+/// A leader whose main thread exits (`SYS_exit`) while another thread runs on, printing
+/// `tick` every 100 ms: /proc shows the leader `Z` with 2 threads, and it is alive.
+fn zombie_leader() -> Result<i32, Failure> {
+    let me = std::process::id();
+    println!("ready pid={me} pgid={me} sid={me} members=");
+    std::thread::spawn(|| loop {
+        let _ = write_fd(1, b"tick\n");
+        std::thread::sleep(Duration::from_millis(100));
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    // SAFETY: SYS_exit ends only the calling thread; the other thread keeps the process alive.
+    unsafe { libc::syscall(libc::SYS_exit, 0) };
+    unreachable!("SYS_exit returned")
+}
+
+/// TERM and HUP ignored; then forever: fork, the parent exits at once, the child starts a new
+/// session. The run's processes are one pid after another, never the same for long.
+fn hopper() -> Result<i32, Failure> {
+    set_disposition(libc::SIGTERM, Mode::Ignore)?;
+    set_disposition(libc::SIGHUP, Mode::Ignore)?;
+    let _ = write_fd(
+        1,
+        format!("hopping from {}\n", std::process::id()).as_bytes(),
+    );
+    loop {
+        // SAFETY: single-threaded; the child only calls setsid and loops, the parent _exits.
+        match unsafe { libc::fork() } {
+            0 => {
+                // SAFETY: setsid has no preconditions.
+                unsafe { libc::setsid() };
+            }
+            -1 => std::thread::sleep(Duration::from_millis(1)),
+            // SAFETY: _exit ends the process without running anything else.
+            _ => unsafe { libc::_exit(0) },
+        }
+    }
+}
+
+/// Double-forks a daemon in a session of its own that makes itself non-dumpable (as ssh-agent
+/// does: its environment is then unreadable to its own user), prints
+/// `ready pid=<daemon> ...` and exits; the daemon parks.
+fn nondumpable_daemon() -> Result<i32, Failure> {
+    let (read, write) = pid_pipe()?;
+    match fork()? {
+        Forked::Parent(_) => {
+            drop(write);
+            let pids = collect_members(read, 1)?;
+            let d = pids[0];
+            println!("ready pid={d} pgid={d} sid={d} members=");
+            Ok(0)
+        }
+        Forked::Child => {
+            drop(read);
+            // SAFETY: setsid has no preconditions.
+            unsafe { libc::setsid() };
+            match fork() {
+                Ok(Forked::Parent(_)) => std::process::exit(0),
+                Ok(Forked::Child) => {
+                    // SAFETY: prctl with integer arguments only.
+                    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+                    report(&write, &format!("{}\n", std::process::id()));
+                    drop(write);
+                    park()
+                }
+                Err(_) => std::process::exit(1),
+            }
+        }
+    }
+}
+
+/// TERM and HUP ignored; forks a child every 2 ms (children ignore them too and sleep), up to
+/// 2000 children: a stop meets new members all the time until KILL.
+fn fork_loop() -> Result<i32, Failure> {
+    set_disposition(libc::SIGTERM, Mode::Ignore)?;
+    set_disposition(libc::SIGHUP, Mode::Ignore)?;
+    let me = std::process::id();
+    println!("ready pid={me} pgid={me} sid={me} members=");
+    for _ in 0..2000 {
+        if let Forked::Child = fork()? {
+            park();
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    park()
 }

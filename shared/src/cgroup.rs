@@ -1,0 +1,465 @@
+//! cgroup v2: a cgroup per run where the host gives one, so the kernel holds the run.
+//!
+//! Every process and thread of a cgroup is a member whatever its session, group, environment or
+//! parent; `cgroup.kill` kills them all at once, new forks included; `cgroup.events` says
+//! `populated 0` the moment nothing is left. This module finds the cgroup2 mount (from
+//! /proc/self/mountinfo, never a fixed path), decides where a run's cgroup goes
+//! ([`choose_parent`]), creates it ([`RunCgroup::create`]), checks a recorded one before anyone
+//! acts on it ([`RunCgroup::verify`]), and reads and writes its files.
+//!
+//! Where the cgroup goes, in order: an explicit parent (`--cgroup DIR`, `AGENT_RUN_CGROUP`); the
+//! wrapper's own cgroup (the `0::` line of /proc/self/cgroup) when this user may create a child
+//! there and move processes into it (root; a subtree delegated to the user, or a parent an
+//! operator created and chowned to the user, with the wrapper inside it). Otherwise the run is
+//! held by the procfs process set ([`crate::procset`]). `off` (or `none`) asks for procfs.
+//!
+//! The workload enters its cgroup before it runs any code of its own: the spawned child writes
+//! `0` to the already-open `cgroup.procs` in `pre_exec` ([`crate::sys::spawn_in_new_session`]).
+//! The wrapper stays outside, so `cgroup.kill` never kills it.
+//!
+//! What it does not do: enable controllers (no `cgroup.subtree_control` writes: a run's cgroup
+//! is for holding and counting, and enabling controllers would forbid processes in the parent).
+
+use crate::error::{Error, Result};
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Component, Path, PathBuf};
+use std::sync::OnceLock;
+
+/// The environment variable that names the parent of a run's cgroup (or `off`).
+pub const ENV: &str = "AGENT_RUN_CGROUP";
+
+/// Set in the environment of a wrapper that [`user_scope_command`] started, so it never asks for
+/// a second scope.
+pub const ENV_IN_SCOPE: &str = "AGENT_RUN_IN_SCOPE";
+
+/// For a user who is not root and has no cgroup to use, but a running systemd user manager
+/// (`$XDG_RUNTIME_DIR/systemd/private`) and `systemd-run` on PATH: the command that puts a
+/// wrapper in a transient scope delegated to the user (`systemd-run --user --scope -p
+/// Delegate=yes`), to which the caller appends the wrapper's own command line. The wrapper then
+/// finds its own cgroup, the scope, usable. `None` when any of that is missing, inside such a
+/// scope already, or when `AGENT_RUN_NO_SCOPE` is set.
+///
+/// Checked on paper only: no systemd runs on the machines this was built on (see
+/// docs/safety.md, R-22).
+pub fn user_scope_command(run_id: &str) -> Option<std::process::Command> {
+    if crate::sys::geteuid() == 0
+        || std::env::var_os(ENV_IN_SCOPE).is_some()
+        || std::env::var_os("AGENT_RUN_NO_SCOPE").is_some()
+    {
+        return None;
+    }
+    let runtime = std::env::var_os("XDG_RUNTIME_DIR")?;
+    if !Path::new(&runtime).join("systemd/private").exists() {
+        return None;
+    }
+    let path = std::env::var_os("PATH")?;
+    let systemd_run = std::env::split_paths(&path)
+        .map(|d| d.join("systemd-run"))
+        .find(|p| p.is_file())?;
+    let mut cmd = std::process::Command::new(systemd_run);
+    cmd.args([
+        "--user",
+        "--scope",
+        "--quiet",
+        "--collect",
+        "-p",
+        "Delegate=yes",
+    ])
+    .arg(format!("--unit=agent-run-{run_id}-{}", std::process::id()))
+    .arg("--");
+    Some(cmd)
+}
+
+/// The prefix of every run's cgroup name: `agent-run.<run-id>.<run dir inode, hex>`.
+pub const PREFIX: &str = "agent-run.";
+
+/// Where the cgroup2 hierarchy is mounted, from /proc/self/mountinfo (the first `cgroup2`
+/// mount); `None` when there is none. Read once per process.
+pub fn mount() -> Option<&'static Path> {
+    static MOUNT: OnceLock<Option<PathBuf>> = OnceLock::new();
+    MOUNT
+        .get_or_init(|| {
+            let text = fs::read_to_string("/proc/self/mountinfo").ok()?;
+            text.lines().find_map(parse_mountinfo_line)
+        })
+        .as_deref()
+}
+
+/// The mount point of a mountinfo line whose filesystem type is cgroup2.
+fn parse_mountinfo_line(line: &str) -> Option<PathBuf> {
+    // `36 35 0:30 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw`: the fields after ` - `
+    // are the type and source; the mount point is field 5 (octal escapes for spaces).
+    let (left, right) = line.split_once(" - ")?;
+    if right.split_whitespace().next()? != "cgroup2" {
+        return None;
+    }
+    let mnt = left.split_whitespace().nth(4)?;
+    Some(PathBuf::from(unescape_octal(mnt)))
+}
+
+fn unescape_octal(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 4 <= b.len() {
+            let digits = std::str::from_utf8(&b[i + 1..i + 4]).unwrap_or("");
+            if let Ok(v) = u8::from_str_radix(digits, 8) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// This process's own cgroup directory on the cgroup2 mount (the `0::` line).
+pub fn own() -> Option<PathBuf> {
+    let mount = mount()?;
+    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
+    let rel = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let rel = rel
+        .trim_end()
+        .strip_suffix(" (deleted)")
+        .unwrap_or(rel.trim_end());
+    Some(mount.join(rel.trim_start_matches('/')))
+}
+
+/// Where a run's cgroup goes, or why there is none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Parent {
+    /// Create the run's cgroup in this directory; `explicit` when the user named it (a failure
+    /// then fails the launch instead of falling back to procfs).
+    Dir { path: PathBuf, explicit: bool },
+    /// No cgroup: the procfs mode, and why.
+    Procfs(String),
+}
+
+/// Decide where a run's cgroup goes. `explicit` is `--cgroup` (else `$AGENT_RUN_CGROUP`):
+/// `off`/`none` asks for procfs; a directory must be on the cgroup2 mount, or the launch fails
+/// (an explicit ask is never quietly dropped). Without one, the wrapper's own cgroup if this
+/// user may use it.
+pub fn choose_parent(explicit: Option<&str>) -> Result<Parent> {
+    let explicit = explicit
+        .map(str::to_string)
+        .or_else(|| std::env::var(ENV).ok().filter(|v| !v.is_empty()));
+    if let Some(e) = explicit {
+        if e == "off" || e == "none" {
+            return Ok(Parent::Procfs("asked for (off)".into()));
+        }
+        let path = PathBuf::from(&e);
+        let Some(mount) = mount() else {
+            return Err(Error::Invalid {
+                what: "cgroup parent",
+                value: e,
+                why: "this host has no cgroup2 mount".into(),
+            });
+        };
+        check_under(mount, &path).map_err(|why| Error::Invalid {
+            what: "cgroup parent",
+            value: e.clone(),
+            why,
+        })?;
+        if !path.is_dir() || !path.join("cgroup.procs").is_file() {
+            return Err(Error::Invalid {
+                what: "cgroup parent",
+                value: e,
+                why: "it is not a cgroup directory (no cgroup.procs)".into(),
+            });
+        }
+        if let Some(why) = unusable(&path) {
+            return Err(Error::Invalid {
+                what: "cgroup parent",
+                value: e,
+                why,
+            });
+        }
+        return Ok(Parent::Dir {
+            path,
+            explicit: true,
+        });
+    }
+    let Some(own) = own() else {
+        return Ok(Parent::Procfs(if mount().is_none() {
+            "this host has no cgroup2 mount".into()
+        } else {
+            "this process's cgroup is unknown".into()
+        }));
+    };
+    match unusable(&own) {
+        None => Ok(Parent::Dir {
+            path: own,
+            explicit: false,
+        }),
+        Some(why) => Ok(Parent::Procfs(why)),
+    }
+}
+
+/// Why this user may not create run cgroups in `parent` and move its children there, if not.
+/// Root may; another user needs write access to the directory and to its `cgroup.procs`, and
+/// this process must be inside `parent` (the kernel moves a process only within a subtree the
+/// mover may write at its top).
+fn unusable(parent: &Path) -> Option<String> {
+    if crate::sys::geteuid() == 0 {
+        return None;
+    }
+    if !crate::sys::writable(parent) || !crate::sys::writable(&parent.join("cgroup.procs")) {
+        return Some(format!("{} is not writable by this user", parent.display()));
+    }
+    match own() {
+        Some(o) if o.starts_with(parent) => None,
+        _ => Some(format!(
+            "this process is not inside {} (a delegated parent must hold the wrapper)",
+            parent.display()
+        )),
+    }
+}
+
+/// `path` must be the mount or lie under it, without `..`.
+fn check_under(mount: &Path, path: &Path) -> std::result::Result<(), String> {
+    if !path.is_absolute() {
+        return Err("it must be an absolute path".into());
+    }
+    if path.components().any(|c| matches!(c, Component::ParentDir)) {
+        return Err("it must not contain ..".into());
+    }
+    if !path.starts_with(mount) {
+        return Err(format!(
+            "it is not on the cgroup2 mount {}",
+            mount.display()
+        ));
+    }
+    Ok(())
+}
+
+/// The name of a run's cgroup: `agent-run.<run-id>.<run dir inode in hex>`, so two roots with
+/// the same run id never share one, and a recorded path can be checked against the run.
+pub fn name_for(run_id: &str, run_dir_ino: u64) -> String {
+    format!("{PREFIX}{run_id}.{run_dir_ino:x}")
+}
+
+/// A run's cgroup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunCgroup {
+    path: PathBuf,
+}
+
+impl RunCgroup {
+    /// Create the run's cgroup in `parent`. One named for this run may be left from an
+    /// earlier run dir at the same path and inode whose wrapper died: an empty one is removed
+    /// first; one that holds processes is refused.
+    pub fn create(parent: &Path, name: &str) -> Result<RunCgroup> {
+        let path = parent.join(name);
+        match fs::create_dir(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                fs::remove_dir(&path).map_err(|e| Error::io("remove stale cgroup", &path, e))?;
+                fs::create_dir(&path).map_err(|e| Error::io("create cgroup", &path, e))?;
+            }
+            Err(e) => return Err(Error::io("create cgroup", &path, e)),
+        }
+        Ok(RunCgroup { path })
+    }
+
+    /// A recorded cgroup, checked before anyone acts on it: on the cgroup2 mount, named for
+    /// this run (its id and its run dir's inode), a directory of the caller's uid (or of root),
+    /// a cgroup (it has `cgroup.procs`). `Ok(None)` when it is gone (removed after its run).
+    pub fn verify(path: &Path, run_id: &str, run_dir_ino: u64) -> Result<Option<RunCgroup>> {
+        let refuse = |why: String| Err(Error::Identity { why });
+        let Some(mount) = mount() else {
+            return refuse("the record names a cgroup, but this host has no cgroup2 mount".into());
+        };
+        if let Err(why) = check_under(mount, path) {
+            return refuse(format!("recorded cgroup {}: {why}", path.display()));
+        }
+        let want = name_for(run_id, run_dir_ino);
+        if path.file_name().and_then(|n| n.to_str()) != Some(want.as_str()) {
+            return refuse(format!(
+                "recorded cgroup {} is not named for this run ({want})",
+                path.display()
+            ));
+        }
+        let md = match fs::symlink_metadata(path) {
+            Ok(md) => md,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Error::io("inspect", path, e)),
+        };
+        let me = crate::sys::geteuid();
+        if !md.is_dir() || (md.uid() != me && md.uid() != 0) {
+            return refuse(format!(
+                "recorded cgroup {} is not a directory of uid {me}",
+                path.display()
+            ));
+        }
+        if !path.join("cgroup.procs").is_file() {
+            return refuse(format!(
+                "recorded cgroup {} is not a cgroup",
+                path.display()
+            ));
+        }
+        Ok(Some(RunCgroup {
+            path: path.to_path_buf(),
+        }))
+    }
+
+    /// Its directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `cgroup.procs` opened for writing, for the spawned child to move itself in.
+    pub fn procs_for_spawn(&self) -> Result<File> {
+        let p = self.path.join("cgroup.procs");
+        OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&p)
+            .map_err(|e| Error::io("open", &p, e))
+    }
+
+    /// Every process of the cgroup and of its descendants (a nested run's cgroup), by pid.
+    pub fn members(&self) -> Vec<crate::pid::Pid> {
+        let mut out = Vec::new();
+        collect_members(&self.path, &mut out, 0);
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// Whether any process of the subtree is alive (`cgroup.events`: `populated 1`). A
+    /// cgroup that is gone is empty.
+    pub fn populated(&self) -> bool {
+        let mut s = String::new();
+        match File::open(self.path.join("cgroup.events")).and_then(|mut f| f.read_to_string(&mut s))
+        {
+            Ok(_) => s.lines().any(|l| l.trim() == "populated 1"),
+            Err(_) => false,
+        }
+    }
+
+    /// `cgroup.events`, opened for poll(2): it signals POLLPRI when `populated` changes.
+    pub fn events_fd(&self) -> Option<File> {
+        File::open(self.path.join("cgroup.events")).ok()
+    }
+
+    /// SIGKILL every process of the subtree, new forks included (`cgroup.kill`, Linux 5.14).
+    pub fn kill(&self) -> std::io::Result<()> {
+        OpenOptions::new()
+            .write(true)
+            .open(self.path.join("cgroup.kill"))
+            .and_then(|mut f| f.write_all(b"1"))
+    }
+
+    /// Freeze (or thaw) the whole subtree (`cgroup.freeze`).
+    pub fn freeze(&self, frozen: bool) -> std::io::Result<()> {
+        OpenOptions::new()
+            .write(true)
+            .open(self.path.join("cgroup.freeze"))
+            .and_then(|mut f| f.write_all(if frozen { b"1" } else { b"0" }))
+    }
+
+    /// The CPU the run used and its peak memory where the memory controller is there.
+    pub fn resources(&self) -> Resources {
+        let mut r = Resources::default();
+        if let Ok(text) = fs::read_to_string(self.path.join("cpu.stat")) {
+            for line in text.lines() {
+                let mut f = line.split_whitespace();
+                let (Some(k), Some(v)) = (f.next(), f.next().and_then(|v| v.parse().ok())) else {
+                    continue;
+                };
+                match k {
+                    "usage_usec" => r.cpu_usage_usec = Some(v),
+                    "user_usec" => r.cpu_user_usec = Some(v),
+                    "system_usec" => r.cpu_system_usec = Some(v),
+                    _ => {}
+                }
+            }
+        }
+        r.memory_peak_bytes = fs::read_to_string(self.path.join("memory.peak"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
+        r
+    }
+
+    /// Remove the cgroup and the cgroups below it (a nested run's), deepest first. Fails
+    /// (EBUSY) while a process is left; the caller reports it.
+    pub fn remove(&self) -> std::io::Result<()> {
+        remove_tree(&self.path, 0)
+    }
+}
+
+fn collect_members(dir: &Path, out: &mut Vec<crate::pid::Pid>, depth: usize) {
+    if let Ok(text) = fs::read_to_string(dir.join("cgroup.procs")) {
+        out.extend(
+            text.lines()
+                .filter_map(|l| l.trim().parse::<i64>().ok())
+                .filter_map(crate::pid::Pid::new),
+        );
+    }
+    if depth > 64 {
+        return;
+    }
+    if let Ok(rd) = fs::read_dir(dir) {
+        for e in rd.filter_map(|e| e.ok()) {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                collect_members(&e.path(), out, depth + 1);
+            }
+        }
+    }
+}
+
+fn remove_tree(dir: &Path, depth: usize) -> std::io::Result<()> {
+    if depth < 64 {
+        if let Ok(rd) = fs::read_dir(dir) {
+            for e in rd.filter_map(|e| e.ok()) {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    let _ = remove_tree(&e.path(), depth + 1);
+                }
+            }
+        }
+    }
+    match fs::remove_dir(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        r => r,
+    }
+}
+
+/// The `resources` key of a final record (from the run's cgroup).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Resources {
+    pub cpu_usage_usec: Option<u64>,
+    pub cpu_user_usec: Option<u64>,
+    pub cpu_system_usec: Option<u64>,
+    pub memory_peak_bytes: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_lines_name_the_cgroup2_mount() {
+        let l = "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw";
+        assert_eq!(
+            parse_mountinfo_line(l),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
+        let v1 = "30 25 0:26 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu";
+        assert_eq!(parse_mountinfo_line(v1), None);
+        let esc = r"41 31 0:38 / /mnt/with\040space rw - cgroup2 cgroup2 rw";
+        assert_eq!(
+            parse_mountinfo_line(esc),
+            Some(PathBuf::from("/mnt/with space"))
+        );
+    }
+
+    #[test]
+    fn run_cgroup_names_carry_the_id_and_the_run_dir() {
+        assert_eq!(name_for("b-7", 255), "agent-run.b-7.ff");
+    }
+}

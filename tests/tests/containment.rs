@@ -1,0 +1,748 @@
+//! [containment]: the kernel holds the run. A cgroup v2 per run where the host gives one, and
+//! in either mode never `cancelled` or `finished` while a thread of the run lives.
+//!
+//! Each scenario runs in both modes: `cgroup` (the default as root on a host with a cgroup2
+//! mount) and `procfs` (`--cgroup off`). In cgroup mode it must stop everything and end
+//! `cancelled` (or `finished` with the leftovers in `cleanup`); in procfs mode it must either do
+//! that or end `unknown` naming the survivor. The assertions are on /proc: the pinned pids, the
+//! tasks of a zombie leader, every process carrying the run's marker, the run's cgroup.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use agent_run_tests::contain::{
+    alive, cgroup2_mount, cgroup_of, eventually, marked, sweep, Delegated,
+};
+use agent_run_tests::hostile::{as_nobody, epoch_now, outcome, write_lease, Detached, CMD, NOBODY};
+use agent_run_tests::{agent_run_bin, diagnostics, fixture_bin, wait_ready, Pinned, TestRoot};
+use serde_json::Value;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Cgroup,
+    Procfs,
+}
+
+const MODES: [Mode; 2] = [Mode::Cgroup, Mode::Procfs];
+
+impl Mode {
+    fn opts(self) -> Vec<&'static str> {
+        match self {
+            Mode::Cgroup => vec![],
+            Mode::Procfs => vec!["--cgroup", "off"],
+        }
+    }
+}
+
+/// Skip cgroup mode only when the host has no cgroup2 mount, and say so.
+fn has_cgroup2(mode: Mode) -> bool {
+    if mode == Mode::Cgroup && cgroup2_mount().is_none() {
+        eprintln!("no cgroup2 mount on this host: the cgroup mode of this test is skipped");
+        return false;
+    }
+    true
+}
+
+fn fx() -> String {
+    fixture_bin().display().to_string()
+}
+
+fn start(root: &TestRoot, id: &str, mode: Mode, extra: &[&str], argv: &[&str]) -> Detached {
+    let mut opts = mode.opts();
+    opts.extend(extra);
+    Detached::start(root, root.cmd(), id, &opts, argv)
+}
+
+fn check_mode(root: &TestRoot, id: &str, mode: Mode) {
+    let st = root.status(id);
+    let want = match mode {
+        Mode::Cgroup => "cgroup",
+        Mode::Procfs => "procfs",
+    };
+    assert_eq!(st["containment"]["mode"], want, "{}", diagnostics(root, id));
+}
+
+/// The honest end: in cgroup mode `cancelled`/`finished` with nothing of the run alive; in
+/// procfs mode the same, or `unknown` naming a survivor that is alive.
+fn honest(root: &TestRoot, id: &str, mode: Mode, want: &str, watch: &[i32]) {
+    let st = root.wait_final(id, CMD);
+    let state = st["state"].as_str().unwrap_or_default().to_string();
+    let dir = root.run_dir(id);
+    let alive_now: Vec<i32> = watch
+        .iter()
+        .copied()
+        .filter(|&p| alive(p))
+        .chain(marked(&dir))
+        .collect();
+    let survivors: Vec<i64> = st["cleanup"]["survivors"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_i64).collect())
+        .unwrap_or_default();
+    // A leader that exits at once (a hopper) ends the run `finished`, its leftovers stopped.
+    let fine =
+        state == want || (want == "cancelled" && state == "finished" && st["cleanup"].is_object());
+    match (mode, state.as_str()) {
+        _ if fine => assert!(
+            alive_now.is_empty(),
+            "{state} while {alive_now:?} of the run are alive\n{}",
+            diagnostics(root, id)
+        ),
+        (Mode::Procfs, "unknown") => assert!(
+            !survivors.is_empty(),
+            "unknown without a survivor named\n{}",
+            diagnostics(root, id)
+        ),
+        _ => panic!("ended {state}, expected {want}\n{}", diagnostics(root, id)),
+    }
+    if mode == Mode::Cgroup {
+        let cg = st["containment"]["cgroup"].as_str().unwrap_or_default();
+        assert!(!cg.is_empty(), "no cgroup recorded: {st}");
+        assert!(
+            !Path::new(cg).exists() || state == "unknown",
+            "the run's cgroup {cg} is left after its final record"
+        );
+    }
+}
+
+fn tasks(pid: i32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. A zombie leader with live threads
+
+#[test]
+fn a_zombie_leader_whose_thread_runs_is_stopped_by_cancel_in_both_modes() {
+    for mode in MODES {
+        if !has_cgroup2(mode) {
+            continue;
+        }
+        let root = TestRoot::new();
+        let id = format!("zl-{mode:?}").to_lowercase();
+        let run = start(
+            &root,
+            &id,
+            mode,
+            &["--grace", "2s"],
+            &[&fx(), "zombie-leader"],
+        );
+        check_mode(&root, &id, mode);
+        let leader = run.leader;
+        let pin = Pinned::new(&[leader]);
+        assert!(
+            eventually(CMD, || agent_run_tests::proc_stat(leader)
+                .is_some_and(|s| s.0 == 'Z')
+                && tasks(leader) == 2),
+            "the leader never became a zombie with a live thread"
+        );
+        assert!(alive(leader));
+        let (code, out, err) = outcome(root.cmd().args(["cancel", &id]));
+        assert_eq!(code, 0, "{err}");
+        assert!(
+            out.contains("\"cancelled\""),
+            "{out}\n{}",
+            diagnostics(&root, &id)
+        );
+        pin.wait_all_gone(CMD)
+            .unwrap_or_else(|p| panic!("{mode:?}: {p:?} alive\n{}", diagnostics(&root, &id)));
+        assert!(
+            !alive(leader),
+            "{mode:?}: the thread lives on after cancelled"
+        );
+        honest(&root, &id, mode, "cancelled", &[leader]);
+        let sent = agent_run_tests::hostile::signals_to(&root, &id, &[leader]);
+        assert!(
+            !sent.is_empty(),
+            "no signal to the zombie leader's process: {}",
+            diagnostics(&root, &id)
+        );
+    }
+}
+
+#[test]
+fn a_zombie_leader_left_by_a_shell_that_exits_is_stopped_before_finished_in_both_modes() {
+    for mode in MODES {
+        if !has_cgroup2(mode) {
+            continue;
+        }
+        let root = TestRoot::new();
+        let id = format!("zlsh-{mode:?}").to_lowercase();
+        let zl_pid = root.dir.path().join("zl.pid");
+        let script = format!(
+            "{} zombie-leader > /dev/null & echo $! > {}; sleep 0.6; exit 0",
+            fx(),
+            zl_pid.display()
+        );
+        let mut opts = mode.opts();
+        opts.extend(["--grace", "2s"]);
+        let (code, _, err) = outcome(root.cmd().args(["start"]).args(&opts).args([
+            id.as_str(),
+            "--",
+            "bash",
+            "-c",
+            &script,
+        ]));
+        assert_eq!(code, 0, "{err}\n{}", diagnostics(&root, &id));
+        let zl: i32 = fs::read_to_string(&zl_pid).unwrap().trim().parse().unwrap();
+        let st = root.status(&id);
+        assert_eq!(st["state"], "finished", "{}", diagnostics(&root, &id));
+        assert!(
+            !alive(zl),
+            "{mode:?}: the zombie leader's thread outlived a finished run\n{}",
+            diagnostics(&root, &id)
+        );
+        let signalled: Vec<i64> = st["cleanup"]["signalled"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_i64).collect())
+            .unwrap_or_default();
+        assert!(
+            signalled.contains(&(zl as i64)),
+            "{mode:?}: cleanup does not name {zl}: {st}"
+        );
+        sweep(&root.run_dir(&id), &[zl]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. A pid-hopping escapee, as nobody under a process limit
+
+fn nobody_root(root: &TestRoot) {
+    fs::set_permissions(root.dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::create_dir(root.root()).unwrap();
+    fs::set_permissions(root.root(), fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::chown(root.root(), Some(NOBODY), Some(NOBODY)).unwrap();
+}
+
+/// `agent-run --root R ARGS...` as nobody, with at most 400 processes; in cgroup mode from
+/// inside a cgroup delegated to nobody.
+fn nobody_ar(root: &TestRoot, deleg: Option<&Delegated>, args: &[&str]) -> (i32, String, String) {
+    let mut full: Vec<std::ffi::OsString> = vec![
+        "--nproc=400".into(),
+        agent_run_bin().into(),
+        "--root".into(),
+        root.root().into(),
+    ];
+    full.extend(args.iter().map(|a| a.into()));
+    let prlimit = Path::new("/usr/bin/prlimit");
+    let out = match deleg {
+        Some(d) => {
+            let a: Vec<&std::ffi::OsStr> = full.iter().map(|s| s.as_os_str()).collect();
+            d.run_as_nobody(prlimit, &a)
+        }
+        None => agent_run_tests::run_with_timeout(as_nobody(prlimit).args(&full), CMD),
+    };
+    (
+        agent_run_tests::exit_code(&out.status),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_pid_hopping_escapee_as_nobody_is_stopped_or_named_in_both_modes() {
+    for mode in MODES {
+        if !has_cgroup2(mode) {
+            continue;
+        }
+        let root = TestRoot::new();
+        nobody_root(&root);
+        let deleg =
+            (mode == Mode::Cgroup).then(|| Delegated::new("hop").expect("delegate a cgroup"));
+        let id = format!("hop-{mode:?}").to_lowercase();
+        let mut args = vec!["start", "-d", "--grace", "1s"];
+        args.extend(mode.opts());
+        let fxs = fx();
+        args.extend([id.as_str(), "--", fxs.as_str(), "hopper"]);
+        let _sweep = agent_run_tests::contain::SweepOnDrop(root.run_dir(&id));
+        let (code, _, err) = nobody_ar(&root, deleg.as_ref(), &args);
+        assert_eq!(code, 0, "{err}\n{}", diagnostics(&root, &id));
+        check_mode(&root, &id, mode);
+        if let Some(d) = &deleg {
+            let cg = root.status(&id)["containment"]["cgroup"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            assert!(
+                Path::new(&cg).starts_with(&d.path),
+                "{cg} is not under {}",
+                d.path.display()
+            );
+        }
+        // The leader hops away at once, so the run may be over already (its leftovers
+        // stopped); a scan cannot be relied on to see a hopper anyway.
+        let dir = root.run_dir(&id);
+        let (code, _, err) = nobody_ar(&root, None, &["cancel", &id]);
+        assert!(
+            code == 0 || code == 75,
+            "cancel: {code} {err}\n{}",
+            diagnostics(&root, &id)
+        );
+        honest(&root, &id, mode, "cancelled", &[]);
+        sweep(&dir, &[]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. A marked process outside the wrapper's tree at the leader's exit
+
+#[test]
+fn a_marked_process_outside_the_tree_is_stopped_when_the_leader_exits_in_both_modes() {
+    for mode in MODES {
+        if !has_cgroup2(mode) {
+            continue;
+        }
+        let root = TestRoot::new();
+        let id = format!("outsider-{mode:?}").to_lowercase();
+        let gate = root.dir.path().join("gate");
+        // The leader waits until the outsider runs, then exits 0.
+        let script = format!(
+            "while [ ! -e {} ]; do sleep 0.02; done; exit 0",
+            gate.display()
+        );
+        let run = start(&root, &id, mode, &["--grace", "1s"], &["sh", "-c", &script]);
+        // Started by a helper outside the wrapper's tree, carrying the run's marker (the way
+        // systemd-run --user -E, tmux -e or a job queue starts work for a run).
+        let mut outsider = agent_run_tests::contain::fixture(&["sleep-ms", "600000"]);
+        outsider
+            .env("AGENT_RUN_ID", &id)
+            .env("AGENT_RUN_DIR", &run.dir)
+            .stdout(std::process::Stdio::null());
+        let mut child = outsider.spawn().unwrap();
+        let opid = child.id() as i32;
+        let pin = Pinned::new(&[opid]);
+        fs::write(&gate, b"").unwrap();
+        let st = root.wait_final(&id, CMD);
+        assert_eq!(st["state"], "finished", "{}", diagnostics(&root, &id));
+        pin.wait_all_gone(CMD).unwrap_or_else(|p| {
+            panic!(
+                "{mode:?}: outsider {p:?} alive after finished\n{}",
+                diagnostics(&root, &id)
+            )
+        });
+        let signalled = st["cleanup"]["signalled"].to_string();
+        assert!(
+            signalled.contains(&opid.to_string()),
+            "{mode:?}: cleanup: {st}"
+        );
+        let _ = child.wait();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Non-dumpable processes after the wrapper is gone, as nobody
+
+#[test]
+fn a_non_dumpable_daemon_after_kill_9_of_the_wrapper_is_stopped_or_named_in_both_modes() {
+    for mode in MODES {
+        if !has_cgroup2(mode) {
+            continue;
+        }
+        let root = TestRoot::new();
+        nobody_root(&root);
+        let deleg =
+            (mode == Mode::Cgroup).then(|| Delegated::new("nd").expect("delegate a cgroup"));
+        let id = format!("nondump-{mode:?}").to_lowercase();
+        let fxs = fx();
+        let script = format!("{fxs} nondumpable-daemon; exec {fxs} sleep-ms 600000");
+        let mut args = vec!["start", "-d", "--grace", "1s"];
+        args.extend(mode.opts());
+        args.extend([id.as_str(), "--", "sh", "-c", script.as_str()]);
+        let (code, _, err) = nobody_ar(&root, deleg.as_ref(), &args);
+        assert_eq!(code, 0, "{err}\n{}", diagnostics(&root, &id));
+        let dir = root.run_dir(&id);
+        let ready = wait_ready(&dir.join("stdout.log"), CMD);
+        let daemon = ready.pid;
+        let dpin = Pinned::new(&[daemon]);
+        assert!(
+            fs::read(format!("/proc/{daemon}/environ")).is_ok(),
+            "root reads any environ"
+        );
+        let st = root.status(&id);
+        let wrapper = st["wrapper_pid"].as_i64().unwrap() as i32;
+        let wpin = Pinned::new(&[wrapper]);
+        let _ = wpin.signal(wrapper, libc::SIGKILL);
+        wpin.wait_all_gone(CMD).unwrap();
+        let (code, _, err) = nobody_ar(&root, None, &["cancel", &id]);
+        assert_eq!(code, 0, "cancel: {err}\n{}", diagnostics(&root, &id));
+        let st = root.wait_final(&id, CMD);
+        match mode {
+            Mode::Cgroup => {
+                assert_eq!(st["state"], "cancelled", "{}", diagnostics(&root, &id));
+                dpin.wait_all_gone(CMD)
+                    .unwrap_or_else(|p| panic!("daemon {p:?} alive\n{}", diagnostics(&root, &id)));
+            }
+            Mode::Procfs => {
+                // Its environment is unreadable to nobody: it may be the run's. Named, and the
+                // run is not called cancelled while it lives.
+                if !dpin.alive().is_empty() {
+                    assert_eq!(st["state"], "unknown", "{}", diagnostics(&root, &id));
+                    assert!(
+                        st["cleanup"]["survivors"]
+                            .to_string()
+                            .contains(&daemon.to_string()),
+                        "{st}"
+                    );
+                }
+            }
+        }
+        let _ = dpin.signal(daemon, libc::SIGKILL);
+        sweep(&dir, &[daemon]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. `env -i setsid` double fork after kill -9 of the wrapper: cancel, and the watchdog
+
+#[test]
+fn an_env_i_setsid_escapee_after_kill_9_of_the_wrapper_is_stopped_in_cgroup_mode() {
+    if !has_cgroup2(Mode::Cgroup) {
+        return;
+    }
+    for by in ["cancel", "watchdog"] {
+        let root = TestRoot::new();
+        let id = format!("envi-{by}");
+        let go = root.dir.path().join("go");
+        let esc = root.dir.path().join("esc.pid");
+        let script = format!(
+            "while [ ! -e {go} ]; do sleep 0.02; done; env -i setsid sh -c '{fx} sleep-ms 600000 & echo $! > {esc}' ; exec {fx} sleep-ms 600000",
+            go = go.display(),
+            esc = esc.display(),
+            fx = fx()
+        );
+        let run = start(
+            &root,
+            &id,
+            Mode::Cgroup,
+            &["--grace", "1s", "--lease", "1h"],
+            &["sh", "-c", &script],
+        );
+        run.kill_wrapper();
+        fs::write(&go, b"").unwrap();
+        assert!(eventually(CMD, || fs::read_to_string(&esc)
+            .is_ok_and(|s| s.ends_with('\n'))));
+        let e: i32 = fs::read_to_string(&esc).unwrap().trim().parse().unwrap();
+        let epin = Pinned::new(&[e]);
+        // No marker, another session, its parent gone: only the cgroup knows it.
+        assert!(agent_run_tests::environ_var(e, "AGENT_RUN_ID").is_none());
+        let cg = root.status(&id)["containment"]["cgroup"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert_eq!(
+            cgroup_of(e).unwrap(),
+            Path::new(&cg),
+            "the escapee left the run's cgroup"
+        );
+        if by == "cancel" {
+            let (code, _, err) = outcome(root.cmd().args(["cancel", &id]));
+            assert_eq!(code, 0, "{err}");
+        } else {
+            write_lease(&run.dir, epoch_now() - 1.0, 1.0);
+            let (code, _, err) = outcome(root.watchdog_cmd().args(["--once"]));
+            assert_eq!(code, 0, "{err}");
+        }
+        let st = root.wait_final(&id, CMD);
+        assert_eq!(st["state"], "cancelled", "{}", diagnostics(&root, &id));
+        epin.wait_all_gone(CMD)
+            .unwrap_or_else(|p| panic!("{by}: escapee {p:?} alive\n{}", diagnostics(&root, &id)));
+        assert!(!Path::new(&cg).exists(), "{by}: cgroup left");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. Another subreaper inside the run; a fork loop during the stop; a nested run
+
+#[test]
+fn a_workload_behind_its_own_subreaper_is_stopped_in_both_modes() {
+    let Ok(tini) = which("tini") else {
+        panic!("tini is not installed (bash .ci/test installs it)");
+    };
+    for mode in MODES {
+        if !has_cgroup2(mode) {
+            continue;
+        }
+        let root = TestRoot::new();
+        let id = format!("tini-{mode:?}").to_lowercase();
+        let script = format!(
+            "setsid {fx} sleep-ms 600000 & {fx} tree --children 1",
+            fx = fx()
+        );
+        let run = start(
+            &root,
+            &id,
+            mode,
+            &["--grace", "1s"],
+            &[&tini, "-s", "--", "sh", "-c", &script],
+        );
+        let ready = wait_ready(&run.dir.join("stdout.log"), CMD);
+        let pin = Pinned::new(&ready.all_pids());
+        assert!(eventually(CMD, || marked(&run.dir).len() >= 4));
+        let (code, _, err) = outcome(root.cmd().args(["cancel", &id]));
+        assert_eq!(code, 0, "{err}");
+        pin.wait_all_gone(CMD).unwrap();
+        honest(&root, &id, mode, "cancelled", &[]);
+        sweep(&run.dir, &[]);
+    }
+}
+
+fn which(p: &str) -> Result<String, ()> {
+    let out = std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {p}")])
+        .output()
+        .map_err(|_| ())?;
+    let s = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if s.is_empty() {
+        Err(())
+    } else {
+        Ok(s)
+    }
+}
+
+#[test]
+fn a_fork_loop_during_the_stop_is_stopped_or_named_in_both_modes() {
+    for mode in MODES {
+        if !has_cgroup2(mode) {
+            continue;
+        }
+        let root = TestRoot::new();
+        let id = format!("forkloop-{mode:?}").to_lowercase();
+        let run = start(&root, &id, mode, &["--grace", "1s"], &[&fx(), "fork-loop"]);
+        assert!(eventually(CMD, || marked(&run.dir).len() >= 20));
+        let (code, _, err) = outcome(root.cmd().args(["cancel", &id]));
+        assert!(code == 0, "{err}");
+        honest(&root, &id, mode, "cancelled", &[run.leader]);
+        sweep(&run.dir, &[]);
+    }
+}
+
+#[test]
+fn stopping_an_outer_run_stops_a_nested_run_and_its_cgroup_in_both_modes() {
+    for mode in MODES {
+        if !has_cgroup2(mode) {
+            continue;
+        }
+        let root = TestRoot::new();
+        let id = format!("outer-{mode:?}").to_lowercase();
+        let inner_root = root.dir.path().join("inner-runs");
+        let ar = agent_run_bin().display().to_string();
+        let ir = inner_root.display().to_string();
+        let run = start(
+            &root,
+            &id,
+            mode,
+            &["--grace", "2s"],
+            &[
+                &ar,
+                "--root",
+                &ir,
+                "inner",
+                "--",
+                &fx(),
+                "tree",
+                "--children",
+                "1",
+            ],
+        );
+        let ready = wait_ready(&inner_root.join("inner").join("stdout.log"), CMD);
+        let pin = Pinned::new(&ready.all_pids());
+        let inner_st: Value = serde_json::from_str(
+            &fs::read_to_string(inner_root.join("inner/status.json")).unwrap(),
+        )
+        .unwrap();
+        if mode == Mode::Cgroup {
+            let outer_cg = root.status(&id)["containment"]["cgroup"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            let inner_cg = inner_st["containment"]["cgroup"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            assert!(
+                Path::new(&inner_cg).starts_with(&outer_cg),
+                "inner {inner_cg} not under outer {outer_cg}"
+            );
+        }
+        let (code, _, err) = outcome(root.cmd().args(["cancel", &id]));
+        assert_eq!(code, 0, "{err}");
+        pin.wait_all_gone(CMD)
+            .unwrap_or_else(|p| panic!("{mode:?}: inner {p:?} alive\n{}", diagnostics(&root, &id)));
+        honest(&root, &id, mode, "cancelled", &[run.leader]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. The cgroup itself: recorded, checked, resources, choice of parent
+
+#[test]
+fn a_record_naming_a_cgroup_that_is_not_the_runs_is_refused_and_nothing_is_killed() {
+    if !has_cgroup2(Mode::Cgroup) {
+        return;
+    }
+    let root = TestRoot::new();
+    let victim_run = start(
+        &root,
+        "victim",
+        Mode::Cgroup,
+        &[],
+        &[&fx(), "tree", "--children", "1"],
+    );
+    let vready = wait_ready(&victim_run.dir.join("stdout.log"), CMD);
+    let vpin = Pinned::new(&vready.all_pids());
+    let victim_cg = root.status("victim")["containment"]["cgroup"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let run = start(
+        &root,
+        "forger",
+        Mode::Cgroup,
+        &[],
+        &[&fx(), "tree", "--children", "1"],
+    );
+    run.kill_wrapper();
+    let mount = cgroup2_mount().unwrap().display().to_string();
+    for forged in [victim_cg.as_str(), mount.as_str(), "/tmp"] {
+        agent_run_tests::hostile::edit_status(&run.dir, |st| {
+            st.insert(
+                "containment".into(),
+                serde_json::json!({"mode": "cgroup", "cgroup": forged}),
+            );
+        });
+        let (code, _, err) = outcome(root.cmd().args(["cancel", "forger"]));
+        assert_eq!(
+            code,
+            77,
+            "a record naming {forged}: {err}\n{}",
+            diagnostics(&root, "forger")
+        );
+        assert_eq!(
+            vpin.alive().len(),
+            vpin.pids().len(),
+            "the other run's processes were hit"
+        );
+    }
+    let (code, _, _) = outcome(root.cmd().args(["cancel", "victim"]));
+    assert_eq!(code, 0);
+    sweep(&run.dir, &[run.leader]);
+}
+
+#[test]
+fn the_final_record_carries_the_cpu_the_run_used_and_an_explicit_parent_is_checked() {
+    if !has_cgroup2(Mode::Cgroup) {
+        return;
+    }
+    let root = TestRoot::new();
+    let (code, _, err) = outcome(root.cmd().args([
+        "cpu",
+        "--",
+        "sh",
+        "-c",
+        "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done",
+    ]));
+    assert_eq!(code, 0, "{err}");
+    let st = root.status("cpu");
+    assert_eq!(st["containment"]["mode"], "cgroup");
+    let used = st["resources"]["cpu_usage_usec"].as_u64().unwrap_or(0);
+    assert!(used > 10_000, "cpu_usage_usec {used}: {st}");
+    // An explicit parent that is not a cgroup: 64, nothing created.
+    for bad in ["/tmp", "relative/dir", "/sys/fs/cgroup/../etc"] {
+        let (code, _, err) = outcome(root.cmd().args(["--cgroup", bad, "badcg", "--", "true"]));
+        assert_eq!(code, 64, "--cgroup {bad}: {err}");
+        assert!(!root.run_dir("badcg").exists());
+    }
+    // off: the procfs mode, said in the record.
+    let (code, _, _) = outcome(root.cmd().args(["--cgroup", "off", "nocg", "--", "true"]));
+    assert_eq!(code, 0);
+    assert_eq!(root.status("nocg")["containment"]["mode"], "procfs");
+    assert!(root.status("nocg")["resources"].is_null());
+    // An explicit parent of our own.
+    let parent = cgroup2_mount()
+        .unwrap()
+        .join(format!("agent-run-test.parent.{}", std::process::id()));
+    fs::create_dir(&parent).unwrap();
+    let p = parent.display().to_string();
+    let (code, out, err) =
+        outcome(
+            root.cmd()
+                .args(["--cgroup", &p, "inparent", "--", "cat", "/proc/self/cgroup"]),
+        );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(&format!(
+            "0::/{}/agent-run.inparent.",
+            parent.file_name().unwrap().to_string_lossy()
+        )),
+        "{out}"
+    );
+    assert!(
+        fs::read_dir(&parent)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .all(|e| !e.file_type().unwrap().is_dir()),
+        "the run's cgroup is left"
+    );
+    fs::remove_dir(&parent).unwrap();
+}
+
+#[test]
+fn a_user_without_a_cgroup_but_with_a_systemd_user_manager_asks_systemd_run_for_a_delegated_scope()
+{
+    // No systemd runs here: a stand-in systemd-run records how it was asked and runs the
+    // command it was given (a real one would first move the process into the new scope).
+    let root = TestRoot::new();
+    nobody_root(&root);
+    let tools = root.dir.path().join("bin");
+    fs::create_dir(&tools).unwrap();
+    let asked = root.dir.path().join("asked");
+    fs::write(&asked, b"").unwrap();
+    std::os::unix::fs::chown(&asked, Some(NOBODY), Some(NOBODY)).unwrap();
+    fs::write(
+        tools.join("systemd-run"),
+        format!(
+            "#!/bin/sh\necho \"$@\" > {}\nwhile [ \"$1\" != -- ]; do shift; done\nshift\nexec \"$@\"\n",
+            asked.display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(tools.join("systemd-run"), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(&tools, fs::Permissions::from_mode(0o755)).unwrap();
+    let runtime = root.dir.path().join("xdg");
+    fs::create_dir_all(runtime.join("systemd")).unwrap();
+    fs::write(runtime.join("systemd/private"), b"").unwrap();
+    let mut cmd = as_nobody(&agent_run_bin());
+    cmd.env("PATH", format!("{}:/usr/bin:/bin", tools.display()))
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .env_remove("AGENT_RUN_CGROUP")
+        .arg("--root")
+        .arg(root.root())
+        .args(["scoped", "--", "true"]);
+    let (code, _, err) = outcome(&mut cmd);
+    assert_eq!(code, 0, "{err}\n{}", diagnostics(&root, "scoped"));
+    let asked = fs::read_to_string(&asked).unwrap();
+    assert!(
+        asked.starts_with(
+            "--user --scope --quiet --collect -p Delegate=yes --unit=agent-run-scoped-"
+        ) && asked.contains(&format!("-- {} --root", agent_run_bin().display())),
+        "systemd-run was asked: {asked:?}"
+    );
+    let st = root.status("scoped");
+    assert_eq!(st["state"], "finished", "{st}");
+    // The stand-in gave no scope: the wrapper inside it did not ask again, and is procfs.
+    assert_eq!(st["containment"]["mode"], "procfs");
+    // Root never asks (it has its own cgroup); neither does AGENT_RUN_NO_SCOPE.
+    let mut cmd = as_nobody(&agent_run_bin());
+    cmd.env("PATH", format!("{}:/usr/bin:/bin", tools.display()))
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .env("AGENT_RUN_NO_SCOPE", "1")
+        .arg("--root")
+        .arg(root.root())
+        .args(["unscoped", "--", "true"]);
+    fs::write(root.dir.path().join("asked"), b"").unwrap();
+    let (code, _, err) = outcome(&mut cmd);
+    assert_eq!(code, 0, "{err}");
+    assert!(fs::read_to_string(root.dir.path().join("asked"))
+        .unwrap()
+        .is_empty());
+}
