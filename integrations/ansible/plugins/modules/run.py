@@ -161,6 +161,8 @@ attributes:
   async:
     support: none
     details: Use O(state=started) instead of C(async), and O(state=status) or O(state=finished) later.
+  bypass_host_loop:
+    support: none
   check_mode:
     support: full
     details: Nothing is started, renewed or cancelled; the result says what would be done.
@@ -177,8 +179,9 @@ notes:
   - Set C(forks) to at least the number of hosts a long task runs on, or Ansible waits for the first hosts
     before it starts the run on the others.
   - Interrupting C(ansible-playbook) (Ctrl-C, SIGTERM) or reaching a task C(timeout) cancels the runs the
-    play's tasks are waiting for, on every host, before Ansible exits. Runs started with O(state=started)
-    are left to their lease.
+    play's tasks are waiting for, on every host. After a Ctrl-C, C(ansible-playbook) exits only once every
+    one of them is final (it waits for its workers); after a SIGTERM it exits at once and its workers
+    finish the cancels. Runs started with O(state=started) are left to their lease.
   - When the controller is killed (SIGKILL), its workers stop renewing and exit; each host stops its run
     when the lease expires (the wrapper does, or C(agent-run-watchdog) if the wrapper is gone).
   - The command's stdin is C(/dev/null). It runs without a terminal, so a prompt fails at once instead of
