@@ -605,7 +605,7 @@ fn sigkill_of_ansible_playbook_leaves_each_run_to_its_lease() {
     assert_nothing_left(&fleet, "after SIGKILL");
 }
 
-/// How many of `pids` (pid, start ticks) are alive.
+/// The pids of `pids` (pid, start ticks) still alive.
 fn alive_of(pids: &[(i32, u64)]) -> Vec<i32> {
     pids.iter()
         .filter(|(pid, ticks)| {
