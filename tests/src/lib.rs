@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod ansible;
 pub mod contain;
 pub mod controls;
 pub mod first_contact;

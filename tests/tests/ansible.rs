@@ -1,0 +1,1114 @@
+//! The Ansible collection `agentrun.remote` (integrations/ansible) on a fleet of ten managed
+//! hosts, with real ansible-core (PyPI, installed by `.ci/test`) and a real sshd per host.
+//!
+//! Each host is an sshd of its own on a loopback port with a run root of its own; "the hosts"
+//! are this machine, so every test checks each host's records on disk and the processes in
+//! /proc directly. The collection is built with `ansible-galaxy collection build` and installed
+//! from the tarball, as a user would. The tests run one at a time (a fleet of ten and
+//! `ansible-playbook` with twenty forks already fill two cores).
+//!
+//! The baseline beside them: the same playbook with Ansible's own `command` + `async`, which
+//! leaves every process running on the hosts when ansible-playbook is killed.
+
+use std::fs;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use agent_run_shared::time::parse_rfc3339;
+use agent_run_tests::ansible::{ansible_program, installed_collection, Fleet, Host, Play};
+use agent_run_tests::{environ_var, proc_stat, session_members, wait_until_dbg, Pinned};
+use serde_json::Value;
+
+const HOSTS: usize = 10;
+/// The deadline for a whole playbook run that should take seconds.
+const PLAY: Duration = Duration::from_secs(120);
+/// The deadline for things that normally take a second or two.
+const T: Duration = Duration::from_secs(30);
+
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn require_root() {
+    assert_eq!(
+        agent_run_shared::sys::geteuid(),
+        0,
+        "these tests start sshd and log in as root: run them as root"
+    );
+}
+
+fn now_epoch() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// Whether the process a record names (pid + start ticks) is alive, zombies counted as gone.
+fn leader_alive(rec: &Value) -> bool {
+    let (Some(pid), Some(ticks)) = (rec["pid"].as_i64(), rec["start_ticks"].as_u64()) else {
+        return false;
+    };
+    proc_stat(pid as i32).is_some_and(|s| s.4 == ticks && !matches!(s.0, 'Z' | 'X'))
+}
+
+/// The wrapper a record names, alive?
+fn wrapper_alive(rec: &Value) -> bool {
+    let (Some(pid), Some(ticks)) = (
+        rec["wrapper_pid"].as_i64(),
+        rec["wrapper_start_ticks"].as_u64(),
+    ) else {
+        return false;
+    };
+    proc_stat(pid as i32).is_some_and(|s| s.4 == ticks && !matches!(s.0, 'Z' | 'X'))
+}
+
+/// The one record under `host`'s root whose id starts with `prefix`.
+fn record_of(fleet: &Fleet, host: &Host, prefix: &str) -> (String, Value) {
+    let recs: Vec<_> = fleet
+        .records(host)
+        .into_iter()
+        .filter(|(id, _)| id.starts_with(prefix))
+        .collect();
+    assert_eq!(
+        recs.len(),
+        1,
+        "{}: expected one run {prefix}*, found {:?}",
+        host.name,
+        recs.iter().map(|r| &r.0).collect::<Vec<_>>()
+    );
+    recs.into_iter().next().unwrap()
+}
+
+fn assert_nothing_left(fleet: &Fleet, what: &str) {
+    wait_until_dbg(&format!("nothing left ({what})"), T, || {
+        let left = fleet.leftovers();
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(left)
+        }
+    });
+}
+
+fn module_defaults() -> &'static str {
+    "  module_defaults:\n    agentrun.remote.run:\n      binary: \"{{ agentrun_bin }}\"\n      \
+     root: \"{{ agentrun_root }}\"\n"
+}
+
+fn lines(path: &std::path::Path) -> usize {
+    fs::read_to_string(path)
+        .map(|t| t.lines().count())
+        .unwrap_or(0)
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// The playbook of the first test: a command on every host, then one that fails on some.
+fn site(fail_hosts: &[&str]) -> String {
+    format!(
+        "- name: fleet\n  hosts: all\n  gather_facts: false\n{md}  vars:\n    fail_hosts: {fail:?}\n  \
+         tasks:\n    - name: hello\n      agentrun.remote.run:\n        argv:\n          - sh\n          \
+         - -c\n          - 'echo \"$0\" >> \"$1\"; echo \"out from $0\"; echo \"err from $0\" >&2'\n          \
+         - \"{{{{ inventory_hostname }}}}\"\n          - \"{{{{ agentrun_dir }}}}/count-hello\"\n    \
+         - name: fail on some\n      agentrun.remote.run:\n        cmd: 'echo x >> {{{{ agentrun_dir }}}}/count-fail; \
+         exit {{{{ 3 if inventory_hostname in fail_hosts else 0 }}}}'\n",
+        md = module_defaults(),
+        fail = fail_hosts,
+    )
+}
+
+#[test]
+fn a_play_on_ten_hosts_then_a_rerun_that_runs_nothing_twice() {
+    require_root();
+    let _serial = serial();
+    let fleet = Fleet::new(HOSTS);
+    let fail = ["h03", "h07"];
+    let book = site(&fail);
+
+    let first = fleet.play("site", &book, &[], PLAY);
+    assert_eq!(first.code(), 2, "failed hosts give 2\n{}", first.describe());
+    for h in &fleet.hosts {
+        let r = first.result("hello", &h.name);
+        let res = &r["result"];
+        assert_eq!(r["status"], "ok", "{}\n{}", r, first.describe());
+        assert_eq!(res["changed"], true, "{r}");
+        assert_eq!(res["rc"], 0, "{r}");
+        assert_eq!(res["state"], "finished", "{r}");
+        assert_eq!(res["stdout"], format!("out from {}\n", h.name), "{r}");
+        assert_eq!(res["stderr"], format!("err from {}\n", h.name), "{r}");
+        assert_eq!(
+            res["stdout_lines"],
+            serde_json::json!([format!("out from {}", h.name)])
+        );
+        assert_eq!(res["stdout_truncated"], false, "{r}");
+        assert_eq!(res["attempt"], 1, "{r}");
+        let run_id = res["run_id"].as_str().unwrap();
+        assert!(
+            run_id.starts_with(&format!("ans-{}-hello-", h.name)),
+            "{run_id}"
+        );
+
+        // The record on the host says the same, and the process is gone.
+        let (id, rec) = record_of(&fleet, h, &format!("ans-{}-hello-", h.name));
+        assert_eq!(id, run_id);
+        assert_eq!(rec["state"], "finished", "{rec}");
+        assert_eq!(rec["exit_code"], 0, "{rec}");
+        assert_eq!(rec["labels"]["ansible.host"], h.name.as_str(), "{rec}");
+        assert_eq!(rec["labels"]["ansible.task"], "hello", "{rec}");
+        assert_eq!(rec["labels"]["ansible.play"], "fleet", "{rec}");
+        assert_eq!(rec["labels"]["agentrun.id"], run_id, "{rec}");
+        assert_eq!(rec["argv"][3], h.name.as_str(), "{rec}");
+        assert_eq!(res["record"]["pid"], rec["pid"]);
+        assert!(
+            rec["pid"] == rec["pgid"] && rec["pgid"] == rec["sid"],
+            "its own session: {rec}"
+        );
+        assert!(!leader_alive(&rec) && !wrapper_alive(&rec), "{rec}");
+        assert_eq!(lines(&h.dir.join("count-hello")), 1, "{}", h.name);
+
+        let r = first.result("fail on some", &h.name);
+        let res = &r["result"];
+        let failing = fail.contains(&h.name.as_str());
+        assert_eq!(
+            r["status"],
+            if failing { "failed" } else { "ok" },
+            "{}: {r}",
+            h.name
+        );
+        assert_eq!(res["rc"], if failing { 3 } else { 0 }, "{r}");
+        assert_eq!(res["state"], "finished", "{r}");
+        assert!(res.get("timedout").is_none(), "{r}");
+        let (_, rec) = record_of(&fleet, h, &format!("ans-{}-fail-on-some-", h.name));
+        assert_eq!(rec["exit_code"], if failing { 3 } else { 0 }, "{rec}");
+    }
+    assert_nothing_left(&fleet, "after the first play");
+
+    // The same playbook again: every run is found, nothing runs twice, the same outcome.
+    let again = fleet.play("site", &book, &[], PLAY);
+    assert_eq!(again.code(), 2, "{}", again.describe());
+    for h in &fleet.hosts {
+        let r = again.result("hello", &h.name);
+        assert_eq!(r["status"], "ok", "{r}");
+        assert_eq!(
+            r["result"]["changed"], false,
+            "a replay changes nothing: {r}"
+        );
+        assert_eq!(r["result"]["stdout"], format!("out from {}\n", h.name));
+        assert_eq!(
+            r["result"]["run_id"],
+            first.result("hello", &h.name)["result"]["run_id"]
+        );
+        let r = again.result("fail on some", &h.name);
+        let failing = fail.contains(&h.name.as_str());
+        assert_eq!(r["status"], if failing { "failed" } else { "ok" }, "{r}");
+        assert_eq!(r["result"]["rc"], if failing { 3 } else { 0 }, "{r}");
+        assert_eq!(r["result"]["changed"], false, "{r}");
+        assert_eq!(
+            lines(&h.dir.join("count-hello")),
+            1,
+            "{}: ran twice",
+            h.name
+        );
+        assert_eq!(lines(&h.dir.join("count-fail")), 1, "{}: ran twice", h.name);
+        assert_eq!(fleet.records(h).len(), 2, "{}", h.name);
+    }
+
+    // Check mode with diff: the same play predicts no change; a new command would start a run
+    // (changed, a diff from absent), and nothing is created on any host.
+    let check_book = book.replace("out from", "OUT FROM");
+    let check = fleet.play("check", &check_book, &["--check", "--diff"], PLAY);
+    for h in &fleet.hosts {
+        let r = check.result("hello", &h.name);
+        assert_eq!(r["status"], "ok", "{r}\n{}", check.describe());
+        assert_eq!(r["result"]["changed"], true, "{r}");
+        assert_eq!(r["result"]["state"], "absent", "{r}");
+        let diff = &r["result"]["diff"];
+        assert!(
+            diff["before"].as_str().unwrap().contains("state: absent")
+                && diff["after"].as_str().unwrap().contains("OUT FROM"),
+            "{r}"
+        );
+        let r = check.result("fail on some", &h.name);
+        assert_eq!(r["result"]["changed"], false, "{r}");
+        assert_eq!(
+            fleet.records(h).len(),
+            2,
+            "{}: check mode started something",
+            h.name
+        );
+        assert_eq!(lines(&h.dir.join("count-hello")), 1);
+    }
+    assert_nothing_left(&fleet, "after the rerun and check mode");
+
+    // Wall time of the same ten-host play of one command, with agent-run and with Ansible's own
+    // command module (both on a fresh command, so that neither replays anything).
+    let timed = |module: &str, tag: &str| -> Play {
+        let book = format!(
+            "- name: timed\n  hosts: all\n  gather_facts: false\n{md}  tasks:\n    - name: timed\n      \
+             {module}:\n        argv: [sh, -c, 'echo {tag} {{{{ inventory_hostname }}}}; sleep 1']\n",
+            md = module_defaults(),
+        );
+        let play = fleet.play(&format!("timed-{tag}"), &book, &[], PLAY);
+        assert_eq!(play.code(), 0, "{}", play.describe());
+        for h in &fleet.hosts {
+            assert_eq!(
+                play.result("timed", &h.name)["result"]["stdout"]
+                    .as_str()
+                    .unwrap()
+                    .trim(),
+                format!("{tag} {}", h.name)
+            );
+        }
+        play
+    };
+    let with = timed("agentrun.remote.run", "with");
+    let without = timed("ansible.builtin.command", "without");
+    eprintln!(
+        "ansible: a 10-host play of one 1 s command: {:.2} s with agentrun.remote.run, {:.2} s \
+         with ansible.builtin.command",
+        with.elapsed.as_secs_f64(),
+        without.elapsed.as_secs_f64()
+    );
+    assert_nothing_left(&fleet, "after the timed plays");
+}
+
+#[test]
+fn ansible_doc_shows_the_whole_documentation() {
+    let _serial = serial();
+    let collections = installed_collection();
+    let home = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(ansible_program("ansible-doc"))
+        .arg("agentrun.remote.run")
+        .env("ANSIBLE_COLLECTIONS_PATH", collections)
+        .env("ANSIBLE_HOME", home.path())
+        .env("ANSIBLE_NOCOLOR", "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "OPTIONS",
+        "EXAMPLES",
+        "RETURN VALUES",
+        "state",
+        "finished",
+        "started",
+        "status",
+        "cancelled",
+        "lease",
+        "timeout",
+        "grace",
+        "labels",
+        "env",
+        "chdir",
+        "argv",
+        "cmd",
+        "rerun",
+        "max_output",
+        "timedout",
+        "stdout_truncated",
+        "check_mode",
+        "diff_mode",
+        "agentrun.remote.run:",
+    ] {
+        assert!(text.contains(want), "ansible-doc lacks {want:?}:\n{text}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Interruptions: Ctrl-C, SIGKILL, and the baseline with Ansible's own async
+
+/// A playbook from `yaml` with `@MD@` replaced by the module defaults (binary and root per host).
+fn book(yaml: &str) -> String {
+    yaml.replace("@MD@", module_defaults().trim_end())
+}
+
+/// Waits until every host has exactly one run `prefix`* whose leader is alive and whose session
+/// has at least `members` live processes; returns the records.
+fn wait_all_running(
+    fleet: &Fleet,
+    prefix: &str,
+    members: usize,
+    play: &agent_run_tests::Spawned,
+) -> Vec<Value> {
+    wait_until_dbg("every host's run running", PLAY, || {
+        let mut recs = Vec::new();
+        for h in &fleet.hosts {
+            let found: Vec<_> = fleet
+                .records(h)
+                .into_iter()
+                .filter(|(id, _)| id.starts_with(prefix))
+                .collect();
+            let ok = match found.as_slice() {
+                [(_, rec)] => {
+                    rec["state"] == "running"
+                        && leader_alive(rec)
+                        && rec["sid"]
+                            .as_i64()
+                            .is_some_and(|sid| session_members(sid as i32).len() >= members)
+                }
+                _ => false,
+            };
+            if !ok {
+                return Err(format!(
+                    "{}: {:?}\n--- ansible-playbook so far\n{}",
+                    h.name,
+                    found
+                        .iter()
+                        .map(|r| (&r.0, &r.1["state"]))
+                        .collect::<Vec<_>>(),
+                    String::from_utf8_lossy(&play.stdout_so_far())
+                ));
+            }
+            recs.push(found[0].1.clone());
+        }
+        Ok(recs)
+    })
+}
+
+/// Every live process of the runs `recs` (their sessions) and their wrappers, pinned.
+fn pin_runs(recs: &[Value]) -> Pinned {
+    let mut pids = Vec::new();
+    for rec in recs {
+        pids.extend(session_members(rec["sid"].as_i64().unwrap() as i32));
+        pids.push(rec["wrapper_pid"].as_i64().unwrap() as i32);
+    }
+    Pinned::new(&pids)
+}
+
+const LONG: &str = r#"- name: long
+  hosts: all
+  gather_facts: false
+@MD@
+  vars:
+    plain: 'sleep 300 & sleep 300'
+    # Ignores TERM and HUP (so do its children): only the KILL at the grace stops it.
+    stubborn: 'trap "" TERM HUP; sleep 300 & sleep 300'
+  tasks:
+    - name: long
+      agentrun.remote.run:
+        cmd: "{{ stubborn if inventory_hostname in ['h02', 'h05', 'h08'] else plain }}"
+        grace: 2s
+        lease: 6s
+"#;
+
+#[test]
+fn ctrl_c_of_ansible_playbook_cancels_the_run_on_every_host_within_grace() {
+    require_root();
+    let _serial = serial();
+    let fleet = Fleet::new(HOSTS);
+    let (mut cmd, _results) = fleet.command("long", &book(LONG), &[]);
+    let play = agent_run_tests::Spawned::spawn(&mut cmd);
+    let pgid = play.child.id() as i32;
+    let recs = wait_all_running(&fleet, "ans-", 3, &play);
+    let runs = pin_runs(&recs);
+    // Every worker is in its poll loop (it has renewed the lease once: the start gave a deadline
+    // 6 s after the launch, the first renewal comes after the module's first wait of 2 s).
+    wait_until_dbg("a renewal on every host", PLAY, || {
+        for (h, rec) in fleet.hosts.iter().zip(&recs) {
+            let dir = h.root.join(rec["run_id"].as_str().unwrap());
+            let lease: Value = fs::read_to_string(dir.join("lease.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or(Value::Null);
+            let created = parse_rfc3339(rec["created_at"].as_str().unwrap()).unwrap();
+            match lease["deadline_epoch"].as_f64() {
+                Some(d) if d - created >= 7.0 => {}
+                other => return Err(format!("{}: deadline {other:?}, created {created}", h.name)),
+            }
+        }
+        Ok(())
+    });
+    let controller = fleet.pin_descendants(pgid);
+
+    // Ctrl-C: SIGINT to the foreground process group, as the terminal sends it.
+    let t0 = Instant::now();
+    let t0_epoch = now_epoch();
+    // SAFETY: kill(2) on the process group of a child we spawned (not yet reaped).
+    assert_eq!(unsafe { libc::kill(-pgid, libc::SIGINT) }, 0);
+    let grace = Duration::from_secs(2);
+    // ansible-playbook waits for its workers, and they for their cancels: once it has exited,
+    // every run is final, at once.
+    let out = play.finish(PLAY);
+    let exited = t0.elapsed();
+    let finals: Vec<Value> = fleet
+        .hosts
+        .iter()
+        .map(|h| record_of(&fleet, h, "ans-").1)
+        .collect();
+    // A final record means no process of the run is left (zombies count as gone).
+    let gone = runs.wait_all_gone(Duration::from_millis(500));
+    assert!(gone.is_ok(), "processes left: {gone:?}");
+    let mut took = 0.0f64;
+    for (h, rec) in fleet.hosts.iter().zip(&finals) {
+        assert_eq!(
+            rec["state"], "cancelled",
+            "{}: not cancelled when ansible-playbook exited: {rec}",
+            h.name
+        );
+        let ended = parse_rfc3339(rec["ended_at"].as_str().unwrap()).unwrap() - t0_epoch;
+        took = took.max(ended);
+        assert_eq!(rec["reason"], "cancel_request", "{}: {rec}", h.name);
+        assert_eq!(rec["cleanup"]["survivors"], serde_json::json!([]), "{rec}");
+        let signals = rec["cleanup"]["signals"].to_string();
+        let stubborn = ["h02", "h05", "h08"].contains(&h.name.as_str());
+        assert_eq!(signals.contains("KILL"), stubborn, "{}: {rec}", h.name);
+        let cancel = fs::read_to_string(
+            h.root
+                .join(rec["run_id"].as_str().unwrap())
+                .join("cancel.json"),
+        )
+        .unwrap_or_default();
+        assert!(
+            cancel.contains("cancel_request"),
+            "{}: cancel.json {cancel}",
+            h.name
+        );
+    }
+    assert!(
+        took <= (grace + Duration::from_secs(2)).as_secs_f64(),
+        "the last run was cancelled {took:.3} s after Ctrl-C: more than grace (2 s) + 2 s"
+    );
+    // ansible-playbook ends as interrupted (99), after its workers cancelled.
+    assert_eq!(
+        out.status.code(),
+        Some(99),
+        "{}",
+        agent_run_tests::describe_output("ansible-playbook", &out)
+    );
+    assert!(
+        controller.wait_all_gone(T).is_ok(),
+        "workers left: {:?}",
+        controller.alive()
+    );
+    eprintln!(
+        "ansible: Ctrl-C: every run cancelled in {took:.3} s, ansible-playbook exited after \
+         {exited:?}"
+    );
+    assert_nothing_left(&fleet, "after Ctrl-C");
+
+    // Running the play again would start the interrupted command afresh, as attempt 2.
+    let check = fleet.play("long", &book(LONG), &["--check"], PLAY);
+    assert_eq!(check.code(), 0, "{}", check.describe());
+    for (h, rec) in fleet.hosts.iter().zip(&finals) {
+        let r = check.result("long", &h.name);
+        assert_eq!(r["result"]["changed"], true, "{r}");
+        assert_eq!(r["result"]["attempt"], 2, "{r}");
+        assert_eq!(
+            r["result"]["run_id"],
+            format!("{}.r2", rec["run_id"].as_str().unwrap()),
+            "{r}"
+        );
+        assert_eq!(fleet.records(h).len(), 1, "check mode started nothing");
+    }
+}
+
+/// The lease of the SIGKILL tests, and how long after the kill every run must be final: the
+/// lease (counted from the last renewal, at most a poll, a third of the lease, before the kill),
+/// the grace, and slack for a loaded machine.
+const KILL_LEASE: Duration = Duration::from_secs(3);
+const KILL_GRACE: Duration = Duration::from_secs(1);
+const KILL_SLACK: Duration = Duration::from_secs(4);
+
+fn kill_deadline() -> Duration {
+    KILL_LEASE + KILL_LEASE / 3 + KILL_GRACE + KILL_SLACK
+}
+
+const LEASED: &str = r#"- name: leased
+  hosts: all
+  gather_facts: false
+@MD@
+  tasks:
+    - name: leased
+      agentrun.remote.run:
+        cmd: 'sleep 300 & sleep 300'
+        lease: 3s
+        grace: 1s
+"#;
+
+#[test]
+fn sigkill_of_ansible_playbook_leaves_each_run_to_its_lease() {
+    require_root();
+    let _serial = serial();
+    let fleet = Fleet::new(HOSTS);
+    let (mut cmd, _results) = fleet.command("leased", &book(LEASED), &[]);
+    let play = agent_run_tests::Spawned::spawn(&mut cmd);
+    let pid = play.child.id() as i32;
+    let recs = wait_all_running(&fleet, "ans-", 3, &play);
+    let runs = pin_runs(&recs);
+    let workers = fleet.pin_descendants(pid);
+    assert!(!workers.pids().is_empty());
+
+    // SIGKILL to ansible-playbook itself: no handler runs, nothing is cancelled.
+    let killed_at = now_epoch();
+    let t0 = Instant::now();
+    play.signal(libc::SIGKILL);
+    let out = play.finish(T);
+    assert_eq!(out.status.code(), None, "killed by a signal");
+
+    let finals = wait_until_dbg("every run final", kill_deadline() + T, || {
+        let mut finals = Vec::new();
+        for h in &fleet.hosts {
+            let (_, rec) = record_of(&fleet, h, "ans-");
+            if !matches!(
+                rec["state"].as_str(),
+                Some("cancelled" | "finished" | "unknown")
+            ) {
+                return Err(format!("{}: {}", h.name, rec["state"]));
+            }
+            finals.push(rec);
+        }
+        Ok(finals)
+    });
+    let took = t0.elapsed();
+    assert!(runs.wait_all_gone(T).is_ok(), "left: {:?}", runs.alive());
+    for (h, rec) in fleet.hosts.iter().zip(&finals) {
+        assert_eq!(rec["state"], "cancelled", "{}: {rec}", h.name);
+        assert_eq!(rec["reason"], "lease_expired", "{}: {rec}", h.name);
+        assert_eq!(rec["cleanup"]["survivors"], serde_json::json!([]), "{rec}");
+        // Nobody renewed after the controller died (one renewal may have been on its way).
+        let lease = fs::read_to_string(
+            h.root
+                .join(rec["run_id"].as_str().unwrap())
+                .join("lease.json"),
+        )
+        .unwrap();
+        let lease: Value = serde_json::from_str(&lease).unwrap();
+        let deadline = lease["deadline_epoch"].as_f64().unwrap();
+        let last_renewal = deadline - KILL_LEASE.as_secs_f64();
+        assert!(
+            last_renewal <= killed_at + 1.5,
+            "{}: renewed {:.2} s after the controller died: {rec}",
+            h.name,
+            last_renewal - killed_at
+        );
+        let ended = parse_rfc3339(rec["ended_at"].as_str().unwrap()).unwrap() - killed_at;
+        assert!(
+            ended <= kill_deadline().as_secs_f64(),
+            "{}: stopped {ended:.2} s after the kill: {rec}",
+            h.name
+        );
+    }
+    // The orphaned workers noticed and ended without renewing anything.
+    assert!(
+        workers.wait_all_gone(T).is_ok(),
+        "workers left: {:?}",
+        workers.alive()
+    );
+    eprintln!("ansible: SIGKILL: every run stopped by its 3 s lease {took:?} after the kill");
+    assert_nothing_left(&fleet, "after SIGKILL");
+}
+
+/// The pids of `pids` (pid, start ticks) still alive.
+fn alive_of(pids: &[(i32, u64)]) -> Vec<i32> {
+    pids.iter()
+        .filter(|(pid, ticks)| {
+            proc_stat(*pid).is_some_and(|s| s.4 == *ticks && !matches!(s.0, 'Z' | 'X'))
+        })
+        .map(|(pid, _)| *pid)
+        .collect()
+}
+
+#[test]
+fn baseline_ansible_async_leaves_every_process_running_after_sigkill() {
+    require_root();
+    let _serial = serial();
+    let fleet = Fleet::new(HOSTS);
+    // The same command as `leased`, with Ansible's own command module and async.
+    let yaml = r#"- name: async
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: async
+      ansible.builtin.command:
+        argv: [sh, -c, 'echo $$ > "$0/workload.pid"; sleep 300 & exec sleep 300', "{{ agentrun_dir }}"]
+      async: 600
+      poll: 1
+"#;
+    let (mut cmd, _results) = fleet.command("async", yaml, &[]);
+    let play = agent_run_tests::Spawned::spawn(&mut cmd);
+    let pid = play.child.id() as i32;
+    let workloads: Vec<(i32, u64)> = wait_until_dbg("every host's workload running", PLAY, || {
+        let mut found = Vec::new();
+        for h in &fleet.hosts {
+            let text = fs::read_to_string(h.dir.join("workload.pid")).unwrap_or_default();
+            let Ok(p) = text.trim().parse::<i32>() else {
+                return Err(format!("{}: no pid yet", h.name));
+            };
+            match proc_stat(p) {
+                Some(s) if !matches!(s.0, 'Z' | 'X') => {
+                    // The workload and its background sleep: the whole session of the command.
+                    found.push((p, s.4));
+                }
+                _ => return Err(format!("{}: {p} not alive", h.name)),
+            }
+        }
+        Ok(found)
+    });
+    let mut everything: Vec<i32> = Vec::new();
+    for (p, _) in &workloads {
+        let sid = proc_stat(*p).map(|s| s.3).unwrap_or(*p);
+        everything.extend(session_members(sid));
+        everything.push(*p);
+    }
+    let pinned = Pinned::new(&everything);
+    let workers = fleet.pin_descendants(pid);
+
+    play.signal(libc::SIGKILL);
+    let _ = play.finish(T);
+    // Observe for as long as agent-run's leases needed to stop everything (a deliberate wait:
+    // the claim is that nothing happens in that time).
+    std::thread::sleep(kill_deadline());
+    let alive = alive_of(&workloads);
+    assert_eq!(
+        alive.len(),
+        HOSTS,
+        "with command + async, every host's process outlives the killed controller (alive: \
+         {alive:?} of {workloads:?})"
+    );
+    eprintln!(
+        "ansible: baseline: {} of {HOSTS} async processes still running {:?} after SIGKILL",
+        alive.len(),
+        kill_deadline()
+    );
+    // Clean up by pid: the workloads and their background sleeps, then the orphaned workers
+    // (their async_status polls end once the jobs do).
+    for p in pinned.pids() {
+        let _ = pinned.signal(p, libc::SIGKILL);
+    }
+    assert!(pinned.wait_all_gone(T).is_ok(), "{:?}", pinned.alive());
+    // The orphaned workers poll on for a controller that is gone: Ansible leaves them too.
+    for p in workers.alive() {
+        let _ = workers.signal(p, libc::SIGKILL);
+    }
+    assert!(
+        workers.wait_all_gone(T).is_ok(),
+        "workers left: {:?}",
+        workers.alive()
+    );
+    assert_nothing_left(&fleet, "after the baseline's clean-up");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timeouts, and a run started in one playbook and waited for in a later one
+
+const TIMEOUTS: &str = r#"- name: timeouts
+  hosts: all
+  gather_facts: false
+@MD@
+  tasks:
+    - name: limited
+      agentrun.remote.run:
+        cmd: 'sleep 300 & sleep 300'
+        timeout: 2s
+        grace: 1s
+      register: limited
+      ignore_errors: true
+    - name: tell a timeout from a failure
+      ansible.builtin.assert:
+        that:
+          - limited is failed
+          - limited is timedout
+          - limited.rc == 124
+          - limited.reason == 'timeout'
+          - limited.timedout.period == 2
+    - name: options
+      agentrun.remote.run:
+        cmd: 'echo "$GREETING from $(pwd)" >&2; seq 1 100000'
+        chdir: "{{ agentrun_dir }}"
+        env:
+          GREETING: hello
+        labels:
+          ticket: OPS-1
+        max_output: 100
+    - name: looped
+      agentrun.remote.run:
+        cmd: "echo {{ item }}"
+      loop: [one, two]
+    - name: keyword
+      agentrun.remote.run:
+        cmd: 'sleep 300 & sleep 300'
+        grace: 1s
+      timeout: 3
+      ignore_errors: true
+"#;
+
+#[test]
+fn a_task_timeout_stops_the_run_on_every_host() {
+    require_root();
+    let _serial = serial();
+    let fleet = Fleet::new(HOSTS);
+    let play = fleet.play("timeouts", &book(TIMEOUTS), &[], PLAY);
+    assert_eq!(play.code(), 0, "{}", play.describe());
+    for h in &fleet.hosts {
+        let r = play.result("limited", &h.name);
+        assert_eq!(r["status"], "failed", "{r}");
+        let res = &r["result"];
+        assert_eq!(res["rc"], 124, "{r}");
+        assert_eq!(res["reason"], "timeout", "{r}");
+        assert_eq!(res["timedout"]["period"], 2.0, "{r}");
+        assert_eq!(res["timedout"]["reason"], "timeout", "{r}");
+        assert_eq!(res["cancelled"], true, "{r}");
+        assert_eq!(
+            play.result("tell a timeout from a failure", &h.name)["status"],
+            "ok"
+        );
+        let (_, rec) = record_of(&fleet, h, &format!("ans-{}-limited-", h.name));
+        assert_eq!(rec["state"], "cancelled", "{rec}");
+        assert_eq!(rec["reason"], "timeout", "{rec}");
+        assert_eq!(rec["timeout_ms"], 2000, "{rec}");
+        let took = parse_rfc3339(rec["ended_at"].as_str().unwrap()).unwrap()
+            - parse_rfc3339(rec["started_at"].as_str().unwrap()).unwrap();
+        assert!((2.0..4.0).contains(&took), "{}: {took} s: {rec}", h.name);
+        assert!(!leader_alive(&rec), "{rec}");
+
+        // cwd, env, labels, and bounded output that says it was cut.
+        let r = play.result("options", &h.name);
+        assert_eq!(r["status"], "ok", "{r}");
+        let res = &r["result"];
+        let full: String = (1..=100000).map(|i| format!("{i}\n")).collect();
+        assert_eq!(res["stdout_truncated"], true, "{r}");
+        assert_eq!(res["stdout_bytes"], full.len(), "{r}");
+        assert_eq!(res["stdout"], full[full.len() - 100..], "{r}");
+        assert_eq!(res["stderr_truncated"], false, "{r}");
+        assert_eq!(
+            res["stderr"],
+            format!("hello from {}\n", h.dir.display()),
+            "{r}"
+        );
+        assert!(res["msg"].as_str().unwrap().contains("truncated"), "{r}");
+        let (_, rec) = record_of(&fleet, h, &format!("ans-{}-options-", h.name));
+        assert_eq!(rec["env"], serde_json::json!(["GREETING"]), "{rec}");
+        assert!(
+            !rec.to_string().contains("hello"),
+            "no env value in the record: {rec}"
+        );
+        assert_eq!(rec["labels"]["ticket"], "OPS-1", "{rec}");
+        assert_eq!(rec["cwd"], h.dir.display().to_string(), "{rec}");
+
+        // A loop: a run of its own for each item (the item is part of the derived id).
+        let r = play.result("looped", &h.name);
+        assert_eq!(r["status"], "ok", "{r}");
+        let items = r["result"]["results"].as_array().unwrap();
+        let outs: Vec<_> = items.iter().map(|i| i["stdout"].clone()).collect();
+        assert_eq!(outs, vec!["one\n", "two\n"], "{r}");
+        assert_ne!(items[0]["run_id"], items[1]["run_id"], "{r}");
+
+        // Ansible's own task timeout: Ansible gives up on the task, and the run is cancelled.
+        let r = play.result("keyword", &h.name);
+        assert_eq!(r["status"], "failed", "{r}");
+        assert_eq!(r["result"]["timedout"]["period"], 3, "{r}");
+        let (_, rec) = record_of(&fleet, h, &format!("ans-{}-keyword-", h.name));
+        assert_eq!(rec["state"], "cancelled", "{rec}");
+        assert_eq!(rec["reason"], "cancel_request", "{rec}");
+    }
+    assert_nothing_left(&fleet, "after the timeouts");
+}
+
+/// Installs agent-run on every host as the README says (a copy of the binary, where `binary:`
+/// then points), each host into a directory of its own. The hosts share this machine's disk, so
+/// the copy is made on the host (`remote_src`): the 30 MB debug binary sent ten times over sftp
+/// would only cost time.
+const INSTALL: &str = r#"- name: install agent-run
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: the binary
+      ansible.builtin.copy:
+        src: "{{ agentrun_bin }}"
+        remote_src: true
+        dest: "{{ agentrun_dir }}/agent-run"
+        mode: "0755"
+"#;
+
+/// The module defaults of the playbooks that use the installed copy.
+const MD_INSTALLED: &str = "  module_defaults:\n    group/agentrun.remote.all:\n      binary: \"{{ agentrun_dir }}/agent-run\"\n      root: \"{{ agentrun_root }}\"";
+
+const STARTED: &str = r#"- name: start
+  hosts: all
+  gather_facts: false
+@MD@
+  tasks:
+    - name: start the job
+      agentrun.remote.run:
+        id: job
+        state: started
+        lease: 5m
+        cmd: 'while [ ! -e "$0/gate" ]; do sleep 0.05; done; echo done on $1'
+        # sh -c CMD $0 $1
+      register: job
+    - name: start a victim
+      agentrun.remote.run:
+        id: victim
+        state: started
+        lease: 5m
+        cmd: 'sleep 300 & sleep 300'
+"#;
+
+const LATER: &str = r#"- name: later
+  hosts: all
+  gather_facts: false
+@MD@
+  tasks:
+    - name: look at the job
+      agentrun.remote.run:
+        id: job
+        state: status
+    - name: cancel the victim
+      agentrun.remote.run:
+        id: victim
+        state: cancelled
+    - name: wait for the job
+      agentrun.remote.run:
+        id: job
+        lease: 10s
+"#;
+
+#[test]
+fn state_started_in_one_playbook_run_and_finished_in_a_later_one() {
+    require_root();
+    let _serial = serial();
+    let fleet = Fleet::new(HOSTS);
+    // `cmd` runs as `sh -c CMD`: give it its $0 and $1 through argv instead.
+    let started = STARTED.replace("@MD@", MD_INSTALLED).replace(
+        "        cmd: 'while [ ! -e \"$0/gate\" ]; do sleep 0.05; done; echo done on $1'\n        # sh -c CMD $0 $1\n",
+        "        argv: [sh, -c, 'while [ ! -e \"$0/gate\" ]; do sleep 0.05; done; echo done on $1', \"{{ agentrun_dir }}\", \"{{ inventory_hostname }}\"]\n",
+    );
+    let started = format!("{INSTALL}{started}");
+    let first = fleet.play("start", &started, &[], PLAY);
+    assert_eq!(first.code(), 0, "{}", first.describe());
+    let mut deadlines = Vec::new();
+    for h in &fleet.hosts {
+        let r = first.result("start the job", &h.name);
+        assert_eq!(r["status"], "ok", "{r}");
+        assert_eq!(r["result"]["changed"], true, "{r}");
+        assert_eq!(r["result"]["run_id"], "job", "{r}");
+        assert!(
+            matches!(r["result"]["state"].as_str(), Some("running" | "starting")),
+            "{r}"
+        );
+        assert_eq!(
+            r["result"]["agent_run"]["binary"],
+            h.dir.join("agent-run").display().to_string(),
+            "the installed copy: {r}"
+        );
+        // Fire and forget: the playbook has ended, the run goes on.
+        let (_, rec) = record_of(&fleet, h, "job");
+        assert_eq!(rec["state"], "running", "{rec}");
+        assert!(leader_alive(&rec) && wrapper_alive(&rec), "{rec}");
+        let lease: Value =
+            serde_json::from_str(&fs::read_to_string(h.root.join("job/lease.json")).unwrap())
+                .unwrap();
+        deadlines.push(lease["deadline_epoch"].as_f64().unwrap());
+    }
+    // Nothing of the controller is left, only the runs.
+    let left: Vec<_> = fleet
+        .leftovers()
+        .into_iter()
+        .filter(|(pid, cmdline)| {
+            environ_var(*pid, "AGENT_RUN_DIR").is_none()
+                // the runs' wrappers
+                && !cmdline.split(' ').next().is_some_and(|w| w.ends_with("/agent-run"))
+                && proc_stat(*pid).is_some()
+        })
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+
+    // A later playbook: the status renews the lease, the cancel stops the victim, and the
+    // finished task waits for the job (released once the victims are gone) and reports it.
+    let (mut cmd, results) = fleet.command("later", &LATER.replace("@MD@", MD_INSTALLED), &[]);
+    let later = agent_run_tests::Spawned::spawn(&mut cmd);
+    wait_until_dbg("every victim cancelled", PLAY, || {
+        for h in &fleet.hosts {
+            let (_, rec) = record_of(&fleet, h, "victim");
+            if rec["state"] != "cancelled" {
+                return Err(format!("{}: {}", h.name, rec["state"]));
+            }
+        }
+        Ok(())
+    });
+    for h in &fleet.hosts {
+        let (_, rec) = record_of(&fleet, h, "job");
+        assert_eq!(rec["state"], "running", "the job waits for its gate: {rec}");
+        fs::write(h.dir.join("gate"), "").unwrap();
+    }
+    let out = later.finish(PLAY);
+    let later = Play {
+        out,
+        elapsed: Duration::ZERO,
+        results: agent_run_tests::ansible::read_results(&results),
+    };
+    assert_eq!(later.code(), 0, "{}", later.describe());
+    for (h, before) in fleet.hosts.iter().zip(&deadlines) {
+        let r = later.result("look at the job", &h.name);
+        assert_eq!(r["status"], "ok", "{r}");
+        assert_eq!(r["result"]["state"], "running", "{r}");
+        assert_eq!(r["result"]["changed"], false, "{r}");
+        let renewed = r["result"]["renewed"]["deadline_epoch"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no renewal: {r}"));
+        assert!(
+            renewed > *before,
+            "{}: the status renewed nothing: {r}",
+            h.name
+        );
+
+        let r = later.result("cancel the victim", &h.name);
+        assert_eq!(r["status"], "ok", "{r}");
+        assert_eq!(r["result"]["changed"], true, "{r}");
+        assert_eq!(r["result"]["state"], "cancelled", "{r}");
+        assert_eq!(r["result"]["reason"], "cancel_request", "{r}");
+
+        let r = later.result("wait for the job", &h.name);
+        assert_eq!(r["status"], "ok", "{r}");
+        assert_eq!(r["result"]["rc"], 0, "{r}");
+        assert_eq!(
+            r["result"]["stdout"],
+            format!("done on {}\n", h.name),
+            "{r}"
+        );
+        assert_eq!(r["result"]["changed"], false, "it was started earlier: {r}");
+        let (_, rec) = record_of(&fleet, h, "job");
+        assert_eq!(rec["state"], "finished", "{rec}");
+        assert_eq!(fleet.records(h).len(), 2, "{}", h.name);
+    }
+    assert_nothing_left(&fleet, "after the later playbook");
+}
+
+// ---------------------------------------------------------------------------------------------
+// SIGTERM of the controller, and a host that goes away (smaller fleets: these add a path each)
+
+#[test]
+fn sigterm_of_ansible_playbook_cancels_every_run_too() {
+    require_root();
+    let _serial = serial();
+    let fleet = Fleet::new(3);
+    let (mut cmd, _results) = fleet.command("long", &book(LONG), &[]);
+    let play = agent_run_tests::Spawned::spawn(&mut cmd);
+    let recs = wait_all_running(&fleet, "ans-", 3, &play);
+    let runs = pin_runs(&recs);
+    let workers = fleet.pin_descendants(play.child.id() as i32);
+    // `kill PID`: Ansible forwards TERM to its workers and ends at once; the workers, orphans
+    // now, still cancel their runs.
+    let t0 = now_epoch();
+    play.signal(libc::SIGTERM);
+    let out = play.finish(T);
+    assert_eq!(out.status.code(), None, "ended by TERM: {:?}", out.status);
+    let finals = wait_until_dbg("every run final", T, || {
+        let mut finals = Vec::new();
+        for h in &fleet.hosts {
+            let (_, rec) = record_of(&fleet, h, "ans-");
+            if !matches!(
+                rec["state"].as_str(),
+                Some("cancelled" | "finished" | "unknown")
+            ) {
+                return Err(format!("{}: {}", h.name, rec["state"]));
+            }
+            finals.push(rec);
+        }
+        Ok(finals)
+    });
+    assert!(runs.wait_all_gone(T).is_ok(), "left: {:?}", runs.alive());
+    for (h, rec) in fleet.hosts.iter().zip(&finals) {
+        assert_eq!(rec["state"], "cancelled", "{}: {rec}", h.name);
+        assert_eq!(rec["reason"], "cancel_request", "{}: {rec}", h.name);
+        let ended = parse_rfc3339(rec["ended_at"].as_str().unwrap()).unwrap() - t0;
+        assert!(
+            ended <= 4.0,
+            "{}: cancelled {ended:.2} s after TERM",
+            h.name
+        );
+    }
+    assert!(workers.wait_all_gone(T).is_ok(), "{:?}", workers.alive());
+    assert_nothing_left(&fleet, "after SIGTERM");
+}
+
+const LOST: &str = r#"- name: lost
+  hosts: all
+  gather_facts: false
+@MD@
+  tasks:
+    - name: lost
+      agentrun.remote.run:
+        cmd: 'while [ ! -e "{{ agentrun_dir }}/gate" ]; do sleep 0.05; done; echo released'
+        lease: 3s
+        grace: 1s
+"#;
+
+#[test]
+fn a_host_lost_mid_run_is_unreachable_and_its_run_ends_at_its_lease() {
+    require_root();
+    let _serial = serial();
+    let mut fleet = Fleet::new(3);
+    let (mut cmd, results) = fleet.command("lost", &book(LOST), &[]);
+    let play = agent_run_tests::Spawned::spawn(&mut cmd);
+    let recs = wait_all_running(&fleet, "ans-", 1, &play);
+    // Every worker is past its first wait (it renewed once), then h02's sshd goes away with
+    // every session it had; the run's wrapper, detached, stays.
+    wait_until_dbg("a renewal on every host", PLAY, || {
+        for (h, rec) in fleet.hosts.iter().zip(&recs) {
+            let dir = h.root.join(rec["run_id"].as_str().unwrap());
+            let lease: Value = fs::read_to_string(dir.join("lease.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or(Value::Null);
+            let created = parse_rfc3339(rec["created_at"].as_str().unwrap()).unwrap();
+            match lease["deadline_epoch"].as_f64() {
+                Some(d) if d - created >= 3.5 => {}
+                other => return Err(format!("{}: deadline {other:?}", h.name)),
+            }
+        }
+        Ok(())
+    });
+    let lost_at = now_epoch();
+    fleet.stop_sshd(1);
+    // The host stops the run when the lease runs out; then the others are released.
+    let (_, rec) = wait_until_dbg("h02's run final", T, || {
+        let (id, rec) = record_of(&fleet, &fleet.hosts[1], "ans-");
+        if rec["state"] == "cancelled" {
+            Ok((id, rec))
+        } else {
+            Err(rec["state"].to_string())
+        }
+    });
+    assert_eq!(rec["reason"], "lease_expired", "{rec}");
+    let ended = parse_rfc3339(rec["ended_at"].as_str().unwrap()).unwrap() - lost_at;
+    assert!(
+        ended <= kill_deadline().as_secs_f64(),
+        "stopped {ended:.2} s after the host was lost: {rec}"
+    );
+    for h in [&fleet.hosts[0], &fleet.hosts[2]] {
+        fs::write(h.dir.join("gate"), "").unwrap();
+    }
+    let out = play.finish(PLAY);
+    let play = Play {
+        out,
+        elapsed: Duration::ZERO,
+        results: agent_run_tests::ansible::read_results(&results),
+    };
+    assert_eq!(
+        play.code(),
+        4,
+        "unreachable hosts give 4\n{}",
+        play.describe()
+    );
+    let r = play.result("lost", "h02");
+    assert_eq!(r["status"], "unreachable", "{r}");
+    let msg = r["result"]["msg"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("lease") && msg.contains(rec["run_id"].as_str().unwrap()),
+        "{r}"
+    );
+    for h in ["h01", "h03"] {
+        let r = play.result("lost", h);
+        assert_eq!(r["status"], "ok", "{r}");
+        assert_eq!(r["result"]["stdout"], "released\n", "{r}");
+    }
+    assert_nothing_left(&fleet, "after the lost host");
+}
