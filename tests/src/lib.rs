@@ -28,6 +28,7 @@ pub mod contain;
 pub mod controls;
 pub mod first_contact;
 pub mod hostile;
+pub mod mcp;
 
 // ---------------------------------------------------------------------------------------------
 // Binaries under test

@@ -1,0 +1,929 @@
+//! Black-box tests of `agent-run-mcp` with a real MCP client: the official Python SDK (`mcp` from
+//! PyPI, installed by `.ci/test` into target/ci-venv) over stdio, driven through
+//! `tests/mcp/driver.py`, and a real `sshd` (the harness's `remote::SshServer`, on loopback) for
+//! the remote host.
+//!
+//! "local" and the ssh host share the test's run root (`--root` and `--remote-root`), so a test
+//! reads every run's record and logs directly and pins the workload's processes from the
+//! fixture's ready line, whichever host ran it. Every assertion about stopping is on /proc
+//! (pidfds of every process of the tree), not on a message.
+//!
+//! Figures for the report are printed with `mcp-figure:` (run with `--nocapture` to see them).
+
+use std::fs;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use agent_run_shared::time::{epoch_now, parse_rfc3339};
+use agent_run_tests::mcp::Client;
+use agent_run_tests::remote::{processes_mentioning, SshServer};
+use agent_run_tests::{
+    agent_run_bin, diagnostics, fixture_bin, processes_with_env, wait_ready, wait_until, Pinned,
+    TestRoot,
+};
+use serde_json::{json, Value};
+
+/// The deadline for what normally takes a second or two.
+const T: Duration = Duration::from_secs(30);
+
+fn require_root() {
+    assert_eq!(
+        agent_run_shared::sys::geteuid(),
+        0,
+        "these tests start sshd and log in as root: run them as root"
+    );
+}
+
+/// Byte i of a `fixture spew` stream.
+fn pattern(n: usize) -> Vec<u8> {
+    const P: &[u8; 37] = b"0123456789abcdefghijklmnopqrstuvwxyz\n";
+    (0..n).map(|i| P[i % 37]).collect()
+}
+
+/// One test's world: a run root, maybe an sshd, and a private XDG_RUNTIME_DIR for the server's
+/// ssh control sockets.
+struct World {
+    root: TestRoot,
+    srv: Option<SshServer>,
+    xdg: PathBuf,
+}
+
+impl World {
+    fn local() -> World {
+        World::with(None)
+    }
+
+    fn ssh() -> World {
+        require_root();
+        World::with(Some(SshServer::start(None)))
+    }
+
+    fn with(srv: Option<SshServer>) -> World {
+        let root = TestRoot::new();
+        let xdg = root.dir.path().join("xdg");
+        fs::create_dir(&xdg).unwrap();
+        World { root, srv, xdg }
+    }
+
+    /// The ssh host's name for the tools.
+    fn host(&self) -> String {
+        self.srv.as_ref().expect("an sshd").host()
+    }
+
+    /// The server's arguments: this root for "local" and, with an sshd, the ssh host with the
+    /// test's options, the built agent-run and the same root there.
+    fn args(&self, extra: &[&str]) -> Vec<String> {
+        let mut a = vec![
+            "--root".to_string(),
+            self.root.root().display().to_string(),
+            "--agent-run".into(),
+            agent_run_bin().display().to_string(),
+        ];
+        if let Some(srv) = &self.srv {
+            a.extend(["--host".into(), srv.host()]);
+            a.extend(
+                srv.ssh_options()
+                    .into_iter()
+                    .map(|o| format!("--ssh-option={o}")),
+            );
+            a.extend([
+                "--remote-bin".into(),
+                agent_run_bin().display().to_string(),
+                "--remote-root".into(),
+                self.root.root().display().to_string(),
+            ]);
+        }
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    }
+
+    fn client(&self, extra: &[&str], tasks: bool) -> Client {
+        Client::start(
+            &self.args(extra),
+            &[("XDG_RUNTIME_DIR", self.xdg.as_os_str())],
+            tasks,
+        )
+    }
+
+    /// A fixture tree (leader, 2 children, grandchildren, a setsid escapee) as argv.
+    fn tree(&self) -> Value {
+        json!([
+            fixture_bin(),
+            "tree",
+            "--children",
+            "2",
+            "--grandchildren",
+            "--escapee"
+        ])
+    }
+
+    /// Every process of run `id`, pinned, once the fixture says it is in place.
+    fn pin_tree(&self, id: &str) -> Pinned {
+        let ready = wait_ready(&self.root.run_dir(id).join("stdout.log"), T);
+        Pinned::new(&ready.all_pids())
+    }
+
+    /// No ssh of the server is left, and its control directory is gone.
+    fn assert_ssh_cleaned_up(&self, within: Duration) {
+        let xdg = self.xdg.to_str().unwrap().to_string();
+        wait_until("no ssh of the server left", within, || {
+            processes_mentioning(&xdg).is_empty().then_some(())
+        });
+        let left: Vec<_> = fs::read_dir(&self.xdg).unwrap().flatten().collect();
+        assert!(left.is_empty(), "left in {xdg}: {left:?}");
+    }
+
+    /// Every process carrying run `id` in its environment is gone.
+    fn assert_nothing_of(&self, id: &str) {
+        let left = processes_with_env("AGENT_RUN_ID", |v| v == id.as_bytes());
+        assert!(
+            left.is_empty(),
+            "processes of {id} left: {left:?}\n{}",
+            diagnostics(&self.root, id)
+        );
+    }
+}
+
+/// RSS of a process in KiB (VmRSS).
+fn rss_kib(pid: i32) -> u64 {
+    let s = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn text(v: &Value) -> String {
+    v.as_str().unwrap_or_default().to_string()
+}
+
+#[test]
+fn the_tools_are_listed_with_schemas_for_a_model() {
+    let w = World::local();
+    let mut c = w.client(&["--host", "build-x"], false);
+    let r = c.request(json!({"op": "list_tools"}), T);
+    let tools = r["tools"].as_array().expect("tools");
+    let names: Vec<String> = tools.iter().map(|t| text(&t["name"])).collect();
+    assert_eq!(
+        names,
+        ["run", "start", "status", "logs", "wait", "cancel", "list"]
+    );
+    let by = |n: &str| tools.iter().find(|t| t["name"] == n).unwrap().clone();
+    for t in tools {
+        let desc = text(&t["description"]);
+        assert!(
+            desc.len() > 150,
+            "{}: a description a model can act on: {desc}",
+            t["name"]
+        );
+        let s = &t["inputSchema"];
+        assert_eq!(s["type"], "object", "{t}");
+        assert_eq!(s["additionalProperties"], false, "{t}");
+        // The hosts this server offers are in every schema that takes one.
+        assert_eq!(
+            s["properties"]["host"]["enum"],
+            json!(["local", "build-x"]),
+            "{t}"
+        );
+        assert!(t["annotations"]["readOnlyHint"].is_boolean(), "{t}");
+    }
+    let run = by("run");
+    let p = &run["inputSchema"]["properties"];
+    assert_eq!(p["argv"]["type"], "array");
+    assert_eq!(p["argv"]["items"]["type"], "string");
+    assert_eq!(p["argv"]["minItems"], 1);
+    for k in [
+        "command",
+        "cwd",
+        "env",
+        "timeout_s",
+        "labels",
+        "wait_s",
+        "tail_bytes",
+        "grace_s",
+    ] {
+        assert!(p[k].is_object(), "run lacks {k}: {p}");
+        assert!(
+            !text(&p[k]["description"]).is_empty(),
+            "run.{k} has no description"
+        );
+    }
+    assert!(p["detach"].is_null(), "run has no detach");
+    assert!(text(&run["description"]).contains("run_id"));
+    let start = by("start");
+    let d = &start["inputSchema"]["properties"]["detach"];
+    assert_eq!(d["type"], "boolean");
+    assert!(text(&d["description"]).contains("outlives"), "{d}");
+    assert_eq!(by("logs")["inputSchema"]["required"], json!(["run_id"]));
+    assert!(by("logs")["inputSchema"]["properties"]["offset"].is_object());
+    assert_eq!(
+        by("list")["inputSchema"]["properties"]["state"]["enum"][0],
+        "active"
+    );
+    for (n, ro) in [
+        ("status", true),
+        ("logs", true),
+        ("list", true),
+        ("wait", true),
+        ("run", false),
+        ("cancel", false),
+    ] {
+        assert_eq!(by(n)["annotations"]["readOnlyHint"], ro, "{n}");
+    }
+    let pid = c.server_pid();
+    eprintln!(
+        "mcp-figure: idle server RSS {} KiB (protocol {})",
+        rss_kib(pid),
+        c.protocol
+    );
+    c.close(T);
+}
+
+#[test]
+fn run_here_returns_the_output_the_exit_code_and_the_record() {
+    let w = World::local();
+    let mut c = w.client(&[], false);
+    let (r, err) = c.tool(
+        "run",
+        json!({"argv": ["sh", "-c", "echo out; echo err >&2; exit 3"], "labels": {"task": "t-1"}, "env": {"GREETING": "hi"}}),
+        T,
+    );
+    assert!(!err, "{r}");
+    let id = text(&r["run_id"]);
+    assert!(id.starts_with("mcp-") && id.len() == 20, "{id}");
+    assert_eq!(
+        (
+            r["state"].as_str(),
+            r["final"].as_bool(),
+            r["exit_code"].as_i64()
+        ),
+        (Some("finished"), Some(true), Some(3)),
+        "{r}"
+    );
+    assert_eq!(r["stdout"]["text"], "out\n");
+    assert_eq!(r["stderr"]["text"], "err\n");
+    assert_eq!(r["stdout"]["bytes"], 4);
+    // The record is the host's own.
+    let st = w.root.status(&id);
+    assert_eq!(st["state"], "finished");
+    assert_eq!(st["exit_code"], 3);
+    assert_eq!(r["record"]["exit_code"], 3);
+    assert_eq!(
+        r["record"]["run_dir"],
+        w.root.run_dir(&id).display().to_string()
+    );
+    assert_eq!(st["labels"]["task"], "t-1");
+    assert_eq!(st["labels"]["agent-run-mcp/detached"], "false");
+    assert!(st["labels"]["agent-run-mcp/owner"]
+        .as_str()
+        .is_some_and(|o| !o.is_empty()));
+    assert_eq!(st["env"], json!(["GREETING"]));
+    assert!(
+        !r["record"]["lease_deadline_epoch"].is_null(),
+        "a tied run is leased: {r}"
+    );
+    assert_eq!(r["tied_to_server"], true);
+
+    // A shell line, a directory, and the variable reaching the workload.
+    let dir = w.root.dir.path().join("work");
+    fs::create_dir(&dir).unwrap();
+    let (r, err) = c.tool(
+        "run",
+        json!({"command": "pwd; echo \"$GREETING\"", "cwd": dir, "env": {"GREETING": "hello there"}}),
+        T,
+    );
+    assert!(!err, "{r}");
+    assert_eq!(
+        r["stdout"]["text"],
+        format!("{}\nhello there\n", dir.display())
+    );
+    assert_eq!(r["exit_code"], 0);
+
+    // A launch failure is a tool error that still carries the record.
+    let (r, err) = c.tool("run", json!({"argv": ["/no/such/program"]}), T);
+    assert!(err, "{r}");
+    assert_eq!(
+        (r["state"].as_str(), r["exit_code"].as_i64()),
+        (Some("launch_failed"), Some(127))
+    );
+
+    // A run still going when wait_s is up answers with its id, and wait picks it up.
+    let (slow, _) = c.tool(
+        "run",
+        json!({"command": "sleep 2; echo late", "wait_s": 0.3}),
+        T,
+    );
+    assert_eq!(
+        (slow["state"].as_str(), slow["final"].as_bool()),
+        (Some("running"), Some(false)),
+        "{slow}"
+    );
+    assert!(text(&slow["next"]).contains("wait"), "{slow}");
+    let (quick, _) = c.tool("start", json!({"command": "exit 5"}), T);
+    let ids = json!([slow["run_id"], quick["run_id"]]);
+    let (first, _) = c.tool(
+        "wait",
+        json!({"run_ids": ids, "any": true, "timeout_s": 20}),
+        T,
+    );
+    let runs = first["runs"].as_array().unwrap();
+    assert_eq!(
+        (runs[1]["state"].as_str(), runs[1]["exit_code"].as_i64()),
+        (Some("finished"), Some(5)),
+        "{first}"
+    );
+    let (all, _) = c.tool("wait", json!({"run_ids": ids, "timeout_s": 20}), T);
+    let runs = all["runs"].as_array().unwrap();
+    assert_eq!(
+        (
+            runs[0]["exit_code"].as_i64(),
+            runs[0]["stdout"]["text"].as_str()
+        ),
+        (Some(0), Some("late\n")),
+        "{all}"
+    );
+
+    // status and logs see the same run.
+    let (s, _) = c.tool("status", json!({"run_id": id}), T);
+    assert_eq!(s["state"], "finished");
+    assert_eq!(s["stdout"]["bytes"], 4);
+    let (l, _) = c.tool("logs", json!({"run_id": id, "stream": "stderr"}), T);
+    assert_eq!(
+        (l["text"].as_str(), l["final"].as_bool()),
+        (Some("err\n"), Some(true))
+    );
+    c.close(T);
+}
+
+#[test]
+fn run_over_sshd_returns_the_output_the_exit_code_and_the_record() {
+    let w = World::ssh();
+    let mut c = w.client(&[], false);
+    let script = r#""$0" spew 200000 --stderr-bytes 3000; exit 4"#;
+    let (r, err) = c.tool(
+        "run",
+        json!({"host": w.host(), "argv": ["sh", "-c", script, fixture_bin()], "tail_bytes": 65536}),
+        T,
+    );
+    assert!(!err, "{r}");
+    let id = text(&r["run_id"]);
+    assert_eq!(r["host"], w.host());
+    assert_eq!(
+        (r["state"].as_str(), r["exit_code"].as_i64()),
+        (Some("finished"), Some(4)),
+        "{r}"
+    );
+    let want = pattern(200000);
+    assert_eq!(r["stdout"]["bytes"], 200000);
+    assert_eq!(r["stdout"]["shown_from"], 200000 - 65536);
+    assert!(r["stdout"]["text"].as_str().unwrap().as_bytes() == &want[200000 - 65536..]);
+    assert!(r["stderr"]["text"].as_str().unwrap().as_bytes() == &pattern(3000)[..]);
+    let st = w.root.status(&id);
+    assert_eq!(
+        (st["state"].as_str(), st["exit_code"].as_i64()),
+        (Some("finished"), Some(4))
+    );
+    assert_eq!(r["record"]["run_id"], id.as_str());
+    // Paging through the log over ssh.
+    let (l, _) = c.tool(
+        "logs",
+        json!({"host": w.host(), "run_id": id, "offset": 0, "max_bytes": 1000}),
+        T,
+    );
+    assert!(l["text"].as_str().unwrap().as_bytes() == &want[..1000]);
+    assert_eq!(
+        (
+            l["next_offset"].as_u64(),
+            l["more"].as_bool(),
+            l["size"].as_u64()
+        ),
+        (Some(1000), Some(true), Some(200000))
+    );
+    let (l, _) = c.tool(
+        "logs",
+        json!({"host": w.host(), "run_id": id, "offset": 199990, "max_bytes": 1000}),
+        T,
+    );
+    assert_eq!(
+        (l["text"].as_str().map(str::len), l["more"].as_bool()),
+        (Some(10), Some(false))
+    );
+    // The same run through list on that host.
+    let (ls, _) = c.tool("list", json!({"host": w.host(), "mine": true}), T);
+    assert!(
+        ls["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["run_id"] == id.as_str()),
+        "{ls}"
+    );
+    c.close(T);
+    // A clean shutdown closed the master connection and removed its directory.
+    w.assert_ssh_cleaned_up(Duration::from_secs(10));
+}
+
+#[test]
+fn a_task_cancelled_through_the_protocol_stops_every_process() {
+    let w = World::local();
+    let mut c = w.client(&[], true);
+    let call =
+        c.send(json!({"op": "call", "name": "run", "args": {"argv": w.tree()}, "progress": true}));
+    let r = c.reply(call, T);
+    let task = &r["task"];
+    assert_eq!(
+        task["status"], "working",
+        "a run still going after 1 s is a task: {r}"
+    );
+    let task_id = text(&task["taskId"]);
+    let (id, host) = task_id.split_once('@').unwrap();
+    assert_eq!(host, "local");
+    let pins = w.pin_tree(id);
+    // Progress notifications carry the output as it arrives: the fixture's ready line.
+    let mut seen = Vec::new();
+    wait_until("the ready line in a progress notification", T, || {
+        seen.extend(c.notifications());
+        seen.iter()
+            .any(|n| {
+                n["method"] == "notifications/progress"
+                    && text(&n["params"]["message"]).contains("ready pid=")
+            })
+            .then_some(())
+    });
+    let got = c.request(json!({"op": "tasks_get", "task_id": task_id}), T);
+    assert_eq!(got["raw"]["status"], "working", "{got}");
+    // Cancel the task: agent-run cancel on the host, through the stop routine.
+    let t0 = Instant::now();
+    let e0 = epoch_now();
+    let ack = c.request(json!({"op": "tasks_cancel", "task_id": task_id}), T);
+    assert_eq!(ack["ok"], true, "{ack}");
+    let polled = wait_until("tasks/get to say cancelled", T, || {
+        let g = c.request(json!({"op": "tasks_get", "task_id": task_id}), T);
+        (g["raw"]["status"] == "cancelled").then_some(g)
+    });
+    let to_status = t0.elapsed();
+    pins.wait_all_gone(Duration::from_secs(5))
+        .unwrap_or_else(|left| {
+            panic!(
+                "left after the cancel: {left:?}\n{}",
+                diagnostics(&w.root, id)
+            )
+        });
+    w.assert_nothing_of(id);
+    let st = w.root.status(id);
+    assert_eq!(
+        (st["state"].as_str(), st["reason"].as_str()),
+        (Some("cancelled"), Some("cancel_request")),
+        "{st}"
+    );
+    assert!(
+        text(&polled["raw"]["statusMessage"]).contains("cancelled"),
+        "{polled}"
+    );
+    let ended = parse_rfc3339(st["ended_at"].as_str().unwrap()).unwrap();
+    eprintln!(
+        "mcp-figure: tasks/cancel -> final record {:.0} ms; -> tasks/get says cancelled {:.0} ms ({} processes)",
+        (ended - e0) * 1000.0,
+        to_status.as_secs_f64() * 1000.0,
+        pins.pids().len()
+    );
+    c.close(T);
+}
+
+#[test]
+fn an_abandoned_run_call_cancels_its_run() {
+    let w = World::local();
+    let mut c = w.client(&[], false);
+    let call = c.send(json!({"op": "call", "name": "run", "args": {"argv": w.tree(), "wait_s": 300}, "progress": true}));
+    // The run id comes first, in the first progress notification.
+    let mut seen = Vec::new();
+    let id = wait_until("the run id in a progress notification", T, || {
+        seen.extend(c.notifications());
+        seen.iter().find_map(|n| {
+            let m = text(&n["params"]["message"]);
+            let rest = m.strip_prefix("run ")?;
+            Some(rest.split(' ').next()?.to_string())
+        })
+    });
+    let pins = w.pin_tree(&id);
+    // The SDK sends notifications/cancelled for a call its caller abandons.
+    let t0 = epoch_now();
+    c.request(json!({"op": "abort", "target": call}), T);
+    assert_eq!(c.reply(call, T)["aborted"], true);
+    pins.wait_all_gone(Duration::from_secs(10))
+        .unwrap_or_else(|left| {
+            panic!(
+                "left after the abandoned call: {left:?}\n{}",
+                diagnostics(&w.root, &id)
+            )
+        });
+    let st = w.root.wait_final(&id, T);
+    assert_eq!(
+        (st["state"].as_str(), st["reason"].as_str()),
+        (Some("cancelled"), Some("cancel_request")),
+        "{st}"
+    );
+    let ended = parse_rfc3339(st["ended_at"].as_str().unwrap()).unwrap();
+    eprintln!(
+        "mcp-figure: notifications/cancelled -> final record {:.0} ms",
+        (ended - t0) * 1000.0
+    );
+    w.assert_nothing_of(&id);
+    c.close(T);
+}
+
+#[test]
+fn a_killed_server_leaves_its_runs_to_their_leases() {
+    let w = World::ssh();
+    let lease = 2.0;
+    let mut c = w.client(&["--lease", "2s", "--control-persist", "2s"], false);
+    let (a, _) = c.tool("start", json!({"argv": w.tree()}), T);
+    let (b, _) = c.tool("start", json!({"host": w.host(), "argv": w.tree()}), T);
+    let ids = [text(&a["run_id"]), text(&b["run_id"])];
+    assert_eq!(
+        (a["detached"].as_bool(), a["lease_s"].as_f64()),
+        (Some(false), Some(lease)),
+        "{a}"
+    );
+    let pins: Vec<Pinned> = ids.iter().map(|id| w.pin_tree(id)).collect();
+    // While the server lives, it renews: each lease is pushed past the first one's end.
+    for id in &ids {
+        let started = parse_rfc3339(w.root.status(id)["started_at"].as_str().unwrap()).unwrap();
+        wait_until("a renewal past the first lease", T, || {
+            let l: Value =
+                serde_json::from_slice(&fs::read(w.root.run_dir(id).join("lease.json")).ok()?)
+                    .ok()?;
+            (l["deadline_epoch"].as_f64()? > started + 2.0 * lease).then_some(())
+        });
+        assert_eq!(w.root.status(id)["state"], "running");
+    }
+    let t0 = Instant::now();
+    c.kill_server();
+    for (id, p) in ids.iter().zip(&pins) {
+        p.wait_all_gone(Duration::from_secs(20))
+            .unwrap_or_else(|left| {
+                panic!(
+                    "{id}: left after the lease: {left:?}\n{}",
+                    diagnostics(&w.root, id)
+                )
+            });
+        let st = w.root.wait_final(id, T);
+        assert_eq!(
+            (st["state"].as_str(), st["reason"].as_str()),
+            (Some("cancelled"), Some("lease_expired")),
+            "{st}"
+        );
+        w.assert_nothing_of(id);
+    }
+    eprintln!("mcp-figure: server SIGKILLed -> both runs stopped by their hosts in {:.1} s (lease {lease} s)", t0.elapsed().as_secs_f64());
+    // The master connection goes too, ControlPersist after its last channel.
+    let xdg = w.xdg.to_str().unwrap().to_string();
+    wait_until("the master ssh to exit", Duration::from_secs(20), || {
+        processes_mentioning(&xdg).is_empty().then_some(())
+    });
+    drop(c);
+}
+
+#[test]
+fn a_restarted_server_takes_back_and_finishes_a_run_of_its_predecessor() {
+    let w = World::local();
+    let owner = format!("test-{}", std::process::id());
+    let args = ["--owner", owner.as_str(), "--lease", "20s"];
+    let mut a = w.client(&args, false);
+    // The run ends when the test says so (a file appears), not after some time.
+    let go = w.root.dir.path().join("go");
+    let script = format!(
+        "echo started; while [ ! -e '{}' ]; do sleep 0.05; done; echo done; exit 7",
+        go.display()
+    );
+    let (r, _) = a.tool("start", json!({"command": script}), T);
+    let id = text(&r["run_id"]);
+    wait_until("the run to start", T, || {
+        fs::read_to_string(w.root.run_dir(&id).join("stdout.log"))
+            .ok()
+            .filter(|s| s == "started\n")
+    });
+    a.kill_server();
+    drop(a);
+    let lease_deadline = || -> Option<f64> {
+        let l: Value =
+            serde_json::from_slice(&fs::read(w.root.run_dir(&id).join("lease.json")).ok()?).ok()?;
+        l["deadline_epoch"].as_f64()
+    };
+    // Nobody renews it now: this is where the host would stop it.
+    let orphaned = lease_deadline().expect("a lease");
+    // A new server with the same owner finds the run, takes its lease over, and waits it out.
+    let mut b = w.client(&args, false);
+    let (ls, _) = b.tool("list", json!({"mine": true, "state": "active"}), T);
+    let found = ls["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["run_id"] == id.as_str())
+        .cloned();
+    let found = found.unwrap_or_else(|| panic!("{id} not in {ls}"));
+    assert_eq!(found["labels"]["agent-run-mcp/owner"], owner.as_str());
+    wait_until(
+        "the new server to take the run back and renew it",
+        T,
+        || {
+            (lease_deadline()? > orphaned + 0.5 && b.stderr().contains("took back 1 run(s)"))
+                .then_some(())
+        },
+    );
+    fs::write(&go, b"").unwrap();
+    let (r, err) = b.tool(
+        "wait",
+        json!({"run_id": id, "timeout_s": 30}),
+        Duration::from_secs(60),
+    );
+    assert!(!err, "{r}");
+    assert_eq!(
+        (r["state"].as_str(), r["exit_code"].as_i64()),
+        (Some("finished"), Some(7)),
+        "{r}\n{}",
+        diagnostics(&w.root, &id)
+    );
+    assert_eq!(r["stdout"]["text"], "started\ndone\n");
+    b.close(T);
+}
+
+#[test]
+fn a_clean_shutdown_cancels_tied_runs_and_keeps_detached_ones() {
+    let w = World::local();
+    let mut a = w.client(&[], false);
+    let (t, _) = a.tool("start", json!({"argv": w.tree()}), T);
+    let (d, _) = a.tool(
+        "start",
+        json!({"argv": w.tree(), "detach": true, "timeout_s": 120}),
+        T,
+    );
+    let (tied, detached) = (text(&t["run_id"]), text(&d["run_id"]));
+    assert_eq!(d["detached"], true);
+    assert!(
+        d["record"]["lease_deadline_epoch"].is_null(),
+        "a detached run has no lease: {d}"
+    );
+    let (tp, dp) = (w.pin_tree(&tied), w.pin_tree(&detached));
+    let (took, _) = a.close(T);
+    eprintln!(
+        "mcp-figure: clean shutdown (stdin closed) with one tied run took {:.0} ms",
+        took * 1000.0
+    );
+    tp.wait_all_gone(Duration::from_secs(10))
+        .unwrap_or_else(|left| panic!("tied run left: {left:?}\n{}", diagnostics(&w.root, &tied)));
+    let st = w.root.wait_final(&tied, T);
+    assert_eq!(
+        (st["state"].as_str(), st["reason"].as_str()),
+        (Some("cancelled"), Some("cancel_request")),
+        "{st}"
+    );
+    assert!(
+        dp.alive().len() == dp.pids().len(),
+        "the detached run goes on"
+    );
+    assert_eq!(w.root.status(&detached)["state"], "running");
+    // Another session finds it by its label, and stops it.
+    let mut b = w.client(&[], false);
+    let (ls, _) = b.tool(
+        "list",
+        json!({"labels": {"agent-run-mcp/detached": "true"}}),
+        T,
+    );
+    assert!(
+        ls["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["run_id"] == detached.as_str()),
+        "{ls}"
+    );
+    let (cr, err) = b.tool("cancel", json!({"run_id": detached}), T);
+    assert!(!err, "{cr}");
+    assert_eq!(cr["runs"][0]["state"], "cancelled", "{cr}");
+    dp.wait_all_gone(Duration::from_secs(5)).unwrap();
+    w.assert_nothing_of(&detached);
+    b.close(T);
+}
+
+#[test]
+fn a_shutdown_that_outlasts_the_clients_patience_still_stops_the_run() {
+    // The SDK closes the server's stdin, waits 2 s, TERMs the server's process group, waits 2 s
+    // more and KILLs it. A run whose processes ignore TERM and HUP takes its whole grace (8 s) to
+    // stop: the server is killed while the cancel is on its way, and the run stops all the same.
+    let w = World::local();
+    let mut c = w.client(&[], false);
+    let tree = json!([
+        fixture_bin(),
+        "tree",
+        "--children",
+        "2",
+        "--leader-term",
+        "ignore",
+        "--leader-hup",
+        "ignore",
+        "--member-term",
+        "ignore",
+        "--member-hup",
+        "ignore"
+    ]);
+    let (r, _) = c.tool("start", json!({"argv": tree, "grace_s": 8}), T);
+    let id = text(&r["run_id"]);
+    let pins = w.pin_tree(&id);
+    let server = Pinned::new(&[c.server_pid()]);
+    let t0 = Instant::now();
+    let (_, log) = c.close(T);
+    server
+        .wait_all_gone(Duration::from_secs(10))
+        .expect("the SDK stops the server");
+    let server_gone = t0.elapsed();
+    pins.wait_all_gone(Duration::from_secs(15))
+        .unwrap_or_else(|left| panic!("left: {left:?}\n{}", diagnostics(&w.root, &id)));
+    let st = w.root.wait_final(&id, T);
+    assert_eq!(
+        (st["state"].as_str(), st["reason"].as_str()),
+        (Some("cancelled"), Some("cancel_request")),
+        "{st}"
+    );
+    assert!(
+        st["cleanup"]["signals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s == "KILL"),
+        "{st}"
+    );
+    eprintln!(
+        "mcp-figure: server gone {:.1} s after stdin closed; its TERM-proof run stopped {:.1} s after",
+        server_gone.as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    );
+    w.assert_nothing_of(&id);
+    assert!(log.contains("shutting down (stdin closed)"), "{log}");
+}
+
+#[test]
+fn bad_input_is_answered_with_a_tool_error_and_the_server_goes_on() {
+    let w = World::local();
+    // An ssh host that refuses connections (nothing listens on port 1).
+    let mut c = w.client(
+        &[
+            "--host",
+            "root@127.0.0.1",
+            "--ssh-option=-p1",
+            "--ssh-option=-oConnectTimeout=5",
+        ],
+        false,
+    );
+    let pid = c.server_pid();
+    let idle = rss_kib(pid);
+    let fixture = fixture_bin();
+    let huge = "x".repeat(300 * 1024);
+    let cases: Vec<(&str, Value, &str)> = vec![
+        (
+            "run",
+            json!({"host": "nope", "command": "true"}),
+            "unknown host \"nope\"",
+        ),
+        ("run", json!({}), "give the command"),
+        ("run", json!({"argv": []}), "must not be empty"),
+        (
+            "run",
+            json!({"argv": ["true"], "command": "true"}),
+            "not both",
+        ),
+        ("run", json!({"argv": "ls -l"}), "bad arguments for run"),
+        (
+            "run",
+            json!({"argv": ["true"], "timeout": 5}),
+            "unknown field",
+        ),
+        ("run", json!({"argv": ["echo", huge]}), "at most"),
+        (
+            "run",
+            json!({"argv": ["true"], "labels": {"agent-run-mcp/owner": "x"}}),
+            "server's own",
+        ),
+        (
+            "run",
+            json!({"argv": ["true"], "env": {"AGENT_RUN_ID": "x"}}),
+            "AGENT_RUN_ID",
+        ),
+        (
+            "run",
+            json!({"argv": ["true"], "timeout_s": -1}),
+            "timeout_s",
+        ),
+        ("run", json!({"argv": ["true"], "wait_s": 100000}), "wait_s"),
+        (
+            "run",
+            json!({"argv": ["true"], "cwd": "/no/such/dir"}),
+            "refused the launch",
+        ),
+        (
+            "run",
+            json!({"argv": ["true"], "detach": true}),
+            "start with detach",
+        ),
+        ("start", json!({"argv": ["true"], "wait_s": 1}), "wait_s"),
+        ("status", json!({"run_id": "../etc"}), "run id"),
+        ("status", json!({"run_id": "no-such-run"}), "no-such-run"),
+        (
+            "status",
+            json!({"run_id": "a", "run_ids": ["b"]}),
+            "not both",
+        ),
+        (
+            "logs",
+            json!({"run_id": "x", "offset": 0, "max_bytes": 1_000_000_000u64}),
+            "max_bytes is at most",
+        ),
+        (
+            "logs",
+            json!({"run_id": "x", "stream": "both"}),
+            "stdout or stderr",
+        ),
+        ("list", json!({"state": "sleeping"}), "state is one of"),
+        ("cancel", json!({"run_id": "no-such-run"}), "no-such-run"),
+        (
+            "run",
+            json!({"host": "root@127.0.0.1", "command": "true"}),
+            "cannot connect to root@127.0.0.1",
+        ),
+    ];
+    for (tool, args, want) in &cases {
+        let (r, err) = c.tool(tool, args.clone(), Duration::from_secs(60));
+        let msg = r["text"]
+            .as_str()
+            .map_or_else(|| r.to_string(), str::to_string);
+        assert!(err, "{tool} {args}: not an error: {msg}");
+        assert!(
+            msg.contains(want),
+            "{tool} {args}: {msg:?} does not say {want:?}"
+        );
+    }
+    // An unknown tool is a protocol error, still no crash.
+    let r = c.call("rm", json!({}), T);
+    assert_eq!(r["ok"], false, "{r}");
+    // A huge output: the answer stays small, the sizes are exact.
+    let n = 30_000_000u64;
+    let (r, err) = c.tool(
+        "run",
+        json!({"argv": [fixture, "spew", n.to_string(), "--stderr-bytes", "5000000"]}),
+        Duration::from_secs(120),
+    );
+    assert!(!err, "{r}");
+    assert_eq!(
+        (r["stdout"]["bytes"].as_u64(), r["stderr"]["bytes"].as_u64()),
+        (Some(n), Some(5_000_000))
+    );
+    assert_eq!(r["stdout"]["text"].as_str().unwrap().len(), 4096);
+    assert!(
+        r.to_string().len() < 32 * 1024,
+        "the answer is bounded: {} bytes",
+        r.to_string().len()
+    );
+    let (l, _) = c.tool(
+        "logs",
+        json!({"run_id": r["run_id"], "offset": 1_000_000, "max_bytes": 65536}),
+        T,
+    );
+    let want = pattern(1_000_000 + 65536);
+    assert!(l["text"].as_str().unwrap().as_bytes() == &want[1_000_000..]);
+    // A workload that swaps its logs for a symlink and a FIFO: each is reported as what it is,
+    // never followed, never blocked on.
+    let swap = r#"ln -sf /etc/hostname "$AGENT_RUN_DIR/stdout.log"; rm -f "$AGENT_RUN_DIR/stderr.log"; mkfifo "$AGENT_RUN_DIR/stderr.log""#;
+    let (r, err) = c.tool("run", json!({"command": swap}), T);
+    assert!(!err, "{r}");
+    assert_eq!(
+        (r["stdout"]["file"].as_str(), r["stdout"]["text"].as_str()),
+        (Some("symbolic link"), Some("")),
+        "{r}"
+    );
+    assert_eq!(
+        (r["stderr"]["file"].as_str(), r["stderr"]["text"].as_str()),
+        (Some("fifo"), Some("")),
+        "{r}"
+    );
+    let (l, _) = c.tool(
+        "logs",
+        json!({"run_id": r["run_id"], "stream": "stderr", "offset": 0}),
+        T,
+    );
+    assert_eq!(
+        (l["file"].as_str(), l["size"].as_u64()),
+        (Some("fifo"), Some(0)),
+        "{l}"
+    );
+    // Still the same server, still answering.
+    assert!(c.server_alive());
+    assert_eq!(c.server_pid(), pid);
+    let tools = c.request(json!({"op": "list_tools"}), T);
+    assert_eq!(tools["tools"].as_array().map(Vec::len), Some(7));
+    eprintln!(
+        "mcp-figure: server RSS idle {idle} KiB, after {} calls and a 35 MB output {} KiB",
+        cases.len() + 3,
+        rss_kib(pid)
+    );
+    c.close(T);
+}
