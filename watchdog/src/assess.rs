@@ -16,17 +16,15 @@
 //! a lease, never from the timeout.
 
 use agent_run_shared::id::RunId;
-use agent_run_shared::lease::read_lease;
+use agent_run_shared::lifecycle::timings_of;
 use agent_run_shared::procset::{discover_in, Depth, Snapshot};
-use agent_run_shared::record::{read_status, Status};
-use agent_run_shared::root::Root;
-use agent_run_shared::run::{scope_of, timings_of};
-use agent_run_shared::takeover::{check_record, live_wrapper, Wrapper};
-use agent_run_shared::{heartbeat, procfs, time};
+use agent_run_shared::record::Status;
+use agent_run_shared::root::{Root, RunDir};
+use agent_run_shared::wrapper::{check_record, live_wrapper, Wrapper};
+use agent_run_shared::{procfs, time};
 use std::cell::OnceCell;
 use std::collections::HashSet;
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
 use std::time::Duration;
 
 /// How long a run dir may exist without a record before its launch counts as lost.
@@ -129,7 +127,7 @@ pub struct Seen {
 
 /// A run dir the watchdog looks at.
 pub struct Subject {
-    pub dir: PathBuf,
+    pub dir: RunDir,
     pub status: Status,
     /// The lease deadline assessed (epoch seconds), if the run has one.
     pub lease: Option<f64>,
@@ -160,20 +158,17 @@ pub fn assess(
         Ok(d) => d,
         Err(e) => return (Verdict::Skip(e.to_string()), None),
     };
-    let st = match read_status(&dir.path) {
+    let st = match dir.read_status() {
         Ok(st) => st,
         // A dir without a record yet is a launch in progress (or one that died at once): the
         // next event or scan looks again.
         Err(agent_run_shared::Error::Missing { .. }) => {
             // A launch in progress writes its first record within milliseconds; a dir still
             // without one after LOST_LAUNCH_AFTER lost its wrapper before it could.
-            let age = std::fs::metadata(&dir.path)
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|m| m.elapsed().ok());
+            let age = dir.stat_file(".").and_then(|m| m.modified.elapsed().ok());
             if age.is_some_and(|a| a >= LOST_LAUNCH_AFTER) {
                 let subject = Subject {
-                    dir: dir.path.clone(),
+                    dir: dir.clone(),
                     status: Status::blank(name),
                     lease: None,
                     lease_damaged: None,
@@ -194,7 +189,7 @@ pub fn assess(
         return (Verdict::Done, None);
     }
     let subject = Some(Subject {
-        dir: dir.path.clone(),
+        dir: dir.clone(),
         status: st.clone(),
         lease: None,
         lease_damaged: None,
@@ -210,7 +205,7 @@ pub fn assess(
         // Pids from another boot name this boot's processes: signal nothing. Unless processes
         // carrying this run's marker are alive: then the run is of this boot and the record
         // was rewritten.
-        if marked_alive(&dir.path, &st, snapshot()) {
+        if marked_alive(&dir, &st, snapshot()) {
             return (
                 Verdict::Skip(format!(
                     "the record says boot {:?}, but processes carrying this run's marker are alive: the record was rewritten",
@@ -234,7 +229,7 @@ pub fn assess(
     // A damaged lease.json keeps the last valid deadline the daemon saw. Without one (a single
     // pass, a daemon started after the damage) an orphan gets the orphan grace, as a run
     // without a lease: bounded, never forever.
-    let (lease, damaged) = match read_lease(&dir.path) {
+    let (lease, damaged) = match dir.read_lease() {
         Ok(l) => (l.map(|l| l.deadline_epoch), None),
         Err(e) => (seen.last_lease, Some(e.to_string())),
     };
@@ -249,7 +244,7 @@ pub fn assess(
     .into_iter()
     .flatten()
     .min_by(|a, b| a.0.total_cmp(&b.0));
-    let verdict = match live_wrapper(&dir.path, &st) {
+    let verdict = match live_wrapper(&dir, &st) {
         Wrapper::Alive(w) => {
             let stuck_at = due.map(|(d, why)| (d + grace + policy.slack.as_secs_f64(), why));
             match stuck_at {
@@ -266,7 +261,7 @@ pub fn assess(
                 // Counted from when the wrapper died, as far as anyone can know: the first
                 // time this daemon saw it gone, or the bound its last heartbeat gives (which a
                 // `--once` pass, seeing it for the first time, has to go by).
-                let since = [seen.orphan_since, heartbeat::gone_by(&dir.path, now)]
+                let since = [seen.orphan_since, dir.gone_by(now)]
                     .into_iter()
                     .flatten()
                     .fold(now, f64::min);
@@ -276,7 +271,7 @@ pub fn assess(
             // Due: act at once; the stop itself (on a worker thread) finds whatever remains,
             // and an empty set ends as `unknown`/`wrapper_lost`. Not due yet: if nothing of the
             // run remains there is nothing to wait for. One /proc scan, only on this path.
-            if now >= act_epoch || !remains(&dir.path, &st, snapshot()) {
+            if now >= act_epoch || !remains(&dir, &st, snapshot()) {
                 Verdict::Now(action)
             } else {
                 Verdict::Later { act_epoch, action }
@@ -292,8 +287,8 @@ pub fn assess(
 }
 
 /// Whether any live process carries this run's marker (its `AGENT_RUN_DIR` is this very dir).
-fn marked_alive(dir: &std::path::Path, st: &Status, snap: &Snapshot) -> bool {
-    let Some(mut scope) = scope_of(dir, st, None) else {
+fn marked_alive(dir: &RunDir, st: &Status, snap: &Snapshot) -> bool {
+    let Some(mut scope) = dir.scope(st, None) else {
         return false;
     };
     // By marker alone, whenever it started: the record's pids and times are not to be trusted.
@@ -302,8 +297,8 @@ fn marked_alive(dir: &std::path::Path, st: &Status, snap: &Snapshot) -> bool {
     !discover_in(snap, &scope, Depth::WithMarker, &HashSet::new()).is_empty()
 }
 
-fn remains(dir: &std::path::Path, st: &Status, snap: &Snapshot) -> bool {
-    scope_of(dir, st, None)
+fn remains(dir: &RunDir, st: &Status, snap: &Snapshot) -> bool {
+    dir.scope(st, None)
         .is_some_and(|s| !discover_in(snap, &s, Depth::WithMarker, &HashSet::new()).is_empty())
 }
 

@@ -70,7 +70,7 @@ pub struct RootLock {
 /// Take the root's watchdog lock, or say who holds it ([`RootBusy`]).
 pub fn lock_root(root: &Root) -> anyhow::Result<RootLock> {
     use std::os::fd::AsFd;
-    let file = agent_run_shared::atomic::open_rw_create(root.path(), ROOT_LOCK)?;
+    let file = root.open_rw_create(ROOT_LOCK)?;
     if sys::try_lock_exclusive(file.as_fd())? {
         return Ok(RootLock { _file: file });
     }
@@ -142,7 +142,7 @@ fn journal_once(root: &Root, name: &str, why: &str) {
         return;
     };
     if let Ok(dir) = root.open_run_dir(&id) {
-        if let Ok(j) = agent_run_shared::journal::Journal::open(&dir.path, "watchdog") {
+        if let Ok(j) = dir.journal("watchdog") {
             let _ = j.event("skipped", serde_json::json!({"why": why}));
         }
     }
@@ -508,7 +508,7 @@ impl Daemon {
                         |d| format!("the last valid deadline {d:.3}")
                     )
                 ));
-                if let Ok(j) = agent_run_shared::journal::Journal::open(&s.dir, "watchdog") {
+                if let Ok(j) = s.dir.journal("watchdog") {
                     let _ = j.event(
                         "lease_unreadable",
                         serde_json::json!({"error": why, "keeping_deadline": keep}),

@@ -13,21 +13,20 @@ use crate::select::{self, Picked};
 use agent_run_shared::exit;
 use agent_run_shared::id::RunId;
 use agent_run_shared::journal::Journal;
-use agent_run_shared::lease::{read_lease, write_lease, Lease};
+use agent_run_shared::lease::Lease;
+use agent_run_shared::lifecycle::{record_lost_launch, stop_orphaned, timings_of};
 use agent_run_shared::record::{State, Status};
-use agent_run_shared::root::Root;
-use agent_run_shared::run::timings_of;
+use agent_run_shared::root::{Root, RunDir};
 use agent_run_shared::stop::Sig;
 use agent_run_shared::sys::{self, PollFd};
-use agent_run_shared::takeover::{
-    check_record, live_wrapper, lock_holder, record_lost_launch, request_cancel, signal_wrapper,
-    stop_orphaned, LockHolder, RunLock, VerifiedWrapper, Wrapper,
+use agent_run_shared::wrapper::{
+    check_record, live_wrapper, lock_holder, signal_wrapper, LockHolder, VerifiedWrapper, Wrapper,
 };
 use agent_run_shared::{procfs, Error};
 use serde_json::json;
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -112,11 +111,11 @@ pub fn cancel_one(
     root: Option<&Path>,
     run_id: &str,
     wait: Option<Duration>,
-) -> anyhow::Result<(PathBuf, Status)> {
+) -> anyhow::Result<(RunDir, Status)> {
     let dir = open_run(root, run_id)?;
-    let journal = Journal::open(&dir.path, "cancel")?;
-    let lock = RunLock::open(&dir.path)?;
-    let first = match agent_run_shared::record::read_status(&dir.path) {
+    let journal = dir.journal("cancel")?;
+    let lock = dir.lock()?;
+    let first = match dir.read_status() {
         Ok(st) => st,
         // No record yet. If the lock is free, the wrapper has not taken it (or died before its
         // first record): holding it, we declare the launch lost, and a slow wrapper that comes
@@ -124,15 +123,15 @@ pub fn cancel_one(
         // write its first record: wait for it.
         Err(Error::Missing { .. }) => {
             if lock.try_lock()? {
-                match agent_run_shared::record::read_status(&dir.path) {
+                match dir.read_status() {
                     Err(Error::Missing { .. }) => {
-                        let st = record_lost_launch(&dir.path, dir.id.as_str(), &journal)?;
-                        return Ok((dir.path.clone(), st));
+                        let st = record_lost_launch(&dir, &journal)?;
+                        return Ok((dir.clone(), st));
                     }
                     r => r?,
                 }
             } else {
-                inspect::read_record_waiting(&dir.path, LOST_LAUNCH_AFTER)?
+                inspect::read_record_waiting(&dir, LOST_LAUNCH_AFTER)?
             }
         }
         // A damaged record names no processes we could trust: refuse, signal nothing.
@@ -140,7 +139,7 @@ pub fn cancel_one(
             let _ = journal.event("refused", json!({"why": corrupt.to_string()}));
             return fail(
                 exit::NOPERM,
-                format!("refusing to cancel run {}: {corrupt}", dir.id),
+                format!("refusing to cancel run {}: {corrupt}", dir.id()),
             );
         }
         Err(e) => return Err(e.into()),
@@ -154,32 +153,32 @@ pub fn cancel_one(
         let _ = journal.event("refused", json!({"why": why}));
         crate::cli::Exit(
             exit::NOPERM,
-            format!("refusing to cancel run {}: {why}", dir.id),
+            format!("refusing to cancel run {}: {why}", dir.id()),
         )
         .into()
     };
     loop {
-        let mut st = match agent_run_shared::record::read_status(&dir.path) {
+        let mut st = match dir.read_status() {
             Ok(st) => st,
             Err(e @ Error::Corrupt { .. }) => return Err(refuse(e.to_string())),
             Err(e) => return Err(e.into()),
         };
         if st.state.is_final() {
-            return Ok((dir.path.clone(), st));
+            return Ok((dir.clone(), st));
         }
         if let Err(e) = check_record(&st) {
             return Err(refuse(e.to_string()));
         }
         if lock.try_lock()? {
             // The wrapper is gone and we hold the lock: we are the one party that finishes it.
-            st = read_record(&dir.path)?;
+            st = read_record(&dir)?;
             if !st.state.is_final() {
                 check_record(&st).map_err(|e| refuse(e.to_string()))?;
-                take_over(&dir.path, &mut st, "the wrapper is gone", &journal)?;
+                take_over(&dir, &mut st, "the wrapper is gone", &journal)?;
             }
-            return Ok((dir.path.clone(), st));
+            return Ok((dir.clone(), st));
         }
-        let holder = lock_holder(&lock, &dir.path, &st);
+        let holder = lock_holder(&lock, &dir, &st);
         let mut wrapper: Option<VerifiedWrapper> = None;
         match holder {
             LockHolder::Wrapper(w) => wrapper = Some(w),
@@ -205,19 +204,20 @@ pub fn cancel_one(
                 // run's.
                 let _ = journal.event("lock_squatted", json!({"holders": pids}));
                 take_over(
-                    &dir.path,
+                    &dir,
                     &mut st,
                     "the wrapper is gone; its lock is squatted",
                     &journal,
                 )?;
-                return Ok((dir.path.clone(), st));
+                return Ok((dir.clone(), st));
             }
         }
         if let Some(w) = &wrapper {
             // A cancel.json that cannot be written (a full disk) must not keep the run alive:
             // say so, and signal anyway.
-            let created =
-                request_cancel(&dir.path, "cancel", "cancel_request").unwrap_or_else(|e| {
+            let created = dir
+                .request_cancel("cancel", "cancel_request")
+                .unwrap_or_else(|e| {
                     eprintln!("agent-run: {e}; signalling the wrapper without it");
                     true
                 });
@@ -241,7 +241,7 @@ pub fn cancel_one(
         if now >= deadline {
             let mut msg = format!(
                 "run {} is still {} after {:?}",
-                dir.id,
+                dir.id(),
                 st.state.as_str(),
                 wait
             );
@@ -263,13 +263,13 @@ pub fn cancel_one(
 
 /// Finish a run whose wrapper is gone: cancel.json, the journal, then the shared stop and the
 /// final record.
-fn take_over(dir: &Path, st: &mut Status, why: &str, journal: &Journal) -> anyhow::Result<()> {
-    let _ = request_cancel(dir, "cancel", "cancel_request");
+fn take_over(dir: &RunDir, st: &mut Status, why: &str, journal: &Journal) -> anyhow::Result<()> {
+    let _ = dir.request_cancel("cancel", "cancel_request");
     let _ = journal.event("takeover", json!({"why": why, "state": st.state.as_str()}));
     if let Err(e) = stop_orphaned(dir, st, "cancel_request", journal) {
         // Another party may have written the final record first (a squatted lock gives no
         // exclusivity): then that record is the answer.
-        match agent_run_shared::record::read_status(dir) {
+        match dir.read_status() {
             Ok(fin) if fin.state.is_final() => *st = fin,
             _ => return Err(e.into()),
         }
@@ -319,7 +319,7 @@ pub fn renew(root: Option<&Path>, args: RenewArgs) -> anyhow::Result<u8> {
         .filter(|id| {
             !selected
                 || args.lease.is_some()
-                || open_run(root, id).is_ok_and(|d| read_lease(&d.path).is_ok_and(|l| l.is_some()))
+                || open_run(root, id).is_ok_and(|d| d.read_lease().is_ok_and(|l| l.is_some()))
         })
         .collect();
     let mut code = exit::OK;
@@ -347,23 +347,27 @@ pub fn renew(root: Option<&Path>, args: RenewArgs) -> anyhow::Result<u8> {
 /// wrapper's wake-up is journalled.
 fn renew_one(root: Option<&Path>, run_id: &str, len: Option<Duration>) -> anyhow::Result<Lease> {
     let dir = open_run(root, run_id)?;
-    let journal = Journal::open(&dir.path, "renew")?;
+    let journal = dir.journal("renew")?;
     let refuse = |why: String| -> anyhow::Result<Lease> {
         let _ = journal.event("refused", json!({"why": why}));
         fail(
             exit::NOPERM,
-            format!("refusing to renew run {}: {why}", dir.id),
+            format!("refusing to renew run {}: {why}", dir.id()),
         )
     };
-    let st = match agent_run_shared::record::read_status(&dir.path) {
+    let st = match dir.read_status() {
         Ok(st) => st,
         Err(e @ Error::Corrupt { .. }) => return refuse(e.to_string()),
-        Err(_) => read_record(&dir.path)?,
+        Err(_) => read_record(&dir)?,
     };
     if st.state.is_final() {
         return fail(
             exit::NO_SUCH_RUN,
-            format!("run {} is {}: nothing to renew", dir.id, st.state.as_str()),
+            format!(
+                "run {} is {}: nothing to renew",
+                dir.id(),
+                st.state.as_str()
+            ),
         );
     }
     if let Err(e) = check_record(&st) {
@@ -371,28 +375,28 @@ fn renew_one(root: Option<&Path>, run_id: &str, len: Option<Duration>) -> anyhow
     }
     // Confirm the wrapper before anything changes: a record that names a process the kernel
     // says is not the wrapper is refused whole.
-    let wrapper = match live_wrapper(&dir.path, &st) {
+    let wrapper = match live_wrapper(&dir, &st) {
         Wrapper::Alive(w) => Some(w),
         Wrapper::Mismatch(why) => return refuse(why),
         Wrapper::Gone => None,
     };
     let len = match len {
         Some(d) => d,
-        None => match read_lease(&dir.path)? {
+        None => match dir.read_lease()? {
             Some(l) => Duration::from_secs_f64(l.lease_s),
             None => {
                 return fail(
                     exit::USAGE,
                     format!(
                         "run {} has no lease; give its length with --lease DUR",
-                        dir.id
+                        dir.id()
                     ),
                 )
             }
         },
     };
     let lease = Lease::from_now(len);
-    write_lease(&dir.path, &lease)?;
+    dir.write_lease(&lease)?;
     let _ = journal.event(
         "renew",
         json!({"deadline_epoch": lease.deadline_epoch, "lease_s": lease.lease_s}),
@@ -436,7 +440,7 @@ pub fn relaunch(
     detached: bool,
 ) -> anyhow::Result<u8> {
     let dir = root.open_run_dir(id)?;
-    let st = inspect::read_record_waiting(&dir.path, Duration::from_secs(10))?;
+    let st = inspect::read_record_waiting(&dir, Duration::from_secs(10))?;
     same_command(id, &st, argv)?;
     if detached {
         return Ok(exit::for_record(&st).unwrap_or(exit::OK));
@@ -447,7 +451,7 @@ pub fn relaunch(
             let line = human::final_line(&st, human::colour_for(true));
             eprintln!("agent-run: {line}; not running it again");
         } else {
-            eprint!("{}", inspect::record_json(&dir.path, &st));
+            eprint!("{}", inspect::record_json(&dir, &st));
         }
         return Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE));
     }
@@ -457,10 +461,10 @@ pub fn relaunch(
     );
     inspect::claim_lost_run(&dir);
     if quiet {
-        let st = wait_final(&dir.path, None)?;
+        let st = wait_final(&dir, None)?;
         return Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE));
     }
-    inspect::follow_to_end(&dir.path, (0, 0))
+    inspect::follow_to_end(&dir, (0, 0))
 }
 
 /// A duration as the command line parses it, without rounding (`1.5ms`, `90000ms`).
@@ -482,21 +486,30 @@ pub fn detach_parent(
     argv: &[OsString],
     args: &StartArgs,
 ) -> anyhow::Result<u8> {
-    let dir = root.run_dir_path(id);
+    let path = root.run_dir_path(id);
     // An existing run needs no wrapper of ours (it would only find the id taken).
+    let mut dir = None;
     let mut child = match root.open_run_dir(id) {
-        Ok(_) => None,
+        Ok(d) => {
+            dir = Some(d);
+            None
+        }
         Err(Error::Missing { .. }) => Some(spawn_detached(root, id, args)?),
         Err(e) => return Err(e.into()),
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let st: Option<Status> = agent_run_shared::record::read_status(&dir).ok();
+        // The detached wrapper makes the dir: held from the first look that finds it.
+        if dir.is_none() {
+            dir = root.open_run_dir(id).ok();
+        }
+        let read = || dir.as_ref().and_then(|d| d.read_status().ok());
+        let st: Option<Status> = read();
         if let Some(st) = st.filter(|s| s.state != State::Starting) {
             // The id may be an earlier run's (a relaunch, or a launch that raced ours).
             same_command(id, &st, argv)?;
             let line = json!({
-                "run_id": st.run_id, "run_dir": dir, "pid": st.pid, "pgid": st.pgid,
+                "run_id": st.run_id, "run_dir": path, "pid": st.pid, "pgid": st.pgid,
                 "state": st.state.as_str(),
             });
             println!("{line}");
@@ -512,7 +525,7 @@ pub fn detach_parent(
             return Ok(exit::OK);
         }
         if let Some(status) = child.as_mut().map(|c| c.try_wait()).transpose()?.flatten() {
-            if agent_run_shared::record::read_status(&dir).is_ok() {
+            if read().is_some() {
                 // It found the id taken by a launch racing ours: that launch's record decides.
                 child = None;
                 continue;

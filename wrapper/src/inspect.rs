@@ -11,14 +11,13 @@ use crate::select::{self, Picked};
 use crate::stream::{std_sink, Tail};
 use agent_run_shared::exit;
 use agent_run_shared::id::RunId;
-use agent_run_shared::lease::read_lease;
 use agent_run_shared::procfs;
-use agent_run_shared::record::{read_status, Status};
+use agent_run_shared::record::Status;
 use agent_run_shared::root::{files, resolve_root, Root, RunDir};
 use agent_run_shared::spec::matches_all;
 use agent_run_shared::sys::Inotify;
-use agent_run_shared::takeover::{live_wrapper, Wrapper};
 use agent_run_shared::time::{epoch_now, parse_rfc3339};
+use agent_run_shared::wrapper::{live_wrapper, Wrapper};
 use agent_run_shared::Error;
 use serde_json::{json, Value};
 use std::path::Path;
@@ -47,8 +46,8 @@ pub fn open_run(root: Option<&Path>, id: &str) -> anyhow::Result<RunDir> {
 }
 
 /// Read a run's record (69 when the run dir holds none).
-pub fn read_record(dir: &Path) -> anyhow::Result<Status> {
-    match read_status(dir) {
+pub fn read_record(dir: &RunDir) -> anyhow::Result<Status> {
+    match dir.read_status() {
         Err(Error::Missing { path }) => fail(
             exit::NO_SUCH_RUN,
             format!("{} does not exist: the run has no record", path.display()),
@@ -58,12 +57,12 @@ pub fn read_record(dir: &Path) -> anyhow::Result<Status> {
 }
 
 /// Read a record that may not be written yet (a launch of the same id racing us).
-pub fn read_record_waiting(dir: &Path, timeout: Duration) -> anyhow::Result<Status> {
+pub fn read_record_waiting(dir: &RunDir, timeout: Duration) -> anyhow::Result<Status> {
     let ino = Inotify::new()?;
-    ino.add_watch(dir, Inotify::CHANGED)?;
+    ino.add_watch(dir.path(), Inotify::CHANGED)?;
     let deadline = Instant::now() + timeout;
     loop {
-        match read_status(dir) {
+        match dir.read_status() {
             Err(Error::Missing { .. }) if Instant::now() < deadline => {
                 ino.wait(Duration::from_millis(50));
             }
@@ -73,9 +72,9 @@ pub fn read_record_waiting(dir: &Path, timeout: Duration) -> anyhow::Result<Stat
 }
 
 /// Block until the record is final (or `timeout`: exit 75 naming the state).
-pub fn wait_final(dir: &Path, timeout: Option<Duration>) -> anyhow::Result<Status> {
+pub fn wait_final(dir: &RunDir, timeout: Option<Duration>) -> anyhow::Result<Status> {
     let ino = Inotify::new()?;
-    ino.add_watch(dir, Inotify::CHANGED)?;
+    ino.add_watch(dir.path(), Inotify::CHANGED)?;
     let deadline = timeout.map(|t| Instant::now() + t);
     loop {
         let st = read_record(dir)?;
@@ -106,7 +105,7 @@ pub fn wait_final(dir: &Path, timeout: Option<Duration>) -> anyhow::Result<Statu
 }
 
 /// What a record cannot say by itself: whether its wrapper still lives, whether the host rebooted.
-pub fn note(dir: &Path, st: &Status) -> Option<&'static str> {
+pub fn note(dir: &RunDir, st: &Status) -> Option<&'static str> {
     if st.state.is_final() {
         return None;
     }
@@ -121,12 +120,12 @@ pub fn note(dir: &Path, st: &Status) -> Option<&'static str> {
 }
 
 /// The record plus derived fields, as `status --json` and `cancel` print it.
-pub fn record_value(dir: &Path, st: &Status) -> Value {
+pub fn record_value(dir: &RunDir, st: &Status) -> Value {
     let mut v = serde_json::to_value(st).expect("a record serializes");
-    let lease = read_lease(dir).ok().flatten();
+    let lease = dir.read_lease().ok().flatten();
     let wrapper_alive = !st.state.is_final() && matches!(live_wrapper(dir, st), Wrapper::Alive(_));
     if let Value::Object(m) = &mut v {
-        m.insert("run_dir".into(), json!(dir));
+        m.insert("run_dir".into(), json!(dir.path()));
         m.insert("final".into(), json!(st.state.is_final()));
         m.insert("wrapper_alive".into(), json!(wrapper_alive));
         m.insert("note".into(), json!(note(dir, st)));
@@ -147,14 +146,14 @@ pub fn record_value(dir: &Path, st: &Status) -> Value {
 }
 
 /// [`record_value`] as pretty JSON with a trailing newline.
-pub fn record_json(dir: &Path, st: &Status) -> String {
+pub fn record_json(dir: &RunDir, st: &Status) -> String {
     let mut s = serde_json::to_string_pretty(&record_value(dir, st)).expect("json serializes");
     s.push('\n');
     s
 }
 
 /// Print the record (with derived fields) on stdout.
-pub fn print_record(dir: &Path, st: &Status) {
+pub fn print_record(dir: &RunDir, st: &Status) {
     print!("{}", record_json(dir, st));
 }
 
@@ -165,11 +164,11 @@ pub fn status(root: Option<&Path>, args: StatusArgs) -> anyhow::Result<u8> {
     let ids = match select::pick(root, &args.select, false)? {
         Picked::One(id) => {
             let dir = open_run(root, &id)?;
-            let st = read_record(&dir.path)?;
+            let st = read_record(&dir)?;
             if args.json {
-                print_record(&dir.path, &st);
+                print_record(&dir, &st);
             } else {
-                print!("{}", summary(&dir.path, &st, colour));
+                print!("{}", summary(&dir, &st, colour));
             }
             return Ok(exit::OK);
         }
@@ -178,14 +177,14 @@ pub fn status(root: Option<&Path>, args: StatusArgs) -> anyhow::Result<u8> {
     let mut code = exit::OK;
     let mut docs = Vec::new();
     for (i, id) in ids.iter().enumerate() {
-        let got = open_run(root, id).and_then(|dir| Ok((read_record(&dir.path)?, dir)));
+        let got = open_run(root, id).and_then(|dir| Ok((read_record(&dir)?, dir)));
         match got {
-            Ok((st, dir)) if args.json => docs.push(record_value(&dir.path, &st)),
+            Ok((st, dir)) if args.json => docs.push(record_value(&dir, &st)),
             Ok((st, dir)) => {
                 if i > 0 {
                     println!();
                 }
-                print!("{}", summary(&dir.path, &st, colour));
+                print!("{}", summary(&dir, &st, colour));
             }
             Err(e) => {
                 let (doc, c) = select::error_entry(id, &e);
@@ -203,7 +202,7 @@ pub fn status(root: Option<&Path>, args: StatusArgs) -> anyhow::Result<u8> {
 }
 
 /// The human summary of one record: what ran, where, since when, how it ended.
-fn summary(dir: &Path, st: &Status, colour: bool) -> String {
+fn summary(dir: &RunDir, st: &Status, colour: bool) -> String {
     use std::fmt::Write;
     let v = record_value(dir, st);
     let mut out = String::new();
@@ -335,7 +334,7 @@ fn summary(dir: &Path, st: &Status, colour: bool) -> String {
     for w in &st.warnings {
         put("warning", w.clone());
     }
-    put("dir", dir.display().to_string());
+    put("dir", dir.path().display().to_string());
     format!("{line}\n{out}")
 }
 
@@ -353,9 +352,9 @@ pub fn wait(root: Option<&Path>, args: WaitArgs) -> anyhow::Result<u8> {
     let ids = match select::pick(root, &args.select, true)? {
         Picked::One(id) => {
             let dir = open_run(root, &id)?;
-            let st = wait_final(&dir.path, args.timeout)?;
+            let st = wait_final(&dir, args.timeout)?;
             if args.json {
-                print_record(&dir.path, &st);
+                print_record(&dir, &st);
             }
             return Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE));
         }
@@ -368,13 +367,13 @@ pub fn wait(root: Option<&Path>, args: WaitArgs) -> anyhow::Result<u8> {
         .collect::<anyhow::Result<Vec<RunDir>>>()?;
     let ino = Inotify::new()?;
     for d in &dirs {
-        ino.add_watch(&d.path, Inotify::CHANGED)?;
+        ino.add_watch(d.path(), Inotify::CHANGED)?;
     }
     let deadline = args.timeout.map(|t| Instant::now() + t);
     loop {
         let records = dirs
             .iter()
-            .map(|d| read_record(&d.path))
+            .map(read_record)
             .collect::<anyhow::Result<Vec<Status>>>()?;
         let done = if args.any {
             dirs.is_empty() || records.iter().any(|st| st.state.is_final())
@@ -386,7 +385,7 @@ pub fn wait(root: Option<&Path>, args: WaitArgs) -> anyhow::Result<u8> {
                 let docs = dirs
                     .iter()
                     .zip(&records)
-                    .map(|(d, st)| record_value(&d.path, st))
+                    .map(|(d, st)| record_value(d, st))
                     .collect();
                 select::print_json(&Value::Array(docs));
             }
@@ -425,14 +424,14 @@ pub fn wait(root: Option<&Path>, args: WaitArgs) -> anyhow::Result<u8> {
 pub fn attach(root: Option<&Path>, args: AttachArgs) -> anyhow::Result<u8> {
     let dir = open_run(root, &args.run_id)?;
     claim_lost_run(&dir);
-    follow_to_end(&dir.path, (args.stdout_from, args.stderr_from))
+    follow_to_end(&dir, (args.stdout_from, args.stderr_from))
 }
 
 /// A foreground run whose caller is gone and whose `--on-disconnect DUR` is counting down is
 /// kept alive by an attach (or a relaunch, which attaches): tell its wrapper (USR1,
 /// journalled) that someone is here.
 pub fn claim_lost_run(dir: &RunDir) {
-    let Ok(st) = read_status(&dir.path) else {
+    let Ok(st) = dir.read_status() else {
         return;
     };
     let counting = st.caller_lost_at.is_some()
@@ -443,17 +442,17 @@ pub fn claim_lost_run(dir: &RunDir) {
     if st.state.is_final() || !counting {
         return;
     }
-    let Ok(journal) = agent_run_shared::journal::Journal::open(&dir.path, "attach") else {
+    let Ok(journal) = dir.journal("attach") else {
         return;
     };
     let _ = journal.event("attach", json!({"claims": "the run whose caller was lost"}));
     // Only a wrapper the kernel confirms is woken, and only for a record that holds the whole
     // identity.
-    if agent_run_shared::takeover::check_record(&st).is_err() {
+    if agent_run_shared::wrapper::check_record(&st).is_err() {
         return;
     }
-    if let Wrapper::Alive(w) = live_wrapper(&dir.path, &st) {
-        let _ = agent_run_shared::takeover::signal_wrapper(
+    if let Wrapper::Alive(w) = live_wrapper(dir, &st) {
+        let _ = agent_run_shared::wrapper::signal_wrapper(
             &w,
             agent_run_shared::stop::Sig::Usr1,
             "attach",
@@ -464,7 +463,7 @@ pub fn claim_lost_run(dir: &RunDir) {
 }
 
 /// Stream both logs from the given offsets until the run is final, then exit as the run did.
-pub fn follow_to_end(dir: &Path, from: (u64, u64)) -> anyhow::Result<u8> {
+pub fn follow_to_end(dir: &RunDir, from: (u64, u64)) -> anyhow::Result<u8> {
     let mut out = Tail::new(dir, files::STDOUT, std_sink(false)).starting_at(from.0);
     let mut err = Tail::new(dir, files::STDERR, std_sink(true)).starting_at(from.1);
     let st = follow(dir, &mut [&mut out, &mut err])?;
@@ -472,9 +471,9 @@ pub fn follow_to_end(dir: &Path, from: (u64, u64)) -> anyhow::Result<u8> {
 }
 
 /// Copy new bytes of each tail until the record is final; then copy the rest once more.
-fn follow(dir: &Path, tails: &mut [&mut Tail]) -> anyhow::Result<Status> {
+fn follow(dir: &RunDir, tails: &mut [&mut Tail]) -> anyhow::Result<Status> {
     let ino = Inotify::new()?;
-    ino.add_watch(dir, Inotify::CHANGED | Inotify::MODIFIED)?;
+    ino.add_watch(dir.path(), Inotify::CHANGED | Inotify::MODIFIED)?;
     loop {
         // Read the record first: once it is final no process of the run writes, so the pump
         // after it reaches the true end of every log.
@@ -497,9 +496,9 @@ pub fn logs(root: Option<&Path>, args: LogsArgs) -> anyhow::Result<u8> {
     } else {
         (files::STDOUT, std_sink(false))
     };
-    let mut tail = Tail::new(&dir.path, name, sink);
+    let mut tail = Tail::new(&dir, name, sink);
     if args.follow {
-        follow(&dir.path, &mut [&mut tail])?;
+        follow(&dir, &mut [&mut tail])?;
     } else {
         tail.pump();
     }
@@ -510,16 +509,13 @@ pub fn logs(root: Option<&Path>, args: LogsArgs) -> anyhow::Result<u8> {
 fn list_entry(root: &Root, name: &str) -> Result<(Value, Status), String> {
     let id = RunId::parse(name).map_err(|e| e.to_string())?;
     let dir = root.open_run_dir(&id).map_err(|e| e.to_string())?;
-    let st = read_status(&dir.path).map_err(|e| e.to_string())?;
+    let st = dir.read_status().map_err(|e| e.to_string())?;
     let now = epoch_now();
     let age = parse_rfc3339(&st.created_at).map(|c| now - c);
     let lease_left = if st.state.is_final() {
         None
     } else {
-        read_lease(&dir.path)
-            .ok()
-            .flatten()
-            .map(|l| l.remaining_s())
+        dir.read_lease().ok().flatten().map(|l| l.remaining_s())
     };
     let timeout_left = st
         .timeout_deadline_epoch()
@@ -531,7 +527,7 @@ fn list_entry(root: &Root, name: &str) -> Result<(Value, Status), String> {
         "age_s": age.map(|a| a.round()), "lease_remaining_s": lease_left.map(round),
         "timeout_remaining_s": timeout_left.map(round),
         "exit_code": st.exit_code, "launch_exit_code": st.launch_exit_code,
-        "term_signal": st.term_signal, "note": note(&dir.path, &st),
+        "term_signal": st.term_signal, "note": note(&dir, &st),
         "final": st.state.is_final(), "outcome_exit_code": exit::for_record(&st),
         "labels": st.labels, "created_at": st.created_at, "started_at": st.started_at,
         "ended_at": st.ended_at,
@@ -698,7 +694,7 @@ pub fn gc(root: Option<&Path>, args: GcArgs) -> anyhow::Result<u8> {
             .map_err(|e| e.to_string())
             .and_then(|id| root.open_run_dir(&id).map_err(|e| e.to_string()))
             .and_then(|dir| {
-                read_status(&dir.path)
+                dir.read_status()
                     .map(|st| (dir, st))
                     .map_err(|e| e.to_string())
             });
@@ -717,13 +713,13 @@ pub fn gc(root: Option<&Path>, args: GcArgs) -> anyhow::Result<u8> {
             continue;
         }
         if args.dry_run {
-            println!("would remove {}", dir.path.display());
+            println!("would remove {}", dir.path().display());
             continue;
         }
         // remove_dir_all never follows symlinks inside the tree (std, since CVE-2022-21658).
-        match std::fs::remove_dir_all(&dir.path) {
-            Ok(()) => println!("removed {}", dir.path.display()),
-            Err(e) => eprintln!("agent-run: cannot remove {}: {e}", dir.path.display()),
+        match std::fs::remove_dir_all(dir.path()) {
+            Ok(()) => println!("removed {}", dir.path().display()),
+            Err(e) => eprintln!("agent-run: cannot remove {}: {e}", dir.path().display()),
         }
     }
     Ok(exit::OK)

@@ -10,21 +10,20 @@ use crate::human;
 use crate::signals::Signals;
 use crate::stream::Streamer;
 use crate::supervise::{self, Limits, Outcome};
-use agent_run_shared::atomic::{open_append, write_atomic};
 use agent_run_shared::cgroup::{self, Parent, RunCgroup};
 use agent_run_shared::exit;
 use agent_run_shared::id::RunId;
 use agent_run_shared::journal::Journal;
-use agent_run_shared::lease::{write_lease, Lease};
+use agent_run_shared::lease::Lease;
+use agent_run_shared::lifecycle::{finalize, transition};
+use agent_run_shared::lock::RunLock;
 use agent_run_shared::pid::{Identity, Pid};
-use agent_run_shared::procset::{discover, Depth, RunScope};
+use agent_run_shared::procset::{discover, Depth};
 use agent_run_shared::record::{Containment, State, Status};
 use agent_run_shared::root::{files, resolve_root, Root, RunDir};
-use agent_run_shared::run::{finalize, scope_of, transition};
 use agent_run_shared::spec::OnDisconnect;
 use agent_run_shared::stop::{stop_run, Sig, Timings};
 use agent_run_shared::sys::{self, WaitStatus};
-use agent_run_shared::takeover::RunLock;
 use agent_run_shared::{fault, procfs, time, ENV_RUN_DIR, ENV_RUN_ID};
 use anyhow::Context;
 use serde_json::json;
@@ -165,7 +164,7 @@ impl Launch {
     ) -> anyhow::Result<Launch> {
         // Taken before the first record exists: whoever sees a record and can take the lock
         // knows the wrapper is gone. Close-on-exec, so the workload never holds it.
-        let lock = RunLock::open(&dir.path)?;
+        let lock = dir.lock()?;
         if !lock.try_lock()? {
             return fail(
                 exit::SOFTWARE,
@@ -174,25 +173,25 @@ impl Launch {
         }
         // The lock's mtime is our heartbeat: the watchdog bounds our death by it (a lease-less
         // run's orphan grace counts from there). Not being able to beat costs only that bound.
-        let _ = agent_run_shared::heartbeat::start(&dir.path);
+        let _ = dir.heartbeat();
         // A `cancel` or the watchdog that found this dir without a record, and took the lock
         // before we did, has declared the launch lost: never run the command after that.
-        if agent_run_shared::record::read_status(&dir.path).is_ok() {
+        if dir.read_status().is_ok() {
             return fail(
                 exit::SOFTWARE,
                 format!(
                     "run {} was declared lost before it could start; not running it",
-                    dir.id
+                    dir.id()
                 ),
             );
         }
-        let journal = Journal::open(&dir.path, "wrapper")?;
+        let journal = dir.journal("wrapper")?;
         let timings = Timings {
             hup_after: args.hup_after,
             grace: args.grace,
             ..Timings::default()
         };
-        let mut st = Status::blank(dir.id.as_str());
+        let mut st = Status::blank(dir.id().as_str());
         st.set_argv(argv);
         let (cwd, cwd_warning) = match &args.cwd {
             Some(c) => (c.to_string_lossy().into_owned(), None),
@@ -219,8 +218,8 @@ impl Launch {
         let (mut cgroup, mut cgroup_failure) = (None, None);
         st.containment = Some(Containment::procfs());
         if let Parent::Dir { path, explicit } = &parent {
-            let ino = RunScope::dir_identity(&dir.path).map_or(0, |(_, i)| i);
-            match RunCgroup::create(path, &cgroup::name_for(dir.id.as_str(), ino)) {
+            let ino = dir.identity().1;
+            match RunCgroup::create(path, &cgroup::name_for(dir.id().as_str(), ino)) {
                 Ok(cg) => {
                     st.containment = Some(Containment::cgroup(cg.path()));
                     cgroup = Some(cg);
@@ -244,8 +243,8 @@ impl Launch {
     }
 
     fn run(mut self, args: &StartArgs) -> anyhow::Result<u8> {
-        let dir = self.dir.path.clone();
-        agent_run_shared::record::write_status(&dir, &self.st)?;
+        let dir = self.dir.clone();
+        dir.write_status(&self.st)?;
         fault::point("after_starting");
         let _ = self.journal.event(
             "launch",
@@ -268,7 +267,7 @@ impl Launch {
             let lease = match args.lease {
                 Some(len) => {
                     let lease = Lease::from_now(len);
-                    write_lease(&dir, &lease)?;
+                    dir.write_lease(&lease)?;
                     Some(lease.deadline_epoch)
                 }
                 None => None,
@@ -293,7 +292,9 @@ impl Launch {
                     timeout: args.timeout.zip(self.started).map(|(t, s)| (s + t, t)),
                     on_disconnect: (!args.detached_child).then(|| args.on_disconnect()),
                 };
-                let scope = scope_of(&self.dir.path, &self.st, Some(Pid::this()))
+                let scope = self
+                    .dir
+                    .scope(&self.st, Some(Pid::this()))
                     .expect("a launched run has a scope");
                 let outcome = supervise::supervise(
                     &self.dir,
@@ -320,10 +321,10 @@ impl Launch {
     fn spawn(&mut self, args: &StartArgs) -> Result<(Identity, Option<std::os::fd::OwnedFd>), u8> {
         let command = &args.command[..];
         let stdin_null = args.detach_child();
-        let dir = self.dir.path.clone();
+        let dir = self.dir.clone();
         let (out, err) = match (
-            open_append(&dir, files::STDOUT),
-            open_append(&dir, files::STDERR),
+            dir.open_append(files::STDOUT),
+            dir.open_append(files::STDERR),
         ) {
             (Ok(o), Ok(e)) => (o, e),
             (Err(e), _) | (_, Err(e)) => {
@@ -332,8 +333,8 @@ impl Launch {
         };
         let mut cmd = Command::new(&command[0]);
         cmd.args(&command[1..])
-            .env(ENV_RUN_ID, self.dir.id.as_str())
-            .env(ENV_RUN_DIR, &dir)
+            .env(ENV_RUN_ID, self.dir.id().as_str())
+            .env(ENV_RUN_DIR, dir.path())
             .env_remove(fault::ENV)
             .env_remove(ENV_PASSED)
             .stdout(Stdio::from(out))
@@ -437,14 +438,10 @@ impl Launch {
         self.started = Some(Instant::now());
         fault::point("before_running");
         let ids = format!("{pid}\n");
-        let written = write_atomic(&dir, files::PID, ids.as_bytes(), false)
+        let written = dir
+            .write_atomic(files::PID, ids.as_bytes(), false)
             .and_then(|()| {
-                write_atomic(
-                    &dir,
-                    files::PGID,
-                    format!("{}\n", stat.pgid).as_bytes(),
-                    false,
-                )
+                dir.write_atomic(files::PGID, format!("{}\n", stat.pgid).as_bytes(), false)
             })
             .and_then(|()| {
                 transition(
@@ -471,7 +468,9 @@ impl Launch {
     /// Stop a workload that was spawned but must not run on (it failed its checks, or its
     /// record could not be written), through the shared routine, and reap it.
     fn stop_spawned(&self, pid: Pid, reason: &str) -> agent_run_shared::stop::Report {
-        let scope = scope_of(&self.dir.path, &self.st, Some(Pid::this()))
+        let scope = self
+            .dir
+            .scope(&self.st, Some(Pid::this()))
             .expect("pid and start ticks are set");
         let report = stop_run(&scope, &self.timings, reason, Some(&self.journal), None);
         sys::reap_all(Some(pid));
@@ -484,7 +483,7 @@ impl Launch {
         // The leader never exited: `exit_code` stays null; the launch's own code is recorded.
         self.st.launch_exit_code = Some(code as i32);
         if let Err(e) = finalize(
-            &self.dir.path,
+            &self.dir,
             &mut self.st,
             State::LaunchFailed,
             None,
@@ -494,7 +493,7 @@ impl Launch {
             human::say(&e.to_string());
         }
         if let Some(cg) = &self.cgroup {
-            agent_run_shared::run::remove_cgroup(cg, &self.journal);
+            agent_run_shared::lifecycle::remove_cgroup(cg, &self.journal);
         }
         code
     }
@@ -507,8 +506,10 @@ impl Launch {
         signals: &Signals,
         limits: &Limits,
     ) -> anyhow::Result<u8> {
-        let dir = self.dir.path.clone();
-        let scope = scope_of(&self.dir.path, &self.st, Some(Pid::this()))
+        let dir = self.dir.clone();
+        let scope = self
+            .dir
+            .scope(&self.st, Some(Pid::this()))
             .expect("a launched run has a scope");
         let mut signals_esc = signals;
         // The stop comes first: a record that cannot be written (a full disk) is reported, but
@@ -549,7 +550,7 @@ impl Launch {
             }
             Outcome::Stop(reason) => {
                 // Said before the TERM goes out (a dead stderr is no reason to wait).
-                human::say(&stop_message(self.dir.id.as_str(), &reason, limits));
+                human::say(&stop_message(self.dir.id().as_str(), &reason, limits));
                 let report = stop(&mut self.st, &reason);
                 let (ws, _) = sys::reap_all(Some(leader.pid));
                 // The stop may have reaped the leader itself (it reaps the dead children it
@@ -578,7 +579,7 @@ impl Launch {
         // The cgroup goes after the final record (a cgroup that still holds a survivor stays,
         // and the record says unknown).
         if let Some(cg) = &self.cgroup {
-            agent_run_shared::run::remove_cgroup(cg, &self.journal);
+            agent_run_shared::lifecycle::remove_cgroup(cg, &self.journal);
         }
         if let Err(e) = written {
             let left = report.as_ref().map_or(0, |r| r.survivors.len());

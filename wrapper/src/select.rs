@@ -10,7 +10,6 @@ use crate::cli::{exit_code_of, fail, Selection};
 use crate::inspect::open_root;
 use agent_run_shared::exit;
 use agent_run_shared::id::RunId;
-use agent_run_shared::record::read_status;
 use agent_run_shared::spec::matches_all;
 use agent_run_shared::time::parse_rfc3339;
 use serde_json::{json, Value};
@@ -51,7 +50,7 @@ pub fn pick(root: Option<&Path>, sel: &Selection, active_only: bool) -> anyhow::
         let picked = RunId::parse(&name)
             .map_err(|e| e.to_string())
             .and_then(|id| root.open_run_dir(&id).map_err(|e| e.to_string()))
-            .and_then(|dir| read_status(&dir.path).map_err(|e| e.to_string()));
+            .and_then(|dir| dir.read_status().map_err(|e| e.to_string()));
         match picked {
             Ok(st) => {
                 if matches_all(&sel.labels, &st.labels) && !(active_only && st.state.is_final()) {

@@ -5,12 +5,10 @@
 //! SSH channel is gone) is dropped and the copy of the other goes on; supervision never depends
 //! on it. The wrapper runs it on its own thread, so a stalled reader never blocks the event loop.
 
-use agent_run_shared::atomic::open_run_file;
-use agent_run_shared::root::files;
+use agent_run_shared::root::{files, RunDir};
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::fd::AsFd;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
@@ -23,7 +21,7 @@ pub const FOLLOW_SLOW: Duration = Duration::from_millis(80);
 
 /// One log being followed into one sink.
 pub struct Tail {
-    dir: PathBuf,
+    dir: RunDir,
     name: &'static str,
     src: Option<File>,
     sink: Option<File>,
@@ -34,9 +32,9 @@ pub struct Tail {
 
 impl Tail {
     /// Follow `dir/name` (which may not exist yet) into `sink`.
-    pub fn new(dir: &Path, name: &'static str, sink: Option<File>) -> Tail {
+    pub fn new(dir: &RunDir, name: &'static str, sink: Option<File>) -> Tail {
         Tail {
-            dir: dir.to_path_buf(),
+            dir: dir.clone(),
             name,
             src: None,
             sink,
@@ -55,7 +53,7 @@ impl Tail {
     pub fn pump(&mut self) -> bool {
         if self.src.is_none() {
             // Never follow a symlink planted in the run dir, never block on a planted FIFO.
-            self.src = open_run_file(&self.dir, self.name).ok().map(|(f, _)| f);
+            self.src = self.dir.open_run_file(self.name).ok().map(|(f, _)| f);
             if let Some(f) = &mut self.src {
                 if f.seek(SeekFrom::Start(self.copied)).is_err() {
                     self.src = None;
@@ -109,7 +107,7 @@ pub struct Streamer {
 
 impl Streamer {
     /// Start copying the run dir's logs to our stdout and stderr.
-    pub fn start(dir: &Path) -> Streamer {
+    pub fn start(dir: &RunDir) -> Streamer {
         let done = Arc::new(AtomicBool::new(false));
         let mut out = Tail::new(dir, files::STDOUT, std_sink(false));
         let mut err = Tail::new(dir, files::STDERR, std_sink(true));
