@@ -9,7 +9,7 @@
 use crate::cgroup::RunCgroup;
 use crate::error::Result;
 use crate::journal::Journal;
-use crate::pid::{Identity, Pid};
+use crate::pid::Pid;
 use crate::procset::RunScope;
 use crate::record::{ContainmentMode, State, Status};
 use crate::run_dir::RunDir;
@@ -84,16 +84,9 @@ impl RunDir {
     /// wrapper is dead, so only processes carrying the run's marker and started after it match.
     /// `None` when neither is recorded.
     pub fn scope(&self, st: &Status, wrapper: Option<Pid>) -> Option<RunScope> {
-        let (leader, marker_only) = match (st.pid.and_then(|p| Pid::new(p.into())), st.start_ticks)
-        {
-            (Some(pid), Some(start_ticks)) => (Identity { pid, start_ticks }, false),
-            _ => (
-                Identity {
-                    pid: Pid::new(st.wrapper_pid?.into())?,
-                    start_ticks: st.wrapper_start_ticks?,
-                },
-                true,
-            ),
+        let (leader, marker_only) = match st.leader() {
+            Some(leader) => (leader, false),
+            None => (st.wrapper()?, true),
         };
         // The run began after its dir was made: a floor above that is a rewritten record. Two
         // ticks of margin below it, for the clock arithmetic.

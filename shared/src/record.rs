@@ -7,6 +7,7 @@
 //! must report it as such, never guess.
 
 use crate::error::{Error, Result};
+use crate::pid::{Identity, Pid};
 use crate::run_dir::{caps, files, RunDir};
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
@@ -178,6 +179,38 @@ impl Containment {
 }
 
 impl Status {
+    /// The leader as the record names it: its pid and start ticks, when both are there (and
+    /// the pid is positive). A claim of the record, which the workload can rewrite: only
+    /// [`crate::wrapper::check_record`] and the stop's own checks against the kernel make it
+    /// something to act on.
+    pub fn leader(&self) -> Option<Identity> {
+        Some(Identity {
+            pid: Pid::new(self.pid?.into())?,
+            start_ticks: self.start_ticks?,
+        })
+    }
+
+    /// The wrapper as the record names it: its pid and start ticks, when both are there (a
+    /// claim, confirmed only by [`crate::wrapper::live_wrapper`]).
+    pub fn wrapper(&self) -> Option<Identity> {
+        Some(Identity {
+            pid: Pid::new(self.wrapper_pid?.into())?,
+            start_ticks: self.wrapper_start_ticks?,
+        })
+    }
+
+    /// Name the leader: the pid and start ticks the kernel gave for the spawned workload.
+    pub fn set_leader(&mut self, leader: Identity) {
+        self.pid = Some(leader.pid.get());
+        self.start_ticks = Some(leader.start_ticks);
+    }
+
+    /// Name the wrapper (this process, with the start ticks /proc gives for it).
+    pub fn set_wrapper(&mut self, pid: Pid, start_ticks: Option<u64>) {
+        self.wrapper_pid = Some(pid.get());
+        self.wrapper_start_ticks = start_ticks;
+    }
+
     /// A record for `run_id` in state `starting`, with this host, user, boot and version filled
     /// in and nothing known about the workload yet.
     pub fn blank(run_id: &str) -> Status {

@@ -93,7 +93,7 @@ pub fn check_record(st: &Status) -> Result<()> {
             "the leader (tick {ticks}) cannot have started before its wrapper (tick {wrapper_ticks})"
         ));
     }
-    let pid = Pid::new(pid.into()).expect("checked > 1");
+    let pid = st.leader().expect("checked: all four, pid > 1").pid;
     if let Some(now) = procfs::stat(pid).filter(|s| !s.is_dead()) {
         if now.start_ticks != ticks {
             return refuse(format!(

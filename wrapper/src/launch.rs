@@ -207,8 +207,7 @@ impl Launch {
             }
         }
         st.on_disconnect = (!args.detached_child).then(|| args.on_disconnect().as_record());
-        st.wrapper_pid = Some(std::process::id() as i32);
-        st.wrapper_start_ticks = procfs::stat(Pid::this()).map(|s| s.start_ticks);
+        st.set_wrapper(Pid::this(), procfs::stat(Pid::this()).map(|s| s.start_ticks));
         st.grace_ms = Some(timings.grace.as_millis() as u64);
         st.hup_after_ms = Some(timings.hup_after.as_millis() as u64);
         st.warnings = agent_run_shared::hostpolicy::launch_warnings(&st.user);
@@ -424,16 +423,14 @@ impl Launch {
                 "workload pid {pid} is not its own session and group leader (pgid {}, sid {})",
                 stat.pgid, stat.sid
             );
-            self.st.pid = Some(pid.get());
-            self.st.start_ticks = Some(leader.start_ticks);
+            self.st.set_leader(leader);
             let report = self.stop_spawned(pid, "launch_failed");
             self.st.cleanup = Some(report.to_cleanup());
             return Err(self.launch_failed(exit::SOFTWARE, &msg));
         }
-        self.st.pid = Some(pid.get());
+        self.st.set_leader(leader);
         self.st.pgid = Some(stat.pgid);
         self.st.sid = Some(stat.sid);
-        self.st.start_ticks = Some(leader.start_ticks);
         self.st.started_at = Some(time::rfc3339_now());
         self.started = Some(Instant::now());
         fault::point("before_running");
