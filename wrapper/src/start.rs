@@ -1,12 +1,12 @@
-//! `agent-run start`: spec -> run dir -> spawn -> supervise -> stop -> final record -> exit code.
-//!
-//! The run dir is created with one `mkdir`; its lock is taken before the first record appears, so
-//! anyone who sees a record and can take the lock knows the wrapper is gone. The workload starts in
-//! a new session (setsid in `pre_exec`), writes its own logs, and is checked from /proc to be its
-//! own session and group leader before the record says `running`.
+//! `agent-run start`: a launch in the foreground (the wrapper that supervises the workload for its
+//! whole life), with `--detach` (a wrapper of our own in its own session, the caller gets one JSON
+//! line), and the relaunch of an id that exists (which never runs the command twice).
 
-use crate::cli::{fail, StartArgs};
+use crate::cli::StartArgs;
+use crate::error::fail;
 use crate::human;
+use crate::logs;
+use crate::runs::{self, wait_final};
 use crate::signals::Signals;
 use crate::stream::Streamer;
 use crate::supervise::{self, Limits, Outcome};
@@ -24,15 +24,15 @@ use agent_run_shared::root::{files, resolve_root, Root, RunDir};
 use agent_run_shared::spec::OnDisconnect;
 use agent_run_shared::stop::{stop_run, Sig, Timings};
 use agent_run_shared::sys::{self, WaitStatus};
-use agent_run_shared::{fault, procfs, time, ENV_RUN_DIR, ENV_RUN_ID};
+use agent_run_shared::{fault, procfs, time, Error, ENV_RUN_DIR, ENV_RUN_ID};
 use anyhow::Context;
 use serde_json::json;
 use std::collections::HashSet;
 use std::ffi::OsString;
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// The variable through which `start --detach` hands the `-e` pairs to its detached wrapper
 /// (never on a command line: /proc/PID/cmdline is world readable). Removed from the workload's
@@ -132,10 +132,10 @@ pub fn start(root: Option<&Path>, mut args: StartArgs) -> anyhow::Result<u8> {
     let argv: &[OsString] = &args.command;
     if args.detach {
         // The detached wrapper does everything below, in its own session.
-        return crate::control::detach_parent(&root, &id, argv, &args);
+        return detach_parent(&root, &id, argv, &args);
     }
     let Some(dir) = root.create_run_dir(&id)? else {
-        return crate::control::relaunch(&root, &id, argv, args.quiet, args.detached_child);
+        return relaunch(&root, &id, argv, args.quiet, args.detached_child);
     };
     fault::point("after_run_dir");
     Launch::new(dir, &args, argv, parent)?.run(&args)
@@ -207,7 +207,10 @@ impl Launch {
             }
         }
         st.on_disconnect = (!args.detached_child).then(|| args.on_disconnect().as_record());
-        st.set_wrapper(Pid::this(), procfs::stat(Pid::this()).map(|s| s.start_ticks));
+        st.set_wrapper(
+            Pid::this(),
+            procfs::stat(Pid::this()).map(|s| s.start_ticks),
+        );
         st.grace_ms = Some(timings.grace.as_millis() as u64);
         st.hup_after_ms = Some(timings.hup_after.as_millis() as u64);
         st.warnings = agent_run_shared::hostpolicy::launch_warnings(&st.user);
@@ -649,4 +652,182 @@ impl StartArgs {
         self.on_disconnect
             .unwrap_or_else(|| OnDisconnect::default_for(self.lease.is_some()))
     }
+}
+
+/// A relaunch must ask for the command the run id already stands for (65 otherwise).
+fn same_command(id: &RunId, st: &Status, argv: &[OsString]) -> anyhow::Result<()> {
+    // A final record with no command is a launch declared lost before anyone knew its command:
+    // it stands for no command in particular, and replays its outcome (unknown) for any.
+    // Compared byte for byte: two commands that differ only in bytes that are not UTF-8 are
+    // two commands.
+    if st.same_argv(argv) || (st.state.is_final() && st.argv.is_empty()) {
+        return Ok(());
+    }
+    fail(
+        exit::DATA_MISMATCH,
+        format!(
+            "run {id} exists with a different command: {:?} (asked for {:?})",
+            st.argv,
+            argv.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>()
+        ),
+    )
+}
+
+/// Relaunch of an existing run id: never runs the command twice. In the foreground: a final run
+/// prints its record on stderr and exits as it did; an active one is attached to. The wrapper
+/// that `--detach` started (`detached`) found the id taken by a launch racing it: it leaves the
+/// answer to its parent, which reads the record, and returns at once.
+pub fn relaunch(
+    root: &Root,
+    id: &RunId,
+    argv: &[OsString],
+    quiet: bool,
+    detached: bool,
+) -> anyhow::Result<u8> {
+    let dir = root.open_run_dir(id)?;
+    let st = runs::read_record_waiting(&dir, Duration::from_secs(10))?;
+    same_command(id, &st, argv)?;
+    if detached {
+        return Ok(exit::for_record(&st).unwrap_or(exit::OK));
+    }
+    if st.state.is_final() {
+        // A person sees what happened in one line; a program gets the record.
+        if human::stderr_is_terminal() {
+            let line = human::final_line(&st, human::colour_for(true));
+            eprintln!("agent-run: {line}; not running it again");
+        } else {
+            eprint!("{}", runs::record_json(&dir, &st));
+        }
+        return Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE));
+    }
+    eprintln!(
+        "agent-run: run {id} is already {}; attaching",
+        st.state.as_str()
+    );
+    logs::claim_lost_run(&dir);
+    if quiet {
+        let st = wait_final(&dir, None)?;
+        return Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE));
+    }
+    logs::follow_to_end(&dir, (0, 0))
+}
+
+/// A duration as the command line parses it, without rounding (`1.5ms`, `90000ms`).
+pub fn duration_arg(d: Duration) -> String {
+    format!("{}ms", d.as_secs_f64() * 1000.0)
+}
+
+/// `start --detach`: start a wrapper of our own in its own session with stdio on /dev/null, and
+/// return once its record says `running` (or the run is already final), printing one JSON line
+/// `{"run_id","run_dir","pid","pgid","state"}` on stdout and nothing else there.
+///
+/// The same for a run id that exists (a relaunch, which never runs the command twice and never
+/// attaches): the line with the run's current state; the exit code is the run's own when it is
+/// final (as `wait` would give), else 0. A different command is refused (65). A launch failure
+/// also prints its error on stderr.
+pub fn detach_parent(
+    root: &Root,
+    id: &RunId,
+    argv: &[OsString],
+    args: &StartArgs,
+) -> anyhow::Result<u8> {
+    let path = root.run_dir_path(id);
+    // An existing run needs no wrapper of ours (it would only find the id taken).
+    let mut dir = None;
+    let mut child = match root.open_run_dir(id) {
+        Ok(d) => {
+            dir = Some(d);
+            None
+        }
+        Err(Error::Missing { .. }) => Some(spawn_detached(root, id, args)?),
+        Err(e) => return Err(e.into()),
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        // The detached wrapper makes the dir: held from the first look that finds it.
+        if dir.is_none() {
+            dir = root.open_run_dir(id).ok();
+        }
+        let read = || dir.as_ref().and_then(|d| d.read_status().ok());
+        let st: Option<Status> = read();
+        if let Some(st) = st.filter(|s| s.state != State::Starting) {
+            // The id may be an earlier run's (a relaunch, or a launch that raced ours).
+            same_command(id, &st, argv)?;
+            let line = json!({
+                "run_id": st.run_id, "run_dir": path, "pid": st.pid, "pgid": st.pgid,
+                "state": st.state.as_str(),
+            });
+            println!("{line}");
+            let ours = child
+                .as_ref()
+                .is_some_and(|c| st.wrapper_pid == Some(c.id() as i32));
+            if st.state.is_final() {
+                if let (true, Some(e)) = (ours, &st.error) {
+                    eprintln!("agent-run: {e}");
+                }
+                return Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE));
+            }
+            return Ok(exit::OK);
+        }
+        if let Some(status) = child.as_mut().map(|c| c.try_wait()).transpose()?.flatten() {
+            if read().is_some() {
+                // It found the id taken by a launch racing ours: that launch's record decides.
+                child = None;
+                continue;
+            }
+            // It ended before the run was running: refused input or a setup failure.
+            return fail(
+                status.code().map_or(exit::SOFTWARE, |c| c as u8),
+                format!("the detached wrapper for run {id} exited before the run started"),
+            );
+        }
+        if Instant::now() >= deadline {
+            return fail(exit::TEMPFAIL, format!("run {id} did not start within 30s"));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The wrapper of a detached run: this program, in its own session, stdio on /dev/null.
+fn spawn_detached(root: &Root, id: &RunId, args: &StartArgs) -> anyhow::Result<Child> {
+    let exe = std::env::current_exe()?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("--root")
+        .arg(root.path())
+        .arg("start")
+        .arg("--quiet")
+        .arg("--detached-child")
+        .arg("--grace")
+        .arg(duration_arg(args.grace))
+        .arg("--hup-after")
+        .arg(duration_arg(args.hup_after));
+    if let Some(l) = args.lease {
+        cmd.arg("--lease").arg(duration_arg(l));
+    }
+    if let Some(t) = args.timeout {
+        cmd.arg("--timeout").arg(duration_arg(t));
+    }
+    if let Some(c) = &args.cwd {
+        cmd.arg("--cwd").arg(c);
+    }
+    if let Some(c) = &args.cgroup {
+        cmd.arg("--cgroup").arg(c);
+    }
+    for (k, v) in &args.labels {
+        cmd.arg("--label").arg(format!("{k}={v}"));
+    }
+    // The values of -e may be secrets: never on a command line (/proc/PID/cmdline is world
+    // readable), but in the environment of our own detached wrapper, which passes them on.
+    if args.env.is_empty() {
+        cmd.env_remove(ENV_PASSED);
+    } else {
+        let passed = encode_env(&args.env);
+        cmd.env(ENV_PASSED, passed);
+    }
+    cmd.arg(id.as_str()).arg("--").args(&args.command);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    sys::spawn_in_new_session(&mut cmd);
+    Ok(cmd.spawn()?)
 }

@@ -1,4 +1,4 @@
-//! The second control channel: `cancel` and `renew`, plus relaunch and `--detach`.
+//! `agent-run cancel`: one run, several, `--all` or `--label`.
 //!
 //! `cancel` never trusts a record blindly: it validates it ([`check_record`]), pins the wrapper
 //! with a pidfd before checking its start time, and only then signals it. When the wrapper is gone
@@ -6,28 +6,25 @@
 //! record. Concurrent cancels agree: exactly one creates cancel.json and signals, or takes the
 //! lock; the others wait for the same final record.
 
-use crate::cli::{fail, CancelArgs, RenewArgs, StartArgs};
+use crate::cli::CancelArgs;
+use crate::error::fail;
 use crate::human;
-use crate::inspect::{self, open_run, print_record, read_record, wait_final};
+use crate::runs::{self, open_run, print_record, read_record};
 use crate::select::{self, Picked};
 use agent_run_shared::exit;
-use agent_run_shared::id::RunId;
 use agent_run_shared::journal::Journal;
-use agent_run_shared::lease::Lease;
 use agent_run_shared::lifecycle::{record_lost_launch, stop_orphaned, timings_of};
 use agent_run_shared::record::{State, Status};
-use agent_run_shared::root::{Root, RunDir};
+use agent_run_shared::root::RunDir;
 use agent_run_shared::stop::Sig;
 use agent_run_shared::sys::{self, PollFd};
 use agent_run_shared::wrapper::{
-    check_record, live_wrapper, lock_holder, signal_wrapper, LockHolder, VerifiedWrapper, Wrapper,
+    check_record, lock_holder, signal_wrapper, LockHolder, VerifiedWrapper,
 };
 use agent_run_shared::{procfs, Error};
 use serde_json::json;
-use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// How long `cancel` waits for the first record of a launch that holds its lock.
@@ -61,7 +58,7 @@ pub fn cancel(root: Option<&Path>, args: CancelArgs) -> anyhow::Result<u8> {
         match r {
             Ok((dir, st)) => {
                 if json {
-                    docs.push(inspect::record_value(&dir, &st));
+                    docs.push(runs::record_value(&dir, &st));
                 } else {
                     println!("{}", human::final_line(&st, colour));
                 }
@@ -131,7 +128,7 @@ pub fn cancel_one(
                     r => r?,
                 }
             } else {
-                inspect::read_record_waiting(&dir, LOST_LAUNCH_AFTER)?
+                runs::read_record_waiting(&dir, LOST_LAUNCH_AFTER)?
             }
         }
         // A damaged record names no processes we could trust: refuse, signal nothing.
@@ -151,7 +148,7 @@ pub fn cancel_one(
     let mut party_since: Option<Instant> = None;
     let refuse = |why: String| -> anyhow::Error {
         let _ = journal.event("refused", json!({"why": why}));
-        crate::cli::Exit(
+        crate::error::Exit(
             exit::NOPERM,
             format!("refusing to cancel run {}: {why}", dir.id()),
         )
@@ -298,291 +295,4 @@ fn wait_event(wrapper: Option<&OwnedFd>, timeout: Duration) {
         .into_iter()
         .collect();
     let _ = sys::poll(&mut fds, Some(timeout));
-}
-
-/// `agent-run renew`: one run prints its new lease; several (or `--all`, `--label`) print an
-/// array of `{"run_id", "deadline_epoch", "lease_s"}`.
-pub fn renew(root: Option<&Path>, args: RenewArgs) -> anyhow::Result<u8> {
-    let ids = match select::pick(root, &args.select, true)? {
-        Picked::One(id) => {
-            let lease = renew_one(root, &id, args.lease)?;
-            println!("{}", serde_json::to_string(&lease)?);
-            return Ok(exit::OK);
-        }
-        Picked::Many(ids) => ids,
-    };
-    // `--all` and `--label` renew the runs that have a lease (without --lease, a run without
-    // one has nothing to renew; named by its id, it is an error).
-    let selected = args.select.all || !args.select.labels.is_empty();
-    let ids: Vec<String> = ids
-        .into_iter()
-        .filter(|id| {
-            !selected
-                || args.lease.is_some()
-                || open_run(root, id).is_ok_and(|d| d.read_lease().is_ok_and(|l| l.is_some()))
-        })
-        .collect();
-    let mut code = exit::OK;
-    let mut docs = Vec::new();
-    for id in &ids {
-        match renew_one(root, id, args.lease) {
-            Ok(l) => docs.push(
-                json!({"run_id": id, "deadline_epoch": l.deadline_epoch, "lease_s": l.lease_s}),
-            ),
-            Err(e) => {
-                let (doc, c) = select::error_entry(id, &e);
-                docs.push(doc);
-                if code == exit::OK {
-                    code = c;
-                }
-            }
-        }
-    }
-    select::print_json(&serde_json::Value::Array(docs));
-    Ok(code)
-}
-
-/// Renew one run's lease: now + `len` (default: the run's own lease length). The record must
-/// hold the whole identity and name a wrapper the kernel confirms (or none alive); the
-/// wrapper's wake-up is journalled.
-fn renew_one(root: Option<&Path>, run_id: &str, len: Option<Duration>) -> anyhow::Result<Lease> {
-    let dir = open_run(root, run_id)?;
-    let journal = dir.journal("renew")?;
-    let refuse = |why: String| -> anyhow::Result<Lease> {
-        let _ = journal.event("refused", json!({"why": why}));
-        fail(
-            exit::NOPERM,
-            format!("refusing to renew run {}: {why}", dir.id()),
-        )
-    };
-    let st = match dir.read_status() {
-        Ok(st) => st,
-        Err(e @ Error::Corrupt { .. }) => return refuse(e.to_string()),
-        Err(_) => read_record(&dir)?,
-    };
-    if st.state.is_final() {
-        return fail(
-            exit::NO_SUCH_RUN,
-            format!(
-                "run {} is {}: nothing to renew",
-                dir.id(),
-                st.state.as_str()
-            ),
-        );
-    }
-    if let Err(e) = check_record(&st) {
-        return refuse(e.to_string());
-    }
-    // Confirm the wrapper before anything changes: a record that names a process the kernel
-    // says is not the wrapper is refused whole.
-    let wrapper = match live_wrapper(&dir, &st) {
-        Wrapper::Alive(w) => Some(w),
-        Wrapper::Mismatch(why) => return refuse(why),
-        Wrapper::Gone => None,
-    };
-    let len = match len {
-        Some(d) => d,
-        None => match dir.read_lease()? {
-            Some(l) => Duration::from_secs_f64(l.lease_s),
-            None => {
-                return fail(
-                    exit::USAGE,
-                    format!(
-                        "run {} has no lease; give its length with --lease DUR",
-                        dir.id()
-                    ),
-                )
-            }
-        },
-    };
-    let lease = Lease::from_now(len);
-    dir.write_lease(&lease)?;
-    let _ = journal.event(
-        "renew",
-        json!({"deadline_epoch": lease.deadline_epoch, "lease_s": lease.lease_s}),
-    );
-    // Wake the wrapper so a shortened lease is enforced on time (it re-reads lease.json),
-    // journalled like every signal.
-    if let Some(w) = &wrapper {
-        let _ = signal_wrapper(w, Sig::Usr1, "renew", Some("re-read lease.json"), &journal);
-    }
-    Ok(lease)
-}
-
-/// A relaunch must ask for the command the run id already stands for (65 otherwise).
-fn same_command(id: &RunId, st: &Status, argv: &[OsString]) -> anyhow::Result<()> {
-    // A final record with no command is a launch declared lost before anyone knew its command:
-    // it stands for no command in particular, and replays its outcome (unknown) for any.
-    // Compared byte for byte: two commands that differ only in bytes that are not UTF-8 are
-    // two commands.
-    if st.same_argv(argv) || (st.state.is_final() && st.argv.is_empty()) {
-        return Ok(());
-    }
-    fail(
-        exit::DATA_MISMATCH,
-        format!(
-            "run {id} exists with a different command: {:?} (asked for {:?})",
-            st.argv,
-            argv.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>()
-        ),
-    )
-}
-
-/// Relaunch of an existing run id: never runs the command twice. In the foreground: a final run
-/// prints its record on stderr and exits as it did; an active one is attached to. The wrapper
-/// that `--detach` started (`detached`) found the id taken by a launch racing it: it leaves the
-/// answer to its parent, which reads the record, and returns at once.
-pub fn relaunch(
-    root: &Root,
-    id: &RunId,
-    argv: &[OsString],
-    quiet: bool,
-    detached: bool,
-) -> anyhow::Result<u8> {
-    let dir = root.open_run_dir(id)?;
-    let st = inspect::read_record_waiting(&dir, Duration::from_secs(10))?;
-    same_command(id, &st, argv)?;
-    if detached {
-        return Ok(exit::for_record(&st).unwrap_or(exit::OK));
-    }
-    if st.state.is_final() {
-        // A person sees what happened in one line; a program gets the record.
-        if human::stderr_is_terminal() {
-            let line = human::final_line(&st, human::colour_for(true));
-            eprintln!("agent-run: {line}; not running it again");
-        } else {
-            eprint!("{}", inspect::record_json(&dir, &st));
-        }
-        return Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE));
-    }
-    eprintln!(
-        "agent-run: run {id} is already {}; attaching",
-        st.state.as_str()
-    );
-    inspect::claim_lost_run(&dir);
-    if quiet {
-        let st = wait_final(&dir, None)?;
-        return Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE));
-    }
-    inspect::follow_to_end(&dir, (0, 0))
-}
-
-/// A duration as the command line parses it, without rounding (`1.5ms`, `90000ms`).
-pub fn duration_arg(d: Duration) -> String {
-    format!("{}ms", d.as_secs_f64() * 1000.0)
-}
-
-/// `start --detach`: start a wrapper of our own in its own session with stdio on /dev/null, and
-/// return once its record says `running` (or the run is already final), printing one JSON line
-/// `{"run_id","run_dir","pid","pgid","state"}` on stdout and nothing else there.
-///
-/// The same for a run id that exists (a relaunch, which never runs the command twice and never
-/// attaches): the line with the run's current state; the exit code is the run's own when it is
-/// final (as `wait` would give), else 0. A different command is refused (65). A launch failure
-/// also prints its error on stderr.
-pub fn detach_parent(
-    root: &Root,
-    id: &RunId,
-    argv: &[OsString],
-    args: &StartArgs,
-) -> anyhow::Result<u8> {
-    let path = root.run_dir_path(id);
-    // An existing run needs no wrapper of ours (it would only find the id taken).
-    let mut dir = None;
-    let mut child = match root.open_run_dir(id) {
-        Ok(d) => {
-            dir = Some(d);
-            None
-        }
-        Err(Error::Missing { .. }) => Some(spawn_detached(root, id, args)?),
-        Err(e) => return Err(e.into()),
-    };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        // The detached wrapper makes the dir: held from the first look that finds it.
-        if dir.is_none() {
-            dir = root.open_run_dir(id).ok();
-        }
-        let read = || dir.as_ref().and_then(|d| d.read_status().ok());
-        let st: Option<Status> = read();
-        if let Some(st) = st.filter(|s| s.state != State::Starting) {
-            // The id may be an earlier run's (a relaunch, or a launch that raced ours).
-            same_command(id, &st, argv)?;
-            let line = json!({
-                "run_id": st.run_id, "run_dir": path, "pid": st.pid, "pgid": st.pgid,
-                "state": st.state.as_str(),
-            });
-            println!("{line}");
-            let ours = child
-                .as_ref()
-                .is_some_and(|c| st.wrapper_pid == Some(c.id() as i32));
-            if st.state.is_final() {
-                if let (true, Some(e)) = (ours, &st.error) {
-                    eprintln!("agent-run: {e}");
-                }
-                return Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE));
-            }
-            return Ok(exit::OK);
-        }
-        if let Some(status) = child.as_mut().map(|c| c.try_wait()).transpose()?.flatten() {
-            if read().is_some() {
-                // It found the id taken by a launch racing ours: that launch's record decides.
-                child = None;
-                continue;
-            }
-            // It ended before the run was running: refused input or a setup failure.
-            return fail(
-                status.code().map_or(exit::SOFTWARE, |c| c as u8),
-                format!("the detached wrapper for run {id} exited before the run started"),
-            );
-        }
-        if Instant::now() >= deadline {
-            return fail(exit::TEMPFAIL, format!("run {id} did not start within 30s"));
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
-/// The wrapper of a detached run: this program, in its own session, stdio on /dev/null.
-fn spawn_detached(root: &Root, id: &RunId, args: &StartArgs) -> anyhow::Result<Child> {
-    let exe = std::env::current_exe()?;
-    let mut cmd = Command::new(exe);
-    cmd.arg("--root")
-        .arg(root.path())
-        .arg("start")
-        .arg("--quiet")
-        .arg("--detached-child")
-        .arg("--grace")
-        .arg(duration_arg(args.grace))
-        .arg("--hup-after")
-        .arg(duration_arg(args.hup_after));
-    if let Some(l) = args.lease {
-        cmd.arg("--lease").arg(duration_arg(l));
-    }
-    if let Some(t) = args.timeout {
-        cmd.arg("--timeout").arg(duration_arg(t));
-    }
-    if let Some(c) = &args.cwd {
-        cmd.arg("--cwd").arg(c);
-    }
-    if let Some(c) = &args.cgroup {
-        cmd.arg("--cgroup").arg(c);
-    }
-    for (k, v) in &args.labels {
-        cmd.arg("--label").arg(format!("{k}={v}"));
-    }
-    // The values of -e may be secrets: never on a command line (/proc/PID/cmdline is world
-    // readable), but in the environment of our own detached wrapper, which passes them on.
-    if args.env.is_empty() {
-        cmd.env_remove(crate::launch::ENV_PASSED);
-    } else {
-        let passed = crate::launch::encode_env(&args.env);
-        cmd.env(crate::launch::ENV_PASSED, passed);
-    }
-    cmd.arg(id.as_str()).arg("--").args(&args.command);
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    sys::spawn_in_new_session(&mut cmd);
-    Ok(cmd.spawn()?)
 }
