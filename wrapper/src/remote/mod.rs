@@ -28,8 +28,6 @@
 mod children;
 mod probe;
 mod quote;
-mod requests;
-mod resync;
 mod session;
 mod ssh;
 mod stream;
