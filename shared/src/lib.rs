@@ -22,6 +22,7 @@ pub mod pid;
 pub mod procfs;
 pub mod procset;
 pub mod quote;
+pub mod reap;
 pub mod record;
 pub mod root;
 pub mod run;
@@ -31,6 +32,7 @@ pub mod suspend;
 pub mod sys;
 pub mod takeover;
 pub mod time;
+pub mod users;
 
 pub use error::{Error, Result};
 

@@ -17,6 +17,7 @@ use agent_run_shared::journal::Journal;
 use agent_run_shared::lease::read_lease;
 use agent_run_shared::pid::Identity;
 use agent_run_shared::procset::RunScope;
+use agent_run_shared::reap;
 use agent_run_shared::record::{write_status, Status};
 use agent_run_shared::root::{files, RunDir};
 use agent_run_shared::spec::OnDisconnect;
@@ -156,7 +157,7 @@ pub fn supervise(
             }
         }
         if signals.take_chld() || leader_fd.is_some_and(|_| fds[1].revents != 0) {
-            let (leader_status, _) = sys::reap_all(Some(leader.pid));
+            let (leader_status, _) = reap::reap_all(Some(leader.pid));
             if let Some(ws) = leader_status {
                 let _ = journal.event("leader_exit", leader_exit_json(ws));
                 return Outcome::LeaderExited(ws);
