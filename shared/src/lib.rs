@@ -23,6 +23,7 @@ pub mod procfs;
 pub mod procset;
 pub mod quote;
 pub mod reap;
+pub mod reason;
 pub mod record;
 pub mod root;
 pub mod run;
