@@ -244,11 +244,7 @@ fn stop_run_inner(
             *confirm_until.get_or_insert(now + timings.confirm)
         });
         if now >= deadline {
-            level = match level_after(level, deadline, kill_at) {
-                Some(Level::Kill) => {
-                    kill_at = now;
-                    Level::Kill
-                }
+            level = match level_after(level, deadline, &mut kill_at, now) {
                 Some(next) => next,
                 None => break,
             };
@@ -372,14 +368,24 @@ fn deadline_of<T: PartialOrd + Copy>(
     }
 }
 
-/// The level after `level`'s `deadline` passed: HUP after a TERM whose deadline was the HUP
-/// step, else KILL; None after KILL (the stop is over).
-fn level_after<T: PartialOrd>(level: Level, deadline: T, kill_at: T) -> Option<Level> {
-    match level {
-        Level::Term if deadline < kill_at => Some(Level::Hup),
-        Level::Term | Level::Hup => Some(Level::Kill),
-        Level::Kill => None,
+/// The level after `level`'s `deadline` passed at `now`: HUP after a TERM whose deadline was
+/// the HUP step, else KILL, which moves `kill_at` to `now` (when it goes out); None after KILL
+/// (the stop is over).
+fn level_after<T: PartialOrd + Copy>(
+    level: Level,
+    deadline: T,
+    kill_at: &mut T,
+    now: T,
+) -> Option<Level> {
+    let next = match level {
+        Level::Term if deadline < *kill_at => Level::Hup,
+        Level::Term | Level::Hup => Level::Kill,
+        Level::Kill => return None,
+    };
+    if next == Level::Kill {
+        *kill_at = now;
     }
+    Some(next)
 }
 
 fn pids(p: &[Pid]) -> Vec<i32> {
@@ -730,11 +736,7 @@ mod tests {
                 *confirm_until.get_or_insert(now + t.confirm)
             });
             now = now.max(deadline);
-            level = match level_after(level, deadline, kill_at) {
-                Some(Level::Kill) => {
-                    kill_at = now;
-                    Level::Kill
-                }
+            level = match level_after(level, deadline, &mut kill_at, now) {
                 Some(next) => next,
                 None => break,
             };

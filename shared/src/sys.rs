@@ -99,9 +99,14 @@ pub enum WaitStatus {
 /// Reap one child without blocking: `pid` for one child, `None` for any. Ok(None) when a child
 /// exists but none has ended; Err(ECHILD) when there is no child to wait for.
 pub fn waitpid_nohang(pid: Option<Pid>) -> io::Result<Option<(Pid, WaitStatus)>> {
-    let target = pid.map(rustix_pid);
     loop {
-        let (p, status) = match rustix::process::waitpid(target, WaitOptions::NOHANG) {
+        // rustix's `waitpid(None)` is wait4(0): children in our own process group only, which
+        // a run's leader (a session of its own) never is. Any child is `wait`, wait4(-1).
+        let r = match pid {
+            Some(p) => rustix::process::waitpid(Some(rustix_pid(p)), WaitOptions::NOHANG),
+            None => rustix::process::wait(WaitOptions::NOHANG),
+        };
+        let (p, status) = match r {
             Ok(Some(r)) => r,
             Ok(None) => return Ok(None),
             Err(rustix::io::Errno::INTR) => continue,
@@ -557,6 +562,47 @@ mod tests {
             Some((pid, WaitStatus::Signaled(libc::SIGKILL)))
         );
         assert!(child.try_wait().is_err(), "already reaped");
+    }
+
+    /// Any child, a session leader of its own included (the run's leader is one). A wait for
+    /// any child would reap other tests' children: the check runs in a process of its own, this
+    /// test binary run again for this one test.
+    #[test]
+    fn any_child_is_reaped_in_whatever_session_it_is() {
+        if std::env::var_os("AGENT_RUN_SYS_REAP_PROBE").is_some() {
+            let mut cmd = std::process::Command::new("sh");
+            cmd.args(["-c", "exit 7"]);
+            spawn_in_new_session(&mut cmd);
+            let child = cmd.spawn().unwrap();
+            let pid = Pid::new(child.id().into()).unwrap();
+            let fd = pidfd_open(pid).unwrap();
+            let mut fds = [PollFd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            assert_eq!(poll(&mut fds, Some(Duration::from_secs(30))).unwrap(), 1);
+            assert_eq!(
+                waitpid_nohang(None).unwrap(),
+                Some((pid, WaitStatus::Exited(7)))
+            );
+            assert_eq!(
+                waitpid_nohang(None).unwrap_err().raw_os_error(),
+                Some(libc::ECHILD)
+            );
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "sys::tests::any_child_is_reaped_in_whatever_session_it_is",
+            ])
+            .args(["--test-threads", "1"])
+            .env("AGENT_RUN_SYS_REAP_PROBE", "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && text.contains("1 passed"), "{text}");
     }
 
     #[test]
