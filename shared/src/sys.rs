@@ -188,7 +188,7 @@ pub fn hostname() -> String {
         .into_owned()
 }
 
-/// Clock ticks per second (the kernel's AT_CLKTCK, what sysconf(_SC_CLK_TCK) reads), for /proc
+/// Clock ticks per second (sysconf(_SC_CLK_TCK), through rustix's `use-libc-auxv`), for /proc
 /// start times.
 pub fn clock_ticks_per_sec() -> u64 {
     match rustix::param::clock_ticks_per_second() {
