@@ -3,7 +3,7 @@
 //! Every piece that more than one binary needs lives here, once: run ids ([`id`]), the run root
 //! and run dirs ([`root`]), atomic writes ([`atomic`]), the status record ([`record`]), the events
 //! journal ([`journal`]), leases ([`lease`]), /proc reading ([`procfs`]), the run's process set
-//! ([`procset`]), THE stop routine ([`stop`]) and the exit-code table ([`exit`]). Raw syscalls that
+//! ([`procset`]), signal names ([`signal`]), THE stop routine ([`stop`]) and the exit-code table ([`exit`]). Raw syscalls that
 //! std lacks are fenced in [`sys`], the only module allowed to use `unsafe`.
 #![deny(unsafe_code)]
 
@@ -22,15 +22,19 @@ pub mod pid;
 pub mod procfs;
 pub mod procset;
 pub mod quote;
+pub mod reap;
+pub mod reason;
 pub mod record;
 pub mod root;
 pub mod run;
+pub mod signal;
 pub mod spec;
 pub mod stop;
 pub mod suspend;
 pub mod sys;
 pub mod takeover;
 pub mod time;
+pub mod users;
 
 pub use error::{Error, Result};
 

@@ -10,6 +10,7 @@ use crate::error::Result;
 use crate::journal::Journal;
 use crate::pid::{Identity, Pid};
 use crate::procset::RunScope;
+use crate::reason::Reason;
 use crate::record::{write_status, ContainmentMode, State, Status};
 use crate::stop::{Report, Timings};
 use serde_json::json;
@@ -54,7 +55,7 @@ pub fn finalize(
     let survivors = report.is_some_and(|r| !r.survivors.is_empty());
     st.state = if survivors { State::Unknown } else { state };
     st.reason = if survivors {
-        Some("survivors".into())
+        Some(Reason::Survivors.into())
     } else {
         reason.map(str::to_string)
     };

@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::journal::Journal;
 use crate::pid::Pid;
 use crate::procfs;
+use crate::reason::Reason;
 use crate::record::{State, Status};
 use crate::root::files;
 use crate::run::{finalize, scope_of, timings_of, transition};
@@ -393,7 +394,7 @@ pub fn stop_orphaned(
             dir,
             st,
             State::Unknown,
-            Some("wrapper_lost"),
+            Some(&*Reason::WrapperLost.as_str()),
             None,
             Some(journal),
         )?;
@@ -405,16 +406,16 @@ pub fn stop_orphaned(
     }
     let report = stop_run(&scope, &timings_of(st), reason, Some(journal), None);
     let (state, why) = if report.signalled.is_empty() {
-        (State::Unknown, "wrapper_lost")
+        (State::Unknown, Reason::WrapperLost.as_str())
     } else {
-        (State::Cancelled, reason)
+        (State::Cancelled, reason.into())
     };
     st.exit_code = None;
     st.term_signal = None;
     if let Some(cg) = &scope.cgroup {
         st.resources = Some(cg.resources());
     }
-    finalize(dir, st, state, Some(why), Some(&report), Some(journal))?;
+    finalize(dir, st, state, Some(&*why), Some(&report), Some(journal))?;
     if let Some(cg) = &scope.cgroup {
         crate::run::remove_cgroup(cg, journal);
     }
@@ -431,7 +432,7 @@ pub fn record_lost_launch(dir: &Path, run_id: &str, journal: &Journal) -> Result
         dir,
         &mut st,
         State::Unknown,
-        Some("wrapper_lost"),
+        Some(&*Reason::WrapperLost.as_str()),
         None,
         Some(journal),
     )?;

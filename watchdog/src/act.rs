@@ -5,6 +5,7 @@
 use crate::assess::{Action, Due, Subject};
 use agent_run_shared::journal::Journal;
 use agent_run_shared::procset::RunScope;
+use agent_run_shared::reason::Reason;
 use agent_run_shared::record::{read_status, State};
 use agent_run_shared::run::{finalize, scope_of, timings_of, transition};
 use agent_run_shared::stop::{stop_run, Sig};
@@ -40,7 +41,7 @@ pub fn act(subject: &Subject, action: Action) -> Result<String> {
                 dir,
                 &mut st,
                 State::Unknown,
-                Some("host_rebooted"),
+                Some(&*Reason::HostRebooted.as_str()),
                 None,
                 Some(&journal),
             )?;
@@ -76,7 +77,8 @@ pub fn act(subject: &Subject, action: Action) -> Result<String> {
                     return Ok(format!("already {}", st.state.as_str()));
                 }
             }
-            let reason = why.reason();
+            let reason = why.reason().as_str();
+            let reason: &str = &reason;
             let _ = request_cancel(dir, "watchdog", reason);
             let _ = journal.event("takeover", json!({"why": how, "reason": reason}));
             let report = stop_orphaned(dir, &mut st, reason, &journal)?;
@@ -106,7 +108,8 @@ pub fn act(subject: &Subject, action: Action) -> Result<String> {
 /// stop the process set ourselves; if the wrapper still has not written a final record, it is
 /// stuck for good (SIGSTOPped, wedged): KILL it, take its lock, and write the record.
 fn stuck(subject: &Subject, journal: &Journal, lock: &RunLock, why: Due) -> Result<String> {
-    let reason = why.reason();
+    let reason = why.reason().as_str();
+    let reason: &str = &reason;
     let dir = &subject.dir;
     let st = read_status(dir)?;
     if st.state.is_final() {
