@@ -5,7 +5,8 @@
 //! it), the status record ([`record`]) and its lifecycle ([`lifecycle`]), the events journal
 //! ([`journal`]), leases ([`lease`]), the run's lock ([`lock`]), cancel requests
 //! ([`cancel_request`]), the live wrapper ([`wrapper`]), /proc reading ([`procfs`]), the run's
-//! process set ([`procset`]), THE stop routine ([`stop`]) and the exit-code table ([`exit`]). Raw syscalls that
+//! process set ([`procset`]), signal names ([`signal`]), THE stop routine ([`stop`]) and the
+//! exit-code table ([`exit`]). Raw syscalls that
 //! std lacks are fenced in [`sys`], the only module allowed to use `unsafe`.
 #![deny(unsafe_code)]
 
@@ -26,14 +27,18 @@ pub mod pid;
 pub mod procfs;
 pub mod procset;
 pub mod quote;
+pub mod reap;
+pub mod reason;
 pub mod record;
 pub mod root;
 pub mod run_dir;
+pub mod signal;
 pub mod spec;
 pub mod stop;
 pub mod suspend;
 pub mod sys;
 pub mod time;
+pub mod users;
 pub mod wrapper;
 
 pub use error::{Error, Result};

@@ -11,6 +11,7 @@ use crate::error::Result;
 use crate::journal::Journal;
 use crate::pid::Pid;
 use crate::procset::RunScope;
+use crate::reason::Reason;
 use crate::record::{ContainmentMode, State, Status};
 use crate::run_dir::RunDir;
 use crate::stop::{stop_run, Report, Timings};
@@ -56,7 +57,7 @@ pub fn finalize(
     let survivors = report.is_some_and(|r| !r.survivors.is_empty());
     st.state = if survivors { State::Unknown } else { state };
     st.reason = if survivors {
-        Some("survivors".into())
+        Some(Reason::Survivors.into())
     } else {
         reason.map(str::to_string)
     };
@@ -166,7 +167,7 @@ pub fn stop_orphaned(
             dir,
             st,
             State::Unknown,
-            Some("wrapper_lost"),
+            Some(&*Reason::WrapperLost.as_str()),
             None,
             Some(journal),
         )?;
@@ -178,16 +179,16 @@ pub fn stop_orphaned(
     }
     let report = stop_run(&scope, &timings_of(st), reason, Some(journal), None);
     let (state, why) = if report.signalled.is_empty() {
-        (State::Unknown, "wrapper_lost")
+        (State::Unknown, Reason::WrapperLost.as_str())
     } else {
-        (State::Cancelled, reason)
+        (State::Cancelled, reason.into())
     };
     st.exit_code = None;
     st.term_signal = None;
     if let Some(cg) = &scope.cgroup {
         st.resources = Some(cg.resources());
     }
-    finalize(dir, st, state, Some(why), Some(&report), Some(journal))?;
+    finalize(dir, st, state, Some(&*why), Some(&report), Some(journal))?;
     if let Some(cg) = &scope.cgroup {
         remove_cgroup(cg, journal);
     }
@@ -204,7 +205,7 @@ pub fn record_lost_launch(dir: &RunDir, journal: &Journal) -> Result<Status> {
         dir,
         &mut st,
         State::Unknown,
-        Some("wrapper_lost"),
+        Some(&*Reason::WrapperLost.as_str()),
         None,
         Some(journal),
     )?;

@@ -232,7 +232,7 @@ impl Status {
             wrapper_pid: None,
             wrapper_start_ticks: None,
             host: crate::sys::hostname(),
-            user: crate::sys::user_name(uid),
+            user: crate::users::user_name(uid),
             uid,
             created_at: crate::time::rfc3339_now(),
             started_at: None,

@@ -26,116 +26,12 @@ use crate::pid::Pid;
 use crate::procfs::{self, Stat};
 use crate::procset::{discover_in, Depth, RunScope, Snapshot};
 use crate::record::Cleanup;
+pub use crate::signal::Sig;
 use crate::sys;
 use serde_json::json;
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
-
-/// The signals agent-run sends or names in records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Sig {
-    Hup,
-    Int,
-    Quit,
-    Kill,
-    Term,
-    Cont,
-    Usr1,
-    Other(i32),
-}
-
-impl Sig {
-    /// The signal number.
-    pub fn number(self) -> i32 {
-        match self {
-            Sig::Hup => libc::SIGHUP,
-            Sig::Int => libc::SIGINT,
-            Sig::Quit => libc::SIGQUIT,
-            Sig::Kill => libc::SIGKILL,
-            Sig::Term => libc::SIGTERM,
-            Sig::Cont => libc::SIGCONT,
-            Sig::Usr1 => libc::SIGUSR1,
-            Sig::Other(n) => n,
-        }
-    }
-
-    /// From a number.
-    pub fn from_number(n: i32) -> Sig {
-        match n {
-            libc::SIGHUP => Sig::Hup,
-            libc::SIGINT => Sig::Int,
-            libc::SIGQUIT => Sig::Quit,
-            libc::SIGKILL => Sig::Kill,
-            libc::SIGTERM => Sig::Term,
-            libc::SIGCONT => Sig::Cont,
-            libc::SIGUSR1 => Sig::Usr1,
-            n => Sig::Other(n),
-        }
-    }
-
-    /// The name without the SIG prefix, as records spell it ("TERM").
-    pub fn name(self) -> String {
-        match self {
-            Sig::Hup => "HUP".into(),
-            Sig::Int => "INT".into(),
-            Sig::Quit => "QUIT".into(),
-            Sig::Kill => "KILL".into(),
-            Sig::Term => "TERM".into(),
-            Sig::Cont => "CONT".into(),
-            Sig::Usr1 => "USR1".into(),
-            Sig::Other(n) => SIG_NAMES
-                .iter()
-                .find(|(num, _)| *num == n)
-                .map_or_else(|| n.to_string(), |(_, name)| (*name).to_string()),
-        }
-    }
-
-    /// From a record's name ("TERM", "SIGTERM" or a number).
-    pub fn from_name(s: &str) -> Option<Sig> {
-        let s = s.strip_prefix("SIG").unwrap_or(s);
-        if let Ok(n) = s.parse::<i32>() {
-            return (1..=64).contains(&n).then(|| Sig::from_number(n));
-        }
-        SIG_NAMES
-            .iter()
-            .find(|(_, name)| *name == s)
-            .map(|(n, _)| Sig::from_number(*n))
-    }
-}
-
-const SIG_NAMES: &[(i32, &str)] = &[
-    (libc::SIGHUP, "HUP"),
-    (libc::SIGINT, "INT"),
-    (libc::SIGQUIT, "QUIT"),
-    (libc::SIGILL, "ILL"),
-    (libc::SIGTRAP, "TRAP"),
-    (libc::SIGABRT, "ABRT"),
-    (libc::SIGBUS, "BUS"),
-    (libc::SIGFPE, "FPE"),
-    (libc::SIGKILL, "KILL"),
-    (libc::SIGUSR1, "USR1"),
-    (libc::SIGSEGV, "SEGV"),
-    (libc::SIGUSR2, "USR2"),
-    (libc::SIGPIPE, "PIPE"),
-    (libc::SIGALRM, "ALRM"),
-    (libc::SIGTERM, "TERM"),
-    (libc::SIGCHLD, "CHLD"),
-    (libc::SIGCONT, "CONT"),
-    (libc::SIGSTOP, "STOP"),
-    (libc::SIGTSTP, "TSTP"),
-    (libc::SIGTTIN, "TTIN"),
-    (libc::SIGTTOU, "TTOU"),
-    (libc::SIGURG, "URG"),
-    (libc::SIGXCPU, "XCPU"),
-    (libc::SIGXFSZ, "XFSZ"),
-    (libc::SIGVTALRM, "VTALRM"),
-    (libc::SIGPROF, "PROF"),
-    (libc::SIGWINCH, "WINCH"),
-    (libc::SIGIO, "IO"),
-    (libc::SIGPWR, "PWR"),
-    (libc::SIGSYS, "SYS"),
-];
 
 /// How soon a stop looks again when the run's processes vanish before they can be pinned.
 const CHASE_STEP: Duration = Duration::from_millis(2);
@@ -344,19 +240,13 @@ fn stop_run_inner(
             }
         }
         let now = Instant::now();
-        let deadline = match level {
-            Level::Term if s.hup_enabled && hup_at < kill_at => hup_at,
-            Level::Term | Level::Hup => kill_at,
-            Level::Kill => *confirm_until.get_or_insert(now + timings.confirm),
-        };
+        let deadline = deadline_of(level, s.hup_enabled.then_some(hup_at), kill_at, || {
+            *confirm_until.get_or_insert(now + timings.confirm)
+        });
         if now >= deadline {
-            level = match level {
-                Level::Term if deadline < kill_at => Level::Hup,
-                Level::Term | Level::Hup => {
-                    kill_at = now;
-                    Level::Kill
-                }
-                Level::Kill => break,
+            level = match level_after(level, deadline, &mut kill_at, now) {
+                Some(next) => next,
+                None => break,
             };
             let mut all = s.adopt(depth);
             all.extend(s.live());
@@ -457,6 +347,45 @@ fn stop_run_inner(
         );
     }
     s.report
+}
+
+/// The schedule's next deadline at `level`: TERM waits for the HUP step (`hup_at`, None when
+/// HUP is disabled) if it comes before the KILL at `kill_at`, else for the KILL; HUP waits for
+/// the KILL; KILL for the end of the confirm window (asked for once KILL is out).
+fn deadline_of<T: PartialOrd + Copy>(
+    level: Level,
+    hup_at: Option<T>,
+    kill_at: T,
+    confirm_until: impl FnOnce() -> T,
+) -> T {
+    match level {
+        Level::Term => match hup_at {
+            Some(h) if h < kill_at => h,
+            _ => kill_at,
+        },
+        Level::Hup => kill_at,
+        Level::Kill => confirm_until(),
+    }
+}
+
+/// The level after `level`'s `deadline` passed at `now`: HUP after a TERM whose deadline was
+/// the HUP step, else KILL, which moves `kill_at` to `now` (when it goes out); None after KILL
+/// (the stop is over).
+fn level_after<T: PartialOrd + Copy>(
+    level: Level,
+    deadline: T,
+    kill_at: &mut T,
+    now: T,
+) -> Option<Level> {
+    let next = match level {
+        Level::Term if deadline < *kill_at => Level::Hup,
+        Level::Term | Level::Hup => Level::Kill,
+        Level::Kill => return None,
+    };
+    if next == Level::Kill {
+        *kill_at = now;
+    }
+    Some(next)
 }
 
 fn pids(p: &[Pid]) -> Vec<i32> {
@@ -786,4 +715,92 @@ fn send_without_pidfd(st: &Stat, sig: Sig, group: bool) -> std::io::Result<()> {
         return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
     }
     sys::kill(st.pid, sig.number(), group)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The levels a stop reaches and when, for a run whose processes never go: the schedule of
+    /// [`deadline_of`] and [`level_after`] driven as the loop drives it, time jumping to each
+    /// deadline.
+    fn schedule(t: Timings) -> Vec<(Level, Duration)> {
+        let hup_at = (!t.hup_after.is_zero()).then_some(t.hup_after);
+        let mut kill_at = t.grace;
+        let mut confirm_until = None;
+        let mut level = Level::Term;
+        let mut now = Duration::ZERO;
+        let mut out = vec![(Level::Term, now)];
+        loop {
+            let deadline = deadline_of(level, hup_at, kill_at, || {
+                *confirm_until.get_or_insert(now + t.confirm)
+            });
+            now = now.max(deadline);
+            level = match level_after(level, deadline, &mut kill_at, now) {
+                Some(next) => next,
+                None => break,
+            };
+            out.push((level, now));
+        }
+        out.push((level, now)); // the end of the confirm window
+        out
+    }
+
+    #[test]
+    fn term_hup_kill_on_their_deadlines() {
+        let ms = Duration::from_millis;
+        let timings = |hup, grace, confirm| Timings {
+            hup_after: ms(hup),
+            grace: ms(grace),
+            confirm: ms(confirm),
+        };
+        use Level::*;
+        let cases = [
+            // The defaults: TERM, HUP at 500 ms, KILL at 5 s, 2 s to confirm.
+            (
+                Timings::default(),
+                vec![(Term, 0), (Hup, 500), (Kill, 5000), (Kill, 7000)],
+            ),
+            (
+                timings(100, 1000, 50),
+                vec![(Term, 0), (Hup, 100), (Kill, 1000), (Kill, 1050)],
+            ),
+            // hup_after zero: no HUP step at all.
+            (
+                timings(0, 1000, 50),
+                vec![(Term, 0), (Kill, 1000), (Kill, 1050)],
+            ),
+            // A HUP step at or after the grace never comes: KILL at the grace.
+            (
+                timings(1000, 1000, 50),
+                vec![(Term, 0), (Kill, 1000), (Kill, 1050)],
+            ),
+            (
+                timings(2000, 1000, 50),
+                vec![(Term, 0), (Kill, 1000), (Kill, 1050)],
+            ),
+            // Zero grace: KILL at once.
+            (timings(500, 0, 50), vec![(Term, 0), (Kill, 0), (Kill, 50)]),
+            (timings(0, 0, 0), vec![(Term, 0), (Kill, 0), (Kill, 0)]),
+        ];
+        for (t, want) in cases {
+            let want: Vec<(Level, Duration)> =
+                want.into_iter().map(|(l, at)| (l, ms(at))).collect();
+            assert_eq!(schedule(t), want, "{t:?}");
+        }
+    }
+
+    #[test]
+    fn the_confirm_window_is_asked_for_only_at_kill() {
+        let asked = std::cell::Cell::new(0);
+        let ask = || {
+            asked.set(asked.get() + 1);
+            7
+        };
+        assert_eq!(deadline_of(Level::Term, Some(1), 5, ask), 1);
+        assert_eq!(deadline_of(Level::Hup, None, 5, ask), 5);
+        assert_eq!(asked.get(), 0);
+        assert_eq!(deadline_of(Level::Kill, None, 5, ask), 7);
+        assert_eq!(asked.get(), 1);
+    }
 }

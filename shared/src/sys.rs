@@ -1,140 +1,92 @@
-//! Raw syscalls that std lacks, each in a small function with its safety argument.
+//! The syscalls std lacks, in small functions with typed arguments, so callers stay in safe
+//! code.
 //!
-//! This is the only module of the library that may use `unsafe`. Every function here takes and
-//! returns owned or borrowed descriptors and typed pids, so callers stay in safe code. Functions
-//! marked async-signal-safe are the only ones a `pre_exec` closure may call.
+//! Most bodies are [rustix](https://docs.rs/rustix) calls: borrowed descriptors, typed pids and
+//! signals, errno as `io::Error`, kept by people who read the kernel's ABI for a living. What
+//! rustix does not offer stays in [`raw`] at the end, each block with its safety argument:
+//! `pidfd_send_signal` with flags, the `rt_sigaction` reset of every signal and `close_range`
+//! for `pre_exec`, SIGPIPE's default action. This is the only module of the library that may
+//! use `unsafe`. Functions marked async-signal-safe are the only ones a `pre_exec` closure may
+//! call.
 #![allow(unsafe_code)]
 
 use crate::pid::Pid;
+use rustix::event::{epoll, PollFlags, Timespec};
+use rustix::fs::inotify;
+use rustix::process::{Resource, Rlimit, Signal, WaitOptions};
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::time::Duration;
 
-/// `PIDFD_SIGNAL_PROCESS_GROUP` (linux/pidfd.h, kernel 6.9+): signal the pidfd's whole group.
-const PIDFD_SIGNAL_PROCESS_GROUP: libc::c_uint = 4;
-/// `CLOSE_RANGE_CLOEXEC` (linux/close_range.h, kernel 5.11+).
-const CLOSE_RANGE_CLOEXEC: libc::c_uint = 4;
+/// Moved to [`crate::reap`]; re-exported so branches in flight still compile. To be removed.
+#[doc(hidden)]
+pub use crate::reap::reap_all;
+use raw::{child_cloexec_from_3, child_reset_signals};
+pub use raw::{default_sigpipe, pidfd_send_signal};
 
-fn cvt(r: libc::c_long) -> io::Result<libc::c_long> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
+// ---- processes ----------------------------------------------------------------------------
+
+/// Our positive pid as rustix's.
+fn rustix_pid(pid: Pid) -> rustix::process::Pid {
+    rustix::process::Pid::from_raw(pid.get()).expect("a Pid is positive")
+}
+
+/// A timeout as the kernel takes it; durations beyond `i64` seconds wait forever.
+fn timespec(d: Duration) -> Option<Timespec> {
+    Timespec::try_from(d).ok()
+}
+
+/// A signal number as rustix's typed signal. `None` for 0 and numbers the kernel has no
+/// signal for (EINVAL to the caller).
+fn signal(sig: i32) -> Option<Signal> {
+    if let Some(s) = Signal::from_named_raw(sig) {
+        return Some(s);
     }
+    // SAFETY: a number in the kernel's signal range (1..=64), so a valid, non-zero signal.
+    // rustix's caveat about libc's reserved real-time numbers concerns signals this process
+    // would block, catch or consume; these are only ever sent to other processes.
+    (1..=64)
+        .contains(&sig)
+        .then(|| unsafe { Signal::from_raw_unchecked(sig) })
 }
 
 /// Open a pidfd for `pid` (pidfd_open(2)). Works for any process we can see, not only children;
 /// while we hold it, signals sent through it cannot reach a process that reused the pid.
+/// pidfds are always close-on-exec.
 pub fn pidfd_open(pid: Pid) -> io::Result<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1; no memory is passed.
-    let fd = cvt(unsafe { libc::syscall(libc::SYS_pidfd_open, pid.get(), 0 as libc::c_uint) })?;
-    // SAFETY: the kernel just returned this fd to us and nothing else owns it. pidfds are
-    // always close-on-exec (pidfd_open(2)).
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
-}
-
-/// Send `sig` to the process behind `pidfd` (pidfd_send_signal(2)). With `group`, to its whole
-/// process group (kernel 6.9+; older kernels answer EINVAL).
-pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, sig: i32, group: bool) -> io::Result<()> {
-    let flags = if group { PIDFD_SIGNAL_PROCESS_GROUP } else { 0 };
-    // SAFETY: a valid fd, a signal number and a NULL siginfo (the kernel fills it in as for
-    // kill(2)); no memory of ours is written.
-    cvt(unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd.as_raw_fd(),
-            sig,
-            std::ptr::null::<libc::siginfo_t>(),
-            flags,
-        )
-    })?;
-    Ok(())
+    Ok(rustix::process::pidfd_open(
+        rustix_pid(pid),
+        rustix::process::PidfdFlags::empty(),
+    )?)
 }
 
 /// kill(2) to one process, or with `group` to the process group whose id is `pid`. Only for
-/// kernels without pidfds, after the caller re-checked the process's start time.
+/// kernels without pidfds, after the caller re-checked the process's start time. `Pid` is > 0,
+/// so the target is never 0 or -1 (our own group, or every process we may signal).
 pub fn kill(pid: Pid, sig: i32, group: bool) -> io::Result<()> {
-    let target = if group { -pid.get() } else { pid.get() };
-    // SAFETY: integers only. `Pid` is > 0, so `target` is never 0 or -1 (our own group, or
-    // every process we may signal).
-    if unsafe { libc::kill(target, sig) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    let p = rustix_pid(pid);
+    let r = match (sig, group) {
+        (0, false) => rustix::process::test_kill_process(p),
+        (0, true) => rustix::process::test_kill_process_group(p),
+        _ => {
+            let s = signal(sig).ok_or(io::Error::from_raw_os_error(libc::EINVAL))?;
+            if group {
+                rustix::process::kill_process_group(p, s)
+            } else {
+                rustix::process::kill_process(p, s)
+            }
+        }
+    };
+    Ok(r?)
 }
 
 /// Make this process a child subreaper (prctl(2) PR_SET_CHILD_SUBREAPER): orphans of our
 /// descendants are reparented to us instead of to init.
 pub fn set_child_subreaper() -> io::Result<()> {
-    // SAFETY: PR_SET_CHILD_SUBREAPER takes an integer flag; no pointers.
-    cvt(unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0) } as _)?;
-    Ok(())
-}
-
-/// One `poll(2)` entry.
-pub struct PollFd {
-    pub fd: RawFd,
-    pub events: i16,
-    pub revents: i16,
-}
-
-/// `poll(2)` with a timeout (None blocks). EINTR is reported as zero ready fds.
-pub fn poll(fds: &mut [PollFd], timeout: Option<Duration>) -> io::Result<usize> {
-    let mut raw: Vec<libc::pollfd> = fds
-        .iter()
-        .map(|p| libc::pollfd {
-            fd: p.fd,
-            events: p.events,
-            revents: 0,
-        })
-        .collect();
-    let ms = match timeout {
-        None => -1,
-        // Round up, so a deadline 0.4 ms away does not spin with a 0 ms timeout.
-        Some(d) => d.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32,
-    };
-    // SAFETY: `raw` is a valid, exclusively borrowed array of `raw.len()` pollfd structs.
-    let r = unsafe { libc::poll(raw.as_mut_ptr(), raw.len() as libc::nfds_t, ms) };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::Interrupted {
-            return Ok(0);
-        }
-        return Err(e);
-    }
-    for (p, r) in fds.iter_mut().zip(&raw) {
-        p.revents = r.revents;
-    }
-    Ok(r as usize)
-}
-
-/// Non-blocking exclusive `flock(2)`. Ok(false) when another open file description holds it.
-pub fn try_lock_exclusive(fd: BorrowedFd<'_>) -> io::Result<bool> {
-    // SAFETY: flock on a valid fd; no memory involved.
-    let r = unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if r == 0 {
-        return Ok(true);
-    }
-    let e = io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-        Ok(false)
-    } else {
-        Err(e)
-    }
-}
-
-/// Blocking exclusive `flock(2)`, retried on EINTR.
-pub fn lock_exclusive(fd: BorrowedFd<'_>) -> io::Result<()> {
-    loop {
-        // SAFETY: flock on a valid fd; no memory involved.
-        if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX) } == 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
+    Ok(rustix::process::set_child_subreaper(Some(
+        rustix::process::getpid(),
+    ))?)
 }
 
 /// How a child ended, from `waitpid(2)`.
@@ -147,46 +99,30 @@ pub enum WaitStatus {
 /// Reap one child without blocking: `pid` for one child, `None` for any. Ok(None) when a child
 /// exists but none has ended; Err(ECHILD) when there is no child to wait for.
 pub fn waitpid_nohang(pid: Option<Pid>) -> io::Result<Option<(Pid, WaitStatus)>> {
-    let mut status: libc::c_int = 0;
-    let target = pid.map_or(-1, Pid::get);
     loop {
-        // SAFETY: `status` is a valid out-pointer for the duration of the call.
-        let r = unsafe { libc::waitpid(target, &mut status, libc::WNOHANG) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        let Some(p) = Pid::new(r as i64) else {
+        // rustix's `waitpid(None)` is wait4(0): children in our own process group only, which
+        // a run's leader (a session of its own) never is. Any child is `wait`, wait4(-1).
+        let r = match pid {
+            Some(p) => rustix::process::waitpid(Some(rustix_pid(p)), WaitOptions::NOHANG),
+            None => rustix::process::wait(WaitOptions::NOHANG),
+        };
+        let (p, status) = match r {
+            Ok(Some(r)) => r,
+            Ok(None) => return Ok(None),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let Some(p) = Pid::new(p.as_raw_nonzero().get().into()) else {
             return Ok(None);
         };
-        let ws = if libc::WIFEXITED(status) {
-            WaitStatus::Exited(libc::WEXITSTATUS(status))
-        } else if libc::WIFSIGNALED(status) {
-            WaitStatus::Signaled(libc::WTERMSIG(status))
+        let ws = if let Some(code) = status.exit_status() {
+            WaitStatus::Exited(code)
+        } else if let Some(sig) = status.terminating_signal() {
+            WaitStatus::Signaled(sig)
         } else {
             continue; // stopped/continued are not reported without WUNTRACED/WCONTINUED
         };
         return Ok(Some((p, ws)));
-    }
-}
-
-/// Reap every child that has ended (never blocks). Returns the leader's status if it was among
-/// them, and whether any child at all is left.
-pub fn reap_all(leader: Option<Pid>) -> (Option<WaitStatus>, bool) {
-    let mut leader_status = None;
-    loop {
-        match waitpid_nohang(None) {
-            Ok(Some((p, ws))) => {
-                if Some(p) == leader {
-                    leader_status = Some(ws);
-                }
-            }
-            Ok(None) => return (leader_status, true),
-            Err(_) => return (leader_status, false), // ECHILD: nothing left
-        }
     }
 }
 
@@ -195,155 +131,127 @@ pub fn geteuid() -> u32 {
     // agent-run never changes its credentials, so one call per process is enough (the watchdog
     // asks once per run dir of a pass).
     static EUID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    // SAFETY: geteuid cannot fail and touches no memory.
-    *EUID.get_or_init(|| unsafe { libc::geteuid() })
+    *EUID.get_or_init(|| rustix::process::geteuid().as_raw())
 }
+
+/// Stop this process (SIGSTOP to ourselves) until someone continues it (`fg`, SIGCONT): what
+/// Ctrl-Z does, once the wrapper has suspended its run. Returns once continued.
+pub fn stop_self() {
+    let _ = rustix::process::kill_process(rustix::process::getpid(), Signal::STOP);
+}
+
+/// SIGKILL this process at once (fault injection in debug builds).
+pub fn kill_self() -> ! {
+    let _ = rustix::process::kill_process(rustix::process::getpid(), Signal::KILL);
+    std::process::abort()
+}
+
+/// Raise the soft open-file limit to the hard limit (a watchdog holds one pidfd per live
+/// wrapper). Returns the new soft limit.
+pub fn raise_nofile_limit() -> u64 {
+    // `None` is RLIM_INFINITY.
+    let lim = rustix::process::getrlimit(Resource::Nofile);
+    let (cur, max) = (
+        lim.current.unwrap_or(u64::MAX),
+        lim.maximum.unwrap_or(u64::MAX),
+    );
+    if cur < max {
+        let want = Rlimit {
+            current: lim.maximum,
+            maximum: lim.maximum,
+        };
+        if rustix::process::setrlimit(Resource::Nofile, want).is_ok() {
+            return max;
+        }
+    }
+    cur
+}
+
+// ---- host facts ---------------------------------------------------------------------------
 
 /// Whether this process may write `path` by its effective ids (faccessat(2) with AT_EACCESS).
 pub fn writable(path: &std::path::Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: `c` is a valid NUL-terminated string for the duration of the call.
-    unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::W_OK, libc::AT_EACCESS) == 0 }
+    rustix::fs::accessat(
+        rustix::fs::CWD,
+        path,
+        rustix::fs::Access::WRITE_OK,
+        rustix::fs::AtFlags::EACCESS,
+    )
+    .is_ok()
 }
 
-/// This host's name (gethostname(2)).
+/// This host's name (the nodename of uname(2), what gethostname(2) returns).
 pub fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; the result is NUL-terminated when it fits.
-    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if r != 0 {
-        return String::new();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
+    rustix::system::uname()
+        .nodename()
+        .to_string_lossy()
+        .into_owned()
 }
 
-/// The login name of `uid`: `$USER` when /etc/passwd agrees, else the first /etc/passwd entry
-/// with that uid, else the number. Read directly rather than through NSS: a static binary has no
-/// NSS modules, and a launch should not pay for loading them.
-pub fn user_name(uid: u32) -> String {
-    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
-    let entries: Vec<(&str, Option<u32>)> = passwd
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split(':');
-            let name = f.next()?;
-            let id = f.nth(1)?.parse().ok();
-            Some((name, id))
-        })
-        .collect();
-    let env_user = std::env::var("USER").ok();
-    if let Some(u) = env_user.as_deref() {
-        if entries.iter().any(|(n, id)| *n == u && *id == Some(uid)) {
-            return u.to_string();
-        }
-    }
-    entries
-        .iter()
-        .find(|(_, id)| *id == Some(uid))
-        .map_or_else(|| uid.to_string(), |(n, _)| n.to_string())
-}
-
-/// Clock ticks per second (sysconf(_SC_CLK_TCK)), for /proc start times.
+/// Clock ticks per second (sysconf(_SC_CLK_TCK), through rustix's `use-libc-auxv`), for /proc
+/// start times.
 pub fn clock_ticks_per_sec() -> u64 {
-    // SAFETY: sysconf has no memory arguments.
-    let r = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if r > 0 {
-        r as u64
-    } else {
-        100
+    match rustix::param::clock_ticks_per_second() {
+        0 => 100,
+        n => n,
     }
 }
 
 /// Seconds since boot (CLOCK_BOOTTIME), comparable with /proc start ticks.
 pub fn boottime_secs() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
     ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
 }
 
-// ---- the pre_exec half: async-signal-safe only -------------------------------------------
+// ---- waiting: poll, flock -----------------------------------------------------------------
 
-/// In a forked child before exec: reset every signal to its default action and empty the
-/// signal mask, so the workload inherits no ignored signal (SIGPIPE included) and no mask.
-/// Async-signal-safe: sigaction(2) and sigprocmask(2) only.
-pub fn child_reset_signals() -> io::Result<()> {
-    // The raw syscall, not glibc's signal(): glibc refuses signals 32 and 33 (its reserved
-    // SIGCANCEL and SIGSETXID) with EINVAL, so an ignored 32 would leak into the workload.
-    // A kernel `struct sigaction` that is all zeros is SIG_DFL, no flags, no restorer, an
-    // empty mask, on every architecture's layout (with or without sa_restorer).
-    let dfl = [0u64; 4];
-    for sig in 1..=64 {
-        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
-            continue;
-        }
-        // SAFETY: rt_sigaction reads `dfl` (32 bytes, at least the kernel struct's size) and
-        // writes nothing (NULL old action); 8 is the kernel sigset size. Async-signal-safe.
-        unsafe {
-            libc::syscall(
-                libc::SYS_rt_sigaction,
-                sig,
-                dfl.as_ptr(),
-                std::ptr::null_mut::<u64>(),
-                8usize,
-            )
-        };
-    }
-    // SAFETY: an empty set built on the stack; sigprocmask is async-signal-safe.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        if libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut()) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
+/// One `poll(2)` entry.
+pub struct PollFd {
+    pub fd: RawFd,
+    pub events: i16,
+    pub revents: i16,
 }
 
-/// In a forked child before exec: mark every descriptor above stderr close-on-exec
-/// (close_range(2) with CLOSE_RANGE_CLOEXEC), so no descriptor the wrapper inherited leaks into
-/// the workload, while std's exec-error pipe still works. Async-signal-safe: one syscall.
-pub fn child_cloexec_from_3() -> io::Result<()> {
-    // SAFETY: close_range takes integers only.
-    let r = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC) };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        // Kernels before 5.11 lack the flag: every fd we open is O_CLOEXEC anyway.
-        if e.raw_os_error() == Some(libc::EINVAL) || e.raw_os_error() == Some(libc::ENOSYS) {
-            return Ok(());
-        }
-        return Err(e);
+/// `poll(2)` with a timeout (None blocks). EINTR is reported as zero ready fds.
+pub fn poll(fds: &mut [PollFd], timeout: Option<Duration>) -> io::Result<usize> {
+    let mut set: Vec<rustix::event::PollFd<'_>> = fds
+        .iter()
+        .map(|p| {
+            // SAFETY: the borrow lives only for this call, which neither closes the descriptor
+            // nor does I/O on it: poll(2) takes the number, and a number that is not open comes
+            // back as POLLNVAL, as with a raw poll.
+            let fd = unsafe { BorrowedFd::borrow_raw(p.fd) };
+            rustix::event::PollFd::from_borrowed_fd(fd, PollFlags::from_bits_retain(p.events as _))
+        })
+        .collect();
+    let t = timeout.and_then(timespec);
+    let n = match rustix::event::poll(&mut set, t.as_ref()) {
+        Ok(n) => n,
+        Err(rustix::io::Errno::INTR) => return Ok(0),
+        Err(e) => return Err(e.into()),
+    };
+    for (p, r) in fds.iter_mut().zip(&set) {
+        p.revents = r.revents().bits() as i16;
     }
-    Ok(())
+    Ok(n)
 }
 
-/// In a forked child before exec: start a new session (setsid(2)). Async-signal-safe.
-pub fn child_setsid() -> io::Result<()> {
-    // SAFETY: setsid has no arguments.
-    if unsafe { libc::setsid() } < 0 {
-        return Err(io::Error::last_os_error());
+/// Non-blocking exclusive `flock(2)`. Ok(false) when another open file description holds it.
+pub fn try_lock_exclusive(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    match rustix::fs::flock(fd, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(true),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(false),
+        Err(e) => Err(e.into()),
     }
-    Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+// ---- spawning: the pre_exec half is async-signal-safe only --------------------------------
 
-    #[test]
-    fn pidfd_of_self_can_be_opened_and_signalled_with_zero() {
-        let fd = pidfd_open(Pid::this()).unwrap();
-        pidfd_send_signal(fd.as_fd(), 0, false).unwrap();
-    }
-
-    use std::os::fd::AsFd;
+/// In a forked child before exec: start a new session (setsid(2), one raw syscall in rustix's
+/// backend). Async-signal-safe.
+fn child_setsid() -> io::Result<()> {
+    rustix::process::setsid()?;
+    Ok(())
 }
 
 /// Make `cmd` start its program in a new session with a clean signal state and no inherited
@@ -382,10 +290,20 @@ pub fn spawn_in_new_session_into(cmd: &mut std::process::Command, cgroup_procs: 
     }
 }
 
+// ---- inotify, epoll -----------------------------------------------------------------------
+
 /// An inotify instance (inotify(7)), non-blocking and close-on-exec: event-driven waits for
 /// records and leases instead of sleep loops.
 pub struct Inotify {
     fd: OwnedFd,
+}
+
+/// One inotify event: the watch it came from, its mask, and the name inside a watched directory.
+#[derive(Debug, Clone)]
+pub struct InotifyEvent {
+    pub wd: i32,
+    pub mask: u32,
+    pub name: String,
 }
 
 impl Inotify {
@@ -396,27 +314,14 @@ impl Inotify {
 
     /// A new instance.
     pub fn new() -> io::Result<Inotify> {
-        // SAFETY: flags only; returns a new fd or -1.
-        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a fresh fd that nothing else owns.
-        Ok(Inotify {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
+        let fd = inotify::init(inotify::CreateFlags::NONBLOCK | inotify::CreateFlags::CLOEXEC)?;
+        Ok(Inotify { fd })
     }
 
     /// Throw away pending events (callers re-read the files they care about).
-    pub fn drain(&self) {
+    fn drain(&self) {
         let mut buf = [0u8; 4096];
-        loop {
-            // SAFETY: the buffer is valid for its length.
-            let r = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-            if r <= 0 {
-                return;
-            }
-        }
+        while matches!(rustix::io::read(&self.fd, &mut buf), Ok(n) if n > 0) {}
     }
 
     /// Wait up to `timeout` for an event (drained before returning). Returns whether one came.
@@ -435,70 +340,36 @@ impl Inotify {
     pub fn raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
-}
 
-/// One inotify event: the watch it came from, its mask, and the name inside a watched directory.
-#[derive(Debug, Clone)]
-pub struct InotifyEvent {
-    pub wd: i32,
-    pub mask: u32,
-    pub name: String,
-}
-
-impl Inotify {
     /// Watch `path` for `mask` events (IN_DONT_FOLLOW: a symlink is watched as itself) and
     /// return the watch descriptor.
     pub fn add_watch(&self, path: &std::path::Path, mask: u32) -> io::Result<i32> {
-        use std::os::unix::ffi::OsStrExt;
-        let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-        // SAFETY: a valid fd and a NUL-terminated path that outlives the call.
-        let r = unsafe {
-            libc::inotify_add_watch(self.fd.as_raw_fd(), c.as_ptr(), mask | libc::IN_DONT_FOLLOW)
-        };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(r)
+        let flags = inotify::WatchFlags::from_bits_retain(mask | libc::IN_DONT_FOLLOW);
+        Ok(inotify::add_watch(&self.fd, path, flags)?)
     }
 
     /// Stop watching a descriptor (errors ignored: the watch may already be gone).
     pub fn rm_watch(&self, wd: i32) {
-        // SAFETY: integers only.
-        unsafe { libc::inotify_rm_watch(self.fd.as_raw_fd(), wd) };
+        let _ = inotify::remove_watch(&self.fd, wd);
     }
 
     /// Read every pending event without blocking.
     pub fn read_events(&self) -> Vec<InotifyEvent> {
         let mut out = Vec::new();
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            // SAFETY: the buffer is valid for its length.
-            let r = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-            if r <= 0 {
-                return out;
-            }
-            let n = r as usize;
-            let mut off = 0;
-            let head = std::mem::size_of::<libc::inotify_event>();
-            while off + head <= n {
-                // SAFETY: the kernel wrote whole events; the header may be unaligned in our
-                // byte buffer, so it is read with read_unaligned.
-                let ev: libc::inotify_event =
-                    unsafe { std::ptr::read_unaligned(buf[off..].as_ptr().cast()) };
-                let name_bytes = &buf[off + head..(off + head + ev.len as usize).min(n)];
-                let end = name_bytes
-                    .iter()
-                    .position(|&b| b == 0)
-                    .unwrap_or(name_bytes.len());
-                out.push(InotifyEvent {
-                    wd: ev.wd,
-                    mask: ev.mask,
-                    name: String::from_utf8_lossy(&name_bytes[..end]).into_owned(),
-                });
-                off += head + ev.len as usize;
-            }
+        let mut buf = vec![MaybeUninit::<u8>::uninit(); 64 * 1024];
+        let mut events = inotify::Reader::new(&self.fd, &mut buf);
+        // EAGAIN: nothing more is pending.
+        while let Ok(ev) = events.next() {
+            out.push(InotifyEvent {
+                wd: ev.wd(),
+                mask: ev.events().bits(),
+                name: ev
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+            });
         }
+        out
     }
 }
 
@@ -510,108 +381,282 @@ pub struct Epoll {
 impl Epoll {
     /// A new close-on-exec instance.
     pub fn new() -> io::Result<Epoll> {
-        // SAFETY: flags only.
-        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a fresh fd that nothing else owns.
         Ok(Epoll {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            fd: epoll::create(epoll::CreateFlags::CLOEXEC)?,
         })
     }
 
     /// Watch `fd` for readability; `token` comes back with its events.
     pub fn add(&self, fd: RawFd, token: u64) -> io::Result<()> {
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: token,
+        // SAFETY: borrowed for this call only: epoll_ctl(2) takes the number and keeps no
+        // reference to our descriptor (closing it removes it from the interest list).
+        let src = unsafe { BorrowedFd::borrow_raw(fd) };
+        Ok(epoll::add(
+            &self.fd,
+            src,
+            epoll::EventData::new_u64(token),
+            epoll::EventFlags::IN,
+        )?)
+    }
+
+    /// Stop watching `fd` (closing the fd also removes it).
+    pub fn remove(&self, fd: RawFd) {
+        // SAFETY: as in `add`: the number, for this call only.
+        let src = unsafe { BorrowedFd::borrow_raw(fd) };
+        let _ = epoll::delete(&self.fd, src);
+    }
+
+    /// Wait up to `timeout` (None: forever) and return the tokens that are ready.
+    pub fn wait(&self, timeout: Option<Duration>) -> io::Result<Vec<u64>> {
+        let mut evs: Vec<epoll::Event> = Vec::with_capacity(256);
+        let t = timeout.and_then(timespec);
+        match epoll::wait(
+            &self.fd,
+            rustix::buffer::spare_capacity(&mut evs),
+            t.as_ref(),
+        ) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        }
+        Ok(evs
+            .iter()
+            .map(|e| {
+                let data = e.data;
+                data.u64()
+            })
+            .collect())
+    }
+}
+
+// ---- raw: what rustix does not offer ------------------------------------------------------
+
+/// The calls rustix has no function for, as raw syscalls with their safety arguments.
+mod raw {
+    use std::io;
+    use std::os::fd::{AsRawFd, BorrowedFd};
+
+    /// `PIDFD_SIGNAL_PROCESS_GROUP` (linux/pidfd.h, kernel 6.9+): signal the pidfd's whole group.
+    const PIDFD_SIGNAL_PROCESS_GROUP: libc::c_uint = 4;
+    /// `CLOSE_RANGE_CLOEXEC` (linux/close_range.h, kernel 5.11+).
+    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 4;
+
+    /// Send `sig` to the process behind `pidfd` (pidfd_send_signal(2)). With `group`, to its
+    /// whole process group (kernel 6.9+; older kernels answer EINVAL). Raw: rustix's
+    /// `pidfd_send_signal` takes no flags, and its `Signal` has no 0 (the existence probe).
+    pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, sig: i32, group: bool) -> io::Result<()> {
+        let flags = if group { PIDFD_SIGNAL_PROCESS_GROUP } else { 0 };
+        // SAFETY: a valid fd, a signal number and a NULL siginfo (the kernel fills it in as for
+        // kill(2)); no memory of ours is written.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                pidfd.as_raw_fd(),
+                sig,
+                std::ptr::null::<libc::siginfo_t>(),
+                flags,
+            )
         };
-        // SAFETY: `ev` is valid for the call; the kernel copies it.
-        if unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+        if r < 0 {
             return Err(io::Error::last_os_error());
         }
         Ok(())
     }
 
-    /// Stop watching `fd` (closing the fd also removes it).
-    pub fn remove(&self, fd: RawFd) {
-        // SAFETY: a NULL event is allowed for EPOLL_CTL_DEL since Linux 2.6.9.
+    /// In a forked child before exec: reset every signal to its default action and empty the
+    /// signal mask, so the workload inherits no ignored signal (SIGPIPE included) and no mask.
+    /// Async-signal-safe: sigaction(2) and sigprocmask(2) only.
+    pub(super) fn child_reset_signals() -> io::Result<()> {
+        // The raw syscall, not glibc's signal(): glibc refuses signals 32 and 33 (its reserved
+        // SIGCANCEL and SIGSETXID) with EINVAL, so an ignored 32 would leak into the workload.
+        // A kernel `struct sigaction` that is all zeros is SIG_DFL, no flags, no restorer, an
+        // empty mask, on every architecture's layout (with or without sa_restorer).
+        let dfl = [0u64; 4];
+        for sig in 1..=64 {
+            if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+                continue;
+            }
+            // SAFETY: rt_sigaction reads `dfl` (32 bytes, at least the kernel struct's size) and
+            // writes nothing (NULL old action); 8 is the kernel sigset size. Async-signal-safe.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_rt_sigaction,
+                    sig,
+                    dfl.as_ptr(),
+                    std::ptr::null_mut::<u64>(),
+                    8usize,
+                )
+            };
+        }
+        // SAFETY: an empty set built on the stack; sigprocmask is async-signal-safe.
         unsafe {
-            libc::epoll_ctl(
-                self.fd.as_raw_fd(),
-                libc::EPOLL_CTL_DEL,
-                fd,
-                std::ptr::null_mut(),
-            )
-        };
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            if libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
     }
 
-    /// Wait up to `timeout` (None: forever) and return the tokens that are ready.
-    pub fn wait(&self, timeout: Option<Duration>) -> io::Result<Vec<u64>> {
-        let mut evs: Vec<libc::epoll_event> = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
-        let ms = match timeout {
-            None => -1,
-            Some(d) => d.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32,
-        };
-        // SAFETY: `evs` is valid for `evs.len()` events.
-        let r = unsafe {
-            libc::epoll_wait(self.fd.as_raw_fd(), evs.as_mut_ptr(), evs.len() as i32, ms)
-        };
+    /// In a forked child before exec: mark every descriptor above stderr close-on-exec
+    /// (close_range(2) with CLOSE_RANGE_CLOEXEC), so no descriptor the wrapper inherited leaks
+    /// into the workload, while std's exec-error pipe still works. Async-signal-safe: one
+    /// syscall.
+    pub(super) fn child_cloexec_from_3() -> io::Result<()> {
+        // SAFETY: close_range takes integers only.
+        let r =
+            unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC) };
         if r < 0 {
             let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                return Ok(Vec::new());
+            // Kernels before 5.11 lack the flag: every fd we open is O_CLOEXEC anyway.
+            if e.raw_os_error() == Some(libc::EINVAL) || e.raw_os_error() == Some(libc::ENOSYS) {
+                return Ok(());
             }
             return Err(e);
         }
-        Ok(evs[..r as usize].iter().map(|e| e.u64).collect())
+        Ok(())
+    }
+
+    /// Restore SIGPIPE's default action (Rust's runtime ignores it), so a command whose output
+    /// goes to a closed pipe (`agent-run list | head`) ends quietly like any Unix filter. Not
+    /// for the supervising wrapper: a dropped SSH channel must never kill it. Raw: rustix's
+    /// sigaction is in its unstable `runtime` API.
+    pub fn default_sigpipe() {
+        // SAFETY: installing SIG_DFL for SIGPIPE touches no memory of ours.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
 }
 
-/// Raise the soft open-file limit to the hard limit (a watchdog holds one pidfd per live
-/// wrapper). Returns the new soft limit.
-pub fn raise_nofile_limit() -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `lim` is a valid out-pointer, then a valid in-pointer.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            return 1024;
-        }
-        if lim.rlim_cur < lim.rlim_max {
-            let want = libc::rlimit {
-                rlim_cur: lim.rlim_max,
-                rlim_max: lim.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
-                lim.rlim_cur = lim.rlim_max;
-            }
-        }
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn pidfd_of_self_can_be_opened_and_signalled_with_zero() {
+        let fd = pidfd_open(Pid::this()).unwrap();
+        pidfd_send_signal(fd.as_fd(), 0, false).unwrap();
+        kill(Pid::this(), 0, false).unwrap();
     }
-    lim.rlim_cur
-}
 
-/// Stop this process (SIGSTOP to ourselves) until someone continues it (`fg`, SIGCONT): what
-/// Ctrl-Z does, once the wrapper has suspended its run. Returns once continued.
-pub fn stop_self() {
-    // SAFETY: raise takes a signal number; SIGSTOP stops every thread until SIGCONT.
-    unsafe { libc::raise(libc::SIGSTOP) };
-}
+    /// Whether the pidfd polls readable (its process exited) within `t`.
+    fn exits_within(pidfd: &OwnedFd, t: Duration) -> bool {
+        let mut fds = [PollFd {
+            fd: pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        let n = poll(&mut fds, Some(t)).unwrap();
+        n == 1 && fds[0].revents & libc::POLLIN != 0
+    }
 
-/// SIGKILL this process at once (fault injection in debug builds).
-pub fn kill_self() -> ! {
-    // SAFETY: raise takes a signal number; SIGKILL cannot be caught, so it does not return.
-    unsafe { libc::raise(libc::SIGKILL) };
-    std::process::abort()
-}
+    #[test]
+    fn a_killed_child_polls_readable_and_is_reaped_with_its_signal() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let pid = Pid::new(child.id().into()).unwrap();
+        let fd = pidfd_open(pid).unwrap();
+        assert!(!exits_within(&fd, Duration::ZERO), "alive");
+        kill(pid, libc::SIGKILL, false).unwrap();
+        assert!(exits_within(&fd, Duration::from_secs(30)));
+        assert_eq!(
+            waitpid_nohang(Some(pid)).unwrap(),
+            Some((pid, WaitStatus::Signaled(libc::SIGKILL)))
+        );
+        assert!(child.try_wait().is_err(), "already reaped");
+    }
 
-/// Restore SIGPIPE's default action (Rust's runtime ignores it), so a command whose output goes
-/// to a closed pipe (`agent-run list | head`) ends quietly like any Unix filter. Not for the
-/// supervising wrapper: a dropped SSH channel must never kill it.
-pub fn default_sigpipe() {
-    // SAFETY: installing SIG_DFL for SIGPIPE touches no memory of ours.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    /// Any child, a session leader of its own included (the run's leader is one). A wait for
+    /// any child would reap other tests' children: the check runs in a process of its own, this
+    /// test binary run again for this one test.
+    #[test]
+    fn any_child_is_reaped_in_whatever_session_it_is() {
+        if std::env::var_os("AGENT_RUN_SYS_REAP_PROBE").is_some() {
+            let mut cmd = std::process::Command::new("sh");
+            cmd.args(["-c", "exit 7"]);
+            spawn_in_new_session(&mut cmd);
+            // Reaped by waitpid_nohang(None): the call under test.
+            #[allow(clippy::zombie_processes)]
+            let child = cmd.spawn().unwrap();
+            let pid = Pid::new(child.id().into()).unwrap();
+            assert!(exits_within(
+                &pidfd_open(pid).unwrap(),
+                Duration::from_secs(30)
+            ));
+            assert_eq!(
+                waitpid_nohang(None).unwrap(),
+                Some((pid, WaitStatus::Exited(7)))
+            );
+            assert_eq!(
+                waitpid_nohang(None).unwrap_err().raw_os_error(),
+                Some(libc::ECHILD)
+            );
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "sys::tests::any_child_is_reaped_in_whatever_session_it_is",
+            ])
+            .args(["--test-threads", "1"])
+            .env("AGENT_RUN_SYS_REAP_PROBE", "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && text.contains("1 passed"), "{text}");
+    }
+
+    #[test]
+    fn a_second_open_file_description_does_not_get_the_lock() {
+        let f = tempfile::tempfile().unwrap();
+        let path = format!("/proc/self/fd/{}", f.as_raw_fd());
+        let other = std::fs::File::open(path).unwrap();
+        assert!(try_lock_exclusive(f.as_fd()).unwrap());
+        assert!(!try_lock_exclusive(other.as_fd()).unwrap());
+    }
+
+    #[test]
+    fn inotify_names_the_file_renamed_into_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let ino = Inotify::new().unwrap();
+        let wd = ino.add_watch(dir.path(), Inotify::CHANGED).unwrap();
+        assert!(ino.read_events().is_empty());
+        std::fs::write(dir.path().join("tmp"), b"x").unwrap();
+        std::fs::rename(dir.path().join("tmp"), dir.path().join("status.json")).unwrap();
+        let epoll = Epoll::new().unwrap();
+        epoll.add(ino.raw_fd(), 7).unwrap();
+        assert_eq!(epoll.wait(Some(Duration::from_secs(30))).unwrap(), vec![7]);
+        let evs = ino.read_events();
+        assert!(
+            evs.iter()
+                .any(|e| e.wd == wd && e.mask & libc::IN_MOVED_TO != 0 && e.name == "status.json"),
+            "{evs:?}"
+        );
+        epoll.remove(ino.raw_fd());
+        assert_eq!(epoll.wait(Some(Duration::ZERO)).unwrap(), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn host_facts_are_plausible() {
+        assert!(clock_ticks_per_sec() >= 100);
+        let up = boottime_secs();
+        let ours = crate::procfs::stat(Pid::this()).unwrap().start_ticks as f64
+            / clock_ticks_per_sec() as f64;
+        assert!(
+            ours <= up + 1.0,
+            "started {ours}s after boot, booted {up}s ago"
+        );
+        assert_eq!(geteuid(), euid_from_proc());
+        assert!(writable(&std::env::temp_dir()));
+        assert!(!hostname().is_empty());
+    }
+
+    fn euid_from_proc() -> u32 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+        uid.split_whitespace().nth(2).unwrap().parse().unwrap()
+    }
 }

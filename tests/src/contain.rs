@@ -68,40 +68,18 @@ impl Drop for SweepOnDrop {
 }
 
 fn pidfd(pid: i32) -> std::io::Result<Option<std::os::fd::OwnedFd>> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        let e = std::io::Error::last_os_error();
-        return if e.raw_os_error() == Some(libc::ESRCH) {
-            Ok(None)
-        } else {
-            Err(e)
-        };
+    let pid = agent_run_shared::pid::Pid::new(pid.into())
+        .ok_or(std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    match agent_run_shared::sys::pidfd_open(pid) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(None),
+        Err(e) => Err(e),
     }
-    // SAFETY: a fresh fd nothing else owns.
-    Ok(Some(unsafe {
-        std::os::fd::OwnedFd::from_raw_fd(fd as i32)
-    }))
 }
 
 fn pidfd_kill(fd: &std::os::fd::OwnedFd) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: a valid pidfd, a signal number and a NULL siginfo.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            fd.as_raw_fd(),
-            libc::SIGKILL,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        )
-    };
-    if r < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    use std::os::fd::AsFd;
+    agent_run_shared::sys::pidfd_send_signal(fd.as_fd(), libc::SIGKILL, false)
 }
 
 /// A cgroup root made and chowned to `nobody` (a delegated subtree, as an operator or systemd

@@ -432,86 +432,51 @@ pub fn wait_ready(path: &Path, timeout: Duration) -> Ready {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Raw syscalls: pidfds, poll, kill
+// Syscalls: pidfds, poll, kill, through the shared crate's `sys`
 
 mod sys {
+    use agent_run_shared::pid::Pid;
+    use agent_run_shared::sys as shared;
     use std::io;
-    use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+    use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+
+    fn pid(raw: i32) -> io::Result<Pid> {
+        Pid::new(raw.into()).ok_or(io::Error::from_raw_os_error(libc::EINVAL))
+    }
 
     /// pidfd_open(2): Ok(None) when the process is already gone (ESRCH).
-    pub fn pidfd_open(pid: i32) -> io::Result<Option<OwnedFd>> {
-        if pid <= 0 {
-            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    pub fn pidfd_open(raw: i32) -> io::Result<Option<OwnedFd>> {
+        match shared::pidfd_open(pid(raw)?) {
+            Ok(fd) => Ok(Some(fd)),
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(None),
+            Err(e) => Err(e),
         }
-        // SAFETY: pidfd_open(2) takes a pid and flags and returns a new fd or -1.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        if fd < 0 {
-            let err = io::Error::last_os_error();
-            return match err.raw_os_error() {
-                Some(libc::ESRCH) => Ok(None),
-                _ => Err(err),
-            };
-        }
-        // SAFETY: the kernel just returned this fd, and nothing else owns it.
-        Ok(Some(unsafe { OwnedFd::from_raw_fd(fd as i32) }))
     }
 
     /// pidfd_send_signal(2). ESRCH means the process has exited.
     pub fn pidfd_send_signal(fd: BorrowedFd<'_>, sig: i32) -> io::Result<()> {
-        // SAFETY: pidfd_send_signal(2) with a valid pidfd, a null siginfo and no flags.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                fd.as_raw_fd(),
-                sig,
-                std::ptr::null::<libc::siginfo_t>(),
-                0,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        shared::pidfd_send_signal(fd, sig, false)
     }
 
     /// poll(2) for readability; returns, per fd, whether it polled readable (or hung up).
     pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout_ms: i32) -> io::Result<Vec<bool>> {
-        let mut pollfds: Vec<libc::pollfd> = fds
+        let mut set: Vec<shared::PollFd> = fds
             .iter()
-            .map(|fd| libc::pollfd {
+            .map(|fd| shared::PollFd {
                 fd: fd.as_raw_fd(),
                 events: libc::POLLIN,
                 revents: 0,
             })
             .collect();
-        // SAFETY: poll(2) on a valid array of pollfd of the given length.
-        let rc = unsafe {
-            libc::poll(
-                pollfds.as_mut_ptr(),
-                pollfds.len() as libc::nfds_t,
-                timeout_ms,
-            )
-        };
-        if rc < 0 {
-            let err = io::Error::last_os_error();
-            if err.kind() == io::ErrorKind::Interrupted {
-                return Ok(vec![false; fds.len()]);
-            }
-            return Err(err);
-        }
-        Ok(pollfds.iter().map(|p| p.revents != 0).collect())
+        let timeout = std::time::Duration::from_millis(timeout_ms.max(0) as u64);
+        // EINTR comes back as nothing ready, with every revents 0.
+        shared::poll(&mut set, Some(timeout))?;
+        Ok(set.iter().map(|p| p.revents != 0).collect())
     }
 
     /// kill(2) to one positive pid.
-    pub fn kill(pid: i32, sig: i32) -> io::Result<()> {
-        if pid <= 0 {
-            return Err(io::Error::from_raw_os_error(libc::EINVAL));
-        }
-        // SAFETY: kill(2) to a single positive pid (never 0 or -1, which reach many processes).
-        if unsafe { libc::kill(pid, sig) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+    pub fn kill(raw: i32, sig: i32) -> io::Result<()> {
+        shared::kill(pid(raw)?, sig, false)
     }
 }
 

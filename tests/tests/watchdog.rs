@@ -182,7 +182,7 @@ fn record_with(id: &str, pid: i32, pgid: i32, sid: i32, ticks: u64, boot_id: &st
         wrapper_pid: Some(i32::MAX),
         wrapper_start_ticks: Some(0),
         host: shared_sys::hostname(),
-        user: shared_sys::user_name(uid),
+        user: agent_run_shared::users::user_name(uid),
         uid,
         created_at: rfc3339_now(),
         started_at: Some(rfc3339_now()),

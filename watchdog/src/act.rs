@@ -9,6 +9,7 @@ use agent_run_shared::lifecycle::{
 };
 use agent_run_shared::lock::RunLock;
 use agent_run_shared::procset::RunScope;
+use agent_run_shared::reason::Reason;
 use agent_run_shared::record::State;
 use agent_run_shared::stop::{stop_run, Sig};
 use agent_run_shared::sys::{self, PollFd};
@@ -42,7 +43,7 @@ pub fn act(subject: &Subject, action: Action) -> Result<String> {
                 dir,
                 &mut st,
                 State::Unknown,
-                Some("host_rebooted"),
+                Some(&*Reason::HostRebooted.as_str()),
                 None,
                 Some(&journal),
             )?;
@@ -78,7 +79,8 @@ pub fn act(subject: &Subject, action: Action) -> Result<String> {
                     return Ok(format!("already {}", st.state.as_str()));
                 }
             }
-            let reason = why.reason();
+            let reason = why.reason().as_str();
+            let reason: &str = &reason;
             let _ = dir.request_cancel("watchdog", reason);
             let _ = journal.event("takeover", json!({"why": how, "reason": reason}));
             let report = stop_orphaned(dir, &mut st, reason, &journal)?;
@@ -108,7 +110,8 @@ pub fn act(subject: &Subject, action: Action) -> Result<String> {
 /// stop the process set ourselves; if the wrapper still has not written a final record, it is
 /// stuck for good (SIGSTOPped, wedged): KILL it, take its lock, and write the record.
 fn stuck(subject: &Subject, journal: &Journal, lock: &RunLock, why: Due) -> Result<String> {
-    let reason = why.reason();
+    let reason = why.reason().as_str();
+    let reason: &str = &reason;
     let dir = &subject.dir;
     let st = dir.read_status()?;
     if st.state.is_final() {

@@ -18,6 +18,7 @@
 use agent_run_shared::id::RunId;
 use agent_run_shared::lifecycle::timings_of;
 use agent_run_shared::procset::{discover_in, Depth, Snapshot};
+use agent_run_shared::reason::Reason;
 use agent_run_shared::record::Status;
 use agent_run_shared::root::{Root, RunDir};
 use agent_run_shared::wrapper::{check_record, live_wrapper, Wrapper};
@@ -61,11 +62,11 @@ pub enum Due {
 
 impl Due {
     /// The record's reason for the stop.
-    pub fn reason(self) -> &'static str {
+    pub fn reason(self) -> Reason {
         match self {
-            Due::Lease => "lease_expired",
-            Due::Timeout => "timeout",
-            Due::WrapperLost => "wrapper_lost",
+            Due::Lease => Reason::LeaseExpired,
+            Due::Timeout => Reason::Timeout,
+            Due::WrapperLost => Reason::WrapperLost,
         }
     }
 }
@@ -234,47 +235,31 @@ pub fn assess(
         Err(e) => (seen.last_lease, Some(e.to_string())),
     };
     let grace = timings_of(&st).grace.as_secs_f64();
-    // The earlier of the lease and the timeout, and which it is (the lease on a tie).
-    let due = [
-        lease.map(|l| (l, Due::Lease)),
-        st.timeout_deadline_epoch()
-            .filter(|d| d.is_finite())
-            .map(|d| (d, Due::Timeout)),
-    ]
-    .into_iter()
-    .flatten()
-    .min_by(|a, b| a.0.total_cmp(&b.0));
+    let due = first_due(lease, st.timeout_deadline_epoch());
     let verdict = match live_wrapper(&dir, &st) {
-        Wrapper::Alive(w) => {
-            let stuck_at = due.map(|(d, why)| (d + grace + policy.slack.as_secs_f64(), why));
-            match stuck_at {
-                Some((t, why)) if now >= t => Verdict::Now(Action::Stuck { why }),
-                _ => Verdict::Watch {
-                    wrapper: w.into_fd(),
-                    recheck_epoch: stuck_at.map(|(t, _)| t),
-                },
-            }
-        }
+        Wrapper::Alive(w) => match decide_alive(now, due, grace, policy) {
+            Alive::Stuck(why) => Verdict::Now(Action::Stuck { why }),
+            Alive::Watch { recheck_epoch } => Verdict::Watch {
+                wrapper: w.into_fd(),
+                recheck_epoch,
+            },
+        },
         Wrapper::Mismatch(why) => Verdict::Skip(why),
         Wrapper::Gone => {
-            let (act_epoch, why) = due.unwrap_or_else(|| {
-                // Counted from when the wrapper died, as far as anyone can know: the first
-                // time this daemon saw it gone, or the bound its last heartbeat gives (which a
-                // `--once` pass, seeing it for the first time, has to go by).
-                let since = [seen.orphan_since, dir.gone_by(now)]
+            // Counted from when the wrapper died, as far as anyone can know: the first time
+            // this daemon saw it gone, or the bound its last heartbeat gives (which a `--once`
+            // pass, seeing it for the first time, has to go by).
+            let gone_since = || {
+                [seen.orphan_since, dir.gone_by(now)]
                     .into_iter()
                     .flatten()
-                    .fold(now, f64::min);
-                (since + policy.orphan_grace.as_secs_f64(), Due::WrapperLost)
-            });
-            let action = Action::Orphan { why };
-            // Due: act at once; the stop itself (on a worker thread) finds whatever remains,
-            // and an empty set ends as `unknown`/`wrapper_lost`. Not due yet: if nothing of the
-            // run remains there is nothing to wait for. One /proc scan, only on this path.
-            if now >= act_epoch || !remains(&dir, &st, snapshot()) {
-                Verdict::Now(action)
-            } else {
-                Verdict::Later { act_epoch, action }
+                    .reduce(f64::min)
+            };
+            // One /proc scan, only when the decision needs it.
+            let remains = || remains(&dir, &st, snapshot());
+            match decide_gone(now, due, policy, gone_since, remains) {
+                (action, None) => Verdict::Now(action),
+                (action, Some(act_epoch)) => Verdict::Later { act_epoch, action },
             }
         }
     };
@@ -284,6 +269,64 @@ pub fn assess(
         s
     });
     (verdict, subject)
+}
+
+/// The earlier of the lease deadline and the timeout deadline, and which it is (the lease on
+/// a tie). A timeout that is not a finite number (a rewritten record) counts as none.
+pub fn first_due(lease: Option<f64>, timeout: Option<f64>) -> Option<(f64, Due)> {
+    [
+        lease.map(|l| (l, Due::Lease)),
+        timeout.filter(|d| d.is_finite()).map(|d| (d, Due::Timeout)),
+    ]
+    .into_iter()
+    .flatten()
+    .min_by(|a, b| a.0.total_cmp(&b.0))
+}
+
+/// What to do about a run whose wrapper is alive.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Alive {
+    /// Past its deadline + grace + slack: the wrapper is stopped or stuck.
+    Stuck(Due),
+    /// The wrapper's business; look again at `recheck_epoch` (deadline + grace + slack).
+    Watch { recheck_epoch: Option<f64> },
+}
+
+/// The decision for a live wrapper, from the first deadline ([`first_due`]) and the run's
+/// grace (seconds).
+pub fn decide_alive(now: f64, due: Option<(f64, Due)>, grace: f64, policy: &Policy) -> Alive {
+    let stuck_at = due.map(|(d, why)| (d + grace + policy.slack.as_secs_f64(), why));
+    match stuck_at {
+        Some((t, why)) if now >= t => Alive::Stuck(why),
+        _ => Alive::Watch {
+            recheck_epoch: stuck_at.map(|(t, _)| t),
+        },
+    }
+}
+
+/// The decision for a run whose wrapper is gone: the orphan action, and when (None: now). The
+/// stop is due at the first deadline, or without one at the orphan grace after the wrapper was
+/// first known gone (`gone_since`, never later than `now`). A stop that is not due yet is
+/// still made now when nothing of the run `remains`: there is nothing to wait for (the stop
+/// finds an empty set and ends as `unknown`/`wrapper_lost`). `gone_since` and `remains` are
+/// asked only when the decision needs them.
+pub fn decide_gone(
+    now: f64,
+    due: Option<(f64, Due)>,
+    policy: &Policy,
+    gone_since: impl FnOnce() -> Option<f64>,
+    remains: impl FnOnce() -> bool,
+) -> (Action, Option<f64>) {
+    let (act_epoch, why) = due.unwrap_or_else(|| {
+        let since = gone_since().map_or(now, |s| s.min(now));
+        (since + policy.orphan_grace.as_secs_f64(), Due::WrapperLost)
+    });
+    let action = Action::Orphan { why };
+    if now >= act_epoch || !remains() {
+        (action, None)
+    } else {
+        (action, Some(act_epoch))
+    }
 }
 
 /// Whether any live process carries this run's marker (its `AGENT_RUN_DIR` is this very dir).
@@ -305,4 +348,177 @@ fn remains(dir: &RunDir, st: &Status, snap: &Snapshot) -> bool {
 /// Epoch seconds to a monotonic delay from now.
 pub fn delay_until(epoch: f64) -> Duration {
     Duration::from_secs_f64((epoch - time::epoch_now()).clamp(0.0, 86_400.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    fn policy() -> Policy {
+        Policy {
+            orphan_grace: Duration::from_secs(60),
+            slack: Duration::from_secs(5),
+        }
+    }
+
+    #[test]
+    fn the_first_deadline_is_due_and_the_lease_wins_a_tie() {
+        let cases = [
+            (None, None, None),
+            (Some(100.0), None, Some((100.0, Due::Lease))),
+            (None, Some(50.0), Some((50.0, Due::Timeout))),
+            (Some(100.0), Some(50.0), Some((50.0, Due::Timeout))),
+            (Some(40.0), Some(50.0), Some((40.0, Due::Lease))),
+            (Some(50.0), Some(50.0), Some((50.0, Due::Lease))),
+            // A rewritten record's timeout that is not a number is none.
+            (Some(100.0), Some(f64::NAN), Some((100.0, Due::Lease))),
+            (None, Some(f64::INFINITY), None),
+            (None, Some(f64::NEG_INFINITY), None),
+        ];
+        for (lease, timeout, want) in cases {
+            assert_eq!(first_due(lease, timeout), want, "{lease:?} {timeout:?}");
+        }
+    }
+
+    /// A live wrapper is stuck at deadline + grace (5) + slack (5), not a moment earlier.
+    #[test]
+    fn a_live_wrapper_is_stuck_only_past_deadline_grace_and_slack() {
+        let p = policy();
+        let cases = [
+            (
+                1000.0,
+                None,
+                Alive::Watch {
+                    recheck_epoch: None,
+                },
+            ),
+            (
+                1000.0,
+                Some((995.0, Due::Lease)),
+                Alive::Watch {
+                    recheck_epoch: Some(1005.0),
+                },
+            ),
+            (
+                1004.9,
+                Some((995.0, Due::Lease)),
+                Alive::Watch {
+                    recheck_epoch: Some(1005.0),
+                },
+            ),
+            (1005.0, Some((995.0, Due::Lease)), Alive::Stuck(Due::Lease)),
+            (
+                2000.0,
+                Some((995.0, Due::Timeout)),
+                Alive::Stuck(Due::Timeout),
+            ),
+        ];
+        for (now, due, want) in cases {
+            assert_eq!(
+                decide_alive(now, due, 5.0, &p),
+                want,
+                "now {now} due {due:?}"
+            );
+        }
+    }
+
+    /// (now, due, gone since, remains) -> (why, when): None is now.
+    #[test]
+    fn an_orphan_is_stopped_at_its_first_deadline_or_the_orphan_grace() {
+        let p = policy();
+        type Case = (f64, Option<(f64, Due)>, Option<f64>, bool, Due, Option<f64>);
+        let cases: [Case; 9] = [
+            // Due: now, whatever remains.
+            (
+                1000.0,
+                Some((999.0, Due::Lease)),
+                None,
+                true,
+                Due::Lease,
+                None,
+            ),
+            (
+                1000.0,
+                Some((1000.0, Due::Timeout)),
+                None,
+                true,
+                Due::Timeout,
+                None,
+            ),
+            // Not due: later while processes remain, now when none does.
+            (
+                1000.0,
+                Some((1010.0, Due::Lease)),
+                None,
+                true,
+                Due::Lease,
+                Some(1010.0),
+            ),
+            (
+                1000.0,
+                Some((1010.0, Due::Lease)),
+                None,
+                false,
+                Due::Lease,
+                None,
+            ),
+            // No deadline: the orphan grace (60) from when the wrapper was first known gone.
+            (1000.0, None, None, true, Due::WrapperLost, Some(1060.0)),
+            (
+                1000.0,
+                None,
+                Some(970.0),
+                true,
+                Due::WrapperLost,
+                Some(1030.0),
+            ),
+            (1000.0, None, Some(900.0), true, Due::WrapperLost, None),
+            // A "gone since" in the future (a forged heartbeat) does not push it later.
+            (
+                1000.0,
+                None,
+                Some(5000.0),
+                true,
+                Due::WrapperLost,
+                Some(1060.0),
+            ),
+            (1000.0, None, Some(970.0), false, Due::WrapperLost, None),
+        ];
+        for (now, due, since, remains, why, when) in cases {
+            let scanned = Cell::new(false);
+            let (action, at) = decide_gone(
+                now,
+                due,
+                &p,
+                || since,
+                || {
+                    scanned.set(true);
+                    remains
+                },
+            );
+            assert_eq!(action, Action::Orphan { why }, "{now} {due:?} {since:?}");
+            assert_eq!(at, when, "{now} {due:?} {since:?} remains {remains}");
+            // The /proc scan is made only when the stop is not due yet by its time.
+            if remains {
+                assert_eq!(scanned.get(), when.is_some(), "{now} {due:?} {since:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_orphan_grace_does_not_ask_when_the_wrapper_went_if_a_deadline_is_known() {
+        let asked = Cell::new(false);
+        decide_gone(
+            1000.0,
+            Some((2000.0, Due::Lease)),
+            &policy(),
+            || {
+                asked.set(true);
+                None
+            },
+            || true,
+        );
+        assert!(!asked.get());
+    }
 }

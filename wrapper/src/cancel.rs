@@ -14,6 +14,7 @@ use crate::select::{self, Picked};
 use agent_run_shared::exit;
 use agent_run_shared::journal::Journal;
 use agent_run_shared::lifecycle::{record_lost_launch, stop_orphaned, timings_of};
+use agent_run_shared::reason::Reason;
 use agent_run_shared::record::{State, Status};
 use agent_run_shared::root::RunDir;
 use agent_run_shared::stop::Sig;
@@ -213,7 +214,7 @@ pub fn cancel_one(
             // A cancel.json that cannot be written (a full disk) must not keep the run alive:
             // say so, and signal anyway.
             let created = dir
-                .request_cancel("cancel", "cancel_request")
+                .request_cancel("cancel", &Reason::CancelRequest.as_str())
                 .unwrap_or_else(|e| {
                     eprintln!("agent-run: {e}; signalling the wrapper without it");
                     true
@@ -224,10 +225,22 @@ pub fn cancel_one(
             let stale = st.state == State::Running
                 && signalled_at.is_some_and(|t| t.elapsed() > Duration::from_secs(1));
             if created || stale {
-                signal_wrapper(w, Sig::Term, "cancel_request", None, &journal)?;
+                signal_wrapper(
+                    w,
+                    Sig::Term,
+                    &Reason::CancelRequest.as_str(),
+                    None,
+                    &journal,
+                )?;
                 // A stopped wrapper (SIGSTOP, a debugger let go) cannot act on the TERM: let it.
                 if procfs::stat(w.pid()).is_some_and(|s| s.is_stopped()) {
-                    signal_wrapper(w, Sig::Cont, "cancel_request", None, &journal)?;
+                    signal_wrapper(
+                        w,
+                        Sig::Cont,
+                        &Reason::CancelRequest.as_str(),
+                        None,
+                        &journal,
+                    )?;
                 }
                 signalled_at = Some(Instant::now());
             } else if signalled_at.is_none() {
@@ -261,9 +274,9 @@ pub fn cancel_one(
 /// Finish a run whose wrapper is gone: cancel.json, the journal, then the shared stop and the
 /// final record.
 fn take_over(dir: &RunDir, st: &mut Status, why: &str, journal: &Journal) -> anyhow::Result<()> {
-    let _ = dir.request_cancel("cancel", "cancel_request");
+    let _ = dir.request_cancel("cancel", &Reason::CancelRequest.as_str());
     let _ = journal.event("takeover", json!({"why": why, "state": st.state.as_str()}));
-    if let Err(e) = stop_orphaned(dir, st, "cancel_request", journal) {
+    if let Err(e) = stop_orphaned(dir, st, &Reason::CancelRequest.as_str(), journal) {
         // Another party may have written the final record first (a squatted lock gives no
         // exclusivity): then that record is the answer.
         match dir.read_status() {

@@ -11,27 +11,15 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-const EXIT_CODES: &str = "\
-Exit codes (start, wait, attach, relaunch):
-  0-125  the workload's own exit status
-  128+N  killed by signal N, or cancelled by signal N to the wrapper (TERM 143, INT 130,
-         HUP 129), or by `agent-run cancel` (143)
-  124    the lease or the --timeout expired and the run was stopped (the record's reason
-         says which)
-  129    the caller went away (its channel hung up) and the run was stopped (reason
-         caller_lost, as a hangup with a pty gives)
-  126    the command was found but could not be executed
-  127    the command was not found
-  64     bad usage or a bad run id
-  65     the run id exists with a different command
-  69     no such run
-  70     launch failed for another reason (for instance PGID != PID)
-  75     a wait ran out before the run was final, or the run's outcome is unknown
-  77     the run's record failed validation (owner, pid reuse, boot id): refused to signal
-  78     unsafe run root or run dir (owner, mode, symlink)
-
-Files: <root>/<run-id>/{status.json,stdout.log,stderr.log,events.jsonl,lease.json,cancel.json,pid,pgid}
-Root: --root DIR, else $AGENT_RUN_ROOT, else $HOME/.agent-runs";
+/// The long help's tail: the shared exit-code table, the files and the root.
+fn exit_codes_help() -> String {
+    format!(
+        "{}\n\
+Files: <root>/<run-id>/{{status.json,stdout.log,stderr.log,events.jsonl,lease.json,cancel.json,pid,pgid}}
+Root: --root DIR, else $AGENT_RUN_ROOT, else $HOME/.agent-runs",
+        exit::help_text()
+    )
+}
 
 /// Run a command in its own session so that cancelling it stops all of it, and keep an honest
 /// record of how it ended.
@@ -41,7 +29,7 @@ Root: --root DIR, else $AGENT_RUN_ROOT, else $HOME/.agent-runs";
 /// expired lease stop the whole run: TERM, HUP after 500 ms, KILL at the grace, then a final
 /// record in <root>/<RUN_ID>/status.json.
 #[derive(Debug, Parser)]
-#[command(name = "agent-run", version, after_long_help = EXIT_CODES, after_help = "Exit codes and files: agent-run --help")]
+#[command(name = "agent-run", version, after_long_help = exit_codes_help(), after_help = "Exit codes and files: agent-run --help")]
 pub struct Cli {
     /// The run root (default: $AGENT_RUN_ROOT, else $HOME/.agent-runs)
     #[arg(long, global = true, value_name = "DIR")]

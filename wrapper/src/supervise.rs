@@ -16,6 +16,8 @@ use crate::signals::Signals;
 use agent_run_shared::journal::Journal;
 use agent_run_shared::pid::Identity;
 use agent_run_shared::procset::RunScope;
+use agent_run_shared::reap;
+use agent_run_shared::reason::Reason;
 use agent_run_shared::record::Status;
 use agent_run_shared::root::{files, RunDir};
 use agent_run_shared::spec::OnDisconnect;
@@ -76,17 +78,17 @@ pub fn supervise(
         let lease_left = lease.remaining(dir, journal);
         if lease_left.is_some_and(|l| l <= 0.0) {
             let _ = journal.event("lease_expired", json!({}));
-            return Outcome::Stop("lease_expired".into());
+            return Outcome::Stop(Reason::LeaseExpired.into());
         }
         if let Some((at, len)) = limits.timeout {
             if now >= at {
                 let _ = journal.event("timeout", json!({"timeout_ms": len.as_millis() as u64}));
-                return Outcome::Stop("timeout".into());
+                return Outcome::Stop(Reason::Timeout.into());
             }
         }
         if caller.as_ref().is_some_and(|c| c.grace_over(now)) {
             let _ = journal.event("caller_lost_grace_over", json!({}));
-            return Outcome::Stop("caller_lost".into());
+            return Outcome::Stop(Reason::CallerLost.into());
         }
         let timeout = [
             lease_left.map(|l| Duration::from_secs_f64(l.min(86_400.0))),
@@ -154,7 +156,7 @@ pub fn supervise(
             }
         }
         if signals.take_chld() || leader_fd.is_some_and(|_| fds[1].revents != 0) {
-            let (leader_status, _) = sys::reap_all(Some(leader.pid));
+            let (leader_status, _) = reap::reap_all(Some(leader.pid));
             if let Some(ws) = leader_status {
                 let _ = journal.event("leader_exit", leader_exit_json(ws));
                 return Outcome::LeaderExited(ws);
@@ -246,7 +248,7 @@ impl Caller {
         }
         match self.policy {
             OnDisconnect::Keep => None,
-            OnDisconnect::Cancel => Some(Outcome::Stop("caller_lost".into())),
+            OnDisconnect::Cancel => Some(Outcome::Stop(Reason::CallerLost.into())),
             OnDisconnect::Grace(d) => {
                 self.grace_until = Some(Instant::now() + d);
                 None
@@ -312,7 +314,7 @@ fn stop_reason(dir: &RunDir, sig: Sig) -> String {
         // Read without following a symlink: a planted link is not a cancel request's reason.
         return dir
             .cancel_reason()
-            .unwrap_or_else(|| "cancel_request".into());
+            .unwrap_or_else(|| Reason::CancelRequest.into());
     }
-    format!("signal:{}", sig.name())
+    Reason::Signal(sig).into()
 }
