@@ -21,6 +21,7 @@ pub mod lease;
 pub mod pid;
 pub mod procfs;
 pub mod procset;
+pub mod pty;
 pub mod quote;
 pub mod record;
 pub mod root;

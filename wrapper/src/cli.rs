@@ -116,6 +116,16 @@ pub struct StartArgs {
     /// Default: keep with --lease (the lease decides), else cancel
     #[arg(long, value_name = "POLICY", value_parser = policy)]
     pub on_disconnect: Option<OnDisconnect>,
+    /// Give the workload a pseudo-terminal as its stdin, stdout, stderr and controlling
+    /// terminal, so it line-buffers, colours and interleaves as in a terminal; everything it
+    /// writes goes to stdout.log (stderr.log stays empty). In the foreground the wrapper's stdin
+    /// is copied to it (raw mode when stdin is a terminal); detached, nothing is written to it
+    #[arg(long)]
+    pub pty: bool,
+    /// The pty's size, COLSxROWS (default: the caller's terminal, followed on SIGWINCH, else
+    /// 80x24)
+    #[arg(long, value_name = "COLSxROWS", value_parser = pty_size, requires = "pty")]
+    pub pty_size: Option<agent_run_shared::pty::Size>,
     /// Internal: this is the wrapper that --detach started (the workload reads /dev/null)
     #[arg(long, hide = true)]
     pub detached_child: bool,
@@ -203,6 +213,13 @@ pub struct RemoteArgs {
     /// Label the run KEY=VALUE on the host (repeatable)
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = label_pair)]
     pub labels: Vec<(String, String)>,
+    /// Run the command on a pseudo-terminal on the host (`start --pty`), sized from this
+    /// terminal (or --pty-size); its output all comes as stdout
+    #[arg(long)]
+    pub pty: bool,
+    /// The host pty's size, COLSxROWS (default: this process's terminal, else 80x24)
+    #[arg(long, value_name = "COLSxROWS", value_parser = pty_size, requires = "pty")]
+    pub pty_size: Option<agent_run_shared::pty::Size>,
     /// Print the record of an earlier run and exit as it did (75 while it is not final)
     #[arg(long, value_name = "ID", conflicts_with_all = ["cancel", "attach"])]
     pub status: Option<String>,
@@ -370,6 +387,12 @@ impl clap::builder::TypedValueParser for EnvPair {
             clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("{e}\n"))
         })
     }
+}
+
+fn pty_size(s: &str) -> Result<agent_run_shared::pty::Size, String> {
+    agent_run_shared::pty::Size::parse(s).ok_or_else(|| {
+        format!("invalid --pty-size {s:?}: expected COLSxROWS, e.g. 120x40, both 1-65535")
+    })
 }
 
 fn label_pair(s: &str) -> Result<(String, String), String> {

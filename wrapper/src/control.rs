@@ -14,6 +14,7 @@ use agent_run_shared::exit;
 use agent_run_shared::id::RunId;
 use agent_run_shared::journal::Journal;
 use agent_run_shared::lease::{read_lease, write_lease, Lease};
+use agent_run_shared::pty;
 use agent_run_shared::record::{State, Status};
 use agent_run_shared::root::Root;
 use agent_run_shared::run::timings_of;
@@ -557,6 +558,14 @@ fn spawn_detached(root: &Root, id: &RunId, args: &StartArgs) -> anyhow::Result<C
     }
     for (k, v) in &args.labels {
         cmd.arg("--label").arg(format!("{k}={v}"));
+    }
+    if args.pty {
+        // The detached wrapper has no terminal: the size is the caller's, taken now.
+        let size = args
+            .pty_size
+            .or_else(pty::caller_size)
+            .unwrap_or(pty::DEFAULT_SIZE);
+        cmd.arg("--pty").arg("--pty-size").arg(size.to_string());
     }
     // The values of -e may be secrets: never on a command line (/proc/PID/cmdline is world
     // readable), but in the environment of our own detached wrapper, which passes them on.

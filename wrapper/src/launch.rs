@@ -7,6 +7,7 @@
 
 use crate::cli::{fail, StartArgs};
 use crate::human;
+use crate::ptyio::PtyRun;
 use crate::signals::Signals;
 use crate::stream::Streamer;
 use crate::supervise::{self, Limits, Outcome};
@@ -18,6 +19,7 @@ use agent_run_shared::journal::Journal;
 use agent_run_shared::lease::{write_lease, Lease};
 use agent_run_shared::pid::{Identity, Pid};
 use agent_run_shared::procset::{discover, Depth, RunScope};
+use agent_run_shared::pty::{self, Pty};
 use agent_run_shared::record::{Containment, State, Status};
 use agent_run_shared::root::{files, resolve_root, Root, RunDir};
 use agent_run_shared::run::{finalize, scope_of, transition};
@@ -30,7 +32,7 @@ use anyhow::Context;
 use serde_json::json;
 use std::collections::HashSet;
 use std::ffi::OsString;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -154,6 +156,8 @@ struct Launch {
     cgroup: Option<RunCgroup>,
     /// Why an explicitly asked cgroup could not be made (the launch fails with it).
     cgroup_failure: Option<String>,
+    /// `--pty`: the wrapper's side of the workload's terminal, once spawned.
+    pty: Option<PtyRun>,
 }
 
 impl Launch {
@@ -208,6 +212,7 @@ impl Launch {
             }
         }
         st.on_disconnect = (!args.detached_child).then(|| args.on_disconnect().as_record());
+        st.pty = args.pty;
         st.wrapper_pid = Some(std::process::id() as i32);
         st.wrapper_start_ticks = procfs::stat(Pid::this()).map(|s| s.start_ticks);
         st.grace_ms = Some(timings.grace.as_millis() as u64);
@@ -240,6 +245,7 @@ impl Launch {
             started: None,
             cgroup,
             cgroup_failure,
+            pty: None,
         })
     }
 
@@ -278,6 +284,11 @@ impl Launch {
             signals
                 .catch_tstp()
                 .context("cannot register the SIGTSTP handler")?;
+            if args.pty && args.pty_size.is_none() && !args.detached_child {
+                signals
+                    .catch_winch()
+                    .context("cannot register the SIGWINCH handler")?;
+            }
             Ok((lease, signals))
         })();
         let (lease_deadline, signals) = match prepared {
@@ -288,6 +299,15 @@ impl Launch {
 
         let code = match self.spawn(args) {
             Ok((leader, leader_fd)) => {
+                if let Some(p) = &mut self.pty {
+                    if !args.detached_child {
+                        if let Err(e) = p.copy_stdin() {
+                            let w = format!("stdin is not copied to the pty: {e}");
+                            human::say(&format!("warning: {w}"));
+                            let _ = self.journal.event("warning", json!({"warning": w}));
+                        }
+                    }
+                }
                 let limits = Limits {
                     lease_deadline,
                     timeout: args.timeout.zip(self.started).map(|(t, s)| (s + t, t)),
@@ -304,7 +324,11 @@ impl Launch {
                     &limits,
                     &mut self.st,
                     &scope,
+                    self.pty.as_mut(),
                 );
+                if let Some(p) = &mut self.pty {
+                    p.restore_terminal();
+                }
                 self.finish(leader, outcome, &signals, &limits)?
             }
             Err(code) => code,
@@ -330,19 +354,46 @@ impl Launch {
                 return Err(self.launch_failed(exit::SOFTWARE, &e.to_string()))
             }
         };
+        // --pty: the slave is the workload's stdin, stdout, stderr and controlling terminal.
+        let size = args
+            .pty_size
+            .or_else(|| (!args.detached_child).then(pty::caller_size).flatten())
+            .unwrap_or(pty::DEFAULT_SIZE);
+        let opened = match args.pty.then(|| Pty::open(size)).transpose() {
+            Ok(p) => p,
+            Err(e) => {
+                let msg = format!("cannot open a pseudo-terminal for --pty: {e}");
+                return Err(self.launch_failed(exit::SOFTWARE, &msg));
+            }
+        };
+        let stdio = |p: &Pty| -> std::io::Result<Stdio> { Ok(Stdio::from(p.slave.try_clone()?)) };
+        let (stdin, stdout, stderr) = match &opened {
+            None => (
+                if stdin_null {
+                    Stdio::null()
+                } else {
+                    Stdio::inherit()
+                },
+                Stdio::from(out),
+                Stdio::from(err),
+            ),
+            Some(p) => match (stdio(p), stdio(p), stdio(p)) {
+                (Ok(i), Ok(o), Ok(e)) => (i, o, e),
+                (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+                    let msg = format!("cannot use the pseudo-terminal {}: {e}", p.name);
+                    return Err(self.launch_failed(exit::SOFTWARE, &msg));
+                }
+            },
+        };
         let mut cmd = Command::new(&command[0]);
         cmd.args(&command[1..])
             .env(ENV_RUN_ID, self.dir.id.as_str())
             .env(ENV_RUN_DIR, &dir)
             .env_remove(fault::ENV)
             .env_remove(ENV_PASSED)
-            .stdout(Stdio::from(out))
-            .stderr(Stdio::from(err))
-            .stdin(if stdin_null {
-                Stdio::null()
-            } else {
-                Stdio::inherit()
-            });
+            .stdout(stdout)
+            .stderr(stderr)
+            .stdin(stdin);
         // -e after ours: the reserved names were refused when the command line was read.
         cmd.envs(args.env.iter().map(|(k, v)| (k, v)));
         if let Some(c) = &args.cwd {
@@ -358,9 +409,20 @@ impl Launch {
             Ok(p) => p,
             Err(e) => return Err(self.launch_failed(exit::SOFTWARE, &e.to_string())),
         };
-        sys::spawn_in_new_session_into(&mut cmd, procs.as_ref().map(|f| f.as_raw_fd()));
+        sys::spawn_in_new_session_into(
+            &mut cmd,
+            procs.as_ref().map(|f| f.as_raw_fd()),
+            opened.as_ref().map(|p| p.slave.as_raw_fd()),
+        );
         let spawned = cmd.spawn();
         drop(procs);
+        // Every slave descriptor of ours goes now (the Command holds three): while we hold one,
+        // the master never reads EOF (EIO) and no hangup comes when the session ends.
+        drop(cmd);
+        let master = opened.map(|p| {
+            let Pty { master, name, .. } = p;
+            (master, name)
+        });
         let child = match spawned {
             Ok(c) => c,
             Err(e) if e.raw_os_error() == Some(sys::CGROUP_ENTRY_ERRNO) => {
@@ -396,6 +458,21 @@ impl Launch {
             }
         };
         let pid = Pid::new(child.id() as i64).expect("a child has a positive pid");
+        if let Some((master, name)) = master {
+            match self.take_master(master, name, size, args) {
+                Ok(p) => self.pty = Some(p),
+                Err(e) => {
+                    let msg = format!("cannot copy the pseudo-terminal's output: {e}");
+                    self.st.pid = Some(pid.get());
+                    self.st.start_ticks = procfs::stat(pid).map(|s| s.start_ticks);
+                    if self.st.start_ticks.is_some() {
+                        let report = self.stop_spawned(pid, "launch_failed");
+                        self.st.cleanup = Some(report.to_cleanup());
+                    }
+                    return Err(self.launch_failed(exit::SOFTWARE, &msg));
+                }
+            }
+        }
         fault::point("after_spawn");
         drop(child); // we reap it ourselves, through waitpid
                      // Our unreaped child: its pid cannot be reused until we wait for it, so this stat is
@@ -466,6 +543,27 @@ impl Launch {
             json!({"pid": pid.get(), "pgid": stat.pgid, "sid": stat.sid, "start_ticks": leader.start_ticks}),
         );
         Ok((leader, pidfd))
+    }
+
+    /// The pty's master after the spawn: its output to the log, a duplicate kept for the
+    /// window size and the caller's keystrokes.
+    fn take_master(
+        &mut self,
+        master: OwnedFd,
+        name: String,
+        size: pty::Size,
+        args: &StartArgs,
+    ) -> std::io::Result<PtyRun> {
+        let dup = master.try_clone()?;
+        let log = open_append(&self.dir.path, files::STDOUT).map_err(std::io::Error::other)?;
+        crate::ptyio::interim_copy(master, log)?;
+        let follow =
+            args.pty_size.is_none() && !args.detached_child && pty::caller_size().is_some();
+        let _ = self.journal.event(
+            "pty",
+            json!({"tty": name, "cols": size.cols, "rows": size.rows, "follows_caller": follow}),
+        );
+        Ok(PtyRun::new(dup, name, size, follow))
     }
 
     /// Stop a workload that was spawned but must not run on (it failed its checks, or its

@@ -9,6 +9,7 @@ mod control;
 mod human;
 mod inspect;
 mod launch;
+mod ptyio;
 mod remote;
 mod select;
 mod signals;

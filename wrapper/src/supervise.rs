@@ -12,6 +12,7 @@
 //! handled by the run's `--on-disconnect` policy.
 
 use crate::human;
+use crate::ptyio::PtyRun;
 use crate::signals::Signals;
 use agent_run_shared::journal::Journal;
 use agent_run_shared::lease::read_lease;
@@ -62,6 +63,7 @@ pub fn supervise(
     limits: &Limits,
     st: &mut Status,
     scope: &RunScope,
+    mut pty: Option<&mut PtyRun>,
 ) -> Outcome {
     // The deadline the wrapper wrote at launch, so a lease.json damaged before the first read
     // still cannot turn the leased run into one that runs forever.
@@ -134,8 +136,21 @@ pub fn supervise(
             );
             return Outcome::Stop(reason);
         }
+        if signals.take_winch() {
+            if let Some(p) = pty.as_deref_mut() {
+                p.resize(journal);
+            }
+        }
         if signals.take_tstp() {
+            if let Some(p) = pty.as_deref_mut() {
+                p.suspend();
+            }
             suspend_until_continued(dir, journal, scope);
+            if let Some(p) = pty.as_deref_mut() {
+                p.resume();
+                // The terminal may have changed size while we were stopped.
+                p.resize(journal);
+            }
             continue;
         }
         let usr1 = signals.take_usr1();

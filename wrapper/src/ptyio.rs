@@ -1,0 +1,150 @@
+//! `--pty`, the wrapper's side: the pty's size and the caller's keystrokes.
+//!
+//! The keeper owns the master's output (it copies it to stdout.log); the wrapper keeps a
+//! duplicate of the master only to set the window size (TIOCSWINSZ: at creation from the
+//! caller's terminal or `--pty-size`, then on every SIGWINCH) and, in the foreground, to copy its
+//! own stdin into the pty. With a terminal on stdin that terminal is put in raw mode for the
+//! run (keystrokes, Ctrl-C and Ctrl-Z included, reach the workload as bytes and its pty turns
+//! them into signals for its own foreground job), and restored on every way out of the wrapper
+//! but SIGKILL. A stdin that is not a terminal is copied until its end, then one end-of-file
+//! character (VEOF) is written, so a program reading the pty sees the end as it would from a
+//! file. Detached, nothing is written to the pty.
+
+use agent_run_shared::journal::Journal;
+use agent_run_shared::pty::{self, RawMode, Size};
+use serde_json::json;
+use std::fs::File;
+use std::io::{IsTerminal, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+
+/// A pty run, as the wrapper holds it after the spawn.
+pub struct PtyRun {
+    /// A duplicate of the master (the keeper holds the one it reads).
+    master: OwnedFd,
+    /// The slave's path, for the journal.
+    pub name: String,
+    /// Follow the caller's terminal (SIGWINCH): the size was not given with --pty-size.
+    follow: bool,
+    /// The caller's terminal in raw mode, while the wrapper copies it to the pty.
+    raw: Option<RawMode>,
+    size: Size,
+}
+
+impl PtyRun {
+    /// After the spawn, with the master and the size the pty was opened with.
+    pub fn new(master: OwnedFd, name: String, size: Size, follow: bool) -> PtyRun {
+        PtyRun {
+            master,
+            name,
+            follow,
+            raw: None,
+            size,
+        }
+    }
+
+    /// The size of the pty now.
+    pub fn size(&self) -> Size {
+        self.size
+    }
+
+    /// The caller's terminal changed size: give the pty the same (the kernel sends SIGWINCH to
+    /// the workload's foreground group).
+    pub fn resize(&mut self, journal: &Journal) {
+        if !self.follow {
+            return;
+        }
+        let Some(size) = pty::caller_size() else {
+            return;
+        };
+        if size == self.size {
+            return;
+        }
+        let r = pty::set_size(self.master.as_fd(), size);
+        let _ = journal.event(
+            "pty_resized",
+            json!({"cols": size.cols, "rows": size.rows, "error": r.as_ref().err().map(|e| e.to_string())}),
+        );
+        if r.is_ok() {
+            self.size = size;
+        }
+    }
+
+    /// Foreground: copy our stdin into the pty, on a thread of its own (a workload that does
+    /// not read blocks only that thread). A terminal on stdin goes raw for the run.
+    pub fn copy_stdin(&mut self) -> std::io::Result<()> {
+        let stdin = std::io::stdin();
+        let tty = stdin.is_terminal();
+        if tty {
+            self.raw = RawMode::enter(stdin.as_fd());
+        }
+        let mut from = File::from(stdin.as_fd().try_clone_to_owned()?);
+        let mut to = File::from(self.master.try_clone()?);
+        std::thread::Builder::new()
+            .name("pty-stdin".into())
+            .spawn(move || {
+                let mut buf = [0u8; 4096];
+                loop {
+                    match from.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(n) => {
+                            if to.write_all(&buf[..n]).is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        Err(_) => return,
+                    }
+                }
+                if !tty {
+                    // The end of a file or pipe: what Ctrl-D at the start of a line says.
+                    let eof = pty::veof(to.as_fd());
+                    let _ = to.write_all(&[eof]);
+                }
+            })?;
+        Ok(())
+    }
+
+    /// Before the wrapper stops itself (Ctrl-Z): the caller's shell gets its terminal back as
+    /// it left it.
+    pub fn suspend(&mut self) {
+        if let Some(r) = &mut self.raw {
+            r.restore();
+        }
+    }
+
+    /// After `fg`: raw again.
+    pub fn resume(&mut self) {
+        if let Some(r) = &mut self.raw {
+            r.reenter();
+        }
+    }
+
+    /// The caller's terminal as it was (idempotent; also done on drop).
+    pub fn restore_terminal(&mut self) {
+        self.suspend();
+    }
+}
+
+/// Until the keeper takes the master: a thread copying it to stdout.log (EIO once every slave
+/// descriptor is closed: the end).
+pub fn interim_copy(master: OwnedFd, mut log: File) -> std::io::Result<()> {
+    let mut from = File::from(master);
+    std::thread::Builder::new()
+        .name("pty-out".into())
+        .spawn(move || {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match from.read(&mut buf) {
+                    Ok(0) => return,
+                    Ok(n) => {
+                        if log.write_all(&buf[..n]).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(_) => return,
+                }
+            }
+        })?;
+    Ok(())
+}
