@@ -15,6 +15,7 @@ pub const FEATURES: &[&str] = &[
     "labels",
     "many_ids",
     "on_disconnect",
+    "pty",
     "suspend",
     "timeout",
     "version",

@@ -86,6 +86,16 @@ pub fn veof(fd: BorrowedFd<'_>) -> u8 {
     termios::tcgetattr(fd).map_or(4, |t| t.special_codes[termios::SpecialCodeIndex::VEOF])
 }
 
+/// Whether the terminal on `fd` (a pty master answers for its slave) is in its cooked state:
+/// canonical input and echo, as a shell leaves it and raw mode does not.
+pub fn is_cooked(fd: BorrowedFd<'_>) -> bool {
+    use termios::LocalModes;
+    termios::tcgetattr(fd).is_ok_and(|t| {
+        t.local_modes
+            .contains(LocalModes::ICANON | LocalModes::ECHO)
+    })
+}
+
 /// An open pty pair.
 pub struct Pty {
     /// The master (close-on-exec, no controlling-terminal side effect).

@@ -22,7 +22,7 @@ pub struct PtyRun {
     /// A duplicate of the master (the keeper holds the one it reads).
     master: OwnedFd,
     /// The slave's path, for the journal.
-    pub name: String,
+    name: String,
     /// Follow the caller's terminal (SIGWINCH): the size was not given with --pty-size.
     follow: bool,
     /// The caller's terminal in raw mode, while the wrapper copies it to the pty.
@@ -42,11 +42,6 @@ impl PtyRun {
         }
     }
 
-    /// The size of the pty now.
-    pub fn size(&self) -> Size {
-        self.size
-    }
-
     /// The caller's terminal changed size: give the pty the same (the kernel sends SIGWINCH to
     /// the workload's foreground group).
     pub fn resize(&mut self, journal: &Journal) {
@@ -62,7 +57,8 @@ impl PtyRun {
         let r = pty::set_size(self.master.as_fd(), size);
         let _ = journal.event(
             "pty_resized",
-            json!({"cols": size.cols, "rows": size.rows, "error": r.as_ref().err().map(|e| e.to_string())}),
+            json!({"tty": self.name, "cols": size.cols, "rows": size.rows,
+                   "error": r.as_ref().err().map(|e| e.to_string())}),
         );
         if r.is_ok() {
             self.size = size;

@@ -127,6 +127,20 @@ fn launch_script(args: &RemoteArgs, remote: &Remote, id: &str) -> anyhow::Result
             OsString::from(format!("{k}={v}")),
         ]);
     }
+    if args.pty {
+        // The size travels as an argument, not through `ssh -tt`: a pty on the channel would
+        // merge attach's stdout and stderr, turn every \n into \r\n (the byte counts would no
+        // longer be the resume offsets), put our terminal in raw mode (Ctrl-C would no longer
+        // reach us as INT, the cancel) and stop our ssh children, which run in a process group
+        // of their own, with SIGTTOU.
+        start.push(OsString::from("--pty"));
+        if let Some(size) = args.pty_size.or_else(agent_run_shared::pty::caller_size) {
+            start.extend([
+                OsString::from("--pty-size"),
+                OsString::from(size.to_string()),
+            ]);
+        }
+    }
     start.extend([OsString::from(id), OsString::from("--")]);
     start.extend(args.command.iter().cloned());
     let mut script = b"out=$(".to_vec();
