@@ -141,6 +141,10 @@ pub struct Status {
     /// held in a cgroup; null otherwise.
     #[serde(default)]
     pub resources: Option<crate::cgroup::Resources>,
+    /// What the output keeper wrote and dropped per stream, and the cap
+    /// ([`crate::output::Output`]); null for a run whose keeper never started.
+    #[serde(default)]
+    pub output: Option<crate::output::Output>,
 }
 
 /// The `containment` key: `{"mode": "cgroup" | "procfs", "cgroup": PATH | null}`.
@@ -220,6 +224,7 @@ impl Status {
             launch_exit_code: None,
             containment: None,
             resources: None,
+            output: None,
         }
     }
 
@@ -354,6 +359,7 @@ mod tests {
             launch_exit_code: None,
             containment: None,
             resources: None,
+            output: None,
         }
     }
 

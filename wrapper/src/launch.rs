@@ -7,10 +7,11 @@
 
 use crate::cli::{fail, StartArgs};
 use crate::human;
+use crate::keeper;
 use crate::signals::Signals;
 use crate::stream::Streamer;
 use crate::supervise::{self, Limits, Outcome};
-use agent_run_shared::atomic::{open_append, write_atomic};
+use agent_run_shared::atomic::write_atomic;
 use agent_run_shared::cgroup::{self, Parent, RunCgroup};
 use agent_run_shared::exit;
 use agent_run_shared::id::RunId;
@@ -30,7 +31,7 @@ use anyhow::Context;
 use serde_json::json;
 use std::collections::HashSet;
 use std::ffi::OsString;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -130,6 +131,18 @@ pub fn start(root: Option<&Path>, mut args: StartArgs) -> anyhow::Result<u8> {
         }
     }
     let root = Root::open(&resolve_root(root)?, true)?;
+    if args.max_output.is_none() {
+        // The root's default, fixed now: a detached wrapper and the record see the same cap.
+        match agent_run_shared::output::root_default(root.path()) {
+            Ok(l) => args.max_output = Some(crate::cli::MaxOutput(l)),
+            Err(e) => {
+                return fail(
+                    exit::USAGE,
+                    format!("cannot use the default --max-output: {e}"),
+                )
+            }
+        }
+    }
     let argv: &[OsString] = &args.command;
     if args.detach {
         // The detached wrapper does everything below, in its own session.
@@ -154,6 +167,8 @@ struct Launch {
     cgroup: Option<RunCgroup>,
     /// Why an explicitly asked cgroup could not be made (the launch fails with it).
     cgroup_failure: Option<String>,
+    /// The output keeper, once started: never the run's, never signalled.
+    keeper: Option<Identity>,
 }
 
 impl Launch {
@@ -240,6 +255,7 @@ impl Launch {
             started: None,
             cgroup,
             cgroup_failure,
+            keeper: None,
         })
     }
 
@@ -293,8 +309,7 @@ impl Launch {
                     timeout: args.timeout.zip(self.started).map(|(t, s)| (s + t, t)),
                     on_disconnect: (!args.detached_child).then(|| args.on_disconnect()),
                 };
-                let scope = scope_of(&self.dir.path, &self.st, Some(Pid::this()))
-                    .expect("a launched run has a scope");
+                let scope = self.scope();
                 let outcome = supervise::supervise(
                     &self.dir,
                     &self.journal,
@@ -315,20 +330,57 @@ impl Launch {
         Ok(code)
     }
 
+    /// The run's process scope, as every stop in this wrapper uses it: the keeper descends from
+    /// us but is not the run's.
+    fn scope(&self) -> RunScope {
+        let mut scope = scope_of(&self.dir.path, &self.st, Some(Pid::this()))
+            .expect("a launched run has a scope");
+        scope.exclude.extend(self.keeper);
+        scope
+    }
+
+    /// The pipes and the keeper that drains them into the logs: the workload's stdout and
+    /// stderr (the write ends).
+    fn start_keeper(&mut self, args: &StartArgs) -> anyhow::Result<(OwnedFd, OwnedFd)> {
+        let (out_r, out_w) = keeper::pipe().context("cannot make the stdout pipe")?;
+        let (err_r, err_w) = keeper::pipe().context("cannot make the stderr pipe")?;
+        let limit = args.max_output.and_then(|m| m.0);
+        let policy = keeper::Policy {
+            limit,
+            stop: args.on_output_limit == "stop",
+        };
+        let k = keeper::spawn(
+            &self.dir.path,
+            vec![
+                (keeper::Stream::Stdout, out_r),
+                (keeper::Stream::Stderr, err_r),
+            ],
+            &policy,
+        )?;
+        self.keeper = Some(k.identity);
+        self.st.output = Some(agent_run_shared::output::Output::pending(
+            limit,
+            policy.stop,
+        ));
+        let _ = self.journal.event(
+            "keeper_started",
+            json!({"pid": k.identity.pid.get(), "start_ticks": k.identity.start_ticks,
+                   "limit": limit, "on_limit": args.on_output_limit}),
+        );
+        Ok((out_w, err_w))
+    }
+
     /// Spawn the workload in a new session and verify pid == pgid == sid. On failure the final
     /// record is written here and the exit code returned.
     fn spawn(&mut self, args: &StartArgs) -> Result<(Identity, Option<std::os::fd::OwnedFd>), u8> {
         let command = &args.command[..];
         let stdin_null = args.detach_child();
         let dir = self.dir.path.clone();
-        let (out, err) = match (
-            open_append(&dir, files::STDOUT),
-            open_append(&dir, files::STDERR),
-        ) {
-            (Ok(o), Ok(e)) => (o, e),
-            (Err(e), _) | (_, Err(e)) => {
-                return Err(self.launch_failed(exit::SOFTWARE, &e.to_string()))
-            }
+        // Pipes, drained by the keeper: reopening /dev/stdout by path opens the pipe again,
+        // never the log (no O_TRUNC of the log, no offset past the streamer's).
+        let (out, err) = match self.start_keeper(args) {
+            Ok(ends) => ends,
+            Err(e) => return Err(self.launch_failed(exit::SOFTWARE, &format!("{e:#}"))),
         };
         let mut cmd = Command::new(&command[0]);
         cmd.args(&command[1..])
@@ -361,6 +413,8 @@ impl Launch {
         sys::spawn_in_new_session_into(&mut cmd, procs.as_ref().map(|f| f.as_raw_fd()));
         let spawned = cmd.spawn();
         drop(procs);
+        // Our copies of the write ends go now: the keeper's EOF is the workload's last writer.
+        drop(cmd);
         let child = match spawned {
             Ok(c) => c,
             Err(e) if e.raw_os_error() == Some(sys::CGROUP_ENTRY_ERRNO) => {
@@ -471,8 +525,7 @@ impl Launch {
     /// Stop a workload that was spawned but must not run on (it failed its checks, or its
     /// record could not be written), through the shared routine, and reap it.
     fn stop_spawned(&self, pid: Pid, reason: &str) -> agent_run_shared::stop::Report {
-        let scope = scope_of(&self.dir.path, &self.st, Some(Pid::this()))
-            .expect("pid and start ticks are set");
+        let scope = self.scope();
         let report = stop_run(&scope, &self.timings, reason, Some(&self.journal), None);
         sys::reap_all(Some(pid));
         report
@@ -508,8 +561,7 @@ impl Launch {
         limits: &Limits,
     ) -> anyhow::Result<u8> {
         let dir = self.dir.path.clone();
-        let scope = scope_of(&self.dir.path, &self.st, Some(Pid::this()))
-            .expect("a launched run has a scope");
+        let scope = self.scope();
         let mut signals_esc = signals;
         // The stop comes first: a record that cannot be written (a full disk) is reported, but
         // never keeps the run's processes alive.
@@ -534,6 +586,10 @@ impl Launch {
         let (state, reason, report, leader_status) = match outcome {
             Outcome::LeaderExited(ws) => {
                 let (_, children_left) = sys::reap_all(None);
+                // The keeper is our child and outlives the leader until the pipes' last writer
+                // is gone: it is no leftover (any other child of ours is, and `discover` below
+                // finds it, as a descendant of ours).
+                let children_left = children_left && self.keeper.is_none();
                 // The leader's exit ends the run; whatever of the run remains is stopped by the
                 // same routine as a cancel: our children (double-forked daemons come back to
                 // us), the cgroup's members, and processes elsewhere that carry the marker.
