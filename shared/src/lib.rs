@@ -18,6 +18,7 @@ pub mod hostpolicy;
 pub mod id;
 pub mod journal;
 pub mod lease;
+pub mod output;
 pub mod pid;
 pub mod procfs;
 pub mod procset;

@@ -146,6 +146,10 @@ pub struct Status {
     /// from before it was kept.
     #[serde(default)]
     pub pty: bool,
+    /// What the output keeper wrote and dropped per stream, and the cap
+    /// ([`crate::output::Output`]); null for a run whose keeper never started.
+    #[serde(default)]
+    pub output: Option<crate::output::Output>,
 }
 
 /// The `containment` key: `{"mode": "cgroup" | "procfs", "cgroup": PATH | null}`.
@@ -226,6 +230,7 @@ impl Status {
             containment: None,
             resources: None,
             pty: false,
+            output: None,
         }
     }
 
@@ -361,6 +366,7 @@ mod tests {
             containment: None,
             resources: None,
             pty: false,
+            output: None,
         }
     }
 

@@ -625,6 +625,45 @@ pub fn default_sigpipe() {
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
 }
 
+// --- output path ---
+
+/// Make `cmd` (the output keeper, agent-run re-executed) start in a new session holding exactly
+/// the descriptors in `keep` (at their own numbers) above stderr: every other descriptor is
+/// marked close-on-exec (close_range(2) with CLOSE_RANGE_CLOEXEC), then `keep` loses the flag.
+/// The run's lock, the journal and the pipes' write ends never reach the keeper. The `pre_exec`
+/// closure calls only async-signal-safe functions: setsid, close_range and fcntl.
+pub fn spawn_keeper(cmd: &mut std::process::Command, keep: Vec<RawFd>) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec; it allocates nothing (`keep`
+    // was built before the fork and is only read), takes no lock and calls only setsid(2),
+    // close_range(2) and fcntl(2) (signal-safety(7)). The descriptors in `keep` are held open
+    // by the parent until the spawn returns.
+    unsafe {
+        cmd.pre_exec(move || {
+            child_setsid()?;
+            child_cloexec_from_3()?;
+            for &fd in &keep {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Own descriptor `n`, handed to this process by number by its parent (the keeper's sources
+/// and logs, see [`spawn_keeper`]). Fails when `n` is not open.
+pub fn take_passed_fd(n: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: fcntl(F_GETFD) only asks whether `n` is open.
+    if n < 0 || unsafe { libc::fcntl(n, libc::F_GETFD) } < 0 {
+        return Err(io::Error::from_raw_os_error(libc::EBADF));
+    }
+    // SAFETY: `n` is open and was passed to us to own: the keeper takes each number once, at
+    // start, before anything else in the process could have opened or wrapped it.
+    Ok(unsafe { OwnedFd::from_raw_fd(n) })
+}
+
 // --- pty ---
 
 /// In a forked child before exec, after setsid: make the terminal on `fd` this session's

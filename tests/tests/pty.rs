@@ -493,3 +493,78 @@ fn a_pty_run_whose_wrapper_was_killed_is_stopped_by_cancel_and_leaves_nothing() 
     cancel(&root, "wc");
     assert_stopped(&root, "wc", pid, &pinned, "cancel_request");
 }
+
+/// The keeper's pid from the journal, checked against /proc (it is `agent-run __keep`), pinned.
+fn pinned_keeper(root: &TestRoot, id: &str) -> (i32, Pinned) {
+    let k = keeper_pid(root, id)
+        .unwrap_or_else(|| panic!("no keeper_started\n{}", diagnostics(root, id)));
+    let pinned = Pinned::new(&[k]);
+    let cmdline = std::fs::read(format!("/proc/{k}/cmdline")).unwrap_or_default();
+    assert!(
+        cmdline.split(|&b| b == 0).any(|w| w == b"__keep"),
+        "pid {k} is not the keeper: {:?}",
+        String::from_utf8_lossy(&cmdline)
+    );
+    (k, pinned)
+}
+
+#[test]
+fn a_dead_keeper_stops_the_pty_run_with_a_reason_and_leaves_nothing() {
+    let root = TestRoot::new();
+    let w = Spawned::wrapper(
+        &root,
+        &[
+            "kl",
+            "--pty",
+            "--",
+            "sh",
+            "-c",
+            "echo ready; exec sleep 300",
+        ],
+    );
+    let pid = wait_ready(&root, "kl");
+    let pinned = pin_run(&root, "kl", pid);
+    let (k, keeper) = pinned_keeper(&root, "kl");
+    keeper.signal(k, libc::SIGKILL).unwrap();
+    let out = w.finish(LONG);
+    let st = assert_stopped(&root, "kl", pid, &pinned, "keeper_lost");
+    assert_eq!(exit_code(&out.status), 143, "{st}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("output keeper"),
+        "the wrapper did not say why: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(root.event_names("kl").contains(&"keeper_lost".to_string()));
+}
+
+#[test]
+fn closing_the_master_hangs_up_the_session_with_no_one_left_to_stop_it() {
+    // The wrapper is SIGKILLed, then the keeper: the last descriptor of the master is closed
+    // and the kernel hangs up the pty. SIGHUP reaches the session, which ends by itself.
+    let root = TestRoot::new();
+    let (pid, pinned) = orphaned_pty_run(&root, "hup");
+    let (k, keeper) = pinned_keeper(&root, "hup");
+    keeper.signal(k, libc::SIGKILL).unwrap();
+    if let Err(alive) = pinned.wait_all_gone(LONG) {
+        panic!(
+            "the session outlived its pty's master: {alive:?}\n{}",
+            diagnostics(&root, "hup")
+        );
+    }
+    assert_eq!(session_members(pid), Vec::<i32>::new());
+    // Nobody stopped it, so nobody can claim a cleanup: the record says what is known.
+    let mut c = root.cmd();
+    c.args(["cancel", "hup"]);
+    let out = run_with_timeout(&mut c, LONG);
+    assert_eq!(
+        exit_code(&out.status),
+        0,
+        "{}",
+        describe_output("cancel", &out)
+    );
+    let st = root.wait_final("hup", LONG);
+    assert!(
+        ["unknown", "cancelled"].contains(&st["state"].as_str().unwrap_or("")),
+        "{st}"
+    );
+}

@@ -126,6 +126,16 @@ pub struct StartArgs {
     /// 80x24)
     #[arg(long, value_name = "COLSxROWS", value_parser = pty_size, requires = "pty")]
     pub pty_size: Option<agent_run_shared::pty::Size>,
+    /// Cap each of stdout.log and stderr.log at SIZE bytes (K, M, G, T: powers of 1024; 0 or
+    /// none: no cap). At the cap a marker line goes into the log, further bytes are dropped and
+    /// counted (the record's `output`), and the last min(SIZE/8, 1M) bytes are kept at the end.
+    /// Default: $AGENT_RUN_MAX_OUTPUT, else the size in <root>/max-output, else 1G
+    #[arg(long, value_name = "SIZE", value_parser = size_arg)]
+    pub max_output: Option<MaxOutput>,
+    /// At the --max-output cap (or the disk reserve): keep the run going (drop and count), or
+    /// stop it (state cancelled, reason output_limit)
+    #[arg(long, value_name = "POLICY", default_value = "keep", value_parser = ["keep", "stop"])]
+    pub on_output_limit: String,
     /// Internal: this is the wrapper that --detach started (the workload reads /dev/null)
     #[arg(long, hide = true)]
     pub detached_child: bool,
@@ -135,6 +145,14 @@ pub struct StartArgs {
     /// The command and its arguments (after --)
     #[arg(value_name = "COMMAND", required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
     pub command: Vec<OsString>,
+}
+
+/// A `--max-output` value: bytes per stream, `None` for no cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaxOutput(pub Option<u64>);
+
+fn size_arg(s: &str) -> Result<MaxOutput, String> {
+    agent_run_shared::output::parse_size(s).map(MaxOutput)
 }
 
 #[derive(Debug, Args)]
@@ -320,9 +338,15 @@ pub struct LogsArgs {
     /// stderr.log instead of stdout.log
     #[arg(long)]
     pub stderr: bool,
+    /// stdout.log only (with --tail, which shows both logs otherwise)
+    #[arg(long, conflicts_with = "stderr")]
+    pub stdout: bool,
     /// Follow the log until the run is final
     #[arg(short, long)]
     pub follow: bool,
+    /// Only the last N lines (of both logs, each under a header, unless --stdout or --stderr)
+    #[arg(short = 'n', long, value_name = "N", conflicts_with = "follow")]
+    pub tail: Option<usize>,
 }
 
 #[derive(Debug, Args)]
@@ -466,6 +490,9 @@ fn with_default_subcommand(mut args: Vec<OsString>) -> Result<Vec<OsString>, Str
         "--label",
         "--on-disconnect",
         "--cgroup",
+        "--max-output",
+        "--on-output-limit",
+        "--tail",
     ];
     let mut i = 1;
     while i < args.len() {

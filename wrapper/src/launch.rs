@@ -7,11 +7,12 @@
 
 use crate::cli::{fail, StartArgs};
 use crate::human;
+use crate::keeper;
 use crate::ptyio::PtyRun;
 use crate::signals::Signals;
 use crate::stream::Streamer;
 use crate::supervise::{self, Limits, Outcome};
-use agent_run_shared::atomic::{open_append, write_atomic};
+use agent_run_shared::atomic::write_atomic;
 use agent_run_shared::cgroup::{self, Parent, RunCgroup};
 use agent_run_shared::exit;
 use agent_run_shared::id::RunId;
@@ -132,6 +133,18 @@ pub fn start(root: Option<&Path>, mut args: StartArgs) -> anyhow::Result<u8> {
         }
     }
     let root = Root::open(&resolve_root(root)?, true)?;
+    if args.max_output.is_none() {
+        // The root's default, fixed now: a detached wrapper and the record see the same cap.
+        match agent_run_shared::output::root_default(root.path()) {
+            Ok(l) => args.max_output = Some(crate::cli::MaxOutput(l)),
+            Err(e) => {
+                return fail(
+                    exit::USAGE,
+                    format!("cannot use the default --max-output: {e}"),
+                )
+            }
+        }
+    }
     let argv: &[OsString] = &args.command;
     if args.detach {
         // The detached wrapper does everything below, in its own session.
@@ -158,6 +171,8 @@ struct Launch {
     cgroup_failure: Option<String>,
     /// `--pty`: the wrapper's side of the workload's terminal, once spawned.
     pty: Option<PtyRun>,
+    /// The output keeper, once started: never the run's, never signalled.
+    keeper: Option<Identity>,
 }
 
 impl Launch {
@@ -246,6 +261,7 @@ impl Launch {
             cgroup,
             cgroup_failure,
             pty: None,
+            keeper: None,
         })
     }
 
@@ -313,8 +329,7 @@ impl Launch {
                     timeout: args.timeout.zip(self.started).map(|(t, s)| (s + t, t)),
                     on_disconnect: (!args.detached_child).then(|| args.on_disconnect()),
                 };
-                let scope = scope_of(&self.dir.path, &self.st, Some(Pid::this()))
-                    .expect("a launched run has a scope");
+                let scope = self.scope();
                 let outcome = supervise::supervise(
                     &self.dir,
                     &self.journal,
@@ -339,22 +354,69 @@ impl Launch {
         Ok(code)
     }
 
+    /// The run's process scope, as every stop in this wrapper uses it: the keeper descends from
+    /// us but is not the run's.
+    fn scope(&self) -> RunScope {
+        let mut scope = scope_of(&self.dir.path, &self.st, Some(Pid::this()))
+            .expect("a launched run has a scope");
+        scope.exclude.extend(self.keeper);
+        scope
+    }
+
+    /// The pipes and the keeper that drains them into the logs: the workload's stdout and
+    /// stderr (the write ends).
+    /// With `--pty` the keeper's one source is the pty's master (`pty_master`), copied to
+    /// stdout.log, and there are no pipes (None).
+    fn start_keeper(
+        &mut self,
+        args: &StartArgs,
+        pty_master: Option<OwnedFd>,
+    ) -> anyhow::Result<Option<(OwnedFd, OwnedFd)>> {
+        let (sources, ends) = match pty_master {
+            Some(m) => {
+                // stderr.log exists, and stays empty: the pty has one output.
+                agent_run_shared::atomic::open_append(&self.dir.path, files::STDERR)?;
+                (vec![(keeper::Stream::Stdout, m)], None)
+            }
+            None => {
+                let (out_r, out_w) = keeper::pipe().context("cannot make the stdout pipe")?;
+                let (err_r, err_w) = keeper::pipe().context("cannot make the stderr pipe")?;
+                (
+                    vec![
+                        (keeper::Stream::Stdout, out_r),
+                        (keeper::Stream::Stderr, err_r),
+                    ],
+                    Some((out_w, err_w)),
+                )
+            }
+        };
+        let limit = args.max_output.and_then(|m| m.0);
+        let policy = keeper::Policy {
+            limit,
+            stop: args.on_output_limit == "stop",
+        };
+        let k = keeper::spawn(&self.dir.path, sources, &policy)?;
+        self.keeper = Some(k.identity);
+        self.st.output = Some(agent_run_shared::output::Output::pending(
+            limit,
+            policy.stop,
+        ));
+        let _ = self.journal.event(
+            "keeper_started",
+            json!({"pid": k.identity.pid.get(), "start_ticks": k.identity.start_ticks,
+                   "limit": limit, "on_limit": args.on_output_limit, "pty": args.pty}),
+        );
+        Ok(ends)
+    }
+
     /// Spawn the workload in a new session and verify pid == pgid == sid. On failure the final
     /// record is written here and the exit code returned.
     fn spawn(&mut self, args: &StartArgs) -> Result<(Identity, Option<std::os::fd::OwnedFd>), u8> {
         let command = &args.command[..];
         let stdin_null = args.detach_child();
         let dir = self.dir.path.clone();
-        let (out, err) = match (
-            open_append(&dir, files::STDOUT),
-            open_append(&dir, files::STDERR),
-        ) {
-            (Ok(o), Ok(e)) => (o, e),
-            (Err(e), _) | (_, Err(e)) => {
-                return Err(self.launch_failed(exit::SOFTWARE, &e.to_string()))
-            }
-        };
-        // --pty: the slave is the workload's stdin, stdout, stderr and controlling terminal.
+        // --pty: the slave is the workload's stdin, stdout, stderr and controlling terminal;
+        // the keeper drains the master into stdout.log, the wrapper keeps a duplicate.
         let size = args
             .pty_size
             .or_else(|| (!args.detached_child).then(pty::caller_size).flatten())
@@ -366,9 +428,22 @@ impl Launch {
                 return Err(self.launch_failed(exit::SOFTWARE, &msg));
             }
         };
+        let master = match opened.as_ref().map(|p| p.master.try_clone()).transpose() {
+            Ok(m) => m,
+            Err(e) => {
+                let msg = format!("cannot use the pseudo-terminal: {e}");
+                return Err(self.launch_failed(exit::SOFTWARE, &msg));
+            }
+        };
+        // Pipes, drained by the keeper: reopening /dev/stdout by path opens the pipe again,
+        // never the log (no O_TRUNC of the log, no offset past the streamer's).
+        let ends = match self.start_keeper(args, master) {
+            Ok(ends) => ends,
+            Err(e) => return Err(self.launch_failed(exit::SOFTWARE, &format!("{e:#}"))),
+        };
         let stdio = |p: &Pty| -> std::io::Result<Stdio> { Ok(Stdio::from(p.slave.try_clone()?)) };
-        let (stdin, stdout, stderr) = match &opened {
-            None => (
+        let (stdin, stdout, stderr) = match (&opened, ends) {
+            (None, Some((out, err))) => (
                 if stdin_null {
                     Stdio::null()
                 } else {
@@ -377,7 +452,8 @@ impl Launch {
                 Stdio::from(out),
                 Stdio::from(err),
             ),
-            Some(p) => match (stdio(p), stdio(p), stdio(p)) {
+            (None, None) => unreachable!("without a pty the keeper drains two pipes"),
+            (Some(p), _) => match (stdio(p), stdio(p), stdio(p)) {
                 (Ok(i), Ok(o), Ok(e)) => (i, o, e),
                 (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
                     let msg = format!("cannot use the pseudo-terminal {}: {e}", p.name);
@@ -416,8 +492,9 @@ impl Launch {
         );
         let spawned = cmd.spawn();
         drop(procs);
-        // Every slave descriptor of ours goes now (the Command holds three): while we hold one,
-        // the master never reads EOF (EIO) and no hangup comes when the session ends.
+        // Every slave descriptor of ours goes now (the Command holds three), and our copies of
+        // the pipes' write ends: the keeper's EOF is the workload's last writer, and while we
+        // held a slave the master would never read EOF (EIO) nor the session get a hangup.
         drop(cmd);
         let master = opened.map(|p| {
             let Pty { master, name, .. } = p;
@@ -459,19 +536,7 @@ impl Launch {
         };
         let pid = Pid::new(child.id() as i64).expect("a child has a positive pid");
         if let Some((master, name)) = master {
-            match self.take_master(master, name, size, args) {
-                Ok(p) => self.pty = Some(p),
-                Err(e) => {
-                    let msg = format!("cannot copy the pseudo-terminal's output: {e}");
-                    self.st.pid = Some(pid.get());
-                    self.st.start_ticks = procfs::stat(pid).map(|s| s.start_ticks);
-                    if self.st.start_ticks.is_some() {
-                        let report = self.stop_spawned(pid, "launch_failed");
-                        self.st.cleanup = Some(report.to_cleanup());
-                    }
-                    return Err(self.launch_failed(exit::SOFTWARE, &msg));
-                }
-            }
+            self.pty = Some(self.keep_master(master, name, size, args));
         }
         fault::point("after_spawn");
         drop(child); // we reap it ourselves, through waitpid
@@ -545,32 +610,28 @@ impl Launch {
         Ok((leader, pidfd))
     }
 
-    /// The pty's master after the spawn: its output to the log, a duplicate kept for the
-    /// window size and the caller's keystrokes.
-    fn take_master(
+    /// The pty's master after the spawn (the keeper holds its own copy): kept for the window
+    /// size and the caller's keystrokes.
+    fn keep_master(
         &mut self,
         master: OwnedFd,
         name: String,
         size: pty::Size,
         args: &StartArgs,
-    ) -> std::io::Result<PtyRun> {
-        let dup = master.try_clone()?;
-        let log = open_append(&self.dir.path, files::STDOUT).map_err(std::io::Error::other)?;
-        crate::ptyio::interim_copy(master, log)?;
+    ) -> PtyRun {
         let follow =
             args.pty_size.is_none() && !args.detached_child && pty::caller_size().is_some();
         let _ = self.journal.event(
             "pty",
             json!({"tty": name, "cols": size.cols, "rows": size.rows, "follows_caller": follow}),
         );
-        Ok(PtyRun::new(dup, name, size, follow))
+        PtyRun::new(master, name, size, follow, self.keeper.map(|k| k.pid))
     }
 
     /// Stop a workload that was spawned but must not run on (it failed its checks, or its
     /// record could not be written), through the shared routine, and reap it.
     fn stop_spawned(&self, pid: Pid, reason: &str) -> agent_run_shared::stop::Report {
-        let scope = scope_of(&self.dir.path, &self.st, Some(Pid::this()))
-            .expect("pid and start ticks are set");
+        let scope = self.scope();
         let report = stop_run(&scope, &self.timings, reason, Some(&self.journal), None);
         sys::reap_all(Some(pid));
         report
@@ -606,8 +667,7 @@ impl Launch {
         limits: &Limits,
     ) -> anyhow::Result<u8> {
         let dir = self.dir.path.clone();
-        let scope = scope_of(&self.dir.path, &self.st, Some(Pid::this()))
-            .expect("a launched run has a scope");
+        let scope = self.scope();
         let mut signals_esc = signals;
         // The stop comes first: a record that cannot be written (a full disk) is reported, but
         // never keeps the run's processes alive.
@@ -632,6 +692,10 @@ impl Launch {
         let (state, reason, report, leader_status) = match outcome {
             Outcome::LeaderExited(ws) => {
                 let (_, children_left) = sys::reap_all(None);
+                // The keeper is our child and outlives the leader until the pipes' last writer
+                // is gone: it is no leftover (any other child of ours is, and `discover` below
+                // finds it, as a descendant of ours).
+                let children_left = children_left && self.keeper.is_none();
                 // The leader's exit ends the run; whatever of the run remains is stopped by the
                 // same routine as a cancel: our children (double-forked daemons come back to
                 // us), the cgroup's members, and processes elsewhere that carry the marker.
@@ -716,6 +780,9 @@ fn stop_message(id: &str, reason: &str, limits: &Limits) -> String {
                 .map_or("?".into(), |(_, t)| human::duration(t.as_secs_f64()))
         ),
         "caller_lost" => format!("the caller went away: stopping run {id} (TERM sent)"),
+        "keeper_lost" => format!(
+            "the output keeper died, so the pty has no reader: stopping run {id} (TERM sent)"
+        ),
         other => format!("{other}: stopping run {id} (TERM sent)"),
     }
 }

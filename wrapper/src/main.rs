@@ -8,6 +8,7 @@ mod cli;
 mod control;
 mod human;
 mod inspect;
+mod keeper;
 mod launch;
 mod ptyio;
 mod remote;
@@ -20,6 +21,12 @@ mod version;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // The output keeper (a hidden mode: in no help, no completion).
+    let mut args = std::env::args_os().skip(1);
+    if args.next().is_some_and(|a| a == keeper::MODE) {
+        let rest: Vec<_> = args.collect();
+        return ExitCode::from(keeper::main(&rest));
+    }
     let cli = match cli::parse() {
         Ok(cli) => cli,
         Err(code) => return ExitCode::from(code),

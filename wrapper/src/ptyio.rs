@@ -11,7 +11,10 @@
 //! file. Detached, nothing is written to the pty.
 
 use agent_run_shared::journal::Journal;
+use agent_run_shared::pid::Pid;
 use agent_run_shared::pty::{self, RawMode, Size};
+use agent_run_shared::stop::Sig;
+use agent_run_shared::sys;
 use serde_json::json;
 use std::fs::File;
 use std::io::{IsTerminal, Read, Write};
@@ -25,6 +28,8 @@ pub struct PtyRun {
     name: String,
     /// Follow the caller's terminal (SIGWINCH): the size was not given with --pty-size.
     follow: bool,
+    /// The keeper (our child), until its end was seen.
+    keeper: Option<Pid>,
     /// The caller's terminal in raw mode, while the wrapper copies it to the pty.
     raw: Option<RawMode>,
     size: Size,
@@ -32,11 +37,18 @@ pub struct PtyRun {
 
 impl PtyRun {
     /// After the spawn, with the master and the size the pty was opened with.
-    pub fn new(master: OwnedFd, name: String, size: Size, follow: bool) -> PtyRun {
+    pub fn new(
+        master: OwnedFd,
+        name: String,
+        size: Size,
+        follow: bool,
+        keeper: Option<Pid>,
+    ) -> PtyRun {
         PtyRun {
             master,
             name,
             follow,
+            keeper,
             raw: None,
             size,
         }
@@ -83,7 +95,7 @@ impl PtyRun {
                     match from.read(&mut buf) {
                         Ok(0) => break,
                         Ok(n) => {
-                            if to.write_all(&buf[..n]).is_err() {
+                            if write_all_waiting(&mut to, &buf[..n]).is_err() {
                                 return;
                             }
                         }
@@ -94,10 +106,29 @@ impl PtyRun {
                 if !tty {
                     // The end of a file or pipe: what Ctrl-D at the start of a line says.
                     let eof = pty::veof(to.as_fd());
-                    let _ = to.write_all(&[eof]);
+                    let _ = write_all_waiting(&mut to, &[eof]);
                 }
             })?;
         Ok(())
+    }
+
+    /// Whether the keeper has ended since the last call, and how: `Some(Ok(()))` when it exited
+    /// 0 (every slave descriptor closed: the session let go of its terminal), `Some(Err(why))`
+    /// when it died or its end cannot be known. Reaps it (it is our child): call before any
+    /// `reap_all`, so its status is ours to read.
+    pub fn keeper_ended(&mut self) -> Option<Result<(), String>> {
+        let pid = self.keeper?;
+        let end = match sys::waitpid_nohang(Some(pid)) {
+            Ok(None) => return None,
+            Ok(Some((_, sys::WaitStatus::Exited(0)))) => Ok(()),
+            Ok(Some((_, sys::WaitStatus::Exited(c)))) => Err(format!("exited {c}")),
+            Ok(Some((_, sys::WaitStatus::Signaled(n)))) => {
+                Err(format!("killed by SIG{}", Sig::from_number(n).name()))
+            }
+            Err(e) => Err(format!("reaped before its status was read ({e})")),
+        };
+        self.keeper = None;
+        Some(end.map_err(|why| format!("the output keeper (pid {pid}) {why}")))
     }
 
     /// Before the wrapper stops itself (Ctrl-Z): the caller's shell gets its terminal back as
@@ -121,26 +152,28 @@ impl PtyRun {
     }
 }
 
-/// Until the keeper takes the master: a thread copying it to stdout.log (EIO once every slave
-/// descriptor is closed: the end).
-pub fn interim_copy(master: OwnedFd, mut log: File) -> std::io::Result<()> {
-    let mut from = File::from(master);
-    std::thread::Builder::new()
-        .name("pty-out".into())
-        .spawn(move || {
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                match from.read(&mut buf) {
-                    Ok(0) => return,
-                    Ok(n) => {
-                        if log.write_all(&buf[..n]).is_err() {
-                            return;
-                        }
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(_) => return,
+/// `write_all` to the master, whose open file description the keeper made non-blocking (it is
+/// shared with the keeper's copy): on EAGAIN, wait until the pty takes input again.
+fn write_all_waiting(to: &mut File, mut buf: &[u8]) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    while !buf.is_empty() {
+        match to.write(buf) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let mut fds = [sys::PollFd {
+                    fd: to.as_raw_fd(),
+                    events: libc::POLLOUT,
+                    revents: 0,
+                }];
+                sys::poll(&mut fds, None)?;
+                if fds[0].revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
+                    return Err(std::io::ErrorKind::BrokenPipe.into());
                 }
             }
-        })?;
+            Err(e) => return Err(e),
+        }
+    }
     Ok(())
 }
