@@ -493,6 +493,7 @@ fn with_default_subcommand(mut args: Vec<OsString>) -> Result<Vec<OsString>, Str
         "--max-output",
         "--on-output-limit",
         "--tail",
+        "--pty-size",
     ];
     let mut i = 1;
     while i < args.len() {
@@ -708,6 +709,31 @@ mod tests {
 
     fn refused(v: &[&str]) -> String {
         with_default_subcommand(v.iter().map(OsString::from).collect()).unwrap_err()
+    }
+
+    #[test]
+    fn pty_size_takes_a_value_in_the_implicit_start_form_and_needs_pty() {
+        let w = words(&["a", "--pty", "--pty-size", "100x30", "r1", "--", "true"]);
+        assert_eq!(w[1], "start");
+        let cli = Cli::try_parse_from(&w).unwrap();
+        let Command::Start(s) = cli.command else {
+            panic!("not start")
+        };
+        assert!(s.pty);
+        assert_eq!(
+            s.pty_size,
+            Some(agent_run_shared::pty::Size {
+                cols: 100,
+                rows: 30
+            })
+        );
+        assert!(
+            Cli::try_parse_from(["a", "start", "--pty-size", "80x24", "r", "--", "x"]).is_err()
+        );
+        assert!(
+            Cli::try_parse_from(["a", "start", "--pty", "--pty-size", "80", "r", "--", "x"])
+                .is_err()
+        );
     }
 
     #[test]

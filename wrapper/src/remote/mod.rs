@@ -300,3 +300,34 @@ pub fn say(msg: &str) {
     let line = format!("agent-run: {msg}\n");
     let _ = std::io::stderr().write_all(line.as_bytes());
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
+
+    fn script(extra: &[&str]) -> String {
+        let mut argv = vec!["agent-run", "remote"];
+        argv.extend_from_slice(extra);
+        argv.extend(["host", "--", "true"]);
+        let Command::Remote(args) = Cli::try_parse_from(argv).unwrap().command else {
+            panic!("not remote")
+        };
+        let remote = Remote {
+            bin: "agent-run".into(),
+            root: None,
+        };
+        String::from_utf8(launch_script(&args, &remote, "id1").unwrap()).unwrap()
+    }
+
+    #[test]
+    fn remote_pty_passes_pty_and_the_size_to_the_hosts_start() {
+        let s = script(&["--pty", "--pty-size", "100x30"]);
+        assert!(
+            s.contains("'--pty' '--pty-size' '100x30' 'id1' '--' 'true'"),
+            "{s}"
+        );
+        assert!(!script(&[]).contains("--pty"));
+    }
+}
