@@ -163,7 +163,7 @@ fn killed_wrapper_run(root: &TestRoot, id: &str, idiom: &str) -> (Spawned, Pinne
     wait_until_dbg("the wrapper to die", LONG, || {
         proc_stat(w.child.id() as i32)
             .filter(|s| s.0 != 'Z')
-            .map_or(Ok(()), |s| Err(s))
+            .map_or(Ok(()), Err)
     });
     fs::write(&go, b"").unwrap();
     wait_until_dbg("the idiom to be written", LONG, || {

@@ -296,13 +296,11 @@ impl Keep {
                     .map(|&i| PollFd::new(&sources[i].fd, PollFlags::IN))
                     .collect();
                 match poll(&mut fds, None) {
-                    Ok(_) => {}
+                    Ok(_) => fds.iter().map(|f| !f.revents().is_empty()).collect(),
                     Err(rustix::io::Errno::INTR) => continue,
-                    Err(_) => {
-                        // Cannot wait: read anyway (a source that has nothing says EAGAIN).
-                    }
+                    // Cannot wait (ENOMEM): read every source (one with nothing says EAGAIN).
+                    Err(_) => vec![true; live.len()],
                 }
-                fds.iter().map(|f| !f.revents().is_empty()).collect()
             };
             for (j, &i) in live.iter().enumerate() {
                 if ready[j] {

@@ -412,7 +412,10 @@ impl Launch {
             .transpose()
         {
             Ok(p) => p,
-            Err(e) => return Err(self.launch_failed(exit::SOFTWARE, &e.to_string())),
+            Err(e) => {
+                drop(cmd); // the write ends: the keeper sees EOF at once
+                return Err(self.launch_failed(exit::SOFTWARE, &e.to_string()));
+            }
         };
         sys::spawn_in_new_session_into(&mut cmd, procs.as_ref().map(|f| f.as_raw_fd()));
         let spawned = cmd.spawn();
