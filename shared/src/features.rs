@@ -14,6 +14,7 @@ pub const FEATURES: &[&str] = &[
     "env",
     "labels",
     "many_ids",
+    "max_output",
     "on_disconnect",
     "pty",
     "suspend",

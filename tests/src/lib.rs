@@ -121,7 +121,7 @@ pub fn fixture_bin() -> PathBuf {
 // Run roots and run records
 
 /// Every key the contract says status.json always has, null or not.
-pub const RECORD_KEYS: [&str; 25] = [
+pub const RECORD_KEYS: [&str; 26] = [
     "schema",
     "run_id",
     "state",
@@ -147,6 +147,7 @@ pub const RECORD_KEYS: [&str; 25] = [
     "version",
     "launch_exit_code",
     "pty",
+    "output",
 ];
 
 /// The final states of status.json.

@@ -351,6 +351,10 @@ impl Launch {
         if let Some(s) = streamer {
             s.finish();
         }
+        if args.quiet && !args.detached_child && code != exit::OK && self.st.started_at.is_some() {
+            // A caller that did not stream still sees why.
+            failure_tail(&dir, self.dir.id.as_str(), &self.st);
+        }
         Ok(code)
     }
 
@@ -483,7 +487,10 @@ impl Launch {
             .transpose()
         {
             Ok(p) => p,
-            Err(e) => return Err(self.launch_failed(exit::SOFTWARE, &e.to_string())),
+            Err(e) => {
+                drop(cmd); // the write ends: the keeper sees EOF at once
+                return Err(self.launch_failed(exit::SOFTWARE, &e.to_string()));
+            }
         };
         sys::spawn_in_new_session_into(
             &mut cmd,
@@ -757,6 +764,38 @@ impl Launch {
             human::say(&human::final_line(&self.st, colour));
         }
         Ok(exit::for_record(&self.st).unwrap_or(exit::SOFTWARE))
+    }
+}
+
+/// How many lines of stderr a `--quiet` run that failed prints.
+const FAILURE_TAIL: usize = 10;
+
+/// For a `--quiet` foreground run that ended non-zero: the last lines of its stderr, under a
+/// header that says where the whole log is.
+fn failure_tail(dir: &Path, id: &str, st: &Status) {
+    let path = dir.join(files::STDERR);
+    let lines = crate::stream::last_lines(dir, files::STDERR, FAILURE_TAIL);
+    let how = match (st.exit_code, &st.term_signal, &st.reason) {
+        (Some(c), _, _) => format!("exited {c}"),
+        (_, Some(s), _) => format!("was killed by SIG{s}"),
+        (_, _, Some(r)) => format!("ended {} ({r})", st.state.as_str()),
+        _ => format!("ended {}", st.state.as_str()),
+    };
+    let msg = if lines.is_empty() {
+        format!("run {id} {how}; its stderr is empty ({})", path.display())
+    } else {
+        let n = lines.iter().filter(|&&b| b == b'\n').count().max(1);
+        format!(
+            "run {id} {how}; the last {n} lines of its stderr (all of it: {}):",
+            path.display()
+        )
+    };
+    human::say(&msg);
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(&lines);
+    if !lines.is_empty() && !lines.ends_with(b"\n") {
+        let _ = writeln!(err);
     }
 }
 
