@@ -315,9 +315,10 @@ fn wait_ready(root: &TestRoot, id: &str) -> i32 {
         let text = std::fs::read_to_string(&log).ok()?;
         text.contains("ready").then_some(())
     });
-    root.status(id)["pid"]
-        .as_i64()
-        .expect("a running record has a pid") as i32
+    // The workload can write before the wrapper's `running` record names it.
+    wait_until(&format!("a pid in {id}'s record"), LONG, || {
+        root.try_status(id).ok()?["pid"].as_i64().map(|p| p as i32)
+    })
 }
 
 /// Everything that belongs to the run: its session, and its keeper when the journal names one.
