@@ -12,6 +12,8 @@
 #   keeper         agent-run --quiet --max-output none   (no cap)
 #   keeper+cap     agent-run --quiet (the default 1G cap: nothing dropped, every write checked)
 #   keeper+stream  agent-run --max-output none, its stdout (the live stream) to /dev/null
+#   pty            agent-run --quiet --max-output none --pty: the pty's master is the keeper's
+#                  source (the kernel's pty line discipline bounds it; CASES=... to skip it)
 # Launch cost: `agent-run ID -- true`, N times, against `true` itself.
 set -eu
 BIN=${1:-target/release/agent-run}
@@ -33,6 +35,7 @@ one() { # case round -> seconds
         keeper) "$BIN" --root "$ROOT" --quiet --max-output none "k$2" -- head -c $SIZE /dev/zero </dev/null ;;
         keeper+cap) "$BIN" --root "$ROOT" --quiet "c$2" -- head -c $SIZE /dev/zero </dev/null ;;
         keeper+stream) "$BIN" --root "$ROOT" --max-output none "s$2" -- head -c $SIZE /dev/zero </dev/null >/dev/null ;;
+        pty) "$BIN" --root "$ROOT" --quiet --max-output none --pty "p$2" -- head -c $SIZE /dev/zero </dev/null ;;
     esac
     t1=$(now)
     # Every byte once: the file holds exactly SIZE bytes.
@@ -41,6 +44,7 @@ one() { # case round -> seconds
         keeper) f="$ROOT/k$2/stdout.log" ;;
         keeper+cap) f="$ROOT/c$2/stdout.log" ;;
         keeper+stream) f="$ROOT/s$2/stdout.log" ;;
+        pty) f="$ROOT/p$2/stdout.log" ;;
     esac
     n=$(stat -c %s "$f")
     [ "$n" -eq $SIZE ] || { echo "$1: $f holds $n bytes, not $SIZE" >&2; exit 1; }
@@ -48,7 +52,7 @@ one() { # case round -> seconds
     echo "$t1 - $t0" | bc -l
 }
 
-CASES="cat keeper keeper+cap keeper+stream"
+CASES=${CASES:-cat keeper keeper+cap keeper+stream pty}
 for r in $(seq 1 "$ROUNDS"); do
     # Rotate the order each round.
     set -- $CASES

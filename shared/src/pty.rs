@@ -96,6 +96,12 @@ pub fn is_cooked(fd: BorrowedFd<'_>) -> bool {
     })
 }
 
+/// Whether this process's group is the foreground group of the terminal on `fd`: only then may
+/// it read that terminal or change its modes without being stopped (SIGTTIN, SIGTTOU).
+pub fn in_foreground(fd: BorrowedFd<'_>) -> bool {
+    termios::tcgetpgrp(fd).is_ok_and(|p| p == rustix::process::getpgrp())
+}
+
 /// An open pty pair.
 pub struct Pty {
     /// The master (close-on-exec, no controlling-terminal side effect).

@@ -83,6 +83,13 @@ impl PtyRun {
         let stdin = std::io::stdin();
         let tty = stdin.is_terminal();
         if tty {
+            if !pty::in_foreground(stdin.as_fd()) {
+                // A background job (`agent-run ... &`): reading the terminal or changing its
+                // modes would stop the wrapper (SIGTTIN, SIGTTOU). The pty gets no input.
+                return Err(std::io::Error::other(
+                    "the wrapper is not in its terminal's foreground process group",
+                ));
+            }
             self.raw = RawMode::enter(stdin.as_fd());
         }
         let mut from = File::from(stdin.as_fd().try_clone_to_owned()?);
@@ -139,10 +146,13 @@ impl PtyRun {
         }
     }
 
-    /// After `fg`: raw again.
+    /// After `fg`: raw again (not after `bg`: a background job that changes the terminal's
+    /// modes is stopped by SIGTTOU).
     pub fn resume(&mut self) {
         if let Some(r) = &mut self.raw {
-            r.reenter();
+            if pty::in_foreground(std::io::stdin().as_fd()) {
+                r.reenter();
+            }
         }
     }
 
