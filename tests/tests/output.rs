@@ -389,6 +389,31 @@ fn on_output_limit_stop_ends_the_run_cancelled_output_limit_with_nothing_left() 
     Pinned::new(&[keeper])
         .wait_all_gone(LONG)
         .expect("the keeper ends");
+    // The stop never touched the keeper: it asked for the stop, then ended by EOF.
+    let ev = root.events("out-stop");
+    assert!(
+        ev.iter()
+            .any(|e| e["event"] == "signal" && e["reason"] == "output_limit"),
+        "{ev:?}"
+    );
+    assert!(
+        !ev.iter()
+            .any(|e| e["event"] == "signal"
+                && e["target"].as_str() == Some(&format!("pid:{keeper}"))),
+        "the keeper was signalled: {ev:?}"
+    );
+    assert!(ev
+        .iter()
+        .any(|e| e["event"] == "keeper_done" && e["by_pid"] == keeper && e["error"].is_null()));
+}
+
+#[test]
+fn a_run_named_like_the_keeper_mode_is_an_ordinary_run() {
+    let root = TestRoot::new();
+    let o = run(&root, &["__keep", "--", "sh", "-c", "echo hi"]);
+    assert!(o.status.success(), "{}", describe_output("__keep", &o));
+    assert_eq!(o.stdout, b"hi\n");
+    assert_eq!(root.status("__keep")["state"], "finished");
 }
 
 /// A small tmpfs mounted as the run root, unmounted on drop.

@@ -53,6 +53,14 @@ use std::process::{Command, Stdio};
 
 /// The hidden subcommand word.
 pub const MODE: &str = "__keep";
+/// Set (to "1") in the keeper's environment only: `__keep` is also a valid run id, and
+/// `agent-run __keep -- cmd` must stay an ordinary run.
+pub const ENV_KEEPER: &str = "AGENT_RUN_KEEPER";
+
+/// Whether this process was started as a keeper.
+pub fn is_keeper(first_arg: Option<&std::ffi::OsStr>) -> bool {
+    first_arg.is_some_and(|a| a == MODE) && std::env::var_os(ENV_KEEPER).is_some_and(|v| v == "1")
+}
 
 /// Which log a source feeds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,7 +140,8 @@ pub fn spawn(
         keep.push(log.as_raw_fd());
         held.push((src, log));
     }
-    cmd.env_remove(ENV_RUN_ID)
+    cmd.env(ENV_KEEPER, "1")
+        .env_remove(ENV_RUN_ID)
         .env_remove(ENV_RUN_DIR)
         .env_remove(agent_run_shared::fault::ENV)
         .env_remove(crate::launch::ENV_PASSED)
@@ -484,7 +493,11 @@ impl Keep {
                     s.written += kept;
                 }
             }
-            let _ = s.log.sync_all();
+            // Durable before the counts appear. A log we never wrote costs no fsync (a new empty
+            // file's would be a journal commit for nothing: most of a short run's end).
+            if s.written > 0 || s.capped.is_some() {
+                let _ = s.log.sync_data();
+            }
         }
         let count = |st: Stream| {
             sources.iter().find(|s| s.stream == st).map_or_else(
@@ -508,7 +521,8 @@ impl Keep {
             complete: true,
         };
         let bytes = serde_json::to_vec(&out).expect("counts serialize");
-        let written = write_atomic(&self.dir, OUTPUT_FILE, &bytes, true);
+        // Not fsynced itself: the final record that copies these counts is.
+        let written = write_atomic(&self.dir, OUTPUT_FILE, &bytes, false);
         if let Some(j) = &self.journal {
             let _ = j.event(
                 "keeper_done",

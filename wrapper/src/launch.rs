@@ -173,6 +173,9 @@ struct Launch {
     pty: Option<PtyRun>,
     /// The output keeper, once started: never the run's, never signalled.
     keeper: Option<Identity>,
+    /// Its pidfd (our unreaped child: the pid is its own): the final record waits on it, not on
+    /// inotify, for the keeper's counts.
+    keeper_fd: Option<OwnedFd>,
 }
 
 impl Launch {
@@ -262,6 +265,7 @@ impl Launch {
             cgroup_failure,
             pty: None,
             keeper: None,
+            keeper_fd: None,
         })
     }
 
@@ -401,6 +405,7 @@ impl Launch {
         };
         let k = keeper::spawn(&self.dir.path, sources, &policy)?;
         self.keeper = Some(k.identity);
+        self.keeper_fd = sys::pidfd_open(k.identity.pid).ok();
         self.st.output = Some(agent_run_shared::output::Output::pending(
             limit,
             policy.stop,
@@ -471,6 +476,7 @@ impl Launch {
             .env(ENV_RUN_DIR, &dir)
             .env_remove(fault::ENV)
             .env_remove(ENV_PASSED)
+            .env_remove(keeper::ENV_KEEPER)
             .stdout(stdout)
             .stderr(stderr)
             .stdin(stdin);
@@ -644,11 +650,25 @@ impl Launch {
         report
     }
 
+    /// Before a final record: give the keeper up to [`agent_run_shared::output::WAIT`] to drain
+    /// and exit (it writes output.json just before), so `finalize` finds its counts at once.
+    fn wait_keeper(&self) {
+        if let Some(fd) = &self.keeper_fd {
+            let mut fds = [sys::PollFd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            let _ = sys::poll(&mut fds, Some(agent_run_shared::output::WAIT));
+        }
+    }
+
     fn launch_failed(&mut self, code: u8, msg: &str) -> u8 {
         human::say(msg);
         self.st.error = Some(msg.replace('\n', " "));
         // The leader never exited: `exit_code` stays null; the launch's own code is recorded.
         self.st.launch_exit_code = Some(code as i32);
+        self.wait_keeper();
         if let Err(e) = finalize(
             &self.dir.path,
             &mut self.st,
@@ -736,6 +756,7 @@ impl Launch {
         if let Some(cg) = &self.cgroup {
             self.st.resources = Some(cg.resources());
         }
+        self.wait_keeper();
         let written = finalize(
             &dir,
             &mut self.st,

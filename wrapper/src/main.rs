@@ -23,7 +23,7 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     // The output keeper (a hidden mode: in no help, no completion).
     let mut args = std::env::args_os().skip(1);
-    if args.next().is_some_and(|a| a == keeper::MODE) {
+    if keeper::is_keeper(args.next().as_deref()) {
         let rest: Vec<_> = args.collect();
         return ExitCode::from(keeper::main(&rest));
     }
