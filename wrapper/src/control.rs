@@ -14,7 +14,7 @@ use agent_run_shared::exit;
 use agent_run_shared::id::RunId;
 use agent_run_shared::journal::Journal;
 use agent_run_shared::lease::{read_lease, write_lease, Lease};
-use agent_run_shared::reason::Reason;
+use agent_run_shared::pty;
 use agent_run_shared::record::{State, Status};
 use agent_run_shared::root::Root;
 use agent_run_shared::run::timings_of;
@@ -114,8 +114,20 @@ pub fn cancel_one(
     run_id: &str,
     wait: Option<Duration>,
 ) -> anyhow::Result<(PathBuf, Status)> {
+    cancel_one_for(root, run_id, wait, "cancel", "cancel_request")
+}
+
+/// [`cancel_one`] on behalf of `by` (the journal's and cancel.json's source) with the stop's
+/// `reason`: the output keeper's `--on-output-limit=stop` asks with "output_limit".
+pub fn cancel_one_for(
+    root: Option<&Path>,
+    run_id: &str,
+    wait: Option<Duration>,
+    by: &'static str,
+    reason: &str,
+) -> anyhow::Result<(PathBuf, Status)> {
     let dir = open_run(root, run_id)?;
-    let journal = Journal::open(&dir.path, "cancel")?;
+    let journal = Journal::open(&dir.path, by)?;
     let lock = RunLock::open(&dir.path)?;
     let first = match agent_run_shared::record::read_status(&dir.path) {
         Ok(st) => st,
@@ -176,7 +188,14 @@ pub fn cancel_one(
             st = read_record(&dir.path)?;
             if !st.state.is_final() {
                 check_record(&st).map_err(|e| refuse(e.to_string()))?;
-                take_over(&dir.path, &mut st, "the wrapper is gone", &journal)?;
+                take_over(
+                    &dir.path,
+                    &mut st,
+                    "the wrapper is gone",
+                    &journal,
+                    by,
+                    reason,
+                )?;
             }
             return Ok((dir.path.clone(), st));
         }
@@ -210,6 +229,8 @@ pub fn cancel_one(
                     &mut st,
                     "the wrapper is gone; its lock is squatted",
                     &journal,
+                    by,
+                    reason,
                 )?;
                 return Ok((dir.path.clone(), st));
             }
@@ -217,33 +238,20 @@ pub fn cancel_one(
         if let Some(w) = &wrapper {
             // A cancel.json that cannot be written (a full disk) must not keep the run alive:
             // say so, and signal anyway.
-            let created = request_cancel(&dir.path, "cancel", &Reason::CancelRequest.as_str())
-                .unwrap_or_else(|e| {
-                    eprintln!("agent-run: {e}; signalling the wrapper without it");
-                    true
-                });
+            let created = request_cancel(&dir.path, by, reason).unwrap_or_else(|e| {
+                eprintln!("agent-run: {e}; signalling the wrapper without it");
+                true
+            });
             // Exactly one caller signals: a second TERM would cut the grace short. If the
             // creator of cancel.json died before signalling, the wrapper is still `running` a
             // second later: signal it then.
             let stale = st.state == State::Running
                 && signalled_at.is_some_and(|t| t.elapsed() > Duration::from_secs(1));
             if created || stale {
-                signal_wrapper(
-                    w,
-                    Sig::Term,
-                    &Reason::CancelRequest.as_str(),
-                    None,
-                    &journal,
-                )?;
+                signal_wrapper(w, Sig::Term, reason, None, &journal)?;
                 // A stopped wrapper (SIGSTOP, a debugger let go) cannot act on the TERM: let it.
                 if procfs::stat(w.pid()).is_some_and(|s| s.is_stopped()) {
-                    signal_wrapper(
-                        w,
-                        Sig::Cont,
-                        &Reason::CancelRequest.as_str(),
-                        None,
-                        &journal,
-                    )?;
+                    signal_wrapper(w, Sig::Cont, reason, None, &journal)?;
                 }
                 signalled_at = Some(Instant::now());
             } else if signalled_at.is_none() {
@@ -276,10 +284,17 @@ pub fn cancel_one(
 
 /// Finish a run whose wrapper is gone: cancel.json, the journal, then the shared stop and the
 /// final record.
-fn take_over(dir: &Path, st: &mut Status, why: &str, journal: &Journal) -> anyhow::Result<()> {
-    let _ = request_cancel(dir, "cancel", &Reason::CancelRequest.as_str());
+fn take_over(
+    dir: &Path,
+    st: &mut Status,
+    why: &str,
+    journal: &Journal,
+    by: &str,
+    reason: &str,
+) -> anyhow::Result<()> {
+    let _ = request_cancel(dir, by, reason);
     let _ = journal.event("takeover", json!({"why": why, "state": st.state.as_str()}));
-    if let Err(e) = stop_orphaned(dir, st, &Reason::CancelRequest.as_str(), journal) {
+    if let Err(e) = stop_orphaned(dir, st, reason, journal) {
         // Another party may have written the final record first (a squatted lock gives no
         // exclusivity): then that record is the answer.
         match agent_run_shared::record::read_status(dir) {
@@ -568,8 +583,21 @@ fn spawn_detached(root: &Root, id: &RunId, args: &StartArgs) -> anyhow::Result<C
     if let Some(c) = &args.cgroup {
         cmd.arg("--cgroup").arg(c);
     }
+    if let Some(m) = args.max_output {
+        cmd.arg("--max-output")
+            .arg(m.0.map_or("none".to_string(), |b| b.to_string()));
+    }
+    cmd.arg("--on-output-limit").arg(&args.on_output_limit);
     for (k, v) in &args.labels {
         cmd.arg("--label").arg(format!("{k}={v}"));
+    }
+    if args.pty {
+        // The detached wrapper has no terminal: the size is the caller's, taken now.
+        let size = args
+            .pty_size
+            .or_else(pty::caller_size)
+            .unwrap_or(pty::DEFAULT_SIZE);
+        cmd.arg("--pty").arg("--pty-size").arg(size.to_string());
     }
     // The values of -e may be secrets: never on a command line (/proc/PID/cmdline is world
     // readable), but in the environment of our own detached wrapper, which passes them on.

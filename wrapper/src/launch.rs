@@ -7,10 +7,12 @@
 
 use crate::cli::{fail, StartArgs};
 use crate::human;
+use crate::keeper;
+use crate::ptyio::PtyRun;
 use crate::signals::Signals;
 use crate::stream::Streamer;
 use crate::supervise::{self, Limits, Outcome};
-use agent_run_shared::atomic::{open_append, write_atomic};
+use agent_run_shared::atomic::write_atomic;
 use agent_run_shared::cgroup::{self, Parent, RunCgroup};
 use agent_run_shared::exit;
 use agent_run_shared::id::RunId;
@@ -18,6 +20,8 @@ use agent_run_shared::journal::Journal;
 use agent_run_shared::lease::{write_lease, Lease};
 use agent_run_shared::pid::{Identity, Pid};
 use agent_run_shared::procset::{discover, Depth, RunScope};
+use agent_run_shared::pty::{self, Pty};
+use agent_run_shared::reap;
 use agent_run_shared::record::{Containment, State, Status};
 use agent_run_shared::root::{files, resolve_root, Root, RunDir};
 use agent_run_shared::run::{finalize, scope_of, transition};
@@ -30,7 +34,7 @@ use anyhow::Context;
 use serde_json::json;
 use std::collections::HashSet;
 use std::ffi::OsString;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -130,6 +134,18 @@ pub fn start(root: Option<&Path>, mut args: StartArgs) -> anyhow::Result<u8> {
         }
     }
     let root = Root::open(&resolve_root(root)?, true)?;
+    if args.max_output.is_none() {
+        // The root's default, fixed now: a detached wrapper and the record see the same cap.
+        match agent_run_shared::output::root_default(root.path()) {
+            Ok(l) => args.max_output = Some(crate::cli::MaxOutput(l)),
+            Err(e) => {
+                return fail(
+                    exit::USAGE,
+                    format!("cannot use the default --max-output: {e}"),
+                )
+            }
+        }
+    }
     let argv: &[OsString] = &args.command;
     if args.detach {
         // The detached wrapper does everything below, in its own session.
@@ -154,6 +170,13 @@ struct Launch {
     cgroup: Option<RunCgroup>,
     /// Why an explicitly asked cgroup could not be made (the launch fails with it).
     cgroup_failure: Option<String>,
+    /// `--pty`: the wrapper's side of the workload's terminal, once spawned.
+    pty: Option<PtyRun>,
+    /// The output keeper, once started: never the run's, never signalled.
+    keeper: Option<Identity>,
+    /// Its pidfd (our unreaped child: the pid is its own): the final record waits on it, not on
+    /// inotify, for the keeper's counts.
+    keeper_fd: Option<OwnedFd>,
 }
 
 impl Launch {
@@ -208,6 +231,7 @@ impl Launch {
             }
         }
         st.on_disconnect = (!args.detached_child).then(|| args.on_disconnect().as_record());
+        st.pty = args.pty;
         st.wrapper_pid = Some(std::process::id() as i32);
         st.wrapper_start_ticks = procfs::stat(Pid::this()).map(|s| s.start_ticks);
         st.grace_ms = Some(timings.grace.as_millis() as u64);
@@ -240,6 +264,9 @@ impl Launch {
             started: None,
             cgroup,
             cgroup_failure,
+            pty: None,
+            keeper: None,
+            keeper_fd: None,
         })
     }
 
@@ -278,6 +305,11 @@ impl Launch {
             signals
                 .catch_tstp()
                 .context("cannot register the SIGTSTP handler")?;
+            if args.pty && args.pty_size.is_none() && !args.detached_child {
+                signals
+                    .catch_winch()
+                    .context("cannot register the SIGWINCH handler")?;
+            }
             Ok((lease, signals))
         })();
         let (lease_deadline, signals) = match prepared {
@@ -288,13 +320,21 @@ impl Launch {
 
         let code = match self.spawn(args) {
             Ok((leader, leader_fd)) => {
+                if let Some(p) = &mut self.pty {
+                    if !args.detached_child {
+                        if let Err(e) = p.copy_stdin() {
+                            let w = format!("stdin is not copied to the pty: {e}");
+                            human::say(&format!("warning: {w}"));
+                            let _ = self.journal.event("warning", json!({"warning": w}));
+                        }
+                    }
+                }
                 let limits = Limits {
                     lease_deadline,
                     timeout: args.timeout.zip(self.started).map(|(t, s)| (s + t, t)),
                     on_disconnect: (!args.detached_child).then(|| args.on_disconnect()),
                 };
-                let scope = scope_of(&self.dir.path, &self.st, Some(Pid::this()))
-                    .expect("a launched run has a scope");
+                let scope = self.scope();
                 let outcome = supervise::supervise(
                     &self.dir,
                     &self.journal,
@@ -304,7 +344,11 @@ impl Launch {
                     &limits,
                     &mut self.st,
                     &scope,
+                    self.pty.as_mut(),
                 );
+                if let Some(p) = &mut self.pty {
+                    p.restore_terminal();
+                }
                 self.finish(leader, outcome, &signals, &limits)?
             }
             Err(code) => code,
@@ -312,7 +356,67 @@ impl Launch {
         if let Some(s) = streamer {
             s.finish();
         }
+        if args.quiet && !args.detached_child && code != exit::OK && self.st.started_at.is_some() {
+            // A caller that did not stream still sees why.
+            failure_tail(&dir, self.dir.id.as_str(), &self.st);
+        }
         Ok(code)
+    }
+
+    /// The run's process scope, as every stop in this wrapper uses it: the keeper descends from
+    /// us but is not the run's.
+    fn scope(&self) -> RunScope {
+        let mut scope = scope_of(&self.dir.path, &self.st, Some(Pid::this()))
+            .expect("a launched run has a scope");
+        scope.exclude.extend(self.keeper);
+        scope
+    }
+
+    /// The pipes and the keeper that drains them into the logs: the workload's stdout and
+    /// stderr (the write ends).
+    /// With `--pty` the keeper's one source is the pty's master (`pty_master`), copied to
+    /// stdout.log, and there are no pipes (None).
+    fn start_keeper(
+        &mut self,
+        args: &StartArgs,
+        pty_master: Option<OwnedFd>,
+    ) -> anyhow::Result<Option<(OwnedFd, OwnedFd)>> {
+        let (sources, ends) = match pty_master {
+            Some(m) => {
+                // stderr.log exists, and stays empty: the pty has one output.
+                agent_run_shared::atomic::open_append(&self.dir.path, files::STDERR)?;
+                (vec![(keeper::Stream::Stdout, m)], None)
+            }
+            None => {
+                let (out_r, out_w) = keeper::pipe().context("cannot make the stdout pipe")?;
+                let (err_r, err_w) = keeper::pipe().context("cannot make the stderr pipe")?;
+                (
+                    vec![
+                        (keeper::Stream::Stdout, out_r),
+                        (keeper::Stream::Stderr, err_r),
+                    ],
+                    Some((out_w, err_w)),
+                )
+            }
+        };
+        let limit = args.max_output.and_then(|m| m.0);
+        let policy = keeper::Policy {
+            limit,
+            stop: args.on_output_limit == "stop",
+        };
+        let k = keeper::spawn(&self.dir.path, sources, &policy)?;
+        self.keeper = Some(k.identity);
+        self.keeper_fd = sys::pidfd_open(k.identity.pid).ok();
+        self.st.output = Some(agent_run_shared::output::Output::pending(
+            limit,
+            policy.stop,
+        ));
+        let _ = self.journal.event(
+            "keeper_started",
+            json!({"pid": k.identity.pid.get(), "start_ticks": k.identity.start_ticks,
+                   "limit": limit, "on_limit": args.on_output_limit, "pty": args.pty}),
+        );
+        Ok(ends)
     }
 
     /// Spawn the workload in a new session and verify pid == pgid == sid. On failure the final
@@ -321,14 +425,51 @@ impl Launch {
         let command = &args.command[..];
         let stdin_null = args.detach_child();
         let dir = self.dir.path.clone();
-        let (out, err) = match (
-            open_append(&dir, files::STDOUT),
-            open_append(&dir, files::STDERR),
-        ) {
-            (Ok(o), Ok(e)) => (o, e),
-            (Err(e), _) | (_, Err(e)) => {
-                return Err(self.launch_failed(exit::SOFTWARE, &e.to_string()))
+        // --pty: the slave is the workload's stdin, stdout, stderr and controlling terminal;
+        // the keeper drains the master into stdout.log, the wrapper keeps a duplicate.
+        let size = args
+            .pty_size
+            .or_else(|| (!args.detached_child).then(pty::caller_size).flatten())
+            .unwrap_or(pty::DEFAULT_SIZE);
+        let opened = match args.pty.then(|| Pty::open(size)).transpose() {
+            Ok(p) => p,
+            Err(e) => {
+                let msg = format!("cannot open a pseudo-terminal for --pty: {e}");
+                return Err(self.launch_failed(exit::SOFTWARE, &msg));
             }
+        };
+        let master = match opened.as_ref().map(|p| p.master.try_clone()).transpose() {
+            Ok(m) => m,
+            Err(e) => {
+                let msg = format!("cannot use the pseudo-terminal: {e}");
+                return Err(self.launch_failed(exit::SOFTWARE, &msg));
+            }
+        };
+        // Pipes, drained by the keeper: reopening /dev/stdout by path opens the pipe again,
+        // never the log (no O_TRUNC of the log, no offset past the streamer's).
+        let ends = match self.start_keeper(args, master) {
+            Ok(ends) => ends,
+            Err(e) => return Err(self.launch_failed(exit::SOFTWARE, &format!("{e:#}"))),
+        };
+        let stdio = |p: &Pty| -> std::io::Result<Stdio> { Ok(Stdio::from(p.slave.try_clone()?)) };
+        let (stdin, stdout, stderr) = match (&opened, ends) {
+            (None, Some((out, err))) => (
+                if stdin_null {
+                    Stdio::null()
+                } else {
+                    Stdio::inherit()
+                },
+                Stdio::from(out),
+                Stdio::from(err),
+            ),
+            (None, None) => unreachable!("without a pty the keeper drains two pipes"),
+            (Some(p), _) => match (stdio(p), stdio(p), stdio(p)) {
+                (Ok(i), Ok(o), Ok(e)) => (i, o, e),
+                (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+                    let msg = format!("cannot use the pseudo-terminal {}: {e}", p.name);
+                    return Err(self.launch_failed(exit::SOFTWARE, &msg));
+                }
+            },
         };
         let mut cmd = Command::new(&command[0]);
         cmd.args(&command[1..])
@@ -336,13 +477,10 @@ impl Launch {
             .env(ENV_RUN_DIR, &dir)
             .env_remove(fault::ENV)
             .env_remove(ENV_PASSED)
-            .stdout(Stdio::from(out))
-            .stderr(Stdio::from(err))
-            .stdin(if stdin_null {
-                Stdio::null()
-            } else {
-                Stdio::inherit()
-            });
+            .env_remove(keeper::ENV_KEEPER)
+            .stdout(stdout)
+            .stderr(stderr)
+            .stdin(stdin);
         // -e after ours: the reserved names were refused when the command line was read.
         cmd.envs(args.env.iter().map(|(k, v)| (k, v)));
         if let Some(c) = &args.cwd {
@@ -356,11 +494,26 @@ impl Launch {
             .transpose()
         {
             Ok(p) => p,
-            Err(e) => return Err(self.launch_failed(exit::SOFTWARE, &e.to_string())),
+            Err(e) => {
+                drop(cmd); // the write ends: the keeper sees EOF at once
+                return Err(self.launch_failed(exit::SOFTWARE, &e.to_string()));
+            }
         };
-        sys::spawn_in_new_session_into(&mut cmd, procs.as_ref().map(|f| f.as_raw_fd()));
+        sys::spawn_in_new_session_into(
+            &mut cmd,
+            procs.as_ref().map(|f| f.as_raw_fd()),
+            opened.as_ref().map(|p| p.slave.as_raw_fd()),
+        );
         let spawned = cmd.spawn();
         drop(procs);
+        // Every slave descriptor of ours goes now (the Command holds three), and our copies of
+        // the pipes' write ends: the keeper's EOF is the workload's last writer, and while we
+        // held a slave the master would never read EOF (EIO) nor the session get a hangup.
+        drop(cmd);
+        let master = opened.map(|p| {
+            let Pty { master, name, .. } = p;
+            (master, name)
+        });
         let child = match spawned {
             Ok(c) => c,
             Err(e) if e.raw_os_error() == Some(sys::CGROUP_ENTRY_ERRNO) => {
@@ -396,6 +549,9 @@ impl Launch {
             }
         };
         let pid = Pid::new(child.id() as i64).expect("a child has a positive pid");
+        if let Some((master, name)) = master {
+            self.pty = Some(self.keep_master(master, name, size, args));
+        }
         fault::point("after_spawn");
         drop(child); // we reap it ourselves, through waitpid
                      // Our unreaped child: its pid cannot be reused until we wait for it, so this stat is
@@ -411,7 +567,7 @@ impl Launch {
                 json!({"target": format!("pid:{pid}"), "signal": "KILL", "reason": "launch_failed",
                        "error": r.err().map(|e| e.to_string())}),
             );
-            sys::reap_all(Some(pid));
+            reap::reap_all(Some(pid));
             return Err(self.launch_failed(
                 exit::SOFTWARE,
                 "the workload could not be read from /proc after its spawn",
@@ -468,14 +624,44 @@ impl Launch {
         Ok((leader, pidfd))
     }
 
+    /// The pty's master after the spawn (the keeper holds its own copy): kept for the window
+    /// size and the caller's keystrokes.
+    fn keep_master(
+        &mut self,
+        master: OwnedFd,
+        name: String,
+        size: pty::Size,
+        args: &StartArgs,
+    ) -> PtyRun {
+        let follow =
+            args.pty_size.is_none() && !args.detached_child && pty::caller_size().is_some();
+        let _ = self.journal.event(
+            "pty",
+            json!({"tty": name, "cols": size.cols, "rows": size.rows, "follows_caller": follow}),
+        );
+        PtyRun::new(master, name, size, follow, self.keeper.map(|k| k.pid))
+    }
+
     /// Stop a workload that was spawned but must not run on (it failed its checks, or its
     /// record could not be written), through the shared routine, and reap it.
     fn stop_spawned(&self, pid: Pid, reason: &str) -> agent_run_shared::stop::Report {
-        let scope = scope_of(&self.dir.path, &self.st, Some(Pid::this()))
-            .expect("pid and start ticks are set");
+        let scope = self.scope();
         let report = stop_run(&scope, &self.timings, reason, Some(&self.journal), None);
-        sys::reap_all(Some(pid));
+        reap::reap_all(Some(pid));
         report
+    }
+
+    /// Before a final record: give the keeper up to [`agent_run_shared::output::WAIT`] to drain
+    /// and exit (it writes output.json just before), so `finalize` finds its counts at once.
+    fn wait_keeper(&self) {
+        if let Some(fd) = &self.keeper_fd {
+            let mut fds = [sys::PollFd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            let _ = sys::poll(&mut fds, Some(agent_run_shared::output::WAIT));
+        }
     }
 
     fn launch_failed(&mut self, code: u8, msg: &str) -> u8 {
@@ -483,6 +669,7 @@ impl Launch {
         self.st.error = Some(msg.replace('\n', " "));
         // The leader never exited: `exit_code` stays null; the launch's own code is recorded.
         self.st.launch_exit_code = Some(code as i32);
+        self.wait_keeper();
         if let Err(e) = finalize(
             &self.dir.path,
             &mut self.st,
@@ -508,8 +695,7 @@ impl Launch {
         limits: &Limits,
     ) -> anyhow::Result<u8> {
         let dir = self.dir.path.clone();
-        let scope = scope_of(&self.dir.path, &self.st, Some(Pid::this()))
-            .expect("a launched run has a scope");
+        let scope = self.scope();
         let mut signals_esc = signals;
         // The stop comes first: a record that cannot be written (a full disk) is reported, but
         // never keeps the run's processes alive.
@@ -533,7 +719,11 @@ impl Launch {
         };
         let (state, reason, report, leader_status) = match outcome {
             Outcome::LeaderExited(ws) => {
-                let (_, children_left) = sys::reap_all(None);
+                let (_, children_left) = reap::reap_all(None);
+                // The keeper is our child and outlives the leader until the pipes' last writer
+                // is gone: it is no leftover (any other child of ours is, and `discover` below
+                // finds it, as a descendant of ours).
+                let children_left = children_left && self.keeper.is_none();
                 // The leader's exit ends the run; whatever of the run remains is stopped by the
                 // same routine as a cancel: our children (double-forked daemons come back to
                 // us), the cgroup's members, and processes elsewhere that carry the marker.
@@ -542,7 +732,7 @@ impl Launch {
                     || !discover(&scope, Depth::WithMarker, &HashSet::new()).is_empty();
                 let report = leftovers.then(|| {
                     let r = stop(&mut self.st, "leader_exited");
-                    sys::reap_all(None);
+                    reap::reap_all(None);
                     r
                 });
                 (State::Finished, None, report, Some(ws))
@@ -551,7 +741,7 @@ impl Launch {
                 // Said before the TERM goes out (a dead stderr is no reason to wait).
                 human::say(&stop_message(self.dir.id.as_str(), &reason, limits));
                 let report = stop(&mut self.st, &reason);
-                let (ws, _) = sys::reap_all(Some(leader.pid));
+                let (ws, _) = reap::reap_all(Some(leader.pid));
                 // The stop may have reaped the leader itself (it reaps the dead children it
                 // finds).
                 let ws = ws.or(report.leader_exit);
@@ -567,6 +757,7 @@ impl Launch {
         if let Some(cg) = &self.cgroup {
             self.st.resources = Some(cg.resources());
         }
+        self.wait_keeper();
         let written = finalize(
             &dir,
             &mut self.st,
@@ -598,6 +789,38 @@ impl Launch {
     }
 }
 
+/// How many lines of stderr a `--quiet` run that failed prints.
+const FAILURE_TAIL: usize = 10;
+
+/// For a `--quiet` foreground run that ended non-zero: the last lines of its stderr, under a
+/// header that says where the whole log is.
+fn failure_tail(dir: &Path, id: &str, st: &Status) {
+    let path = dir.join(files::STDERR);
+    let lines = crate::stream::last_lines(dir, files::STDERR, FAILURE_TAIL);
+    let how = match (st.exit_code, &st.term_signal, &st.reason) {
+        (Some(c), _, _) => format!("exited {c}"),
+        (_, Some(s), _) => format!("was killed by SIG{s}"),
+        (_, _, Some(r)) => format!("ended {} ({r})", st.state.as_str()),
+        _ => format!("ended {}", st.state.as_str()),
+    };
+    let msg = if lines.is_empty() {
+        format!("run {id} {how}; its stderr is empty ({})", path.display())
+    } else {
+        let n = lines.iter().filter(|&&b| b == b'\n').count().max(1);
+        format!(
+            "run {id} {how}; the last {n} lines of its stderr (all of it: {}):",
+            path.display()
+        )
+    };
+    human::say(&msg);
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(&lines);
+    if !lines.is_empty() && !lines.ends_with(b"\n") {
+        let _ = writeln!(err);
+    }
+}
+
 /// What a foreground run says on stderr when it is stopped, before the TERM goes out.
 fn stop_message(id: &str, reason: &str, limits: &Limits) -> String {
     match reason {
@@ -618,6 +841,9 @@ fn stop_message(id: &str, reason: &str, limits: &Limits) -> String {
                 .map_or("?".into(), |(_, t)| human::duration(t.as_secs_f64()))
         ),
         "caller_lost" => format!("the caller went away: stopping run {id} (TERM sent)"),
+        "keeper_lost" => format!(
+            "the output keeper died, so the pty has no reader: stopping run {id} (TERM sent)"
+        ),
         other => format!("{other}: stopping run {id} (TERM sent)"),
     }
 }

@@ -8,7 +8,9 @@ mod cli;
 mod control;
 mod human;
 mod inspect;
+mod keeper;
 mod launch;
+mod ptyio;
 mod remote;
 mod select;
 mod signals;
@@ -19,6 +21,12 @@ mod version;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // The output keeper (a hidden mode: in no help, no completion).
+    let mut args = std::env::args_os().skip(1);
+    if keeper::is_keeper(args.next().as_deref()) {
+        let rest: Vec<_> = args.collect();
+        return ExitCode::from(keeper::main(&rest));
+    }
     let cli = match cli::parse() {
         Ok(cli) => cli,
         Err(code) => return ExitCode::from(code),
