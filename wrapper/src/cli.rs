@@ -30,7 +30,7 @@ Exit codes (start, wait, attach, relaunch):
   77     the run's record failed validation (owner, pid reuse, boot id): refused to signal
   78     unsafe run root or run dir (owner, mode, symlink)
 
-Files: <root>/<run-id>/{status.json,stdout.log,stderr.log,events.jsonl,lease.json,cancel.json,pid,pgid}
+Files: <root>/<run-id>/{status.json,stdout.log,stderr.log,output.json,events.jsonl,lease.json,cancel.json,pid,pgid}
 Root: --root DIR, else $AGENT_RUN_ROOT, else $HOME/.agent-runs";
 
 /// Run a command in its own session so that cancelling it stops all of it, and keep an honest
