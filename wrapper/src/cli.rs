@@ -15,7 +15,7 @@ use std::time::Duration;
 fn exit_codes_help() -> String {
     format!(
         "{}\n\
-Files: <root>/<run-id>/{{status.json,stdout.log,stderr.log,events.jsonl,lease.json,cancel.json,pid,pgid}}
+Files: <root>/<run-id>/{{status.json,stdout.log,stderr.log,output.json,events.jsonl,lease.json,cancel.json,pid,pgid}}
 Root: --root DIR, else $AGENT_RUN_ROOT, else $HOME/.agent-runs",
         exit::help_text()
     )

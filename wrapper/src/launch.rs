@@ -2,7 +2,8 @@
 //!
 //! The run dir is created with one `mkdir`; its lock is taken before the first record appears, so
 //! anyone who sees a record and can take the lock knows the wrapper is gone. The workload starts in
-//! a new session (setsid in `pre_exec`), writes its own logs, and is checked from /proc to be its
+//! a new session (setsid in `pre_exec`), writes into pipes that the output keeper
+//! ([`crate::keeper`], started just before it) drains into its logs, and is checked from /proc to be its
 //! own session and group leader before the record says `running`.
 
 use crate::cli::{fail, StartArgs};
