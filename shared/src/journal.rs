@@ -43,8 +43,27 @@ impl Journal {
         }
         let mut line = serde_json::to_string(&Value::Object(m)).expect("json values serialize");
         line.push('\n');
-        (&self.file)
-            .write_all(line.as_bytes())
-            .map_err(|e| Error::io("append to", &self.path, e))
+        // One write(2) (O_APPEND: the line lands whole at the end, never interleaved with another
+        // writer's). A full disk can take part of it: the part is taken back, so the journal
+        // holds whole lines only.
+        let bytes = line.as_bytes();
+        let short = |n: usize| {
+            if let Ok(md) = self.file.metadata() {
+                let _ = self.file.set_len(md.len().saturating_sub(n as u64));
+            }
+            Error::io(
+                "append to",
+                &self.path,
+                std::io::Error::from_raw_os_error(libc::ENOSPC),
+            )
+        };
+        loop {
+            match (&self.file).write(bytes) {
+                Ok(n) if n == bytes.len() => return Ok(()),
+                Ok(n) => return Err(short(n)),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(Error::io("append to", &self.path, e)),
+            }
+        }
     }
 }

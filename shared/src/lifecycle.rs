@@ -64,6 +64,11 @@ pub fn finalize(
     if let Some(r) = report.filter(|r| !r.signals.is_empty() || !r.survivors.is_empty()) {
         st.cleanup = Some(r.to_cleanup());
     }
+    // The keeper's counts: it writes them once every writer of its pipes is gone, which the
+    // stop has just made true (bounded: a survivor holding a pipe costs the wait, not the record).
+    if let Some(pending) = st.output.as_ref().filter(|o| !o.complete) {
+        st.output = Some(crate::output::collect(dir, pending, crate::output::WAIT));
+    }
     st.ended_at = Some(crate::time::rfc3339_now());
     crate::fault::point("before_final");
     dir.write_status(st)?;

@@ -141,6 +141,15 @@ pub struct Status {
     /// held in a cgroup; null otherwise.
     #[serde(default)]
     pub resources: Option<crate::cgroup::Resources>,
+    /// Whether the workload runs on a pseudo-terminal of its own (`--pty`): then stdout.log
+    /// holds everything it wrote to the terminal and stderr.log stays empty. False in records
+    /// from before it was kept.
+    #[serde(default)]
+    pub pty: bool,
+    /// What the output keeper wrote and dropped per stream, and the cap
+    /// ([`crate::output::Output`]); null for a run whose keeper never started.
+    #[serde(default)]
+    pub output: Option<crate::output::Output>,
 }
 
 /// The `containment` key: `{"mode": "cgroup" | "procfs", "cgroup": PATH | null}`.
@@ -252,6 +261,8 @@ impl Status {
             launch_exit_code: None,
             containment: None,
             resources: None,
+            pty: false,
+            output: None,
         }
     }
 
@@ -400,6 +411,8 @@ mod tests {
             launch_exit_code: None,
             containment: None,
             resources: None,
+            pty: false,
+            output: None,
         }
     }
 
@@ -460,6 +473,7 @@ mod tests {
             "caller_lost_at",
             "on_disconnect",
             "launch_exit_code",
+            "pty",
         ] {
             assert!(v.get(k).is_some(), "missing {k}");
         }

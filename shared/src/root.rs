@@ -72,6 +72,12 @@ impl Root {
         })
     }
 
+    /// Read the file `name` of the root itself, of at most `cap` bytes, as a file a run could
+    /// have planted (see [`RunDir::read_run_file`]): the root's defaults.
+    pub fn read_file(&self, name: &str, cap: u64) -> Result<Vec<u8>> {
+        crate::run_dir::read_capped_at(self.fd.as_fd(), &self.path, name, cap)
+    }
+
     /// Open (creating, 0600) the file `name` of the root itself for reading and writing, as a
     /// file a run could have replaced: the watchdog's lock.
     pub fn open_rw_create(&self, name: &str) -> Result<fs::File> {

@@ -269,19 +269,7 @@ impl RunDir {
     /// `read(2)` calls). A larger file is `Corrupt`, and at most `cap + 1` bytes are ever read,
     /// so a 1 GiB file planted as status.json costs one fstat.
     pub fn read_run_file(&self, name: &str, cap: u64) -> Result<Vec<u8>> {
-        let (mut f, md) = self.open_run_file(name)?;
-        let too_big = |n: u64| Error::Corrupt {
-            path: self.file(name),
-            why: format!("it holds {n} bytes, more than the {cap} a {name} may hold"),
-        };
-        if md.len() > cap {
-            return Err(too_big(md.len()));
-        }
-        let bytes = read_capped(&mut f, cap).map_err(|e| Error::io("read", self.file(name), e))?;
-        if bytes.len() as u64 > cap {
-            return Err(too_big(bytes.len() as u64));
-        }
-        Ok(bytes)
+        read_capped_at(self.fd(), &self.path, name, cap)
     }
 }
 
@@ -308,6 +296,28 @@ pub(crate) fn open_hostile_at(
         .map_err(|e| open_error(&path, e.into()))?;
     let md = check_regular(&f, &path)?;
     Ok((f, md))
+}
+
+/// [`RunDir::read_run_file`] of `name` in the directory `dirfd` (at `path`, for messages).
+pub(crate) fn read_capped_at(
+    dirfd: BorrowedFd<'_>,
+    path: &Path,
+    name: &str,
+    cap: u64,
+) -> Result<Vec<u8>> {
+    let (mut f, md) = open_hostile_at(dirfd, path, name, OFlags::RDONLY)?;
+    let too_big = |n: u64| Error::Corrupt {
+        path: path.join(name),
+        why: format!("it holds {n} bytes, more than the {cap} a {name} may hold"),
+    };
+    if md.len() > cap {
+        return Err(too_big(md.len()));
+    }
+    let bytes = read_capped(&mut f, cap).map_err(|e| Error::io("read", path.join(name), e))?;
+    if bytes.len() as u64 > cap {
+        return Err(too_big(bytes.len() as u64));
+    }
+    Ok(bytes)
 }
 
 /// Check what `open` gave us: a regular file owned by this user. A FIFO, socket, device or

@@ -16,7 +16,7 @@ use rustix::fs::inotify;
 use rustix::process::{Resource, Rlimit, Signal, WaitOptions};
 use std::io;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 /// Moved to [`crate::reap`]; re-exported so branches in flight still compile. To be removed.
@@ -258,7 +258,7 @@ fn child_setsid() -> io::Result<()> {
 /// descriptor above stderr. The `pre_exec` closure calls only async-signal-safe functions:
 /// sigaction, sigprocmask, setsid and close_range.
 pub fn spawn_in_new_session(cmd: &mut std::process::Command) {
-    spawn_in_new_session_into(cmd, None);
+    spawn_in_new_session_into(cmd, None, None);
 }
 
 /// The errno a spawn fails with when the child could not enter its cgroup: ECHRNG, which no
@@ -269,16 +269,25 @@ pub const CGROUP_ENTRY_ERRNO: i32 = libc::ECHRNG;
 /// cgroup) the child moves itself into that cgroup (writes `0`: "this process") before it
 /// execs, so the workload runs no code of its own outside it. A failed move fails the spawn
 /// with [`CGROUP_ENTRY_ERRNO`]. Async-signal-safe: write(2) on a descriptor opened before the
-/// fork.
-pub fn spawn_in_new_session_into(cmd: &mut std::process::Command, cgroup_procs: Option<RawFd>) {
+/// fork. With `ctty` (a pty slave the parent keeps open until the spawn returns), the new
+/// session takes that terminal as its controlling terminal ([`child_set_ctty`]).
+pub fn spawn_in_new_session_into(
+    cmd: &mut std::process::Command,
+    cgroup_procs: Option<RawFd>,
+    ctty: Option<RawFd>,
+) {
     use std::os::unix::process::CommandExt;
     // SAFETY: the closure runs in the forked child before exec; it allocates nothing, takes no
-    // lock and calls only the async-signal-safe syscalls above and write(2) (signal-safety(7)).
+    // lock and calls only the async-signal-safe syscalls above, ioctl(2) and write(2)
+    // (signal-safety(7)).
     // `cgroup_procs` is a descriptor the parent keeps open until the spawn returns.
     unsafe {
         cmd.pre_exec(move || {
             child_reset_signals()?;
             child_setsid()?;
+            if let Some(fd) = ctty {
+                child_set_ctty(fd)?;
+            }
             if let Some(fd) = cgroup_procs {
                 let r = libc::write(fd, b"0".as_ptr().cast(), 1);
                 if r != 1 {
@@ -526,6 +535,61 @@ mod raw {
         // SAFETY: installing SIG_DFL for SIGPIPE touches no memory of ours.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
+}
+
+// --- output path ---
+
+/// Make `cmd` (the output keeper, agent-run re-executed) start in a new session holding exactly
+/// the descriptors in `keep` (at their own numbers) above stderr: every other descriptor is
+/// marked close-on-exec (close_range(2) with CLOSE_RANGE_CLOEXEC), then `keep` loses the flag.
+/// The run's lock, the journal and the pipes' write ends never reach the keeper. The `pre_exec`
+/// closure calls only async-signal-safe functions: setsid, close_range and fcntl.
+pub fn spawn_keeper(cmd: &mut std::process::Command, keep: Vec<RawFd>) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec; it allocates nothing (`keep`
+    // was built before the fork and is only read), takes no lock and calls only setsid(2),
+    // close_range(2) and fcntl(2) (signal-safety(7)). The descriptors in `keep` are held open
+    // by the parent until the spawn returns.
+    unsafe {
+        cmd.pre_exec(move || {
+            child_setsid()?;
+            child_cloexec_from_3()?;
+            for &fd in &keep {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Own descriptor `n`, handed to this process by number by its parent (the keeper's sources
+/// and logs, see [`spawn_keeper`]). Fails when `n` is not open.
+pub fn take_passed_fd(n: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: fcntl(F_GETFD) only asks whether `n` is open.
+    if n < 0 || unsafe { libc::fcntl(n, libc::F_GETFD) } < 0 {
+        return Err(io::Error::from_raw_os_error(libc::EBADF));
+    }
+    // SAFETY: `n` is open and was passed to us to own: the keeper takes each number once, at
+    // start, before anything else in the process could have opened or wrapped it.
+    Ok(unsafe { OwnedFd::from_raw_fd(n) })
+}
+
+// --- pty ---
+
+/// In a forked child before exec, after setsid: make the terminal on `fd` this session's
+/// controlling terminal (ioctl TIOCSCTTY, tty_ioctl(4)), so the workload's session owns it:
+/// a hangup of the pty (its master closed) sends SIGHUP to the session's foreground group and
+/// its leader, and `tty`, job control and `/dev/tty` work as in a terminal. Async-signal-safe:
+/// one ioctl(2).
+pub fn child_set_ctty(fd: RawFd) -> io::Result<()> {
+    // SAFETY: TIOCSCTTY takes an integer argument (0: do not steal a terminal that is already
+    // some other session's); no memory is passed.
+    if unsafe { libc::ioctl(fd, libc::TIOCSCTTY, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -121,7 +121,7 @@ pub fn fixture_bin() -> PathBuf {
 // Run roots and run records
 
 /// Every key the contract says status.json always has, null or not.
-pub const RECORD_KEYS: [&str; 24] = [
+pub const RECORD_KEYS: [&str; 26] = [
     "schema",
     "run_id",
     "state",
@@ -146,6 +146,8 @@ pub const RECORD_KEYS: [&str; 24] = [
     "error",
     "version",
     "launch_exit_code",
+    "pty",
+    "output",
 ];
 
 /// The final states of status.json.

@@ -14,7 +14,6 @@ use crate::select::{self, Picked};
 use agent_run_shared::exit;
 use agent_run_shared::journal::Journal;
 use agent_run_shared::lifecycle::{record_lost_launch, stop_orphaned, timings_of};
-use agent_run_shared::reason::Reason;
 use agent_run_shared::record::{State, Status};
 use agent_run_shared::root::RunDir;
 use agent_run_shared::stop::Sig;
@@ -110,8 +109,20 @@ pub fn cancel_one(
     run_id: &str,
     wait: Option<Duration>,
 ) -> anyhow::Result<(RunDir, Status)> {
+    cancel_one_for(root, run_id, wait, "cancel", "cancel_request")
+}
+
+/// [`cancel_one`] on behalf of `by` (the journal's and cancel.json's source) with the stop's
+/// `reason`: the output keeper's `--on-output-limit=stop` asks with "output_limit".
+pub fn cancel_one_for(
+    root: Option<&Path>,
+    run_id: &str,
+    wait: Option<Duration>,
+    by: &'static str,
+    reason: &str,
+) -> anyhow::Result<(RunDir, Status)> {
     let dir = open_run(root, run_id)?;
-    let journal = dir.journal("cancel")?;
+    let journal = dir.journal(by)?;
     let lock = dir.lock()?;
     let first = match dir.read_status() {
         Ok(st) => st,
@@ -172,7 +183,7 @@ pub fn cancel_one(
             st = read_record(&dir)?;
             if !st.state.is_final() {
                 check_record(&st).map_err(|e| refuse(e.to_string()))?;
-                take_over(&dir, &mut st, "the wrapper is gone", &journal)?;
+                take_over(&dir, &mut st, "the wrapper is gone", &journal, by, reason)?;
             }
             return Ok((dir.clone(), st));
         }
@@ -206,6 +217,8 @@ pub fn cancel_one(
                     &mut st,
                     "the wrapper is gone; its lock is squatted",
                     &journal,
+                    by,
+                    reason,
                 )?;
                 return Ok((dir.clone(), st));
             }
@@ -213,34 +226,20 @@ pub fn cancel_one(
         if let Some(w) = &wrapper {
             // A cancel.json that cannot be written (a full disk) must not keep the run alive:
             // say so, and signal anyway.
-            let created = dir
-                .request_cancel("cancel", &Reason::CancelRequest.as_str())
-                .unwrap_or_else(|e| {
-                    eprintln!("agent-run: {e}; signalling the wrapper without it");
-                    true
-                });
+            let created = dir.request_cancel(by, reason).unwrap_or_else(|e| {
+                eprintln!("agent-run: {e}; signalling the wrapper without it");
+                true
+            });
             // Exactly one caller signals: a second TERM would cut the grace short. If the
             // creator of cancel.json died before signalling, the wrapper is still `running` a
             // second later: signal it then.
             let stale = st.state == State::Running
                 && signalled_at.is_some_and(|t| t.elapsed() > Duration::from_secs(1));
             if created || stale {
-                signal_wrapper(
-                    w,
-                    Sig::Term,
-                    &Reason::CancelRequest.as_str(),
-                    None,
-                    &journal,
-                )?;
+                signal_wrapper(w, Sig::Term, reason, None, &journal)?;
                 // A stopped wrapper (SIGSTOP, a debugger let go) cannot act on the TERM: let it.
                 if procfs::stat(w.pid()).is_some_and(|s| s.is_stopped()) {
-                    signal_wrapper(
-                        w,
-                        Sig::Cont,
-                        &Reason::CancelRequest.as_str(),
-                        None,
-                        &journal,
-                    )?;
+                    signal_wrapper(w, Sig::Cont, reason, None, &journal)?;
                 }
                 signalled_at = Some(Instant::now());
             } else if signalled_at.is_none() {
@@ -273,10 +272,17 @@ pub fn cancel_one(
 
 /// Finish a run whose wrapper is gone: cancel.json, the journal, then the shared stop and the
 /// final record.
-fn take_over(dir: &RunDir, st: &mut Status, why: &str, journal: &Journal) -> anyhow::Result<()> {
-    let _ = dir.request_cancel("cancel", &Reason::CancelRequest.as_str());
+fn take_over(
+    dir: &RunDir,
+    st: &mut Status,
+    why: &str,
+    journal: &Journal,
+    by: &str,
+    reason: &str,
+) -> anyhow::Result<()> {
+    let _ = dir.request_cancel(by, reason);
     let _ = journal.event("takeover", json!({"why": why, "state": st.state.as_str()}));
-    if let Err(e) = stop_orphaned(dir, st, &Reason::CancelRequest.as_str(), journal) {
+    if let Err(e) = stop_orphaned(dir, st, reason, journal) {
         // Another party may have written the final record first (a squatted lock gives no
         // exclusivity): then that record is the answer.
         match dir.read_status() {

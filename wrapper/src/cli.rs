@@ -15,7 +15,7 @@ use std::time::Duration;
 fn exit_codes_help() -> String {
     format!(
         "{}\n\
-Files: <root>/<run-id>/{{status.json,stdout.log,stderr.log,events.jsonl,lease.json,cancel.json,pid,pgid}}
+Files: <root>/<run-id>/{{status.json,stdout.log,stderr.log,output.json,events.jsonl,lease.json,cancel.json,pid,pgid}}
 Root: --root DIR, else $AGENT_RUN_ROOT, else $HOME/.agent-runs",
         exit::help_text()
     )
@@ -104,6 +104,26 @@ pub struct StartArgs {
     /// Default: keep with --lease (the lease decides), else cancel
     #[arg(long, value_name = "POLICY", value_parser = policy)]
     pub on_disconnect: Option<OnDisconnect>,
+    /// Give the workload a pseudo-terminal as its stdin, stdout, stderr and controlling
+    /// terminal, so it line-buffers, colours and interleaves as in a terminal; everything it
+    /// writes goes to stdout.log (stderr.log stays empty). In the foreground the wrapper's stdin
+    /// is copied to it (raw mode when stdin is a terminal); detached, nothing is written to it
+    #[arg(long)]
+    pub pty: bool,
+    /// The pty's size, COLSxROWS (default: the caller's terminal, followed on SIGWINCH, else
+    /// 80x24)
+    #[arg(long, value_name = "COLSxROWS", value_parser = pty_size, requires = "pty")]
+    pub pty_size: Option<agent_run_shared::pty::Size>,
+    /// Cap each of stdout.log and stderr.log at SIZE bytes (K, M, G, T: powers of 1024; 0 or
+    /// none: no cap). At the cap a marker line goes into the log, further bytes are dropped and
+    /// counted (the record's `output`), and the last min(SIZE/8, 1M) bytes are kept at the end.
+    /// Default: $AGENT_RUN_MAX_OUTPUT, else the size in <root>/max-output, else 1G
+    #[arg(long, value_name = "SIZE", value_parser = size_arg)]
+    pub max_output: Option<MaxOutput>,
+    /// At the --max-output cap (or the disk reserve): keep the run going (drop and count), or
+    /// stop it (state cancelled, reason output_limit)
+    #[arg(long, value_name = "POLICY", default_value = "keep", value_parser = ["keep", "stop"])]
+    pub on_output_limit: String,
     /// Internal: this is the wrapper that --detach started (the workload reads /dev/null)
     #[arg(long, hide = true)]
     pub detached_child: bool,
@@ -113,6 +133,14 @@ pub struct StartArgs {
     /// The command and its arguments (after --)
     #[arg(value_name = "COMMAND", required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
     pub command: Vec<OsString>,
+}
+
+/// A `--max-output` value: bytes per stream, `None` for no cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaxOutput(pub Option<u64>);
+
+fn size_arg(s: &str) -> Result<MaxOutput, String> {
+    agent_run_shared::output::parse_size(s).map(MaxOutput)
 }
 
 #[derive(Debug, Args)]
@@ -191,6 +219,13 @@ pub struct RemoteArgs {
     /// Label the run KEY=VALUE on the host (repeatable)
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = label_pair)]
     pub labels: Vec<(String, String)>,
+    /// Run the command on a pseudo-terminal on the host (`start --pty`), sized from this
+    /// terminal (or --pty-size); its output all comes as stdout
+    #[arg(long)]
+    pub pty: bool,
+    /// The host pty's size, COLSxROWS (default: this process's terminal, else 80x24)
+    #[arg(long, value_name = "COLSxROWS", value_parser = pty_size, requires = "pty")]
+    pub pty_size: Option<agent_run_shared::pty::Size>,
     /// Print the record of an earlier run and exit as it did (75 while it is not final)
     #[arg(long, value_name = "ID", conflicts_with_all = ["cancel", "attach"])]
     pub status: Option<String>,
@@ -291,9 +326,15 @@ pub struct LogsArgs {
     /// stderr.log instead of stdout.log
     #[arg(long)]
     pub stderr: bool,
+    /// stdout.log only (with --tail, which shows both logs otherwise)
+    #[arg(long, conflicts_with = "stderr")]
+    pub stdout: bool,
     /// Follow the log until the run is final
     #[arg(short, long)]
     pub follow: bool,
+    /// Only the last N lines (of both logs, each under a header, unless --stdout or --stderr)
+    #[arg(short = 'n', long, value_name = "N", conflicts_with = "follow")]
+    pub tail: Option<usize>,
 }
 
 #[derive(Debug, Args)]
@@ -358,6 +399,12 @@ impl clap::builder::TypedValueParser for EnvPair {
             clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("{e}\n"))
         })
     }
+}
+
+fn pty_size(s: &str) -> Result<agent_run_shared::pty::Size, String> {
+    agent_run_shared::pty::Size::parse(s).ok_or_else(|| {
+        format!("invalid --pty-size {s:?}: expected COLSxROWS, e.g. 120x40, both 1-65535")
+    })
 }
 
 fn label_pair(s: &str) -> Result<(String, String), String> {
@@ -431,6 +478,10 @@ fn with_default_subcommand(mut args: Vec<OsString>) -> Result<Vec<OsString>, Str
         "--label",
         "--on-disconnect",
         "--cgroup",
+        "--max-output",
+        "--on-output-limit",
+        "--tail",
+        "--pty-size",
     ];
     let mut i = 1;
     while i < args.len() {
@@ -609,6 +660,31 @@ mod tests {
 
     fn refused(v: &[&str]) -> String {
         with_default_subcommand(v.iter().map(OsString::from).collect()).unwrap_err()
+    }
+
+    #[test]
+    fn pty_size_takes_a_value_in_the_implicit_start_form_and_needs_pty() {
+        let w = words(&["a", "--pty", "--pty-size", "100x30", "r1", "--", "true"]);
+        assert_eq!(w[1], "start");
+        let cli = Cli::try_parse_from(&w).unwrap();
+        let Command::Start(s) = cli.command else {
+            panic!("not start")
+        };
+        assert!(s.pty);
+        assert_eq!(
+            s.pty_size,
+            Some(agent_run_shared::pty::Size {
+                cols: 100,
+                rows: 30
+            })
+        );
+        assert!(
+            Cli::try_parse_from(["a", "start", "--pty-size", "80x24", "r", "--", "x"]).is_err()
+        );
+        assert!(
+            Cli::try_parse_from(["a", "start", "--pty", "--pty-size", "80", "r", "--", "x"])
+                .is_err()
+        );
     }
 
     #[test]

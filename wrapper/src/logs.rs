@@ -84,6 +84,26 @@ fn follow(dir: &RunDir, tails: &mut [&mut Tail]) -> anyhow::Result<Status> {
 /// `agent-run logs`.
 pub fn logs(root: Option<&Path>, args: LogsArgs) -> anyhow::Result<u8> {
     let dir = open_run(root, &args.run_id)?;
+    if let Some(n) = args.tail {
+        // Both logs under a header each (as `tail` shows several files), or the one asked for.
+        let both = !args.stdout && !args.stderr;
+        let mut out = std::io::stdout().lock();
+        for (name, wanted) in [(files::STDOUT, !args.stderr), (files::STDERR, !args.stdout)] {
+            if !wanted {
+                continue;
+            }
+            let lines = crate::stream::last_lines(&dir, name, n);
+            use std::io::Write;
+            if both {
+                let _ = writeln!(out, "==> {} <==", dir.file(name).display());
+            }
+            let _ = out.write_all(&lines);
+            if both && !lines.is_empty() && !lines.ends_with(b"\n") {
+                let _ = writeln!(out);
+            }
+        }
+        return Ok(exit::OK);
+    }
     let (name, sink) = if args.stderr {
         (files::STDERR, std_sink(false))
     } else {

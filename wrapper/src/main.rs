@@ -8,8 +8,10 @@ mod cancel;
 mod cli;
 mod error;
 mod human;
+mod keeper;
 mod list;
 mod logs;
+mod ptyio;
 mod remote;
 mod renew;
 mod runs;
@@ -25,6 +27,12 @@ mod wait;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // The output keeper (a hidden mode: in no help, no completion).
+    let mut args = std::env::args_os().skip(1);
+    if keeper::is_keeper(args.next().as_deref()) {
+        let rest: Vec<_> = args.collect();
+        return ExitCode::from(keeper::main(&rest));
+    }
     let cli = match cli::parse() {
         Ok(cli) => cli,
         Err(code) => return ExitCode::from(code),

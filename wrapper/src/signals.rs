@@ -1,4 +1,4 @@
-//! Signals as data: TERM, INT, HUP and CHLD set flags and write a byte to a self-pipe
+//! Signals as data: TERM, INT, HUP and CHLD (and TSTP, WINCH where asked for) set flags and write a byte to a self-pipe
 //! (signal-hook), and the event loop polls the pipe. No handler code of ours runs in signal
 //! context.
 
@@ -19,6 +19,7 @@ pub struct Signals {
     chld: Arc<AtomicBool>,
     tstp: Arc<AtomicBool>,
     usr1: Arc<AtomicBool>,
+    winch: Arc<AtomicBool>,
 }
 
 impl Signals {
@@ -37,6 +38,7 @@ impl Signals {
             chld: Arc::default(),
             tstp: Arc::default(),
             usr1: Arc::default(),
+            winch: Arc::default(),
         };
         for (sig, flag) in [
             (libc::SIGTERM, &s.term),
@@ -58,6 +60,19 @@ impl Signals {
         signal_hook::flag::register(libc::SIGTSTP, Arc::clone(&self.tstp))?;
         signal_hook::low_level::pipe::register(libc::SIGTSTP, self.write.try_clone()?)?;
         Ok(())
+    }
+
+    /// Catch WINCH too (`--pty` with a caller's terminal): the wrapper copies the terminal's
+    /// new size to the workload's pty.
+    pub fn catch_winch(&self) -> io::Result<()> {
+        signal_hook::flag::register(libc::SIGWINCH, Arc::clone(&self.winch))?;
+        signal_hook::low_level::pipe::register(libc::SIGWINCH, self.write.try_clone()?)?;
+        Ok(())
+    }
+
+    /// Whether the caller's terminal changed size (SIGWINCH) since the last call.
+    pub fn take_winch(&self) -> bool {
+        self.winch.swap(false, Ordering::SeqCst)
     }
 
     /// Whether Ctrl-Z (SIGTSTP) arrived since the last call.

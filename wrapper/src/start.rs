@@ -1,11 +1,19 @@
-//! `agent-run start`: a launch in the foreground (the wrapper that supervises the workload for its
-//! whole life), with `--detach` (a wrapper of our own in its own session, the caller gets one JSON
-//! line), and the relaunch of an id that exists (which never runs the command twice).
+//! `agent-run start`: spec -> run dir -> spawn -> supervise -> stop -> final record -> exit code,
+//! with `--detach` (a wrapper of our own in its own session, the caller gets one JSON line) and
+//! the relaunch of an id that exists (which never runs the command twice).
+//!
+//! The run dir is created with one `mkdir`; its lock is taken before the first record appears, so
+//! anyone who sees a record and can take the lock knows the wrapper is gone. The workload starts in
+//! a new session (setsid in `pre_exec`), writes into pipes that the output keeper
+//! ([`crate::keeper`], started just before it) drains into its logs, and is checked from /proc to be its
+//! own session and group leader before the record says `running`.
 
 use crate::cli::StartArgs;
 use crate::error::fail;
 use crate::human;
+use crate::keeper;
 use crate::logs;
+use crate::ptyio::PtyRun;
 use crate::runs::{self, wait_final};
 use crate::signals::Signals;
 use crate::stream::Streamer;
@@ -18,7 +26,9 @@ use agent_run_shared::lease::Lease;
 use agent_run_shared::lifecycle::{finalize, transition};
 use agent_run_shared::lock::RunLock;
 use agent_run_shared::pid::{Identity, Pid};
-use agent_run_shared::procset::{discover, Depth};
+use agent_run_shared::procset::{discover, Depth, RunScope};
+use agent_run_shared::pty::{self, Pty};
+use agent_run_shared::reap;
 use agent_run_shared::record::{Containment, State, Status};
 use agent_run_shared::root::{files, resolve_root, Root, RunDir};
 use agent_run_shared::spec::OnDisconnect;
@@ -29,7 +39,7 @@ use anyhow::Context;
 use serde_json::json;
 use std::collections::HashSet;
 use std::ffi::OsString;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -129,6 +139,18 @@ pub fn start(root: Option<&Path>, mut args: StartArgs) -> anyhow::Result<u8> {
         }
     }
     let root = Root::open(&resolve_root(root)?, true)?;
+    if args.max_output.is_none() {
+        // The root's default, fixed now: a detached wrapper and the record see the same cap.
+        match agent_run_shared::output::root_default(&root) {
+            Ok(l) => args.max_output = Some(crate::cli::MaxOutput(l)),
+            Err(e) => {
+                return fail(
+                    exit::USAGE,
+                    format!("cannot use the default --max-output: {e}"),
+                )
+            }
+        }
+    }
     let argv: &[OsString] = &args.command;
     if args.detach {
         // The detached wrapper does everything below, in its own session.
@@ -153,6 +175,13 @@ struct Launch {
     cgroup: Option<RunCgroup>,
     /// Why an explicitly asked cgroup could not be made (the launch fails with it).
     cgroup_failure: Option<String>,
+    /// `--pty`: the wrapper's side of the workload's terminal, once spawned.
+    pty: Option<PtyRun>,
+    /// The output keeper, once started: never the run's, never signalled.
+    keeper: Option<Identity>,
+    /// Its pidfd (our unreaped child: the pid is its own): the final record waits on it, not on
+    /// inotify, for the keeper's counts.
+    keeper_fd: Option<OwnedFd>,
 }
 
 impl Launch {
@@ -207,6 +236,7 @@ impl Launch {
             }
         }
         st.on_disconnect = (!args.detached_child).then(|| args.on_disconnect().as_record());
+        st.pty = args.pty;
         st.set_wrapper(
             Pid::this(),
             procfs::stat(Pid::this()).map(|s| s.start_ticks),
@@ -241,6 +271,9 @@ impl Launch {
             started: None,
             cgroup,
             cgroup_failure,
+            pty: None,
+            keeper: None,
+            keeper_fd: None,
         })
     }
 
@@ -279,6 +312,11 @@ impl Launch {
             signals
                 .catch_tstp()
                 .context("cannot register the SIGTSTP handler")?;
+            if args.pty && args.pty_size.is_none() && !args.detached_child {
+                signals
+                    .catch_winch()
+                    .context("cannot register the SIGWINCH handler")?;
+            }
             Ok((lease, signals))
         })();
         let (lease_deadline, signals) = match prepared {
@@ -289,15 +327,21 @@ impl Launch {
 
         let code = match self.spawn(args) {
             Ok((leader, leader_fd)) => {
+                if let Some(p) = &mut self.pty {
+                    if !args.detached_child {
+                        if let Err(e) = p.copy_stdin() {
+                            let w = format!("stdin is not copied to the pty: {e}");
+                            human::say(&format!("warning: {w}"));
+                            let _ = self.journal.event("warning", json!({"warning": w}));
+                        }
+                    }
+                }
                 let limits = Limits {
                     lease_deadline,
                     timeout: args.timeout.zip(self.started).map(|(t, s)| (s + t, t)),
                     on_disconnect: (!args.detached_child).then(|| args.on_disconnect()),
                 };
-                let scope = self
-                    .dir
-                    .scope(&self.st, Some(Pid::this()))
-                    .expect("a launched run has a scope");
+                let scope = self.scope();
                 let outcome = supervise::supervise(
                     &self.dir,
                     &self.journal,
@@ -307,7 +351,11 @@ impl Launch {
                     &limits,
                     &mut self.st,
                     &scope,
+                    self.pty.as_mut(),
                 );
+                if let Some(p) = &mut self.pty {
+                    p.restore_terminal();
+                }
                 self.finish(leader, outcome, &signals, &limits)?
             }
             Err(code) => code,
@@ -315,7 +363,69 @@ impl Launch {
         if let Some(s) = streamer {
             s.finish();
         }
+        if args.quiet && !args.detached_child && code != exit::OK && self.st.started_at.is_some() {
+            // A caller that did not stream still sees why.
+            failure_tail(&dir, self.dir.id().as_str(), &self.st);
+        }
         Ok(code)
+    }
+
+    /// The run's process scope, as every stop in this wrapper uses it: the keeper descends from
+    /// us but is not the run's.
+    fn scope(&self) -> RunScope {
+        let mut scope = self
+            .dir
+            .scope(&self.st, Some(Pid::this()))
+            .expect("a launched run has a scope");
+        scope.exclude.extend(self.keeper);
+        scope
+    }
+
+    /// The pipes and the keeper that drains them into the logs: the workload's stdout and
+    /// stderr (the write ends).
+    /// With `--pty` the keeper's one source is the pty's master (`pty_master`), copied to
+    /// stdout.log, and there are no pipes (None).
+    fn start_keeper(
+        &mut self,
+        args: &StartArgs,
+        pty_master: Option<OwnedFd>,
+    ) -> anyhow::Result<Option<(OwnedFd, OwnedFd)>> {
+        let (sources, ends) = match pty_master {
+            Some(m) => {
+                // stderr.log exists, and stays empty: the pty has one output.
+                self.dir.open_append(files::STDERR)?;
+                (vec![(keeper::Stream::Stdout, m)], None)
+            }
+            None => {
+                let (out_r, out_w) = keeper::pipe().context("cannot make the stdout pipe")?;
+                let (err_r, err_w) = keeper::pipe().context("cannot make the stderr pipe")?;
+                (
+                    vec![
+                        (keeper::Stream::Stdout, out_r),
+                        (keeper::Stream::Stderr, err_r),
+                    ],
+                    Some((out_w, err_w)),
+                )
+            }
+        };
+        let limit = args.max_output.and_then(|m| m.0);
+        let policy = keeper::Policy {
+            limit,
+            stop: args.on_output_limit == "stop",
+        };
+        let k = keeper::spawn(&self.dir, sources, &policy)?;
+        self.keeper = Some(k.identity);
+        self.keeper_fd = sys::pidfd_open(k.identity.pid).ok();
+        self.st.output = Some(agent_run_shared::output::Output::pending(
+            limit,
+            policy.stop,
+        ));
+        let _ = self.journal.event(
+            "keeper_started",
+            json!({"pid": k.identity.pid.get(), "start_ticks": k.identity.start_ticks,
+                   "limit": limit, "on_limit": args.on_output_limit, "pty": args.pty}),
+        );
+        Ok(ends)
     }
 
     /// Spawn the workload in a new session and verify pid == pgid == sid. On failure the final
@@ -324,14 +434,51 @@ impl Launch {
         let command = &args.command[..];
         let stdin_null = args.detach_child();
         let dir = self.dir.clone();
-        let (out, err) = match (
-            dir.open_append(files::STDOUT),
-            dir.open_append(files::STDERR),
-        ) {
-            (Ok(o), Ok(e)) => (o, e),
-            (Err(e), _) | (_, Err(e)) => {
-                return Err(self.launch_failed(exit::SOFTWARE, &e.to_string()))
+        // --pty: the slave is the workload's stdin, stdout, stderr and controlling terminal;
+        // the keeper drains the master into stdout.log, the wrapper keeps a duplicate.
+        let size = args
+            .pty_size
+            .or_else(|| (!args.detached_child).then(pty::caller_size).flatten())
+            .unwrap_or(pty::DEFAULT_SIZE);
+        let opened = match args.pty.then(|| Pty::open(size)).transpose() {
+            Ok(p) => p,
+            Err(e) => {
+                let msg = format!("cannot open a pseudo-terminal for --pty: {e}");
+                return Err(self.launch_failed(exit::SOFTWARE, &msg));
             }
+        };
+        let master = match opened.as_ref().map(|p| p.master.try_clone()).transpose() {
+            Ok(m) => m,
+            Err(e) => {
+                let msg = format!("cannot use the pseudo-terminal: {e}");
+                return Err(self.launch_failed(exit::SOFTWARE, &msg));
+            }
+        };
+        // Pipes, drained by the keeper: reopening /dev/stdout by path opens the pipe again,
+        // never the log (no O_TRUNC of the log, no offset past the streamer's).
+        let ends = match self.start_keeper(args, master) {
+            Ok(ends) => ends,
+            Err(e) => return Err(self.launch_failed(exit::SOFTWARE, &format!("{e:#}"))),
+        };
+        let stdio = |p: &Pty| -> std::io::Result<Stdio> { Ok(Stdio::from(p.slave.try_clone()?)) };
+        let (stdin, stdout, stderr) = match (&opened, ends) {
+            (None, Some((out, err))) => (
+                if stdin_null {
+                    Stdio::null()
+                } else {
+                    Stdio::inherit()
+                },
+                Stdio::from(out),
+                Stdio::from(err),
+            ),
+            (None, None) => unreachable!("without a pty the keeper drains two pipes"),
+            (Some(p), _) => match (stdio(p), stdio(p), stdio(p)) {
+                (Ok(i), Ok(o), Ok(e)) => (i, o, e),
+                (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+                    let msg = format!("cannot use the pseudo-terminal {}: {e}", p.name);
+                    return Err(self.launch_failed(exit::SOFTWARE, &msg));
+                }
+            },
         };
         let mut cmd = Command::new(&command[0]);
         cmd.args(&command[1..])
@@ -339,13 +486,10 @@ impl Launch {
             .env(ENV_RUN_DIR, dir.path())
             .env_remove(fault::ENV)
             .env_remove(ENV_PASSED)
-            .stdout(Stdio::from(out))
-            .stderr(Stdio::from(err))
-            .stdin(if stdin_null {
-                Stdio::null()
-            } else {
-                Stdio::inherit()
-            });
+            .env_remove(keeper::ENV_KEEPER)
+            .stdout(stdout)
+            .stderr(stderr)
+            .stdin(stdin);
         // -e after ours: the reserved names were refused when the command line was read.
         cmd.envs(args.env.iter().map(|(k, v)| (k, v)));
         if let Some(c) = &args.cwd {
@@ -359,11 +503,26 @@ impl Launch {
             .transpose()
         {
             Ok(p) => p,
-            Err(e) => return Err(self.launch_failed(exit::SOFTWARE, &e.to_string())),
+            Err(e) => {
+                drop(cmd); // the write ends: the keeper sees EOF at once
+                return Err(self.launch_failed(exit::SOFTWARE, &e.to_string()));
+            }
         };
-        sys::spawn_in_new_session_into(&mut cmd, procs.as_ref().map(|f| f.as_raw_fd()));
+        sys::spawn_in_new_session_into(
+            &mut cmd,
+            procs.as_ref().map(|f| f.as_raw_fd()),
+            opened.as_ref().map(|p| p.slave.as_raw_fd()),
+        );
         let spawned = cmd.spawn();
         drop(procs);
+        // Every slave descriptor of ours goes now (the Command holds three), and our copies of
+        // the pipes' write ends: the keeper's EOF is the workload's last writer, and while we
+        // held a slave the master would never read EOF (EIO) nor the session get a hangup.
+        drop(cmd);
+        let master = opened.map(|p| {
+            let Pty { master, name, .. } = p;
+            (master, name)
+        });
         let child = match spawned {
             Ok(c) => c,
             Err(e) if e.raw_os_error() == Some(sys::CGROUP_ENTRY_ERRNO) => {
@@ -399,6 +558,9 @@ impl Launch {
             }
         };
         let pid = Pid::new(child.id() as i64).expect("a child has a positive pid");
+        if let Some((master, name)) = master {
+            self.pty = Some(self.keep_master(master, name, size, args));
+        }
         fault::point("after_spawn");
         drop(child); // we reap it ourselves, through waitpid
                      // Our unreaped child: its pid cannot be reused until we wait for it, so this stat is
@@ -414,7 +576,7 @@ impl Launch {
                 json!({"target": format!("pid:{pid}"), "signal": "KILL", "reason": "launch_failed",
                        "error": r.err().map(|e| e.to_string())}),
             );
-            sys::reap_all(Some(pid));
+            reap::reap_all(Some(pid));
             return Err(self.launch_failed(
                 exit::SOFTWARE,
                 "the workload could not be read from /proc after its spawn",
@@ -465,16 +627,44 @@ impl Launch {
         Ok((leader, pidfd))
     }
 
+    /// The pty's master after the spawn (the keeper holds its own copy): kept for the window
+    /// size and the caller's keystrokes.
+    fn keep_master(
+        &mut self,
+        master: OwnedFd,
+        name: String,
+        size: pty::Size,
+        args: &StartArgs,
+    ) -> PtyRun {
+        let follow =
+            args.pty_size.is_none() && !args.detached_child && pty::caller_size().is_some();
+        let _ = self.journal.event(
+            "pty",
+            json!({"tty": name, "cols": size.cols, "rows": size.rows, "follows_caller": follow}),
+        );
+        PtyRun::new(master, name, size, follow, self.keeper.map(|k| k.pid))
+    }
+
     /// Stop a workload that was spawned but must not run on (it failed its checks, or its
     /// record could not be written), through the shared routine, and reap it.
     fn stop_spawned(&self, pid: Pid, reason: &str) -> agent_run_shared::stop::Report {
-        let scope = self
-            .dir
-            .scope(&self.st, Some(Pid::this()))
-            .expect("pid and start ticks are set");
+        let scope = self.scope();
         let report = stop_run(&scope, &self.timings, reason, Some(&self.journal), None);
-        sys::reap_all(Some(pid));
+        reap::reap_all(Some(pid));
         report
+    }
+
+    /// Before a final record: give the keeper up to [`agent_run_shared::output::WAIT`] to drain
+    /// and exit (it writes output.json just before), so `finalize` finds its counts at once.
+    fn wait_keeper(&self) {
+        if let Some(fd) = &self.keeper_fd {
+            let mut fds = [sys::PollFd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            let _ = sys::poll(&mut fds, Some(agent_run_shared::output::WAIT));
+        }
     }
 
     fn launch_failed(&mut self, code: u8, msg: &str) -> u8 {
@@ -482,6 +672,7 @@ impl Launch {
         self.st.error = Some(msg.replace('\n', " "));
         // The leader never exited: `exit_code` stays null; the launch's own code is recorded.
         self.st.launch_exit_code = Some(code as i32);
+        self.wait_keeper();
         if let Err(e) = finalize(
             &self.dir,
             &mut self.st,
@@ -507,10 +698,7 @@ impl Launch {
         limits: &Limits,
     ) -> anyhow::Result<u8> {
         let dir = self.dir.clone();
-        let scope = self
-            .dir
-            .scope(&self.st, Some(Pid::this()))
-            .expect("a launched run has a scope");
+        let scope = self.scope();
         let mut signals_esc = signals;
         // The stop comes first: a record that cannot be written (a full disk) is reported, but
         // never keeps the run's processes alive.
@@ -534,7 +722,11 @@ impl Launch {
         };
         let (state, reason, report, leader_status) = match outcome {
             Outcome::LeaderExited(ws) => {
-                let (_, children_left) = sys::reap_all(None);
+                let (_, children_left) = reap::reap_all(None);
+                // The keeper is our child and outlives the leader until the pipes' last writer
+                // is gone: it is no leftover (any other child of ours is, and `discover` below
+                // finds it, as a descendant of ours).
+                let children_left = children_left && self.keeper.is_none();
                 // The leader's exit ends the run; whatever of the run remains is stopped by the
                 // same routine as a cancel: our children (double-forked daemons come back to
                 // us), the cgroup's members, and processes elsewhere that carry the marker.
@@ -543,7 +735,7 @@ impl Launch {
                     || !discover(&scope, Depth::WithMarker, &HashSet::new()).is_empty();
                 let report = leftovers.then(|| {
                     let r = stop(&mut self.st, "leader_exited");
-                    sys::reap_all(None);
+                    reap::reap_all(None);
                     r
                 });
                 (State::Finished, None, report, Some(ws))
@@ -552,7 +744,7 @@ impl Launch {
                 // Said before the TERM goes out (a dead stderr is no reason to wait).
                 human::say(&stop_message(self.dir.id().as_str(), &reason, limits));
                 let report = stop(&mut self.st, &reason);
-                let (ws, _) = sys::reap_all(Some(leader.pid));
+                let (ws, _) = reap::reap_all(Some(leader.pid));
                 // The stop may have reaped the leader itself (it reaps the dead children it
                 // finds).
                 let ws = ws.or(report.leader_exit);
@@ -568,6 +760,7 @@ impl Launch {
         if let Some(cg) = &self.cgroup {
             self.st.resources = Some(cg.resources());
         }
+        self.wait_keeper();
         let written = finalize(
             &dir,
             &mut self.st,
@@ -599,6 +792,38 @@ impl Launch {
     }
 }
 
+/// How many lines of stderr a `--quiet` run that failed prints.
+const FAILURE_TAIL: usize = 10;
+
+/// For a `--quiet` foreground run that ended non-zero: the last lines of its stderr, under a
+/// header that says where the whole log is.
+fn failure_tail(dir: &RunDir, id: &str, st: &Status) {
+    let path = dir.file(files::STDERR);
+    let lines = crate::stream::last_lines(dir, files::STDERR, FAILURE_TAIL);
+    let how = match (st.exit_code, &st.term_signal, &st.reason) {
+        (Some(c), _, _) => format!("exited {c}"),
+        (_, Some(s), _) => format!("was killed by SIG{s}"),
+        (_, _, Some(r)) => format!("ended {} ({r})", st.state.as_str()),
+        _ => format!("ended {}", st.state.as_str()),
+    };
+    let msg = if lines.is_empty() {
+        format!("run {id} {how}; its stderr is empty ({})", path.display())
+    } else {
+        let n = lines.iter().filter(|&&b| b == b'\n').count().max(1);
+        format!(
+            "run {id} {how}; the last {n} lines of its stderr (all of it: {}):",
+            path.display()
+        )
+    };
+    human::say(&msg);
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(&lines);
+    if !lines.is_empty() && !lines.ends_with(b"\n") {
+        let _ = writeln!(err);
+    }
+}
+
 /// What a foreground run says on stderr when it is stopped, before the TERM goes out.
 fn stop_message(id: &str, reason: &str, limits: &Limits) -> String {
     match reason {
@@ -619,6 +844,9 @@ fn stop_message(id: &str, reason: &str, limits: &Limits) -> String {
                 .map_or("?".into(), |(_, t)| human::duration(t.as_secs_f64()))
         ),
         "caller_lost" => format!("the caller went away: stopping run {id} (TERM sent)"),
+        "keeper_lost" => format!(
+            "the output keeper died, so the pty has no reader: stopping run {id} (TERM sent)"
+        ),
         other => format!("{other}: stopping run {id} (TERM sent)"),
     }
 }
@@ -813,8 +1041,21 @@ fn spawn_detached(root: &Root, id: &RunId, args: &StartArgs) -> anyhow::Result<C
     if let Some(c) = &args.cgroup {
         cmd.arg("--cgroup").arg(c);
     }
+    if let Some(m) = args.max_output {
+        cmd.arg("--max-output")
+            .arg(m.0.map_or("none".to_string(), |b| b.to_string()));
+    }
+    cmd.arg("--on-output-limit").arg(&args.on_output_limit);
     for (k, v) in &args.labels {
         cmd.arg("--label").arg(format!("{k}={v}"));
+    }
+    if args.pty {
+        // The detached wrapper has no terminal: the size is the caller's, taken now.
+        let size = args
+            .pty_size
+            .or_else(pty::caller_size)
+            .unwrap_or(pty::DEFAULT_SIZE);
+        cmd.arg("--pty").arg("--pty-size").arg(size.to_string());
     }
     // The values of -e may be secrets: never on a command line (/proc/PID/cmdline is world
     // readable), but in the environment of our own detached wrapper, which passes them on.

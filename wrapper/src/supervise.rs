@@ -12,6 +12,7 @@
 //! handled by the run's `--on-disconnect` policy.
 
 use crate::human;
+use crate::ptyio::PtyRun;
 use crate::signals::Signals;
 use agent_run_shared::journal::Journal;
 use agent_run_shared::pid::Identity;
@@ -62,6 +63,7 @@ pub fn supervise(
     limits: &Limits,
     st: &mut Status,
     scope: &RunScope,
+    mut pty: Option<&mut PtyRun>,
 ) -> Outcome {
     // The deadline the wrapper wrote at launch, so a lease.json damaged before the first read
     // still cannot turn the leased run into one that runs forever.
@@ -134,8 +136,21 @@ pub fn supervise(
             );
             return Outcome::Stop(reason);
         }
+        if signals.take_winch() {
+            if let Some(p) = pty.as_deref_mut() {
+                p.resize(journal);
+            }
+        }
         if signals.take_tstp() {
+            if let Some(p) = pty.as_deref_mut() {
+                p.suspend();
+            }
             suspend_until_continued(dir, journal, scope);
+            if let Some(p) = pty.as_deref_mut() {
+                p.resume();
+                // The terminal may have changed size while we were stopped.
+                p.resize(journal);
+            }
             continue;
         }
         let usr1 = signals.take_usr1();
@@ -155,12 +170,35 @@ pub fn supervise(
                 }
             }
         }
-        if signals.take_chld() || leader_fd.is_some_and(|_| fds[1].revents != 0) {
+        let chld = signals.take_chld();
+        // --pty: the keeper is the master's only reader. Its status is read before any
+        // reap_all can take it; a leader that exited at the same time wins below.
+        let keeper_end = match pty.as_deref_mut() {
+            Some(p) if chld => p.keeper_ended(),
+            _ => None,
+        };
+        if chld || leader_fd.is_some_and(|_| fds[1].revents != 0) {
             let (leader_status, _) = reap::reap_all(Some(leader.pid));
             if let Some(ws) = leader_status {
                 let _ = journal.event("leader_exit", leader_exit_json(ws));
                 return Outcome::LeaderExited(ws);
             }
+        }
+        match keeper_end {
+            Some(Ok(())) => {
+                // EOF: every descriptor of the pty's slave is closed, the session let go of its
+                // terminal. Nothing of the output is lost; the run goes on.
+                let _ = journal.event("keeper_exited", json!({"while": "running"}));
+            }
+            Some(Err(why)) => {
+                // Nobody reads the pty any more: its output would be lost and a writer would
+                // block for ever. The master stays open (our copy), so no hangup comes by
+                // itself: the run is stopped, as a cancel would.
+                let _ = journal.event("keeper_lost", json!({"error": why}));
+                human::say(&why);
+                return Outcome::Stop("keeper_lost".into());
+            }
+            None => {}
         }
     }
 }

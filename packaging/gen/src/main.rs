@@ -23,7 +23,8 @@ use std::process::ExitCode;
 const RUN_DIR: &str = "\
 Each run lives in <root>/<run-id>/ (root: --root, else $AGENT_RUN_ROOT, else $HOME/.agent-runs), \
 mode 0700, files 0600: status.json (the record, replaced atomically; final records fsynced), \
-stdout.log and stderr.log (written by the workload itself), events.jsonl (append-only journal: \
+stdout.log and stderr.log (written by the output keeper from the workload's pipes; capped by \
+--max-output, counted in the record's output key; output.json holds the keeper's counts), events.jsonl (append-only journal: \
 every launch, state change and signal sent), lease.json, cancel.json, pid, pgid and lock (held \
 by the wrapper for its whole life; its mtime is the wrapper's heartbeat).";
 

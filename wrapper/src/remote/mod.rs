@@ -126,6 +126,20 @@ fn launch_script(args: &RemoteArgs, remote: &Remote, id: &str) -> anyhow::Result
             OsString::from(format!("{k}={v}")),
         ]);
     }
+    if args.pty {
+        // The size travels as an argument, not through `ssh -tt`: a pty on the channel would
+        // merge attach's stdout and stderr, turn every \n into \r\n (the byte counts would no
+        // longer be the resume offsets), put our terminal in raw mode (Ctrl-C would no longer
+        // reach us as INT, the cancel) and stop our ssh children, which run in a process group
+        // of their own, with SIGTTOU.
+        start.push(OsString::from("--pty"));
+        if let Some(size) = args.pty_size.or_else(agent_run_shared::pty::caller_size) {
+            start.extend([
+                OsString::from("--pty-size"),
+                OsString::from(size.to_string()),
+            ]);
+        }
+    }
     start.extend([OsString::from(id), OsString::from("--")]);
     start.extend(args.command.iter().cloned());
     let mut script = b"out=$(".to_vec();
@@ -284,4 +298,35 @@ pub fn random_hex(n: usize) -> std::io::Result<String> {
 pub fn say(msg: &str) {
     let line = format!("agent-run: {msg}\n");
     let _ = std::io::stderr().write_all(line.as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
+
+    fn script(extra: &[&str]) -> String {
+        let mut argv = vec!["agent-run", "remote"];
+        argv.extend_from_slice(extra);
+        argv.extend(["host", "--", "true"]);
+        let Command::Remote(args) = Cli::try_parse_from(argv).unwrap().command else {
+            panic!("not remote")
+        };
+        let remote = Remote {
+            bin: "agent-run".into(),
+            root: None,
+        };
+        String::from_utf8(launch_script(&args, &remote, "id1").unwrap()).unwrap()
+    }
+
+    #[test]
+    fn remote_pty_passes_pty_and_the_size_to_the_hosts_start() {
+        let s = script(&["--pty", "--pty-size", "100x30"]);
+        assert!(
+            s.contains("'--pty' '--pty-size' '100x30' 'id1' '--' 'true'"),
+            "{s}"
+        );
+        assert!(!script(&[]).contains("--pty"));
+    }
 }

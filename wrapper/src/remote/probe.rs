@@ -2,7 +2,7 @@
 //! old agent-run is said plainly, naming the host and the program, before anything starts.
 //!
 //! An agent-run without `version` (older than this one) still runs what needs none of the new
-//! options; a launch that needs a feature the host lacks (`--timeout`, `--label`, `-C`, `-e`)
+//! options; a launch that needs a feature the host lacks (`--timeout`, `--label`, `-C`, `-e`, `--pty`)
 //! is refused with what to upgrade.
 
 use super::ssh::Ssh;
@@ -33,6 +33,9 @@ pub fn needed(args: &RemoteArgs) -> Vec<&'static str> {
     }
     if !args.env.is_empty() {
         v.push("env");
+    }
+    if args.pty {
+        v.push("pty");
     }
     v
 }

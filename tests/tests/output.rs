@@ -1,0 +1,561 @@
+//! The output path: pipes drained by the keeper into stdout.log/stderr.log (issue 14).
+//!
+//! Every idiom that reopens stdout or stderr by path keeps every byte, in the log and in the
+//! stream, also when the wrapper is SIGKILLed and `cancel` or the watchdog finishes the run; the
+//! cap keeps the log's beginning, a marker and its end, and counts what it dropped; `stop` ends
+//! the run `cancelled`/`output_limit` with nothing left; a full tmpfs keeps other runs' records.
+//! The keeper is never the run's (session, cgroup, marker) and ends by EOF, never by a signal.
+//! Run ids start with `out-`.
+
+use agent_run_tests::{
+    describe_output, proc_stat, run_with_timeout, wait_until_dbg, Pinned, Spawned, TestRoot,
+};
+use serde_json::Value;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+const LONG: Duration = Duration::from_secs(60);
+
+fn run(root: &TestRoot, args: &[&str]) -> Output {
+    run_with_timeout(root.cmd().args(args), LONG)
+}
+
+/// Our own `agent-run: ...` lines out of a captured stderr: the workload's bytes are left.
+fn strip_messages(stderr: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut rest = stderr;
+    while !rest.is_empty() {
+        let line_end = rest
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(rest.len(), |n| n + 1);
+        let (line, tail) = rest.split_at(line_end);
+        if !line.starts_with(b"agent-run: ") {
+            out.extend_from_slice(line);
+        }
+        rest = tail;
+    }
+    out
+}
+
+fn log(root: &TestRoot, id: &str, name: &str) -> Vec<u8> {
+    fs::read(root.run_dir(id).join(name)).unwrap_or_default()
+}
+
+fn counts(st: &Value, stream: &str) -> (u64, u64) {
+    let c = &st["output"][stream];
+    (
+        c["written"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no {stream} written in {st}")),
+        c["dropped"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no {stream} dropped in {st}")),
+    )
+}
+
+/// The keeper's identity from the journal's `keeper_started`.
+fn keeper_of(root: &TestRoot, id: &str) -> (i32, u64) {
+    let ev = root
+        .events(id)
+        .into_iter()
+        .find(|e| e["event"] == "keeper_started")
+        .unwrap_or_else(|| panic!("no keeper_started event for {id}"));
+    (
+        ev["pid"].as_i64().unwrap() as i32,
+        ev["start_ticks"].as_u64().unwrap(),
+    )
+}
+
+/// The idioms: (name, script, expected stdout.log, expected stderr.log). `$F` is a 100 KiB
+/// file of known bytes.
+fn idioms(f: &Path) -> Vec<(&'static str, String, Vec<u8>, Vec<u8>)> {
+    let data = fs::read(f).unwrap();
+    let with = |pre: &[u8], mid: &[u8], post: &[u8]| [pre, mid, post].concat();
+    vec![
+        (
+            "> /dev/stderr",
+            "echo line1 >&2; echo line2 >&2; echo 'err via /dev/stderr' > /dev/stderr; echo line4 >&2".into(),
+            Vec::new(),
+            b"line1\nline2\nerr via /dev/stderr\nline4\n".to_vec(),
+        ),
+        (
+            "exec 2>/dev/stderr",
+            "echo a >&2; exec 2>/dev/stderr; echo b >&2; echo c >&2".into(),
+            Vec::new(),
+            b"a\nb\nc\n".to_vec(),
+        ),
+        (
+            "tee /dev/stdout",
+            "echo x; echo y | tee /dev/stdout; echo z".into(),
+            b"x\ny\ny\nz\n".to_vec(),
+            Vec::new(),
+        ),
+        (
+            "cp f /dev/stdout",
+            format!("echo pre; cp {} /dev/stdout; echo post", f.display()),
+            with(b"pre\n", &data, b"post\n"),
+            Vec::new(),
+        ),
+        (
+            "dd of=/dev/stdout",
+            format!(
+                "echo pre; dd if={} of=/dev/stdout bs=4096 status=none; echo post",
+                f.display()
+            ),
+            with(b"pre\n", &data, b"post\n"),
+            Vec::new(),
+        ),
+    ]
+}
+
+fn known_file(root: &TestRoot) -> PathBuf {
+    let f = root.dir.path().join("data");
+    let bytes: Vec<u8> = (0..100 * 1024u32).map(|i| (i % 251) as u8).collect();
+    fs::write(&f, bytes).unwrap();
+    f
+}
+
+#[test]
+fn every_idiom_that_reopens_stdout_or_stderr_keeps_every_byte_in_the_log_and_the_stream() {
+    let root = TestRoot::new();
+    let f = known_file(&root);
+    for (i, (name, script, out, err)) in idioms(&f).into_iter().enumerate() {
+        let id = format!("out-idiom-{i}");
+        let o = run(&root, &[&id, "--", "bash", "-c", &script]);
+        let what = format!("{name}: agent-run {id}");
+        assert!(o.status.success(), "{}", describe_output(&what, &o));
+        assert_eq!(log(&root, &id, "stdout.log"), out, "{name}: stdout.log");
+        assert_eq!(log(&root, &id, "stderr.log"), err, "{name}: stderr.log");
+        // The stream (the wrapper's own stdout/stderr) carries the same bytes, once.
+        assert_eq!(o.stdout, out, "{name}: streamed stdout");
+        assert_eq!(strip_messages(&o.stderr), err, "{name}: streamed stderr");
+        let st = root.status(&id);
+        assert_eq!(st["output"]["complete"], true, "{name}: {st}");
+        assert_eq!(counts(&st, "stdout"), (out.len() as u64, 0), "{name}");
+        assert_eq!(counts(&st, "stderr"), (err.len() as u64, 0), "{name}");
+    }
+}
+
+/// Start a run that writes `script`'s first part, waits for `go`, runs the idiom, then says
+/// `written` and parks; SIGKILL its wrapper before `go`.
+fn killed_wrapper_run(root: &TestRoot, id: &str, idiom: &str) -> (Spawned, Pinned, PathBuf) {
+    let go = root.dir.path().join(format!("{id}.go"));
+    let done = root.dir.path().join(format!("{id}.done"));
+    let script = format!(
+        "echo before; echo before-err >&2; while [ ! -e {go} ]; do sleep 0.02; done; {idiom}; echo after; : > {done}; exec sleep 600",
+        go = go.display(),
+        done = done.display()
+    );
+    let w = Spawned::wrapper(root, &[id, "--", "bash", "-c", &script]);
+    let st = wait_until_dbg("the run to be running", LONG, || {
+        let st = root.try_status(id)?;
+        (st["state"] == "running")
+            .then_some(st.clone())
+            .ok_or(st.to_string())
+    });
+    let leader = st["pid"].as_i64().unwrap() as i32;
+    agent_run_tests::remote::wait_for_text("before-err", LONG, || w.stderr_so_far());
+    let pin = Pinned::new(&[w.child.id() as i32, leader]);
+    pin.signal(w.child.id() as i32, libc::SIGKILL).unwrap();
+    wait_until_dbg("the wrapper to die", LONG, || {
+        proc_stat(w.child.id() as i32)
+            .filter(|s| s.0 != 'Z')
+            .map_or(Ok(()), Err)
+    });
+    fs::write(&go, b"").unwrap();
+    wait_until_dbg("the idiom to be written", LONG, || {
+        done.exists().then_some(()).ok_or(())
+    });
+    (w, pin, done)
+}
+
+#[test]
+fn with_the_wrapper_sigkilled_the_keeper_drains_on_and_cancel_or_the_watchdog_records_the_counts() {
+    let root = TestRoot::new();
+    let f = known_file(&root);
+    for (i, (name, script, out, err)) in idioms(&f).into_iter().enumerate() {
+        let id = format!("out-kill-{i}");
+        let (w, pin, _) = killed_wrapper_run(&root, &id, &script);
+        let (keeper, ticks) = keeper_of(&root, &id);
+        assert_eq!(
+            proc_stat(keeper).map(|s| s.4),
+            Some(ticks),
+            "{name}: the keeper lives"
+        );
+        // Half finished by cancel, half by the watchdog.
+        let o = if i % 2 == 0 {
+            run(&root, &["cancel", &id])
+        } else {
+            run_with_timeout(
+                root.watchdog_cmd().args(["--once", "--orphan-grace", "0"]),
+                LONG,
+            )
+        };
+        assert!(o.status.success(), "{}", describe_output(name, &o));
+        let st = root.wait_final(&id, LONG);
+        let out = [b"before\n".as_slice(), &out, b"after\n"].concat();
+        let err = [b"before-err\n".as_slice(), &err].concat();
+        assert_eq!(log(&root, &id, "stdout.log"), out, "{name}: stdout.log");
+        assert_eq!(log(&root, &id, "stderr.log"), err, "{name}: stderr.log");
+        assert_eq!(st["output"]["complete"], true, "{name}: {st}");
+        assert_eq!(counts(&st, "stdout"), (out.len() as u64, 0), "{name}");
+        assert_eq!(counts(&st, "stderr"), (err.len() as u64, 0), "{name}");
+        // The stream resumes from the log: `logs` shows the same bytes.
+        let o = run(&root, &["logs", &id]);
+        assert_eq!(o.stdout, out, "{name}: logs");
+        // The keeper ended by EOF (its own record of it), never signalled by anyone.
+        let ev = root.events(&id);
+        assert!(
+            ev.iter()
+                .any(|e| e["event"] == "keeper_done" && e["by_pid"] == keeper),
+            "{name}: no keeper_done: {ev:?}"
+        );
+        assert!(
+            !ev.iter().any(|e| e["event"] == "signal"
+                && e["target"].as_str() == Some(&format!("pid:{keeper}"))),
+            "{name}: the keeper was signalled: {ev:?}"
+        );
+        let _ = w.finish(LONG);
+        pin.wait_all_gone(LONG)
+            .expect("the run's processes are gone");
+    }
+}
+
+#[test]
+fn the_keeper_is_not_the_runs_and_ends_by_eof() {
+    let root = TestRoot::new();
+    let go = root.dir.path().join("go");
+    let script = format!(
+        "while [ ! -e {} ]; do sleep 0.02; done; echo bye",
+        go.display()
+    );
+    let w = Spawned::wrapper(&root, &["out-keeper", "--", "sh", "-c", &script]);
+    let st = wait_until_dbg("running", LONG, || {
+        let st = root.try_status("out-keeper")?;
+        (st["state"] == "running")
+            .then_some(st.clone())
+            .ok_or(st.to_string())
+    });
+    let (keeper, _) = keeper_of(&root, "out-keeper");
+    let leader = st["pid"].as_i64().unwrap() as i32;
+    let (_, ppid, pgid, sid, _) = proc_stat(keeper).expect("the keeper lives");
+    assert_eq!((pgid, sid), (keeper, keeper), "its own session and group");
+    assert_ne!(sid, leader);
+    assert_eq!(ppid, w.child.id() as i32, "the wrapper's child");
+    // Not in the run's cgroup: in the wrapper's.
+    let cg = |p: i32| fs::read_to_string(format!("/proc/{p}/cgroup")).unwrap_or_default();
+    assert_eq!(cg(keeper), cg(w.child.id() as i32), "the wrapper's cgroup");
+    if st["containment"]["mode"] == "cgroup" {
+        assert_ne!(cg(keeper), cg(leader), "never the run's cgroup");
+    }
+    let env = fs::read(format!("/proc/{keeper}/environ")).unwrap();
+    assert!(
+        !env.split(|&b| b == 0)
+            .any(|v| v.starts_with(b"AGENT_RUN_ID=") || v.starts_with(b"AGENT_RUN_DIR=")),
+        "the keeper carries no run marker"
+    );
+    // Its descriptors: stdio on /dev/null, the two pipes, the two logs; never the lock.
+    let fds: Vec<String> = fs::read_dir(format!("/proc/{keeper}/fd"))
+        .unwrap()
+        .filter_map(|e| fs::read_link(e.ok()?.path()).ok())
+        .map(|p| p.display().to_string())
+        .collect();
+    assert!(!fds.iter().any(|p| p.ends_with("/lock")), "{fds:?}");
+    assert_eq!(
+        fds.iter().filter(|p| p.starts_with("pipe:")).count(),
+        2,
+        "{fds:?}"
+    );
+    assert_eq!(
+        fds.iter().filter(|p| p.ends_with(".log")).count(),
+        2,
+        "{fds:?}"
+    );
+    assert_eq!(
+        fds.len(),
+        3 + 4 + 1,
+        "stdio, 4 passed, the journal: {fds:?}"
+    );
+    let pin = Pinned::new(&[keeper]);
+    fs::write(&go, b"").unwrap();
+    let o = w.finish(LONG);
+    assert!(o.status.success(), "{}", describe_output("out-keeper", &o));
+    pin.wait_all_gone(LONG).expect("the keeper ends");
+    assert_eq!(log(&root, "out-keeper", "stdout.log"), b"bye\n");
+    assert!(root
+        .events("out-keeper")
+        .iter()
+        .any(|e| e["event"] == "keeper_done" && e["error"].is_null()));
+}
+
+#[test]
+fn a_ten_gib_writer_against_a_small_cap_keeps_cap_plus_markers_and_counts_the_rest() {
+    let root = TestRoot::new();
+    let cap: u64 = 1 << 20;
+    // 10 GiB through a pipe takes seconds on an idle machine, minutes on two loaded cores.
+    let o = run_with_timeout(
+        root.cmd().args([
+            "--quiet",
+            "--max-output",
+            "1M",
+            "out-10g",
+            "--",
+            "head",
+            "-c",
+            "10G",
+            "/dev/zero",
+        ]),
+        Duration::from_secs(900),
+    );
+    assert!(o.status.success(), "{}", describe_output("out-10g", &o));
+    let st = root.status("out-10g");
+    let (written, dropped) = counts(&st, "stdout");
+    let ring = cap / 8;
+    assert_eq!(written, cap + ring, "{st}");
+    assert_eq!(written + dropped, 10 << 30, "{st}");
+    assert_eq!(st["output"]["stdout"]["capped"], "max_output");
+    assert_eq!(st["output"]["limit"], cap);
+    let bytes = log(&root, "out-10g", "stdout.log");
+    let marker = b"\n[agent-run: stdout reached --max-output 1048576 bytes; further bytes are dropped and counted]\n";
+    assert_eq!(&bytes[cap as usize..cap as usize + marker.len()], marker);
+    let second = format!(
+        "\n[agent-run: stdout: {dropped} bytes dropped above; the last {ring} bytes follow]\n"
+    );
+    let at = cap as usize + marker.len();
+    assert_eq!(&bytes[at..at + second.len()], second.as_bytes());
+    assert_eq!(
+        bytes.len() as u64,
+        written + (marker.len() + second.len()) as u64
+    );
+    assert!(bytes[..cap as usize].iter().all(|&b| b == 0));
+    // attach shows the same marker.
+    let a = run(&root, &["attach", "out-10g"]);
+    assert_eq!(a.stdout, bytes, "attach streams the log, markers included");
+}
+
+#[test]
+fn on_output_limit_stop_ends_the_run_cancelled_output_limit_with_nothing_left() {
+    let root = TestRoot::new();
+    let pids = root.dir.path().join("pids");
+    let script = format!(
+        "sleep 600 & echo $$ $! > {}; while :; do head -c 1M /dev/zero; done",
+        pids.display()
+    );
+    let o = run(
+        &root,
+        &[
+            "--quiet",
+            "--max-output",
+            "2M",
+            "--on-output-limit=stop",
+            "out-stop",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(143),
+        "{}",
+        describe_output("out-stop", &o)
+    );
+    let st = root.status("out-stop");
+    assert_eq!(
+        (st["state"].as_str(), st["reason"].as_str()),
+        (Some("cancelled"), Some("output_limit")),
+        "{st}"
+    );
+    assert_eq!(st["output"]["complete"], true);
+    let (written, dropped) = counts(&st, "stdout");
+    assert_eq!(written, (2 << 20) + (2 << 20) / 8);
+    assert!(dropped > 0);
+    for p in fs::read_to_string(&pids).unwrap().split_whitespace() {
+        let p: i32 = p.parse().unwrap();
+        assert!(
+            proc_stat(p).is_none_or(|s| s.0 == 'Z'),
+            "pid {p} of the run is left"
+        );
+    }
+    if let Some(cg) = st["containment"]["cgroup"].as_str() {
+        let procs = fs::read_to_string(Path::new(cg).join("cgroup.procs")).unwrap_or_default();
+        assert!(procs.trim().is_empty(), "the run's cgroup holds {procs}");
+    }
+    let (keeper, _) = keeper_of(&root, "out-stop");
+    Pinned::new(&[keeper])
+        .wait_all_gone(LONG)
+        .expect("the keeper ends");
+    // The stop never touched the keeper: it asked for the stop, then ended by EOF.
+    let ev = root.events("out-stop");
+    assert!(
+        ev.iter()
+            .any(|e| e["event"] == "signal" && e["reason"] == "output_limit"),
+        "{ev:?}"
+    );
+    assert!(
+        !ev.iter()
+            .any(|e| e["event"] == "signal"
+                && e["target"].as_str() == Some(&format!("pid:{keeper}"))),
+        "the keeper was signalled: {ev:?}"
+    );
+    assert!(ev
+        .iter()
+        .any(|e| e["event"] == "keeper_done" && e["by_pid"] == keeper && e["error"].is_null()));
+}
+
+#[test]
+fn a_run_named_like_the_keeper_mode_is_an_ordinary_run() {
+    let root = TestRoot::new();
+    let o = run(&root, &["__keep", "--", "sh", "-c", "echo hi"]);
+    assert!(o.status.success(), "{}", describe_output("__keep", &o));
+    assert_eq!(o.stdout, b"hi\n");
+    assert_eq!(root.status("__keep")["state"], "finished");
+}
+
+/// A small tmpfs mounted as the run root, unmounted on drop.
+struct Tmpfs(PathBuf);
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+#[test]
+fn a_full_tmpfs_leaves_other_runs_records_whole_and_the_writers_own_record_written() {
+    if agent_run_shared::sys::geteuid() != 0 {
+        return;
+    }
+    let root = TestRoot::new();
+    let dir = root.root();
+    fs::create_dir_all(&dir).unwrap();
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=40m,mode=0700", "tmpfs"])
+        .arg(&dir)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("skipped: cannot mount a tmpfs");
+        return;
+    }
+    let _mount = Tmpfs(dir.clone());
+    let go = root.dir.path().join("go");
+    let other = Spawned::wrapper(
+        &root,
+        &[
+            "--quiet",
+            "out-other",
+            "--",
+            "sh",
+            "-c",
+            &format!(
+                "echo hi; while [ ! -e {} ]; do sleep 0.02; done",
+                go.display()
+            ),
+        ],
+    );
+    wait_until_dbg("the other run running", LONG, || {
+        let st = root.try_status("out-other")?;
+        (st["state"] == "running")
+            .then_some(())
+            .ok_or(st.to_string())
+    });
+    // No cap: the disk reserve is what stops the writer's log.
+    let o = run(
+        &root,
+        &[
+            "--quiet",
+            "--max-output",
+            "none",
+            "out-fill",
+            "--",
+            "head",
+            "-c",
+            "100M",
+            "/dev/zero",
+        ],
+    );
+    assert!(o.status.success(), "{}", describe_output("out-fill", &o));
+    let st = root.status("out-fill");
+    assert_eq!(st["state"], "finished", "{st}");
+    assert_eq!(st["output"]["stdout"]["capped"], "disk_reserve", "{st}");
+    let (written, dropped) = counts(&st, "stdout");
+    assert_eq!(written + dropped, 100 << 20);
+    assert!(written < 40 << 20 && dropped > 0, "{st}");
+    let marker = b"the disk reserve was reached";
+    let bytes = log(&root, "out-fill", "stdout.log");
+    assert!(bytes.windows(marker.len()).any(|w| w == marker));
+    // The other run ends with a whole final record.
+    fs::write(&go, b"").unwrap();
+    let o = other.finish(LONG);
+    assert!(o.status.success(), "{}", describe_output("out-other", &o));
+    let st = root.status("out-other");
+    assert_eq!(st["state"], "finished", "{st}");
+    assert_eq!(counts(&st, "stdout"), (3, 0));
+}
+
+#[test]
+fn logs_tail_and_a_quiet_failure_show_the_last_lines() {
+    let root = TestRoot::new();
+    let script = "for i in $(seq 1 30); do echo out$i; echo err$i >&2; done; exit 3";
+    let o = run(&root, &["--quiet", "out-tail", "--", "sh", "-c", script]);
+    assert_eq!(o.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&o.stderr);
+    let want: String = (21..=30).map(|i| format!("err{i}\n")).collect();
+    assert!(err.contains("the last 10 lines of its stderr"), "{err}");
+    assert!(
+        err.contains(
+            &root
+                .run_dir("out-tail")
+                .join("stderr.log")
+                .display()
+                .to_string()
+        ),
+        "{err}"
+    );
+    assert!(err.ends_with(&want), "{err}");
+    assert!(o.stdout.is_empty());
+    let o = run(&root, &["logs", "--tail", "2", "--stderr", "out-tail"]);
+    assert_eq!(o.stdout, b"err29\nerr30\n");
+    let o = run(&root, &["logs", "--tail", "1", "--stdout", "out-tail"]);
+    assert_eq!(o.stdout, b"out30\n");
+    let o = run(&root, &["logs", "-n", "1", "out-tail"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("stdout.log <==\nout30\n") && text.contains("stderr.log <==\nerr30\n"),
+        "{text}"
+    );
+    // A quiet run that succeeds prints nothing.
+    let o = run(
+        &root,
+        &["--quiet", "out-ok", "--", "sh", "-c", "echo e >&2"],
+    );
+    assert!(
+        o.status.success() && o.stderr.is_empty(),
+        "{}",
+        describe_output("out-ok", &o)
+    );
+}
+
+#[test]
+fn a_log_truncated_by_path_is_followed_again_from_its_start() {
+    let root = TestRoot::new();
+    let script = "echo aaaaaaaaaaaaaaaaaaaa; sleep 0.5; : > \"$AGENT_RUN_DIR/stdout.log\"; echo bb";
+    let o = run(&root, &["out-trunc", "--", "sh", "-c", script]);
+    assert!(o.status.success(), "{}", describe_output("out-trunc", &o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(log(&root, "out-trunc", "stdout.log"), b"bb\n");
+    assert!(
+        o.stdout.ends_with(b"bb\n"),
+        "{}",
+        describe_output("out-trunc", &o)
+    );
+    assert!(err.contains("stdout.log shrank"), "{err}");
+}

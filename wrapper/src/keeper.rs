@@ -1,0 +1,665 @@
+//! The output keeper: the one writer of a run's stdout.log and stderr.log.
+//!
+//! The workload writes into pipes, never into the logs: reopening `/dev/stdout` or `/dev/stderr`
+//! by path (`> /dev/stderr`, `tee /dev/stdout`) opens the same pipe, and `O_TRUNC` has nothing
+//! to truncate. The keeper is agent-run re-executed from /proc/self/exe in a hidden mode
+//! (`agent-run __keep ...`, in no help and no completion). It runs in its own session and
+//! process group, stays in the wrapper's cgroup (never the run's), carries no run marker
+//! (`AGENT_RUN_ID`, `AGENT_RUN_DIR`), holds no descriptor but its sources and logs (never the
+//! run's lock), and ignores INT, HUP, TERM and PIPE: it outlives a SIGKILLed wrapper and keeps
+//! draining. Nobody signals it. It ends by EOF: when every writer of every source is gone (the
+//! run's processes are dead) it writes its counts to `output.json`, fsyncs the logs and exits 0.
+//!
+//! Interface (kept stable for the `--pty` work, which passes a pty master as a source):
+//!
+//! ```text
+//! keeper::pipe() -> io::Result<(OwnedFd /*read*/, OwnedFd /*write*/)>  // O_CLOEXEC both
+//! keeper::spawn(dir: &RunDir, sources: Vec<(Stream, OwnedFd)>, policy: &Policy)
+//!     -> anyhow::Result<Keeper>            // Keeper { identity: Identity }
+//! Stream::{Stdout, Stderr}                 // which log a source feeds (its counts' key)
+//! Policy { limit: Option<u64> /*per stream, None = unlimited*/, stop: bool /*--on-output-limit=stop*/ }
+//! keeper::main(args: &[OsString]) -> u8    // `agent-run __keep ...`, called from main.rs
+//! ```
+//!
+//! `spawn` opens each stream's log itself (hostile-safe, O_APPEND), passes sources and logs to
+//! the child by descriptor number and returns once the keeper is exec'd; the caller drops its
+//! copies of the sources (read ends) and, right after spawning the workload, of the write ends.
+//! A source is drained with splice(2) into the log when it is a pipe, else read(2)/write(2)
+//! (a pty master: EIO is its EOF).
+//!
+//! At the cap (`--max-output`, per stream) the keeper writes one marker line into that log,
+//! keeps draining, counts what it drops and keeps the most recent `min(cap/8, 1 MiB)` bytes in
+//! memory, appended after a second marker at EOF. Before the free space of the logs'
+//! filesystem falls below a reserve (checked every few MB) it stops writing the same way
+//! (`disk reserve`), so a full disk never takes the records of other runs. With `stop`, the
+//! first cap asks for the run's stop (reason `output_limit`) through `cancel`'s own code, on a
+//! thread, while draining goes on.
+
+use crate::cancel;
+use agent_run_shared::id::RunId;
+use agent_run_shared::journal::Journal;
+use agent_run_shared::output::{Output, StreamCount, FILE as OUTPUT_FILE};
+use agent_run_shared::pid::{Identity, Pid};
+use agent_run_shared::root::{files, RunDir};
+use agent_run_shared::{procfs, sys, ENV_RUN_DIR, ENV_RUN_ID};
+use anyhow::Context;
+use serde_json::json;
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{self, Seek, SeekFrom, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// The hidden subcommand word.
+pub const MODE: &str = "__keep";
+/// Set (to "1") in the keeper's environment only: `__keep` is also a valid run id, and
+/// `agent-run __keep -- cmd` must stay an ordinary run.
+pub const ENV_KEEPER: &str = "AGENT_RUN_KEEPER";
+
+/// Whether this process was started as a keeper.
+pub fn is_keeper(first_arg: Option<&std::ffi::OsStr>) -> bool {
+    first_arg.is_some_and(|a| a == MODE) && std::env::var_os(ENV_KEEPER).is_some_and(|v| v == "1")
+}
+
+/// Which log a source feeds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+impl Stream {
+    /// Its name in counts and markers.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+
+    /// Its log in the run dir.
+    pub fn log(self) -> &'static str {
+        match self {
+            Stream::Stdout => files::STDOUT,
+            Stream::Stderr => files::STDERR,
+        }
+    }
+
+    fn parse(s: &str) -> Option<Stream> {
+        match s {
+            "stdout" => Some(Stream::Stdout),
+            "stderr" => Some(Stream::Stderr),
+            _ => None,
+        }
+    }
+}
+
+/// What the keeper does at the cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// Bytes kept per stream; `None`: unlimited.
+    pub limit: Option<u64>,
+    /// `--on-output-limit=stop`: ask for the run's stop (reason `output_limit`).
+    pub stop: bool,
+}
+
+/// A started keeper.
+#[derive(Debug, Clone, Copy)]
+pub struct Keeper {
+    pub identity: Identity,
+}
+
+/// A pipe, both ends close-on-exec: `(read, write)`.
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(io::Error::from)
+}
+
+/// Start the keeper for the run in `dir`, draining `sources` into their logs.
+pub fn spawn(
+    dir: &RunDir,
+    sources: Vec<(Stream, OwnedFd)>,
+    policy: &Policy,
+) -> anyhow::Result<Keeper> {
+    let mut cmd = Command::new("/proc/self/exe");
+    cmd.arg(MODE)
+        .arg(dir.path())
+        .arg(policy.limit.map_or("none".to_string(), |l| l.to_string()))
+        .arg(if policy.stop { "stop" } else { "keep" });
+    let mut keep = Vec::new();
+    let mut held = Vec::new();
+    for (stream, src) in sources {
+        let log = dir.open_append(stream.log())?;
+        cmd.arg(format!(
+            "{}={},{}",
+            stream.name(),
+            src.as_raw_fd(),
+            log.as_raw_fd()
+        ));
+        keep.push(src.as_raw_fd());
+        keep.push(log.as_raw_fd());
+        held.push((src, log));
+    }
+    cmd.env(ENV_KEEPER, "1")
+        .env_remove(ENV_RUN_ID)
+        .env_remove(ENV_RUN_DIR)
+        .env_remove(agent_run_shared::fault::ENV)
+        .env_remove(crate::start::ENV_PASSED)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    sys::spawn_keeper(&mut cmd, keep);
+    let child = cmd.spawn().context("cannot start the output keeper")?;
+    drop(held);
+    let pid = Pid::new(child.id() as i64).expect("a child has a positive pid");
+    // Our unreaped child: the pid is its own until we wait for it.
+    let start_ticks = procfs::stat(pid).map_or(0, |s| s.start_ticks);
+    Ok(Keeper {
+        identity: Identity { pid, start_ticks },
+    })
+}
+
+/// Bytes moved per splice or read.
+const CHUNK: usize = 1 << 20;
+/// The most a stream is drained in one turn before the other gets its turn.
+const TURN: u64 = 8 << 20;
+/// The free space kept on the logs' filesystem: 1% of it, at least 1 MiB, at most 64 MiB.
+fn reserve_of(total: u64) -> u64 {
+    (total / 100).clamp(1 << 20, 64 << 20)
+}
+
+struct Source {
+    stream: Stream,
+    fd: OwnedFd,
+    log: File,
+    written: u64,
+    dropped: u64,
+    capped: Option<&'static str>,
+    /// The most recent bytes past the cap (`max_output` only).
+    ring: Ring,
+    eof: bool,
+    splice: bool,
+}
+
+/// The keeper's state across its sources.
+struct Keep {
+    dir: RunDir,
+    limit: Option<u64>,
+    stop: bool,
+    journal: Option<Journal>,
+    buf: Vec<u8>,
+    /// Bytes written since the last look at the free space, and the next look's threshold.
+    since_check: u64,
+    check_every: u64,
+    stopper: Option<std::thread::JoinHandle<()>>,
+}
+
+/// `agent-run __keep DIR LIMIT keep|stop STREAM=SRC,LOG...`: drain until every source is at
+/// EOF, then write output.json and exit 0.
+pub fn main(args: &[OsString]) -> u8 {
+    // Signals are not our end: EOF is. A flag handler keeps INT/HUP/TERM from killing us
+    // (SIGPIPE is already ignored by Rust's runtime; we write files only).
+    let ignored = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [libc::SIGINT, libc::SIGHUP, libc::SIGTERM, libc::SIGPIPE] {
+        let _ = signal_hook::flag::register(sig, std::sync::Arc::clone(&ignored));
+    }
+    match run(args) {
+        Ok(()) => 0,
+        Err(e) => {
+            // Nobody reads our stderr (/dev/null); the journal says it.
+            if let Some(dir) = args.first().and_then(|d| open_dir(Path::new(d)).ok()) {
+                if let Ok(j) = dir.journal("keeper") {
+                    let _ = j.event("keeper_failed", json!({"error": format!("{e:#}")}));
+                }
+            }
+            70
+        }
+    }
+}
+
+fn run(args: &[OsString]) -> anyhow::Result<()> {
+    let bad = || anyhow::anyhow!("usage: agent-run {MODE} DIR LIMIT keep|stop STREAM=SRC,LOG...");
+    let [dir, limit, policy, streams @ ..] = args else {
+        return Err(bad());
+    };
+    let dir = open_dir(Path::new(dir))?;
+    let limit = match limit.to_str().ok_or_else(bad)? {
+        "none" => None,
+        n => Some(n.parse::<u64>().map_err(|_| bad())?),
+    };
+    let stop = policy == "stop";
+    let mut sources = Vec::new();
+    for s in streams {
+        let s = s.to_str().ok_or_else(bad)?;
+        let (name, fds) = s.split_once('=').ok_or_else(bad)?;
+        let (src, log) = fds.split_once(',').ok_or_else(bad)?;
+        let stream = Stream::parse(name).ok_or_else(bad)?;
+        let (src, log): (i32, i32) = (
+            src.parse().map_err(|_| bad())?,
+            log.parse().map_err(|_| bad())?,
+        );
+        if src <= 2 || log <= 2 || src == log {
+            return Err(bad());
+        }
+        // The wrapper passed them by number (sys::spawn_keeper); each is ours alone now.
+        let fd = take_fd(src)?;
+        let log = File::from(take_fd(log)?);
+        let _ = rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC);
+        let _ = rustix::io::fcntl_setfd(&log, rustix::io::FdFlags::CLOEXEC);
+        prepare_source(&fd);
+        // splice(2) refuses an O_APPEND target: the keeper is the logs' only writer, so it
+        // appends by seeking to the end before each write instead (a log truncated by path is
+        // then written at its new end, never past a hole).
+        let splice = rustix::fs::fcntl_setfl(&log, rustix::fs::OFlags::empty()).is_ok();
+        let ring = Ring::new(limit.map_or(0, |l| (l / 8).min(1 << 20) as usize));
+        sources.push(Source {
+            stream,
+            fd,
+            log,
+            written: 0,
+            dropped: 0,
+            capped: None,
+            ring,
+            eof: false,
+            splice,
+        });
+    }
+    let mut k = Keep {
+        journal: dir.journal("keeper").ok(),
+        dir,
+        limit,
+        stop,
+        buf: vec![0u8; CHUNK],
+        since_check: u64::MAX / 2,
+        check_every: 4 << 20,
+        stopper: None,
+    };
+    k.drain_all(&mut sources);
+    k.finish(&mut sources)
+}
+
+/// A descriptor handed to us by number (once per number, at start).
+fn take_fd(n: i32) -> anyhow::Result<OwnedFd> {
+    sys::take_passed_fd(n).with_context(|| format!("descriptor {n} was not passed to the keeper"))
+}
+
+/// Non-blocking reads (we poll), and a bigger pipe buffer (fewer wake-ups per MB).
+fn prepare_source(fd: &OwnedFd) {
+    if let Ok(fl) = rustix::fs::fcntl_getfl(fd) {
+        let _ = rustix::fs::fcntl_setfl(fd, fl | rustix::fs::OFlags::NONBLOCK);
+    }
+    let _ = rustix::pipe::fcntl_setpipe_size(fd, 1 << 20);
+}
+
+impl Keep {
+    fn drain_all(&mut self, sources: &mut [Source]) {
+        use rustix::event::{poll, PollFd, PollFlags};
+        loop {
+            let live: Vec<usize> = (0..sources.len()).filter(|&i| !sources[i].eof).collect();
+            if live.is_empty() {
+                return;
+            }
+            let ready: Vec<bool> = {
+                let mut fds: Vec<PollFd> = live
+                    .iter()
+                    .map(|&i| PollFd::new(&sources[i].fd, PollFlags::IN))
+                    .collect();
+                match poll(&mut fds, None) {
+                    Ok(_) => fds.iter().map(|f| !f.revents().is_empty()).collect(),
+                    Err(rustix::io::Errno::INTR) => continue,
+                    // Cannot wait (ENOMEM): read every source (one with nothing says EAGAIN).
+                    Err(_) => vec![true; live.len()],
+                }
+            };
+            for (j, &i) in live.iter().enumerate() {
+                if ready[j] {
+                    self.drain(&mut sources[i], TURN);
+                }
+            }
+            if self.since_check >= self.check_every {
+                self.check_disk(sources);
+            }
+        }
+    }
+
+    /// Move what `src` has (up to one turn) into its log. Marks EOF.
+    fn drain(&mut self, src: &mut Source, turn: u64) {
+        let mut moved = 0u64;
+        while moved < turn {
+            if src.capped.is_none() {
+                let room = self
+                    .limit
+                    .map_or(u64::MAX, |l| l.saturating_sub(src.written));
+                if room > 0 {
+                    let want = room.min(CHUNK as u64) as usize;
+                    match self.write_some(src, want) {
+                        Step::Moved(n) => {
+                            src.written += n as u64;
+                            self.since_check += n as u64;
+                            moved += n as u64;
+                            if self.since_check >= self.check_every {
+                                return;
+                            }
+                        }
+                        Step::Again => return,
+                        Step::Eof => {
+                            src.eof = true;
+                            return;
+                        }
+                        Step::Full(done, lost) => {
+                            src.written += done as u64;
+                            src.dropped += lost as u64;
+                            self.cap(src, "disk_full");
+                        }
+                    }
+                    continue;
+                }
+            }
+            // Past the cap (or exactly at it): read, count, keep the most recent bytes.
+            let n = match read_some(&src.fd, &mut self.buf) {
+                Step::Moved(n) => n,
+                Step::Again | Step::Full(..) => return,
+                Step::Eof => {
+                    src.eof = true;
+                    return;
+                }
+            };
+            if src.capped.is_none() {
+                self.cap(src, "max_output");
+            }
+            src.dropped += n as u64;
+            moved += n as u64;
+            if src.capped == Some("max_output") {
+                src.ring.push(&self.buf[..n]);
+            }
+        }
+    }
+
+    /// One splice (or read + write) of up to `want` bytes into the log.
+    fn write_some(&mut self, src: &mut Source, want: usize) -> Step {
+        if src.splice {
+            let _ = src.log.seek(SeekFrom::End(0));
+            match rustix::pipe::splice(
+                &src.fd,
+                None,
+                &src.log,
+                None,
+                want,
+                rustix::pipe::SpliceFlags::NONBLOCK | rustix::pipe::SpliceFlags::MOVE,
+            ) {
+                Ok(0) => return Step::Eof,
+                Ok(n) => return Step::Moved(n),
+                Err(rustix::io::Errno::AGAIN) => return Step::Again,
+                Err(rustix::io::Errno::INTR) => return Step::Moved(0),
+                Err(rustix::io::Errno::NOSPC | rustix::io::Errno::DQUOT) => {
+                    // Nothing moved; the next read counts what the pipe holds as dropped.
+                    return Step::Full(0, 0);
+                }
+                // Not a pipe (a pty master), or a filesystem without splice: plain copies.
+                Err(_) => src.splice = false,
+            }
+        }
+        let n = match read_some(&src.fd, &mut self.buf[..want]) {
+            Step::Moved(n) => n,
+            other => return other,
+        };
+        let _ = src.log.seek(SeekFrom::End(0));
+        let mut done = 0;
+        while done < n {
+            match src.log.write(&self.buf[done..n]) {
+                Ok(0) => return Step::Full(done, n - done),
+                Ok(k) => done += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // ENOSPC, EDQUOT, EIO: these bytes are lost to the log; counted.
+                Err(_) => return Step::Full(done, n - done),
+            }
+        }
+        Step::Moved(n)
+    }
+
+    /// Stop writing `src`: one marker line, once; then ask for the stop if the policy says so.
+    fn cap(&mut self, src: &mut Source, why: &'static str) {
+        if src.capped.is_some() {
+            return;
+        }
+        src.capped = Some(why);
+        let name = src.stream.name();
+        let line = match why {
+            "max_output" => format!(
+                "\n[agent-run: {name} reached --max-output {} bytes; further bytes are dropped and counted]\n",
+                self.limit.unwrap_or_default()
+            ),
+            "disk_reserve" => format!(
+                "\n[agent-run: {name} stopped at {} bytes: the disk reserve was reached (little free space); further bytes are dropped and counted]\n",
+                src.written
+            ),
+            _ => format!(
+                "\n[agent-run: {name} stopped at {} bytes: the disk is full; further bytes are dropped and counted]\n",
+                src.written
+            ),
+        };
+        let _ = src.log.seek(SeekFrom::End(0));
+        let _ = src.log.write_all(line.as_bytes());
+        if let Some(j) = &self.journal {
+            let _ = j.event(
+                "output_capped",
+                json!({"stream": name, "why": why, "written": src.written, "limit": self.limit}),
+            );
+        }
+        if self.stop && self.stopper.is_none() {
+            self.stopper = Some(request_stop(&self.dir));
+        }
+    }
+
+    /// Look at the logs' filesystem: below the reserve, every stream stops writing.
+    fn check_disk(&mut self, sources: &mut [Source]) {
+        self.since_check = 0;
+        let Some(first) = sources.first() else { return };
+        let Ok(vfs) = rustix::fs::fstatvfs(&first.log) else {
+            return;
+        };
+        let unit = vfs.f_frsize.max(1);
+        let total = vfs.f_blocks.saturating_mul(unit);
+        let free = vfs.f_bavail.saturating_mul(unit);
+        let reserve = reserve_of(total);
+        // Look again before a quarter of the margin can be used up (every 4 MiB at most).
+        self.check_every = (reserve / 4).clamp(64 << 10, 4 << 20);
+        if free < reserve {
+            for s in sources.iter_mut() {
+                if s.capped.is_none() {
+                    self.cap(s, "disk_reserve");
+                }
+            }
+        }
+    }
+
+    /// Every source is at EOF: the ring tails, fsync, output.json, and the stop thread.
+    fn finish(&mut self, sources: &mut [Source]) -> anyhow::Result<()> {
+        for s in sources.iter_mut() {
+            if !s.ring.is_empty() && s.capped == Some("max_output") {
+                let kept = s.ring.len() as u64;
+                let line = format!(
+                    "\n[agent-run: {}: {} bytes dropped above; the last {kept} bytes follow]\n",
+                    s.stream.name(),
+                    s.dropped - kept
+                );
+                let (a, b) = s.ring.halves();
+                let _ = s.log.seek(SeekFrom::End(0));
+                let ok = s.log.write_all(line.as_bytes()).is_ok()
+                    && s.log.write_all(a).is_ok()
+                    && s.log.write_all(b).is_ok();
+                if ok {
+                    s.dropped -= kept;
+                    s.written += kept;
+                }
+            }
+            // Durable before the counts appear. A log we never wrote costs no fsync (a new empty
+            // file's would be a journal commit for nothing: most of a short run's end).
+            if s.written > 0 || s.capped.is_some() {
+                let _ = s.log.sync_data();
+            }
+        }
+        let count = |st: Stream| {
+            sources.iter().find(|s| s.stream == st).map_or_else(
+                || StreamCount {
+                    written: Some(0),
+                    dropped: Some(0),
+                    capped: None,
+                },
+                |s| StreamCount {
+                    written: Some(s.written),
+                    dropped: Some(s.dropped),
+                    capped: s.capped.map(str::to_string),
+                },
+            )
+        };
+        let out = Output {
+            stdout: count(Stream::Stdout),
+            stderr: count(Stream::Stderr),
+            limit: self.limit,
+            on_limit: Some(if self.stop { "stop" } else { "keep" }.into()),
+            complete: true,
+        };
+        let bytes = serde_json::to_vec(&out).expect("counts serialize");
+        // Not fsynced itself: the final record that copies these counts is.
+        let written = self.dir.write_atomic(OUTPUT_FILE, &bytes, false);
+        if let Some(j) = &self.journal {
+            let _ = j.event(
+                "keeper_done",
+                json!({"stdout": out.stdout, "stderr": out.stderr, "error": written.as_ref().err().map(|e| e.to_string())}),
+            );
+        }
+        // A stop we asked for finishes the run (its final record waits for output.json,
+        // which is there now): never exit under it.
+        if let Some(t) = self.stopper.take() {
+            let _ = t.join();
+        }
+        written.map_err(Into::into)
+    }
+}
+
+/// The last `cap` bytes pushed: a fixed buffer written with memcpy (no per-byte work, so a
+/// 10 GB stream past the cap costs its reads).
+struct Ring {
+    buf: Vec<u8>,
+    /// Where the next byte goes.
+    at: usize,
+    len: usize,
+}
+
+impl Ring {
+    fn new(cap: usize) -> Ring {
+        Ring {
+            buf: vec![0; cap],
+            at: 0,
+            len: 0,
+        }
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        let cap = self.buf.len();
+        if cap == 0 {
+            return;
+        }
+        let bytes = &bytes[bytes.len().saturating_sub(cap)..];
+        let first = bytes.len().min(cap - self.at);
+        self.buf[self.at..self.at + first].copy_from_slice(&bytes[..first]);
+        let rest = bytes.len() - first;
+        self.buf[..rest].copy_from_slice(&bytes[first..]);
+        self.at = (self.at + bytes.len()) % cap;
+        self.len = (self.len + bytes.len()).min(cap);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The bytes in two parts, older first.
+    fn halves(&self) -> (&[u8], &[u8]) {
+        let cap = self.buf.len();
+        if self.len < cap {
+            (&self.buf[..self.len], &[])
+        } else {
+            (&self.buf[self.at..], &self.buf[..self.at])
+        }
+    }
+}
+
+enum Step {
+    Moved(usize),
+    Again,
+    Eof,
+    /// The log's filesystem refused bytes: (written, lost) of those read from the source.
+    Full(usize, usize),
+}
+
+/// One read from a source. A pty master says EIO once its last slave is closed: EOF.
+fn read_some(fd: &OwnedFd, buf: &mut [u8]) -> Step {
+    match rustix::io::read(fd, buf) {
+        Ok(0) => Step::Eof,
+        Ok(n) => Step::Moved(n),
+        Err(rustix::io::Errno::AGAIN) => Step::Again,
+        Err(rustix::io::Errno::INTR) => Step::Moved(0),
+        Err(_) => Step::Eof,
+    }
+}
+
+/// The run dir the wrapper named on our command line, held and checked as the wrapper holds it.
+fn open_dir(path: &Path) -> anyhow::Result<RunDir> {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    Ok(RunDir::open(path, RunId::parse(name)?)?)
+}
+
+/// Ask for the run's stop with reason `output_limit`, as `agent-run cancel` does (cancel.json
+/// and a TERM to a live wrapper; the takeover when it is gone), on a thread.
+fn request_stop(dir: &RunDir) -> std::thread::JoinHandle<()> {
+    let dir = dir.clone();
+    std::thread::spawn(move || {
+        let Some(root) = dir.path().parent() else {
+            return;
+        };
+        let id = dir.id().as_str();
+        let r = cancel::cancel_one_for(Some(root), id, None, "keeper", "output_limit");
+        if let Err(e) = r {
+            if let Ok(j) = dir.journal("keeper") {
+                let _ = j.event("stop_request_failed", json!({"error": format!("{e:#}")}));
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Ring;
+
+    fn contents(r: &Ring) -> Vec<u8> {
+        let (a, b) = r.halves();
+        [a, b].concat()
+    }
+
+    #[test]
+    fn the_ring_keeps_the_most_recent_bytes_in_order() {
+        let mut r = Ring::new(5);
+        r.push(b"ab");
+        assert_eq!(contents(&r), b"ab");
+        r.push(b"cde");
+        assert_eq!(contents(&r), b"abcde");
+        r.push(b"fg");
+        assert_eq!(contents(&r), b"cdefg");
+        r.push(b"0123456789");
+        assert_eq!(contents(&r), b"56789");
+        r.push(b"x");
+        assert_eq!(contents(&r), b"6789x");
+        assert_eq!(r.len(), 5);
+        let mut z = Ring::new(0);
+        z.push(b"abc");
+        assert!(z.is_empty());
+    }
+}
