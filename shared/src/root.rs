@@ -8,7 +8,7 @@
 
 use crate::error::{Error, Result};
 use crate::id::RunId;
-pub use crate::run_dir::{files, RunDir};
+use crate::run_dir::RunDir;
 use crate::sys;
 use std::fs;
 use std::io;

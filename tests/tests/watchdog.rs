@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 use agent_run_shared::id::RunId;
 use agent_run_shared::lease::Lease;
 use agent_run_shared::record::{Cleanup, State, Status, SCHEMA};
-use agent_run_shared::root::{Root, RunDir};
+use agent_run_shared::root::Root;
+use agent_run_shared::run_dir::RunDir;
 use agent_run_shared::time::{epoch_now, parse_rfc3339, rfc3339_now};
 use agent_run_shared::{procfs, sys as shared_sys};
 use agent_run_tests::{

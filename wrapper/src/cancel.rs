@@ -15,7 +15,7 @@ use agent_run_shared::exit;
 use agent_run_shared::journal::Journal;
 use agent_run_shared::lifecycle::{record_lost_launch, stop_orphaned, timings_of};
 use agent_run_shared::record::{State, Status};
-use agent_run_shared::root::RunDir;
+use agent_run_shared::run_dir::RunDir;
 use agent_run_shared::stop::Sig;
 use agent_run_shared::sys::{self, PollFd};
 use agent_run_shared::wrapper::{

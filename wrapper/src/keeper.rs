@@ -40,7 +40,7 @@ use agent_run_shared::id::RunId;
 use agent_run_shared::journal::Journal;
 use agent_run_shared::output::{Output, StreamCount, FILE as OUTPUT_FILE};
 use agent_run_shared::pid::{Identity, Pid};
-use agent_run_shared::root::{files, RunDir};
+use agent_run_shared::run_dir::{files, RunDir};
 use agent_run_shared::{procfs, sys, ENV_RUN_DIR, ENV_RUN_ID};
 use anyhow::Context;
 use serde_json::json;

@@ -6,7 +6,7 @@ use crate::runs::{open_run, read_record};
 use crate::stream::{std_sink, Tail};
 use agent_run_shared::exit;
 use agent_run_shared::record::Status;
-use agent_run_shared::root::{files, RunDir};
+use agent_run_shared::run_dir::{files, RunDir};
 use agent_run_shared::sys::Inotify;
 use agent_run_shared::wrapper::{live_wrapper, Wrapper};
 use serde_json::json;

@@ -7,7 +7,7 @@ use crate::runs::{note, open_run, print_record, read_record, record_value};
 use crate::select::{self, Picked};
 use agent_run_shared::exit;
 use agent_run_shared::record::Status;
-use agent_run_shared::root::RunDir;
+use agent_run_shared::run_dir::RunDir;
 use agent_run_shared::time::{epoch_now, parse_rfc3339};
 use serde_json::Value;
 use std::path::Path;

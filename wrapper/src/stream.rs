@@ -7,7 +7,7 @@
 //! SSH channel is gone) is dropped and the copy of the other goes on; supervision never depends
 //! on it. The wrapper runs it on its own thread, so a stalled reader never blocks the event loop.
 
-use agent_run_shared::root::{files, RunDir};
+use agent_run_shared::run_dir::{files, RunDir};
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::fd::AsFd;

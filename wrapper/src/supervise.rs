@@ -20,7 +20,7 @@ use agent_run_shared::procset::RunScope;
 use agent_run_shared::reap;
 use agent_run_shared::reason::Reason;
 use agent_run_shared::record::Status;
-use agent_run_shared::root::{files, RunDir};
+use agent_run_shared::run_dir::{files, RunDir};
 use agent_run_shared::spec::OnDisconnect;
 use agent_run_shared::stop::Sig;
 use agent_run_shared::suspend::set_suspended;

@@ -6,7 +6,7 @@ use crate::runs::{open_run, print_record, read_record, record_value, wait_final}
 use crate::select::{self, Picked};
 use agent_run_shared::exit;
 use agent_run_shared::record::Status;
-use agent_run_shared::root::RunDir;
+use agent_run_shared::run_dir::RunDir;
 use agent_run_shared::sys::Inotify;
 use serde_json::Value;
 use std::path::Path;
