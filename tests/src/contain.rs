@@ -40,9 +40,7 @@ pub fn marked(dir: &Path) -> Vec<i32> {
 /// that forks in a loop is caught within a few rounds), and `extra` pids. Cleanup only.
 pub fn sweep(dir: &Path, extra: &[i32]) {
     for &p in extra {
-        if let Ok(Some(fd)) = pidfd(p) {
-            let _ = pidfd_kill(&fd);
-        }
+        let _ = crate::sys::pidfd_kill(p);
     }
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -51,9 +49,7 @@ pub fn sweep(dir: &Path, extra: &[i32]) {
             return;
         }
         for p in left {
-            if let Ok(Some(fd)) = pidfd(p) {
-                let _ = pidfd_kill(&fd);
-            }
+            let _ = crate::sys::pidfd_kill(p);
         }
     }
 }
@@ -64,43 +60,6 @@ pub struct SweepOnDrop(pub PathBuf);
 impl Drop for SweepOnDrop {
     fn drop(&mut self) {
         sweep(&self.0, &[]);
-    }
-}
-
-fn pidfd(pid: i32) -> std::io::Result<Option<std::os::fd::OwnedFd>> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        let e = std::io::Error::last_os_error();
-        return if e.raw_os_error() == Some(libc::ESRCH) {
-            Ok(None)
-        } else {
-            Err(e)
-        };
-    }
-    // SAFETY: a fresh fd nothing else owns.
-    Ok(Some(unsafe {
-        std::os::fd::OwnedFd::from_raw_fd(fd as i32)
-    }))
-}
-
-fn pidfd_kill(fd: &std::os::fd::OwnedFd) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: a valid pidfd, a signal number and a NULL siginfo.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            fd.as_raw_fd(),
-            libc::SIGKILL,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        )
-    };
-    if r < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(())
     }
 }
 
@@ -160,9 +119,7 @@ impl Delegated {
         match rx.recv_timeout(Duration::from_secs(60)) {
             Ok(out) => out.expect("wait for the nobody command"),
             Err(_) => {
-                if let Ok(Some(fd)) = pidfd(pid as i32) {
-                    let _ = pidfd_kill(&fd);
-                }
+                let _ = crate::sys::pidfd_kill(pid as i32);
                 panic!("{} as nobody ran over 60 s", program.display());
             }
         }
