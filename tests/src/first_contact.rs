@@ -22,7 +22,11 @@ pub fn workspace_file(rel: &str) -> String {
 /// `agent-run-gen`: `$AGENT_RUN_GEN_BIN`, else beside the binaries under test
 /// ([`crate::BUILD_STEP`]).
 pub fn gen_bin() -> PathBuf {
-    crate::workspace_bin("AGENT_RUN_GEN_BIN", "agent-run-gen", &["packaging/gen", "wrapper", "watchdog", "shared"])
+    crate::workspace_bin(
+        "AGENT_RUN_GEN_BIN",
+        "agent-run-gen",
+        &["packaging/gen", "wrapper", "watchdog", "shared"],
+    )
 }
 
 /// `BIN ARGS... --help`, which must exit 0; its stdout.

@@ -26,9 +26,16 @@ use serde_json::Value;
 pub mod ansible;
 pub mod contain;
 pub mod controls;
+pub mod ctx;
+pub mod facts;
 pub mod first_contact;
 pub mod hostile;
 pub mod mcp;
+pub mod reaper;
+pub mod workload;
+
+pub use ctx::{ctx, Ctx, Detached, Diagnosed, Foreground};
+pub use reaper::Reaper;
 
 // ---------------------------------------------------------------------------------------------
 // Binaries under test
