@@ -8,7 +8,7 @@ use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
@@ -49,9 +49,15 @@ impl Diagnosed for (&TestRoot, &str) {
 }
 
 /// `ensure!(run, condition, "format", args...)`: a condition on /proc or the record, else a
-/// panic with the message and the run's diagnostics. `run` is a [`Ctx`] or `(&root, id)`.
+/// panic with the message and the run's diagnostics. `run` is a [`Ctx`] (or anything
+/// [`Diagnosed`]), or `(root, id)` as [`diagnostics`] takes them.
 #[macro_export]
 macro_rules! ensure {
+    (($root:expr, $id:expr), $cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            panic!("{}\n{}", format_args!($($msg)+), $crate::diagnostics($root, $id))
+        }
+    };
     ($run:expr, $cond:expr, $($msg:tt)+) => {
         if !$cond {
             $crate::ctx::Diagnosed::fail(&$run, format_args!($($msg)+))
@@ -282,17 +288,12 @@ impl<'a> Ctx<'a> {
     // --- waiting
 
     /// Polls `probe` every 5 ms until it succeeds; on timeout fails with the last thing seen.
-    pub fn wait<V>(self, what: &str, mut probe: impl FnMut() -> Result<V, String>) -> V {
-        let start = Instant::now();
-        loop {
-            match probe() {
-                Ok(value) => return value,
-                Err(seen) if start.elapsed() >= T => self.fail(format_args!(
-                    "timed out after {T:?} waiting for {what}; last seen: {seen}"
-                )),
-                Err(_) => std::thread::sleep(Duration::from_millis(5)),
-            }
-        }
+    pub fn wait<V>(self, what: &str, probe: impl FnMut() -> Result<V, String>) -> V {
+        crate::poll_until(T, probe).unwrap_or_else(|(waited, seen)| {
+            self.fail(format_args!(
+                "timed out after {waited:?} waiting for {what}; last seen: {seen}"
+            ))
+        })
     }
 
     /// Waits until status.json's state is one of `states`, and returns the record.

@@ -374,24 +374,48 @@ pub fn wait_until<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> O
     wait_until_dbg(what, timeout, || probe().ok_or("nothing yet"))
 }
 
+/// Polls `probe` every 5 ms until it succeeds, to one deadline: Ok(what it returned), or
+/// Err((time waited, the last thing it saw)). The one polling loop of the harness.
+pub fn poll_until<T, D>(
+    timeout: Duration,
+    mut probe: impl FnMut() -> Result<T, D>,
+) -> Result<T, (Duration, D)> {
+    let start = Instant::now();
+    loop {
+        match probe() {
+            Ok(value) => return Ok(value),
+            Err(seen) if start.elapsed() >= timeout => return Err((start.elapsed(), seen)),
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+}
+
 /// Like [`wait_until`], but the probe says what it saw instead (`Err(seen)`), and the panic on
 /// timeout reports the last thing seen.
 pub fn wait_until_dbg<T, D: Debug>(
     what: &str,
     timeout: Duration,
-    mut probe: impl FnMut() -> Result<T, D>,
+    probe: impl FnMut() -> Result<T, D>,
 ) -> T {
-    let start = Instant::now();
-    loop {
-        match probe() {
-            Ok(value) => return value,
-            Err(seen) if start.elapsed() >= timeout => panic!(
-                "timed out after {:?} waiting for {what}; last seen: {seen:?}",
-                start.elapsed()
-            ),
-            Err(_) => std::thread::sleep(Duration::from_millis(5)),
-        }
-    }
+    poll_until(timeout, probe).unwrap_or_else(|(waited, seen)| {
+        panic!("timed out after {waited:?} waiting for {what}; last seen: {seen:?}")
+    })
+}
+
+/// Like [`wait_until_dbg`], and the panic carries the run's [`diagnostics`].
+pub fn wait_run<V, D: Debug>(
+    root: &TestRoot,
+    id: &str,
+    what: &str,
+    timeout: Duration,
+    probe: impl FnMut() -> Result<V, D>,
+) -> V {
+    poll_until(timeout, probe).unwrap_or_else(|(waited, seen)| {
+        panic!(
+            "timed out after {waited:?} waiting for {what} (run {id}); last seen: {seen:?}\n{}",
+            diagnostics(root, id)
+        )
+    })
 }
 
 /// The fixture's handshake: `ready pid=.. pgid=.. sid=.. members=a,b,c`.

@@ -136,11 +136,7 @@ fn a_zombie_leader_whose_thread_runs_is_stopped_by_cancel_in_both_modes() {
         assert!(alive(leader));
         let (code, out, err) = outcome(root.cmd().args(["cancel", &id]));
         assert_eq!(code, 0, "{err}");
-        assert!(
-            out.contains("\"cancelled\""),
-            "{out}\n{}",
-            diagnostics(&root, &id)
-        );
+        agent_run_tests::ensure!((&root, &id), out.contains("\"cancelled\""), "{out}",);
         pin.wait_all_gone(CMD)
             .unwrap_or_else(|p| panic!("{mode:?}: {p:?} alive\n{}", diagnostics(&root, &id)));
         assert!(
@@ -184,10 +180,10 @@ fn a_zombie_leader_left_by_a_shell_that_exits_is_stopped_before_finished_in_both
         let zl: i32 = fs::read_to_string(&zl_pid).unwrap().trim().parse().unwrap();
         let st = root.status(&id);
         assert_eq!(st["state"], "finished", "{}", diagnostics(&root, &id));
-        assert!(
+        agent_run_tests::ensure!(
+            (&root, &id),
             !alive(zl),
-            "{mode:?}: the zombie leader's thread outlived a finished run\n{}",
-            diagnostics(&root, &id)
+            "{mode:?}: the zombie leader's thread outlived a finished run",
         );
         let signalled: Vec<i64> = st["cleanup"]["signalled"]
             .as_array()
@@ -270,10 +266,10 @@ fn a_pid_hopping_escapee_as_nobody_is_stopped_or_named_in_both_modes() {
         // stopped); a scan cannot be relied on to see a hopper anyway.
         let dir = root.run_dir(&id);
         let (code, _, err) = nobody_ar(&root, None, &["cancel", &id]);
-        assert!(
+        agent_run_tests::ensure!(
+            (&root, &id),
             code == 0 || code == 75,
-            "cancel: {code} {err}\n{}",
-            diagnostics(&root, &id)
+            "cancel: {code} {err}",
         );
         honest(&root, &id, mode, "cancelled", &[]);
         sweep(&dir, &[]);

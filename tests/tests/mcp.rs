@@ -129,10 +129,10 @@ impl World {
     /// Every process carrying run `id` in its environment is gone.
     fn assert_nothing_of(&self, id: &str) {
         let left = processes_with_env("AGENT_RUN_ID", |v| v == id.as_bytes());
-        assert!(
+        agent_run_tests::ensure!(
+            (&self.root, id),
             left.is_empty(),
-            "processes of {id} left: {left:?}\n{}",
-            diagnostics(&self.root, id)
+            "processes of {id} left: {left:?}",
         );
     }
 }

@@ -39,6 +39,8 @@ use agent_run_shared::root::Root;
 use agent_run_tests::contain::marked;
 use agent_run_tests::facts::path_str;
 use agent_run_tests::facts::{exclusive_cpu, shared_cpu};
+use agent_run_tests::hostile::{as_nobody, NOBODY};
+use agent_run_tests::wait_run;
 use agent_run_tests::workload::{fx_args, start_argv};
 use agent_run_tests::Reaper;
 use agent_run_tests::{
@@ -52,8 +54,6 @@ use serde_json::Value;
 const T: Duration = Duration::from_secs(30);
 /// The deadline for one agent-run command to return.
 const CMD: Duration = Duration::from_secs(90);
-/// `nobody`, the other user of the hostile-neighbour tests.
-const NOBODY: u32 = 65534;
 
 // ---------------------------------------------------------------------------------------------
 // CPU sharing: the load test runs alone; every other test of this file may run beside the others.
@@ -142,22 +142,6 @@ fn json_doc(root: &TestRoot, id: &str, what: &str, out: &Output) -> Value {
     })
 }
 
-/// `setpriv` to `nobody` with no supplementary groups, then `program ARGS...`.
-fn as_nobody(program: &Path) -> Command {
-    let mut cmd = Command::new("setpriv");
-    cmd.args([
-        format!("--reuid={NOBODY}"),
-        format!("--regid={NOBODY}"),
-        "--clear-groups".to_string(),
-        "--".to_string(),
-    ])
-    .arg(program)
-    .env_remove("AGENT_RUN_ROOT")
-    .env_remove(fault::ENV)
-    .stdin(Stdio::null());
-    cmd
-}
-
 // ---------------------------------------------------------------------------------------------
 // Observing runs
 
@@ -177,29 +161,6 @@ fn observe(root: &TestRoot, id: &str, when: &str) -> Option<Value> {
                 diagnostics(root, id)
             )
         })),
-    }
-}
-
-/// Polls `probe` every 5 ms until it succeeds; on timeout panics with the last thing it saw and
-/// the run's diagnostics.
-fn wait_run<V>(
-    root: &TestRoot,
-    id: &str,
-    what: &str,
-    timeout: Duration,
-    mut probe: impl FnMut() -> Result<V, String>,
-) -> V {
-    let start = Instant::now();
-    loop {
-        match probe() {
-            Ok(value) => return value,
-            Err(seen) if start.elapsed() >= timeout => panic!(
-                "timed out after {:?} waiting for {what} (run {id}); last seen: {seen}\n{}",
-                start.elapsed(),
-                diagnostics(root, id)
-            ),
-            Err(_) => std::thread::sleep(Duration::from_millis(5)),
-        }
     }
 }
 

@@ -175,10 +175,10 @@ fn remote_streams_the_output_and_exits_with_the_workloads_code() {
         id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()),
         "id {id:?}"
     );
-    assert!(
+    agent_run_tests::ensure!(
+        (&w.root, id),
         out.stdout == pattern(200000),
-        "stdout differs\n{}",
-        diagnostics(&w.root, id)
+        "stdout differs",
     );
     assert!(
         strip_messages(&out.stderr) == pattern(30000),
