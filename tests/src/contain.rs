@@ -40,9 +40,7 @@ pub fn marked(dir: &Path) -> Vec<i32> {
 /// that forks in a loop is caught within a few rounds), and `extra` pids. Cleanup only.
 pub fn sweep(dir: &Path, extra: &[i32]) {
     for &p in extra {
-        if let Ok(Some(fd)) = pidfd(p) {
-            let _ = pidfd_kill(&fd);
-        }
+        let _ = crate::sys::pidfd_kill(p);
     }
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -51,9 +49,7 @@ pub fn sweep(dir: &Path, extra: &[i32]) {
             return;
         }
         for p in left {
-            if let Ok(Some(fd)) = pidfd(p) {
-                let _ = pidfd_kill(&fd);
-            }
+            let _ = crate::sys::pidfd_kill(p);
         }
     }
 }
@@ -65,21 +61,6 @@ impl Drop for SweepOnDrop {
     fn drop(&mut self) {
         sweep(&self.0, &[]);
     }
-}
-
-fn pidfd(pid: i32) -> std::io::Result<Option<std::os::fd::OwnedFd>> {
-    let pid = agent_run_shared::pid::Pid::new(pid.into())
-        .ok_or(std::io::Error::from_raw_os_error(libc::EINVAL))?;
-    match agent_run_shared::sys::pidfd_open(pid) {
-        Ok(fd) => Ok(Some(fd)),
-        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-fn pidfd_kill(fd: &std::os::fd::OwnedFd) -> std::io::Result<()> {
-    use std::os::fd::AsFd;
-    agent_run_shared::sys::pidfd_send_signal(fd.as_fd(), libc::SIGKILL, false)
 }
 
 /// A cgroup root made and chowned to `nobody` (a delegated subtree, as an operator or systemd
@@ -138,9 +119,7 @@ impl Delegated {
         match rx.recv_timeout(Duration::from_secs(60)) {
             Ok(out) => out.expect("wait for the nobody command"),
             Err(_) => {
-                if let Ok(Some(fd)) = pidfd(pid as i32) {
-                    let _ = pidfd_kill(&fd);
-                }
+                let _ = crate::sys::pidfd_kill(pid as i32);
                 panic!("{} as nobody ran over 60 s", program.display());
             }
         }

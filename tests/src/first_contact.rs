@@ -2,10 +2,8 @@
 //! command lines the README and the contract show, read back so a test can hold them against
 //! the binaries.
 
-use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 
 /// The workspace root (the directory holding README.md and docs/).
 pub fn workspace_dir() -> PathBuf {
@@ -21,41 +19,14 @@ pub fn workspace_file(rel: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
 }
 
-/// `agent-run-gen`: `$AGENT_RUN_GEN_BIN`, else built once per process next to the binaries
-/// under test (cargo test -p agent-run-tests does not build it by itself).
+/// `agent-run-gen`: `$AGENT_RUN_GEN_BIN`, else beside the binaries under test
+/// ([`crate::BUILD_STEP`]).
 pub fn gen_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("AGENT_RUN_GEN_BIN") {
-        return PathBuf::from(p);
-    }
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let profile = crate::agent_run_bin()
-                .parent()
-                .expect("the binary has a directory")
-                .to_path_buf();
-            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-            let mut cmd = Command::new(cargo);
-            cmd.args(["build", "-p", "agent-run-gen", "--manifest-path"])
-                .arg(workspace_dir().join("Cargo.toml"));
-            if profile.file_name() == Some(OsStr::new("release")) {
-                cmd.arg("--release");
-            }
-            if let Some(target) = profile.parent() {
-                cmd.arg("--target-dir").arg(target);
-            }
-            let out = cmd
-                .stdin(Stdio::null())
-                .output()
-                .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-            assert!(
-                out.status.success(),
-                "{cmd:?} failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            profile.join("agent-run-gen")
-        })
-        .clone()
+    crate::workspace_bin(
+        "AGENT_RUN_GEN_BIN",
+        "agent-run-gen",
+        &["packaging/gen", "wrapper", "watchdog", "shared"],
+    )
 }
 
 /// `BIN ARGS... --help`, which must exit 0; its stdout.

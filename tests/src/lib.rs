@@ -1,6 +1,6 @@
 //! The harness of agent-run's black-box tests (`tests/tests/*.rs`).
 //!
-//! It finds (or builds) the binaries under test and the `fixture` workload, gives each test its
+//! It finds the binaries under test (built by one step before the tests, [`BUILD_STEP`]) and the `fixture` workload, gives each test its
 //! own run root, waits on kernel facts instead of sleeping, and pins every process a test sees
 //! with a pidfd so that it can be checked without pid-reuse races and killed, by pid, when the
 //! test ends. It never signals a process by name.
@@ -17,7 +17,7 @@ use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -26,9 +26,16 @@ use serde_json::Value;
 pub mod ansible;
 pub mod contain;
 pub mod controls;
+pub mod ctx;
+pub mod facts;
 pub mod first_contact;
 pub mod hostile;
 pub mod mcp;
+pub mod reaper;
+pub mod workload;
+
+pub use ctx::{ctx, Ctx, Detached, Diagnosed, Foreground};
+pub use reaper::Reaper;
 
 // ---------------------------------------------------------------------------------------------
 // Binaries under test
@@ -46,75 +53,97 @@ fn profile_dir() -> PathBuf {
     }
 }
 
-/// Builds agent-run, agent-run-watchdog and the fixture once per process, into the profile dir
-/// of the running test, and returns that dir. Panics with cargo's stderr if the build fails.
-fn built_profile_dir() -> &'static Path {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let profile = profile_dir();
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "--bins"])
-            .args([
-                "-p",
-                "agent-run",
-                "-p",
-                "agent-run-watchdog",
-                "-p",
-                "agent-run-tests",
-            ])
-            .arg("--manifest-path")
-            .arg(&manifest);
-        if profile.file_name() == Some(OsStr::new("release")) {
-            cmd.arg("--release");
+/// The one build step the suite needs besides `cargo test`: cargo builds the binaries of the
+/// package under test (the `fixture`), not those of the other workspace members, and a test
+/// does not run cargo itself. `.ci/test` runs it before `cargo test --workspace`.
+pub const BUILD_STEP: &str = "cargo build --workspace --bins";
+
+/// The newest modification time of the files a binary is built from: `Cargo.lock`, and every
+/// file below `<crate>/src` and `<crate>/Cargo.toml` of `crates` (paths from the workspace).
+fn newest_source(crates: &[&str]) -> Option<(std::time::SystemTime, PathBuf)> {
+    fn walk(path: &Path, newest: &mut Option<(std::time::SystemTime, PathBuf)>) {
+        let Ok(meta) = fs::symlink_metadata(path) else {
+            return;
+        };
+        if meta.is_dir() {
+            for entry in fs::read_dir(path).into_iter().flatten().flatten() {
+                walk(&entry.path(), newest);
+            }
+        } else if let Ok(t) = meta.modified() {
+            if newest.as_ref().is_none_or(|(n, _)| t > *n) {
+                *newest = Some((t, path.to_path_buf()));
+            }
         }
-        if let Some(target_dir) = profile.parent() {
-            cmd.arg("--target-dir").arg(target_dir);
-        }
-        let out = cmd
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-        if !out.status.success() {
+    }
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut newest = None;
+    walk(&workspace.join("Cargo.lock"), &mut newest);
+    for krate in crates {
+        walk(&workspace.join(krate).join("src"), &mut newest);
+        walk(&workspace.join(krate).join("Cargo.toml"), &mut newest);
+    }
+    newest
+}
+
+/// A binary of another workspace member: `$VAR` if set, else `<profile dir>/NAME`, which must
+/// exist and be newer than every source file of `crates` (else the test would check an old
+/// build). Panics naming [`BUILD_STEP`] when it is missing or stale.
+pub fn workspace_bin(var: &str, name: &str, crates: &[&str]) -> PathBuf {
+    if let Some(path) = std::env::var_os(var) {
+        return PathBuf::from(path);
+    }
+    let profile = profile_dir();
+    let path = profile.join(name);
+    let release = if profile.file_name() == Some(OsStr::new("release")) {
+        " --release"
+    } else {
+        ""
+    };
+    let fix = format!(
+        "run `{BUILD_STEP}{release}` before the tests (`bash .ci/test` does), or set {var}"
+    );
+    let built = fs::metadata(&path)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|e| panic!("{} is missing ({e}): {fix}", path.display()));
+    if let Some((newest, source)) = newest_source(crates) {
+        if newest > built {
             panic!(
-                "{cmd:?} failed ({}):\n{}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
+                "{} is older than {}: {fix}",
+                path.display(),
+                source.display()
             );
         }
-        profile
-    })
-}
-
-fn bin_from_env_or_build(var: &str, name: &str) -> PathBuf {
-    match std::env::var_os(var) {
-        Some(path) => PathBuf::from(path),
-        None => built_profile_dir().join(name),
     }
+    path
 }
 
-/// The `agent-run` binary: `$AGENT_RUN_BIN`, else built (once per process) next to the tests.
+/// The `agent-run` binary: `$AGENT_RUN_BIN`, else `<profile dir>/agent-run` ([`BUILD_STEP`]).
 pub fn agent_run_bin() -> PathBuf {
-    bin_from_env_or_build("AGENT_RUN_BIN", "agent-run")
+    workspace_bin("AGENT_RUN_BIN", "agent-run", &["wrapper", "shared"])
 }
 
-/// The `agent-run-watchdog` binary: `$AGENT_RUN_WATCHDOG_BIN`, else built next to the tests.
+/// The `agent-run-watchdog` binary: `$AGENT_RUN_WATCHDOG_BIN`, else beside the tests.
 pub fn watchdog_bin() -> PathBuf {
-    bin_from_env_or_build("AGENT_RUN_WATCHDOG_BIN", "agent-run-watchdog")
+    workspace_bin(
+        "AGENT_RUN_WATCHDOG_BIN",
+        "agent-run-watchdog",
+        &["watchdog", "shared"],
+    )
 }
 
-/// The `fixture` workload: `$AGENT_RUN_FIXTURE_BIN`, else `<profile dir>/fixture` (cargo builds
-/// it before running integration tests), else built with the binaries under test.
+/// The `fixture` workload: `$AGENT_RUN_FIXTURE_BIN`, else `<profile dir>/fixture` (cargo
+/// builds it before it runs this package's tests: it is a binary of this package).
 pub fn fixture_bin() -> PathBuf {
     if let Some(path) = std::env::var_os("AGENT_RUN_FIXTURE_BIN") {
         return PathBuf::from(path);
     }
     let beside = profile_dir().join("fixture");
-    if beside.is_file() {
-        return beside;
-    }
-    built_profile_dir().join("fixture")
+    assert!(
+        beside.is_file(),
+        "{} is missing: cargo builds it for `cargo test -p agent-run-tests`",
+        beside.display()
+    );
+    beside
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -347,24 +376,48 @@ pub fn wait_until<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> O
     wait_until_dbg(what, timeout, || probe().ok_or("nothing yet"))
 }
 
+/// Polls `probe` every 5 ms until it succeeds, to one deadline: Ok(what it returned), or
+/// Err((time waited, the last thing it saw)). The one polling loop of the harness.
+pub fn poll_until<T, D>(
+    timeout: Duration,
+    mut probe: impl FnMut() -> Result<T, D>,
+) -> Result<T, (Duration, D)> {
+    let start = Instant::now();
+    loop {
+        match probe() {
+            Ok(value) => return Ok(value),
+            Err(seen) if start.elapsed() >= timeout => return Err((start.elapsed(), seen)),
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+}
+
 /// Like [`wait_until`], but the probe says what it saw instead (`Err(seen)`), and the panic on
 /// timeout reports the last thing seen.
 pub fn wait_until_dbg<T, D: Debug>(
     what: &str,
     timeout: Duration,
-    mut probe: impl FnMut() -> Result<T, D>,
+    probe: impl FnMut() -> Result<T, D>,
 ) -> T {
-    let start = Instant::now();
-    loop {
-        match probe() {
-            Ok(value) => return value,
-            Err(seen) if start.elapsed() >= timeout => panic!(
-                "timed out after {:?} waiting for {what}; last seen: {seen:?}",
-                start.elapsed()
-            ),
-            Err(_) => std::thread::sleep(Duration::from_millis(5)),
-        }
-    }
+    poll_until(timeout, probe).unwrap_or_else(|(waited, seen)| {
+        panic!("timed out after {waited:?} waiting for {what}; last seen: {seen:?}")
+    })
+}
+
+/// Like [`wait_until_dbg`], and the panic carries the run's [`diagnostics`].
+pub fn wait_run<V, D: Debug>(
+    root: &TestRoot,
+    id: &str,
+    what: &str,
+    timeout: Duration,
+    probe: impl FnMut() -> Result<V, D>,
+) -> V {
+    poll_until(timeout, probe).unwrap_or_else(|(waited, seen)| {
+        panic!(
+            "timed out after {waited:?} waiting for {what} (run {id}); last seen: {seen:?}\n{}",
+            diagnostics(root, id)
+        )
+    })
 }
 
 /// The fixture's handshake: `ready pid=.. pgid=.. sid=.. members=a,b,c`.
@@ -434,35 +487,39 @@ pub fn wait_ready(path: &Path, timeout: Duration) -> Ready {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Syscalls: pidfds, poll, kill, through the shared crate's `sys`
+// pidfds, poll, kill: agent-run-shared's `sys`, with the tests' error conventions
 
-mod sys {
-    use agent_run_shared::pid::Pid;
-    use agent_run_shared::sys as shared;
+/// The syscalls the harness needs, on top of `agent_run_shared::sys` (the product's one place
+/// for unsafe code): no second copy of pidfd_open, pidfd_send_signal, poll or kill here.
+pub mod sys {
     use std::io;
     use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 
-    fn pid(raw: i32) -> io::Result<Pid> {
-        Pid::new(raw.into()).ok_or(io::Error::from_raw_os_error(libc::EINVAL))
+    use agent_run_shared::pid::Pid;
+    use agent_run_shared::sys as shared;
+
+    fn pid_of(pid: i32) -> io::Result<Pid> {
+        Pid::new(pid.into()).ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))
     }
 
-    /// pidfd_open(2): Ok(None) when the process is already gone (ESRCH).
-    pub fn pidfd_open(raw: i32) -> io::Result<Option<OwnedFd>> {
-        match shared::pidfd_open(pid(raw)?) {
+    /// pidfd_open(2): Ok(None) when the process is already gone (ESRCH); EINVAL for pid <= 0.
+    pub fn pidfd_open(pid: i32) -> io::Result<Option<OwnedFd>> {
+        match shared::pidfd_open(pid_of(pid)?) {
             Ok(fd) => Ok(Some(fd)),
             Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(None),
             Err(e) => Err(e),
         }
     }
 
-    /// pidfd_send_signal(2). ESRCH means the process has exited.
+    /// pidfd_send_signal(2) to the one process behind `fd`. ESRCH means it has exited.
     pub fn pidfd_send_signal(fd: BorrowedFd<'_>, sig: i32) -> io::Result<()> {
         shared::pidfd_send_signal(fd, sig, false)
     }
 
     /// poll(2) for readability; returns, per fd, whether it polled readable (or hung up).
+    /// EINTR counts as nothing ready.
     pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout_ms: i32) -> io::Result<Vec<bool>> {
-        let mut set: Vec<shared::PollFd> = fds
+        let mut pollfds: Vec<shared::PollFd> = fds
             .iter()
             .map(|fd| shared::PollFd {
                 fd: fd.as_raw_fd(),
@@ -470,15 +527,34 @@ mod sys {
                 revents: 0,
             })
             .collect();
-        let timeout = std::time::Duration::from_millis(timeout_ms.max(0) as u64);
-        // EINTR comes back as nothing ready, with every revents 0.
-        shared::poll(&mut set, Some(timeout))?;
-        Ok(set.iter().map(|p| p.revents != 0).collect())
+        let timeout = u64::try_from(timeout_ms)
+            .ok()
+            .map(std::time::Duration::from_millis);
+        shared::poll(&mut pollfds, timeout)?;
+        Ok(pollfds.iter().map(|p| p.revents != 0).collect())
     }
 
-    /// kill(2) to one positive pid.
-    pub fn kill(raw: i32, sig: i32) -> io::Result<()> {
-        shared::kill(pid(raw)?, sig, false)
+    /// kill(2) to one positive pid (never 0 or -1, which reach many processes).
+    pub fn kill(pid: i32, sig: i32) -> io::Result<()> {
+        shared::kill(pid_of(pid)?, sig, false)
+    }
+
+    /// SIGKILL to `pid` through a pidfd, so that a pid reused meanwhile is never hit. Ok when
+    /// the process is already gone. Cleanup only.
+    pub fn pidfd_kill(pid: i32) -> io::Result<()> {
+        use std::os::fd::AsFd;
+        match pidfd_open(pid)? {
+            Some(fd) => match pidfd_send_signal(fd.as_fd(), libc::SIGKILL) {
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
+                other => other,
+            },
+            None => Ok(()),
+        }
+    }
+
+    /// The effective uid of the test process.
+    pub fn geteuid() -> u32 {
+        shared::geteuid()
     }
 }
 

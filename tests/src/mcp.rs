@@ -15,44 +15,10 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-/// The `agent-run-mcp` binary: `$AGENT_RUN_MCP_BIN`, else built once per test process beside the
-/// other binaries under test.
+/// The `agent-run-mcp` binary: `$AGENT_RUN_MCP_BIN`, else beside the other binaries under test
+/// ([`crate::BUILD_STEP`]).
 pub fn mcp_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("AGENT_RUN_MCP_BIN") {
-        return PathBuf::from(p);
-    }
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            // agent_run_bin() builds agent-run and fixes the profile dir; build ours beside it.
-            let profile = crate::agent_run_bin()
-                .parent()
-                .expect("agent-run has a directory")
-                .to_path_buf();
-            let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
-            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-            let mut cmd = Command::new(cargo);
-            cmd.args(["build", "--bin", "agent-run-mcp", "-p", "agent-run-mcp"])
-                .arg("--manifest-path")
-                .arg(&manifest);
-            if profile.file_name() == Some(OsStr::new("release")) {
-                cmd.arg("--release");
-            }
-            if let Some(target) = profile.parent() {
-                cmd.arg("--target-dir").arg(target);
-            }
-            let out = cmd
-                .stdin(Stdio::null())
-                .output()
-                .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-            assert!(
-                out.status.success(),
-                "{cmd:?} failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            profile.join("agent-run-mcp")
-        })
-        .clone()
+    crate::workspace_bin("AGENT_RUN_MCP_BIN", "agent-run-mcp", &["mcp", "shared"])
 }
 
 /// The Python that has the `mcp` package: `$AGENT_RUN_TEST_PYTHON`, else the suite's virtualenv

@@ -12,10 +12,11 @@
 
 use std::fs;
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use agent_run_shared::time::parse_rfc3339;
 use agent_run_tests::ansible::{ansible_program, installed_collection, Fleet, Host, Play};
+use agent_run_tests::facts::{epoch_now, require_root};
 use agent_run_tests::{environ_var, proc_stat, session_members, wait_until_dbg, Pinned};
 use serde_json::Value;
 
@@ -28,21 +29,6 @@ const T: Duration = Duration::from_secs(30);
 fn serial() -> MutexGuard<'static, ()> {
     static SERIAL: Mutex<()> = Mutex::new(());
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn require_root() {
-    assert_eq!(
-        agent_run_shared::sys::geteuid(),
-        0,
-        "these tests start sshd and log in as root: run them as root"
-    );
-}
-
-fn now_epoch() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
 }
 
 /// Whether the process a record names (pid + start ticks) is alive, zombies counted as gone.
@@ -429,7 +415,7 @@ fn ctrl_c_of_ansible_playbook_cancels_the_run_on_every_host_within_grace() {
 
     // Ctrl-C: SIGINT to the foreground process group, as the terminal sends it.
     let t0 = Instant::now();
-    let t0_epoch = now_epoch();
+    let t0_epoch = epoch_now();
     // SAFETY: kill(2) on the process group of a child we spawned (not yet reaped).
     assert_eq!(unsafe { libc::kill(-pgid, libc::SIGINT) }, 0);
     let grace = Duration::from_secs(2);
@@ -546,7 +532,7 @@ fn sigkill_of_ansible_playbook_leaves_each_run_to_its_lease() {
     assert!(!workers.pids().is_empty());
 
     // SIGKILL to ansible-playbook itself: no handler runs, nothing is cancelled.
-    let killed_at = now_epoch();
+    let killed_at = epoch_now();
     let t0 = Instant::now();
     play.signal(libc::SIGKILL);
     let out = play.finish(T);
@@ -996,7 +982,7 @@ fn sigterm_of_ansible_playbook_cancels_every_run_too() {
     let workers = fleet.pin_descendants(play.child.id() as i32);
     // `kill PID`: Ansible forwards TERM to its workers and ends at once; the workers, orphans
     // now, still cancel their runs.
-    let t0 = now_epoch();
+    let t0 = epoch_now();
     play.signal(libc::SIGTERM);
     let out = play.finish(T);
     assert_eq!(out.status.code(), None, "ended by TERM: {:?}", out.status);
@@ -1066,7 +1052,7 @@ fn a_host_lost_mid_run_is_unreachable_and_its_run_ends_at_its_lease() {
         }
         Ok(())
     });
-    let lost_at = now_epoch();
+    let lost_at = epoch_now();
     fleet.stop_sshd(1);
     // The host stops the run when the lease runs out; then the others are released.
     let (_, rec) = wait_until_dbg("h02's run final", T, || {

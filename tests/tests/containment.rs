@@ -15,7 +15,8 @@ use agent_run_tests::contain::{
     alive, cgroup2_mount, cgroup_of, eventually, marked, sweep, Delegated,
 };
 use agent_run_tests::hostile::{as_nobody, epoch_now, outcome, write_lease, Detached, CMD, NOBODY};
-use agent_run_tests::{agent_run_bin, diagnostics, fixture_bin, wait_ready, Pinned, TestRoot};
+use agent_run_tests::workload::fixture_path;
+use agent_run_tests::{agent_run_bin, diagnostics, wait_ready, Pinned, TestRoot};
 use serde_json::Value;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,10 +43,6 @@ fn has_cgroup2(mode: Mode) -> bool {
         return false;
     }
     true
-}
-
-fn fx() -> String {
-    fixture_bin().display().to_string()
 }
 
 fn start(root: &TestRoot, id: &str, mode: Mode, extra: &[&str], argv: &[&str]) -> Detached {
@@ -125,7 +122,7 @@ fn a_zombie_leader_whose_thread_runs_is_stopped_by_cancel_in_both_modes() {
             &id,
             mode,
             &["--grace", "2s"],
-            &[&fx(), "zombie-leader"],
+            &[&fixture_path(), "zombie-leader"],
         );
         check_mode(&root, &id, mode);
         let leader = run.leader;
@@ -139,11 +136,7 @@ fn a_zombie_leader_whose_thread_runs_is_stopped_by_cancel_in_both_modes() {
         assert!(alive(leader));
         let (code, out, err) = outcome(root.cmd().args(["cancel", &id]));
         assert_eq!(code, 0, "{err}");
-        assert!(
-            out.contains("\"cancelled\""),
-            "{out}\n{}",
-            diagnostics(&root, &id)
-        );
+        agent_run_tests::ensure!((&root, &id), out.contains("\"cancelled\""), "{out}",);
         pin.wait_all_gone(CMD)
             .unwrap_or_else(|p| panic!("{mode:?}: {p:?} alive\n{}", diagnostics(&root, &id)));
         assert!(
@@ -171,7 +164,7 @@ fn a_zombie_leader_left_by_a_shell_that_exits_is_stopped_before_finished_in_both
         let zl_pid = root.dir.path().join("zl.pid");
         let script = format!(
             "{} zombie-leader > /dev/null & echo $! > {}; sleep 0.6; exit 0",
-            fx(),
+            fixture_path(),
             zl_pid.display()
         );
         let mut opts = mode.opts();
@@ -187,10 +180,10 @@ fn a_zombie_leader_left_by_a_shell_that_exits_is_stopped_before_finished_in_both
         let zl: i32 = fs::read_to_string(&zl_pid).unwrap().trim().parse().unwrap();
         let st = root.status(&id);
         assert_eq!(st["state"], "finished", "{}", diagnostics(&root, &id));
-        assert!(
+        agent_run_tests::ensure!(
+            (&root, &id),
             !alive(zl),
-            "{mode:?}: the zombie leader's thread outlived a finished run\n{}",
-            diagnostics(&root, &id)
+            "{mode:?}: the zombie leader's thread outlived a finished run",
         );
         let signalled: Vec<i64> = st["cleanup"]["signalled"]
             .as_array()
@@ -252,7 +245,7 @@ fn a_pid_hopping_escapee_as_nobody_is_stopped_or_named_in_both_modes() {
         let id = format!("hop-{mode:?}").to_lowercase();
         let mut args = vec!["start", "-d", "--grace", "1s"];
         args.extend(mode.opts());
-        let fxs = fx();
+        let fxs = fixture_path();
         args.extend([id.as_str(), "--", fxs.as_str(), "hopper"]);
         let _sweep = agent_run_tests::contain::SweepOnDrop(root.run_dir(&id));
         let (code, _, err) = nobody_ar(&root, deleg.as_ref(), &args);
@@ -273,10 +266,10 @@ fn a_pid_hopping_escapee_as_nobody_is_stopped_or_named_in_both_modes() {
         // stopped); a scan cannot be relied on to see a hopper anyway.
         let dir = root.run_dir(&id);
         let (code, _, err) = nobody_ar(&root, None, &["cancel", &id]);
-        assert!(
+        agent_run_tests::ensure!(
+            (&root, &id),
             code == 0 || code == 75,
-            "cancel: {code} {err}\n{}",
-            diagnostics(&root, &id)
+            "cancel: {code} {err}",
         );
         honest(&root, &id, mode, "cancelled", &[]);
         sweep(&dir, &[]);
@@ -343,7 +336,7 @@ fn a_non_dumpable_daemon_after_kill_9_of_the_wrapper_is_stopped_or_named_in_both
         let deleg =
             (mode == Mode::Cgroup).then(|| Delegated::new("nd").expect("delegate a cgroup"));
         let id = format!("nondump-{mode:?}").to_lowercase();
-        let fxs = fx();
+        let fxs = fixture_path();
         let script = format!("{fxs} nondumpable-daemon; exec {fxs} sleep-ms 600000");
         let mut args = vec!["start", "-d", "--grace", "1s"];
         args.extend(mode.opts());
@@ -408,7 +401,7 @@ fn an_env_i_setsid_escapee_after_kill_9_of_the_wrapper_is_stopped_in_cgroup_mode
             "while [ ! -e {go} ]; do sleep 0.02; done; env -i setsid sh -c '{fx} sleep-ms 600000 & echo $! > {esc}' ; exec {fx} sleep-ms 600000",
             go = go.display(),
             esc = esc.display(),
-            fx = fx()
+            fx = fixture_path()
         );
         let run = start(
             &root,
@@ -466,7 +459,7 @@ fn a_workload_behind_its_own_subreaper_is_stopped_in_both_modes() {
         let id = format!("tini-{mode:?}").to_lowercase();
         let script = format!(
             "setsid {fx} sleep-ms 600000 & {fx} tree --children 1",
-            fx = fx()
+            fx = fixture_path()
         );
         let run = start(
             &root,
@@ -507,7 +500,13 @@ fn a_fork_loop_during_the_stop_is_stopped_or_named_in_both_modes() {
         }
         let root = TestRoot::new();
         let id = format!("forkloop-{mode:?}").to_lowercase();
-        let run = start(&root, &id, mode, &["--grace", "1s"], &[&fx(), "fork-loop"]);
+        let run = start(
+            &root,
+            &id,
+            mode,
+            &["--grace", "1s"],
+            &[&fixture_path(), "fork-loop"],
+        );
         assert!(eventually(CMD, || marked(&run.dir).len() >= 20));
         let (code, _, err) = outcome(root.cmd().args(["cancel", &id]));
         assert!(code == 0, "{err}");
@@ -538,7 +537,7 @@ fn stopping_an_outer_run_stops_a_nested_run_and_its_cgroup_in_both_modes() {
                 &ir,
                 "inner",
                 "--",
-                &fx(),
+                &fixture_path(),
                 "tree",
                 "--children",
                 "1",
@@ -586,7 +585,7 @@ fn a_record_naming_a_cgroup_that_is_not_the_runs_is_refused_and_nothing_is_kille
         "victim",
         Mode::Cgroup,
         &[],
-        &[&fx(), "tree", "--children", "1"],
+        &[&fixture_path(), "tree", "--children", "1"],
     );
     let vready = wait_ready(&victim_run.dir.join("stdout.log"), CMD);
     let vpin = Pinned::new(&vready.all_pids());
@@ -599,7 +598,7 @@ fn a_record_naming_a_cgroup_that_is_not_the_runs_is_refused_and_nothing_is_kille
         "forger",
         Mode::Cgroup,
         &[],
-        &[&fx(), "tree", "--children", "1"],
+        &[&fixture_path(), "tree", "--children", "1"],
     );
     run.kill_wrapper();
     let mount = cgroup2_mount().unwrap().display().to_string();

@@ -9,12 +9,14 @@
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Output, Stdio};
-use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use agent_run_shared::time::parse_rfc3339;
 use agent_run_tests::controls::{shell_path, Tmux};
+use agent_run_tests::facts::require_root;
+use agent_run_tests::facts::{exclusive_cpu, shared_cpu};
 use agent_run_tests::remote::SshServer;
+use agent_run_tests::workload::fixture_path;
 use agent_run_tests::{
     agent_run_bin, describe_output, diagnostics, exit_code, fixture_bin, proc_stat,
     run_with_timeout, wait_ready, wait_until_dbg, Pinned, Spawned, TestRoot,
@@ -24,21 +26,9 @@ use serde_json::Value;
 /// The deadline for things that normally take a second.
 const T: Duration = Duration::from_secs(30);
 
-/// Tests that measure lateness, or load the machine (100 runs at once), run alone; the others
-/// share the machine among themselves.
-static CPU: RwLock<()> = RwLock::new(());
-
-fn shared_cpu() -> RwLockReadGuard<'static, ()> {
-    CPU.read().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn exclusive_cpu() -> RwLockWriteGuard<'static, ()> {
-    CPU.write().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn fixture() -> String {
-    fixture_bin().display().to_string()
-}
+// Tests that measure lateness, or load the machine (100 runs at once), run alone; the others
+// share the machine among themselves.
+// (agent_run_tests::facts::{shared_cpu, exclusive_cpu})
 
 fn ar_path() -> String {
     agent_run_bin().display().to_string()
@@ -86,7 +76,7 @@ fn detached(root: &TestRoot, id: &str, opts: &[&str], tree: &[&str]) -> Detached
     args.extend(opts);
     args.push(id);
     args.push("--");
-    let fx = fixture();
+    let fx = fixture_path();
     args.push(&fx);
     args.push("tree");
     args.extend(tree);
@@ -130,7 +120,7 @@ fn percentile(v: &[f64], p: f64) -> f64 {
 fn a_timeout_stops_a_foreground_run_with_124_and_says_so() {
     let _cpu = shared_cpu();
     let root = TestRoot::new();
-    let fx = fixture();
+    let fx = fixture_path();
     let run = Spawned::wrapper(
         &root,
         &[
@@ -381,7 +371,7 @@ fn cwd_env_and_labels_reach_the_workload_and_the_record_but_values_stay_out_of_i
     }
 
     // Detached: the values reach the workload, and never a command line.
-    let fx = fixture();
+    let fx = fixture_path();
     let script = r#"printf '%s|%s\n' "$GREETING" "${AGENT_RUN_PASSED_ENV-none}"; exec "$0" tree --children 0"#;
     ar_code(
         &root,
@@ -695,7 +685,7 @@ fn cancel_and_a_final_relaunch_say_one_line_on_a_terminal_and_give_json_otherwis
     assert_eq!(doc["run_id"], "train-3");
 
     // A relaunch of a final run: one line on the terminal's stderr, the record otherwise.
-    let fx = fixture();
+    let fx = fixture_path();
     ar_code(&root, &["fin", "--", &fx, "exit", "3"], 3);
     let said = t.run(
         &format!(
@@ -783,7 +773,7 @@ fn status_on_a_terminal_quotes_the_command_and_names_the_signal() {
     let root = TestRoot::new();
     let t = Tmux::new(120, 50, &[]);
     let ar_t = tmux_root(&root);
-    let fx = fixture();
+    let fx = fixture_path();
     ar_code(&root, &["segv", "--", &fx, "signal", "11"], 139);
     let said = t.run(&format!("{ar_t} status segv"), T);
     assert!(said.starts_with("run segv: finished"), "{said}");
@@ -867,7 +857,7 @@ fn list_on_a_terminal_is_newest_first_fits_80_columns_and_is_coloured_unless_no_
     let root = TestRoot::new();
     let t = Tmux::new(80, 50, &[]);
     let ar_t = tmux_root(&root);
-    let fx = fixture();
+    let fx = fixture_path();
     ar_code(&root, &["ok-run", "--", "true"], 0);
     ar_code(&root, &["failing", "--", "sh", "-c", "exit 3"], 3);
     ar_code(
@@ -1035,14 +1025,6 @@ fn remote_cmd(srv: &SshServer, root: &TestRoot, bin: &str, args: &[&str]) -> Com
     cmd
 }
 
-fn require_root() {
-    assert_eq!(
-        agent_run_shared::sys::geteuid(),
-        0,
-        "these tests start sshd and log in as root: run them as root"
-    );
-}
-
 #[test]
 fn remote_says_when_the_hosts_agent_run_is_missing_or_too_old_and_starts_nothing() {
     let _cpu = shared_cpu();
@@ -1121,7 +1103,7 @@ fn remote_timeout_stops_the_run_on_the_host() {
     let srv = SshServer::start(None);
     let root = TestRoot::new();
     let host = srv.host();
-    let fx = fixture();
+    let fx = fixture_path();
     let out = run_with_timeout(
         &mut remote_cmd(
             &srv,

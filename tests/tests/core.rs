@@ -20,6 +20,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use agent_run_tests::contain::marked;
+use agent_run_tests::facts::{geteuid, path_str};
+use agent_run_tests::workload::fixture_path;
 use agent_run_tests::{
     children_of, describe_output, diagnostics, exit_code, fixture_bin, parse_ready, proc_stat,
     run_with_timeout, session_members, Pinned, Ready, Spawned, TestRoot, FINAL_STATES, RECORD_KEYS,
@@ -340,7 +343,7 @@ impl Drop for Run<'_> {
         // lives (a subreaper), so is every descendant of it, and the recorded leader's session.
         // Kill them all, then the wrapper; repeat for processes forked meanwhile.
         for _ in 0..20 {
-            let mut pids = marked_with(&dir);
+            let mut pids = marked(&dir);
             if let Some(w) = wrapper_pid {
                 pids.extend(descendants(w));
                 if let Ok(st) = self.root.try_status(&self.id) {
@@ -381,19 +384,6 @@ fn carries_marker(pid: i32, dir: &Path) -> bool {
             .is_ok_and(|env| env.split(|&b| b == 0).any(|v| v == needle.as_bytes()))
 }
 
-/// Every live process whose environment names the run dir `dir`. Each test's run dirs live in
-/// its own temporary directory, so these are that test's processes and no one else's.
-fn marked_with(dir: &Path) -> Vec<i32> {
-    let me = std::process::id() as i32;
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .filter(|&pid| pid != me && carries_marker(pid, dir))
-        .collect()
-}
-
 /// Every live descendant of `pid`.
 fn descendants(pid: i32) -> Vec<i32> {
     let mut out = Vec::new();
@@ -411,14 +401,6 @@ fn descendants(pid: i32) -> Vec<i32> {
 
 // ---------------------------------------------------------------------------------------------
 // Small helpers
-
-fn fixture() -> String {
-    fixture_bin().to_string_lossy().into_owned()
-}
-
-fn path_str(path: &Path) -> &str {
-    path.to_str().expect("temporary paths are UTF-8")
-}
 
 /// The `SigIgn`/`SigCgt`/`SigBlk` mask of a process (`field` like "SigIgn").
 fn sig_mask(pid: i32, field: &str) -> Result<u64, String> {
@@ -576,7 +558,7 @@ fn signal_to_wrapper_stops_the_worker_tree(sig: i32, name: &str, code: i32) {
         &id,
         &[],
         &[
-            &fixture(),
+            &fixture_path(),
             "tree",
             "--children",
             "1",
@@ -793,7 +775,7 @@ fn a_child_ignoring_term_and_hup_is_killed_at_the_grace() {
         "ignorer",
         &["--grace", "1s"],
         &[
-            &fixture(),
+            &fixture_path(),
             "tree",
             "--children",
             "1",
@@ -843,7 +825,7 @@ fn a_leader_exiting_on_term_does_not_strand_a_same_group_descendant_ignoring_ter
         "outlived",
         &["--grace", "2s"],
         &[
-            &fixture(),
+            &fixture_path(),
             "tree",
             "--children",
             "1",
@@ -946,7 +928,7 @@ fn a_second_term_during_the_grace_kills_at_once() {
         "stubborn",
         &["--grace", "30s"],
         &[
-            &fixture(),
+            &fixture_path(),
             "tree",
             "--children",
             "1",
@@ -1001,7 +983,7 @@ fn a_setsid_double_forked_escapee_is_stopped_on_cancel() {
         &root,
         "escapee",
         &[],
-        &[&fixture(), "tree", "--children", "1", "--escapee"],
+        &[&fixture_path(), "tree", "--children", "1", "--escapee"],
     );
     let ready = run.ready();
     let pinned = Pinned::new(&ready.all_pids());
@@ -1186,7 +1168,7 @@ fn the_background_jobs_of_a_job_control_shell_are_stopped_on_cancel() {
 /// and listed, and the run still `finished` with exit code 0.
 fn leftovers_of_a_leader_that_exits_0_are_stopped_and_listed(id: &str, tree_opts: &[&str]) {
     let root = TestRoot::new();
-    let fixture = fixture();
+    let fixture = fixture_path();
     let mut argv = vec![fixture.as_str(), "tree"];
     argv.extend(tree_opts);
     argv.extend(["--leader-exit", "0"]);
@@ -1256,7 +1238,13 @@ fn cancelling_one_run_leaves_another_run_under_the_same_root_running_to_its_fini
         &root,
         "doomed",
         &[],
-        &[&fixture(), "tree", "--children", "2", "--grandchildren"],
+        &[
+            &fixture_path(),
+            "tree",
+            "--children",
+            "2",
+            "--grandchildren",
+        ],
     );
     let mut other = Run::start_holding_stdin(
         &root,
@@ -1309,7 +1297,12 @@ fn the_workloads_exit_code_passes_through() {
     let root = TestRoot::new();
     for code in [0, 3, 42, 255] {
         let id = format!("exit-{code}");
-        let mut run = Run::start(&root, &id, &[], &[&fixture(), "exit", &code.to_string()]);
+        let mut run = Run::start(
+            &root,
+            &id,
+            &[],
+            &[&fixture_path(), "exit", &code.to_string()],
+        );
         let out = run.finish();
         run.assert_exit(&out, code);
         let st = run.final_record();
@@ -1336,7 +1329,12 @@ fn a_workload_killed_by_a_signal_exits_128_plus_n_with_the_signal_named() {
     let root = TestRoot::new();
     for (sig, name) in [(libc::SIGKILL, "KILL"), (libc::SIGTERM, "TERM")] {
         let id = format!("signal-{name}");
-        let mut run = Run::start(&root, &id, &[], &[&fixture(), "signal", &sig.to_string()]);
+        let mut run = Run::start(
+            &root,
+            &id,
+            &[],
+            &[&fixture_path(), "signal", &sig.to_string()],
+        );
         let out = run.finish();
         run.assert_exit(&out, 128 + sig);
         let st = run.final_record();
@@ -1464,7 +1462,7 @@ fn a_tight_reader_never_sees_a_partial_status_json_or_a_state_out_of_order() {
         "polled",
         &["--grace", "1s"],
         &[
-            &fixture(),
+            &fixture_path(),
             "tree",
             "--children",
             "1",
@@ -1556,7 +1554,7 @@ fn the_root_and_run_dir_are_0700_and_every_run_file_0600_even_with_umask_0() {
         &root,
         "modes",
         &["--lease", "1h"],
-        &[&fixture(), "tree", "--children", "1"],
+        &[&fixture_path(), "tree", "--children", "1"],
         |cmd| {
             // SAFETY: umask(2) is async-signal-safe and cannot fail.
             unsafe {
@@ -1659,7 +1657,7 @@ fn no_fd_mask_or_ignored_signal_of_the_wrapper_leaks_into_the_workload() {
     );
 
     let root = TestRoot::new();
-    let mut run = Run::start_with(&root, "env", &[], &[&fixture(), "env"], start_leaky);
+    let mut run = Run::start_with(&root, "env", &[], &[&fixture_path(), "env"], start_leaky);
     let out = run.finish();
     run.assert_exit(&out, 0);
     let st = run.final_record();
@@ -1689,7 +1687,7 @@ fn no_fd_mask_or_ignored_signal_of_the_wrapper_leaks_into_the_workload() {
 #[test]
 fn pid_and_pgid_files_and_status_json_name_the_leader_the_kernel_shows() {
     let root = TestRoot::new();
-    let fixture = fixture();
+    let fixture = fixture_path();
     let argv = [fixture.as_str(), "tree", "--children", "1"];
     let mut run = Run::start(&root, "ids", &[], &argv);
     let ready = run.ready();
@@ -1722,7 +1720,7 @@ fn pid_and_pgid_files_and_status_json_name_the_leader_the_kernel_shows() {
         ("cwd", Value::from(path_str(&cwd))),
         ("boot_id", Value::from(boot_id.trim())),
         // SAFETY: geteuid(2) has no preconditions and cannot fail.
-        ("uid", Value::from(unsafe { libc::geteuid() })),
+        ("uid", Value::from(geteuid())),
     ];
     for (key, want) in expected {
         assert_eq!(st[key], want, "status.json {key}\n{}", run.diag());
@@ -1742,7 +1740,7 @@ fn the_journal_records_the_launch_every_state_change_and_every_signal_with_targe
         "journal",
         &["--grace", "1s"],
         &[
-            &fixture(),
+            &fixture_path(),
             "tree",
             "--children",
             "1",
@@ -1842,7 +1840,7 @@ fn refusal_diag(root: &TestRoot, id: &str, what: &str, out: &Output) -> String {
 fn bad_run_ids_exit_64_before_anything_is_created() {
     let root = TestRoot::new();
     let marker = root.dir.path().join("ran");
-    let fixture = fixture();
+    let fixture = fixture_path();
     let long = "a".repeat(129);
     for id in [
         "", ".", "..", "../x", "a/b", "-x", ".hidden", &long, "é", "a b",
@@ -1870,7 +1868,10 @@ fn a_run_id_of_128_characters_is_accepted() {
         .take(128)
         .collect::<String>();
     assert_eq!(id.len(), 128);
-    let out = agent_run(&root, &[&id, "--", &fixture(), "count", path_str(&marker)]);
+    let out = agent_run(
+        &root,
+        &[&id, "--", &fixture_path(), "count", path_str(&marker)],
+    );
     let diag = || refusal_diag(&root, &id, "a 128-character id", &out);
     assert_eq!(exit_code(&out.status), 0, "{}", diag());
     assert_eq!(
@@ -1903,7 +1904,10 @@ fn a_missing_command_exits_64_and_runs_nothing() {
 /// that the command never ran and `untouched` stayed empty.
 fn assert_refused_as_unsafe(root: &TestRoot, id: &str, named: &Path, untouched: &Path) {
     let marker = root.dir.path().join("ran");
-    let out = agent_run(root, &[id, "--", &fixture(), "count", path_str(&marker)]);
+    let out = agent_run(
+        root,
+        &[id, "--", &fixture_path(), "count", path_str(&marker)],
+    );
     let what = format!("run {id} under {}", root.root().display());
     let diag = || refusal_diag(root, id, &what, &out);
     assert_eq!(exit_code(&out.status), 78, "{}", diag());
@@ -1945,7 +1949,7 @@ fn a_group_or_world_writable_root_exits_78_naming_it() {
 #[test]
 fn a_root_owned_by_another_user_exits_78() {
     // SAFETY: geteuid(2) has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
+    if geteuid() != 0 {
         eprintln!("note: skipped a_root_owned_by_another_user_exits_78: chown needs root");
         return;
     }

@@ -16,6 +16,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use agent_run_shared::time::epoch_now;
+use agent_run_tests::facts::require_root;
 use agent_run_tests::first_contact::{
     contract_commands, gen_bin, help, help_has_option, markdown_commands, subcommands_in_help,
     workspace_dir, workspace_file, DocCommand,
@@ -828,14 +829,6 @@ fn watchdog_once_stops_an_orphan_past_its_orphan_grace() {
 
 // =============================================================================================
 // remote: fast failures and a host without agent-run
-
-fn require_root() {
-    assert_eq!(
-        agent_run_shared::sys::geteuid(),
-        0,
-        "the remote tests run sshd and log in as root: run the suite as root (bash .ci/test)"
-    );
-}
 
 /// `agent-run remote` against our own sshd on loopback, with the host's run root under `root`.
 fn remote_cmd(srv: &SshServer, root: &TestRoot, xdg: &Path, bin: &Path, args: &[&str]) -> Command {

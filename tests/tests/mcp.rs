@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use agent_run_shared::time::{epoch_now, parse_rfc3339};
+use agent_run_tests::facts::require_root;
 use agent_run_tests::mcp::Client;
 use agent_run_tests::remote::{processes_mentioning, SshServer};
 use agent_run_tests::{
@@ -25,14 +26,6 @@ use serde_json::{json, Value};
 
 /// The deadline for what normally takes a second or two.
 const T: Duration = Duration::from_secs(30);
-
-fn require_root() {
-    assert_eq!(
-        agent_run_shared::sys::geteuid(),
-        0,
-        "these tests start sshd and log in as root: run them as root"
-    );
-}
 
 /// Byte i of a `fixture spew` stream.
 fn pattern(n: usize) -> Vec<u8> {
@@ -136,10 +129,10 @@ impl World {
     /// Every process carrying run `id` in its environment is gone.
     fn assert_nothing_of(&self, id: &str) {
         let left = processes_with_env("AGENT_RUN_ID", |v| v == id.as_bytes());
-        assert!(
+        agent_run_tests::ensure!(
+            (&self.root, id),
             left.is_empty(),
-            "processes of {id} left: {left:?}\n{}",
-            diagnostics(&self.root, id)
+            "processes of {id} left: {left:?}",
         );
     }
 }

@@ -26,9 +26,9 @@ use std::io::{self, Write};
 use std::os::unix::fs::{symlink, DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Barrier, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Barrier};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -36,6 +36,13 @@ use agent_run_shared::fault;
 use agent_run_shared::id::RunId;
 use agent_run_shared::record::{State, Status};
 use agent_run_shared::root::Root;
+use agent_run_tests::contain::marked;
+use agent_run_tests::facts::path_str;
+use agent_run_tests::facts::{exclusive_cpu, shared_cpu};
+use agent_run_tests::hostile::{as_nobody, NOBODY};
+use agent_run_tests::wait_run;
+use agent_run_tests::workload::{fx_args, start_argv};
+use agent_run_tests::Reaper;
 use agent_run_tests::{
     agent_run_bin, describe_output, diagnostics, exit_code, fixture_bin, parse_ready, proc_stat,
     processes_with_env, run_with_timeout, wait_child, watchdog_bin, Pinned, Ready, Spawned,
@@ -47,21 +54,11 @@ use serde_json::Value;
 const T: Duration = Duration::from_secs(30);
 /// The deadline for one agent-run command to return.
 const CMD: Duration = Duration::from_secs(90);
-/// `nobody`, the other user of the hostile-neighbour tests.
-const NOBODY: u32 = 65534;
 
 // ---------------------------------------------------------------------------------------------
 // CPU sharing: the load test runs alone; every other test of this file may run beside the others.
 
-static CPU: RwLock<()> = RwLock::new(());
-
-fn shared_cpu() -> RwLockReadGuard<'static, ()> {
-    CPU.read().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn exclusive_cpu() -> RwLockWriteGuard<'static, ()> {
-    CPU.write().unwrap_or_else(PoisonError::into_inner)
-}
+// (agent_run_tests::facts::{shared_cpu, exclusive_cpu})
 
 // ---------------------------------------------------------------------------------------------
 // Assertions that explain themselves
@@ -93,23 +90,6 @@ macro_rules! ensure_eq {
 
 // ---------------------------------------------------------------------------------------------
 // Commands
-
-/// `fixture ARGS...` as a workload argv.
-fn fx(args: &[&str]) -> Vec<String> {
-    std::iter::once(fixture_bin().to_string_lossy().into_owned())
-        .chain(args.iter().map(|a| a.to_string()))
-        .collect()
-}
-
-/// The start command line: `start OPTS... ID -- COMMAND...`.
-fn start_args(opts: &[&str], id: &str, command: &[String]) -> Vec<String> {
-    let mut args = vec!["start".to_string()];
-    args.extend(opts.iter().map(|o| o.to_string()));
-    args.push(id.to_string());
-    args.push("--".to_string());
-    args.extend(command.iter().cloned());
-    args
-}
 
 /// `agent-run --root <root>` with no fault armed.
 fn agent_run(root: &TestRoot) -> Command {
@@ -162,26 +142,6 @@ fn json_doc(root: &TestRoot, id: &str, what: &str, out: &Output) -> Value {
     })
 }
 
-/// `setpriv` to `nobody` with no supplementary groups, then `program ARGS...`.
-fn as_nobody(program: &Path) -> Command {
-    let mut cmd = Command::new("setpriv");
-    cmd.args([
-        format!("--reuid={NOBODY}"),
-        format!("--regid={NOBODY}"),
-        "--clear-groups".to_string(),
-        "--".to_string(),
-    ])
-    .arg(program)
-    .env_remove("AGENT_RUN_ROOT")
-    .env_remove(fault::ENV)
-    .stdin(Stdio::null());
-    cmd
-}
-
-fn path_str(path: &Path) -> &str {
-    path.to_str().expect("test paths are UTF-8")
-}
-
 // ---------------------------------------------------------------------------------------------
 // Observing runs
 
@@ -201,29 +161,6 @@ fn observe(root: &TestRoot, id: &str, when: &str) -> Option<Value> {
                 diagnostics(root, id)
             )
         })),
-    }
-}
-
-/// Polls `probe` every 5 ms until it succeeds; on timeout panics with the last thing it saw and
-/// the run's diagnostics.
-fn wait_run<V>(
-    root: &TestRoot,
-    id: &str,
-    what: &str,
-    timeout: Duration,
-    mut probe: impl FnMut() -> Result<V, String>,
-) -> V {
-    let start = Instant::now();
-    loop {
-        match probe() {
-            Ok(value) => return value,
-            Err(seen) if start.elapsed() >= timeout => panic!(
-                "timed out after {:?} waiting for {what} (run {id}); last seen: {seen}\n{}",
-                start.elapsed(),
-                diagnostics(root, id)
-            ),
-            Err(_) => std::thread::sleep(Duration::from_millis(5)),
-        }
     }
 }
 
@@ -312,12 +249,6 @@ fn wait_gone(root: &TestRoot, id: &str, pins: &Pinned, what: &str) {
             diagnostics(root, id)
         );
     }
-}
-
-/// Live processes carrying this run dir as their `AGENT_RUN_DIR` marker.
-fn marked(dir: &Path) -> Vec<i32> {
-    let want = dir.as_os_str().as_encoded_bytes().to_vec();
-    processes_with_env("AGENT_RUN_DIR", |v| v == want.as_slice())
 }
 
 /// Asserts that no live process carries the run's marker.
@@ -438,30 +369,6 @@ impl Drop for RecordWatch {
     }
 }
 
-/// Children of the test, SIGKILLed (by pid: unreaped, so the pid is still theirs) and reaped on
-/// drop, so a failing test leaves neither processes nor zombies behind.
-#[derive(Default)]
-struct Reaper(Vec<Child>);
-
-impl Reaper {
-    fn push(&mut self, child: Child) -> i32 {
-        let pid = child.id() as i32;
-        self.0.push(child);
-        pid
-    }
-}
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            if matches!(child.try_wait(), Ok(None)) {
-                let _ = child.kill();
-            }
-            let _ = child.wait();
-        }
-    }
-}
-
 /// A detached run: its wrapper and leader, pinned.
 struct Detached {
     wrapper: i32,
@@ -473,7 +380,7 @@ struct Detached {
 fn start_detached(root: &TestRoot, id: &str, opts: &[&str], command: &[String]) -> Detached {
     let mut all = vec!["--detach"];
     all.extend(opts);
-    let out = ctl(root, id, &start_args(&all, id, command), 0);
+    let out = ctl(root, id, &start_argv(&all, id, command), 0);
     let line = json_doc(root, id, "start --detach", &out);
     ensure_eq!(root, id, line["state"], "running", "the detach line");
     let st = observe(root, id, "after start --detach").expect("a record after start --detach");
@@ -744,10 +651,10 @@ impl FaultRun {
     fn die_at_the_point(&self) -> Option<Tree> {
         let (root, id, point) = (&self.root, self.id.as_str(), self.case.point);
         let mut cmd = agent_run(root);
-        cmd.args(start_args(
+        cmd.args(start_argv(
             &["--quiet", "--grace", "1s", "--hup-after", "500ms"],
             id,
-            &fx(&STUBBORN_MEMBERS),
+            &fx_args(&STUBBORN_MEMBERS),
         ))
         .env(fault::ENV, point);
         let wrapper = Spawned::spawn(&mut cmd);
@@ -1187,7 +1094,7 @@ fn a_full_disk_does_not_keep_a_cancelled_tree_alive_and_a_later_cancel_finishes_
     };
     let id = "rel-disk-cancel";
     let watch = RecordWatch::start(root.run_dir(id).join("status.json"));
-    let run = start_detached(&root, id, &["--grace", "1s"], &fx(&PLAIN_TREE));
+    let run = start_detached(&root, id, &["--grace", "1s"], &fx_args(&PLAIN_TREE));
     let tree = pin_tree(&root, id);
     let filler = root.dir.path().join("filler");
     fill_the_disk(&root, id, &filler);
@@ -1273,10 +1180,10 @@ fn term_to_the_wrapper_on_a_full_disk_stops_the_tree_and_exits_non_zero_naming_t
     };
     let id = "rel-disk-term";
     let watch = RecordWatch::start(root.run_dir(id).join("status.json"));
-    let wrapper = Spawned::spawn(agent_run(&root).args(start_args(
+    let wrapper = Spawned::spawn(agent_run(&root).args(start_argv(
         &["--quiet", "--grace", "1s"],
         id,
-        &fx(&PLAIN_TREE),
+        &fx_args(&PLAIN_TREE),
     )));
     let wrapper_pin = Pinned::new(&[wrapper.child.id() as i32]);
     wait_state(&root, id, &["running"]);
@@ -1377,15 +1284,15 @@ fn launch_load_run(root: &TestRoot, i: usize) -> LoadRun {
     let id = format!("rel-load-{i:03}");
     let cancelled = i % 2 == 0;
     let command = if cancelled {
-        fx(&["tree", "--children", "1"])
+        fx_args(&["tree", "--children", "1"])
     } else {
         let ms = (1500 + (i * 37) % 1501).to_string();
-        fx(&["sleep-ms", &ms])
+        fx_args(&["sleep-ms", &ms])
     };
     let out = ctl(
         root,
         &id,
-        &start_args(&["--detach", "--grace", "2s"], &id, &command),
+        &start_argv(&["--detach", "--grace", "2s"], &id, &command),
         0,
     );
     let line = json_doc(root, &id, "start --detach", &out);
@@ -1531,7 +1438,7 @@ fn two_hundred_concurrent_runs_half_cancelled_by_three_cancellers_each_end_with_
 
     // Every canceller returns 0 and prints the same final record.
     let statuses: Vec<_> = cancellers
-        .0
+        .children_mut()
         .iter_mut()
         .map(|c| wait_child(c, CMD))
         .collect();
@@ -1704,7 +1611,7 @@ fn start_foreground(root: &TestRoot, id: &str, quiet: bool) -> Foreground {
     if quiet {
         opts.push("--quiet");
     }
-    let proc = Spawned::spawn(agent_run(root).args(start_args(&opts, id, &fx(&PLAIN_TREE))));
+    let proc = Spawned::spawn(agent_run(root).args(start_argv(&opts, id, &fx_args(&PLAIN_TREE))));
     let wrapper_pin = Pinned::new(&[proc.child.id() as i32]);
     wait_state(root, id, &["running"]);
     let tree = pin_tree(root, id);
@@ -1780,11 +1687,11 @@ fn a_run_dir_planted_as_a_symlink_before_launch_is_refused_with_78_and_nothing_r
         .expect("cannot create the target dir");
     symlink(&elsewhere, root.run_dir(id)).expect("cannot plant the run dir symlink");
     let counter = root.dir.path().join("ran");
-    let command = fx(&["count", path_str(&counter)]);
+    let command = fx_args(&["count", path_str(&counter)]);
     let dir = root.run_dir(id);
 
     for opts in [&[][..], &["--detach"][..]] {
-        let out = refused(&root, id, &start_args(opts, id, &command), &[78]);
+        let out = refused(&root, id, &start_argv(opts, id, &command), &[78]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         ensure!(
             root,
@@ -1869,10 +1776,10 @@ fn symlinks_raced_into_a_new_run_dir_during_launch_are_never_written_through() {
             })
         };
         let out = run_with_timeout(
-            agent_run(&root).args(start_args(
+            agent_run(&root).args(start_argv(
                 &["--quiet", "--lease", "1h"],
                 id,
-                &fx(&["spew", "4096", "--stderr-bytes", "512"]),
+                &fx_args(&["spew", "4096", "--stderr-bytes", "512"]),
             )),
             CMD,
         );
@@ -2224,7 +2131,7 @@ fn another_user_can_neither_read_nor_cancel_a_run_of_root_even_with_agent_run_ro
     let _cpu = shared_cpu();
     let root = TestRoot::new();
     let id = "rel-foreign";
-    let run = start_detached(&root, id, &["--grace", "1s"], &fx(&PLAIN_TREE));
+    let run = start_detached(&root, id, &["--grace", "1s"], &fx_args(&PLAIN_TREE));
     let tree = pin_tree(&root, id);
     // The attacker may reach the root (0700, root's) but nothing below it.
     fs::set_permissions(root.dir.path(), fs::Permissions::from_mode(0o755))
@@ -2435,7 +2342,7 @@ fn ten_concurrent_cancels_of_a_run_whose_wrapper_was_kill_9ed_take_it_over_once_
     let id = "rel-crowd";
     // Members that ignore TERM and HUP keep the takeover's stop busy until KILL at 1 s, so the
     // other nine cancels meet a held lock.
-    let run = start_detached(&root, id, &["--grace", "1s"], &fx(&STUBBORN_MEMBERS));
+    let run = start_detached(&root, id, &["--grace", "1s"], &fx_args(&STUBBORN_MEMBERS));
     let tree = pin_tree(&root, id);
     ensure_eq!(root, id, tree.ready.pid, run.leader, "the tree's leader");
     run.wrapper_pin

@@ -21,6 +21,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use agent_run_shared::time::parse_rfc3339;
+use agent_run_tests::facts::require_root;
 use agent_run_tests::remote::{
     processes_mentioning, strip_messages, wait_for_text, Netns, SshServer,
 };
@@ -42,14 +43,6 @@ const FAST_KEEPALIVE: [&str; 2] = [
 fn pattern(n: usize) -> Vec<u8> {
     const P: &[u8; 37] = b"0123456789abcdefghijklmnopqrstuvwxyz\n";
     (0..n).map(|i| P[i % 37]).collect()
-}
-
-fn require_root() {
-    assert_eq!(
-        agent_run_shared::sys::geteuid(),
-        0,
-        "these tests run sshd, log in as root and make network namespaces: run them as root"
-    );
 }
 
 /// One test's world: an sshd, a run root on "the host", and where the client puts its socket.
@@ -182,10 +175,10 @@ fn remote_streams_the_output_and_exits_with_the_workloads_code() {
         id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()),
         "id {id:?}"
     );
-    assert!(
+    agent_run_tests::ensure!(
+        (&w.root, id),
         out.stdout == pattern(200000),
-        "stdout differs\n{}",
-        diagnostics(&w.root, id)
+        "stdout differs",
     );
     assert!(
         strip_messages(&out.stderr) == pattern(30000),

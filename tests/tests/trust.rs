@@ -124,10 +124,10 @@ fn alive_or_panic(pin: &Pinned, what: &str, root: &TestRoot, id: &str) {
 
 fn no_signal_to(root: &TestRoot, id: &str, pids: &[i32]) {
     let sent = signals_to(root, id, pids);
-    assert!(
+    agent_run_tests::ensure!(
+        (root, id),
         sent.is_empty(),
-        "signals journalled to {pids:?}: {sent:?}\n{}",
-        diagnostics(root, id)
+        "signals journalled to {pids:?}: {sent:?}",
     );
 }
 
@@ -190,10 +190,10 @@ fn every_missing_identity_key_makes_the_record_corrupt(user: User) {
         no_signal_to(&root, &id, &tree.pids());
         let refusals = events_named(&root, &id, "refused").len();
         let skips = events_named(&root, &id, "skipped").len();
-        assert!(
+        agent_run_tests::ensure!(
+            (&root, &id),
             refusals >= 2 && skips >= 1,
-            "without {key}: {refusals} refusals and {skips} skips journalled\n{}",
-            diagnostics(&root, &id)
+            "without {key}: {refusals} refusals and {skips} skips journalled",
         );
         assert!(
             err.contains("skipped"),
@@ -400,10 +400,10 @@ done
             .lines()
             .filter(|l| l.starts_with("alive") || l.starts_with("gone"))
         {
-            assert!(
+            agent_run_tests::ensure!(
+                (&root, id),
                 line.starts_with("alive"),
-                "{variant}: {line}\n{text}\nwatchdog: {wd_err}\n{}",
-                diagnostics(&root, id)
+                "{variant}: {line}\n{text}\nwatchdog: {wd_err}",
             );
         }
         assert_eq!(

@@ -20,7 +20,6 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use agent_run_shared::id::RunId;
@@ -30,6 +29,8 @@ use agent_run_shared::root::Root;
 use agent_run_shared::run_dir::RunDir;
 use agent_run_shared::time::{epoch_now, parse_rfc3339, rfc3339_now};
 use agent_run_shared::{procfs, sys as shared_sys};
+use agent_run_tests::facts::{exclusive_cpu, shared_cpu};
+use agent_run_tests::Reaper;
 use agent_run_tests::{
     describe_output, diagnostics, exit_code, fixture_bin, proc_stat, run_with_timeout,
     session_members, wait_ready, wait_until, wait_until_dbg, Pinned, Ready, Spawned, TestRoot,
@@ -47,42 +48,10 @@ const FORGED_BOOT_ID: &str = "00000000-0000-0000-0000-000000000000";
 // CPU sharing: the thousand-run test measures stop durations, so it runs alone; every other
 // test of this file may run beside the others.
 
-static CPU: RwLock<()> = RwLock::new(());
-
-fn shared_cpu() -> RwLockReadGuard<'static, ()> {
-    CPU.read().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn exclusive_cpu() -> RwLockWriteGuard<'static, ()> {
-    CPU.write().unwrap_or_else(PoisonError::into_inner)
-}
+// (agent_run_tests::facts::{shared_cpu, exclusive_cpu})
 
 // ---------------------------------------------------------------------------------------------
 // Processes the test starts itself
-
-/// Children of the test, SIGKILLed (by pid: unreaped, so the pid is still theirs) and reaped on
-/// drop, so a failing test leaves neither processes nor zombies behind.
-#[derive(Default)]
-struct Reaper(Vec<Child>);
-
-impl Reaper {
-    fn push(&mut self, child: Child) -> i32 {
-        let pid = child.id() as i32;
-        self.0.push(child);
-        pid
-    }
-}
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            if matches!(child.try_wait(), Ok(None)) {
-                let _ = child.kill();
-            }
-            let _ = child.wait();
-        }
-    }
-}
 
 /// The fixture with `args` in a new session (setsid in `pre_exec`), stdin and stderr on
 /// /dev/null, stdout to `stdout` (or /dev/null), and, with `run`, the run's environment marker.

@@ -1,5 +1,9 @@
-//! Black-box proofs of the fixes for the gaps the safety review found (`docs/safety.md`, §7,
-//! G-1 to G-8; the fixes are commit 757575f).
+//! The stop and the lease hold when things around them are degraded: a damaged lease.json or
+//! status.json, a wrapper stalled between `mkdir` and `flock` or SIGSTOPped, a wrapper SIGKILLed
+//! with a setsid escapee left, a kernel that refuses pidfds.
+//!
+//! These tests prove the fixes for the gaps the safety review found (`docs/safety.md`, §7, G-1 to
+//! G-8; the fixes are commit 757575f); this file was `review.rs`.
 //!
 //! | gap | what was wrong | tests |
 //! |---|---|---|
@@ -16,94 +20,29 @@
 //! kernel facts: pids pinned with pidfds, /proc (a zombie is dead), the run dir's files. Waits
 //! poll to one generous deadline; nothing sleeps for correctness. Every process a test sees is
 //! pinned and SIGKILLed by pid when the test ends, and a [`Reaper`] kills by pid whatever still
-//! carries the run's `AGENT_RUN_DIR` marker, pass or fail. Run ids start with `rv-`.
+//! carries the run's `AGENT_RUN_DIR` marker, pass or fail. Run ids start with `dg-`.
 //!
 //! Each test was also run against the binaries of the tree before the fixes (e15e3ad, with
 //! `AGENT_RUN_BIN` and `AGENT_RUN_WATCHDOG_BIN`), and fails there.
 
-use std::fmt::{Debug, Display};
 use std::fs;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
+use agent_run_tests::contain::marked;
+use agent_run_tests::ctx::{ctx, Detached, CMD, T};
+use agent_run_tests::facts::*;
+use agent_run_tests::workload::*;
 use agent_run_tests::{
-    describe_output, diagnostics, exit_code, fixture_bin, parse_ready, proc_stat,
-    processes_with_env, run_with_timeout, session_members, Pinned, Ready, Spawned, TestRoot,
-    FINAL_STATES, RECORD_KEYS,
+    describe_output, proc_stat, run_with_timeout, Pinned, Reaper, Spawned, TestRoot, FINAL_STATES,
+    RECORD_KEYS,
 };
 use serde_json::{json, Value};
-
-/// The deadline for things that normally take milliseconds to a few seconds.
-const T: Duration = Duration::from_secs(30);
-/// The deadline for one agent-run command to return.
-const CMD: Duration = Duration::from_secs(90);
-
-// ---------------------------------------------------------------------------------------------
-// Workloads and command lines
-
-/// `fixture ARGS...`, the arguments given as one whitespace-separated string.
-fn fx(args: &str) -> Vec<String> {
-    std::iter::once(fixture_bin().to_string_lossy().into_owned())
-        .chain(args.split_whitespace().map(str::to_string))
-        .collect()
-}
-
-/// `start OPTS... ID -- COMMAND...`, the options given as one whitespace-separated string.
-fn start_args(opts: &str, id: &str, command: &[String]) -> Vec<String> {
-    let mut args = vec!["start".to_string()];
-    args.extend(opts.split_whitespace().map(str::to_string));
-    args.extend([id.to_string(), "--".to_string()]);
-    args.extend(command.iter().cloned());
-    args
-}
-
-/// `sh -c '"$0" count "$1"' FIXTURE COUNTER`: its counter file proves whether it ran.
-fn counting(counter: &Path) -> Vec<String> {
-    let fixture = fixture_bin().to_string_lossy().into_owned();
-    [
-        "sh",
-        "-c",
-        r#""$0" count "$1""#,
-        &fixture,
-        path_str(counter),
-    ]
-    .map(str::to_string)
-    .to_vec()
-}
-
-fn path_str(path: &Path) -> &str {
-    path.to_str().expect("test paths are UTF-8")
-}
-
-fn epoch_now() -> f64 {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH);
-    now.expect("the clock is after 1970").as_secs_f64()
-}
-
-/// Seconds since the epoch of a contract time (`YYYY-MM-DDTHH:MM:SS.mmmZ`).
-fn epoch_of(ts: &str) -> Option<f64> {
-    if ts.len() != 24 || !ts.ends_with('Z') {
-        return None;
-    }
-    let num = |a: usize, b: usize| -> Option<i64> { ts.get(a..b)?.parse().ok() };
-    let (y, m, d) = (num(0, 4)?, num(5, 7)?, num(8, 10)?);
-    let (hh, mm, ss, ms) = (num(11, 13)?, num(14, 16)?, num(17, 19)?, num(20, 23)?);
-    // Howard Hinnant's days_from_civil.
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * ((m + 9) % 12) + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some((days * 86_400 + hh * 3600 + mm * 60 + ss) as f64 + ms as f64 / 1000.0)
-}
 
 /// Whether a signal number is set in a `SigIgn`/`SigCgt` mask of /proc/PID/status.
 fn mask_has(pid: i32, field: &str, signo: i32) -> bool {
@@ -221,353 +160,6 @@ fn hold_flock(cmd: &mut Command) {
     seccomp(cmd, libc::SYS_flock, libc::SECCOMP_RET_USER_NOTIF);
 }
 
-// ---------------------------------------------------------------------------------------------
-// Cleanup of whatever a run leaves, by pid
-
-/// Kills, by pid (through pidfds), every process still carrying the run's `AGENT_RUN_DIR`
-/// marker when the test ends: setsid escapees and the short-lived children of shell loops are
-/// not all pinned by the tests. Declare it right after the [`TestRoot`], so it runs first.
-struct Reaper {
-    dir: PathBuf,
-}
-
-impl Reaper {
-    fn new(root: &TestRoot, id: &str) -> Reaper {
-        Reaper {
-            dir: root.run_dir(id),
-        }
-    }
-}
-
-/// Live processes whose `AGENT_RUN_DIR` is `dir`.
-fn marked(dir: &Path) -> Vec<i32> {
-    let want = dir.as_os_str().as_encoded_bytes().to_vec();
-    processes_with_env("AGENT_RUN_DIR", |v| v == want.as_slice())
-}
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        // A shell loop may fork between a scan and the kill: scan again until nothing is left.
-        for _ in 0..50 {
-            let left = marked(&self.dir);
-            if left.is_empty() {
-                return;
-            }
-            let pins = Pinned::new(&left);
-            for pid in pins.pids() {
-                let _ = pins.signal(pid, libc::SIGKILL);
-            }
-            let _ = pins.wait_all_gone(Duration::from_secs(5));
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// One run under test: commands, waits and assertions whose failures carry its diagnostics
-
-#[derive(Clone, Copy)]
-struct Ctx<'a> {
-    root: &'a TestRoot,
-    id: &'a str,
-}
-
-fn ctx<'a>(root: &'a TestRoot, id: &'a str) -> Ctx<'a> {
-    Ctx { root, id }
-}
-
-impl Ctx<'_> {
-    fn fail(self, msg: impl Display) -> ! {
-        panic!("{msg}\n{}", diagnostics(self.root, self.id))
-    }
-
-    fn check(self, ok: bool, msg: impl Display) {
-        if !ok {
-            self.fail(msg)
-        }
-    }
-
-    fn eq<L: PartialEq<R> + Debug, R: Debug>(self, left: L, right: R, what: impl Display) {
-        if left != right {
-            self.fail(format_args!("{what}\n  left: {left:?}\n right: {right:?}"))
-        }
-    }
-
-    /// Every key of the object `expected` has that value in `doc`.
-    fn fields(self, doc: &Value, what: &str, expected: Value) {
-        for (key, want) in expected.as_object().expect("expected fields are an object") {
-            if doc.get(key) != Some(want) {
-                self.fail(format_args!(
-                    "{what}: {key} is {}, not {want}\n{doc:#}",
-                    doc[key]
-                ))
-            }
-        }
-    }
-
-    // --- commands
-
-    /// `agent-run --root <root> ARGS...` to completion; its exit code must be `want`.
-    fn ctl<S: AsRef<str>>(self, args: &[S], want: i32) -> Output {
-        let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
-        let out = run_with_timeout(self.root.cmd().args(&args), CMD);
-        self.code(&out, want, &format!("agent-run {}", args.join(" ")));
-        out
-    }
-
-    /// `agent-run-watchdog --root <root> --once --orphan-grace GRACE`, which must exit 0.
-    fn watchdog_once(self, orphan_grace: &str) -> Output {
-        let what = format!("agent-run-watchdog --once --orphan-grace {orphan_grace}");
-        let mut cmd = self.root.watchdog_cmd();
-        cmd.args(["--once", "--orphan-grace", orphan_grace]);
-        let out = run_with_timeout(&mut cmd, CMD);
-        self.code(&out, 0, &what);
-        out
-    }
-
-    fn code(self, out: &Output, want: i32, what: &str) {
-        let code = exit_code(&out.status);
-        if code != want {
-            self.fail(format_args!(
-                "{what} exited {code}, not {want}\n{}",
-                describe_output(what, out)
-            ))
-        }
-    }
-
-    /// A command's whole stdout as one JSON document.
-    fn parse(self, out: &Output, what: &str) -> Value {
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            self.fail(format_args!(
-                "{what}: stdout is not one JSON document: {e}\n{}",
-                describe_output(what, out)
-            ))
-        })
-    }
-
-    /// Waits for a foreground agent-run to exit (to `timeout`); its exit code must be `want`.
-    fn finish(self, proc: Spawned, timeout: Duration, want: i32) -> Output {
-        let what = proc.what.clone();
-        let out = proc.finish(timeout);
-        self.code(&out, want, &what);
-        out
-    }
-
-    // --- the run dir
-
-    fn file(self, name: &str) -> PathBuf {
-        self.root.run_dir(self.id).join(name)
-    }
-
-    fn bytes(self, name: &str) -> Vec<u8> {
-        fs::read(self.file(name))
-            .unwrap_or_else(|e| self.fail(format_args!("cannot read {name}: {e}")))
-    }
-
-    /// Replaces a run file atomically (temp file in the run dir, then rename) with `bytes`.
-    fn replace(self, name: &str, bytes: &[u8]) {
-        let tmp = self.file(&format!(".{name}.test-edit.tmp"));
-        let written = fs::write(&tmp, bytes)
-            .and_then(|()| fs::set_permissions(&tmp, fs::Permissions::from_mode(0o600)))
-            .and_then(|()| fs::rename(&tmp, self.file(name)));
-        written.unwrap_or_else(|e| self.fail(format_args!("cannot replace {name}: {e}")));
-    }
-
-    fn status(self) -> Value {
-        self.root.status(self.id)
-    }
-
-    fn events(self, name: &str) -> Vec<Value> {
-        let all = self.root.events(self.id).into_iter();
-        all.filter(|e| e["event"] == name).collect()
-    }
-
-    /// The `state` events that moved the run to a final state.
-    fn final_state_events(self) -> usize {
-        let to_final = |e: &Value| e["to"].as_str().is_some_and(|s| FINAL_STATES.contains(&s));
-        self.events("state").iter().filter(|e| to_final(e)).count()
-    }
-
-    /// The lease's deadline as lease.json says now.
-    fn lease_deadline(self) -> f64 {
-        let lease: Value = serde_json::from_slice(&self.bytes("lease.json"))
-            .unwrap_or_else(|e| self.fail(format_args!("lease.json is not JSON: {e}")));
-        lease["deadline_epoch"]
-            .as_f64()
-            .unwrap_or_else(|| self.fail(format_args!("lease.json has no deadline: {lease}")))
-    }
-
-    /// A time field of a record or event, as seconds since the epoch.
-    fn epoch(self, doc: &Value, key: &str) -> f64 {
-        doc[key]
-            .as_str()
-            .and_then(epoch_of)
-            .unwrap_or_else(|| self.fail(format_args!("{key} is not a contract time: {doc}")))
-    }
-
-    // --- waiting
-
-    /// Polls `probe` every 5 ms until it succeeds; on timeout fails with the last thing seen.
-    fn wait<V>(self, what: &str, mut probe: impl FnMut() -> Result<V, String>) -> V {
-        let start = Instant::now();
-        loop {
-            match probe() {
-                Ok(value) => return value,
-                Err(seen) if start.elapsed() >= T => self.fail(format_args!(
-                    "timed out after {T:?} waiting for {what}; last seen: {seen}"
-                )),
-                Err(_) => std::thread::sleep(Duration::from_millis(5)),
-            }
-        }
-    }
-
-    /// Waits until status.json's state is one of `states`, and returns the record.
-    fn wait_state(self, states: &[&str]) -> Value {
-        self.wait(&format!("state {states:?}"), || {
-            let st = self.root.try_status(self.id)?;
-            match st["state"].as_str() {
-                Some(s) if states.contains(&s) => Ok(st),
-                other => Err(format!("state {other:?}")),
-            }
-        })
-    }
-
-    /// Waits for the first event named `name`.
-    fn wait_event(self, name: &str) -> Value {
-        self.wait(&format!("a {name:?} event"), || {
-            let mut found = self.events(name);
-            (!found.is_empty())
-                .then(|| found.remove(0))
-                .ok_or_else(|| "not yet".to_string())
-        })
-    }
-
-    // --- processes
-
-    /// Waits for the fixture's ready line in stdout.log.
-    fn ready(self) -> Ready {
-        let log = self.file("stdout.log");
-        self.wait("the fixture's ready line", || {
-            let text = fs::read_to_string(&log).map_err(|e| e.to_string())?;
-            let mut lines = text.split_inclusive('\n').filter(|l| l.ends_with('\n'));
-            lines
-                .find_map(parse_ready)
-                .ok_or_else(|| format!("{text:?}"))
-        })
-    }
-
-    /// Waits for the ready line and pins the whole tree; every pid must be alive then.
-    fn pin_tree(self) -> (Ready, Pinned) {
-        let ready = self.ready();
-        let pins = Pinned::new(&ready.all_pids());
-        self.all_alive(&pins, "the tree right after its ready line");
-        (ready, pins)
-    }
-
-    /// Every pinned process is alive right now.
-    fn all_alive(self, pins: &Pinned, what: &str) {
-        let (mut alive, mut all) = (pins.alive(), pins.pids());
-        alive.sort_unstable();
-        all.sort_unstable();
-        self.eq(
-            alive,
-            all,
-            format_args!("{what}: a process is gone (alive vs all)"),
-        );
-    }
-
-    /// No pinned process is alive right now (zombies are dead).
-    fn gone_now(self, pins: &Pinned, what: &str) {
-        let alive: Vec<_> = pins.alive().iter().map(|&p| (p, proc_stat(p))).collect();
-        self.check(
-            alive.is_empty(),
-            format_args!("{what}: still alive: {alive:?}"),
-        );
-    }
-
-    /// Waits, to one deadline, until every pinned process is gone.
-    fn wait_gone(self, pins: &Pinned, what: &str) {
-        if let Err(alive) = pins.wait_all_gone(T) {
-            let stats: Vec<_> = alive.iter().map(|&p| (p, proc_stat(p))).collect();
-            self.fail(format_args!("{what}: still alive after {T:?}: {stats:?}"))
-        }
-    }
-
-    /// No live process carries the run's marker, and none is left in the leader's session.
-    fn nothing_left(self, sid: i32, when: &str) {
-        let strays: Vec<_> = marked(&self.root.run_dir(self.id))
-            .into_iter()
-            .map(|p| (p, proc_stat(p)))
-            .collect();
-        self.check(
-            strays.is_empty(),
-            format_args!("{when}: processes with the run's marker: {strays:?}"),
-        );
-        self.eq(
-            session_members(sid),
-            Vec::<i32>::new(),
-            format_args!("{when}: processes left in the run's session"),
-        );
-    }
-
-    /// Sends `sig` to a pinned process.
-    fn signal(self, pins: &Pinned, pid: i32, sig: i32) {
-        let sent = pins.signal(pid, sig);
-        sent.unwrap_or_else(|e| self.fail(format_args!("cannot send {sig} to {pid}: {e}")));
-    }
-
-    /// SIGKILLs a pinned wrapper and waits until it is dead: the run is orphaned, its lock free.
-    fn kill_wrapper(self, wrapper: i32, pin: &Pinned) {
-        self.signal(pin, wrapper, libc::SIGKILL);
-        self.wait_gone(pin, "the SIGKILLed wrapper");
-    }
-
-    // --- starting runs
-
-    /// `start --detach OPTS... ID -- COMMAND...`; returns the wrapper's pid, pinned.
-    fn start_detached(self, opts: &str, command: &[String]) -> (i32, Pinned) {
-        let out = self.ctl(
-            &start_args(&format!("--detach {opts}"), self.id, command),
-            0,
-        );
-        let line = self.parse(&out, "start --detach");
-        self.fields(&line, "the detach line", json!({"state": "running"}));
-        let wrapper = self.status()["wrapper_pid"].as_i64().unwrap_or(0) as i32;
-        self.check(wrapper > 0, "no wrapper pid in status.json");
-        (wrapper, Pinned::new(&[wrapper]))
-    }
-
-    /// `start OPTS... ID -- COMMAND...` in the foreground from `cmd` (a [`TestRoot::cmd`],
-    /// perhaps with more set up); returns once the record is past `starting` (a short workload
-    /// may be over by then: the journal tells whether it was `running`), the wrapper pinned.
-    fn start_foreground(
-        self,
-        mut cmd: Command,
-        opts: &str,
-        command: &[String],
-    ) -> (Spawned, i32, Pinned) {
-        let proc = Spawned::spawn(cmd.args(start_args(opts, self.id, command)));
-        let wrapper = proc.child.id() as i32;
-        let pin = Pinned::new(&[wrapper]);
-        self.wait_state(&[
-            "running",
-            "cancelling",
-            "finished",
-            "cancelled",
-            "launch_failed",
-        ]);
-        // The journal line follows the record's rename: wait for it too.
-        self.wait("a state event to running", || {
-            let to_running = |e: &Value| e["to"] == "running";
-            let states = self.events("state");
-            match states.iter().any(to_running) {
-                true => Ok(()),
-                false => Err(format!("{states:?}")),
-            }
-        });
-        (proc, wrapper, pin)
-    }
-}
-
 /// The `signal` events `by` sent with `signal` to the single process `pid` (`"pid:N"`).
 fn signals_to(events: &[Value], by: &str, signal: &str, pid: i32) -> Vec<Value> {
     let target = format!("pid:{pid}");
@@ -599,8 +191,8 @@ const STUBBORN_LEADER_SH: &str =
 fn after_kill_9_of_the_wrapper_cancel_sends_term_to_a_marked_setsid_escapee_at_the_start_of_the_stop_not_only_kill_at_the_grace(
 ) {
     let root = TestRoot::new();
-    let c = ctx(&root, "rv-escapee-term");
-    let _reaper = Reaper::new(&root, c.id);
+    let c = ctx(&root, "dg-escapee-term");
+    let _reaper = Reaper::for_run(&root, c.id);
     let tmp = root.dir.path();
     let (log, pidfile, escapee_sh) = (
         tmp.join("escapee.log"),
@@ -703,10 +295,10 @@ fn after_kill_9_of_the_wrapper_cancel_sends_term_to_a_marked_setsid_escapee_at_t
 fn a_garbage_lease_json_keeps_the_last_deadline_and_the_foreground_run_ends_lease_expired_with_124()
 {
     let root = TestRoot::new();
-    let c = ctx(&root, "rv-lease-garbage");
-    let _reaper = Reaper::new(&root, c.id);
+    let c = ctx(&root, "dg-lease-garbage");
+    let _reaper = Reaper::for_run(&root, c.id);
     let tree = fx("tree --children 1 --grandchildren");
-    let (proc, wrapper, wrapper_pin) = c.start_foreground(root.cmd(), "--quiet --lease 4s", &tree);
+    let (proc, wrapper, wrapper_pin) = c.spawn_start(root.cmd(), "--quiet --lease 4s", &tree);
     let (ready, pins) = c.pin_tree();
     let deadline = c.lease_deadline();
     c.wait("the wrapper asleep in its supervise loop", || {
@@ -723,7 +315,7 @@ fn a_garbage_lease_json_keeps_the_last_deadline_and_the_foreground_run_ends_leas
     );
 
     let left = (deadline - epoch_now()).max(0.0);
-    c.finish(proc, Duration::from_secs_f64(left) + T, 124);
+    c.finish_within(proc, Duration::from_secs_f64(left) + T, 124);
     c.gone_now(&pins, "after the wrapper exited");
     c.nothing_left(ready.sid, "after the wrapper exited");
     let st = c.status();
@@ -752,10 +344,14 @@ fn a_garbage_lease_json_keeps_the_last_deadline_and_the_foreground_run_ends_leas
 #[test]
 fn a_truncated_lease_json_does_not_disable_the_lease_of_a_detached_run() {
     let root = TestRoot::new();
-    let c = ctx(&root, "rv-lease-truncated");
-    let _reaper = Reaper::new(&root, c.id);
-    let (wrapper, wrapper_pin) =
-        c.start_detached("--lease 3s", &fx("tree --children 1 --grandchildren"));
+    let c = ctx(&root, "dg-lease-truncated");
+    let _reaper = Reaper::for_run(&root, c.id);
+    let Detached {
+        wrapper,
+        wrapper_pin,
+        leader_pin: _leader_pin,
+        ..
+    } = c.start_running("--lease 3s", &fx("tree --children 1 --grandchildren"));
     let (ready, pins) = c.pin_tree();
     let deadline = c.lease_deadline();
     c.wait("the wrapper asleep in its supervise loop", || {
@@ -792,10 +388,14 @@ fn a_truncated_lease_json_does_not_disable_the_lease_of_a_detached_run() {
 #[test]
 fn an_orphan_whose_lease_json_is_garbage_is_stopped_by_the_watchdog_after_the_orphan_grace() {
     let root = TestRoot::new();
-    let c = ctx(&root, "rv-lease-orphan");
-    let _reaper = Reaper::new(&root, c.id);
-    let (wrapper, wrapper_pin) =
-        c.start_detached("--lease 1h", &fx("tree --children 2 --grandchildren"));
+    let c = ctx(&root, "dg-lease-orphan");
+    let _reaper = Reaper::for_run(&root, c.id);
+    let Detached {
+        wrapper,
+        wrapper_pin,
+        leader_pin: _leader_pin,
+        ..
+    } = c.start_running("--lease 1h", &fx("tree --children 2 --grandchildren"));
     let (ready, pins) = c.pin_tree();
     c.kill_wrapper(wrapper, &wrapper_pin);
     c.replace("lease.json", br#"{"deadline_epoch": "x"}"#);
@@ -830,10 +430,14 @@ fn an_orphan_whose_lease_json_is_garbage_is_stopped_by_the_watchdog_after_the_or
 #[test]
 fn cancel_continues_a_sigstopped_wrapper_of_a_run_without_lease_and_the_run_ends_cancelled() {
     let root = TestRoot::new();
-    let c = ctx(&root, "rv-stopped-wrapper");
-    let _reaper = Reaper::new(&root, c.id);
-    let (wrapper, wrapper_pin) =
-        c.start_detached("", &fx("tree --children 2 --grandchildren --escapee"));
+    let c = ctx(&root, "dg-stopped-wrapper");
+    let _reaper = Reaper::for_run(&root, c.id);
+    let Detached {
+        wrapper,
+        wrapper_pin,
+        leader_pin: _leader_pin,
+        ..
+    } = c.start_running("", &fx("tree --children 2 --grandchildren --escapee"));
     let (ready, pins) = c.pin_tree();
     c.signal(&wrapper_pin, wrapper, libc::SIGSTOP);
     c.wait("the wrapper to be stopped", || match proc_stat(wrapper) {
@@ -870,9 +474,14 @@ fn cancel_continues_a_sigstopped_wrapper_of_a_run_without_lease_and_the_run_ends
 fn cancel_of_a_run_whose_status_json_is_corrupt_exits_77_signals_nothing_and_leaves_the_file_alone()
 {
     let root = TestRoot::new();
-    let c = ctx(&root, "rv-corrupt-record");
-    let _reaper = Reaper::new(&root, c.id);
-    let (wrapper, wrapper_pin) = c.start_detached("", &fx("tree --children 2 --grandchildren"));
+    let c = ctx(&root, "dg-corrupt-record");
+    let _reaper = Reaper::for_run(&root, c.id);
+    let Detached {
+        wrapper,
+        wrapper_pin,
+        leader_pin: _leader_pin,
+        ..
+    } = c.start_running("", &fx("tree --children 2 --grandchildren"));
     let (_, pins) = c.pin_tree();
     c.kill_wrapper(wrapper, &wrapper_pin);
     let record = c.bytes("status.json");
@@ -939,10 +548,10 @@ fn cancel_of_a_run_whose_status_json_is_corrupt_exits_77_signals_nothing_and_lea
 #[test]
 fn a_launch_declared_lost_by_cancel_is_final_unknown_and_the_id_never_runs_its_command() {
     let root = TestRoot::new();
-    let c = ctx(&root, "rv-lost-launch");
-    let _reaper = Reaper::new(&root, c.id);
+    let c = ctx(&root, "dg-lost-launch");
+    let _reaper = Reaper::for_run(&root, c.id);
     let counter = root.dir.path().join("counter");
-    let counting = counting(&counter);
+    let counting = counting(&counter, 0);
     let ran = || fs::read_to_string(&counter).unwrap_or_default();
 
     let mut cmd = root.cmd();
@@ -1098,12 +707,12 @@ impl Listener {
 #[test]
 fn a_wrapper_stalled_between_mkdir_and_flock_while_cancel_declares_the_launch_lost_never_runs() {
     let root = TestRoot::new();
-    let c = ctx(&root, "rv-stalled-launch");
-    let _reaper = Reaper::new(&root, c.id);
+    let c = ctx(&root, "dg-stalled-launch");
+    let _reaper = Reaper::for_run(&root, c.id);
     let counter = root.dir.path().join("counter");
     let mut cmd = root.cmd();
     hold_flock(&mut cmd);
-    let proc = Spawned::spawn(cmd.args(start_args("--quiet", c.id, &counting(&counter))));
+    let proc = Spawned::spawn(cmd.args(start_args("--quiet", c.id, &counting(&counter, 0))));
     let wrapper = proc.child.id() as i32;
     let _wrapper_pin = Pinned::new(&[wrapper]);
     let listener = Listener::take(wrapper)
@@ -1177,16 +786,16 @@ fn a_wrapper_stalled_between_mkdir_and_flock_while_cancel_declares_the_launch_lo
 #[test]
 fn a_wrapper_denied_pidfds_still_supervises_its_workload_and_passes_its_exit_code_through() {
     let root = TestRoot::new();
-    let c = ctx(&root, "rv-no-pidfd-exit");
-    let _reaper = Reaper::new(&root, c.id);
+    let c = ctx(&root, "dg-no-pidfd-exit");
+    let _reaper = Reaper::for_run(&root, c.id);
     let mut cmd = root.cmd();
     deny_pidfd_open(&mut cmd, libc::EMFILE);
     let tree = fx("tree --children 1 --leader-exit 7");
-    let (proc, _wrapper, wrapper_pin) = c.start_foreground(cmd, "--quiet", &tree);
+    let (proc, _wrapper, wrapper_pin) = c.spawn_start(cmd, "--quiet", &tree);
     let ready = c.ready();
     let pins = Pinned::new(&ready.all_pids());
 
-    c.finish(proc, CMD, 7);
+    c.finish(proc, 7);
     c.gone_now(&pins, "after the wrapper exited");
     c.nothing_left(ready.sid, "after the wrapper exited");
     let st = c.status();
@@ -1209,12 +818,12 @@ fn a_wrapper_denied_pidfds_still_supervises_its_workload_and_passes_its_exit_cod
 #[test]
 fn term_to_a_wrapper_denied_pidfds_stops_the_tree_without_them_and_exits_143() {
     let root = TestRoot::new();
-    let c = ctx(&root, "rv-no-pidfd-term");
-    let _reaper = Reaper::new(&root, c.id);
+    let c = ctx(&root, "dg-no-pidfd-term");
+    let _reaper = Reaper::for_run(&root, c.id);
     let mut cmd = root.cmd();
     deny_pidfd_open(&mut cmd, libc::ENOSYS);
     let tree = fx("tree --children 2 --grandchildren --escapee");
-    let (proc, wrapper, wrapper_pin) = c.start_foreground(cmd, "--quiet --grace 3s", &tree);
+    let (proc, wrapper, wrapper_pin) = c.spawn_start(cmd, "--quiet --grace 3s", &tree);
     let (ready, pins) = c.pin_tree();
     let seccomp = fs::read_to_string(format!("/proc/{wrapper}/status")).unwrap_or_default();
     c.check(
@@ -1235,7 +844,7 @@ fn term_to_a_wrapper_denied_pidfds_stops_the_tree_without_them_and_exits_143() {
     );
 
     c.signal(&wrapper_pin, wrapper, libc::SIGTERM);
-    c.finish(proc, CMD, 143);
+    c.finish(proc, 143);
     c.gone_now(&pins, "after the wrapper exited");
     c.nothing_left(ready.sid, "after the wrapper exited");
     let st = c.status();
