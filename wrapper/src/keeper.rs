@@ -48,7 +48,7 @@ use std::ffi::OsString;
 use std::fs::File;
 use std::io::{self, Seek, SeekFrom, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 /// The hidden subcommand word.
@@ -183,7 +183,9 @@ struct Source {
 
 /// The keeper's state across its sources.
 struct Keep {
-    dir: RunDir,
+    /// The run dir, opened when a file of it is written: the keeper holds only its sources,
+    /// its logs and the journal.
+    dir: PathBuf,
     limit: Option<u64>,
     stop: bool,
     journal: Option<Journal>,
@@ -222,7 +224,7 @@ fn run(args: &[OsString]) -> anyhow::Result<()> {
     let [dir, limit, policy, streams @ ..] = args else {
         return Err(bad());
     };
-    let dir = open_dir(Path::new(dir))?;
+    let dir = PathBuf::from(dir);
     let limit = match limit.to_str().ok_or_else(bad)? {
         "none" => None,
         n => Some(n.parse::<u64>().map_err(|_| bad())?),
@@ -265,7 +267,7 @@ fn run(args: &[OsString]) -> anyhow::Result<()> {
         });
     }
     let mut k = Keep {
-        journal: dir.journal("keeper").ok(),
+        journal: open_dir(&dir).and_then(|d| Ok(d.journal("keeper")?)).ok(),
         dir,
         limit,
         stop,
@@ -522,7 +524,8 @@ impl Keep {
         };
         let bytes = serde_json::to_vec(&out).expect("counts serialize");
         // Not fsynced itself: the final record that copies these counts is.
-        let written = self.dir.write_atomic(OUTPUT_FILE, &bytes, false);
+        let written =
+            open_dir(&self.dir).and_then(|d| Ok(d.write_atomic(OUTPUT_FILE, &bytes, false)?));
         if let Some(j) = &self.journal {
             let _ = j.event(
                 "keeper_done",
@@ -619,8 +622,10 @@ fn open_dir(path: &Path) -> anyhow::Result<RunDir> {
 
 /// Ask for the run's stop with reason `output_limit`, as `agent-run cancel` does (cancel.json
 /// and a TERM to a live wrapper; the takeover when it is gone), on a thread.
-fn request_stop(dir: &RunDir) -> std::thread::JoinHandle<()> {
-    let dir = dir.clone();
+fn request_stop(dir: &Path) -> std::thread::JoinHandle<()> {
+    let Ok(dir) = open_dir(dir) else {
+        return std::thread::spawn(|| {});
+    };
     std::thread::spawn(move || {
         let Some(root) = dir.path().parent() else {
             return;
