@@ -5,7 +5,7 @@
 //! It decides one thing only: "final, nothing to do". Anything it is not sure of, it hands to
 //! the careful path ([`crate::assess::assess`]: `open_run_dir`, `read_status`, the kernel's
 //! checks), which decides as it always did. Per entry of the root (`getdents`, whose `d_type`
-//! and `d_ino` spare a stat):
+//! tells a directory without a stat):
 //!
 //! - the entry is a directory (`d_type`), its name a valid run id, and `statx` relative to the
 //!   root's fd says it is ours, mode without group/other bits: the careful path's own checks;
@@ -14,15 +14,19 @@
 //!   most [`MAX_FAST`] bytes; one `read` of `st_size + 1` bytes that must return exactly the size;
 //! - a minimal scan of the document ([`scan`]): it must be one well-formed JSON object with
 //!   schema 1, every key the record requires, no key we read twice, and a final `state`;
-//! - no live wrapper: when any `flock` is held on the root's filesystem (one read of
-//!   /proc/locks per pass), the run's `lock` must not be one of them;
+//! - no live wrapper: the record's `wrapper_pid` holds no flock (one read of /proc/locks per
+//!   pass: a wrapper holds its run's lock itself for its whole life, and writes its final
+//!   record a moment before it exits);
 //! - no live cgroup: a record held in a cgroup names `agent-run.<id>.<dir inode>` (the careful
-//!   path's check), and that cgroup must be gone (it is removed after the final record).
+//!   path's check), and that cgroup is gone (it is removed after the final record; each cgroup
+//!   parent is listed once per pass).
 //!
 //! A workload can write a final record of its own while its processes live: the careful path
 //! takes a parsable final record as final too, so the fast path never skips a run the careful
 //! path would act on; the two checks above add what the kernel knows (the wrapper's lock, the
-//! cgroup) on top.
+//! cgroup) on top, for the price of no syscall per dir. They are not proof against a workload
+//! that also rewrites `wrapper_pid` and drops `containment` (comparing the lock's inode would
+//! cost one more statx per dir): such a record is taken as final by the careful path too.
 
 use agent_run_shared::id::RunId;
 use agent_run_shared::record::SCHEMA;
