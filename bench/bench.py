@@ -1638,6 +1638,59 @@ def stop_verdict(x, limit):
     return False
 
 
+def before_after(R):
+    """The before/after table of issue 17, from a run's results (also from a --json file)."""
+    B = []
+    b = B.append
+
+    def g(*keys):
+        x = R
+        for k in keys:
+            if not isinstance(x, dict):
+                return None
+            x = x.get(k, x.get(str(k)) if not isinstance(k, str) else None)
+            if x is None:
+                return None
+        return x
+
+    b("## Before and after (issue 17)")
+    b("")
+    b("\"Before\" is docs/benchmarks.md as it stood (a full run on the static binaries of git 1cb0da3, load 0.5-1.0) and, for the figures it did not have, the session's own baseline with the same fixtures (`bench/fixtures.py`, GNU time, warm cache). \"After\" is this run: see its load averages; while it ran, other builds shared the machine.")
+    b("")
+    b("| figure | target | before | after |")
+    b("|---|---|---|---|")
+    la = g("launch", "agent-run", "over_bare")
+    lt = g("launch", "tini", "over_bare")
+    b(f"| launch overhead of `true`, median over bare | tini's + 0.5 ms | +2.00 ms (tini +0.72) | {'+' + fms(la) if la is not None else '—'} ms (tini {'+' + fms(lt) if lt is not None else '—'}) |")
+    co = g("stop", "coop", "agent-run", "all")
+    b(f"| cooperative stop (cgroup), all gone: median / p99 | <= 3 ms median | 4.67 / 5.41 ms | {fms(co and co['median'])} / {fms(co and co['p99'])} ms |")
+    st = g("stop", "stubborn", "agent-run", "all")
+    ld = g("stop", "stubborn", "_load") or ["?"]
+    b(f"| stubborn child: stop minus grace, p99 | within 50 ms | 94.2 ms (load 0.5-1.0) | {fms(st and st['p99'])} ms (load {ld[0]} → {ld[-1]}) |")
+    before_late = {"live": "12.2", "orphan": "13.2", "orphan-own": "252"}
+    for x in (g("watchdog", "lateness") or []):
+        if x["n"] == 10000:
+            ldx = x.get("load", ["?"])
+            b(f"| lease lateness p99, 10,000 pending, {x['kind']} fillers | < 100 ms | {before_late.get(x['kind'], '—')} ms | {fms(x['lateness']['p99'])} ms (load {ldx[0]} → {ldx[-1]}) |")
+    before_once = {1000: "9.33 ms (docs); 10 ms, 2.5 MiB", 10000: "83.5 ms (docs); 130 ms, 3.0 MiB", 100000: "1,130-1,380 ms (560 user + 600 sys), 8 MiB"}
+    for n, txt in before_once.items():
+        x = g("scale", "once", n)
+        b(f"| `--once` over {n:,} final dirs: CPU, peak RSS | {'< 1 s, linear' if n == 100000 else ''} | {txt} | {fms(x and x['cpu_ms'])} ms, {(x['maxrss_kb'] / 1024 if x else 0):.1f} MiB |")
+    before_list = {(10000, "list"): "200 ms, 47 MiB", (100000, "list"): "2,600 ms, 450 MiB"}
+    for n in (10000, 100000):
+        for key in ("list", "list --json", "gc (nothing old enough)"):
+            x = g("scale", "list", n, key)
+            if x is None:
+                continue
+            b(f"| `{key}` at {n:,} runs: CPU, peak RSS | | {before_list.get((n, key), '— (not measured)')} | {fms(x['cpu_ms'])} ms, {x['maxrss_kb'] / 1024:.1f} MiB |")
+    lv = g("scale", "live")
+    if lv:
+        b(f"| {lv['n']:,} live runs: one cancel to the last final record | | — (new) | {fms(lv['cancel']['last_final_ms'])} ms |")
+        b(f"| {lv['n']:,} live runs: idle daemon CPU | near zero | — (new) | {fms(lv['daemon']['idle_cpu_ms'])} ms over {lv['daemon']['idle_s']:.0f} s |")
+    b("")
+    return B
+
+
 def render(ctx, peers, command, started, elapsed):
     R = ctx.results
     m = machine(ctx.tmp)
@@ -1967,6 +2020,8 @@ def render(ctx, peers, command, started, elapsed):
             a(f"- {e}")
         a("")
 
+    L[header_end:header_end] = before_after(R)
+
     # summary at the top
     S = ["## Targets", "", "| figure | target | measured | |", "|---|---|---|---|"]
     for fig, tgt, meas, ok in summ:
@@ -1991,7 +2046,11 @@ def main(argv=None):
     ap.add_argument("--no-build", action="store_true", help="do not run cargo build; use the binaries in target/release (or --bin-dir)")
     ap.add_argument("--bin-dir", help="directory holding agent-run and agent-run-watchdog")
     ap.add_argument("--tmpdir", help="where run roots and scratch files go (default: $TMPDIR or /tmp)")
+    ap.add_argument("--before-after", metavar="JSON", help="print the before/after table of issue 17 from a --json file of a full run, and exit")
     args = ap.parse_args(argv)
+    if args.before_after:
+        print("\n".join(before_after(json.loads(Path(args.before_after).read_text()))))
+        return 0
     only = SCENARIOS if not args.only else [s.strip() for s in args.only.split(",")]
     for s in only:
         if s not in SCENARIOS:
