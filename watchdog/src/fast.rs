@@ -733,7 +733,8 @@ mod tests {
         }
         let mut st = record(State::Finished);
         st.containment = Some(Containment::procfs());
-        let doc = scan(st.to_json().as_bytes()).unwrap();
+        let json = st.to_json();
+        let doc = scan(json.as_bytes()).unwrap();
         assert!(!doc.cgroup_mode);
         assert_eq!(doc.cgroup, None);
     }
