@@ -1145,6 +1145,7 @@ def lateness_run(ctx, tpl, n, kind, k, spacing, lead=None):
         time.sleep(0.001)
     c_end = cpu_ns(p.pid)
     hwm = (read_status(p.pid) or {}).get("VmHWM")
+    tasks = int(Path("/proc/loadavg").read_text().split()[3].split("/")[1])
     stop_daemon(ctx, p)
     for pr, _ in sleepers:
         kill_pid(pr.pid)
@@ -1178,6 +1179,8 @@ def lateness_run(ctx, tpl, n, kind, k, spacing, lead=None):
         "stop_end_to_final": summary(final_ms),
         "not_final": len(pending),
         "load": [load_start, loadavg()],
+        "pid_max": int(Path("/proc/sys/kernel/pid_max").read_text()),
+        "tasks": tasks,
         "bad_states": bad_states,
         "fillers_touched": touched,
     }
@@ -1926,6 +1929,11 @@ def render(ctx, peers, command, started, elapsed):
                 a(f"| {x['n']:,} | {x['kind']} | {x['k']}, {x['spacing_s']:g} s, {x['window_s']:.0f} s | {x['ready_s'] * 1000:.0f} ms | {fms(x['ready_cpu_ms'])} ms | {fms(s['median'])} / {fms(s['p99'])} / {fms(s['max'])} | {fms(sa['median'])} / {fms(sa['p99'])} | {fms(s1.get('median'))} / {fms(s1.get('max'))} | {fms(s2.get('median'))} / {fms(s2.get('max'))} | {x['not_final']}{bad} | {fms(x['run_cpu_ms'])} ms | {(x['hwm_kb'] or 0) / 1024:.1f} MiB | {' → '.join(x.get('load', ['?']))} |")
             a("")
             a("Design of the fixture: one live process per pending run would be the most literal load, but the watchdog's per-run assessment of an orphaned run scans all of /proc and reads the environment of every newer process, so N runs with N processes cost O(N²) per pass; the fillers therefore share one process (live wrapper, or orphan session leader), and the K measured runs each have their own. Those K processes start after the fillers' shared leader, so every assessment of an orphan filler also reads their K environments: the orphan rows carry N × K environment reads per pass, as a host with K newer processes of the same user would. The \"orphan-own\" rows are that literal load: one live process per pending run.")
+            own = [x for x in lat if x["kind"] == "orphan-own" and x.get("pid_max")]
+            if own:
+                x = own[-1]
+                a("")
+                a(f"Why the orphan-own row is slower: each watchdog stop of an orphan looks at /proc three times (the first look, the look once every member is gone, and the second empty look that procfs mode needs to call a stop done, since a fork racing a scan can hide from one look). A look may skip the pids older than the run only when no pid wrap is possible since the run began (`procfs::only_newer_pids`); with kernel.pid_max = {x['pid_max']:,} and {x['tasks']:,} tasks alive (the 10,000 sleepers), a wrap is possible within ~2 s of forks, so every look reads the stat of all {x['tasks']:,} processes. That is the act → stop_end time above; the load average beside it adds to it. On a host with the default 64-bit pid_max (4,194,304) the pruning applies and the row behaves like the others; a run held in a cgroup needs no look at all to know it is empty (`cgroup.events`).")
             top = max(x["n"] for x in lat)
             big = [x for x in lat if x["n"] == top]
             for x in big:
