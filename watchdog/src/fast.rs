@@ -14,9 +14,9 @@
 //!   most [`MAX_FAST`] bytes; one `read` of `st_size + 1` bytes that must return exactly the size;
 //! - a minimal scan of the document ([`scan`]): it must be one well-formed JSON object with
 //!   schema 1, every key the record requires, no key we read twice, and a final `state`;
-//! - no live wrapper: the record's `wrapper_pid` holds no flock (one read of /proc/locks per
-//!   pass: a wrapper holds its run's lock itself for its whole life, and writes its final
-//!   record a moment before it exits);
+//! - no live wrapper: the record's `wrapper_pid` holds no flock (/proc/locks read once per
+//!   pass, on first need: a wrapper holds its run's lock itself for its whole life, and writes
+//!   its final record a moment before it exits);
 //! - no live cgroup: a record held in a cgroup names `agent-run.<id>.<dir inode>` (the careful
 //!   path's check), and that cgroup is gone (it is removed after the final record; each cgroup
 //!   parent is listed once per pass).
@@ -88,9 +88,10 @@ pub fn open_root(path: &Path) -> std::io::Result<OwnedFd> {
 pub struct Pass<'a> {
     root: &'a OwnedFd,
     me: u32,
-    /// The pids holding a flock; `None`: /proc/locks could not be read whole, so every
-    /// wrapper counts as possibly alive.
-    holders: Option<HashSet<i32>>,
+    /// The pids holding a flock, read on first need (a pass over runs that are not final never
+    /// reads /proc/locks); the inner `None`: it could not be read whole, so every wrapper counts
+    /// as possibly alive.
+    holders: std::cell::OnceCell<Option<HashSet<i32>>>,
     /// The `agent-run.*` children of each cgroup parent a record named, listed once per pass;
     /// `None`: the parent could not be listed (and exists), so no cgroup counts as gone.
     cgroups: HashMap<String, Option<HashSet<String>>>,
@@ -112,7 +113,7 @@ impl<'a> Pass<'a> {
         Pass {
             root,
             me: rustix::process::geteuid().as_raw(),
-            holders: flock_holders(),
+            holders: std::cell::OnceCell::new(),
             cgroups: HashMap::new(),
             buf: Vec::with_capacity(4096),
         }
@@ -172,7 +173,7 @@ impl<'a> Pass<'a> {
         }
         // A wrapper holds its run's lock for its whole life, itself: its pid in /proc/locks
         // means it may be alive (it writes its final record a moment before it exits).
-        match (&self.holders, doc.wrapper_pid) {
+        match (self.holders.get_or_init(flock_holders), doc.wrapper_pid) {
             (None, _) => return None,
             (Some(h), Some(pid)) if h.contains(&pid) => return None,
             _ => {}
@@ -238,31 +239,23 @@ fn list_cgroups(parent: &str) -> Option<HashSet<String>> {
     Some(out)
 }
 
-/// The pids holding a flock, from one read(2) of /proc/locks (a seq_file renders everything it
-/// is asked for under its lock in one call; a read that fills the buffer is not trusted:
-/// `None`). Waiters (`->` lines) hold nothing.
+/// The pids holding a flock, from /proc/locks. It is a seq_file rendered about a page per
+/// read(2), and lines shift when locks come and go between reads, so one reading can miss a
+/// holder: the union of two readings is taken. Still not proof (the careful path takes a final
+/// record as final without asking either): `None` when it cannot be read.
 fn flock_holders() -> Option<HashSet<i32>> {
-    let f = rfs::open(
-        "/proc/locks",
-        OFlags::RDONLY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .ok()?;
-    let mut buf = vec![0u8; 4 << 20];
-    let n = rustix::io::read(&f, &mut buf[..]).ok()?;
-    if n == buf.len() {
-        return None;
-    }
-    let text = std::str::from_utf8(&buf[..n]).ok()?;
     let mut out = HashSet::new();
-    for line in text.lines() {
-        // "1: FLOCK  ADVISORY  WRITE 15672 fe:00:5341426 0 EOF"
-        let mut f = line.split_ascii_whitespace().skip(1);
-        if f.next() != Some("FLOCK") {
-            continue;
-        }
-        if let Some(pid) = f.nth(2).and_then(|p| p.parse().ok()) {
-            out.insert(pid);
+    for _ in 0..2 {
+        let text = std::fs::read_to_string("/proc/locks").ok()?;
+        for line in text.lines() {
+            // "1: FLOCK  ADVISORY  WRITE 15672 fe:00:5341426 0 EOF"; waiters ("->") hold nothing.
+            let mut f = line.split_ascii_whitespace().skip(1);
+            if f.next() != Some("FLOCK") {
+                continue;
+            }
+            if let Some(pid) = f.nth(2).and_then(|p| p.parse().ok()) {
+                out.insert(pid);
+            }
         }
     }
     Some(out)
