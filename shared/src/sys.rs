@@ -537,6 +537,61 @@ mod raw {
     }
 }
 
+// --- output path ---
+
+/// Make `cmd` (the output keeper, agent-run re-executed) start in a new session holding exactly
+/// the descriptors in `keep` (at their own numbers) above stderr: every other descriptor is
+/// marked close-on-exec (close_range(2) with CLOSE_RANGE_CLOEXEC), then `keep` loses the flag.
+/// The run's lock, the journal and the pipes' write ends never reach the keeper. The `pre_exec`
+/// closure calls only async-signal-safe functions: setsid, close_range and fcntl.
+pub fn spawn_keeper(cmd: &mut std::process::Command, keep: Vec<RawFd>) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec; it allocates nothing (`keep`
+    // was built before the fork and is only read), takes no lock and calls only setsid(2),
+    // close_range(2) and fcntl(2) (signal-safety(7)). The descriptors in `keep` are held open
+    // by the parent until the spawn returns.
+    unsafe {
+        cmd.pre_exec(move || {
+            child_setsid()?;
+            child_cloexec_from_3()?;
+            for &fd in &keep {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Own descriptor `n`, handed to this process by number by its parent (the keeper's sources
+/// and logs, see [`spawn_keeper`]). Fails when `n` is not open.
+pub fn take_passed_fd(n: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: fcntl(F_GETFD) only asks whether `n` is open.
+    if n < 0 || unsafe { libc::fcntl(n, libc::F_GETFD) } < 0 {
+        return Err(io::Error::from_raw_os_error(libc::EBADF));
+    }
+    // SAFETY: `n` is open and was passed to us to own: the keeper takes each number once, at
+    // start, before anything else in the process could have opened or wrapped it.
+    Ok(unsafe { OwnedFd::from_raw_fd(n) })
+}
+
+// --- pty ---
+
+/// In a forked child before exec, after setsid: make the terminal on `fd` this session's
+/// controlling terminal (ioctl TIOCSCTTY, tty_ioctl(4)), so the workload's session owns it:
+/// a hangup of the pty (its master closed) sends SIGHUP to the session's foreground group and
+/// its leader, and `tty`, job control and `/dev/tty` work as in a terminal. Async-signal-safe:
+/// one ioctl(2).
+pub fn child_set_ctty(fd: RawFd) -> io::Result<()> {
+    // SAFETY: TIOCSCTTY takes an integer argument (0: do not steal a terminal that is already
+    // some other session's); no memory is passed.
+    if unsafe { libc::ioctl(fd, libc::TIOCSCTTY, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -668,59 +723,4 @@ mod tests {
         let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
         uid.split_whitespace().nth(2).unwrap().parse().unwrap()
     }
-}
-
-// --- output path ---
-
-/// Make `cmd` (the output keeper, agent-run re-executed) start in a new session holding exactly
-/// the descriptors in `keep` (at their own numbers) above stderr: every other descriptor is
-/// marked close-on-exec (close_range(2) with CLOSE_RANGE_CLOEXEC), then `keep` loses the flag.
-/// The run's lock, the journal and the pipes' write ends never reach the keeper. The `pre_exec`
-/// closure calls only async-signal-safe functions: setsid, close_range and fcntl.
-pub fn spawn_keeper(cmd: &mut std::process::Command, keep: Vec<RawFd>) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: the closure runs in the forked child before exec; it allocates nothing (`keep`
-    // was built before the fork and is only read), takes no lock and calls only setsid(2),
-    // close_range(2) and fcntl(2) (signal-safety(7)). The descriptors in `keep` are held open
-    // by the parent until the spawn returns.
-    unsafe {
-        cmd.pre_exec(move || {
-            child_setsid()?;
-            child_cloexec_from_3()?;
-            for &fd in &keep {
-                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
-    }
-}
-
-/// Own descriptor `n`, handed to this process by number by its parent (the keeper's sources
-/// and logs, see [`spawn_keeper`]). Fails when `n` is not open.
-pub fn take_passed_fd(n: RawFd) -> io::Result<OwnedFd> {
-    // SAFETY: fcntl(F_GETFD) only asks whether `n` is open.
-    if n < 0 || unsafe { libc::fcntl(n, libc::F_GETFD) } < 0 {
-        return Err(io::Error::from_raw_os_error(libc::EBADF));
-    }
-    // SAFETY: `n` is open and was passed to us to own: the keeper takes each number once, at
-    // start, before anything else in the process could have opened or wrapped it.
-    Ok(unsafe { OwnedFd::from_raw_fd(n) })
-}
-
-// --- pty ---
-
-/// In a forked child before exec, after setsid: make the terminal on `fd` this session's
-/// controlling terminal (ioctl TIOCSCTTY, tty_ioctl(4)), so the workload's session owns it:
-/// a hangup of the pty (its master closed) sends SIGHUP to the session's foreground group and
-/// its leader, and `tty`, job control and `/dev/tty` work as in a terminal. Async-signal-safe:
-/// one ioctl(2).
-pub fn child_set_ctty(fd: RawFd) -> io::Result<()> {
-    // SAFETY: TIOCSCTTY takes an integer argument (0: do not steal a terminal that is already
-    // some other session's); no memory is passed.
-    if unsafe { libc::ioctl(fd, libc::TIOCSCTTY, 0) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }

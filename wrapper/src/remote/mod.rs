@@ -348,6 +348,9 @@ mod tests {
         let s = script(&["--max-output", "none"]);
         assert!(s.contains("'--max-output' 'none' 'id1'"), "{s}");
         let s = script(&[]);
-        assert!(!s.contains("--max-output") && !s.contains("--on-output-limit"), "{s}");
+        assert!(
+            !s.contains("--max-output") && !s.contains("--on-output-limit"),
+            "{s}"
+        );
     }
 }
