@@ -48,6 +48,25 @@ from ansible.utils.display import Display
 
 display = Display()
 
+# AGENTRUN_ANSIBLE_TRACE=FILE: every worker appends what it does while it waits (signal received,
+# cancel sent, cancel returned...) to FILE, one line each with monotonic and wall-clock times, so
+# that the hops of a Ctrl-C can be timed against the host's events.jsonl.
+TRACE = os.environ.get("AGENTRUN_ANSIBLE_TRACE")
+
+
+def trace(what):
+    if not TRACE:
+        return
+    try:
+        line = "%.6f %.6f %d %s\n" % (time.monotonic(), time.time(), os.getpid(), what)
+        fd = os.open(TRACE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line.encode("utf-8", errors="replace"))
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
 DEFAULT_LEASE_MS = 60000
 # The poll (renewal) interval is a third of the lease, within these bounds (seconds).
 POLL_MIN_S = 0.2
@@ -174,7 +193,9 @@ class ActionModule(ActionBase):
         else:
             cmd = "%s cancel --json --label %s >/dev/null 2>&1" % (ar, quote("agentrun.id=" + base))
         try:
+            trace("cancel start %s" % (known.get("run_id") or base))
             self._raw(cmd)
+            trace("cancel done %s" % (known.get("run_id") or base))
             return True
         except BaseException as e:  # the connection may be gone too: the lease stops the run then
             display.vvv("agentrun.remote.run: cancel of %s failed: %s" % (known.get("run_id") or base, e))
@@ -224,6 +245,7 @@ class ActionModule(ActionBase):
             pending.append(signum)
 
         def interrupted(signum, _frame):
+            trace("signal %d %s" % (signum, base))
             for sig in saved:
                 signal.signal(sig, note)
             raise _Interrupted(signum)
@@ -296,6 +318,7 @@ class ActionModule(ActionBase):
             if os.getppid() != parent:
                 raise _ControllerGone()
             try:
+                trace("poll %s" % known["run_id"])
                 rc, text = self._raw(cmd)
             except AnsibleConnectionFailure as e:
                 if time.monotonic() - last_ok > lease_ms / 1000.0:
