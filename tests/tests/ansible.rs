@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use agent_run_shared::time::parse_rfc3339;
 use agent_run_tests::ansible::{ansible_program, installed_collection, Fleet, Host, Play};
-use agent_run_tests::{environ_var, proc_stat, session_members, wait_until_dbg, Pinned};
+use agent_run_tests::{proc_stat, session_members, wait_until_dbg, Pinned};
 use serde_json::Value;
 
 const HOSTS: usize = 10;
@@ -942,15 +942,32 @@ fn state_started_in_one_playbook_run_and_finished_in_a_later_one() {
                 .unwrap();
         deadlines.push(lease["deadline_epoch"].as_f64().unwrap());
     }
-    // Nothing of the controller is left, only the runs.
+    // Nothing of the controller is left, only the runs: every live process the fleet started is
+    // a member of a run's session or a run's wrapper, as the records name them (the session id
+    // and the start ticks in /proc/PID/stat: kernel facts, read in one go per process). The runs
+    // go on meanwhile (the job forks a `sleep 0.05` every 50 ms), so a process found by the scan
+    // may be gone, or a zombie, by the time it is looked at: it is not left then. (Excusing the
+    // runs' processes by their AGENT_RUN_DIR instead raced: a zombie has no environ to read, and
+    // a `sleep 0.05` that exited between the two looks was reported.)
+    let runs: Vec<Value> = fleet
+        .hosts
+        .iter()
+        .flat_map(|h| fleet.records(h).into_iter().map(|(_, rec)| rec))
+        .collect();
+    assert_eq!(runs.len(), 2 * HOSTS, "a job and a victim on every host");
     let left: Vec<_> = fleet
         .leftovers()
         .into_iter()
-        .filter(|(pid, cmdline)| {
-            environ_var(*pid, "AGENT_RUN_DIR").is_none()
-                // the runs' wrappers
-                && !cmdline.split(' ').next().is_some_and(|w| w.ends_with("/agent-run"))
-                && proc_stat(*pid).is_some()
+        .filter(|(pid, _)| {
+            let Some((state, _, _, sid, ticks)) = proc_stat(*pid) else {
+                return false; // gone since the scan
+            };
+            let of_a_run = runs.iter().any(|rec| {
+                rec["sid"].as_i64() == Some(i64::from(sid))
+                    || (rec["wrapper_pid"].as_i64() == Some(i64::from(*pid))
+                        && rec["wrapper_start_ticks"].as_u64() == Some(ticks))
+            });
+            !matches!(state, 'Z' | 'X') && !of_a_run
         })
         .collect();
     assert!(left.is_empty(), "{left:?}");
