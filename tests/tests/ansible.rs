@@ -846,6 +846,251 @@ fn a_task_timeout_stops_the_run_on_every_host() {
     assert_nothing_left(&fleet, "after the timeouts");
 }
 
+// ---------------------------------------------------------------------------------------------
+// A cancel that comes before the run exists (the first module call is still on its way to
+// `agent-run start`): the host's fence (module_utils/fence.py)
+
+/// The task of the fence test. The module pauses (the collection's test hook) where `pause_at`
+/// says for the host: `fence` before it takes the fence, `start` under it right before
+/// `agent-run start`. h03 is interrupted by the task's own `timeout:` (10 s: its module must have
+/// been sent by then, or there is no module to fence; it is paused long before on this machine),
+/// the others by Ctrl-C. Once `quick` exists in a host's directory the command ends at once (the
+/// rerun).
+const FENCED: &str = r#"- name: fenced
+  hosts: all
+  gather_facts: false
+@MD@
+  environment:
+    AGENTRUN_ANSIBLE_TEST_PAUSE: "{{ pause_at.get(inventory_hostname, 'none') }}:{{ agentrun_dir }}"
+  tasks:
+    - name: fenced
+      agentrun.remote.run:
+        cmd: 'echo run >> {{ agentrun_dir }}/count; [ -e {{ agentrun_dir }}/quick ] || { sleep 300 & sleep 300; }'
+        grace: 1s
+      timeout: "{{ 10 if inventory_hostname == 'h03' else 600 }}"
+"#;
+
+/// The run id of `host`'s paused module and its pid, once it has paused at `point`.
+fn paused(host: &Host, point: &str) -> (String, i32) {
+    let prefix = format!("ans-{}-fenced-", host.name);
+    let suffix = format!(".{point}.paused");
+    wait_until_dbg(
+        &format!("{}'s module paused at {point}", host.name),
+        PLAY,
+        || {
+            for e in fs::read_dir(&host.dir)
+                .map_err(|e| e.to_string())?
+                .flatten()
+            {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if let Some(base) = name
+                    .strip_prefix(&prefix)
+                    .and_then(|rest| rest.strip_suffix(&suffix))
+                {
+                    if let Some(pid) = fs::read_to_string(e.path())
+                        .ok()
+                        .and_then(|t| t.trim().parse::<i32>().ok())
+                    {
+                        return Ok((format!("{prefix}{base}"), pid));
+                    }
+                }
+            }
+            Err(format!("no {prefix}*{suffix} in {}", host.dir.display()))
+        },
+    )
+}
+
+/// Waits for the plugin's trace line `what` (e.g. "cancel done ID"); its wall-clock time.
+fn traced(trace: &std::path::Path, what: &str) -> f64 {
+    wait_until_dbg(&format!("trace: {what}"), PLAY, || {
+        let text = fs::read_to_string(trace).unwrap_or_default();
+        text.lines()
+            .find(|l| l.ends_with(what))
+            .and_then(|l| l.split(' ').nth(1)?.parse::<f64>().ok())
+            .ok_or_else(|| text.clone())
+    })
+}
+
+/// How many processes wait (blocked in flock(2)) for the lock of `path`, as /proc/locks says:
+/// `N: -> FLOCK ADVISORY WRITE PID MAJ:MIN:INODE 0 EOF`.
+fn flock_waiters(path: &std::path::Path) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(ino) = fs::metadata(path).map(|m| m.ino().to_string()) else {
+        return 0;
+    };
+    fs::read_to_string("/proc/locks")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(" -> FLOCK "))
+        .filter(|l| {
+            l.split_whitespace()
+                .any(|w| w.matches(':').count() == 2 && w.rsplit(':').next() == Some(&ino))
+        })
+        .count()
+}
+
+/// The cancel marks in `host`'s fence of `base`.
+fn marks(host: &Host, base: &str) -> Value {
+    let text = fs::read_to_string(host.root.join(format!(".ansible-fence.{base}")))
+        .unwrap_or_else(|e| panic!("{}: no fence of {base}: {e}", host.name));
+    serde_json::from_str::<Value>(&text).unwrap()["cancelled"].clone()
+}
+
+/// No process of `rec`'s run is alive: its session is empty, no process carries its run dir,
+/// its wrapper is gone and its cgroup (if it had one) is removed or empty.
+fn run_gone(host: &Host, rec: &Value) -> Result<(), String> {
+    let sid = rec["sid"].as_i64().unwrap() as i32;
+    let dir = host
+        .root
+        .join(rec["run_id"].as_str().unwrap())
+        .display()
+        .to_string();
+    let members = session_members(sid);
+    let carriers = agent_run_tests::processes_with_env("AGENT_RUN_DIR", |v| v == dir.as_bytes());
+    let cgroup = rec["containment"]["cgroup"].as_str().unwrap_or_default();
+    let in_cgroup = if cgroup.is_empty() {
+        String::new()
+    } else {
+        fs::read_to_string(format!("{cgroup}/cgroup.procs")).unwrap_or_default()
+    };
+    if members.is_empty()
+        && carriers.is_empty()
+        && !leader_alive(rec)
+        && !wrapper_alive(rec)
+        && in_cgroup.trim().is_empty()
+    {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}: session {members:?}, carriers {carriers:?}, cgroup {cgroup}: {in_cgroup:?}, \
+             wrapper alive {}",
+            host.name,
+            wrapper_alive(rec)
+        ))
+    }
+}
+
+#[test]
+fn a_cancel_before_the_run_exists_leaves_nothing_running_and_a_rerun_works() {
+    require_root();
+    let _serial = serial();
+    let fleet = Fleet::new(3);
+    let (h1, h2, h3) = (&fleet.hosts[0], &fleet.hosts[1], &fleet.hosts[2]);
+    let pause = r#"{"pause_at": {"h01": "fence", "h02": "start", "h03": "fence"}}"#;
+    let (mut cmd, _results) = fleet.command("fenced", &book(FENCED), &["-e", pause]);
+    let trace = fleet.path("trace.log");
+    cmd.env("AGENTRUN_ANSIBLE_TRACE", &trace);
+    let play = agent_run_tests::Spawned::spawn(&mut cmd);
+    let pgid = play.child.id() as i32;
+    let (base1, pid1) = paused(h1, "fence");
+    let (base2, pid2) = paused(h2, "start");
+    let (base3, pid3) = paused(h3, "fence");
+    let modules = Pinned::new(&[pid1, pid2, pid3]);
+    let fence2 = h2.root.join(format!(".ansible-fence.{base2}"));
+
+    // h03: the task's timeout (10 s) while its module has not taken the fence yet. The cancel
+    // returns having marked this invocation, with nothing to stop.
+    traced(&trace, &format!("cancel done {base3}"));
+    assert!(fleet.records(h3).is_empty(), "{:?}", fleet.records(h3));
+    assert_eq!(marks(h3, &base3).as_object().unwrap().len(), 1);
+    // The module goes on, finds the mark, starts nothing and ends.
+    fs::write(h3.dir.join(format!("{base3}.fence.go")), "").unwrap();
+    let gone = Pinned::new(&[pid3]).wait_all_gone(T);
+    assert!(gone.is_ok(), "h03's module still running: {gone:?}");
+    assert!(fleet.records(h3).is_empty(), "{:?}", fleet.records(h3));
+    assert_eq!(
+        marks(h3, &base3),
+        serde_json::json!({}),
+        "the mark is used up"
+    );
+    assert!(!h3.dir.join("count").exists(), "h03's command ran");
+
+    // Ctrl-C, while h01's module has not taken the fence and h02's holds it, about to start.
+    // SAFETY: kill(2) on the process group of a child we spawned (not yet reaped).
+    assert_eq!(unsafe { libc::kill(-pgid, libc::SIGINT) }, 0);
+    // h01: as h03.
+    traced(&trace, &format!("cancel done {base1}"));
+    assert!(fleet.records(h1).is_empty(), "{:?}", fleet.records(h1));
+    assert_eq!(marks(h1, &base1).as_object().unwrap().len(), 1);
+    // h02: the cancel waits for the fence (a waiter in /proc/locks, a kernel fact)...
+    wait_until_dbg(
+        "h02's cancel waits for the fence",
+        PLAY,
+        || match flock_waiters(&fence2) {
+            0 => Err(fs::read_to_string(&trace).unwrap_or_default()),
+            n => Ok(n),
+        },
+    );
+    assert!(fleet.records(h2).is_empty(), "{:?}", fleet.records(h2));
+    fs::write(h1.dir.join(format!("{base1}.fence.go")), "").unwrap();
+    // ...until the module has started the run and let the fence go; then the cancel finds the
+    // run by its label and stops it: when the cancel returns, the run is final, nothing left.
+    fs::write(h2.dir.join(format!("{base2}.start.go")), "").unwrap();
+    let done2 = traced(&trace, &format!("cancel done {base2}"));
+    let (id2, rec2) = record_of(&fleet, h2, &base2);
+    assert_eq!(id2, base2);
+    assert_eq!(rec2["state"], "cancelled", "{rec2}");
+    assert_eq!(rec2["reason"], "cancel_request", "{rec2}");
+    let ended = parse_rfc3339(rec2["ended_at"].as_str().unwrap()).unwrap();
+    assert!(
+        ended <= done2,
+        "h02's run ended at {ended}, after the cancel returned at {done2}"
+    );
+    assert!(!leader_alive(&rec2), "{rec2}");
+    wait_until_dbg("h02's run gone", T, || run_gone(h2, &rec2));
+    assert_eq!(
+        lines(&h2.dir.join("count")),
+        1,
+        "h02's command started once"
+    );
+
+    let gone = modules.wait_all_gone(T);
+    assert!(gone.is_ok(), "modules still running: {gone:?}");
+    assert!(fleet.records(h1).is_empty(), "{:?}", fleet.records(h1));
+    assert_eq!(
+        marks(h1, &base1),
+        serde_json::json!({}),
+        "the mark is used up"
+    );
+    assert!(!h1.dir.join("count").exists(), "h01's command ran");
+    let out = play.finish(PLAY);
+    assert_ne!(out.status.code(), Some(0), "{out:?}");
+
+    // A rerun of the task (a new invocation: not refused by the old marks) runs it, once.
+    for h in &fleet.hosts {
+        fs::write(h.dir.join("quick"), "").unwrap();
+    }
+    let rerun = fleet.play(
+        "fenced",
+        &book(FENCED),
+        &["-e", r#"{"pause_at": {}}"#],
+        PLAY,
+    );
+    assert_eq!(rerun.code(), 0, "{}", rerun.describe());
+    for (h, base, want) in [
+        (h1, &base1, base1.clone()),
+        (h2, &base2, format!("{base2}.r2")),
+        (h3, &base3, base3.clone()),
+    ] {
+        let r = rerun.result("fenced", &h.name);
+        assert_eq!(r["status"], "ok", "{r}");
+        assert_eq!(r["result"]["run_id"], want.as_str(), "{r}");
+        assert_eq!(r["result"]["rc"], 0, "{r}");
+        let rec: Value = fleet
+            .records(h)
+            .into_iter()
+            .find(|(id, _)| *id == want)
+            .unwrap_or_else(|| panic!("{}: no run {want}", h.name))
+            .1;
+        assert_eq!(rec["state"], "finished", "{rec}");
+        assert_eq!(rec["labels"]["agentrun.id"], base.as_str(), "{rec}");
+    }
+    assert_eq!(lines(&h1.dir.join("count")), 1);
+    assert_eq!(lines(&h2.dir.join("count")), 2);
+    assert_eq!(lines(&h3.dir.join("count")), 1);
+    assert_nothing_left(&fleet, "after the fenced cancels and the rerun");
+}
+
 /// Installs agent-run on every host as the README says (a copy of the binary, where `binary:`
 /// then points), each host into a directory of its own. The hosts share this machine's disk, so
 /// the copy is made on the host (`remote_src`): the 30 MB debug binary sent ten times over sftp

@@ -38,15 +38,24 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import signal
 import threading
 import time
+import uuid
 
 from ansible.errors import AnsibleConnectionFailure
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
+from ansible_collections.agentrun.remote.plugins.module_utils import fence as fence_mod
 
 display = Display()
+
+
+def fence_source():
+    """The source of module_utils/fence.py, which the cancel runs on the host with `python -c`."""
+    with open(fence_mod.__file__.replace(".pyc", ".py"), "r") as f:
+        return f.read()
 
 # AGENTRUN_ANSIBLE_TRACE=FILE: every worker appends what it does while it waits (signal received,
 # cancel sent, cancel returned...) to FILE, one line each with monotonic and wall-clock times, so
@@ -158,10 +167,11 @@ class ActionModule(ActionBase):
             return '"$HOME"/' + quote(path[2:])
         return quote(path)
 
-    def _agent_run(self, args, known):
-        """The shell words that call the host's agent-run with the task's root."""
+    def _agent_run(self, args, known, with_env=True):
+        """The shell words that call the host's agent-run with the task's root (after the task's
+        environment as assignments, unless not `with_env`)."""
         quote = self._connection._shell.quote
-        env = self._compute_environment_string()
+        env = self._compute_environment_string() if with_env else ""
         if known.get("binary"):
             binary = quote(known["binary"])
         else:
@@ -183,15 +193,35 @@ class ActionModule(ActionBase):
         res = self._low_level_execute_command(cmd, sudoable=sudoable)
         return res.get("rc"), (res.get("stdout") or "") + "\n" + (res.get("stderr") or "")
 
-    def _cancel(self, args, base, known):
+    def _cancel(self, args, base, known, token):
         """Best effort: cancel the run this task waits for (or every active attempt of `base` when
-        the run id is not known yet). Bounded by agent-run's own --wait (the run's grace + 5s)."""
+        the run id is not known yet). Bounded by agent-run's own --wait (the run's grace + 5s).
+
+        When the run id is not known yet, the module may still be on its way to starting the run:
+        the cancel then goes through the host's fence of `base` (module_utils/fence.py), which
+        marks this task invocation (`token`) cancelled and cancels by label under the lock the
+        module holds from choosing the attempt until `start --detach` has returned."""
         quote = self._connection._shell.quote
         ar = self._agent_run(args, known)
         if known.get("run_id"):
             cmd = "%s cancel --json %s >/dev/null 2>&1" % (ar, quote(known["run_id"]))
         else:
-            cmd = "%s cancel --json --label %s >/dev/null 2>&1" % (ar, quote("agentrun.id=" + base))
+            by_label = "%s cancel --json --label %s >/dev/null 2>&1" % (ar, quote("agentrun.id=" + base))
+            cmd = by_label
+            interpreter = (self._used_interpreter or "").lstrip("#!").strip()
+            try:
+                source = fence_source() if interpreter else None
+            except (OSError, AttributeError) as e:
+                display.vvv("agentrun.remote.run: no fence source (%s): cancelling by label only" % e)
+                source = None
+            if source:
+                # The module was sent (Ansible chose its interpreter): it may still start the run.
+                env = self._compute_environment_string()
+                root = self._sh_path(args["root"]) if args.get("root") else "''"
+                plain = self._agent_run(args, known, with_env=False)
+                cmd = "%s %s -c %s %s %s %s -- %s cancel --json --label %s >/dev/null 2>&1; [ $? -ne 127 ] || %s" % (
+                    env, " ".join(quote(w) for w in shlex.split(interpreter)), quote(source), root, quote(base),
+                    quote(token), plain, quote("agentrun.id=" + base), by_label)
         try:
             trace("cancel start %s" % (known.get("run_id") or base))
             self._raw(cmd)
@@ -232,6 +262,8 @@ class ActionModule(ActionBase):
         poll_s = min(POLL_MAX_S, max(POLL_MIN_S, (lease_ms or DEFAULT_LEASE_MS) / 3000.0))
         known = {}
         parent = os.getppid()
+        # This invocation of the task, for the host's fence (see _cancel).
+        token = uuid.uuid4().hex
 
         # While it waits, INT and TERM (which Ansible forwards to every worker on Ctrl-C) become
         # _Interrupted here, so that the run is cancelled before the worker ends. From the first
@@ -255,7 +287,7 @@ class ActionModule(ActionBase):
                 saved[sig] = signal.getsignal(sig)
                 signal.signal(sig, interrupted)
         try:
-            first = dict(args, _wait=poll_s)
+            first = dict(args, _wait=poll_s, _token=token)
             res = self._execute_module(module_name=module, module_args=first, task_vars=task_vars)
             known.update(run_id=res.get("run_id"))
             agent = res.get("agent_run") or {}
@@ -285,7 +317,7 @@ class ActionModule(ActionBase):
             if in_main:
                 for sig in saved:
                     signal.signal(sig, note)
-            self._cancel(args, base, known)
+            self._cancel(args, base, known, token)
             signum = e.signum if isinstance(e, _Interrupted) else (pending[0] if pending else None)
             if in_main:
                 for sig, handler in saved.items():
