@@ -30,6 +30,10 @@ The flow for `state: finished`:
    worker checks that its parent (ansible-playbook) is still alive; it never renews for a dead
    controller;
 3. once final, the module reads the record and the bounded output and builds the result.
+
+An interruption during step 1 cancels through the host's fence of the id (module_utils/fence.py,
+the collection's README: "A cancel that comes before the run exists"), so that a module still on
+its way to `agent-run start` starts nothing, or its run is found and cancelled.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ The action plugin of the same name (plugins/action/run.py) runs on the controlle
 run id, and for state=finished waits on the controller's side, renewing the lease, so that a
 controller that dies or is interrupted stops the remote work. This module never renews a lease
 on its own while it waits: a lease renewed by the host itself would outlive the controller.
+From choosing the attempt until `agent-run start --detach` has returned it holds the host's fence
+of the id (module_utils/fence.py), which a cancel that does not know the run id yet goes through.
 """
 
 from __future__ import annotations
