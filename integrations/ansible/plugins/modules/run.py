@@ -189,7 +189,7 @@ notes:
     C(<root>/.ansible-fence.<id>) from choosing the attempt until C(agent-run start --detach) has returned; the
     controller's cancel takes the same lock, leaves a mark for this task invocation there and cancels by the
     label C(agentrun.id=<id>). So either the run exists and is cancelled, or the module finds the mark and
-    starts nothing (O(not_started)). A later run of the play is a new invocation and is not refused.
+    starts nothing (RV(not_started)). A later run of the play is a new invocation and is not refused.
   - When the controller is killed (SIGKILL), its workers stop renewing and exit; each host stops its run
     when the lease expires (the wrapper does, or C(agent-run-watchdog) if the wrapper is gone).
   - The command's stdin is C(/dev/null). It runs without a terminal, so a prompt fails at once instead of
@@ -343,7 +343,7 @@ timedout:
 cancelled:
   description:
     - Whether the run ended C(cancelled) (stopped, every process of it confirmed gone), or the task was
-      cancelled before its run existed (then O(not_started) is true too).
+      cancelled before its run existed (then RV(not_started) is true too).
   returned: always
   type: bool
 not_started:
