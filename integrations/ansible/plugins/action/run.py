@@ -207,6 +207,7 @@ class ActionModule(ActionBase):
         module holds from choosing the attempt until `start --detach` has returned."""
         quote = self._connection._shell.quote
         ar = self._agent_run(args, known)
+        by_label = None
         if known.get("run_id"):
             cmd = "%s cancel --json %s >/dev/null 2>&1" % (ar, quote(known["run_id"]))
         else:
@@ -227,7 +228,7 @@ class ActionModule(ActionBase):
                     env, " ".join(quote(w) for w in shlex.split(interpreter)), quote(source), root, quote(base),
                     quote(token), plain, quote("agentrun.id=" + base), by_label)
         try:
-            trace("cancel start %s" % (known.get("run_id") or base))
+            trace("cancel start %s%s" % (known.get("run_id") or base, " via the fence" if by_label and cmd != by_label else ""))
             self._raw(cmd)
             trace("cancel done %s" % (known.get("run_id") or base))
             return True
