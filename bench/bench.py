@@ -378,7 +378,7 @@ class Ctx:
         self.ar_root.mkdir(mode=0o700)
         self.bin_dir = None
         # The TERM -> KILL grace of agent-run (and timeout -k) in the stop scenarios.
-        self.grace_s = 1.0 if args.quick else 2.0
+        self.grace_s = 0.5 if args.quick else 2.0
         self.results = {}
         self.versions = None
         self.errors = []
@@ -457,7 +457,7 @@ def spawn_wait_ns(ctx, argv, env):
 
 
 def bench_launch(ctx, peers):
-    n = ctx.n(300, 50)
+    n = ctx.n(300, 30)
     warm = 5
     true = which_abs("true")
     env = ctx.procs.env()
@@ -664,15 +664,15 @@ def stop_trial(ctx, peer, scen, cap_s):
 
 
 def bench_stop(ctx, peers):
-    n = ctx.n(30, 5)
+    n = ctx.n(30, 3)
     n_surv = ctx.n(3, 1)  # a peer that leaves survivors is not repeated beyond this
     res = {}
     for scen in STOP_SCENARIOS:
         # How long to wait before calling what is left a survivor: past the grace wherever a
         # peer could escalate (timeout -k), else well past any cooperative exit.
-        cap = {"coop": 1.5, "shell": ctx.grace_s + 1.0, "stubborn": ctx.grace_s + 1.5, "escapee": 1.5}[scen["key"]]
+        cap = {"coop": ctx.n(1.5, 0.5), "shell": ctx.grace_s + ctx.n(1.0, 0.5), "stubborn": ctx.grace_s + ctx.n(1.5, 0.5), "escapee": ctx.n(1.5, 0.5)}[scen["key"]]
         log(f"stop {scen['key']}: up to {n} trials per wrapper")
-        r = {}
+        r = {"_load": [loadavg()]}
         for p in peers:
             if not p.available:
                 r[p.name] = {"skip": p.why}
@@ -683,6 +683,7 @@ def bench_stop(ctx, peers):
                 if i + 1 >= n_surv and all(t["survivors"] or t["all_ms"] is None for t in trials):
                     break
             r[p.name] = summarize_stop(trials, scen, ctx)
+        r["_load"].append(loadavg())
         res[scen["key"]] = r
     return res
 
@@ -718,8 +719,8 @@ def summarize_stop(trials, scen, ctx):
 
 
 def bench_footprint(ctx, peers):
-    dur = ctx.n(10.0, 2.0)
-    rounds = ctx.n(3, 2)
+    dur = ctx.n(10.0, 1.5)
+    rounds = ctx.n(3, 1)
     sleep = which_abs("sleep")
     variants = [(p, True) for p in peers]
     ar = next(p for p in peers if p.name == "agent-run")
@@ -816,8 +817,8 @@ def timed_stream(ctx, argv, env=None):
 
 
 def bench_output(ctx, peers):
-    size = ctx.n(GiB, 64 * MiB)
-    reps = ctx.n(5, 3)
+    size = ctx.n(GiB, 32 * MiB)
+    reps = ctx.n(5, 2)
     head = which_abs("head")
     cat = which_abs("cat")
     src = ctx.tmp / "same-bytes.bin"
@@ -894,7 +895,7 @@ def bench_output(ctx, peers):
 
 
 def first_byte(ctx, peers, root):
-    n = ctx.n(20, 5)
+    n = ctx.n(20, 3)
     out = {}
     cmd = ["sh", "-c", "echo ready; sleep 0.3"]
     for p in peers:
@@ -1069,12 +1070,14 @@ def fill_final(ctx, root, n, tpl, start=0):
         fabricate(root, f"f{i:05d}", tpl, final=True, pid=dpid, start_ticks=dticks, wrapper_pid=dpid, wrapper_ticks=dticks)
 
 
-def lateness_run(ctx, tpl, n, kind, k, spacing, lead=2.0):
+def lateness_run(ctx, tpl, n, kind, k, spacing, lead=None):
     """N runs with leases pending in the watchdog; K of them (orphaned, one live sleeper each)
     expire at staggered deadlines after READY. kind: 'live' (the N-K fillers have a live wrapper,
     one shared process) or 'orphan' (the fillers' wrapper is gone and their processes remain: one
     shared session leader)."""
     root = ctx.fresh_root(f"late-{kind}-{n}")
+    lead = lead if lead is not None else ctx.n(2.0, 0.5)
+    load_start = loadavg()
     dpid, dticks = ctx._dead
     shared, sticks = sleeper(ctx)
     far = time.time() + 86400
@@ -1142,6 +1145,7 @@ def lateness_run(ctx, tpl, n, kind, k, spacing, lead=2.0):
         time.sleep(0.001)
     c_end = cpu_ns(p.pid)
     hwm = (read_status(p.pid) or {}).get("VmHWM")
+    tasks = int(Path("/proc/loadavg").read_text().split()[3].split("/")[1])
     stop_daemon(ctx, p)
     for pr, _ in sleepers:
         kill_pid(pr.pid)
@@ -1174,6 +1178,9 @@ def lateness_run(ctx, tpl, n, kind, k, spacing, lead=2.0):
         "act_to_stop_end": summary(stop_ms),
         "stop_end_to_final": summary(final_ms),
         "not_final": len(pending),
+        "load": [load_start, loadavg()],
+        "pid_max": int(Path("/proc/sys/kernel/pid_max").read_text()),
+        "tasks": tasks,
         "bad_states": bad_states,
         "fillers_touched": touched,
     }
@@ -1222,8 +1229,8 @@ def bench_watchdog(ctx):
     res = {}
     tpl = status_template(ctx)
     ctx._dead = dead_pid(ctx)
-    sizes = [100, 1000, 10000]
-    reps = ctx.n(5, 3)
+    sizes = [100, 1000, 10000] if not ctx.quick else [100, 1000]
+    reps = ctx.n(5, 2)
 
     # Rescan CPU over final dirs, and over pending dirs of both kinds.
     log(f"watchdog: --once over {sizes} final run dirs")
@@ -1235,7 +1242,7 @@ def bench_watchdog(ctx):
         roots[n] = root
         log(f"watchdog: {n} final run dirs written")
         res["rescan"][f"final {n}"] = once_cpu(ctx, root, reps)
-    pend_sizes = [100, 1000, 10000] if not ctx.quick else [100, 1000]
+    pend_sizes = [100, 1000, 10000] if not ctx.quick else [100]
     for kind in ("live", "orphan"):
         shared, sticks = sleeper(ctx)
         dpid, dticks = ctx._dead
@@ -1252,8 +1259,8 @@ def bench_watchdog(ctx):
         shared.wait()
 
     # Idle CPU of the daemon over final runs.
-    idle_s = ctx.n(60.0, 10.0)
-    idle_sizes = sizes if not ctx.quick else [100, 1000]
+    idle_s = ctx.n(60.0, 2.0)
+    idle_sizes = sizes if not ctx.quick else [1000]
     log(f"watchdog: idle CPU over {idle_sizes} final runs for {idle_s:g} s (daemons side by side)")
     daemons = []
     for n in idle_sizes:
@@ -1280,7 +1287,7 @@ def bench_watchdog(ctx):
     # Lease lateness.
     res["lateness"] = []
     if ctx.quick:
-        plan = [(300, "live", 20, 0.25), (300, "orphan", 20, 0.25), (300, "orphan-own", 20, 0.25)]
+        plan = [(200, "live", 10, 0.1), (200, "orphan", 10, 0.1), (200, "orphan-own", 10, 0.1)]
     else:
         plan = [
             (100, "live", 100, 0.4),
@@ -1302,7 +1309,7 @@ def bench_watchdog(ctx):
 
 
 def bench_cancel(ctx):
-    n = ctx.n(50, 10)
+    n = ctx.n(50, 5)
     root = ctx.fresh_root("cancel")
     ar = str(ctx.agent_run)
     detach, rtt, states, left = [], [], {}, 0
@@ -1331,6 +1338,202 @@ def bench_cancel(ctx):
         ctx.procs.kill_tagged(TRIAL_VAR, trial)
     shutil.rmtree(root, ignore_errors=True)
     return {"detach": summary(detach), "cancel": summary(rtt), "outcomes": states, "left_behind": left}
+
+
+# --------------------------------------------------------------------------------------------
+# 7. Scale: 1k / 10k / 100k run dirs, 1,000 live runs
+# --------------------------------------------------------------------------------------------
+
+
+def spawn_rusage(ctx, argv, stdout=None):
+    """Run argv to completion: (exit code, user+sys CPU ms, wall ms, peak RSS KiB, user ms, sys
+    ms). CPU and wall from wait4. The peak RSS comes from GNU time's %M when it is installed: a
+    child spawned by this Python starts from Python's own address space, and ru_maxrss keeps
+    that high-water mark across the exec (20+ MiB that are not the program's); time(1) is small,
+    so its child's mark is the program's own (to about 1 MiB)."""
+    out = stdout if stdout is not None else ctx.devnull
+    gnu_time = Path("/usr/bin/time").exists()
+    rss_file = ctx.tmp / "maxrss"
+    run = argv
+    if gnu_time:
+        run = ["/usr/bin/time", "-f", "%M", "-o", str(rss_file), *argv]
+    t0 = time.perf_counter_ns()
+    pid = os.posix_spawn(run[0], run, ctx.procs.env(), file_actions=[(os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, ctx.devnull, 2)])
+    ctx.procs.spawned.add(pid)
+    _, status, ru = os.wait4(pid, 0)
+    ctx.procs.spawned.discard(pid)
+    wall = (time.perf_counter_ns() - t0) / 1e6
+    code = os.waitstatus_to_exitcode(status)
+    rss = ru.ru_maxrss
+    if gnu_time:
+        with contextlib.suppress(OSError, ValueError):
+            rss = int(rss_file.read_text().split()[-1])
+    return code, (ru.ru_utime + ru.ru_stime) * 1000, wall, rss, ru.ru_utime * 1000, ru.ru_stime * 1000
+
+
+def rusage_median(ctx, argv, reps, what):
+    rows = []
+    for _ in range(reps):
+        code, cpu, wall, rss, u, sy = spawn_rusage(ctx, argv)
+        if code != 0:
+            raise HarnessError(f"{what} exited {code}")
+        rows.append((cpu, wall, rss, u, sy))
+    rows.sort()
+    cpu, wall, rss, u, sy = rows[len(rows) // 2]
+    return {"cpu_ms": cpu, "user_ms": u, "sys_ms": sy, "wall_ms": wall, "maxrss_kb": rss, "reps": reps, "load": loadavg()}
+
+
+def pss_kb(pid):
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def bench_scale(ctx):
+    import fixtures  # bench/fixtures.py, beside this file
+
+    res = {"once": {}, "list": {}, "daemon": {}, "live": {}}
+    files = fixtures.template(ctx.agent_run, env=ctx.procs.env())
+    sizes = [1000, 10000, 100000] if not ctx.quick else [200, 2000]
+    list_sizes = [10000, 100000] if not ctx.quick else [2000]
+    roots = {}
+    have = 0
+    root = ctx.fresh_root("scale")
+    for n in sizes:
+        log(f"scale: {n:,} final run dirs (copies of one agent-run run dir)")
+        t = time.monotonic()
+        fixtures.make_final(root, n - have, files, start=have)
+        have = n
+        res.setdefault("fixture_s", {})[n] = time.monotonic() - t
+        wd = [str(ctx.watchdog), "--root", str(root), "--once"]
+        spawn_rusage(ctx, wd)  # warm the caches: every figure is a warm pass
+        res["once"][n] = rusage_median(ctx, wd, ctx.n(5 if n < 100000 else 3, 3), "agent-run-watchdog --once")
+        log(f"scale: --once over {n:,}: {res['once'][n]['cpu_ms']:.0f} ms CPU")
+        if n in list_sizes:
+            ar = str(ctx.agent_run)
+            for key, argv in (
+                ("list", [ar, "--root", str(root), "list"]),
+                ("list --json", [ar, "--root", str(root), "list", "--json"]),
+                ("gc (nothing old enough)", [ar, "--root", str(root), "gc", "--older-than", "1d"]),
+            ):
+                res["list"].setdefault(n, {})[key] = rusage_median(ctx, argv, ctx.n(3, 1), key)
+                log(f"scale: {key} over {n:,}: {res['list'][n][key]['cpu_ms']:.0f} ms CPU")
+        if n == sizes[-1]:
+            # The daemon's first pass (startup to READY=1) over the largest root.
+            p, ready_s = start_daemon(ctx, root, f"scale-{n}")
+            c = cpu_ns(p.pid)
+            hwm = (read_status(p.pid) or {}).get("VmHWM")
+            stop_daemon(ctx, p)
+            res["daemon"] = {"n": n, "ready_s": ready_s, "cpu_ms": (c or 0) / 1e6, "hwm_kb": hwm}
+    # gc that removes every run: the cleanup of the fixture too.
+    code, cpu, wall, rss, u, sy = spawn_rusage(ctx, [str(ctx.agent_run), "--root", str(root), "gc", "--older-than", "0s"])
+    res["gc_all"] = {"n": have, "code": code, "cpu_ms": cpu, "wall_ms": wall, "maxrss_kb": rss, "left": sum(1 for e in os.scandir(root) if not e.name.startswith("."))}
+    shutil.rmtree(root, ignore_errors=True)
+    res["live"] = live_runs(ctx, ctx.n(1000, 20))
+    return res
+
+
+def launch_many(ctx, root, ids, lease):
+    ar = str(ctx.agent_run)
+    t0 = time.monotonic()
+    for rid in ids:
+        r = subprocess.run([ar, "--root", str(root), "-d", "--lease", lease, rid, "--", which_abs("sleep"), "100000"], env=ctx.procs.env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if r.returncode != 0:
+            raise HarnessError(f"agent-run -d {rid} exited {r.returncode}: {r.stderr.decode(errors='replace')[:300]}")
+    return time.monotonic() - t0
+
+
+def final_times(root, ids):
+    """ended_at (epoch) of every final run, and how many are not final."""
+    ended, pending = {}, 0
+    for rid in ids:
+        st = read_json(root / rid / "status.json") or {}
+        if st.get("state") in ("finished", "cancelled", "unknown", "launch_failed") and st.get("ended_at"):
+            ended[rid] = rfc3339_epoch(st["ended_at"])
+        else:
+            pending += 1
+    return ended, pending
+
+
+def live_runs(ctx, n):
+    """n detached `sleep` runs with a lease each; the watchdog idle beside them; every run
+    stopped by one many-id cancel; then n more stopped by lease expiry."""
+    out = {"n": n}
+    root = ctx.fresh_root("live")
+    ids = [f"l{i:04d}" for i in range(n)]
+    log(f"scale: launching {n} detached runs (sleep, --lease 1h)")
+    secs = launch_many(ctx, root, ids, "1h")
+    out["launch_s"] = secs
+    out["launch_rate"] = n / secs
+    wrappers = [(read_json(root / rid / "status.json") or {}).get("wrapper_pid") for rid in ids]
+    rss = [(read_status(w) or {}).get("VmRSS") for w in wrappers if w]
+    pss = [pss_kb(w) for w in wrappers if w]
+    out["wrappers_alive"] = sum(1 for w in wrappers if w and read_stat(w))
+    out["rss_total_kb"] = sum(x for x in rss if x)
+    out["pss_total_kb"] = sum(x for x in pss if x)
+    idle_s = ctx.n(10.0, 2.0)
+    p, ready_s = start_daemon(ctx, root, "live")
+    c0 = cpu_ns(p.pid)
+    t0 = time.monotonic()
+    time.sleep(idle_s)
+    c1 = cpu_ns(p.pid)
+    out["daemon"] = {"ready_s": ready_s, "startup_cpu_ms": (c0 or 0) / 1e6, "idle_cpu_ms": ((c1 or 0) - (c0 or 0)) / 1e6, "idle_s": time.monotonic() - t0, "hwm_kb": (read_status(p.pid) or {}).get("VmHWM"), "load": loadavg()}
+    log(f"scale: one cancel of {n} ids")
+    t_sig = time.time()
+    t0 = time.perf_counter_ns()
+    r = subprocess.run([str(ctx.agent_run), "--root", str(root), "cancel", *ids], env=ctx.procs.env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    cancel_ms = (time.perf_counter_ns() - t0) / 1e6
+    ended, pending = final_times(root, ids)
+    out["cancel"] = {
+        "code": r.returncode,
+        "return_ms": cancel_ms,
+        "last_final_ms": (max(ended.values()) - t_sig) * 1000 if ended else None,
+        "not_final": pending,
+        "load": loadavg(),
+    }
+    stop_daemon(ctx, p)
+    time.sleep(0.2)
+    out["cancel"]["left"] = len(tagged_pids(SESSION_VAR, ctx.procs.session))
+    ctx.procs.kill_tagged(SESSION_VAR, ctx.procs.session)
+    shutil.rmtree(root, ignore_errors=True)
+
+    # Round 2: lease expiry (the wrappers enforce their own leases; the watchdog watches too).
+    root = ctx.fresh_root("live-lease")
+    lease_s = max(ctx.n(20, 3), int(out["launch_s"] * 1.5) + ctx.n(10, 2))
+    log(f"scale: launching {n} detached runs (sleep, --lease {lease_s}s), left to expire")
+    p, _ = start_daemon(ctx, root, "live-lease")
+    launch_many(ctx, root, ids, f"{lease_s}s")
+    deadlines = {}
+    for rid in ids:
+        le = read_json(root / rid / "lease.json") or {}
+        if le.get("deadline_epoch"):
+            deadlines[rid] = le["deadline_epoch"]
+    give_up = max(deadlines.values()) + 60 if deadlines else time.time() + 60
+    while time.time() < give_up:
+        ended, pending = final_times(root, ids)
+        if not pending:
+            break
+        time.sleep(0.25)
+    late = [(ended[r] - deadlines[r]) * 1000 for r in ended if r in deadlines]
+    out["lease"] = {
+        "lease_s": lease_s,
+        "lateness": summary(late),
+        "last_deadline_to_last_final_ms": (max(ended.values()) - max(deadlines.values())) * 1000 if ended and deadlines else None,
+        "not_final": pending,
+        "states": sorted({f"{(read_json(root / r / 'status.json') or {}).get('state')}/{(read_json(root / r / 'status.json') or {}).get('reason')}" for r in ids[:: max(1, n // 20)]}),
+        "load": loadavg(),
+    }
+    stop_daemon(ctx, p)
+    time.sleep(0.2)
+    out["lease"]["left"] = len(tagged_pids(SESSION_VAR, ctx.procs.session))
+    ctx.procs.kill_tagged(SESSION_VAR, ctx.procs.session)
+    shutil.rmtree(root, ignore_errors=True)
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -1438,6 +1641,59 @@ def stop_verdict(x, limit):
     return False
 
 
+def before_after(R):
+    """The before/after table of issue 17, from a run's results (also from a --json file)."""
+    B = []
+    b = B.append
+
+    def g(*keys):
+        x = R
+        for k in keys:
+            if not isinstance(x, dict):
+                return None
+            x = x.get(k, x.get(str(k)) if not isinstance(k, str) else None)
+            if x is None:
+                return None
+        return x
+
+    b("## Before and after (issue 17)")
+    b("")
+    b("\"Before\" is docs/benchmarks.md as it stood (a full run on the static binaries of git 1cb0da3, load 0.5-1.0) and, for the figures it did not have, the session's own baseline with the same fixtures (`bench/fixtures.py`, GNU time, warm cache). \"After\" is this run: see its load averages; while it ran, other builds shared the machine.")
+    b("")
+    b("| figure | target | before | after |")
+    b("|---|---|---|---|")
+    la = g("launch", "agent-run", "over_bare")
+    lt = g("launch", "tini", "over_bare")
+    b(f"| launch overhead of `true`, median over bare | tini's + 0.5 ms | +2.00 ms (tini +0.72) | {'+' + fms(la) if la is not None else '—'} ms (tini {'+' + fms(lt) if lt is not None else '—'}) |")
+    co = g("stop", "coop", "agent-run", "all")
+    b(f"| cooperative stop (cgroup), all gone: median / p99 | <= 3 ms median | 4.67 / 5.41 ms | {fms(co and co['median'])} / {fms(co and co['p99'])} ms |")
+    st = g("stop", "stubborn", "agent-run", "all")
+    ld = g("stop", "stubborn", "_load") or ["?"]
+    b(f"| stubborn child: stop minus grace, p99 | within 50 ms | 94.2 ms (load 0.5-1.0) | {fms(st and st['p99'])} ms (load {ld[0]} → {ld[-1]}) |")
+    before_late = {"live": "12.2", "orphan": "13.2", "orphan-own": "252"}
+    for x in (g("watchdog", "lateness") or []):
+        if x["n"] == 10000:
+            ldx = x.get("load", ["?"])
+            b(f"| lease lateness p99, 10,000 pending, {x['kind']} fillers | < 100 ms | {before_late.get(x['kind'], '—')} ms | {fms(x['lateness']['p99'])} ms (load {ldx[0]} → {ldx[-1]}) |")
+    before_once = {1000: "9.33 ms (docs); 10 ms, 2.5 MiB", 10000: "83.5 ms (docs); 130 ms, 3.0 MiB", 100000: "1,130-1,380 ms (560 user + 600 sys), 8 MiB"}
+    for n, txt in before_once.items():
+        x = g("scale", "once", n)
+        b(f"| `--once` over {n:,} final dirs: CPU, peak RSS | {'< 1 s, linear' if n == 100000 else ''} | {txt} | {fms(x and x['cpu_ms'])} ms, {(x['maxrss_kb'] / 1024 if x else 0):.1f} MiB |")
+    before_list = {(10000, "list"): "200 ms, 47 MiB", (100000, "list"): "2,600 ms, 450 MiB"}
+    for n in (10000, 100000):
+        for key in ("list", "list --json", "gc (nothing old enough)"):
+            x = g("scale", "list", n, key)
+            if x is None:
+                continue
+            b(f"| `{key}` at {n:,} runs: CPU, peak RSS | | {before_list.get((n, key), '— (not measured)')} | {fms(x['cpu_ms'])} ms, {x['maxrss_kb'] / 1024:.1f} MiB |")
+    lv = g("scale", "live")
+    if lv:
+        b(f"| {lv['n']:,} live runs: one cancel to the last final record | | — (new) | {fms(lv['cancel']['last_final_ms'])} ms |")
+        b(f"| {lv['n']:,} live runs: idle daemon CPU | near zero | — (new) | {fms(lv['daemon']['idle_cpu_ms'])} ms over {lv['daemon']['idle_s']:.0f} s |")
+    b("")
+    return B
+
+
 def render(ctx, peers, command, started, elapsed):
     R = ctx.results
     m = machine(ctx.tmp)
@@ -1487,7 +1743,7 @@ def render(ctx, peers, command, started, elapsed):
         r = R["stop"]
         a("## 2. Stop latency: TERM to the wrapper until no process of the tree is left")
         a("")
-        a("TERM goes to the wrapper (for bare and `setsid`, which exec, to the workload itself). \"all gone\" is the time until every process of the tree seen before the signal has exited and the wrapper has exited (pidfd + poll on each); agent-run writes its final record before it exits, so this includes the record. \"record\" is agent-run's `ended_at` minus the signal time (1 ms resolution; `ended_at` is stamped just before the final record is written and fsynced). When processes are still alive at the cap (1.5 s for (a) and (d), grace + 1 s for (b), grace + 1.5 s for (c)), the cell says what survived and the trial is not repeated beyond "
+        a(f"TERM goes to the wrapper (for bare and `setsid`, which exec, to the workload itself). \"all gone\" is the time until every process of the tree seen before the signal has exited and the wrapper has exited (pidfd + poll on each); agent-run writes its final record before it exits, so this includes the record. \"record\" is agent-run's `ended_at` minus the signal time (1 ms resolution; `ended_at` is stamped just before the final record is written and fsynced). When processes are still alive at the cap ({ctx.n(1.5, 0.5):g} s for (a) and (d), grace + {ctx.n(1.0, 0.5):g} s for (b), grace + {ctx.n(1.5, 0.5):g} s for (c)), the cell says what survived and the trial is not repeated beyond "
           f"{ctx.n(3, 1)}. Survivors are killed by pid afterwards. agent-run runs with `--grace {ctx.grace_s:g}s` (HUP step at the default 500 ms); `timeout` with `-k {ctx.grace_s:g}s`, its strongest setting (it escalates only while its own child lives, and exits with it); `tini -g` forwards the signal to the child's group and waits for the child.")
         a("")
         for scen in STOP_SCENARIOS:
@@ -1523,6 +1779,9 @@ def render(ctx, peers, command, started, elapsed):
                 else:
                     outcome = "all gone" + (f"; {', '.join(x['states'])}" if x.get("states") else "")
                 a(f"| {p.label} | {x['trials']} | {allc} | {rec} | {outcome} |")
+            if rr.get("_load"):
+                a("")
+                a(f"Load average over this scenario: {rr['_load'][0]} at the start, {rr['_load'][-1]} at the end.")
             x = rr.get("agent-run", {})
             if "skip" not in x:
                 key = scen["key"]
@@ -1534,7 +1793,8 @@ def render(ctx, peers, command, started, elapsed):
                     summ.append(("interactive shell stop (median / p99)", TARGETS["stop_shell"], f"{fms(val)} / {fms(x.get('all', {}).get('p99'))} ms", stop_verdict(x, 50)))
                 elif key == "stubborn":
                     val = x.get("all", {}).get("median")
-                    summ.append(("stubborn child: stop minus grace (median / p99)", TARGETS["stop_stubborn"], f"{fms(val)} / {fms(x.get('all', {}).get('p99'))} ms", stop_verdict(x, 50)))
+                    ld = rr.get("_load", ["?", "?"])
+                    summ.append(("stubborn child: stop minus grace (median / p99)", TARGETS["stop_stubborn"], f"{fms(val)} / {fms(x.get('all', {}).get('p99'))} ms (load {ld[0]} → {ld[-1]})", stop_verdict(x, 50)))
                 else:
                     summ.append(("setsid escapee", TARGETS["stop_escapee"], "survivors" if x.get("survivors") else f"all gone, {fms(x.get('all', {}).get('median'))} ms", not x.get("survivors")))
             a("")
@@ -1660,15 +1920,20 @@ def render(ctx, peers, command, started, elapsed):
             a("")
             a("K orphaned runs, each with its own live process (a `sleep` in its own session carrying the run's `AGENT_RUN_ID`), appear after the daemon's READY=1 with leases expiring at staggered deadlines, while N − K other runs have leases pending a day away. Lateness (\"final\") = the moment the harness sees the final record in status.json (it stats the runs past their deadline every millisecond) minus the lease deadline; \"act\" = the watchdog's first journal line for the run minus the deadline; then the stop (act → the journal's stop_end) and the final record (stop_end → seen; includes the fsync). Journal times have 1 ms resolution. Default `--scan-interval 30s`: a window longer than 30 s includes one periodic full rescan.")
             a("")
-            a("| pending leases (N) | fillers | K, spacing, window | startup to READY | startup CPU | final: p50 / p99 / max ms | act: p50 / p99 ms | act → stop_end p50 / max ms | stop_end → final seen p50 / max ms | not final | CPU during window | peak RSS |")
-            a("|---|---|---|---|---|---|---|---|---|---|---|---|")
+            a("| pending leases (N) | fillers | K, spacing, window | startup to READY | startup CPU | final: p50 / p99 / max ms | act: p50 / p99 ms | act → stop_end p50 / max ms | stop_end → final seen p50 / max ms | not final | CPU during window | peak RSS | load average (start → end) |")
+            a("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
             for x in lat:
                 s, sa = x["lateness"], x["act_lateness"]
                 bad = f" ({', '.join(x['bad_states'])})" if x["bad_states"] else ""
                 s1, s2 = x.get("act_to_stop_end", {}), x.get("stop_end_to_final", {})
-                a(f"| {x['n']:,} | {x['kind']} | {x['k']}, {x['spacing_s']:g} s, {x['window_s']:.0f} s | {x['ready_s'] * 1000:.0f} ms | {fms(x['ready_cpu_ms'])} ms | {fms(s['median'])} / {fms(s['p99'])} / {fms(s['max'])} | {fms(sa['median'])} / {fms(sa['p99'])} | {fms(s1.get('median'))} / {fms(s1.get('max'))} | {fms(s2.get('median'))} / {fms(s2.get('max'))} | {x['not_final']}{bad} | {fms(x['run_cpu_ms'])} ms | {(x['hwm_kb'] or 0) / 1024:.1f} MiB |")
+                a(f"| {x['n']:,} | {x['kind']} | {x['k']}, {x['spacing_s']:g} s, {x['window_s']:.0f} s | {x['ready_s'] * 1000:.0f} ms | {fms(x['ready_cpu_ms'])} ms | {fms(s['median'])} / {fms(s['p99'])} / {fms(s['max'])} | {fms(sa['median'])} / {fms(sa['p99'])} | {fms(s1.get('median'))} / {fms(s1.get('max'))} | {fms(s2.get('median'))} / {fms(s2.get('max'))} | {x['not_final']}{bad} | {fms(x['run_cpu_ms'])} ms | {(x['hwm_kb'] or 0) / 1024:.1f} MiB | {' → '.join(x.get('load', ['?']))} |")
             a("")
             a("Design of the fixture: one live process per pending run would be the most literal load, but the watchdog's per-run assessment of an orphaned run scans all of /proc and reads the environment of every newer process, so N runs with N processes cost O(N²) per pass; the fillers therefore share one process (live wrapper, or orphan session leader), and the K measured runs each have their own. Those K processes start after the fillers' shared leader, so every assessment of an orphan filler also reads their K environments: the orphan rows carry N × K environment reads per pass, as a host with K newer processes of the same user would. The \"orphan-own\" rows are that literal load: one live process per pending run.")
+            own = [x for x in lat if x["kind"] == "orphan-own" and x.get("pid_max")]
+            if own:
+                x = own[-1]
+                a("")
+                a(f"Why the orphan-own row is slower: each watchdog stop of an orphan looks at /proc three times (the first look, the look once every member is gone, and the second empty look that procfs mode needs to call a stop done, since a fork racing a scan can hide from one look). A look may skip the pids older than the run only when no pid wrap is possible since the run began (`procfs::only_newer_pids`); with kernel.pid_max = {x['pid_max']:,} and {x['tasks']:,} tasks alive (the 10,000 sleepers), a wrap is possible within ~2 s of forks, so every look reads the stat of all {x['tasks']:,} processes. That is the act → stop_end time above; the load average beside it adds to it. On a host with the default 64-bit pid_max (4,194,304) the pruning applies and the row behaves like the others; a run held in a cgroup needs no look at all to know it is empty (`cgroup.events`).")
             top = max(x["n"] for x in lat)
             big = [x for x in lat if x["n"] == top]
             for x in big:
@@ -1676,7 +1941,8 @@ def render(ctx, peers, command, started, elapsed):
                 ok = None if p99 is None else (p99 < 100 and x["not_final"] == 0 and not x["bad_states"])
                 if ok is False and x["lateness"]["median"] is not None and x["lateness"]["median"] < 100 and x["not_final"] == 0:
                     ok = "meets at the median; **p99 misses**"
-                summ.append((f"lease lateness p99, {x['n']:,} pending ({x['kind']} fillers)", TARGETS["lateness"], f"{fms(p99)} ms" + (f", {x['not_final']} not final" if x["not_final"] else ""), ok))
+                ld = x.get("load", ["?", "?"])
+                summ.append((f"lease lateness p99, {x['n']:,} pending ({x['kind']} fillers)", TARGETS["lateness"], f"{fms(p99)} ms" + (f", {x['not_final']} not final" if x["not_final"] else "") + f" (load {ld[0]} → {ld[-1]})", ok))
             a("")
 
     # ---------------- cancel
@@ -1694,12 +1960,75 @@ def render(ctx, peers, command, started, elapsed):
         a("Outcomes: " + ", ".join(f"{k} x{v}" for k, v in x["outcomes"].items()) + f"; processes of the run alive 10 ms after cancel returned: {x['left_behind']}.")
         a("")
 
+    # ---------------- scale
+    if "scale" in R:
+        r = R["scale"]
+        a("## 7. Scale: 1,000 / 10,000 / 100,000 run dirs, and 1,000 live runs")
+        a("")
+        a("Final run dirs are copies of one run dir agent-run wrote (`bench/fixtures.py`: status.json with the run id and cgroup name rewritten, events.jsonl, stdout.log, stderr.log, lock, pid, pgid). CPU is user + sys of the process (`wait4` rusage), peak RSS its `ru_maxrss`; every figure is a warm pass (one unmeasured pass first), median of the repeats. \"growth\" is the CPU ratio to the size 10x smaller (linear: 10x).")
+        a("")
+        a("### One `agent-run-watchdog --once` pass over final run dirs")
+        a("")
+        a("| run dirs | CPU ms (user + sys) | wall ms | peak RSS | growth per 10x | load average | target |")
+        a("|---|---|---|---|---|---|---|")
+        prev = None
+        for n, x in sorted(r["once"].items(), key=lambda kv: int(kv[0])):
+            n = int(n)
+            g = f"{x['cpu_ms'] / prev[1]:.1f}x" if prev and prev[0] * 10 == n and prev[1] > 0 else "—"
+            tgt = "< 1 s CPU, linear or better" if n == 100000 else ""
+            a(f"| {n:,} | {fms(x['cpu_ms'])} ({fms(x['user_ms'])} + {fms(x['sys_ms'])}) | {fms(x['wall_ms'])} | {x['maxrss_kb'] / 1024:.1f} MiB | {g} | {x['load']} | {tgt} |")
+            if n == 100000:
+                summ.append(("`--once` pass over 100,000 final run dirs (CPU)", "< 1 s CPU, linear or better", f"{fms(x['cpu_ms'])} ms, {x['maxrss_kb'] / 1024:.1f} MiB (load {x['load']})", x["cpu_ms"] < 1000))
+            prev = (n, x["cpu_ms"])
+        d = r.get("daemon") or {}
+        if d:
+            a("")
+            a(f"The daemon's first pass (startup to READY=1) over {d['n']:,} final run dirs: {d['ready_s'] * 1000:.0f} ms wall, {fms(d['cpu_ms'])} ms CPU, peak RSS {(d['hwm_kb'] or 0) / 1024:.1f} MiB.")
+        a("")
+        a("### `agent-run list` and `gc`")
+        a("")
+        a("| run dirs | command | CPU ms (user + sys) | wall ms | peak RSS | load average |")
+        a("|---|---|---|---|---|---|")
+        for n, rows in sorted(r["list"].items(), key=lambda kv: int(kv[0])):
+            for key, x in rows.items():
+                a(f"| {int(n):,} | `{key}` | {fms(x['cpu_ms'])} ({fms(x['user_ms'])} + {fms(x['sys_ms'])}) | {fms(x['wall_ms'])} | {x['maxrss_kb'] / 1024:.1f} MiB | {x['load']} |")
+        g = r.get("gc_all")
+        if g:
+            a(f"| {g['n']:,} | `gc --older-than 0s` (removes every run) | {fms(g['cpu_ms'])} | {fms(g['wall_ms'])} | {g['maxrss_kb'] / 1024:.1f} MiB | exit {g['code']}, {g['left']} entries left |")
+        lv = r.get("live") or {}
+        if lv:
+            n = lv["n"]
+            a("")
+            a(f"### {n:,} concurrent live runs on this machine")
+            a("")
+            a(f"`agent-run -d --lease 1h ID -- sleep 100000`, {n:,} times in a row; then the watchdog daemon on that root; then ONE `agent-run cancel ID1 ... ID{n}`. A second round of {n:,} runs with a short lease is left to expire (the wrappers enforce their own leases; the daemon watches too).")
+            a("")
+            dm = lv["daemon"]
+            c = lv["cancel"]
+            le = lv["lease"]
+            a("| figure | value |")
+            a("|---|---|")
+            a(f"| launch rate (`agent-run -d` in a row) | {lv['launch_rate']:.0f} runs/s ({lv['launch_s']:.1f} s for {n:,}) |")
+            a(f"| wrappers alive after the launches | {lv['wrappers_alive']:,} |")
+            a(f"| total RSS of the wrappers (PSS: shared pages split) | {lv['rss_total_kb'] / 1024:.0f} MiB ({lv['pss_total_kb'] / 1024:.0f} MiB PSS) |")
+            a(f"| watchdog daemon: startup to READY=1 / its CPU | {dm['ready_s'] * 1000:.0f} ms / {fms(dm['startup_cpu_ms'])} ms |")
+            a(f"| watchdog daemon: CPU while idle beside {n:,} live wrappers | {fms(dm['idle_cpu_ms'])} ms over {dm['idle_s']:.0f} s (load {dm['load']}) |")
+            a(f"| one `cancel` of {n:,} ids: until it returned / until the last final record (`ended_at`) | {fms(c['return_ms'])} ms / {fms(c['last_final_ms'])} ms; exit {c['code']}, {c['not_final']} not final, {c['left']} processes left (load {c['load']}) |")
+            s_ = le["lateness"]
+            a(f"| lease expiry ({le['lease_s']} s leases): `ended_at` minus the deadline, p50 / p99 / max | {fms(s_['median'])} / {fms(s_['p99'])} / {fms(s_['max'])} ms (n = {s_['n']}); {le['not_final']} not final, {le['left']} processes left; states {', '.join(le['states'])} (load {le['load']}) |")
+            a(f"| lease expiry: last deadline to the last final record | {fms(le['last_deadline_to_last_final_ms'])} ms |")
+            summ.append((f"{n:,} live runs: one many-id cancel, to the last final record", "every run final, nothing left", f"{fms(c['last_final_ms'])} ms, {c['not_final']} not final, {c['left']} left", c["not_final"] == 0 and c["left"] == 0 and c["code"] == 0))
+            summ.append((f"{n:,} live runs: idle watchdog CPU", TARGETS["idle"], f"{fms(dm['idle_cpu_ms'])} ms over {dm['idle_s']:.0f} s", dm["idle_cpu_ms"] / dm["idle_s"] < 10.0))
+        a("")
+
     if ctx.errors:
         a("## Harness errors")
         a("")
         for e in ctx.errors:
             a(f"- {e}")
         a("")
+
+    L[header_end:header_end] = before_after(R)
 
     # summary at the top
     S = ["## Targets", "", "| figure | target | measured | |", "|---|---|---|---|"]
@@ -1713,7 +2042,7 @@ def render(ctx, peers, command, started, elapsed):
 # Main
 # --------------------------------------------------------------------------------------------
 
-SCENARIOS = ["launch", "stop", "footprint", "output", "watchdog", "cancel"]
+SCENARIOS = ["launch", "stop", "footprint", "output", "watchdog", "cancel", "scale"]
 
 
 def main(argv=None):
@@ -1725,7 +2054,11 @@ def main(argv=None):
     ap.add_argument("--no-build", action="store_true", help="do not run cargo build; use the binaries in target/release (or --bin-dir)")
     ap.add_argument("--bin-dir", help="directory holding agent-run and agent-run-watchdog")
     ap.add_argument("--tmpdir", help="where run roots and scratch files go (default: $TMPDIR or /tmp)")
+    ap.add_argument("--before-after", metavar="JSON", help="print the before/after table of issue 17 from a --json file of a full run, and exit")
     args = ap.parse_args(argv)
+    if args.before_after:
+        print("\n".join(before_after(json.loads(Path(args.before_after).read_text()))))
+        return 0
     only = SCENARIOS if not args.only else [s.strip() for s in args.only.split(",")]
     for s in only:
         if s not in SCENARIOS:
@@ -1768,6 +2101,7 @@ def main(argv=None):
             "output": lambda: bench_output(ctx, peers),
             "watchdog": lambda: bench_watchdog(ctx),
             "cancel": lambda: bench_cancel(ctx),
+            "scale": lambda: bench_scale(ctx),
         }
         for name in SCENARIOS:
             if name not in only:

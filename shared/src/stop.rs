@@ -248,9 +248,12 @@ fn stop_run_inner(
                 Some(next) => next,
                 None => break,
             };
-            let mut all = s.adopt(depth);
-            all.extend(s.live());
-            s.signal(&all, level);
+            // The members we know get the signal at the deadline itself; the look at /proc
+            // (a full scan on a busy host: tens of ms) comes after, for what it adds.
+            let known = s.live();
+            s.signal(&known, level);
+            let new = s.adopt(depth);
+            s.signal(&new, level);
             continue;
         }
         // Nothing pinned to wait on (the last look saw only processes gone before they could

@@ -202,7 +202,15 @@ pub fn live_wrapper(dir: &RunDir, st: &Status) -> Wrapper {
     // A wrapper on its way out drops its memory (its /proc exe link) and then its descriptors
     // (the lock) a moment before it becomes a zombie: give it that moment before calling it a
     // stranger.
-    if unconfirmed().is_some() {
+    if let Some(why) = unconfirmed() {
+        // Only a wrapper on its way out looks like this for a moment: its exe link gone, or
+        // agent-run without the lock. A live process running something else is not exiting:
+        // no wait (a root of records naming such processes would cost 250 ms a run).
+        if procfs::exe_name(pid).is_some_and(|name| name != "agent-run")
+            && procfs::stat(pid).is_some_and(|s| !s.is_dead())
+        {
+            return Wrapper::Mismatch(why);
+        }
         if exits_within(&fd, EXITING) || procfs::stat(pid).is_none_or(|s| s.is_dead()) {
             return Wrapper::Gone;
         }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use agent_run_shared::time::parse_rfc3339;
 use agent_run_tests::ansible::{ansible_program, installed_collection, Fleet, Host, Play};
 use agent_run_tests::facts::{epoch_now, require_root};
-use agent_run_tests::{environ_var, proc_stat, session_members, wait_until_dbg, Pinned};
+use agent_run_tests::{proc_stat, session_members, wait_until_dbg, Pinned};
 use serde_json::Value;
 
 const HOSTS: usize = 10;
@@ -390,6 +390,8 @@ fn ctrl_c_of_ansible_playbook_cancels_the_run_on_every_host_within_grace() {
     let _serial = serial();
     let fleet = Fleet::new(HOSTS);
     let (mut cmd, _results) = fleet.command("long", &book(LONG), &[]);
+    let trace = fleet.path("trace.log");
+    cmd.env("AGENTRUN_ANSIBLE_TRACE", &trace);
     let play = agent_run_tests::Spawned::spawn(&mut cmd);
     let pgid = play.child.id() as i32;
     let recs = wait_all_running(&fleet, "ans-", 3, &play);
@@ -432,6 +434,8 @@ fn ctrl_c_of_ansible_playbook_cancels_the_run_on_every_host_within_grace() {
     let gone = runs.wait_all_gone(Duration::from_millis(500));
     assert!(gone.is_ok(), "processes left: {gone:?}");
     let mut took = 0.0f64;
+    let mut reached = 0.0f64;
+    let hops = fs::read_to_string(&trace).unwrap_or_default();
     for (h, rec) in fleet.hosts.iter().zip(&finals) {
         assert_eq!(
             rec["state"], "cancelled",
@@ -456,7 +460,38 @@ fn ctrl_c_of_ansible_playbook_cancels_the_run_on_every_host_within_grace() {
             "{}: cancel.json {cancel}",
             h.name
         );
+        // The hops of this host's cancel, in seconds after the SIGINT: the worker's signal,
+        // the cancel command sent, the request on the host (cancel.json), the command's return.
+        let requested = serde_json::from_str::<Value>(&cancel)
+            .ok()
+            .and_then(|c| parse_rfc3339(c["requested_at"].as_str()?))
+            .unwrap_or_else(|| panic!("{}: no requested_at in cancel.json {cancel}", h.name))
+            - t0_epoch;
+        reached = reached.max(requested);
+        let id = format!("ans-{}-", h.name);
+        let hop = |what: &str| {
+            hops.lines()
+                .filter(|l| l.contains(what) && l.contains(&id))
+                .filter_map(|l| l.split(' ').nth(1)?.parse::<f64>().ok())
+                .next()
+                .map_or(f64::NAN, |t| t - t0_epoch)
+        };
+        eprintln!(
+            "ansible: Ctrl-C hops {}: signal {:.3} cancel sent {:.3} reached {requested:.3} \
+             returned {:.3} ended {ended:.3}",
+            h.name,
+            hop("signal"),
+            hop("cancel start"),
+            hop("cancel done"),
+        );
     }
+    // The cancel is one remote command per host, sent the moment the worker gets the signal
+    // (about 0.2 s to reach ten hosts on two cores, 0.3 s at a load of 15; a login shell that
+    // sources a slow rc file made it 1-4 s).
+    assert!(
+        reached <= 1.0,
+        "a cancel reached its host {reached:.3} s after Ctrl-C: more than 1 s"
+    );
     assert!(
         took <= (grace + Duration::from_secs(2)).as_secs_f64(),
         "the last run was cancelled {took:.3} s after Ctrl-C: more than grace (2 s) + 2 s"
@@ -474,8 +509,8 @@ fn ctrl_c_of_ansible_playbook_cancels_the_run_on_every_host_within_grace() {
         controller.alive()
     );
     eprintln!(
-        "ansible: Ctrl-C: every run cancelled in {took:.3} s, ansible-playbook exited after \
-         {exited:?}"
+        "ansible: Ctrl-C: every cancel on its host within {reached:.3} s, every run cancelled \
+         in {took:.3} s, ansible-playbook exited after {exited:?}"
     );
     assert_nothing_left(&fleet, "after Ctrl-C");
 
@@ -732,6 +767,8 @@ fn a_task_timeout_stops_the_run_on_every_host() {
     let fleet = Fleet::new(HOSTS);
     let play = fleet.play("timeouts", &book(TIMEOUTS), &[], PLAY);
     assert_eq!(play.code(), 0, "{}", play.describe());
+    let mut cancelled = 0;
+    let mut not_started = Vec::new();
     for h in &fleet.hosts {
         let r = play.result("limited", &h.name);
         assert_eq!(r["status"], "failed", "{r}");
@@ -786,15 +823,323 @@ fn a_task_timeout_stops_the_run_on_every_host() {
         assert_eq!(outs, vec!["one\n", "two\n"], "{r}");
         assert_ne!(items[0]["run_id"], items[1]["run_id"], "{r}");
 
-        // Ansible's own task timeout: Ansible gives up on the task, and the run is cancelled.
+        // Ansible's own task timeout: Ansible gives up on the task and cancels. The timeout (3 s)
+        // comes during the task's first module call (it waits on the host for a third of the
+        // lease), often before the module has got to `agent-run start` on a loaded machine: then
+        // the cancel goes through the host's fence, and either the run exists and is cancelled,
+        // or the module finds the cancel's mark, uses it up and starts nothing.
         let r = play.result("keyword", &h.name);
         assert_eq!(r["status"], "failed", "{r}");
         assert_eq!(r["result"]["timedout"]["period"], 3, "{r}");
-        let (_, rec) = record_of(&fleet, h, &format!("ans-{}-keyword-", h.name));
-        assert_eq!(rec["state"], "cancelled", "{rec}");
-        assert_eq!(rec["reason"], "cancel_request", "{rec}");
+        let prefix = format!("ans-{}-keyword-", h.name);
+        let keyword = |fleet: &Fleet| -> Vec<(String, Value)> {
+            fleet
+                .records(h)
+                .into_iter()
+                .filter(|(id, _)| id.starts_with(&prefix))
+                .collect()
+        };
+        match keyword(&fleet).as_slice() {
+            [(_, rec)] => {
+                assert_eq!(rec["state"], "cancelled", "{rec}");
+                assert_eq!(rec["reason"], "cancel_request", "{rec}");
+                cancelled += 1;
+            }
+            [] => {
+                let fence: Vec<_> = fs::read_dir(&h.root)
+                    .map(|d| {
+                        d.flatten()
+                            .filter(|e| {
+                                e.file_name()
+                                    .to_string_lossy()
+                                    .starts_with(&format!(".ansible-fence.{prefix}"))
+                            })
+                            .map(|e| e.path())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                // No fence at all: the module was never sent (the cancel went by label alone).
+                if let [fence] = fence.as_slice() {
+                    wait_until_dbg(
+                        &format!("{}: the module used up the cancel's mark", h.name),
+                        T,
+                        || {
+                            let text = fs::read_to_string(fence).unwrap_or_default();
+                            let marks = serde_json::from_str::<Value>(&text)
+                                .map(|v| v["cancelled"].clone())
+                                .unwrap_or(Value::Null);
+                            (marks == serde_json::json!({})).then_some(()).ok_or(text)
+                        },
+                    );
+                }
+                not_started.push(h);
+            }
+            more => panic!("{}: several runs {prefix}*: {more:?}", h.name),
+        }
     }
     assert_nothing_left(&fleet, "after the timeouts");
+    for h in &not_started {
+        let late: Vec<_> = fleet
+            .records(h)
+            .into_iter()
+            .filter(|(id, _)| id.starts_with(&format!("ans-{}-keyword-", h.name)))
+            .collect();
+        assert!(
+            late.is_empty(),
+            "{}: started after the cancel: {late:?}",
+            h.name
+        );
+    }
+    eprintln!(
+        "ansible: task timeout: {cancelled} runs cancelled, {} never started (cancelled before \
+         the run existed)",
+        not_started.len()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// A cancel that comes before the run exists (the first module call is still on its way to
+// `agent-run start`): the host's fence (module_utils/fence.py)
+
+/// The task of the fence test. The module pauses (the collection's test hook) where `pause_at`
+/// says for the host: `fence` before it takes the fence, `start` under it right before
+/// `agent-run start`. h03 is interrupted by the task's own `timeout:` (10 s: its module must have
+/// been sent by then, or there is no module to fence; it is paused long before on this machine),
+/// the others by Ctrl-C. Once `quick` exists in a host's directory the command ends at once (the
+/// rerun).
+const FENCED: &str = r#"- name: fenced
+  hosts: all
+  gather_facts: false
+@MD@
+  environment:
+    AGENTRUN_ANSIBLE_TEST_PAUSE: "{{ pause_at.get(inventory_hostname, 'none') }}:{{ agentrun_dir }}"
+  tasks:
+    - name: fenced
+      agentrun.remote.run:
+        cmd: 'echo run >> {{ agentrun_dir }}/count; [ -e {{ agentrun_dir }}/quick ] || { sleep 300 & sleep 300; }'
+        grace: 1s
+      timeout: "{{ 10 if inventory_hostname == 'h03' else 600 }}"
+"#;
+
+/// The run id of `host`'s paused module and its pid, once it has paused at `point`.
+fn paused(host: &Host, point: &str) -> (String, i32) {
+    let prefix = format!("ans-{}-fenced-", host.name);
+    let suffix = format!(".{point}.paused");
+    wait_until_dbg(
+        &format!("{}'s module paused at {point}", host.name),
+        PLAY,
+        || {
+            for e in fs::read_dir(&host.dir)
+                .map_err(|e| e.to_string())?
+                .flatten()
+            {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if let Some(base) = name
+                    .strip_prefix(&prefix)
+                    .and_then(|rest| rest.strip_suffix(&suffix))
+                {
+                    if let Some(pid) = fs::read_to_string(e.path())
+                        .ok()
+                        .and_then(|t| t.trim().parse::<i32>().ok())
+                    {
+                        return Ok((format!("{prefix}{base}"), pid));
+                    }
+                }
+            }
+            Err(format!("no {prefix}*{suffix} in {}", host.dir.display()))
+        },
+    )
+}
+
+/// Waits for the plugin's trace line `what` (e.g. "cancel done ID"); its wall-clock time.
+fn traced(trace: &std::path::Path, what: &str) -> f64 {
+    wait_until_dbg(&format!("trace: {what}"), PLAY, || {
+        let text = fs::read_to_string(trace).unwrap_or_default();
+        text.lines()
+            .find(|l| l.ends_with(what))
+            .and_then(|l| l.split(' ').nth(1)?.parse::<f64>().ok())
+            .ok_or_else(|| text.clone())
+    })
+}
+
+/// How many processes wait (blocked in flock(2)) for the lock of `path`, as /proc/locks says:
+/// `N: -> FLOCK ADVISORY WRITE PID MAJ:MIN:INODE 0 EOF`.
+fn flock_waiters(path: &std::path::Path) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(ino) = fs::metadata(path).map(|m| m.ino().to_string()) else {
+        return 0;
+    };
+    fs::read_to_string("/proc/locks")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(" -> FLOCK "))
+        .filter(|l| {
+            l.split_whitespace()
+                .any(|w| w.matches(':').count() == 2 && w.rsplit(':').next() == Some(&ino))
+        })
+        .count()
+}
+
+/// The cancel marks in `host`'s fence of `base`.
+fn marks(host: &Host, base: &str) -> Value {
+    let text = fs::read_to_string(host.root.join(format!(".ansible-fence.{base}")))
+        .unwrap_or_else(|e| panic!("{}: no fence of {base}: {e}", host.name));
+    serde_json::from_str::<Value>(&text).unwrap()["cancelled"].clone()
+}
+
+/// No process of `rec`'s run is alive: its session is empty, no process carries its run dir,
+/// its wrapper is gone and its cgroup (if it had one) is removed or empty.
+fn run_gone(host: &Host, rec: &Value) -> Result<(), String> {
+    let sid = rec["sid"].as_i64().unwrap() as i32;
+    let dir = host
+        .root
+        .join(rec["run_id"].as_str().unwrap())
+        .display()
+        .to_string();
+    let members = session_members(sid);
+    let carriers = agent_run_tests::processes_with_env("AGENT_RUN_DIR", |v| v == dir.as_bytes());
+    let cgroup = rec["containment"]["cgroup"].as_str().unwrap_or_default();
+    let in_cgroup = if cgroup.is_empty() {
+        String::new()
+    } else {
+        fs::read_to_string(format!("{cgroup}/cgroup.procs")).unwrap_or_default()
+    };
+    if members.is_empty()
+        && carriers.is_empty()
+        && !leader_alive(rec)
+        && !wrapper_alive(rec)
+        && in_cgroup.trim().is_empty()
+    {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}: session {members:?}, carriers {carriers:?}, cgroup {cgroup}: {in_cgroup:?}, \
+             wrapper alive {}",
+            host.name,
+            wrapper_alive(rec)
+        ))
+    }
+}
+
+#[test]
+fn a_cancel_before_the_run_exists_leaves_nothing_running_and_a_rerun_works() {
+    require_root();
+    let _serial = serial();
+    let fleet = Fleet::new(3);
+    let (h1, h2, h3) = (&fleet.hosts[0], &fleet.hosts[1], &fleet.hosts[2]);
+    let pause = r#"{"pause_at": {"h01": "fence", "h02": "start", "h03": "fence"}}"#;
+    let (mut cmd, _results) = fleet.command("fenced", &book(FENCED), &["-e", pause]);
+    let trace = fleet.path("trace.log");
+    cmd.env("AGENTRUN_ANSIBLE_TRACE", &trace);
+    let play = agent_run_tests::Spawned::spawn(&mut cmd);
+    let pgid = play.child.id() as i32;
+    let (base1, pid1) = paused(h1, "fence");
+    let (base2, pid2) = paused(h2, "start");
+    let (base3, pid3) = paused(h3, "fence");
+    let modules = Pinned::new(&[pid1, pid2, pid3]);
+    let fence2 = h2.root.join(format!(".ansible-fence.{base2}"));
+
+    // h03: the task's timeout (10 s) while its module has not taken the fence yet. The cancel
+    // returns having marked this invocation, with nothing to stop.
+    traced(&trace, &format!("cancel done {base3}"));
+    assert!(fleet.records(h3).is_empty(), "{:?}", fleet.records(h3));
+    assert_eq!(marks(h3, &base3).as_object().unwrap().len(), 1);
+    // The module goes on, finds the mark, starts nothing and ends.
+    fs::write(h3.dir.join(format!("{base3}.fence.go")), "").unwrap();
+    let gone = Pinned::new(&[pid3]).wait_all_gone(T);
+    assert!(gone.is_ok(), "h03's module still running: {gone:?}");
+    assert!(fleet.records(h3).is_empty(), "{:?}", fleet.records(h3));
+    assert_eq!(
+        marks(h3, &base3),
+        serde_json::json!({}),
+        "the mark is used up"
+    );
+    assert!(!h3.dir.join("count").exists(), "h03's command ran");
+
+    // Ctrl-C, while h01's module has not taken the fence and h02's holds it, about to start.
+    // SAFETY: kill(2) on the process group of a child we spawned (not yet reaped).
+    assert_eq!(unsafe { libc::kill(-pgid, libc::SIGINT) }, 0);
+    // h01: as h03.
+    traced(&trace, &format!("cancel done {base1}"));
+    assert!(fleet.records(h1).is_empty(), "{:?}", fleet.records(h1));
+    assert_eq!(marks(h1, &base1).as_object().unwrap().len(), 1);
+    // h02: the cancel waits for the fence (a waiter in /proc/locks, a kernel fact)...
+    wait_until_dbg(
+        "h02's cancel waits for the fence",
+        PLAY,
+        || match flock_waiters(&fence2) {
+            0 => Err(fs::read_to_string(&trace).unwrap_or_default()),
+            n => Ok(n),
+        },
+    );
+    assert!(fleet.records(h2).is_empty(), "{:?}", fleet.records(h2));
+    fs::write(h1.dir.join(format!("{base1}.fence.go")), "").unwrap();
+    // ...until the module has started the run and let the fence go; then the cancel finds the
+    // run by its label and stops it: when the cancel returns, the run is final, nothing left.
+    fs::write(h2.dir.join(format!("{base2}.start.go")), "").unwrap();
+    let done2 = traced(&trace, &format!("cancel done {base2}"));
+    let (id2, rec2) = record_of(&fleet, h2, &base2);
+    assert_eq!(id2, base2);
+    assert_eq!(rec2["state"], "cancelled", "{rec2}");
+    assert_eq!(rec2["reason"], "cancel_request", "{rec2}");
+    let ended = parse_rfc3339(rec2["ended_at"].as_str().unwrap()).unwrap();
+    assert!(
+        ended <= done2,
+        "h02's run ended at {ended}, after the cancel returned at {done2}"
+    );
+    assert!(!leader_alive(&rec2), "{rec2}");
+    wait_until_dbg("h02's run gone", T, || run_gone(h2, &rec2));
+    assert_eq!(
+        lines(&h2.dir.join("count")),
+        1,
+        "h02's command started once"
+    );
+
+    let gone = modules.wait_all_gone(T);
+    assert!(gone.is_ok(), "modules still running: {gone:?}");
+    assert!(fleet.records(h1).is_empty(), "{:?}", fleet.records(h1));
+    assert_eq!(
+        marks(h1, &base1),
+        serde_json::json!({}),
+        "the mark is used up"
+    );
+    assert!(!h1.dir.join("count").exists(), "h01's command ran");
+    let out = play.finish(PLAY);
+    assert_ne!(out.status.code(), Some(0), "{out:?}");
+
+    // A rerun of the task (a new invocation: not refused by the old marks) runs it, once.
+    for h in &fleet.hosts {
+        fs::write(h.dir.join("quick"), "").unwrap();
+    }
+    let rerun = fleet.play(
+        "fenced",
+        &book(FENCED),
+        &["-e", r#"{"pause_at": {}}"#],
+        PLAY,
+    );
+    assert_eq!(rerun.code(), 0, "{}", rerun.describe());
+    for (h, base, want) in [
+        (h1, &base1, base1.clone()),
+        (h2, &base2, format!("{base2}.r2")),
+        (h3, &base3, base3.clone()),
+    ] {
+        let r = rerun.result("fenced", &h.name);
+        assert_eq!(r["status"], "ok", "{r}");
+        assert_eq!(r["result"]["run_id"], want.as_str(), "{r}");
+        assert_eq!(r["result"]["rc"], 0, "{r}");
+        let rec: Value = fleet
+            .records(h)
+            .into_iter()
+            .find(|(id, _)| *id == want)
+            .unwrap_or_else(|| panic!("{}: no run {want}", h.name))
+            .1;
+        assert_eq!(rec["state"], "finished", "{rec}");
+        assert_eq!(rec["labels"]["agentrun.id"], base.as_str(), "{rec}");
+    }
+    assert_eq!(lines(&h1.dir.join("count")), 1);
+    assert_eq!(lines(&h2.dir.join("count")), 2);
+    assert_eq!(lines(&h3.dir.join("count")), 1);
+    assert_nothing_left(&fleet, "after the fenced cancels and the rerun");
 }
 
 /// Installs agent-run on every host as the README says (a copy of the binary, where `binary:`
@@ -893,15 +1238,32 @@ fn state_started_in_one_playbook_run_and_finished_in_a_later_one() {
                 .unwrap();
         deadlines.push(lease["deadline_epoch"].as_f64().unwrap());
     }
-    // Nothing of the controller is left, only the runs.
+    // Nothing of the controller is left, only the runs: every live process the fleet started is
+    // a member of a run's session or a run's wrapper, as the records name them (the session id
+    // and the start ticks in /proc/PID/stat: kernel facts, read in one go per process). The runs
+    // go on meanwhile (the job forks a `sleep 0.05` every 50 ms), so a process found by the scan
+    // may be gone, or a zombie, by the time it is looked at: it is not left then. (Excusing the
+    // runs' processes by their AGENT_RUN_DIR instead raced: a zombie has no environ to read, and
+    // a `sleep 0.05` that exited between the two looks was reported.)
+    let runs: Vec<Value> = fleet
+        .hosts
+        .iter()
+        .flat_map(|h| fleet.records(h).into_iter().map(|(_, rec)| rec))
+        .collect();
+    assert_eq!(runs.len(), 2 * HOSTS, "a job and a victim on every host");
     let left: Vec<_> = fleet
         .leftovers()
         .into_iter()
-        .filter(|(pid, cmdline)| {
-            environ_var(*pid, "AGENT_RUN_DIR").is_none()
-                // the runs' wrappers
-                && !cmdline.split(' ').next().is_some_and(|w| w.ends_with("/agent-run"))
-                && proc_stat(*pid).is_some()
+        .filter(|(pid, _)| {
+            let Some((state, _, _, sid, ticks)) = proc_stat(*pid) else {
+                return false; // gone since the scan
+            };
+            let of_a_run = runs.iter().any(|rec| {
+                rec["sid"].as_i64() == Some(i64::from(sid))
+                    || (rec["wrapper_pid"].as_i64() == Some(i64::from(*pid))
+                        && rec["wrapper_start_ticks"].as_u64() == Some(ticks))
+            });
+            !matches!(state, 'Z' | 'X') && !of_a_run
         })
         .collect();
     assert!(left.is_empty(), "{left:?}");

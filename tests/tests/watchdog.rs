@@ -1416,3 +1416,181 @@ fn a_thousand_run_dirs_with_two_hundred_leases_expiring_together_are_all_stopped
     );
     dog.terminate(LONG);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The fast path of a full pass: only a surely final dir is settled without the careful path
+
+/// What the fast path says of `name` in `root`.
+fn fast_verdict(root: &TestRoot, name: &str) -> agent_run_watchdog::fast::Fast {
+    use agent_run_watchdog::fast::{entries, open_root, Pass};
+    let fd = open_root(&root.root()).expect("cannot open the root");
+    let ents = entries(&fd).expect("cannot list the root");
+    let e = ents
+        .iter()
+        .find(|e| e.name == name)
+        .unwrap_or_else(|| panic!("{name} is not listed"));
+    Pass::new(&fd).classify(e)
+}
+
+/// Replace a run's status.json (atomically, as a workload can) with `bytes`.
+fn forge_status(dir: &Path, bytes: &[u8]) {
+    let tmp = dir.join(".forged.tmp");
+    fs::write(&tmp, bytes).unwrap();
+    fs::rename(&tmp, dir.join("status.json")).unwrap();
+}
+
+#[test]
+fn the_fast_path_settles_only_surely_final_dirs_and_hands_hostile_ones_to_the_careful_path() {
+    use agent_run_watchdog::fast::{Fast, MAX_FAST};
+    let _cpu = shared_cpu();
+    let root = TestRoot::new();
+    let _r = open_root(&root);
+    let boot = procfs::boot_id();
+    let (dead, ticks) = dead_process();
+    let mut finished = record_with("fp-final", dead, dead, dead, ticks, &boot);
+    finished.state = State::Finished;
+    finished.exit_code = Some(0);
+    finished.ended_at = Some(rfc3339_now());
+    let final_json = |id: &str| {
+        let mut st = finished.clone();
+        st.run_id = id.into();
+        st.to_json()
+    };
+    let careful = |id: &str, what: &str| {
+        let t = Instant::now();
+        assert_eq!(fast_verdict(&root, id), Fast::Careful, "{what}");
+        // Never a blocked open or a long read: a FIFO or a huge file costs one failed check.
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{what}: took {:?}",
+            t.elapsed()
+        );
+    };
+
+    // The control: a plain final record of a dead run is final for the fast path.
+    let dir = make_run_dir(&root, "fp-final");
+    forge_status(&dir, final_json("fp-final").as_bytes());
+    assert!(matches!(
+        fast_verdict(&root, "fp-final"),
+        Fast::Final { .. }
+    ));
+
+    // status.json is a FIFO (nobody writes it), a symlink to a final record, a directory.
+    let dir = make_run_dir(&root, "fp-fifo");
+    assert!(Command::new("mkfifo")
+        .arg(dir.join("status.json"))
+        .status()
+        .unwrap()
+        .success());
+    careful("fp-fifo", "a FIFO as status.json");
+    let dir = make_run_dir(&root, "fp-symlink");
+    let elsewhere = root.dir.path().join("fp-elsewhere.json");
+    fs::write(&elsewhere, final_json("fp-symlink")).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, dir.join("status.json")).unwrap();
+    careful("fp-symlink", "a symlink as status.json");
+    let dir = make_run_dir(&root, "fp-dir");
+    fs::create_dir(dir.join("status.json")).unwrap();
+    careful("fp-dir", "a directory as status.json");
+
+    // Oversized: a valid final record padded past what the fast path reads; and a 1 GiB file.
+    let dir = make_run_dir(&root, "fp-big");
+    let mut big = final_json("fp-big");
+    big.push_str(&" ".repeat(MAX_FAST as usize + 1));
+    forge_status(&dir, big.as_bytes());
+    careful("fp-big", "a record larger than the fast path reads");
+    let dir = make_run_dir(&root, "fp-huge");
+    fs::File::create(dir.join("status.json"))
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    careful("fp-huge", "a 1 GiB status.json");
+
+    // The run dir itself: a symlink to a final run, a dir open to others.
+    std::os::unix::fs::symlink(root.run_dir("fp-final"), root.run_dir("fp-linkdir")).unwrap();
+    careful("fp-linkdir", "a symlinked run dir");
+    let dir = make_run_dir(&root, "fp-open");
+    forge_status(&dir, final_json("fp-open").as_bytes());
+    fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    careful("fp-open", "a run dir open to others");
+
+    // A record that claims `finished` while its wrapper lives and holds the lock, and while
+    // the run's cgroup holds its processes: the truth is not final.
+    let id = "fp-live";
+    let run = start_detached(&root, id, &["--lease", "20s"], &["tree", "--children", "1"]);
+    let dir = root.run_dir(id);
+    let real = fs::read(dir.join("status.json")).unwrap();
+    let mut forged: Value = serde_json::from_slice(&real).unwrap();
+    forged["state"] = "finished".into();
+    forged["exit_code"] = 0.into();
+    forged["ended_at"] = rfc3339_now().into();
+    forge_status(
+        &dir,
+        serde_json::to_string_pretty(&forged).unwrap().as_bytes(),
+    );
+    careful(
+        id,
+        "a forged `finished` with a live wrapper holding the lock",
+    );
+    let in_cgroup = forged["containment"]["mode"] == "cgroup";
+    if in_cgroup {
+        // The lock's holder hidden (the record names pid 1 as its wrapper): the live cgroup
+        // alone keeps the run from the fast path.
+        forged["wrapper_pid"] = 1.into();
+        forge_status(
+            &dir,
+            serde_json::to_string_pretty(&forged).unwrap().as_bytes(),
+        );
+        careful(
+            id,
+            "a forged `finished` with live processes in the run's cgroup",
+        );
+    } else {
+        eprintln!("the run is not held in a cgroup here: no cgroup case");
+    }
+    // The real record back; the run is then cancelled the ordinary way, tree and all.
+    forge_status(&dir, &real);
+    let mut cmd = root.cmd();
+    cmd.args(["cancel", id]);
+    let out = run_with_timeout(&mut cmd, LONG);
+    assert_eq!(exit_code(&out.status), 0, "{}", diagnostics(&root, id));
+    assert_all_gone(&root, id, &run.pinned, Duration::from_secs(10));
+    assert_all_gone(&root, id, &run.wrapper, Duration::from_secs(10));
+    if in_cgroup {
+        // Final for real, wrapper gone, cgroup removed: now the fast path may settle it.
+        let gone_by = Instant::now() + LONG;
+        while fast_verdict(&root, id) == Fast::Careful && Instant::now() < gone_by {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(matches!(fast_verdict(&root, id), Fast::Final { .. }));
+    }
+
+    // And a whole --once pass over all of it: the careful path still skips the hostile dirs
+    // (one line each) and leaves the final ones alone.
+    let mut cmd = root.watchdog_cmd();
+    cmd.arg("--once");
+    let out = run_with_timeout(&mut cmd, LONG);
+    assert_eq!(
+        exit_code(&out.status),
+        0,
+        "{}",
+        describe_output("--once", &out)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    for name in [
+        "fp-fifo",
+        "fp-symlink",
+        "fp-dir",
+        "fp-huge",
+        "fp-linkdir",
+        "fp-open",
+    ] {
+        assert_eq!(
+            err.lines()
+                .filter(|l| l.contains(&format!("{name}: skipped")))
+                .count(),
+            1,
+            "{name}\n{err}"
+        );
+    }
+    assert!(!err.contains("fp-final"), "{err}");
+}

@@ -3,6 +3,7 @@
 
 use crate::act::act;
 use crate::assess::{assess, delay_until, Action, Policy, Seen, Subject, Verdict};
+use crate::fast::{self, Entry, Fast, Pass};
 use crate::notify::Notifier;
 use agent_run_shared::procset::Snapshot;
 use agent_run_shared::root::Root;
@@ -93,7 +94,15 @@ pub fn run_once(root: &Root, policy: &Policy) -> Vec<String> {
     let now = epoch_now();
     let procs = OnceCell::new();
     let mut handles = Vec::new();
-    for name in entries(root) {
+    let Some((rootfd, ents)) = entries(root) else {
+        return Vec::new();
+    };
+    let mut pass = Pass::new(&rootfd);
+    for e in ents {
+        if let Fast::Final { .. } = pass.classify(&e) {
+            continue;
+        }
+        let name = e.name;
         match assess(root, &name, now, Seen::default(), policy, &procs, true) {
             (Verdict::Now(action), Some(subject)) => {
                 handles.push(thread::spawn(move || {
@@ -121,19 +130,36 @@ fn describe(s: &Subject, action: Action, r: agent_run_shared::Result<String>) ->
     }
 }
 
-/// The names in the root that could be run dirs.
-fn entries(root: &Root) -> Vec<String> {
-    match std::fs::read_dir(root.path()) {
-        Ok(rd) => rd
-            .filter_map(|e| e.ok())
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| !n.starts_with('.'))
-            .collect(),
+/// The root, opened for a pass, and the entries in it that could be run dirs.
+fn entries(root: &Root) -> Option<(OwnedFd, Vec<Entry>)> {
+    let listed = fast::open_root(root.path()).and_then(|fd| {
+        let ents = fast::entries(&fd)?;
+        Ok((fd, ents))
+    });
+    match listed {
+        Ok(l) => Some(l),
         Err(e) => {
             log(&format!("cannot list {}: {e}", root.path().display()));
-            Vec::new()
+            None
         }
     }
+}
+
+/// status.json's (mtime in ns, inode) by a path relative to the root's fd: the key a settled
+/// run is kept under.
+fn settled_key(rootfd: &OwnedFd, name: &str) -> Option<(i64, u64)> {
+    use rustix::fs::{statx, AtFlags, StatxFlags};
+    let s = statx(
+        rootfd,
+        format!("{name}/{}", files::STATUS),
+        AtFlags::SYMLINK_NOFOLLOW,
+        StatxFlags::MTIME | StatxFlags::INO,
+    )
+    .ok()?;
+    Some((
+        s.stx_mtime.tv_sec * 1_000_000_000 + i64::from(s.stx_mtime.tv_nsec),
+        s.stx_ino,
+    ))
 }
 
 /// Journal why a run dir is skipped, when it is a run dir we may write to (a skipped dir may be
@@ -341,8 +367,10 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
 impl Daemon {
     /// Full pass over the root: the backstop for anything an event missed.
     fn scan(&mut self) {
-        let names = entries(&self.root);
-        let present: HashSet<&String> = names.iter().collect();
+        let Some((rootfd, ents)) = entries(&self.root) else {
+            return;
+        };
+        let present: HashSet<&String> = ents.iter().map(|e| &e.name).collect();
         let gone: Vec<String> = self
             .runs
             .keys()
@@ -353,9 +381,27 @@ impl Daemon {
             self.forget(&n);
         }
         self.settled.retain(|n, _| present.contains(n));
-        // One look at /proc for the whole pass, not one per run.
+        // One look at /proc for the whole pass, not one per run; one look at the flocks.
         let procs = OnceCell::new();
-        for name in &names {
+        let mut pass = Pass::new(&rootfd);
+        for e in &ents {
+            let name = &e.name;
+            if self.busy.contains(name) {
+                continue;
+            }
+            // Settled and unchanged: one statx. Final for sure: settled without the careful
+            // path. Anything else: the careful path.
+            if let Some(k) = self.settled.get(name) {
+                if settled_key(&rootfd, name).as_ref() == Some(k) {
+                    continue;
+                }
+            }
+            if let Fast::Final { mtime_ns, ino } = pass.classify(e) {
+                self.forget(name);
+                self.skipped.remove(name);
+                self.settled.insert(name.clone(), (mtime_ns, ino));
+                continue;
+            }
             self.evaluate_with(name, &procs, true);
         }
     }

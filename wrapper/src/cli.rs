@@ -226,6 +226,14 @@ pub struct RemoteArgs {
     /// The host pty's size, COLSxROWS (default: this process's terminal, else 80x24)
     #[arg(long, value_name = "COLSxROWS", value_parser = pty_size, requires = "pty")]
     pub pty_size: Option<agent_run_shared::pty::Size>,
+    /// Cap each of the host's stdout.log and stderr.log at SIZE bytes (`start --max-output`;
+    /// default: the host root's setting, else 1G)
+    #[arg(long, value_name = "SIZE", value_parser = size_arg)]
+    pub max_output: Option<MaxOutput>,
+    /// At the host's output cap: keep the run going (drop and count) or stop it (reason
+    /// output_limit); `start --on-output-limit`
+    #[arg(long, value_name = "POLICY", value_parser = ["keep", "stop"])]
+    pub on_output_limit: Option<String>,
     /// Print the record of an earlier run and exit as it did (75 while it is not final)
     #[arg(long, value_name = "ID", conflicts_with_all = ["cancel", "attach"])]
     pub status: Option<String>,

@@ -119,7 +119,7 @@ pub fn shell_command(argv: &[String]) -> String {
 }
 
 /// The ANSI colour of a state (SGR parameters).
-fn state_colour(st: &Status) -> &'static str {
+pub fn state_colour(st: &Status) -> &'static str {
     match st.state {
         State::Finished if exit::for_record(st) == Some(0) => "32",
         State::Finished => "31",
@@ -131,8 +131,13 @@ fn state_colour(st: &Status) -> &'static str {
 
 /// `text` (already padded) in the colour of the record's state, when `colour`.
 pub fn paint(st: &Status, text: &str, colour: bool) -> String {
+    paint_code(state_colour(st), text, colour)
+}
+
+/// `text` in the colour `code` (from [`state_colour`]), when `colour`.
+pub fn paint_code(code: &str, text: &str, colour: bool) -> String {
     if colour {
-        format!("\x1b[{}m{text}\x1b[0m", state_colour(st))
+        format!("\x1b[{code}m{text}\x1b[0m")
     } else {
         text.to_string()
     }

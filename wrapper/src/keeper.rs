@@ -537,7 +537,7 @@ impl Keep {
         if let Some(t) = self.stopper.take() {
             let _ = t.join();
         }
-        written.map_err(Into::into)
+        written
     }
 }
 

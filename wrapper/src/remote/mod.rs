@@ -126,6 +126,13 @@ fn launch_script(args: &RemoteArgs, remote: &Remote, id: &str) -> anyhow::Result
             OsString::from(format!("{k}={v}")),
         ]);
     }
+    if let Some(m) = &args.max_output {
+        let size = m.0.map_or_else(|| "none".to_string(), |n| n.to_string());
+        start.extend([OsString::from("--max-output"), OsString::from(size)]);
+    }
+    if let Some(p) = &args.on_output_limit {
+        start.extend([OsString::from("--on-output-limit"), OsString::from(p)]);
+    }
     if args.pty {
         // The size travels as an argument, not through `ssh -tt`: a pty on the channel would
         // merge attach's stdout and stderr, turn every \n into \r\n (the byte counts would no
@@ -328,5 +335,21 @@ mod tests {
             "{s}"
         );
         assert!(!script(&[]).contains("--pty"));
+    }
+
+    #[test]
+    fn remote_passes_the_output_cap_and_its_policy_to_the_hosts_start() {
+        let s = script(&["--max-output", "2M", "--on-output-limit", "stop"]);
+        assert!(
+            s.contains("'--max-output' '2097152' '--on-output-limit' 'stop' 'id1'"),
+            "{s}"
+        );
+        let s = script(&["--max-output", "none"]);
+        assert!(s.contains("'--max-output' 'none' 'id1'"), "{s}");
+        let s = script(&[]);
+        assert!(
+            !s.contains("--max-output") && !s.contains("--on-output-limit"),
+            "{s}"
+        );
     }
 }

@@ -37,6 +37,9 @@ pub fn needed(args: &RemoteArgs) -> Vec<&'static str> {
     if args.pty {
         v.push("pty");
     }
+    if args.max_output.is_some() || args.on_output_limit.is_some() {
+        v.push("max_output");
+    }
     v
 }
 

@@ -30,6 +30,10 @@ The flow for `state: finished`:
    worker checks that its parent (ansible-playbook) is still alive; it never renews for a dead
    controller;
 3. once final, the module reads the record and the bounded output and builds the result.
+
+An interruption during step 1 cancels through the host's fence of the id (module_utils/fence.py,
+the collection's README: "A cancel that comes before the run exists"), so that a module still on
+its way to `agent-run start` starts nothing, or its run is found and cancelled.
 """
 
 from __future__ import annotations
@@ -38,15 +42,43 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import signal
 import threading
 import time
+import uuid
 
 from ansible.errors import AnsibleConnectionFailure
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
+from ansible_collections.agentrun.remote.plugins.module_utils import fence as fence_mod
 
 display = Display()
+
+
+def fence_source():
+    """The source of module_utils/fence.py, which the cancel runs on the host with `python -c`."""
+    with open(fence_mod.__file__.replace(".pyc", ".py"), "r") as f:
+        return f.read()
+
+# AGENTRUN_ANSIBLE_TRACE=FILE: every worker appends what it does while it waits (signal received,
+# cancel sent, cancel returned...) to FILE, one line each with monotonic and wall-clock times, so
+# that the hops of a Ctrl-C can be timed against the host's events.jsonl.
+TRACE = os.environ.get("AGENTRUN_ANSIBLE_TRACE")
+
+
+def trace(what):
+    if not TRACE:
+        return
+    try:
+        line = "%.6f %.6f %d %s\n" % (time.monotonic(), time.time(), os.getpid(), what)
+        fd = os.open(TRACE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line.encode("utf-8", errors="replace"))
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
 
 DEFAULT_LEASE_MS = 60000
 # The poll (renewal) interval is a third of the lease, within these bounds (seconds).
@@ -139,10 +171,11 @@ class ActionModule(ActionBase):
             return '"$HOME"/' + quote(path[2:])
         return quote(path)
 
-    def _agent_run(self, args, known):
-        """The shell words that call the host's agent-run with the task's root."""
+    def _agent_run(self, args, known, with_env=True):
+        """The shell words that call the host's agent-run with the task's root (after the task's
+        environment as assignments, unless not `with_env`)."""
         quote = self._connection._shell.quote
-        env = self._compute_environment_string()
+        env = self._compute_environment_string() if with_env else ""
         if known.get("binary"):
             binary = quote(known["binary"])
         else:
@@ -164,17 +197,40 @@ class ActionModule(ActionBase):
         res = self._low_level_execute_command(cmd, sudoable=sudoable)
         return res.get("rc"), (res.get("stdout") or "") + "\n" + (res.get("stderr") or "")
 
-    def _cancel(self, args, base, known):
+    def _cancel(self, args, base, known, token):
         """Best effort: cancel the run this task waits for (or every active attempt of `base` when
-        the run id is not known yet). Bounded by agent-run's own --wait (the run's grace + 5s)."""
+        the run id is not known yet). Bounded by agent-run's own --wait (the run's grace + 5s).
+
+        When the run id is not known yet, the module may still be on its way to starting the run:
+        the cancel then goes through the host's fence of `base` (module_utils/fence.py), which
+        marks this task invocation (`token`) cancelled and cancels by label under the lock the
+        module holds from choosing the attempt until `start --detach` has returned."""
         quote = self._connection._shell.quote
         ar = self._agent_run(args, known)
+        by_label = None
         if known.get("run_id"):
             cmd = "%s cancel --json %s >/dev/null 2>&1" % (ar, quote(known["run_id"]))
         else:
-            cmd = "%s cancel --json --label %s >/dev/null 2>&1" % (ar, quote("agentrun.id=" + base))
+            by_label = "%s cancel --json --label %s >/dev/null 2>&1" % (ar, quote("agentrun.id=" + base))
+            cmd = by_label
+            interpreter = (self._used_interpreter or "").lstrip("#!").strip()
+            try:
+                source = fence_source() if interpreter else None
+            except (OSError, AttributeError) as e:
+                display.vvv("agentrun.remote.run: no fence source (%s): cancelling by label only" % e)
+                source = None
+            if source:
+                # The module was sent (Ansible chose its interpreter): it may still start the run.
+                env = self._compute_environment_string()
+                root = self._sh_path(args["root"]) if args.get("root") else "''"
+                plain = self._agent_run(args, known, with_env=False)
+                cmd = "%s %s -c %s %s %s %s -- %s cancel --json --label %s >/dev/null 2>&1; [ $? -ne 127 ] || %s" % (
+                    env, " ".join(quote(w) for w in shlex.split(interpreter)), quote(source), root, quote(base),
+                    quote(token), plain, quote("agentrun.id=" + base), by_label)
         try:
+            trace("cancel start %s%s" % (known.get("run_id") or base, " via the fence" if by_label and cmd != by_label else ""))
             self._raw(cmd)
+            trace("cancel done %s" % (known.get("run_id") or base))
             return True
         except BaseException as e:  # the connection may be gone too: the lease stops the run then
             display.vvv("agentrun.remote.run: cancel of %s failed: %s" % (known.get("run_id") or base, e))
@@ -211,6 +267,8 @@ class ActionModule(ActionBase):
         poll_s = min(POLL_MAX_S, max(POLL_MIN_S, (lease_ms or DEFAULT_LEASE_MS) / 3000.0))
         known = {}
         parent = os.getppid()
+        # This invocation of the task, for the host's fence (see _cancel).
+        token = uuid.uuid4().hex
 
         # While it waits, INT and TERM (which Ansible forwards to every worker on Ctrl-C) become
         # _Interrupted here, so that the run is cancelled before the worker ends. From the first
@@ -224,6 +282,7 @@ class ActionModule(ActionBase):
             pending.append(signum)
 
         def interrupted(signum, _frame):
+            trace("signal %d %s" % (signum, base))
             for sig in saved:
                 signal.signal(sig, note)
             raise _Interrupted(signum)
@@ -233,7 +292,7 @@ class ActionModule(ActionBase):
                 saved[sig] = signal.getsignal(sig)
                 signal.signal(sig, interrupted)
         try:
-            first = dict(args, _wait=poll_s)
+            first = dict(args, _wait=poll_s, _token=token)
             res = self._execute_module(module_name=module, module_args=first, task_vars=task_vars)
             known.update(run_id=res.get("run_id"))
             agent = res.get("agent_run") or {}
@@ -263,7 +322,7 @@ class ActionModule(ActionBase):
             if in_main:
                 for sig in saved:
                     signal.signal(sig, note)
-            self._cancel(args, base, known)
+            self._cancel(args, base, known, token)
             signum = e.signum if isinstance(e, _Interrupted) else (pending[0] if pending else None)
             if in_main:
                 for sig, handler in saved.items():
@@ -296,6 +355,7 @@ class ActionModule(ActionBase):
             if os.getppid() != parent:
                 raise _ControllerGone()
             try:
+                trace("poll %s" % known["run_id"])
                 rc, text = self._raw(cmd)
             except AnsibleConnectionFailure as e:
                 if time.monotonic() - last_ok > lease_ms / 1000.0:

@@ -8,6 +8,8 @@ The action plugin of the same name (plugins/action/run.py) runs on the controlle
 run id, and for state=finished waits on the controller's side, renewing the lease, so that a
 controller that dies or is interrupted stops the remote work. This module never renews a lease
 on its own while it waits: a lease renewed by the host itself would outlive the controller.
+From choosing the attempt until `agent-run start --detach` has returned it holds the host's fence
+of the id (module_utils/fence.py), which a cancel that does not know the run id yet goes through.
 """
 
 from __future__ import annotations
@@ -182,6 +184,12 @@ notes:
     play's tasks are waiting for, on every host. After a Ctrl-C, C(ansible-playbook) exits only once every
     one of them is final (it waits for its workers); after a SIGTERM it exits at once and its workers
     finish the cancels. Runs started with O(state=started) are left to their lease.
+  - A cancel that comes before the run exists (during the task's first module call, when the controller
+    does not know the run id yet) still sticks. The module holds an exclusive flock of
+    C(<root>/.ansible-fence.<id>) from choosing the attempt until C(agent-run start --detach) has returned; the
+    controller's cancel takes the same lock, leaves a mark for this task invocation there and cancels by the
+    label C(agentrun.id=<id>). So either the run exists and is cancelled, or the module finds the mark and
+    starts nothing (RV(not_started)). A later run of the play is a new invocation and is not refused.
   - When the controller is killed (SIGKILL), its workers stop renewing and exit; each host stops its run
     when the lease expires (the wrapper does, or C(agent-run-watchdog) if the wrapper is gone).
   - The command's stdin is C(/dev/null). It runs without a terminal, so a prompt fails at once instead of
@@ -333,8 +341,17 @@ timedout:
   type: dict
   sample: {"period": 30.0, "reason": "timeout"}
 cancelled:
-  description: Whether the run ended C(cancelled) (stopped, every process of it confirmed gone).
+  description:
+    - Whether the run ended C(cancelled) (stopped, every process of it confirmed gone), or the task was
+      cancelled before its run existed (then RV(not_started) is true too).
   returned: always
+  type: bool
+not_started:
+  description:
+    - True when the controller cancelled the task (Ctrl-C, SIGTERM, the task's C(timeout)) while this module
+      was still on its way to starting the run; it found the cancel's mark on the host and started nothing.
+      C(state) is C(absent) then, and a rerun of the task starts the run.
+  returned: when the task was cancelled before its run existed
   type: bool
 final:
   description: Whether the run is in a final state.
@@ -380,8 +397,10 @@ import json
 import os
 import re
 import stat
+import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.agentrun.remote.plugins.module_utils.fence import Fence, FenceError
 
 # What the run needs from the host's agent-run (`agent-run version --json` "features").
 NEEDED_ALWAYS = ("labels", "version")
@@ -393,6 +412,29 @@ UNIT_MS = {"ms": 1, "s": 1000, "m": 60000, "h": 3600000, "d": 86400000, None: 10
 FINAL_STATES = ("finished", "cancelled", "launch_failed", "unknown")
 STOPPED_STATES = ("cancelled", "launch_failed")
 READ_CAP = 16 * 1024 * 1024
+# How long the module waits for the fence of its run id (held by another task of the same id
+# while it starts its run, or by the cancel of one).
+FENCE_WAIT_S = 120.0
+
+
+def test_pause(point, base):
+    """Test-only: with AGENTRUN_ANSIBLE_TEST_PAUSE=POINT:DIR in the module's environment, stop at
+    POINT (`fence`: before the fence is taken; `start`: under it, before `agent-run start`), say so
+    in DIR/<id>.<POINT>.paused (this process's pid), and go on once DIR/<id>.<POINT>.go exists
+    (or after 300 s). The collection's tests use it to land a cancel at a chosen place."""
+    spec = os.environ.get("AGENTRUN_ANSIBLE_TEST_PAUSE") or ""
+    want, _, where = spec.partition(":")
+    if want != point or not where:
+        return
+    stem = os.path.join(where, "%s.%s" % (base, point))
+    fd = os.open(stem + ".paused", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, ("%d\n" % os.getpid()).encode())
+    finally:
+        os.close(fd)
+    deadline = time.monotonic() + 300
+    while not os.path.exists(stem + ".go") and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def duration_ms(value, name):
@@ -776,6 +818,7 @@ def main():
             _wait=dict(type="float"),  # state=finished: wait this long on the host, then report
             _collect=dict(type="str"),  # state=finished: report on this exact run (the wait is over)
             _changed=dict(type="bool", default=False),  # _collect: whether the start phase started it
+            _token=dict(type="str", no_log=False),  # state=finished: this task invocation (the fence)
         ),
         mutually_exclusive=[("argv", "cmd")],
         supports_check_mode=True,
@@ -827,6 +870,26 @@ def main():
         if res["rc"] != 0:
             module.fail_json(**res)
         module.exit_json(failed=False, **res)
+
+    # The fence (module_utils/fence.py): held from choosing the attempt until `start --detach` has
+    # returned, so that a cancel of this id that does not know the run id yet (the plugin's, when
+    # Ctrl-C or the task's timeout comes during this call) either finds the run by its label, or
+    # has left its mark for this task invocation here first; then nothing is started.
+    fence = None
+    if state in ("finished", "started") and not module.check_mode:
+        test_pause("fence", base)
+        try:
+            fence = Fence(p["root"], base, FENCE_WAIT_S)
+            cancelled_first = bool(p["_token"]) and fence.consume(p["_token"])
+        except (FenceError, OSError) as e:
+            fail("cannot take the fence of run id %s on this host: %s" % (base, e), agent_run=ar.info())
+        if cancelled_first:
+            fence.close()
+            module.fail_json(
+                msg="cancelled before it started: the controller cancelled this task (Ctrl-C, SIGTERM or the "
+                "task's timeout) before its run existed on this host, so nothing was started; a rerun of the "
+                "task starts it", id=base, run_id=None, state="absent", final=False, cancelled=True,
+                not_started=True, rc=None, reason="cancel_request", changed=False, agent_run=ar.info())
 
     attempts = ar.attempts(base)
     newest_n = max(attempts) if attempts else None
@@ -970,6 +1033,7 @@ def main():
         for k, v in sorted(labels.items()):
             args += ["--label", "%s=%s" % (k, "" if v is None else v)]
         args += [run_id, "--"] + argv
+        test_pause("start", base)
         rc, out, err = ar.call(*args)
         line = last_line_json(out)
         if not isinstance(line, dict) or line.get("run_id") != run_id:
@@ -978,6 +1042,9 @@ def main():
                      run_id=run_id, agent_run=ar.info())
             ar.fail("start %s" % run_id, rc, out, err, run_id=run_id, id=base, state="absent", final=False,
                     cancelled=False, rc=None, reason=None)
+    if fence is not None:
+        # The run exists now (running or final, labelled agentrun.id=<id>): a cancel by label finds it.
+        fence.close()
 
     if module.check_mode:
         res = result_from(rec, p)

@@ -1,0 +1,785 @@
+//! The fast path of a full pass: tell, cheaply, the run dirs that are final for sure, so that a
+//! root of 100,000 finished runs costs a few relative syscalls per dir instead of the careful
+//! path's absolute path walks and a full parse of every record.
+//!
+//! It decides one thing only: "final, nothing to do". Anything it is not sure of, it hands to
+//! the careful path ([`crate::assess::assess`]: `open_run_dir`, `read_status`, the kernel's
+//! checks), which decides as it always did. Per entry of the root (`getdents`, whose `d_type`
+//! tells a directory without a stat):
+//!
+//! - the entry is a directory (`d_type`), its name a valid run id, and `statx` relative to the
+//!   root's fd says it is ours, mode without group/other bits: the careful path's own checks;
+//! - `openat2(root, "ID/status.json", O_NOFOLLOW|O_NONBLOCK, RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS)`:
+//!   no symlink anywhere on the way, never a blocked open; `fstat`: a regular file of ours, at
+//!   most [`MAX_FAST`] bytes; one `read` of `st_size + 1` bytes that must return exactly the size;
+//! - a minimal scan of the document ([`scan`]): it must be one well-formed JSON object with
+//!   schema 1, every key the record requires, no key we read twice, and a final `state`;
+//! - no live wrapper: the record's `wrapper_pid` holds no flock (/proc/locks read once per
+//!   pass, on first need: a wrapper holds its run's lock itself for its whole life, and writes
+//!   its final record a moment before it exits);
+//! - no live cgroup: a record held in a cgroup names `agent-run.<id>.<dir inode>` (the careful
+//!   path's check), and that cgroup is gone (it is removed after the final record; each cgroup
+//!   parent is listed once per pass).
+//!
+//! A workload can write a final record of its own while its processes live: the careful path
+//! takes a parsable final record as final too, so the fast path never skips a run the careful
+//! path would act on; the two checks above add what the kernel knows (the wrapper's lock, the
+//! cgroup) on top, for the price of no syscall per dir. They are not proof against a workload
+//! that also rewrites `wrapper_pid` and drops `containment` (comparing the lock's inode would
+//! cost one more statx per dir): such a record is taken as final by the careful path too.
+
+use agent_run_shared::id::RunId;
+use agent_run_shared::record::SCHEMA;
+use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, ResolveFlags, StatxFlags};
+use rustix::io::Errno;
+use std::collections::{HashMap, HashSet};
+use std::os::fd::OwnedFd;
+use std::path::Path;
+
+/// The largest status.json the fast path reads (a record is about 1 KiB; argv can make it
+/// larger, and then the careful path reads it).
+pub const MAX_FAST: u64 = 64 << 10;
+
+/// One entry of the root, from `getdents`.
+pub struct Entry {
+    pub name: String,
+    /// `d_type`: `Some(true)` a directory, `Some(false)` something else, `None` unknown.
+    pub is_dir: Option<bool>,
+    pub ino: u64,
+}
+
+/// The entries of the root that could be run dirs (dot-names are the watchdog's own files), read
+/// with `getdents` through `dirfd`. A name that is not UTF-8 is kept lossily (the careful path
+/// then skips it as an invalid run id).
+pub fn entries(dirfd: &OwnedFd) -> std::io::Result<Vec<Entry>> {
+    let mut dir = rfs::Dir::read_from(dirfd)?;
+    let mut out = Vec::new();
+    while let Some(e) = dir.read() {
+        let e = e?;
+        let name = e.file_name().to_bytes();
+        if name.first() == Some(&b'.') {
+            continue;
+        }
+        let is_dir = match e.file_type() {
+            FileType::Directory => Some(true),
+            FileType::Unknown => None,
+            _ => Some(false),
+        };
+        out.push(Entry {
+            name: String::from_utf8_lossy(name).into_owned(),
+            is_dir,
+            ino: e.ino(),
+        });
+    }
+    Ok(out)
+}
+
+/// Open the root for a pass (a directory, never through a symlink at its last component).
+pub fn open_root(path: &Path) -> std::io::Result<OwnedFd> {
+    Ok(rfs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+/// What one pass knows about the host, gathered once: who we are, the flocks held on the
+/// root's filesystem, the cgroup parents opened so far.
+pub struct Pass<'a> {
+    root: &'a OwnedFd,
+    me: u32,
+    /// The pids holding a flock, read on first need (a pass over runs that are not final never
+    /// reads /proc/locks); the inner `None`: it could not be read whole, so every wrapper counts
+    /// as possibly alive.
+    holders: std::cell::OnceCell<Option<HashSet<i32>>>,
+    /// The `agent-run.*` children of each cgroup parent a record named, listed once per pass;
+    /// `None`: the parent could not be listed (and exists), so no cgroup counts as gone.
+    cgroups: HashMap<String, Option<HashSet<String>>>,
+    buf: Vec<u8>,
+}
+
+/// The fast path's answer about one run dir.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fast {
+    /// Final, nothing to do; status.json's (mtime in ns, inode), the key the daemon settles
+    /// it under.
+    Final { mtime_ns: i64, ino: u64 },
+    /// Not sure: the careful path decides.
+    Careful,
+}
+
+impl<'a> Pass<'a> {
+    pub fn new(root: &'a OwnedFd) -> Pass<'a> {
+        Pass {
+            root,
+            me: rustix::process::geteuid().as_raw(),
+            holders: std::cell::OnceCell::new(),
+            cgroups: HashMap::new(),
+            buf: Vec::with_capacity(4096),
+        }
+    }
+
+    /// Whether the run dir `e` is final for sure ([`Fast::Final`]) or needs the careful path.
+    pub fn classify(&mut self, e: &Entry) -> Fast {
+        self.final_key(e).unwrap_or(Fast::Careful)
+    }
+
+    fn final_key(&mut self, e: &Entry) -> Option<Fast> {
+        if e.is_dir != Some(true) || RunId::parse(&e.name).is_err() {
+            return None;
+        }
+        // The careful path's run dir checks: ours, a directory, mode without group/other bits.
+        let d = rfs::statx(
+            self.root,
+            e.name.as_str(),
+            AtFlags::SYMLINK_NOFOLLOW,
+            StatxFlags::TYPE | StatxFlags::MODE | StatxFlags::UID | StatxFlags::INO,
+        )
+        .ok()?;
+        if FileType::from_raw_mode(d.stx_mode.into()) != FileType::Directory
+            || d.stx_uid != self.me
+            || u32::from(d.stx_mode) & 0o077 != 0
+        {
+            return None;
+        }
+        let dir_ino = d.stx_ino;
+        let fd = rfs::openat2(
+            self.root,
+            format!("{}/status.json", e.name),
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        )
+        .ok()?;
+        let st = rfs::fstat(&fd).ok()?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile
+            || st.st_uid != self.me
+            || st.st_size < 0
+            || st.st_size as u64 > MAX_FAST
+        {
+            return None;
+        }
+        let size = st.st_size as usize;
+        self.buf.clear();
+        self.buf.resize(size + 1, 0);
+        let n = rustix::io::read(&fd, &mut self.buf[..]).ok()?;
+        if n != size {
+            return None;
+        }
+        drop(fd);
+        let doc = scan(&self.buf[..n])?;
+        if !doc.is_final() {
+            return None;
+        }
+        // A wrapper holds its run's lock for its whole life, itself: its pid in /proc/locks
+        // means it may be alive (it writes its final record a moment before it exits).
+        match (self.holders.get_or_init(flock_holders), doc.wrapper_pid) {
+            (None, _) => return None,
+            (Some(h), Some(pid)) if h.contains(&pid) => return None,
+            _ => {}
+        }
+        if let Some(cg) = doc.cgroup {
+            if !cgroup_gone(&mut self.cgroups, &e.name, dir_ino, cg) {
+                return None;
+            }
+        } else if doc.cgroup_mode {
+            // Held in a cgroup that the record does not name: let the careful path say so.
+            return None;
+        }
+        Some(Fast::Final {
+            mtime_ns: st.st_mtime * 1_000_000_000 + st.st_mtime_nsec as i64,
+            ino: st.st_ino,
+        })
+    }
+}
+
+/// Whether the cgroup the record names is this run's (`agent-run.<id>.<dir inode, hex>`) and
+/// gone. A name that is not this run's, or a cgroup that exists: not gone. Each parent is
+/// listed once per pass: a cgroup made after that belongs to a run launched after it, whose
+/// record is not final.
+fn cgroup_gone(
+    parents: &mut HashMap<String, Option<HashSet<String>>>,
+    name: &str,
+    dir_ino: u64,
+    cg: &str,
+) -> bool {
+    let Some((parent, base)) = cg.rsplit_once('/') else {
+        return false;
+    };
+    if base != format!("agent-run.{name}.{dir_ino:x}") || !parent.starts_with('/') {
+        return false;
+    }
+    let children = parents
+        .entry(parent.to_string())
+        .or_insert_with(|| list_cgroups(parent));
+    children.as_ref().is_some_and(|c| !c.contains(base))
+}
+
+/// The `agent-run.*` directories in `parent`; empty when it does not exist (a missing parent
+/// has no child), `None` when it cannot be listed.
+fn list_cgroups(parent: &str) -> Option<HashSet<String>> {
+    let fd = match rfs::open(
+        parent,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) => return Some(HashSet::new()),
+        Err(_) => return None,
+    };
+    let mut dir = rfs::Dir::new(fd).ok()?;
+    let mut out = HashSet::new();
+    while let Some(e) = dir.read() {
+        let e = e.ok()?;
+        let n = e.file_name().to_bytes();
+        if n.starts_with(b"agent-run.") {
+            out.insert(String::from_utf8_lossy(n).into_owned());
+        }
+    }
+    Some(out)
+}
+
+/// The pids holding a flock, from /proc/locks. It is a seq_file rendered about a page per
+/// read(2), and lines shift when locks come and go between reads, so one reading can miss a
+/// holder: the union of two readings is taken. Still not proof (the careful path takes a final
+/// record as final without asking either): `None` when it cannot be read.
+fn flock_holders() -> Option<HashSet<i32>> {
+    let mut out = HashSet::new();
+    for _ in 0..2 {
+        let text = std::fs::read_to_string("/proc/locks").ok()?;
+        for line in text.lines() {
+            // "1: FLOCK  ADVISORY  WRITE 15672 fe:00:5341426 0 EOF"; waiters ("->") hold nothing.
+            let mut f = line.split_ascii_whitespace().skip(1);
+            if f.next() != Some("FLOCK") {
+                continue;
+            }
+            if let Some(pid) = f.nth(2).and_then(|p| p.parse().ok()) {
+                out.insert(pid);
+            }
+        }
+    }
+    Some(out)
+}
+
+/// What the fast path reads of a record.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Doc<'a> {
+    pub state: &'a str,
+    /// `containment.mode` is `cgroup`.
+    pub cgroup_mode: bool,
+    /// `containment.cgroup`, when a string.
+    pub cgroup: Option<&'a str>,
+    /// `wrapper_pid`, when a number that fits.
+    pub wrapper_pid: Option<i32>,
+}
+
+impl Doc<'_> {
+    fn is_final(&self) -> bool {
+        matches!(
+            self.state,
+            "finished" | "cancelled" | "launch_failed" | "unknown"
+        )
+    }
+}
+
+/// Every key of a record, in the order the wrapper writes them: serde refuses a record that
+/// has one of them twice, so the scan does too.
+const FIELDS: [&str; 36] = [
+    "schema",
+    "run_id",
+    "state",
+    "reason",
+    "exit_code",
+    "term_signal",
+    "argv",
+    "cwd",
+    "pid",
+    "pgid",
+    "sid",
+    "start_ticks",
+    "boot_id",
+    "wrapper_pid",
+    "wrapper_start_ticks",
+    "host",
+    "user",
+    "uid",
+    "created_at",
+    "started_at",
+    "ended_at",
+    "cleanup",
+    "error",
+    "version",
+    "grace_ms",
+    "hup_after_ms",
+    "warnings",
+    "argv_b64",
+    "timeout_ms",
+    "labels",
+    "env",
+    "caller_lost_at",
+    "on_disconnect",
+    "launch_exit_code",
+    "containment",
+    "resources",
+];
+
+/// The keys a record must have (serde fails without them).
+const REQUIRED: [&str; 11] = [
+    "schema",
+    "run_id",
+    "state",
+    "argv",
+    "cwd",
+    "boot_id",
+    "host",
+    "user",
+    "uid",
+    "created_at",
+    "version",
+];
+
+/// The index of a record key in [`FIELDS`] (a `match`: the compiler dispatches on the length
+/// before comparing bytes).
+fn field_index(key: &[u8]) -> Option<usize> {
+    Some(match key {
+        b"schema" => 0,
+        b"run_id" => 1,
+        b"state" => 2,
+        b"reason" => 3,
+        b"exit_code" => 4,
+        b"term_signal" => 5,
+        b"argv" => 6,
+        b"cwd" => 7,
+        b"pid" => 8,
+        b"pgid" => 9,
+        b"sid" => 10,
+        b"start_ticks" => 11,
+        b"boot_id" => 12,
+        b"wrapper_pid" => 13,
+        b"wrapper_start_ticks" => 14,
+        b"host" => 15,
+        b"user" => 16,
+        b"uid" => 17,
+        b"created_at" => 18,
+        b"started_at" => 19,
+        b"ended_at" => 20,
+        b"cleanup" => 21,
+        b"error" => 22,
+        b"version" => 23,
+        b"grace_ms" => 24,
+        b"hup_after_ms" => 25,
+        b"warnings" => 26,
+        b"argv_b64" => 27,
+        b"timeout_ms" => 28,
+        b"labels" => 29,
+        b"env" => 30,
+        b"caller_lost_at" => 31,
+        b"on_disconnect" => 32,
+        b"launch_exit_code" => 33,
+        b"containment" => 34,
+        b"resources" => 35,
+        _ => return None,
+    })
+}
+
+fn required_mask() -> u64 {
+    REQUIRED.iter().fold(0, |m, r| {
+        m | 1
+            << FIELDS
+                .iter()
+                .position(|f| f == r)
+                .expect("a required key is a field")
+    })
+}
+
+/// Scan a record: one JSON object, well formed, schema 1, every required key, no known key
+/// twice, `state` a plain string. `None` for anything else (the careful path then says what).
+pub fn scan(bytes: &[u8]) -> Option<Doc<'_>> {
+    // Valid UTF-8 as a whole (one pass), so no string needs checking on its own.
+    std::str::from_utf8(bytes).ok()?;
+    let mut p = Parser { b: bytes, i: 0 };
+    let mut doc = Doc::default();
+    let mut seen = 0u64;
+    p.ws();
+    p.eat(b'{')?;
+    p.ws();
+    if p.peek()? != b'}' {
+        loop {
+            p.ws();
+            let key = p.string()?;
+            p.ws();
+            p.eat(b':')?;
+            p.ws();
+            if let Some(s) = field_index(key) {
+                if seen & (1 << s) != 0 {
+                    return None;
+                }
+                seen |= 1 << s;
+            }
+            match key {
+                b"schema" => {
+                    let v = p.number()?;
+                    if v != SCHEMA.to_string().as_bytes() {
+                        return None;
+                    }
+                }
+                b"state" => {
+                    doc.state = std::str::from_utf8(p.string()?).ok()?;
+                }
+                b"wrapper_pid" => {
+                    if p.peek()? == b'n' {
+                        p.literal(b"null")?;
+                    } else {
+                        doc.wrapper_pid =
+                            Some(std::str::from_utf8(p.number()?).ok()?.parse().ok()?);
+                    }
+                }
+                b"containment" => {
+                    if p.peek()? == b'n' {
+                        p.literal(b"null")?;
+                    } else {
+                        containment_obj(&mut p, &mut doc)?;
+                    }
+                }
+                _ => p.value(0)?,
+            }
+            p.ws();
+            match p.next()? {
+                b',' => continue,
+                b'}' => break,
+                _ => return None,
+            }
+        }
+    } else {
+        p.next()?;
+    }
+    p.ws();
+    let required = required_mask();
+    if p.i != p.b.len() || seen & required != required {
+        return None;
+    }
+    Some(doc)
+}
+
+fn containment_obj<'a>(p: &mut Parser<'a>, doc: &mut Doc<'a>) -> Option<()> {
+    p.eat(b'{')?;
+    let (mut mode, mut cg) = (false, false);
+    p.ws();
+    if p.peek()? == b'}' {
+        p.next();
+        return None; // no mode: serde would refuse it
+    }
+    loop {
+        p.ws();
+        let key = p.string()?;
+        p.ws();
+        p.eat(b':')?;
+        p.ws();
+        match key {
+            b"mode" if !mode => {
+                mode = true;
+                match p.string()? {
+                    b"cgroup" => doc.cgroup_mode = true,
+                    b"procfs" => {}
+                    _ => return None,
+                }
+            }
+            b"cgroup" if !cg => {
+                cg = true;
+                if p.peek()? == b'n' {
+                    p.literal(b"null")?;
+                } else {
+                    doc.cgroup = Some(std::str::from_utf8(p.string()?).ok()?);
+                }
+            }
+            b"mode" | b"cgroup" => return None,
+            _ => p.value(1)?,
+        }
+        p.ws();
+        match p.next()? {
+            b',' => continue,
+            b'}' => break,
+            _ => return None,
+        }
+    }
+    mode.then_some(())
+}
+
+struct Parser<'a> {
+    b: &'a [u8],
+    i: usize,
+}
+
+/// How deep a value may nest before the scan gives up (serde_json's own limit is 128).
+const MAX_DEPTH: usize = 100;
+
+impl<'a> Parser<'a> {
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    fn next(&mut self) -> Option<u8> {
+        let c = self.peek()?;
+        self.i += 1;
+        Some(c)
+    }
+
+    fn eat(&mut self, c: u8) -> Option<()> {
+        (self.next()? == c).then_some(())
+    }
+
+    fn ws(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\n' | b'\t' | b'\r')) {
+            self.i += 1;
+        }
+    }
+
+    fn literal(&mut self, lit: &[u8]) -> Option<()> {
+        if self.b[self.i..].starts_with(lit) {
+            self.i += lit.len();
+            Some(())
+        } else {
+            None
+        }
+    }
+
+    /// A string without escapes or control characters, as its raw bytes ([`scan`] checked the
+    /// whole document is UTF-8, and a string ends at an ASCII quote). A string
+    /// with an escape is `None` where its value matters ([`Parser::skip_string`] elsewhere).
+    fn string(&mut self) -> Option<&'a [u8]> {
+        self.eat(b'"')?;
+        let start = self.i;
+        loop {
+            match self.next()? {
+                b'"' => break,
+                b'\\' => return None,
+                c if c < 0x20 => return None,
+                _ => {}
+            }
+        }
+        Some(&self.b[start..self.i - 1])
+    }
+
+    fn skip_string(&mut self) -> Option<()> {
+        self.eat(b'"')?;
+        loop {
+            match self.next()? {
+                b'"' => break,
+                b'\\' => {
+                    let c = self.next()?;
+                    if c == b'u' {
+                        for _ in 0..4 {
+                            if !self.next()?.is_ascii_hexdigit() {
+                                return None;
+                            }
+                        }
+                    } else if !matches!(c, b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') {
+                        return None;
+                    }
+                }
+                c if c < 0x20 => return None,
+                _ => {}
+            }
+        }
+        Some(())
+    }
+
+    /// A JSON number, as its bytes (checked against the grammar).
+    fn number(&mut self) -> Option<&'a [u8]> {
+        let start = self.i;
+        if self.peek() == Some(b'-') {
+            self.i += 1;
+        }
+        match self.next()? {
+            b'0' => {}
+            b'1'..=b'9' => self.digits(),
+            _ => return None,
+        }
+        if self.peek() == Some(b'.') {
+            self.i += 1;
+            self.next().filter(u8::is_ascii_digit)?;
+            self.digits();
+        }
+        if matches!(self.peek(), Some(b'e' | b'E')) {
+            self.i += 1;
+            if matches!(self.peek(), Some(b'+' | b'-')) {
+                self.i += 1;
+            }
+            self.next().filter(u8::is_ascii_digit)?;
+            self.digits();
+        }
+        Some(&self.b[start..self.i])
+    }
+
+    fn digits(&mut self) {
+        while self.peek().is_some_and(|c| c.is_ascii_digit()) {
+            self.i += 1;
+        }
+    }
+
+    /// Skip one well-formed value.
+    fn value(&mut self, depth: usize) -> Option<()> {
+        if depth > MAX_DEPTH {
+            return None;
+        }
+        match self.peek()? {
+            b'"' => self.skip_string(),
+            b'{' => {
+                self.i += 1;
+                self.ws();
+                if self.peek()? == b'}' {
+                    self.i += 1;
+                    return Some(());
+                }
+                loop {
+                    self.ws();
+                    self.skip_string()?;
+                    self.ws();
+                    self.eat(b':')?;
+                    self.ws();
+                    self.value(depth + 1)?;
+                    self.ws();
+                    match self.next()? {
+                        b',' => continue,
+                        b'}' => return Some(()),
+                        _ => return None,
+                    }
+                }
+            }
+            b'[' => {
+                self.i += 1;
+                self.ws();
+                if self.peek()? == b']' {
+                    self.i += 1;
+                    return Some(());
+                }
+                loop {
+                    self.ws();
+                    self.value(depth + 1)?;
+                    self.ws();
+                    match self.next()? {
+                        b',' => continue,
+                        b']' => return Some(()),
+                        _ => return None,
+                    }
+                }
+            }
+            b't' => self.literal(b"true"),
+            b'f' => self.literal(b"false"),
+            b'n' => self.literal(b"null"),
+            _ => self.number().map(|_| ()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agent_run_shared::record::{Containment, State, Status};
+
+    fn record(state: State) -> Status {
+        let mut st = Status::blank("r1");
+        st.state = state;
+        st
+    }
+
+    #[test]
+    fn the_field_list_is_the_records_keys() {
+        let v: serde_json::Value =
+            serde_json::from_str(&record(State::Finished).to_json()).unwrap();
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        let mut fields = FIELDS.to_vec();
+        let mut keys_sorted = keys.clone();
+        fields.sort();
+        keys_sorted.sort();
+        assert_eq!(fields, keys_sorted);
+        for (i, f) in FIELDS.iter().enumerate() {
+            assert_eq!(field_index(f.as_bytes()), Some(i), "{f}");
+        }
+    }
+
+    #[test]
+    fn a_record_the_wrapper_writes_scans_to_its_state_and_containment() {
+        for state in [
+            State::Starting,
+            State::Running,
+            State::Cancelling,
+            State::Finished,
+            State::Cancelled,
+            State::LaunchFailed,
+            State::Unknown,
+        ] {
+            let mut st = record(state);
+            st.containment = Some(Containment::cgroup(Path::new(
+                "/sys/fs/cgroup/x/agent-run.r1.1f",
+            )));
+            st.argv = vec!["a \"quoted\" \\ arg\n".into(), "é".into()];
+            let json = st.to_json();
+            let doc = scan(json.as_bytes()).unwrap_or_else(|| panic!("{json}"));
+            assert_eq!(doc.state, state.as_str());
+            assert_eq!(doc.is_final(), state.is_final());
+            assert!(doc.cgroup_mode);
+            assert_eq!(doc.cgroup, Some("/sys/fs/cgroup/x/agent-run.r1.1f"));
+            // And compact JSON as well as the pretty one.
+            let compact = serde_json::to_string(&st).unwrap();
+            assert_eq!(scan(compact.as_bytes()).unwrap().state, state.as_str());
+        }
+        let mut st = record(State::Finished);
+        st.containment = Some(Containment::procfs());
+        let json = st.to_json();
+        let doc = scan(json.as_bytes()).unwrap();
+        assert!(!doc.cgroup_mode);
+        assert_eq!(doc.cgroup, None);
+    }
+
+    #[test]
+    fn anything_the_careful_parse_would_refuse_or_read_otherwise_is_not_fast() {
+        let good = record(State::Finished).to_json();
+        assert!(scan(good.as_bytes()).is_some());
+        let v: serde_json::Value = serde_json::from_str(&good).unwrap();
+        let cases: Vec<String> = vec![
+            // cut in half, or with trailing junk
+            good[..good.len() / 2].to_string(),
+            format!("{good}x"),
+            format!("{good}{{}}"),
+            // a second state key (serde refuses duplicates), before or after
+            good.replacen('{', "{\"state\": \"running\",", 1),
+            good.replacen(
+                "\"state\": \"finished\"",
+                "\"state\": \"finished\", \"state\": \"running\"",
+                1,
+            ),
+            good.replacen("\"cwd\"", "\"pid\": 1, \"cwd\"", 1),
+            // an escaped state (not the plain spelling), another schema, a key missing
+            good.replacen("\"finished\"", "\"fin\\u0069shed\"", 1),
+            good.replacen("\"schema\": 1", "\"schema\": 2", 1),
+            good.replacen("\"schema\": 1", "\"schema\": 1.0", 1),
+            good.replacen("\"run_id\"", "\"run_idx\"", 1),
+            // the state inside a string or a nested object does not count
+            serde_json::to_string(&{
+                let mut m = v.as_object().unwrap().clone();
+                m.remove("state");
+                m.insert("note".into(), serde_json::json!({"state": "finished"}));
+                m
+            })
+            .unwrap(),
+            // not an object, nothing, invalid UTF-8
+            "[]".into(),
+            String::new(),
+        ];
+        for c in &cases {
+            assert!(scan(c.as_bytes()).is_none(), "scanned as fast: {c}");
+        }
+        let mut bad = good.clone().into_bytes();
+        let at = good.find("\"cwd\": \"").unwrap() + 8;
+        bad.insert(at, 0xff);
+        assert!(scan(&bad).is_none());
+        // A state nested deeper than serde would go is refused, not recursed into.
+        let deep = good.replacen(
+            "\"labels\": {}",
+            &format!("\"labels\": {}1{}", "[".repeat(500), "]".repeat(500)),
+            1,
+        );
+        assert!(scan(deep.as_bytes()).is_none());
+    }
+}
