@@ -966,6 +966,12 @@ def fabricate(root: Path, rid, tpl, *, final, pid, start_ticks, wrapper_pid, wra
         cleanup=None,
         error=None,
         term_signal=None,
+        # The fabricated runs' processes are plain sleepers outside any run cgroup: held by
+        # /proc scans. (The template's own cgroup names another run: the watchdog would refuse
+        # the record, 77, and never stop it.)
+        containment={"mode": "procfs", "cgroup": None},
+        resources=None,
+        output=None,
     )
     if final:
         st.update(state="finished", reason=None, exit_code=0, ended_at=rfc3339(now))

@@ -1239,8 +1239,9 @@ fn state_started_in_one_playbook_run_and_finished_in_a_later_one() {
         deadlines.push(lease["deadline_epoch"].as_f64().unwrap());
     }
     // Nothing of the controller is left, only the runs: every live process the fleet started is
-    // a member of a run's session or a run's wrapper, as the records name them (the session id
-    // and the start ticks in /proc/PID/stat: kernel facts, read in one go per process). The runs
+    // a member of a run's session, a run's wrapper or its output keeper, as the records and the
+    // journals name them (the session id and the start ticks in /proc/PID/stat: kernel facts,
+    // read in one go per process). The runs
     // go on meanwhile (the job forks a `sleep 0.05` every 50 ms), so a process found by the scan
     // may be gone, or a zombie, by the time it is looked at: it is not left then. (Excusing the
     // runs' processes by their AGENT_RUN_DIR instead raced: a zombie has no environ to read, and
@@ -1251,6 +1252,8 @@ fn state_started_in_one_playbook_run_and_finished_in_a_later_one() {
         .flat_map(|h| fleet.records(h).into_iter().map(|(_, rec)| rec))
         .collect();
     assert_eq!(runs.len(), 2 * HOSTS, "a job and a victim on every host");
+    // Each run's output keeper, by the pid and start ticks its wrapper journalled.
+    let keepers: Vec<(i64, u64)> = fleet.hosts.iter().flat_map(|h| fleet.keepers(h)).collect();
     let left: Vec<_> = fleet
         .leftovers()
         .into_iter()
@@ -1262,7 +1265,7 @@ fn state_started_in_one_playbook_run_and_finished_in_a_later_one() {
                 rec["sid"].as_i64() == Some(i64::from(sid))
                     || (rec["wrapper_pid"].as_i64() == Some(i64::from(*pid))
                         && rec["wrapper_start_ticks"].as_u64() == Some(ticks))
-            });
+            }) || keepers.contains(&(i64::from(*pid), ticks));
             !matches!(state, 'Z' | 'X') && !of_a_run
         })
         .collect();

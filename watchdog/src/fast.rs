@@ -284,7 +284,7 @@ impl Doc<'_> {
 
 /// Every key of a record, in the order the wrapper writes them: serde refuses a record that
 /// has one of them twice, so the scan does too.
-const FIELDS: [&str; 36] = [
+const FIELDS: [&str; 38] = [
     "schema",
     "run_id",
     "state",
@@ -321,6 +321,8 @@ const FIELDS: [&str; 36] = [
     "launch_exit_code",
     "containment",
     "resources",
+    "pty",
+    "output",
 ];
 
 /// The keys a record must have (serde fails without them).
@@ -378,6 +380,8 @@ fn field_index(key: &[u8]) -> Option<usize> {
         b"launch_exit_code" => 33,
         b"containment" => 34,
         b"resources" => 35,
+        b"pty" => 36,
+        b"output" => 37,
         _ => return None,
     })
 }
