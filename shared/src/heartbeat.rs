@@ -14,10 +14,7 @@
 //! beat in the future is clamped to now by the reader, so it cannot move the bound past the
 //! moment someone first saw the wrapper gone.
 
-use crate::root::files;
-use std::fs::OpenOptions;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use crate::run_dir::{files, RunDir};
 use std::time::{Duration, SystemTime};
 
 /// How often the wrapper touches its lock file.
@@ -25,36 +22,31 @@ pub const INTERVAL: Duration = Duration::from_secs(1);
 /// How late a beat may be on a loaded machine and still count as on time.
 pub const LATE: Duration = Duration::from_secs(2);
 
-/// Start beating: a thread of this process touches `<dir>/lock` (opened here, never through a
-/// symlink) now and every [`INTERVAL`] until the process exits. The lock itself is another open
-/// file description, so this fd never holds or releases it.
-pub fn start(dir: &Path) -> std::io::Result<()> {
-    let lock = OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(dir.join(files::LOCK))?;
-    if !lock.metadata()?.is_file() {
-        return Err(std::io::Error::other("the lock is not a regular file"));
+impl RunDir {
+    /// Start beating: a thread of this process touches the run's lock file (opened here, never
+    /// through a symlink) now and every [`INTERVAL`] until the process exits. The lock itself is
+    /// another open file description, so this fd never holds or releases it.
+    pub fn heartbeat(&self) -> crate::Result<()> {
+        let lock = self.open_write(files::LOCK)?;
+        let touch = |f: &std::fs::File| f.set_modified(SystemTime::now());
+        touch(&lock).map_err(|e| crate::Error::io("touch", self.file(files::LOCK), e))?;
+        std::thread::Builder::new()
+            .name("heartbeat".into())
+            .stack_size(64 * 1024)
+            .spawn(move || loop {
+                std::thread::sleep(INTERVAL);
+                let _ = touch(&lock);
+            })
+            .map_err(|e| crate::Error::io("start the heartbeat of", self.path(), e))?;
+        Ok(())
     }
-    lock.set_modified(SystemTime::now())?;
-    std::thread::Builder::new()
-        .name("heartbeat".into())
-        .stack_size(64 * 1024)
-        .spawn(move || loop {
-            std::thread::sleep(INTERVAL);
-            let _ = lock.set_modified(SystemTime::now());
-        })?;
-    Ok(())
-}
 
-/// The latest time (epoch seconds) at which the wrapper of the run in `dir` can have been
-/// alive, from its last beat, clamped to `now`. `None` when there is no lock file to read.
-pub fn gone_by(dir: &Path, now: f64) -> Option<f64> {
-    let beat = std::fs::symlink_metadata(dir.join(files::LOCK))
-        .ok()?
-        .modified()
-        .ok()?;
-    Some((crate::time::epoch_of(beat) + (INTERVAL + LATE).as_secs_f64()).min(now))
+    /// The latest time (epoch seconds) at which the run's wrapper can have been alive, from
+    /// its last beat, clamped to `now`. `None` when there is no lock file to read.
+    pub fn gone_by(&self, now: f64) -> Option<f64> {
+        let beat = self.stat_file(files::LOCK)?.modified;
+        Some((crate::time::epoch_of(beat) + (INTERVAL + LATE).as_secs_f64()).min(now))
+    }
 }
 
 #[cfg(test)]
@@ -63,17 +55,17 @@ mod tests {
 
     #[test]
     fn a_beat_bounds_the_death_and_never_lies_ahead_of_now() {
-        let d = tempfile::tempdir().unwrap();
+        let (d, rd) = crate::run_dir::temp();
         let now = crate::time::epoch_now();
-        assert_eq!(gone_by(d.path(), now), None);
+        assert_eq!(rd.gone_by(now), None);
         std::fs::write(d.path().join(files::LOCK), b"").unwrap();
-        start(d.path()).unwrap();
-        let bound = gone_by(d.path(), now + 100.0).unwrap();
+        rd.heartbeat().unwrap();
+        let bound = rd.gone_by(now + 100.0).unwrap();
         let slack = (INTERVAL + LATE).as_secs_f64();
         assert!(
             bound >= now + slack - 0.5 && bound <= now + slack + 1.0,
             "{bound} vs {now}"
         );
-        assert_eq!(gone_by(d.path(), now), Some(now));
+        assert_eq!(rd.gone_by(now), Some(now));
     }
 }

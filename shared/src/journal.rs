@@ -4,13 +4,12 @@
 //! written with one `write(2)` on an `O_APPEND` descriptor so lines from the wrapper, `cancel` and
 //! the watchdog never interleave. Journal failures never stop a stop: callers log and go on.
 
-use crate::atomic::open_append;
 use crate::error::{Error, Result};
-use crate::root::files;
+use crate::run_dir::{files, RunDir};
 use serde_json::{Map, Value};
 use std::fs::File;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// An open journal.
 #[derive(Debug)]
@@ -20,16 +19,18 @@ pub struct Journal {
     by: &'static str,
 }
 
-impl Journal {
-    /// Open (creating) the run dir's journal; `by` names the writer ("wrapper", "cancel", ...).
-    pub fn open(dir: &Path, by: &'static str) -> Result<Journal> {
+impl RunDir {
+    /// Open (creating) the run's journal; `by` names the writer ("wrapper", "cancel", ...).
+    pub fn journal(&self, by: &'static str) -> Result<Journal> {
         Ok(Journal {
-            file: open_append(dir, files::EVENTS)?,
-            path: dir.join(files::EVENTS),
+            file: self.open_append(files::EVENTS)?,
+            path: self.file(files::EVENTS),
             by,
         })
     }
+}
 
+impl Journal {
     /// Append one event with the given fields.
     pub fn event(&self, event: &str, fields: Value) -> Result<()> {
         let mut m = Map::new();

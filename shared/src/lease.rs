@@ -3,11 +3,9 @@
 //! `start --lease` writes it, `renew` pushes the deadline, the wrapper and the watchdog read it.
 //! A lease is only a deadline: what happens when it passes is the stop routine's business.
 
-use crate::atomic::{caps, read_run_file, write_atomic};
 use crate::error::{Error, Result};
-use crate::root::files;
+use crate::run_dir::{caps, files, RunDir};
 use serde::{Deserialize, Serialize};
-use std::path::Path;
 use std::time::Duration;
 
 /// A lease: the deadline (epoch seconds) and its length.
@@ -32,34 +30,38 @@ impl Lease {
     }
 }
 
-/// Write lease.json atomically. Not fsynced: after a crash the boot id, not the lease, decides.
-pub fn write_lease(dir: &Path, lease: &Lease) -> Result<()> {
-    let mut s = serde_json::to_string(lease).expect("a lease serializes");
-    s.push('\n');
-    write_atomic(dir, files::LEASE, s.as_bytes(), false)
-}
-
-/// Read lease.json: `Ok(None)` when the run has no lease, `Corrupt` when it is not a whole lease.
-pub fn read_lease(dir: &Path) -> Result<Option<Lease>> {
-    let path = dir.join(files::LEASE);
-    let bytes = match read_run_file(dir, files::LEASE, caps::LEASE) {
-        Ok(b) => b,
-        Err(Error::Missing { .. }) => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    let s = std::str::from_utf8(&bytes).map_err(|e| Error::Corrupt {
-        path: path.clone(),
-        why: e.to_string(),
-    })?;
-    let l: Lease = serde_json::from_str(s).map_err(|e| Error::Corrupt {
-        path: path.clone(),
-        why: e.to_string(),
-    })?;
-    if !l.deadline_epoch.is_finite() || !l.lease_s.is_finite() || l.lease_s < 0.0 {
-        return Err(Error::Corrupt {
-            path,
-            why: "deadline or length out of range".into(),
-        });
+impl RunDir {
+    /// Write lease.json atomically. Not fsynced: after a crash the boot id, not the lease,
+    /// decides.
+    pub fn write_lease(&self, lease: &Lease) -> Result<()> {
+        let mut s = serde_json::to_string(lease).expect("a lease serializes");
+        s.push('\n');
+        self.write_atomic(files::LEASE, s.as_bytes(), false)
     }
-    Ok(Some(l))
+
+    /// Read lease.json: `Ok(None)` when the run has no lease, `Corrupt` when it is not a whole
+    /// lease.
+    pub fn read_lease(&self) -> Result<Option<Lease>> {
+        let path = self.file(files::LEASE);
+        let bytes = match self.read_run_file(files::LEASE, caps::LEASE) {
+            Ok(b) => b,
+            Err(Error::Missing { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let s = std::str::from_utf8(&bytes).map_err(|e| Error::Corrupt {
+            path: path.clone(),
+            why: e.to_string(),
+        })?;
+        let l: Lease = serde_json::from_str(s).map_err(|e| Error::Corrupt {
+            path: path.clone(),
+            why: e.to_string(),
+        })?;
+        if !l.deadline_epoch.is_finite() || !l.lease_s.is_finite() || l.lease_s < 0.0 {
+            return Err(Error::Corrupt {
+                path,
+                why: "deadline or length out of range".into(),
+            });
+        }
+        Ok(Some(l))
+    }
 }

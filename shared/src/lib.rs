@@ -1,13 +1,16 @@
 //! The library behind `agent-run` and `agent-run-watchdog`.
 //!
 //! Every piece that more than one binary needs lives here, once: run ids ([`id`]), the run root
-//! and run dirs ([`root`]), atomic writes ([`atomic`]), the status record ([`record`]), the events
-//! journal ([`journal`]), leases ([`lease`]), /proc reading ([`procfs`]), the run's process set
-//! ([`procset`]), signal names ([`signal`]), THE stop routine ([`stop`]) and the exit-code table ([`exit`]). Raw syscalls that
+//! ([`root`]), the run dir and its files ([`run_dir`]: one descriptor, every file reached through
+//! it), the status record ([`record`]) and its lifecycle ([`lifecycle`]), the events journal
+//! ([`journal`]), leases ([`lease`]), the run's lock ([`lock`]), cancel requests
+//! ([`cancel_request`]), the live wrapper ([`wrapper`]), /proc reading ([`procfs`]), the run's
+//! process set ([`procset`]), signal names ([`signal`]), THE stop routine ([`stop`]) and the
+//! exit-code table ([`exit`]). Raw syscalls that
 //! std lacks are fenced in [`sys`], the only module allowed to use `unsafe`.
 #![deny(unsafe_code)]
 
-pub mod atomic;
+pub mod cancel_request;
 pub mod cgroup;
 pub mod error;
 pub mod exit;
@@ -18,6 +21,8 @@ pub mod hostpolicy;
 pub mod id;
 pub mod journal;
 pub mod lease;
+pub mod lifecycle;
+pub mod lock;
 pub mod output;
 pub mod pid;
 pub mod procfs;
@@ -28,15 +33,15 @@ pub mod reap;
 pub mod reason;
 pub mod record;
 pub mod root;
-pub mod run;
+pub mod run_dir;
 pub mod signal;
 pub mod spec;
 pub mod stop;
 pub mod suspend;
 pub mod sys;
-pub mod takeover;
 pub mod time;
 pub mod users;
+pub mod wrapper;
 
 pub use error::{Error, Result};
 

@@ -8,8 +8,9 @@
 //! planted, and otherwise falls back to the logs' sizes with `complete: false`. The workload can
 //! forge output.json: it only ever feeds counts into the record, never what is signalled.
 
-use crate::atomic::{open_run_file, read_run_file};
 use crate::error::{Error, Result};
+use crate::root::Root;
+use crate::run_dir::{files, RunDir};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -93,7 +94,7 @@ pub fn parse_size(s: &str) -> std::result::Result<Option<u64>, String> {
 
 /// The default cap for runs under `root`: `$AGENT_RUN_MAX_OUTPUT`, else `<root>/max-output`
 /// (one size, read as a file the runs could have planted), else [`DEFAULT_LIMIT`].
-pub fn root_default(root: &Path) -> Result<Option<u64>> {
+pub fn root_default(root: &Root) -> Result<Option<u64>> {
     let bad = |why: String, path: &Path| Error::Corrupt {
         path: path.to_path_buf(),
         why,
@@ -102,10 +103,10 @@ pub fn root_default(root: &Path) -> Result<Option<u64>> {
         let v = v.to_string_lossy();
         return parse_size(&v).map_err(|e| bad(e, Path::new(ENV_MAX_OUTPUT)));
     }
-    match read_run_file(root, ROOT_FILE, 256) {
+    match root.read_file(ROOT_FILE, 256) {
         Ok(bytes) => {
             let s = String::from_utf8_lossy(&bytes);
-            parse_size(s.trim()).map_err(|e| bad(e, &root.join(ROOT_FILE)))
+            parse_size(s.trim()).map_err(|e| bad(e, &root.path().join(ROOT_FILE)))
         }
         Err(Error::Missing { .. }) => Ok(Some(DEFAULT_LIMIT)),
         Err(e) => Err(e),
@@ -113,24 +114,27 @@ pub fn root_default(root: &Path) -> Result<Option<u64>> {
 }
 
 /// Read output.json (capped, never through a symlink or a FIFO).
-pub fn read(dir: &Path) -> Result<Output> {
-    let bytes = read_run_file(dir, FILE, CAP)?;
+pub fn read(dir: &RunDir) -> Result<Output> {
+    let bytes = dir.read_run_file(FILE, CAP)?;
     serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt {
-        path: dir.join(FILE),
+        path: dir.file(FILE),
         why: e.to_string(),
     })
 }
 
 /// The counts for a final record: output.json once it appears (waiting up to `wait` for it,
 /// on inotify, no fixed sleeps), else the logs' sizes as `written`, with `complete: false`.
-pub fn collect(dir: &Path, pending: &Output, wait: Duration) -> Output {
+pub fn collect(dir: &RunDir, pending: &Output, wait: Duration) -> Output {
     let deadline = Instant::now() + wait;
     if let Ok(o) = read(dir) {
         return o;
     }
     // Watch first, then look again: a file renamed into place between the two is seen.
     if let Ok(ino) = crate::sys::Inotify::new() {
-        if ino.add_watch(dir, crate::sys::Inotify::CHANGED).is_ok() {
+        if ino
+            .add_watch(dir.path(), crate::sys::Inotify::CHANGED)
+            .is_ok()
+        {
             loop {
                 if let Ok(o) = read(dir) {
                     return o;
@@ -146,14 +150,14 @@ pub fn collect(dir: &Path, pending: &Output, wait: Duration) -> Output {
     if let Ok(o) = read(dir) {
         return o;
     }
-    let size = |name: &str| open_run_file(dir, name).ok().map(|(_, md)| md.len());
+    let size = |name: &str| dir.open_run_file(name).ok().map(|(_, md)| md.len());
     Output {
         stdout: StreamCount {
-            written: size(crate::root::files::STDOUT),
+            written: size(files::STDOUT),
             ..StreamCount::default()
         },
         stderr: StreamCount {
-            written: size(crate::root::files::STDERR),
+            written: size(files::STDERR),
             ..StreamCount::default()
         },
         complete: false,
@@ -181,10 +185,10 @@ mod tests {
 
     #[test]
     fn collect_falls_back_to_log_sizes_and_prefers_the_keepers_counts() {
-        let d = tempfile::tempdir().unwrap();
+        let (d, rd) = crate::run_dir::temp();
         std::fs::write(d.path().join("stdout.log"), b"abc").unwrap();
         let p = Output::pending(Some(10), false);
-        let o = collect(d.path(), &p, Duration::from_millis(50));
+        let o = collect(&rd, &p, Duration::from_millis(50));
         assert!(!o.complete);
         assert_eq!(o.stdout.written, Some(3));
         assert_eq!(o.stderr.written, None);
@@ -194,7 +198,7 @@ mod tests {
         fin.stdout.written = Some(3);
         fin.stdout.dropped = Some(0);
         let bytes = serde_json::to_vec(&fin).unwrap();
-        crate::atomic::write_atomic(d.path(), FILE, &bytes, false).unwrap();
-        assert_eq!(collect(d.path(), &p, Duration::ZERO), fin);
+        rd.write_atomic(FILE, &bytes, false).unwrap();
+        assert_eq!(collect(&rd, &p, Duration::ZERO), fin);
     }
 }

@@ -1,21 +1,21 @@
 //! status.json: the run's record, and the one writer for it.
 //!
 //! Every key of the contract is present in every write (null where unknown). Records are replaced
-//! through [`crate::atomic::write_atomic`]; a final record is fsynced (file and directory) before
-//! [`write_status`] returns, and is never overwritten: writing over a final record is refused.
+//! atomically through the run dir ([`RunDir::write_status`]); a final record is fsynced (file and
+//! directory) before it returns, and is never overwritten: writing over a final record is refused.
 //! Readers get [`Error::Missing`] or [`Error::Corrupt`] for a missing or partial document and
 //! must report it as such, never guess.
 
-use crate::atomic::{caps, read_run_file, write_atomic};
 use crate::error::{Error, Result};
-use crate::root::files;
+use crate::pid::{Identity, Pid};
+use crate::run_dir::{caps, files, RunDir};
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::ffi::OsString;
+use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 
 /// The record's schema version.
 pub const SCHEMA: u32 = 1;
@@ -188,6 +188,38 @@ impl Containment {
 }
 
 impl Status {
+    /// The leader as the record names it: its pid and start ticks, when both are there (and
+    /// the pid is positive). A claim of the record, which the workload can rewrite: only
+    /// [`crate::wrapper::check_record`] and the stop's own checks against the kernel make it
+    /// something to act on.
+    pub fn leader(&self) -> Option<Identity> {
+        Some(Identity {
+            pid: Pid::new(self.pid?.into())?,
+            start_ticks: self.start_ticks?,
+        })
+    }
+
+    /// The wrapper as the record names it: its pid and start ticks, when both are there (a
+    /// claim, confirmed only by [`crate::wrapper::live_wrapper`]).
+    pub fn wrapper(&self) -> Option<Identity> {
+        Some(Identity {
+            pid: Pid::new(self.wrapper_pid?.into())?,
+            start_ticks: self.wrapper_start_ticks?,
+        })
+    }
+
+    /// Name the leader: the pid and start ticks the kernel gave for the spawned workload.
+    pub fn set_leader(&mut self, leader: Identity) {
+        self.pid = Some(leader.pid.get());
+        self.start_ticks = Some(leader.start_ticks);
+    }
+
+    /// Name the wrapper (this process, with the start ticks /proc gives for it).
+    pub fn set_wrapper(&mut self, pid: Pid, start_ticks: Option<u64>) {
+        self.wrapper_pid = Some(pid.get());
+        self.wrapper_start_ticks = start_ticks;
+    }
+
     /// A record for `run_id` in state `starting`, with this host, user, boot and version filled
     /// in and nothing known about the workload yet.
     pub fn blank(run_id: &str) -> Status {
@@ -279,39 +311,53 @@ impl Status {
     }
 }
 
-/// Write the record atomically; fsync it when final. A final record is never overwritten.
-pub fn write_status(dir: &Path, st: &Status) -> Result<()> {
-    // Only the lock holder writes, so a non-final write cannot race a final one; the check
-    // guards the final write, where a mistake would rewrite history.
-    if !st.state.is_final() {
-        return write_atomic(dir, files::STATUS, st.to_json().as_bytes(), false);
-    }
-    if let Ok(old) = read_status(dir) {
-        if old.state.is_final() {
-            return Err(Error::Corrupt {
-                path: dir.join(files::STATUS),
-                why: format!(
-                    "the record is already final ({}); refusing to overwrite it with {}",
-                    old.state.as_str(),
-                    st.state.as_str()
-                ),
-            });
+impl RunDir {
+    /// Write the record atomically; fsync it when final. A final record is never overwritten.
+    pub fn write_status(&self, st: &Status) -> Result<()> {
+        // Only the lock holder writes, so a non-final write cannot race a final one; the check
+        // guards the final write, where a mistake would rewrite history.
+        if !st.state.is_final() {
+            return self.write_record(st, false);
         }
+        if let Ok(old) = self.read_status() {
+            if old.state.is_final() {
+                return Err(Error::Corrupt {
+                    path: self.file(files::STATUS),
+                    why: format!(
+                        "the record is already final ({}); refusing to overwrite it with {}",
+                        old.state.as_str(),
+                        st.state.as_str()
+                    ),
+                });
+            }
+        }
+        self.write_record(st, true)
     }
-    write_atomic(dir, files::STATUS, st.to_json().as_bytes(), true)
-}
 
-/// Read and parse the record: `Missing` when absent, `Corrupt` when not a whole valid document
-/// (or not a regular file of ours, or larger than a record can be: see
-/// [`crate::atomic::read_run_file`]).
-pub fn read_status(dir: &Path) -> Result<Status> {
-    let bytes = read_run_file(dir, files::STATUS, caps::STATUS)?;
-    let path = || dir.join(files::STATUS);
-    let s = std::str::from_utf8(&bytes).map_err(|e| Error::Corrupt {
-        path: path(),
-        why: e.to_string(),
-    })?;
-    parse_status(s).map_err(|why| Error::Corrupt { path: path(), why })
+    fn write_record(&self, st: &Status, durable: bool) -> Result<()> {
+        let bytes = st.to_json().into_bytes();
+        self.replace(files::STATUS, durable, |f| {
+            if crate::fault::armed("mid_record_write") && self.stat_file(files::STATUS).is_some() {
+                // Die with half a document in the temp file: status.json must stay whole.
+                let _ = f.write_all(&bytes[..bytes.len() / 2]);
+                crate::sys::kill_self();
+            }
+            f.write_all(&bytes)
+        })
+    }
+
+    /// Read and parse the record: `Missing` when absent, `Corrupt` when not a whole valid
+    /// document (or not a regular file of ours, or larger than a record can be: see
+    /// [`RunDir::read_run_file`]).
+    pub fn read_status(&self) -> Result<Status> {
+        let bytes = self.read_run_file(files::STATUS, caps::STATUS)?;
+        let path = || self.file(files::STATUS);
+        let s = std::str::from_utf8(&bytes).map_err(|e| Error::Corrupt {
+            path: path(),
+            why: e.to_string(),
+        })?;
+        parse_status(s).map_err(|why| Error::Corrupt { path: path(), why })
+    }
 }
 
 /// Parse a record from text, checking the schema.
@@ -435,26 +481,23 @@ mod tests {
 
     #[test]
     fn a_final_record_is_never_overwritten() {
-        let d = tempfile::tempdir().unwrap();
+        let (_d, rd) = crate::run_dir::temp();
         let mut st = sample();
-        write_status(d.path(), &st).unwrap();
+        rd.write_status(&st).unwrap();
         st.state = State::Finished;
         st.exit_code = Some(0);
-        write_status(d.path(), &st).unwrap();
+        rd.write_status(&st).unwrap();
         st.state = State::Cancelled;
-        assert!(write_status(d.path(), &st).is_err());
-        assert_eq!(read_status(d.path()).unwrap().state, State::Finished);
+        assert!(rd.write_status(&st).is_err());
+        assert_eq!(rd.read_status().unwrap().state, State::Finished);
     }
 
     #[test]
     fn partial_documents_are_corrupt_not_guessed() {
-        let d = tempfile::tempdir().unwrap();
+        let (d, rd) = crate::run_dir::temp();
+        assert!(matches!(rd.read_status(), Err(Error::Missing { .. })));
         let text = sample().to_json();
         std::fs::write(d.path().join("status.json"), &text[..text.len() / 2]).unwrap();
-        assert!(matches!(read_status(d.path()), Err(Error::Corrupt { .. })));
-        assert!(matches!(
-            read_status(&d.path().join("nope")),
-            Err(Error::Missing { .. })
-        ));
+        assert!(matches!(rd.read_status(), Err(Error::Corrupt { .. })));
     }
 }

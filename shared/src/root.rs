@@ -8,24 +8,14 @@
 
 use crate::error::{Error, Result};
 use crate::id::RunId;
+use crate::run_dir::RunDir;
 use crate::sys;
 use std::fs;
 use std::io;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
-
-/// The files of a run dir.
-pub mod files {
-    pub const STATUS: &str = "status.json";
-    pub const STDOUT: &str = "stdout.log";
-    pub const STDERR: &str = "stderr.log";
-    pub const EVENTS: &str = "events.jsonl";
-    pub const LEASE: &str = "lease.json";
-    pub const CANCEL: &str = "cancel.json";
-    pub const PID: &str = "pid";
-    pub const PGID: &str = "pgid";
-    pub const LOCK: &str = "lock";
-}
+use std::sync::Arc;
 
 /// Where the root is: `--root`, else `$AGENT_RUN_ROOT`, else `$HOME/.agent-runs`, made absolute
 /// (without resolving symlinks, so a symlinked root is still seen and refused).
@@ -53,6 +43,7 @@ pub fn resolve_root(cli: Option<&Path>) -> Result<PathBuf> {
 #[derive(Debug, Clone)]
 pub struct Root {
     path: PathBuf,
+    fd: Arc<OwnedFd>,
 }
 
 impl Root {
@@ -74,10 +65,30 @@ impl Root {
             Err(e) => return Err(Error::io("inspect run root", path, e)),
             Ok(_) => {}
         }
-        check_dir(path, "run root", 0o022)?;
+        let (fd, _) = open_checked(path, "run root", 0o022)?;
         Ok(Root {
             path: path.to_path_buf(),
+            fd: Arc::new(fd),
         })
+    }
+
+    /// Read the file `name` of the root itself, of at most `cap` bytes, as a file a run could
+    /// have planted (see [`RunDir::read_run_file`]): the root's defaults.
+    pub fn read_file(&self, name: &str, cap: u64) -> Result<Vec<u8>> {
+        crate::run_dir::read_capped_at(self.fd.as_fd(), &self.path, name, cap)
+    }
+
+    /// Open (creating, 0600) the file `name` of the root itself for reading and writing, as a
+    /// file a run could have replaced: the watchdog's lock.
+    pub fn open_rw_create(&self, name: &str) -> Result<fs::File> {
+        use rustix::fs::OFlags;
+        crate::run_dir::open_hostile_at(
+            self.fd.as_fd(),
+            &self.path,
+            name,
+            OFlags::RDWR | OFlags::CREATE,
+        )
+        .map(|(f, _)| f)
     }
 
     /// The root's path.
@@ -100,46 +111,57 @@ impl Root {
         }
         // mkdir never follows a symlink at the last component; umask may have narrowed 0700,
         // but never widened it. Check anyway: the dir must be ours and private.
-        check_dir(&path, "run dir", 0o077)?;
-        Ok(Some(RunDir {
-            path,
-            id: id.clone(),
-        }))
+        RunDir::open(&path, id.clone()).map(Some)
     }
 
     /// Open an existing run dir after the safety checks (`Missing` when there is none).
     pub fn open_run_dir(&self, id: &RunId) -> Result<RunDir> {
         let path = self.run_dir_path(id);
-        match check_dir(&path, "run dir", 0o077) {
+        match RunDir::open(&path, id.clone()) {
             Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
-                return Err(Error::Missing { path })
+                Err(Error::Missing { path })
             }
-            r => r?,
+            r => r,
         }
-        Ok(RunDir {
-            path,
-            id: id.clone(),
-        })
     }
 }
 
-/// A run dir that passed the safety checks.
-#[derive(Debug, Clone)]
-pub struct RunDir {
-    pub path: PathBuf,
-    pub id: RunId,
-}
-
-impl RunDir {
-    /// The path of one of the run's files.
-    pub fn file(&self, name: &str) -> PathBuf {
-        self.path.join(name)
-    }
+/// Open the directory at `path` ([`crate::run_dir::open_dir`]) and hold what was opened to the
+/// rules of [`check_dir`]. A refusal names the path; a missing dir is an `Io` error of kind
+/// `NotFound`.
+pub(crate) fn open_checked(
+    path: &Path,
+    what: &str,
+    forbidden_bits: u32,
+) -> Result<(OwnedFd, fs::Metadata)> {
+    let (fd, md) = match crate::run_dir::open_dir(path) {
+        Ok(x) => x,
+        Err(e) => {
+            if e.kind() != io::ErrorKind::NotFound {
+                // A symlink or not a directory: the path check says which, in its words.
+                check_dir(path, what, forbidden_bits)?;
+            }
+            return Err(Error::io("inspect", path, e));
+        }
+    };
+    check_metadata(path, what, forbidden_bits, &md)?;
+    Ok((fd, md))
 }
 
 /// Refuse a path that is a symlink, not a directory, not ours, or has any of `forbidden_bits`.
 /// The refusal names the path and says what to do about it.
 pub fn check_dir(path: &Path, what: &str, forbidden_bits: u32) -> Result<()> {
+    let md = fs::symlink_metadata(path).map_err(|e| Error::io("inspect", path, e))?;
+    check_metadata(path, what, forbidden_bits, &md)
+}
+
+/// [`check_dir`] on what `lstat` or `fstat` said of `path`.
+pub(crate) fn check_metadata(
+    path: &Path,
+    what: &str,
+    forbidden_bits: u32,
+    md: &fs::Metadata,
+) -> Result<()> {
     let unsafe_ = |why: String| {
         Err(Error::Unsafe {
             path: path.to_path_buf(),
@@ -147,7 +169,6 @@ pub fn check_dir(path: &Path, what: &str, forbidden_bits: u32) -> Result<()> {
         })
     };
     let p = path.display();
-    let md = fs::symlink_metadata(path).map_err(|e| Error::io("inspect", path, e))?;
     if md.file_type().is_symlink() {
         return unsafe_(format!(
             "{what} {p} is a symlink: use the directory itself (--root DIR) or remove the link"

@@ -4,11 +4,20 @@
 //! agent-run-shared --test fuzz` is the long run; CI runs the default 256 cases per property.
 
 use agent_run_shared::id::RunId;
-use agent_run_shared::lease::{read_lease, write_lease, Lease};
+use agent_run_shared::lease::Lease;
 use agent_run_shared::record::{parse_status, Status};
-use agent_run_shared::takeover::cancel_reason;
+use agent_run_shared::run_dir::RunDir;
 use agent_run_shared::time::parse_duration;
 use proptest::prelude::*;
+use std::os::unix::fs::PermissionsExt;
+
+/// A fresh private dir, and the run dir held on it.
+fn run_dir() -> (tempfile::TempDir, RunDir) {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let rd = RunDir::open(d.path(), RunId::parse("fuzz-1").unwrap()).unwrap();
+    (d, rd)
+}
 
 fn sample_status() -> Status {
     let mut st = Status::blank("fuzz-1");
@@ -70,29 +79,29 @@ proptest! {
 
     #[test]
     fn lease_files_never_panic_and_only_sane_leases_pass(s in "\\PC{0,120}") {
-        let d = tempfile::tempdir().unwrap();
+        let (d, rd) = run_dir();
         std::fs::write(d.path().join("lease.json"), &s).unwrap();
-        if let Ok(Some(l)) = read_lease(d.path()) {
+        if let Ok(Some(l)) = rd.read_lease() {
             prop_assert!(l.deadline_epoch.is_finite() && l.lease_s >= 0.0);
         }
     }
 
     #[test]
     fn leases_round_trip(secs in 0.0f64..1e7) {
-        let d = tempfile::tempdir().unwrap();
+        let (_d, rd) = run_dir();
         let l = Lease { deadline_epoch: 1.0e9 + secs, lease_s: secs };
-        write_lease(d.path(), &l).unwrap();
+        rd.write_lease(&l).unwrap();
         // serde_json's default float parser may be off by an ulp: a microsecond is plenty.
-        let back = read_lease(d.path()).unwrap().unwrap();
+        let back = rd.read_lease().unwrap().unwrap();
         prop_assert!((back.deadline_epoch - l.deadline_epoch).abs() < 1e-6);
         prop_assert!((back.lease_s - l.lease_s).abs() < 1e-6);
     }
 
     #[test]
     fn cancel_files_never_panic(s in "\\PC{0,200}") {
-        let d = tempfile::tempdir().unwrap();
+        let (d, rd) = run_dir();
         std::fs::write(d.path().join("cancel.json"), &s).unwrap();
-        let _ = cancel_reason(d.path());
+        let _ = rd.cancel_reason();
     }
 }
 

@@ -543,7 +543,7 @@ fn cancel_of_a_run_whose_status_json_is_corrupt_exits_77_signals_nothing_and_lea
 /// unrun.
 ///
 /// A wrapper that is only slow, not dead, is the next test: the wrapper's own check after it
-/// takes the lock (`Launch::new` in `wrapper/src/launch.rs`: a record already there means
+/// takes the lock (`Launch::new` in `wrapper/src/start.rs`: a record already there means
 /// "declared lost", exit 70, nothing run) is what covers that race.
 #[test]
 fn a_launch_declared_lost_by_cancel_is_final_unknown_and_the_id_never_runs_its_command() {

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use agent_run_shared::fault;
 use agent_run_shared::id::RunId;
-use agent_run_shared::record::{write_status, State, Status};
+use agent_run_shared::record::{State, Status};
 use agent_run_shared::root::Root;
 use agent_run_tests::contain::marked;
 use agent_run_tests::facts::path_str;
@@ -2270,8 +2270,8 @@ fn forged_record_is_refused(forgery: Forgery) {
         }
         Forgery::WrongStartTicks => st.start_ticks = Some(ticks + 7),
     }
-    write_status(&run_dir.path, &st).expect("write the forged record");
-    let record = fs::read(run_dir.path.join("status.json")).expect("the forged record");
+    run_dir.write_status(&st).expect("write the forged record");
+    let record = fs::read(run_dir.path().join("status.json")).expect("the forged record");
 
     let out = refused(&root, id, &["cancel", id], &[77]);
     ensure!(
@@ -2299,10 +2299,10 @@ fn forged_record_is_refused(forgery: Forgery) {
     ensure!(
         root,
         id,
-        !run_dir.path.join("cancel.json").exists(),
+        !run_dir.path().join("cancel.json").exists(),
         "a refused cancel wrote cancel.json"
     );
-    let now = fs::read(run_dir.path.join("status.json")).unwrap_or_default();
+    let now = fs::read(run_dir.path().join("status.json")).unwrap_or_default();
     let st_now: Value = serde_json::from_slice(&now).unwrap_or_default();
     ensure!(
         root,

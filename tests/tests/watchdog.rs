@@ -22,9 +22,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use agent_run_shared::lease::{write_lease, Lease};
-use agent_run_shared::record::{write_status, Cleanup, State, Status, SCHEMA};
+use agent_run_shared::id::RunId;
+use agent_run_shared::lease::Lease;
+use agent_run_shared::record::{Cleanup, State, Status, SCHEMA};
 use agent_run_shared::root::Root;
+use agent_run_shared::run_dir::RunDir;
 use agent_run_shared::time::{epoch_now, parse_rfc3339, rfc3339_now};
 use agent_run_shared::{procfs, sys as shared_sys};
 use agent_run_tests::facts::{exclusive_cpu, shared_cpu};
@@ -181,8 +183,17 @@ fn make_run_dir(root: &TestRoot, id: &str) -> PathBuf {
     dir
 }
 
+/// The run dir at `dir`, held as agent-run holds it.
+fn run_dir_at(dir: &Path) -> RunDir {
+    let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let id = RunId::parse(name).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    RunDir::open(dir, id).unwrap_or_else(|e| panic!("cannot open {}: {e}", dir.display()))
+}
+
 fn write_record(dir: &Path, st: &Status) {
-    write_status(dir, st).unwrap_or_else(|e| panic!("cannot write {}: {e}", dir.display()));
+    run_dir_at(dir)
+        .write_status(st)
+        .unwrap_or_else(|e| panic!("cannot write {}: {e}", dir.display()));
 }
 
 fn write_deadline(dir: &Path, deadline_epoch: f64, lease_s: f64) {
@@ -190,7 +201,9 @@ fn write_deadline(dir: &Path, deadline_epoch: f64, lease_s: f64) {
         deadline_epoch,
         lease_s,
     };
-    write_lease(dir, &lease).unwrap_or_else(|e| panic!("cannot write a lease: {e}"));
+    run_dir_at(dir)
+        .write_lease(&lease)
+        .unwrap_or_else(|e| panic!("cannot write a lease: {e}"));
 }
 
 /// A watchdog policy for in-process passes: no orphan grace, the given slack.

@@ -4,15 +4,17 @@
 
 use crate::assess::{Action, Due, Subject};
 use agent_run_shared::journal::Journal;
+use agent_run_shared::lifecycle::{
+    finalize, record_lost_launch, stop_orphaned, timings_of, transition,
+};
+use agent_run_shared::lock::RunLock;
 use agent_run_shared::procset::RunScope;
 use agent_run_shared::reason::Reason;
-use agent_run_shared::record::{read_status, State};
-use agent_run_shared::run::{finalize, scope_of, timings_of, transition};
+use agent_run_shared::record::State;
 use agent_run_shared::stop::{stop_run, Sig};
 use agent_run_shared::sys::{self, PollFd};
-use agent_run_shared::takeover::{
-    check_record, live_wrapper, lock_holder, record_lost_launch, request_cancel, signal_wrapper,
-    stop_orphaned, LockHolder, RunLock, Wrapper,
+use agent_run_shared::wrapper::{
+    check_record, live_wrapper, lock_holder, signal_wrapper, LockHolder, Wrapper,
 };
 use agent_run_shared::{pid::Pid, Result};
 use serde_json::json;
@@ -22,14 +24,14 @@ use std::time::Duration;
 /// What happened, for the log line.
 pub fn act(subject: &Subject, action: Action) -> Result<String> {
     let dir = &subject.dir;
-    let journal = Journal::open(dir, "watchdog")?;
-    let lock = RunLock::open(dir)?;
+    let journal = dir.journal("watchdog")?;
+    let lock = dir.lock()?;
     match action {
         Action::HostRebooted => {
             if !lock.try_lock()? {
                 return Ok("locked by another party; left alone".into());
             }
-            let mut st = read_status(dir)?;
+            let mut st = dir.read_status()?;
             if st.state.is_final() {
                 return Ok(format!("already {}", st.state.as_str()));
             }
@@ -48,7 +50,7 @@ pub fn act(subject: &Subject, action: Action) -> Result<String> {
             Ok("unknown (host_rebooted), nothing signalled".into())
         }
         Action::Orphan { why } => {
-            let mut st = read_status(dir)?;
+            let mut st = dir.read_status()?;
             if st.state.is_final() {
                 return Ok(format!("already {}", st.state.as_str()));
             }
@@ -72,14 +74,14 @@ pub fn act(subject: &Subject, action: Action) -> Result<String> {
                         how = "the wrapper is gone; its lock is squatted";
                     }
                 }
-                st = read_status(dir)?;
+                st = dir.read_status()?;
                 if st.state.is_final() {
                     return Ok(format!("already {}", st.state.as_str()));
                 }
             }
             let reason = why.reason().as_str();
             let reason: &str = &reason;
-            let _ = request_cancel(dir, "watchdog", reason);
+            let _ = dir.request_cancel("watchdog", reason);
             let _ = journal.event("takeover", json!({"why": how, "reason": reason}));
             let report = stop_orphaned(dir, &mut st, reason, &journal)?;
             Ok(format!(
@@ -95,10 +97,10 @@ pub fn act(subject: &Subject, action: Action) -> Result<String> {
             if !lock.try_lock()? {
                 return Ok("locked (a launch in progress?); left alone".into());
             }
-            if read_status(dir).is_ok() {
+            if dir.read_status().is_ok() {
                 return Ok("the record appeared meanwhile".into());
             }
-            record_lost_launch(dir, &subject.status.run_id, &journal)?;
+            record_lost_launch(dir, &journal)?;
             Ok("unknown (wrapper_lost): no record was ever written".into())
         }
     }
@@ -111,7 +113,7 @@ fn stuck(subject: &Subject, journal: &Journal, lock: &RunLock, why: Due) -> Resu
     let reason = why.reason().as_str();
     let reason: &str = &reason;
     let dir = &subject.dir;
-    let st = read_status(dir)?;
+    let st = dir.read_status()?;
     if st.state.is_final() {
         return Ok(format!("already {}", st.state.as_str()));
     }
@@ -122,7 +124,7 @@ fn stuck(subject: &Subject, journal: &Journal, lock: &RunLock, why: Due) -> Resu
         // It died meanwhile: the orphan path handles it.
         Wrapper::Gone => return act(subject, Action::Orphan { why }),
     };
-    let _ = request_cancel(dir, "watchdog", reason);
+    let _ = dir.request_cancel("watchdog", reason);
     signal_wrapper(
         &w,
         Sig::Term,
@@ -135,9 +137,10 @@ fn stuck(subject: &Subject, journal: &Journal, lock: &RunLock, why: Due) -> Resu
     )?;
     // The wrapper is confirmed by the kernel, so its descendants are the run's.
     let scope: RunScope =
-        scope_of(dir, &st, Some(w.pid())).ok_or_else(|| agent_run_shared::Error::Identity {
-            why: "the record has no pid".into(),
-        })?;
+        dir.scope(&st, Some(w.pid()))
+            .ok_or_else(|| agent_run_shared::Error::Identity {
+                why: "the record has no pid".into(),
+            })?;
     let report = stop_run(&scope, &timings_of(&st), reason, Some(journal), None);
     // Give a wrapper that is only slow a moment to write its own record.
     let mut fds = [PollFd {
@@ -146,7 +149,7 @@ fn stuck(subject: &Subject, journal: &Journal, lock: &RunLock, why: Due) -> Resu
         revents: 0,
     }];
     let _ = sys::poll(&mut fds, Some(Duration::from_secs(1)));
-    if read_status(dir)?.state.is_final() {
+    if dir.read_status()?.state.is_final() {
         return Ok("the wrapper finished the stop itself".into());
     }
     signal_wrapper(&w, Sig::Kill, reason, Some("wrapper stuck"), journal)?;
@@ -163,7 +166,7 @@ fn stuck(subject: &Subject, journal: &Journal, lock: &RunLock, why: Due) -> Resu
     if !locked {
         return Ok("processes stopped; the wrapper still holds its lock, record left to it".into());
     }
-    let mut st = read_status(dir)?;
+    let mut st = dir.read_status()?;
     if st.state.is_final() {
         return Ok(format!("already {}", st.state.as_str()));
     }

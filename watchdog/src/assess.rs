@@ -16,18 +16,17 @@
 //! a lease, never from the timeout.
 
 use agent_run_shared::id::RunId;
-use agent_run_shared::lease::read_lease;
+use agent_run_shared::lifecycle::timings_of;
 use agent_run_shared::procset::{discover_in, Depth, Snapshot};
 use agent_run_shared::reason::Reason;
-use agent_run_shared::record::{read_status, Status};
+use agent_run_shared::record::Status;
 use agent_run_shared::root::Root;
-use agent_run_shared::run::{scope_of, timings_of};
-use agent_run_shared::takeover::{check_record, live_wrapper, Wrapper};
-use agent_run_shared::{heartbeat, procfs, time};
+use agent_run_shared::run_dir::RunDir;
+use agent_run_shared::wrapper::{check_record, live_wrapper, Wrapper};
+use agent_run_shared::{procfs, time};
 use std::cell::OnceCell;
 use std::collections::HashSet;
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
 use std::time::Duration;
 
 /// How long a run dir may exist without a record before its launch counts as lost.
@@ -130,7 +129,7 @@ pub struct Seen {
 
 /// A run dir the watchdog looks at.
 pub struct Subject {
-    pub dir: PathBuf,
+    pub dir: RunDir,
     pub status: Status,
     /// The lease deadline assessed (epoch seconds), if the run has one.
     pub lease: Option<f64>,
@@ -161,20 +160,17 @@ pub fn assess(
         Ok(d) => d,
         Err(e) => return (Verdict::Skip(e.to_string()), None),
     };
-    let st = match read_status(&dir.path) {
+    let st = match dir.read_status() {
         Ok(st) => st,
         // A dir without a record yet is a launch in progress (or one that died at once): the
         // next event or scan looks again.
         Err(agent_run_shared::Error::Missing { .. }) => {
             // A launch in progress writes its first record within milliseconds; a dir still
             // without one after LOST_LAUNCH_AFTER lost its wrapper before it could.
-            let age = std::fs::metadata(&dir.path)
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|m| m.elapsed().ok());
+            let age = dir.stat_file(".").and_then(|m| m.modified.elapsed().ok());
             if age.is_some_and(|a| a >= LOST_LAUNCH_AFTER) {
                 let subject = Subject {
-                    dir: dir.path.clone(),
+                    dir: dir.clone(),
                     status: Status::blank(name),
                     lease: None,
                     lease_damaged: None,
@@ -195,7 +191,7 @@ pub fn assess(
         return (Verdict::Done, None);
     }
     let subject = Some(Subject {
-        dir: dir.path.clone(),
+        dir: dir.clone(),
         status: st.clone(),
         lease: None,
         lease_damaged: None,
@@ -211,7 +207,7 @@ pub fn assess(
         // Pids from another boot name this boot's processes: signal nothing. Unless processes
         // carrying this run's marker are alive: then the run is of this boot and the record
         // was rewritten.
-        if marked_alive(&dir.path, &st, snapshot()) {
+        if marked_alive(&dir, &st, snapshot()) {
             return (
                 Verdict::Skip(format!(
                     "the record says boot {:?}, but processes carrying this run's marker are alive: the record was rewritten",
@@ -235,13 +231,13 @@ pub fn assess(
     // A damaged lease.json keeps the last valid deadline the daemon saw. Without one (a single
     // pass, a daemon started after the damage) an orphan gets the orphan grace, as a run
     // without a lease: bounded, never forever.
-    let (lease, damaged) = match read_lease(&dir.path) {
+    let (lease, damaged) = match dir.read_lease() {
         Ok(l) => (l.map(|l| l.deadline_epoch), None),
         Err(e) => (seen.last_lease, Some(e.to_string())),
     };
     let grace = timings_of(&st).grace.as_secs_f64();
     let due = first_due(lease, st.timeout_deadline_epoch());
-    let verdict = match live_wrapper(&dir.path, &st) {
+    let verdict = match live_wrapper(&dir, &st) {
         Wrapper::Alive(w) => match decide_alive(now, due, grace, policy) {
             Alive::Stuck(why) => Verdict::Now(Action::Stuck { why }),
             Alive::Watch { recheck_epoch } => Verdict::Watch {
@@ -255,13 +251,13 @@ pub fn assess(
             // this daemon saw it gone, or the bound its last heartbeat gives (which a `--once`
             // pass, seeing it for the first time, has to go by).
             let gone_since = || {
-                [seen.orphan_since, heartbeat::gone_by(&dir.path, now)]
+                [seen.orphan_since, dir.gone_by(now)]
                     .into_iter()
                     .flatten()
                     .reduce(f64::min)
             };
             // One /proc scan, only when the decision needs it.
-            let remains = || remains(&dir.path, &st, snapshot());
+            let remains = || remains(&dir, &st, snapshot());
             match decide_gone(now, due, policy, gone_since, remains) {
                 (action, None) => Verdict::Now(action),
                 (action, Some(act_epoch)) => Verdict::Later { act_epoch, action },
@@ -335,8 +331,8 @@ pub fn decide_gone(
 }
 
 /// Whether any live process carries this run's marker (its `AGENT_RUN_DIR` is this very dir).
-fn marked_alive(dir: &std::path::Path, st: &Status, snap: &Snapshot) -> bool {
-    let Some(mut scope) = scope_of(dir, st, None) else {
+fn marked_alive(dir: &RunDir, st: &Status, snap: &Snapshot) -> bool {
+    let Some(mut scope) = dir.scope(st, None) else {
         return false;
     };
     // By marker alone, whenever it started: the record's pids and times are not to be trusted.
@@ -345,8 +341,8 @@ fn marked_alive(dir: &std::path::Path, st: &Status, snap: &Snapshot) -> bool {
     !discover_in(snap, &scope, Depth::WithMarker, &HashSet::new()).is_empty()
 }
 
-fn remains(dir: &std::path::Path, st: &Status, snap: &Snapshot) -> bool {
-    scope_of(dir, st, None)
+fn remains(dir: &RunDir, st: &Status, snap: &Snapshot) -> bool {
+    dir.scope(st, None)
         .is_some_and(|s| !discover_in(snap, &s, Depth::WithMarker, &HashSet::new()).is_empty())
 }
 

@@ -6,7 +6,8 @@ use crate::assess::{assess, delay_until, Action, Policy, Seen, Subject, Verdict}
 use crate::fast::{self, Entry, Fast, Pass};
 use crate::notify::Notifier;
 use agent_run_shared::procset::Snapshot;
-use agent_run_shared::root::{files, Root};
+use agent_run_shared::root::Root;
+use agent_run_shared::run_dir::files;
 use agent_run_shared::sys::{self, Epoll, Inotify};
 use agent_run_shared::time::epoch_now;
 use std::cell::OnceCell;
@@ -71,7 +72,7 @@ pub struct RootLock {
 /// Take the root's watchdog lock, or say who holds it ([`RootBusy`]).
 pub fn lock_root(root: &Root) -> anyhow::Result<RootLock> {
     use std::os::fd::AsFd;
-    let file = agent_run_shared::atomic::open_rw_create(root.path(), ROOT_LOCK)?;
+    let file = root.open_rw_create(ROOT_LOCK)?;
     if sys::try_lock_exclusive(file.as_fd())? {
         return Ok(RootLock { _file: file });
     }
@@ -168,7 +169,7 @@ fn journal_once(root: &Root, name: &str, why: &str) {
         return;
     };
     if let Ok(dir) = root.open_run_dir(&id) {
-        if let Ok(j) = agent_run_shared::journal::Journal::open(&dir.path, "watchdog") {
+        if let Ok(j) = dir.journal("watchdog") {
             let _ = j.event("skipped", serde_json::json!({"why": why}));
         }
     }
@@ -554,7 +555,7 @@ impl Daemon {
                         |d| format!("the last valid deadline {d:.3}")
                     )
                 ));
-                if let Ok(j) = agent_run_shared::journal::Journal::open(&s.dir, "watchdog") {
+                if let Ok(j) = s.dir.journal("watchdog") {
                     let _ = j.event(
                         "lease_unreadable",
                         serde_json::json!({"error": why, "keeping_deadline": keep}),

@@ -14,7 +14,7 @@
 //!
 //! ```text
 //! keeper::pipe() -> io::Result<(OwnedFd /*read*/, OwnedFd /*write*/)>  // O_CLOEXEC both
-//! keeper::spawn(dir: &Path, sources: Vec<(Stream, OwnedFd)>, policy: &Policy)
+//! keeper::spawn(dir: &RunDir, sources: Vec<(Stream, OwnedFd)>, policy: &Policy)
 //!     -> anyhow::Result<Keeper>            // Keeper { identity: Identity }
 //! Stream::{Stdout, Stderr}                 // which log a source feeds (its counts' key)
 //! Policy { limit: Option<u64> /*per stream, None = unlimited*/, stop: bool /*--on-output-limit=stop*/ }
@@ -35,12 +35,12 @@
 //! first cap asks for the run's stop (reason `output_limit`) through `cancel`'s own code, on a
 //! thread, while draining goes on.
 
-use crate::control;
-use agent_run_shared::atomic::{open_append, write_atomic};
+use crate::cancel;
+use agent_run_shared::id::RunId;
 use agent_run_shared::journal::Journal;
 use agent_run_shared::output::{Output, StreamCount, FILE as OUTPUT_FILE};
 use agent_run_shared::pid::{Identity, Pid};
-use agent_run_shared::root::files;
+use agent_run_shared::run_dir::{files, RunDir};
 use agent_run_shared::{procfs, sys, ENV_RUN_DIR, ENV_RUN_ID};
 use anyhow::Context;
 use serde_json::json;
@@ -117,19 +117,19 @@ pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 
 /// Start the keeper for the run in `dir`, draining `sources` into their logs.
 pub fn spawn(
-    dir: &Path,
+    dir: &RunDir,
     sources: Vec<(Stream, OwnedFd)>,
     policy: &Policy,
 ) -> anyhow::Result<Keeper> {
     let mut cmd = Command::new("/proc/self/exe");
     cmd.arg(MODE)
-        .arg(dir)
+        .arg(dir.path())
         .arg(policy.limit.map_or("none".to_string(), |l| l.to_string()))
         .arg(if policy.stop { "stop" } else { "keep" });
     let mut keep = Vec::new();
     let mut held = Vec::new();
     for (stream, src) in sources {
-        let log = open_append(dir, stream.log())?;
+        let log = dir.open_append(stream.log())?;
         cmd.arg(format!(
             "{}={},{}",
             stream.name(),
@@ -144,7 +144,7 @@ pub fn spawn(
         .env_remove(ENV_RUN_ID)
         .env_remove(ENV_RUN_DIR)
         .env_remove(agent_run_shared::fault::ENV)
-        .env_remove(crate::launch::ENV_PASSED)
+        .env_remove(crate::start::ENV_PASSED)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
@@ -183,6 +183,8 @@ struct Source {
 
 /// The keeper's state across its sources.
 struct Keep {
+    /// The run dir, opened when a file of it is written: the keeper holds only its sources,
+    /// its logs and the journal.
     dir: PathBuf,
     limit: Option<u64>,
     stop: bool,
@@ -207,8 +209,8 @@ pub fn main(args: &[OsString]) -> u8 {
         Ok(()) => 0,
         Err(e) => {
             // Nobody reads our stderr (/dev/null); the journal says it.
-            if let Some(dir) = args.first() {
-                if let Ok(j) = Journal::open(Path::new(dir), "keeper") {
+            if let Some(dir) = args.first().and_then(|d| open_dir(Path::new(d)).ok()) {
+                if let Ok(j) = dir.journal("keeper") {
                     let _ = j.event("keeper_failed", json!({"error": format!("{e:#}")}));
                 }
             }
@@ -265,7 +267,7 @@ fn run(args: &[OsString]) -> anyhow::Result<()> {
         });
     }
     let mut k = Keep {
-        journal: Journal::open(&dir, "keeper").ok(),
+        journal: open_dir(&dir).and_then(|d| Ok(d.journal("keeper")?)).ok(),
         dir,
         limit,
         stop,
@@ -522,7 +524,8 @@ impl Keep {
         };
         let bytes = serde_json::to_vec(&out).expect("counts serialize");
         // Not fsynced itself: the final record that copies these counts is.
-        let written = write_atomic(&self.dir, OUTPUT_FILE, &bytes, false);
+        let written =
+            open_dir(&self.dir).and_then(|d| Ok(d.write_atomic(OUTPUT_FILE, &bytes, false)?));
         if let Some(j) = &self.journal {
             let _ = j.event(
                 "keeper_done",
@@ -534,7 +537,7 @@ impl Keep {
         if let Some(t) = self.stopper.take() {
             let _ = t.join();
         }
-        written.map_err(Into::into)
+        written
     }
 }
 
@@ -608,18 +611,29 @@ fn read_some(fd: &OwnedFd, buf: &mut [u8]) -> Step {
     }
 }
 
+/// The run dir the wrapper named on our command line, held and checked as the wrapper holds it.
+fn open_dir(path: &Path) -> anyhow::Result<RunDir> {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    Ok(RunDir::open(path, RunId::parse(name)?)?)
+}
+
 /// Ask for the run's stop with reason `output_limit`, as `agent-run cancel` does (cancel.json
 /// and a TERM to a live wrapper; the takeover when it is gone), on a thread.
 fn request_stop(dir: &Path) -> std::thread::JoinHandle<()> {
-    let dir = dir.to_path_buf();
+    let Ok(dir) = open_dir(dir) else {
+        return std::thread::spawn(|| {});
+    };
     std::thread::spawn(move || {
-        let (Some(root), Some(id)) = (dir.parent(), dir.file_name().and_then(|n| n.to_str()))
-        else {
+        let Some(root) = dir.path().parent() else {
             return;
         };
-        let r = control::cancel_one_for(Some(root), id, None, "keeper", "output_limit");
+        let id = dir.id().as_str();
+        let r = cancel::cancel_one_for(Some(root), id, None, "keeper", "output_limit");
         if let Err(e) = r {
-            if let Ok(j) = Journal::open(&dir, "keeper") {
+            if let Ok(j) = dir.journal("keeper") {
                 let _ = j.event("stop_request_failed", json!({"error": format!("{e:#}")}));
             }
         }

@@ -4,19 +4,25 @@
 //! The logic lives in the `agent-run-shared` library and in one module per subcommand here.
 #![forbid(unsafe_code)]
 
+mod cancel;
 mod cli;
-mod control;
+mod error;
 mod human;
-mod inspect;
 mod keeper;
-mod launch;
+mod list;
+mod logs;
 mod ptyio;
 mod remote;
+mod renew;
+mod runs;
 mod select;
 mod signals;
+mod start;
+mod status;
 mod stream;
 mod supervise;
 mod version;
+mod wait;
 
 use std::process::ExitCode;
 
@@ -36,7 +42,7 @@ fn main() -> ExitCode {
         Err(err) => {
             // Never a panic on a closed stderr (the caller may be gone).
             human::say(&format!("{err:#}"));
-            ExitCode::from(cli::exit_code_of(&err))
+            ExitCode::from(error::exit_code_of(&err))
         }
     }
 }
@@ -56,15 +62,15 @@ fn run(cli: cli::Cli) -> anyhow::Result<u8> {
         agent_run_shared::sys::default_sigpipe();
     }
     match cli.command {
-        cli::Command::Start(args) => launch::start(root, args),
-        cli::Command::Cancel(args) => control::cancel(root, args),
-        cli::Command::Renew(args) => control::renew(root, args),
-        cli::Command::Status(args) => inspect::status(root, args),
-        cli::Command::Wait(args) => inspect::wait(root, args),
-        cli::Command::Attach(args) => inspect::attach(root, args),
-        cli::Command::Logs(args) => inspect::logs(root, args),
-        cli::Command::List(args) => inspect::list(root, args),
-        cli::Command::Gc(args) => inspect::gc(root, args),
+        cli::Command::Start(args) => start::start(root, args),
+        cli::Command::Cancel(args) => cancel::cancel(root, args),
+        cli::Command::Renew(args) => renew::renew(root, args),
+        cli::Command::Status(args) => status::status(root, args),
+        cli::Command::Wait(args) => wait::wait(root, args),
+        cli::Command::Attach(args) => logs::attach(root, args),
+        cli::Command::Logs(args) => logs::logs(root, args),
+        cli::Command::List(args) => list::list(root, args),
+        cli::Command::Gc(args) => list::gc(root, args),
         cli::Command::Remote(args) => remote::remote(args),
         cli::Command::Version(args) => version::version(args),
     }

@@ -6,11 +6,11 @@
 //! entry in the array says why (`{"run_id", "state": null, "error", "error_exit_code"}`), its
 //! reason goes to stderr, and the exit code is the first such code.
 
-use crate::cli::{exit_code_of, fail, Selection};
-use crate::inspect::open_root;
+use crate::cli::Selection;
+use crate::error::{exit_code_of, fail};
+use crate::runs::open_root;
 use agent_run_shared::exit;
 use agent_run_shared::id::RunId;
-use agent_run_shared::record::read_status;
 use agent_run_shared::spec::matches_all;
 use agent_run_shared::time::parse_rfc3339;
 use serde_json::{json, Value};
@@ -47,11 +47,11 @@ pub fn pick(root: Option<&Path>, sel: &Selection, active_only: bool) -> anyhow::
         return Ok(Picked::Many(Vec::new()));
     };
     let mut found: Vec<(f64, String)> = Vec::new();
-    for name in crate::inspect::root_entries(&root)? {
+    for name in crate::runs::root_entries(&root)? {
         let picked = RunId::parse(&name)
             .map_err(|e| e.to_string())
             .and_then(|id| root.open_run_dir(&id).map_err(|e| e.to_string()))
-            .and_then(|dir| read_status(&dir.path).map_err(|e| e.to_string()));
+            .and_then(|dir| dir.read_status().map_err(|e| e.to_string()));
         match picked {
             Ok(st) => {
                 if matches_all(&sel.labels, &st.labels) && !(active_only && st.state.is_final()) {

@@ -7,12 +7,10 @@
 //! SSH channel is gone) is dropped and the copy of the other goes on; supervision never depends
 //! on it. The wrapper runs it on its own thread, so a stalled reader never blocks the event loop.
 
-use agent_run_shared::atomic::open_run_file;
-use agent_run_shared::root::files;
+use agent_run_shared::run_dir::{files, RunDir};
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::fd::AsFd;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
@@ -25,7 +23,7 @@ pub const FOLLOW_SLOW: Duration = Duration::from_millis(80);
 
 /// One log being followed into one sink.
 pub struct Tail {
-    dir: PathBuf,
+    dir: RunDir,
     name: &'static str,
     src: Option<File>,
     sink: Option<File>,
@@ -36,9 +34,9 @@ pub struct Tail {
 
 impl Tail {
     /// Follow `dir/name` (which may not exist yet) into `sink`.
-    pub fn new(dir: &Path, name: &'static str, sink: Option<File>) -> Tail {
+    pub fn new(dir: &RunDir, name: &'static str, sink: Option<File>) -> Tail {
         Tail {
-            dir: dir.to_path_buf(),
+            dir: dir.clone(),
             name,
             src: None,
             sink,
@@ -57,7 +55,7 @@ impl Tail {
     pub fn pump(&mut self) -> bool {
         if self.src.is_none() {
             // Never follow a symlink planted in the run dir, never block on a planted FIFO.
-            self.src = open_run_file(&self.dir, self.name).ok().map(|(f, _)| f);
+            self.src = self.dir.open_run_file(self.name).ok().map(|(f, _)| f);
             if let Some(f) = &mut self.src {
                 if f.seek(SeekFrom::Start(self.copied)).is_err() {
                     self.src = None;
@@ -129,7 +127,7 @@ pub struct Streamer {
 
 impl Streamer {
     /// Start copying the run dir's logs to our stdout and stderr.
-    pub fn start(dir: &Path) -> Streamer {
+    pub fn start(dir: &RunDir) -> Streamer {
         let done = Arc::new(AtomicBool::new(false));
         let mut out = Tail::new(dir, files::STDOUT, std_sink(false));
         let mut err = Tail::new(dir, files::STDERR, std_sink(true));
@@ -170,8 +168,8 @@ impl Streamer {
 
 /// The last `n` lines of `dir/name` (a final line without a newline counts), read backwards
 /// from the end in blocks: a 10 GB log costs a few reads. Empty when the log is missing.
-pub fn last_lines(dir: &Path, name: &str, n: usize) -> Vec<u8> {
-    let Ok((mut f, md)) = open_run_file(dir, name) else {
+pub fn last_lines(dir: &RunDir, name: &str, n: usize) -> Vec<u8> {
+    let Ok((mut f, md)) = dir.open_run_file(name) else {
         return Vec::new();
     };
     let len = md.len();
@@ -220,8 +218,11 @@ mod tests {
 
     #[test]
     fn last_lines_counts_from_the_end_with_or_without_a_final_newline() {
+        use std::os::unix::fs::PermissionsExt;
+        use std::path::{Path, PathBuf};
         let dir = std::env::temp_dir().join(format!("agent-run-last-lines.{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
         struct D(PathBuf);
         impl D {
             fn path(&self) -> &Path {
@@ -234,17 +235,19 @@ mod tests {
             }
         }
         let d = D(dir);
+        let id = agent_run_shared::id::RunId::parse("last-lines").unwrap();
+        let rd = RunDir::open(d.path(), id).unwrap();
         std::fs::write(d.path().join("a"), b"1\n2\n3\n").unwrap();
-        assert_eq!(last_lines(d.path(), "a", 2), b"2\n3\n");
-        assert_eq!(last_lines(d.path(), "a", 9), b"1\n2\n3\n");
+        assert_eq!(last_lines(&rd, "a", 2), b"2\n3\n");
+        assert_eq!(last_lines(&rd, "a", 9), b"1\n2\n3\n");
         std::fs::write(d.path().join("b"), b"1\n2\n3").unwrap();
-        assert_eq!(last_lines(d.path(), "b", 1), b"3");
-        assert_eq!(last_lines(d.path(), "b", 0), b"");
+        assert_eq!(last_lines(&rd, "b", 1), b"3");
+        assert_eq!(last_lines(&rd, "b", 0), b"");
         let big: Vec<u8> = (0..100_000)
             .flat_map(|i| format!("line {i}\n").into_bytes())
             .collect();
         std::fs::write(d.path().join("c"), &big).unwrap();
-        assert_eq!(last_lines(d.path(), "c", 2), b"line 99998\nline 99999\n");
-        assert!(last_lines(d.path(), "missing", 3).is_empty());
+        assert_eq!(last_lines(&rd, "c", 2), b"line 99998\nline 99999\n");
+        assert!(last_lines(&rd, "missing", 3).is_empty());
     }
 }

@@ -15,18 +15,16 @@ use crate::human;
 use crate::ptyio::PtyRun;
 use crate::signals::Signals;
 use agent_run_shared::journal::Journal;
-use agent_run_shared::lease::read_lease;
 use agent_run_shared::pid::Identity;
 use agent_run_shared::procset::RunScope;
 use agent_run_shared::reap;
 use agent_run_shared::reason::Reason;
-use agent_run_shared::record::{write_status, Status};
-use agent_run_shared::root::{files, RunDir};
+use agent_run_shared::record::Status;
+use agent_run_shared::run_dir::{files, RunDir};
 use agent_run_shared::spec::OnDisconnect;
 use agent_run_shared::stop::Sig;
 use agent_run_shared::suspend::set_suspended;
 use agent_run_shared::sys::{self, PollFd, WaitStatus};
-use agent_run_shared::takeover::cancel_reason;
 use serde_json::json;
 use std::fs::File;
 use std::io::IsTerminal;
@@ -216,7 +214,7 @@ fn suspend_until_continued(dir: &RunDir, journal: &Journal, scope: &RunScope) {
     let n = stopped.len();
     human::say(&format!(
         "run {} suspended ({n} process{} stopped); fg resumes it",
-        dir.id,
+        dir.id(),
         if n == 1 { "" } else { "es" }
     ));
     sys::stop_self();
@@ -225,7 +223,7 @@ fn suspend_until_continued(dir: &RunDir, journal: &Journal, scope: &RunScope) {
         "resumed",
         json!({"pids": resumed.iter().map(|p| p.get()).collect::<Vec<_>>()}),
     );
-    human::say(&format!("run {} resumed", dir.id));
+    human::say(&format!("run {} resumed", dir.id()));
 }
 
 /// Our stdout and stderr, watched for the caller's hang-up.
@@ -283,7 +281,7 @@ impl Caller {
             json!({"channels": self.gone, "policy": self.policy.as_record()}),
         );
         st.caller_lost_at = Some(agent_run_shared::time::rfc3339_now());
-        if let Err(e) = write_status(&dir.path, st) {
+        if let Err(e) = dir.write_status(st) {
             let _ = journal.event("record_failed", json!({"error": e.to_string()}));
         }
         match self.policy {
@@ -327,7 +325,7 @@ struct LeaseView {
 impl LeaseView {
     /// Seconds left on the lease, if the run has one.
     fn remaining(&mut self, dir: &RunDir, journal: &Journal) -> Option<f64> {
-        match read_lease(&dir.path) {
+        match dir.read_lease() {
             Ok(Some(l)) => {
                 self.last = Some(l.deadline_epoch);
                 self.complained = false;
@@ -350,9 +348,11 @@ impl LeaseView {
 /// A TERM that follows a cancel.json is that cancel; its `reason` (the watchdog writes
 /// "lease_expired") wins. Any other signal is "signal:NAME".
 fn stop_reason(dir: &RunDir, sig: Sig) -> String {
-    if sig == Sig::Term && dir.file(files::CANCEL).symlink_metadata().is_ok() {
+    if sig == Sig::Term && dir.stat_file(files::CANCEL).is_some() {
         // Read without following a symlink: a planted link is not a cancel request's reason.
-        return cancel_reason(&dir.path).unwrap_or_else(|| Reason::CancelRequest.into());
+        return dir
+            .cancel_reason()
+            .unwrap_or_else(|| Reason::CancelRequest.into());
     }
     Reason::Signal(sig).into()
 }

@@ -28,13 +28,12 @@
 mod children;
 mod probe;
 mod quote;
-mod requests;
-mod resync;
 mod session;
 mod ssh;
 mod stream;
 
-use crate::cli::{fail, RemoteArgs};
+use crate::cli::RemoteArgs;
+use crate::error::fail;
 use agent_run_shared::exit;
 use agent_run_shared::id::RunId;
 use serde_json::Value;
@@ -291,7 +290,7 @@ pub fn outcome(v: &Value) -> Option<u8> {
 
 /// A duration as agent-run parses it (not rounded: a lease of 0.4 ms is not a lease of 0).
 fn millis(d: Duration) -> OsString {
-    crate::control::duration_arg(d).into()
+    crate::start::duration_arg(d).into()
 }
 
 /// `n` random bytes from /dev/urandom, as lowercase hex.

@@ -10,6 +10,9 @@
 //! until that bound; past it the run has been (or is being) stopped by its lease, and we say the
 //! outcome is unknown rather than guess.
 
+mod requests;
+mod resync;
+
 use super::children::Reply;
 use super::ssh::Ssh;
 use super::stream::{self, Counts};
@@ -31,10 +34,10 @@ use std::time::{Duration, Instant};
 /// The longest pause between two reconnection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// How long the stream may take to end once a cancel has confirmed the final record.
-pub(super) const DRAIN: Duration = Duration::from_secs(10);
+const DRAIN: Duration = Duration::from_secs(10);
 
 /// What the loop reacts to.
-pub(super) enum Event {
+enum Event {
     Signal(Sig),
     /// The output channel ended (`gen` tells a stale one apart) with ssh's exit code.
     StreamEnded {
@@ -55,7 +58,7 @@ pub(super) enum Event {
 }
 
 /// What a reconnection found out.
-pub(super) enum Resync {
+enum Resync {
     /// The run's record (`status --json`).
     Record(Value),
     NoSuchRun,
@@ -65,7 +68,7 @@ pub(super) enum Resync {
 }
 
 /// Where the cancel request stands.
-pub(super) enum Cancel {
+enum Cancel {
     No,
     /// Asked for; goes out at the instant given (None: once reconnected).
     Wanted(Option<Instant>),
@@ -169,47 +172,47 @@ fn watch_signals(tx: Sender<Event>) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub(super) struct Session<'a> {
-    pub(super) ssh: Arc<Ssh>,
-    pub(super) remote: &'a Remote,
-    pub(super) host: String,
-    pub(super) id: String,
-    pub(super) tx: Sender<Event>,
-    pub(super) rx: Receiver<Event>,
+struct Session<'a> {
+    ssh: Arc<Ssh>,
+    remote: &'a Remote,
+    host: String,
+    id: String,
+    tx: Sender<Event>,
+    rx: Receiver<Event>,
     /// Bytes received per stream: where a resumed stream starts.
-    pub(super) counts: Arc<Counts>,
+    counts: Arc<Counts>,
     /// Which output channel is current.
-    pub(super) gen: u64,
-    pub(super) streaming: bool,
-    pub(super) resyncing: bool,
+    gen: u64,
+    streaming: bool,
+    resyncing: bool,
     /// The launch script, until the run is known to exist on the host.
-    pub(super) launch: Option<Vec<u8>>,
+    launch: Option<Vec<u8>>,
     /// The lease length (learnt from `renew` when we came back with --attach).
-    pub(super) lease: Option<Duration>,
+    lease: Option<Duration>,
     /// A lower bound of the host's lease deadline.
-    pub(super) deadline: Option<Instant>,
-    pub(super) renewing: bool,
-    pub(super) next_renew: Option<Instant>,
-    pub(super) cancel: Cancel,
+    deadline: Option<Instant>,
+    renewing: bool,
+    next_renew: Option<Instant>,
+    cancel: Cancel,
     /// `cancel --wait`: the run's grace + 10 s.
-    pub(super) cancel_wait: Duration,
+    cancel_wait: Duration,
     /// The first stop signal we got.
-    pub(super) signal: Option<Sig>,
+    signal: Option<Sig>,
     /// The stream's exit code, when it ended while a cancel was still to be answered.
-    pub(super) ended: Option<u8>,
+    ended: Option<u8>,
     /// The outcome of a final record we have seen (from `status` or `cancel`): past it, a
     /// broken stream only costs output, never the answer.
-    pub(super) known: Option<u8>,
+    known: Option<u8>,
     /// When the stream was lost (None while connected).
-    pub(super) lost_at: Option<Instant>,
+    lost_at: Option<Instant>,
     /// When the host last answered (a renewal's sending time, a record read).
-    pub(super) last_ok: Instant,
+    last_ok: Instant,
     /// Consecutive breaks without a successful renewal (the backoff before resyncing).
-    pub(super) breaks: u32,
-    pub(super) drain_until: Option<Instant>,
+    breaks: u32,
+    drain_until: Option<Instant>,
     /// The launch's stream ended with the remote shell's 126/127 and the host was asked
     /// whether the run exists (once: agent-run missing there, or the run's own code).
-    pub(super) probed: bool,
+    probed: bool,
 }
 
 impl Session<'_> {
@@ -262,7 +265,7 @@ impl Session<'_> {
     }
 
     /// (Re)start the run: the lease counts from now.
-    pub(super) fn launch(&mut self, script: Vec<u8>) -> Option<u8> {
+    fn launch(&mut self, script: Vec<u8>) -> Option<u8> {
         let now = Instant::now();
         let lease = self.lease.expect("a launch has a lease");
         self.deadline = Some(now + lease);
@@ -273,7 +276,7 @@ impl Session<'_> {
         (!self.streaming).then_some(exit::SOFTWARE)
     }
 
-    pub(super) fn open_stream(&mut self, script: &[u8]) {
+    fn open_stream(&mut self, script: &[u8]) {
         self.gen += 1;
         let (gen, tx) = (self.gen, self.tx.clone());
         let done = move |code| {
@@ -420,7 +423,7 @@ impl Session<'_> {
     }
 
     /// The host has been unreachable until the lease must have run out.
-    pub(super) fn unknown(&self) -> u8 {
+    fn unknown(&self) -> u8 {
         let since = self.last_ok.elapsed().as_secs();
         say(&format!(
             "run {id} on {host}: outcome unknown: no answer from {host} for {since}s and the \
@@ -432,7 +435,7 @@ impl Session<'_> {
         exit::TEMPFAIL
     }
 
-    pub(super) fn script(&self, words: &[&str]) -> Vec<u8> {
+    fn script(&self, words: &[&str]) -> Vec<u8> {
         self.remote
             .exec(words)
             .expect("run ids and numbers hold no NUL byte")
@@ -440,7 +443,7 @@ impl Session<'_> {
 }
 
 /// The pause before the `n`th consecutive retry: 0, 250 ms, 500 ms, ... up to [`MAX_BACKOFF`].
-pub(super) fn backoff(n: u32) -> Duration {
+fn backoff(n: u32) -> Duration {
     match n {
         0 => Duration::ZERO,
         n => (Duration::from_millis(250) * 2u32.pow((n - 1).min(5))).min(MAX_BACKOFF),

@@ -7,10 +7,10 @@
 //! generation) never stops the current one. A cancel that got no answer goes out again once
 //! the session is reconnected.
 
-use super::children::Reply;
-use super::outcome;
-use super::say;
-use super::session::{Cancel, Event, Session, DRAIN};
+use super::{Cancel, Event, Session, DRAIN};
+use crate::remote::children::Reply;
+use crate::remote::outcome;
+use crate::remote::say;
 use serde_json::Value;
 use std::io::Write;
 use std::sync::Arc;

@@ -1,9 +1,8 @@
-//! Acting on a run from outside its wrapper: `cancel`, `renew` and the watchdog.
+//! The parties a record names, confirmed by the kernel: the run's live wrapper and whoever
+//! holds its lock.
 //!
-//! The wrapper holds an exclusive `flock` on `<run dir>/lock` for its whole life. Whoever else
-//! takes that lock knows the wrapper is gone and becomes the one party allowed to write the final
-//! record. Nothing in the run dir is trusted for what gets signalled: the workload can rewrite
-//! every file there. Before anything is signalled,
+//! Nothing in the run dir is trusted for what gets signalled: the workload can rewrite every file
+//! there. Before anything is signalled,
 //! - the record must hold the whole identity ([`check_record`]): this boot, this user, the
 //!   wrapper's pid and start ticks, and once launched the leader's pid, pgid, sid and start
 //!   ticks, with pid == pgid == sid (a missing key is a corrupt record: nothing is signalled);
@@ -12,67 +11,17 @@
 //!   cannot take that lock while the wrapper lives) and its executable is agent-run. Only a
 //!   [`VerifiedWrapper`] can be signalled ([`signal_wrapper`]), and never pid 1 or the caller.
 
-use crate::atomic::{caps, open_rw_create, read_run_file};
 use crate::error::{Error, Result};
 use crate::journal::Journal;
+use crate::lock::{is_agent_run_exe, RunLock};
 use crate::pid::Pid;
 use crate::procfs;
-use crate::reason::Reason;
 use crate::record::{State, Status};
-use crate::root::files;
-use crate::run::{finalize, scope_of, timings_of, transition};
-use crate::stop::{stop_run, Report, Sig};
+use crate::run_dir::{files, RunDir};
+use crate::stop::Sig;
 use crate::sys;
 use serde_json::json;
-use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::MetadataExt;
-use std::path::Path;
-
-/// The run's lock file, opened (not yet locked).
-pub struct RunLock {
-    file: File,
-    dev: u64,
-    ino: u64,
-}
-
-impl RunLock {
-    /// Open (creating, 0600, never through a symlink, never a planted FIFO) `<dir>/lock`.
-    pub fn open(dir: &Path) -> Result<RunLock> {
-        let file = open_rw_create(dir, files::LOCK)?;
-        let md = file
-            .metadata()
-            .map_err(|e| Error::io("inspect", dir.join(files::LOCK), e))?;
-        Ok(RunLock {
-            file,
-            dev: md.dev(),
-            ino: md.ino(),
-        })
-    }
-
-    /// Take the lock without blocking. `false`: someone (the wrapper, another canceller, the
-    /// watchdog) holds it.
-    pub fn try_lock(&self) -> Result<bool> {
-        sys::try_lock_exclusive(self.file.as_fd()).map_err(|e| Error::io("lock", "lock file", e))
-    }
-
-    /// Who holds the lock, by the kernel's account (/proc/locks); for a lock this process
-    /// could not take, so it is held by someone.
-    pub fn holders(&self) -> Vec<i32> {
-        procfs::flock_holders_of_held(self.dev, self.ino)
-    }
-
-    /// The lock file's (device, inode).
-    pub fn identity(&self) -> (u64, u64) {
-        (self.dev, self.ino)
-    }
-}
-
-/// The executables that may hold a run's lock: the wrapper, and the parties that take a run
-/// over (`agent-run cancel`, the watchdog).
-pub fn is_agent_run_exe(name: &str) -> bool {
-    name == "agent-run" || name == "agent-run-watchdog"
-}
 
 /// Validate a record before acting on its processes: the whole identity must be there and agree
 /// with the kernel where the kernel can tell. The error says what did not match; a record that
@@ -144,7 +93,7 @@ pub fn check_record(st: &Status) -> Result<()> {
             "the leader (tick {ticks}) cannot have started before its wrapper (tick {wrapper_ticks})"
         ));
     }
-    let pid = Pid::new(pid.into()).expect("checked > 1");
+    let pid = st.leader().expect("checked: all four, pid > 1").pid;
     if let Some(now) = procfs::stat(pid).filter(|s| !s.is_dead()) {
         if now.start_ticks != ticks {
             return refuse(format!(
@@ -204,7 +153,7 @@ pub enum Wrapper {
 
 /// Find the record's wrapper and confirm it from kernel facts: pidfd first, then the start
 /// time, the executable and the lock, so the process checked is the process we would signal.
-pub fn live_wrapper(dir: &Path, st: &Status) -> Wrapper {
+pub fn live_wrapper(dir: &RunDir, st: &Status) -> Wrapper {
     let Some(pid) = st.wrapper_pid.and_then(|p| Pid::new(p.into())) else {
         return Wrapper::Gone;
     };
@@ -239,14 +188,14 @@ pub fn live_wrapper(dir: &Path, st: &Status) -> Wrapper {
                 ))
             }
         }
-        let holds = std::fs::symlink_metadata(dir.join(files::LOCK))
-            .ok()
-            .filter(|m| m.file_type().is_file())
-            .is_some_and(|m| procfs::holds_flock(pid, m.dev(), m.ino()));
+        let holds = dir
+            .stat_file(files::LOCK)
+            .filter(|m| m.regular)
+            .is_some_and(|m| procfs::holds_flock(pid, m.dev, m.ino));
         (!holds).then(|| {
             format!(
                 "wrapper pid {pid} does not hold the run's lock ({})",
-                dir.join(files::LOCK).display()
+                dir.file(files::LOCK).display()
             )
         })
     };
@@ -336,7 +285,7 @@ pub enum LockHolder {
 }
 
 /// Tell who holds a lock we could not take.
-pub fn lock_holder(lock: &RunLock, dir: &Path, st: &Status) -> LockHolder {
+pub fn lock_holder(lock: &RunLock, dir: &RunDir, st: &Status) -> LockHolder {
     match live_wrapper(dir, st) {
         Wrapper::Alive(w) => return LockHolder::Wrapper(w),
         Wrapper::Mismatch(why) => return LockHolder::Mismatch(why),
@@ -361,88 +310,4 @@ pub fn lock_holder(lock: &RunLock, dir: &Path, st: &Status) -> LockHolder {
     } else {
         LockHolder::Squatter(squatters)
     }
-}
-
-/// Write cancel.json (who asked and why) unless one exists: created with `link(2)` from a
-/// complete temp file, so it appears whole and exactly one caller creates it. Returns whether
-/// this call created it.
-pub fn request_cancel(dir: &Path, source: &str, reason: &str) -> Result<bool> {
-    let doc = json!({
-        "source": source,
-        "reason": reason,
-        "requested_at": crate::time::rfc3339_now(),
-        "by_uid": sys::geteuid(),
-        "by_pid": std::process::id(),
-    });
-    crate::atomic::write_new(dir, files::CANCEL, format!("{doc}\n").as_bytes())
-}
-
-/// The reason in cancel.json, if there is one (read as a file the run could have planted).
-pub fn cancel_reason(dir: &Path) -> Option<String> {
-    let bytes = read_run_file(dir, files::CANCEL, caps::CANCEL).ok()?;
-    let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
-    Some(v.get("reason")?.as_str()?.to_string())
-}
-
-/// With the lock held and the wrapper gone: stop whatever of the run remains through the shared
-/// routine and write the final record. If processes were found and stopped: `cancelled` with
-/// `reason`. If nothing of the run remained: `unknown`, reason `wrapper_lost` (nobody saw how
-/// it ended). Survivors: `unknown`, `survivors`.
-pub fn stop_orphaned(
-    dir: &Path,
-    st: &mut Status,
-    reason: &str,
-    journal: &Journal,
-) -> Result<Report> {
-    // A record naming a cgroup that is not this run's names nothing we may kill.
-    crate::run::recorded_cgroup(dir, st)?;
-    let Some(scope) = scope_of(dir, st, None) else {
-        // Never launched (the wrapper died while starting): nothing can be running.
-        finalize(
-            dir,
-            st,
-            State::Unknown,
-            Some(&*Reason::WrapperLost.as_str()),
-            None,
-            Some(journal),
-        )?;
-        return Ok(Report::default());
-    };
-    if st.state != State::Cancelling {
-        // A record that cannot be written (a full disk) never keeps the processes alive.
-        let _ = transition(dir, st, State::Cancelling, Some(reason), Some(journal));
-    }
-    let report = stop_run(&scope, &timings_of(st), reason, Some(journal), None);
-    let (state, why) = if report.signalled.is_empty() {
-        (State::Unknown, Reason::WrapperLost.as_str())
-    } else {
-        (State::Cancelled, reason.into())
-    };
-    st.exit_code = None;
-    st.term_signal = None;
-    if let Some(cg) = &scope.cgroup {
-        st.resources = Some(cg.resources());
-    }
-    finalize(dir, st, state, Some(&*why), Some(&report), Some(journal))?;
-    if let Some(cg) = &scope.cgroup {
-        crate::run::remove_cgroup(cg, journal);
-    }
-    Ok(report)
-}
-
-/// With the lock held, for a run dir that has no record (its wrapper died between `mkdir` and
-/// its first record, before anything was spawned): write a final `unknown` record, reason
-/// `wrapper_lost`, so every run dir ends with a whole, truthful document.
-pub fn record_lost_launch(dir: &Path, run_id: &str, journal: &Journal) -> Result<Status> {
-    let mut st = Status::blank(run_id);
-    st.error = Some("the wrapper died before it wrote the run's first record".into());
-    finalize(
-        dir,
-        &mut st,
-        State::Unknown,
-        Some(&*Reason::WrapperLost.as_str()),
-        None,
-        Some(journal),
-    )?;
-    Ok(st)
 }

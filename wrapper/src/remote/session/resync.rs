@@ -5,10 +5,10 @@
 //! This runs on a thread of its own, bounded by the lease deadline: if the host stays
 //! unreachable until then, the answer is [`Resync::Expired`] and the outcome is unknown.
 
-use super::outcome;
-use super::say;
-use super::session::{backoff, Cancel, Event, Resync, Session};
-use super::ssh::Ssh;
+use super::{backoff, Cancel, Event, Resync, Session};
+use crate::remote::outcome;
+use crate::remote::say;
+use crate::remote::ssh::Ssh;
 use agent_run_shared::exit;
 use std::io::Write;
 use std::sync::Arc;
@@ -115,12 +115,12 @@ impl Session<'_> {
                 }
                 None => Some(self.unknown()),
             },
-            Resync::Failed(code, _) if super::shell_cannot_run(Some(code.into())) => {
+            Resync::Failed(code, _) if crate::remote::shell_cannot_run(Some(code.into())) => {
                 let what = match self.launch {
                     Some(_) => format!("run {} was not started", self.id),
                     None => format!("nothing is known about run {}", self.id),
                 };
-                Some(super::bin_missing(
+                Some(crate::remote::bin_missing(
                     &self.host,
                     &self.remote.bin,
                     Some(code.into()),

@@ -1,4 +1,6 @@
-//! `agent-run start`: spec -> run dir -> spawn -> supervise -> stop -> final record -> exit code.
+//! `agent-run start`: spec -> run dir -> spawn -> supervise -> stop -> final record -> exit code,
+//! with `--detach` (a wrapper of our own in its own session, the caller gets one JSON line) and
+//! the relaunch of an id that exists (which never runs the command twice).
 //!
 //! The run dir is created with one `mkdir`; its lock is taken before the first record appears, so
 //! anyone who sees a record and can take the lock knows the wrapper is gone. The workload starts in
@@ -6,39 +8,42 @@
 //! ([`crate::keeper`], started just before it) drains into its logs, and is checked from /proc to be its
 //! own session and group leader before the record says `running`.
 
-use crate::cli::{fail, StartArgs};
+use crate::cli::StartArgs;
+use crate::error::fail;
 use crate::human;
 use crate::keeper;
+use crate::logs;
 use crate::ptyio::PtyRun;
+use crate::runs::{self, wait_final};
 use crate::signals::Signals;
 use crate::stream::Streamer;
 use crate::supervise::{self, Limits, Outcome};
-use agent_run_shared::atomic::write_atomic;
 use agent_run_shared::cgroup::{self, Parent, RunCgroup};
 use agent_run_shared::exit;
 use agent_run_shared::id::RunId;
 use agent_run_shared::journal::Journal;
-use agent_run_shared::lease::{write_lease, Lease};
+use agent_run_shared::lease::Lease;
+use agent_run_shared::lifecycle::{finalize, transition};
+use agent_run_shared::lock::RunLock;
 use agent_run_shared::pid::{Identity, Pid};
 use agent_run_shared::procset::{discover, Depth, RunScope};
 use agent_run_shared::pty::{self, Pty};
 use agent_run_shared::reap;
 use agent_run_shared::record::{Containment, State, Status};
-use agent_run_shared::root::{files, resolve_root, Root, RunDir};
-use agent_run_shared::run::{finalize, scope_of, transition};
+use agent_run_shared::root::{resolve_root, Root};
+use agent_run_shared::run_dir::{files, RunDir};
 use agent_run_shared::spec::OnDisconnect;
 use agent_run_shared::stop::{stop_run, Sig, Timings};
 use agent_run_shared::sys::{self, WaitStatus};
-use agent_run_shared::takeover::RunLock;
-use agent_run_shared::{fault, procfs, time, ENV_RUN_DIR, ENV_RUN_ID};
+use agent_run_shared::{fault, procfs, time, Error, ENV_RUN_DIR, ENV_RUN_ID};
 use anyhow::Context;
 use serde_json::json;
 use std::collections::HashSet;
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// The variable through which `start --detach` hands the `-e` pairs to its detached wrapper
 /// (never on a command line: /proc/PID/cmdline is world readable). Removed from the workload's
@@ -137,7 +142,7 @@ pub fn start(root: Option<&Path>, mut args: StartArgs) -> anyhow::Result<u8> {
     let root = Root::open(&resolve_root(root)?, true)?;
     if args.max_output.is_none() {
         // The root's default, fixed now: a detached wrapper and the record see the same cap.
-        match agent_run_shared::output::root_default(root.path()) {
+        match agent_run_shared::output::root_default(&root) {
             Ok(l) => args.max_output = Some(crate::cli::MaxOutput(l)),
             Err(e) => {
                 return fail(
@@ -150,10 +155,10 @@ pub fn start(root: Option<&Path>, mut args: StartArgs) -> anyhow::Result<u8> {
     let argv: &[OsString] = &args.command;
     if args.detach {
         // The detached wrapper does everything below, in its own session.
-        return crate::control::detach_parent(&root, &id, argv, &args);
+        return detach_parent(&root, &id, argv, &args);
     }
     let Some(dir) = root.create_run_dir(&id)? else {
-        return crate::control::relaunch(&root, &id, argv, args.quiet, args.detached_child);
+        return relaunch(&root, &id, argv, args.quiet, args.detached_child);
     };
     fault::point("after_run_dir");
     Launch::new(dir, &args, argv, parent)?.run(&args)
@@ -189,7 +194,7 @@ impl Launch {
     ) -> anyhow::Result<Launch> {
         // Taken before the first record exists: whoever sees a record and can take the lock
         // knows the wrapper is gone. Close-on-exec, so the workload never holds it.
-        let lock = RunLock::open(&dir.path)?;
+        let lock = dir.lock()?;
         if !lock.try_lock()? {
             return fail(
                 exit::SOFTWARE,
@@ -198,25 +203,25 @@ impl Launch {
         }
         // The lock's mtime is our heartbeat: the watchdog bounds our death by it (a lease-less
         // run's orphan grace counts from there). Not being able to beat costs only that bound.
-        let _ = agent_run_shared::heartbeat::start(&dir.path);
+        let _ = dir.heartbeat();
         // A `cancel` or the watchdog that found this dir without a record, and took the lock
         // before we did, has declared the launch lost: never run the command after that.
-        if agent_run_shared::record::read_status(&dir.path).is_ok() {
+        if dir.read_status().is_ok() {
             return fail(
                 exit::SOFTWARE,
                 format!(
                     "run {} was declared lost before it could start; not running it",
-                    dir.id
+                    dir.id()
                 ),
             );
         }
-        let journal = Journal::open(&dir.path, "wrapper")?;
+        let journal = dir.journal("wrapper")?;
         let timings = Timings {
             hup_after: args.hup_after,
             grace: args.grace,
             ..Timings::default()
         };
-        let mut st = Status::blank(dir.id.as_str());
+        let mut st = Status::blank(dir.id().as_str());
         st.set_argv(argv);
         let (cwd, cwd_warning) = match &args.cwd {
             Some(c) => (c.to_string_lossy().into_owned(), None),
@@ -233,8 +238,10 @@ impl Launch {
         }
         st.on_disconnect = (!args.detached_child).then(|| args.on_disconnect().as_record());
         st.pty = args.pty;
-        st.wrapper_pid = Some(std::process::id() as i32);
-        st.wrapper_start_ticks = procfs::stat(Pid::this()).map(|s| s.start_ticks);
+        st.set_wrapper(
+            Pid::this(),
+            procfs::stat(Pid::this()).map(|s| s.start_ticks),
+        );
         st.grace_ms = Some(timings.grace.as_millis() as u64);
         st.hup_after_ms = Some(timings.hup_after.as_millis() as u64);
         st.warnings = agent_run_shared::hostpolicy::launch_warnings(&st.user);
@@ -244,8 +251,8 @@ impl Launch {
         let (mut cgroup, mut cgroup_failure) = (None, None);
         st.containment = Some(Containment::procfs());
         if let Parent::Dir { path, explicit } = &parent {
-            let ino = RunScope::dir_identity(&dir.path).map_or(0, |(_, i)| i);
-            match RunCgroup::create(path, &cgroup::name_for(dir.id.as_str(), ino)) {
+            let ino = dir.identity().1;
+            match RunCgroup::create(path, &cgroup::name_for(dir.id().as_str(), ino)) {
                 Ok(cg) => {
                     st.containment = Some(Containment::cgroup(cg.path()));
                     cgroup = Some(cg);
@@ -272,8 +279,8 @@ impl Launch {
     }
 
     fn run(mut self, args: &StartArgs) -> anyhow::Result<u8> {
-        let dir = self.dir.path.clone();
-        agent_run_shared::record::write_status(&dir, &self.st)?;
+        let dir = self.dir.clone();
+        dir.write_status(&self.st)?;
         fault::point("after_starting");
         let _ = self.journal.event(
             "launch",
@@ -296,7 +303,7 @@ impl Launch {
             let lease = match args.lease {
                 Some(len) => {
                     let lease = Lease::from_now(len);
-                    write_lease(&dir, &lease)?;
+                    dir.write_lease(&lease)?;
                     Some(lease.deadline_epoch)
                 }
                 None => None,
@@ -359,7 +366,7 @@ impl Launch {
         }
         if args.quiet && !args.detached_child && code != exit::OK && self.st.started_at.is_some() {
             // A caller that did not stream still sees why.
-            failure_tail(&dir, self.dir.id.as_str(), &self.st);
+            failure_tail(&dir, self.dir.id().as_str(), &self.st);
         }
         Ok(code)
     }
@@ -367,7 +374,9 @@ impl Launch {
     /// The run's process scope, as every stop in this wrapper uses it: the keeper descends from
     /// us but is not the run's.
     fn scope(&self) -> RunScope {
-        let mut scope = scope_of(&self.dir.path, &self.st, Some(Pid::this()))
+        let mut scope = self
+            .dir
+            .scope(&self.st, Some(Pid::this()))
             .expect("a launched run has a scope");
         scope.exclude.extend(self.keeper);
         scope
@@ -385,7 +394,7 @@ impl Launch {
         let (sources, ends) = match pty_master {
             Some(m) => {
                 // stderr.log exists, and stays empty: the pty has one output.
-                agent_run_shared::atomic::open_append(&self.dir.path, files::STDERR)?;
+                self.dir.open_append(files::STDERR)?;
                 (vec![(keeper::Stream::Stdout, m)], None)
             }
             None => {
@@ -405,7 +414,7 @@ impl Launch {
             limit,
             stop: args.on_output_limit == "stop",
         };
-        let k = keeper::spawn(&self.dir.path, sources, &policy)?;
+        let k = keeper::spawn(&self.dir, sources, &policy)?;
         self.keeper = Some(k.identity);
         self.keeper_fd = sys::pidfd_open(k.identity.pid).ok();
         self.st.output = Some(agent_run_shared::output::Output::pending(
@@ -425,7 +434,7 @@ impl Launch {
     fn spawn(&mut self, args: &StartArgs) -> Result<(Identity, Option<std::os::fd::OwnedFd>), u8> {
         let command = &args.command[..];
         let stdin_null = args.detach_child();
-        let dir = self.dir.path.clone();
+        let dir = self.dir.clone();
         // --pty: the slave is the workload's stdin, stdout, stderr and controlling terminal;
         // the keeper drains the master into stdout.log, the wrapper keeps a duplicate.
         let size = args
@@ -474,8 +483,8 @@ impl Launch {
         };
         let mut cmd = Command::new(&command[0]);
         cmd.args(&command[1..])
-            .env(ENV_RUN_ID, self.dir.id.as_str())
-            .env(ENV_RUN_DIR, &dir)
+            .env(ENV_RUN_ID, self.dir.id().as_str())
+            .env(ENV_RUN_DIR, dir.path())
             .env_remove(fault::ENV)
             .env_remove(ENV_PASSED)
             .env_remove(keeper::ENV_KEEPER)
@@ -580,28 +589,22 @@ impl Launch {
                 "workload pid {pid} is not its own session and group leader (pgid {}, sid {})",
                 stat.pgid, stat.sid
             );
-            self.st.pid = Some(pid.get());
-            self.st.start_ticks = Some(leader.start_ticks);
+            self.st.set_leader(leader);
             let report = self.stop_spawned(pid, "launch_failed");
             self.st.cleanup = Some(report.to_cleanup());
             return Err(self.launch_failed(exit::SOFTWARE, &msg));
         }
-        self.st.pid = Some(pid.get());
+        self.st.set_leader(leader);
         self.st.pgid = Some(stat.pgid);
         self.st.sid = Some(stat.sid);
-        self.st.start_ticks = Some(leader.start_ticks);
         self.st.started_at = Some(time::rfc3339_now());
         self.started = Some(Instant::now());
         fault::point("before_running");
         let ids = format!("{pid}\n");
-        let written = write_atomic(&dir, files::PID, ids.as_bytes(), false)
+        let written = dir
+            .write_atomic(files::PID, ids.as_bytes(), false)
             .and_then(|()| {
-                write_atomic(
-                    &dir,
-                    files::PGID,
-                    format!("{}\n", stat.pgid).as_bytes(),
-                    false,
-                )
+                dir.write_atomic(files::PGID, format!("{}\n", stat.pgid).as_bytes(), false)
             })
             .and_then(|()| {
                 transition(
@@ -672,7 +675,7 @@ impl Launch {
         self.st.launch_exit_code = Some(code as i32);
         self.wait_keeper();
         if let Err(e) = finalize(
-            &self.dir.path,
+            &self.dir,
             &mut self.st,
             State::LaunchFailed,
             None,
@@ -682,7 +685,7 @@ impl Launch {
             human::say(&e.to_string());
         }
         if let Some(cg) = &self.cgroup {
-            agent_run_shared::run::remove_cgroup(cg, &self.journal);
+            agent_run_shared::lifecycle::remove_cgroup(cg, &self.journal);
         }
         code
     }
@@ -695,7 +698,7 @@ impl Launch {
         signals: &Signals,
         limits: &Limits,
     ) -> anyhow::Result<u8> {
-        let dir = self.dir.path.clone();
+        let dir = self.dir.clone();
         let scope = self.scope();
         let mut signals_esc = signals;
         // The stop comes first: a record that cannot be written (a full disk) is reported, but
@@ -740,7 +743,7 @@ impl Launch {
             }
             Outcome::Stop(reason) => {
                 // Said before the TERM goes out (a dead stderr is no reason to wait).
-                human::say(&stop_message(self.dir.id.as_str(), &reason, limits));
+                human::say(&stop_message(self.dir.id().as_str(), &reason, limits));
                 let report = stop(&mut self.st, &reason);
                 let (ws, _) = reap::reap_all(Some(leader.pid));
                 // The stop may have reaped the leader itself (it reaps the dead children it
@@ -770,7 +773,7 @@ impl Launch {
         // The cgroup goes after the final record (a cgroup that still holds a survivor stays,
         // and the record says unknown).
         if let Some(cg) = &self.cgroup {
-            agent_run_shared::run::remove_cgroup(cg, &self.journal);
+            agent_run_shared::lifecycle::remove_cgroup(cg, &self.journal);
         }
         if let Err(e) = written {
             let left = report.as_ref().map_or(0, |r| r.survivors.len());
@@ -795,8 +798,8 @@ const FAILURE_TAIL: usize = 10;
 
 /// For a `--quiet` foreground run that ended non-zero: the last lines of its stderr, under a
 /// header that says where the whole log is.
-fn failure_tail(dir: &Path, id: &str, st: &Status) {
-    let path = dir.join(files::STDERR);
+fn failure_tail(dir: &RunDir, id: &str, st: &Status) {
+    let path = dir.file(files::STDERR);
     let lines = crate::stream::last_lines(dir, files::STDERR, FAILURE_TAIL);
     let how = match (st.exit_code, &st.term_signal, &st.reason) {
         (Some(c), _, _) => format!("exited {c}"),
@@ -878,4 +881,195 @@ impl StartArgs {
         self.on_disconnect
             .unwrap_or_else(|| OnDisconnect::default_for(self.lease.is_some()))
     }
+}
+
+/// A relaunch must ask for the command the run id already stands for (65 otherwise).
+fn same_command(id: &RunId, st: &Status, argv: &[OsString]) -> anyhow::Result<()> {
+    // A final record with no command is a launch declared lost before anyone knew its command:
+    // it stands for no command in particular, and replays its outcome (unknown) for any.
+    // Compared byte for byte: two commands that differ only in bytes that are not UTF-8 are
+    // two commands.
+    if st.same_argv(argv) || (st.state.is_final() && st.argv.is_empty()) {
+        return Ok(());
+    }
+    fail(
+        exit::DATA_MISMATCH,
+        format!(
+            "run {id} exists with a different command: {:?} (asked for {:?})",
+            st.argv,
+            argv.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>()
+        ),
+    )
+}
+
+/// Relaunch of an existing run id: never runs the command twice. In the foreground: a final run
+/// prints its record on stderr and exits as it did; an active one is attached to. The wrapper
+/// that `--detach` started (`detached`) found the id taken by a launch racing it: it leaves the
+/// answer to its parent, which reads the record, and returns at once.
+pub fn relaunch(
+    root: &Root,
+    id: &RunId,
+    argv: &[OsString],
+    quiet: bool,
+    detached: bool,
+) -> anyhow::Result<u8> {
+    let dir = root.open_run_dir(id)?;
+    let st = runs::read_record_waiting(&dir, Duration::from_secs(10))?;
+    same_command(id, &st, argv)?;
+    if detached {
+        return Ok(exit::for_record(&st).unwrap_or(exit::OK));
+    }
+    if st.state.is_final() {
+        // A person sees what happened in one line; a program gets the record.
+        if human::stderr_is_terminal() {
+            let line = human::final_line(&st, human::colour_for(true));
+            eprintln!("agent-run: {line}; not running it again");
+        } else {
+            eprint!("{}", runs::record_json(&dir, &st));
+        }
+        return Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE));
+    }
+    eprintln!(
+        "agent-run: run {id} is already {}; attaching",
+        st.state.as_str()
+    );
+    logs::claim_lost_run(&dir);
+    if quiet {
+        let st = wait_final(&dir, None)?;
+        return Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE));
+    }
+    logs::follow_to_end(&dir, (0, 0))
+}
+
+/// A duration as the command line parses it, without rounding (`1.5ms`, `90000ms`).
+pub fn duration_arg(d: Duration) -> String {
+    format!("{}ms", d.as_secs_f64() * 1000.0)
+}
+
+/// `start --detach`: start a wrapper of our own in its own session with stdio on /dev/null, and
+/// return once its record says `running` (or the run is already final), printing one JSON line
+/// `{"run_id","run_dir","pid","pgid","state"}` on stdout and nothing else there.
+///
+/// The same for a run id that exists (a relaunch, which never runs the command twice and never
+/// attaches): the line with the run's current state; the exit code is the run's own when it is
+/// final (as `wait` would give), else 0. A different command is refused (65). A launch failure
+/// also prints its error on stderr.
+pub fn detach_parent(
+    root: &Root,
+    id: &RunId,
+    argv: &[OsString],
+    args: &StartArgs,
+) -> anyhow::Result<u8> {
+    let path = root.run_dir_path(id);
+    // An existing run needs no wrapper of ours (it would only find the id taken).
+    let mut dir = None;
+    let mut child = match root.open_run_dir(id) {
+        Ok(d) => {
+            dir = Some(d);
+            None
+        }
+        Err(Error::Missing { .. }) => Some(spawn_detached(root, id, args)?),
+        Err(e) => return Err(e.into()),
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        // The detached wrapper makes the dir: held from the first look that finds it.
+        if dir.is_none() {
+            dir = root.open_run_dir(id).ok();
+        }
+        let read = || dir.as_ref().and_then(|d| d.read_status().ok());
+        let st: Option<Status> = read();
+        if let Some(st) = st.filter(|s| s.state != State::Starting) {
+            // The id may be an earlier run's (a relaunch, or a launch that raced ours).
+            same_command(id, &st, argv)?;
+            let line = json!({
+                "run_id": st.run_id, "run_dir": path, "pid": st.pid, "pgid": st.pgid,
+                "state": st.state.as_str(),
+            });
+            println!("{line}");
+            let ours = child
+                .as_ref()
+                .is_some_and(|c| st.wrapper_pid == Some(c.id() as i32));
+            if st.state.is_final() {
+                if let (true, Some(e)) = (ours, &st.error) {
+                    eprintln!("agent-run: {e}");
+                }
+                return Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE));
+            }
+            return Ok(exit::OK);
+        }
+        if let Some(status) = child.as_mut().map(|c| c.try_wait()).transpose()?.flatten() {
+            if read().is_some() {
+                // It found the id taken by a launch racing ours: that launch's record decides.
+                child = None;
+                continue;
+            }
+            // It ended before the run was running: refused input or a setup failure.
+            return fail(
+                status.code().map_or(exit::SOFTWARE, |c| c as u8),
+                format!("the detached wrapper for run {id} exited before the run started"),
+            );
+        }
+        if Instant::now() >= deadline {
+            return fail(exit::TEMPFAIL, format!("run {id} did not start within 30s"));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The wrapper of a detached run: this program, in its own session, stdio on /dev/null.
+fn spawn_detached(root: &Root, id: &RunId, args: &StartArgs) -> anyhow::Result<Child> {
+    let exe = std::env::current_exe()?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("--root")
+        .arg(root.path())
+        .arg("start")
+        .arg("--quiet")
+        .arg("--detached-child")
+        .arg("--grace")
+        .arg(duration_arg(args.grace))
+        .arg("--hup-after")
+        .arg(duration_arg(args.hup_after));
+    if let Some(l) = args.lease {
+        cmd.arg("--lease").arg(duration_arg(l));
+    }
+    if let Some(t) = args.timeout {
+        cmd.arg("--timeout").arg(duration_arg(t));
+    }
+    if let Some(c) = &args.cwd {
+        cmd.arg("--cwd").arg(c);
+    }
+    if let Some(c) = &args.cgroup {
+        cmd.arg("--cgroup").arg(c);
+    }
+    if let Some(m) = args.max_output {
+        cmd.arg("--max-output")
+            .arg(m.0.map_or("none".to_string(), |b| b.to_string()));
+    }
+    cmd.arg("--on-output-limit").arg(&args.on_output_limit);
+    for (k, v) in &args.labels {
+        cmd.arg("--label").arg(format!("{k}={v}"));
+    }
+    if args.pty {
+        // The detached wrapper has no terminal: the size is the caller's, taken now.
+        let size = args
+            .pty_size
+            .or_else(pty::caller_size)
+            .unwrap_or(pty::DEFAULT_SIZE);
+        cmd.arg("--pty").arg("--pty-size").arg(size.to_string());
+    }
+    // The values of -e may be secrets: never on a command line (/proc/PID/cmdline is world
+    // readable), but in the environment of our own detached wrapper, which passes them on.
+    if args.env.is_empty() {
+        cmd.env_remove(ENV_PASSED);
+    } else {
+        let passed = encode_env(&args.env);
+        cmd.env(ENV_PASSED, passed);
+    }
+    cmd.arg(id.as_str()).arg("--").args(&args.command);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    sys::spawn_in_new_session(&mut cmd);
+    Ok(cmd.spawn()?)
 }

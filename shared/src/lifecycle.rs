@@ -1,0 +1,218 @@
+//! A run's lifecycle on disk: state transitions, the final record, what a record says about the
+//! run's processes (its scope, cgroup and stop timings), and the ends a run meets without its
+//! wrapper (the orphan stop, the lost launch).
+//!
+//! The wrapper, `cancel` and the watchdog all move a run through these functions, so the rules
+//! live once: every transition is journalled; a final record carries `ended_at`; a stop that left
+//! survivors turns any final state into `unknown` with reason `survivors` and their pids.
+
+use crate::cgroup::RunCgroup;
+use crate::error::Result;
+use crate::journal::Journal;
+use crate::pid::Pid;
+use crate::procset::RunScope;
+use crate::reason::Reason;
+use crate::record::{ContainmentMode, State, Status};
+use crate::run_dir::RunDir;
+use crate::stop::{stop_run, Report, Timings};
+use serde_json::json;
+use std::path::Path;
+use std::time::Duration;
+
+/// Move a run to a non-final state (starting, running, cancelling) and journal it.
+pub fn transition(
+    dir: &RunDir,
+    st: &mut Status,
+    to: State,
+    reason: Option<&str>,
+    journal: Option<&Journal>,
+) -> Result<()> {
+    debug_assert!(!to.is_final());
+    let from = st.state;
+    st.state = to;
+    st.reason = reason.map(str::to_string);
+    dir.write_status(st)?;
+    if let Some(j) = journal {
+        let _ = j.event(
+            "state",
+            json!({"from": from.as_str(), "to": to.as_str(), "reason": reason}),
+        );
+    }
+    Ok(())
+}
+
+/// Write the final record (fsynced) and journal it. With a stop report that left survivors the
+/// state becomes `unknown`, reason `survivors`: a run is never `cancelled` or `finished` while a
+/// process of it lives.
+pub fn finalize(
+    dir: &RunDir,
+    st: &mut Status,
+    state: State,
+    reason: Option<&str>,
+    report: Option<&Report>,
+    journal: Option<&Journal>,
+) -> Result<()> {
+    debug_assert!(state.is_final());
+    let from = st.state;
+    let survivors = report.is_some_and(|r| !r.survivors.is_empty());
+    st.state = if survivors { State::Unknown } else { state };
+    st.reason = if survivors {
+        Some(Reason::Survivors.into())
+    } else {
+        reason.map(str::to_string)
+    };
+    if let Some(r) = report.filter(|r| !r.signals.is_empty() || !r.survivors.is_empty()) {
+        st.cleanup = Some(r.to_cleanup());
+    }
+    // The keeper's counts: it writes them once every writer of its pipes is gone, which the
+    // stop has just made true (bounded: a survivor holding a pipe costs the wait, not the record).
+    if let Some(pending) = st.output.as_ref().filter(|o| !o.complete) {
+        st.output = Some(crate::output::collect(dir, pending, crate::output::WAIT));
+    }
+    st.ended_at = Some(crate::time::rfc3339_now());
+    crate::fault::point("before_final");
+    dir.write_status(st)?;
+    if let Some(j) = journal {
+        let _ = j.event(
+            "state",
+            json!({
+                "from": from.as_str(), "to": st.state.as_str(), "reason": st.reason,
+                "exit_code": st.exit_code, "term_signal": st.term_signal,
+            }),
+        );
+    }
+    Ok(())
+}
+
+impl RunDir {
+    /// The process scope a record of this run describes. A record without a leader (the
+    /// wrapper died between spawn and `running`) falls back to the wrapper's identity: the
+    /// wrapper is dead, so only processes carrying the run's marker and started after it match.
+    /// `None` when neither is recorded.
+    pub fn scope(&self, st: &Status, wrapper: Option<Pid>) -> Option<RunScope> {
+        let (leader, marker_only) = match st.leader() {
+            Some(leader) => (leader, false),
+            None => (st.wrapper()?, true),
+        };
+        // The run began after its dir was made: a floor above that is a rewritten record. Two
+        // ticks of margin below it, for the clock arithmetic.
+        let mut floor = leader.start_ticks;
+        if let Some(born) = self
+            .born()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        {
+            let born = crate::procfs::epoch_to_ticks(born.as_secs_f64());
+            floor = floor.min(born.saturating_sub(2));
+        }
+        Some(RunScope {
+            run_id: st.run_id.clone(),
+            leader,
+            uid: st.uid,
+            wrapper,
+            run_dir: Some(self.identity()),
+            marker_only,
+            floor_ticks: floor,
+            cgroup: self.recorded_cgroup(st).ok().flatten(),
+            exclude: Vec::new(),
+        })
+    }
+
+    /// The run's cgroup as its record names it, checked ([`RunCgroup::verify`]): `Ok(None)` for
+    /// a run held by procfs or a cgroup already removed; `Err(Identity)` for a record naming a
+    /// cgroup that is not this run's (refuse, signal nothing).
+    pub fn recorded_cgroup(&self, st: &Status) -> Result<Option<RunCgroup>> {
+        let Some(path) = st
+            .containment
+            .as_ref()
+            .filter(|c| c.mode == ContainmentMode::Cgroup)
+            .and_then(|c| c.cgroup.as_deref())
+        else {
+            return Ok(None);
+        };
+        RunCgroup::verify(Path::new(path), &st.run_id, self.identity().1)
+    }
+}
+
+/// Remove a run's cgroup after its final record; a cgroup that cannot go (a process is left:
+/// the record says so) is journalled and left.
+pub fn remove_cgroup(cg: &RunCgroup, journal: &Journal) {
+    if let Err(e) = cg.remove() {
+        let _ = journal.event(
+            "cgroup_left",
+            json!({"cgroup": cg.path(), "error": e.to_string()}),
+        );
+    }
+}
+
+/// The stop timings a record was started with (the defaults where it does not say).
+pub fn timings_of(st: &Status) -> Timings {
+    let d = Timings::default();
+    Timings {
+        hup_after: st.hup_after_ms.map_or(d.hup_after, Duration::from_millis),
+        grace: st.grace_ms.map_or(d.grace, Duration::from_millis),
+        confirm: d.confirm,
+    }
+}
+
+/// With the lock held and the wrapper gone: stop whatever of the run remains through the shared
+/// routine and write the final record. If processes were found and stopped: `cancelled` with
+/// `reason`. If nothing of the run remained: `unknown`, reason `wrapper_lost` (nobody saw how
+/// it ended). Survivors: `unknown`, `survivors`.
+pub fn stop_orphaned(
+    dir: &RunDir,
+    st: &mut Status,
+    reason: &str,
+    journal: &Journal,
+) -> Result<Report> {
+    // A record naming a cgroup that is not this run's names nothing we may kill.
+    dir.recorded_cgroup(st)?;
+    let Some(scope) = dir.scope(st, None) else {
+        // Never launched (the wrapper died while starting): nothing can be running.
+        finalize(
+            dir,
+            st,
+            State::Unknown,
+            Some(&*Reason::WrapperLost.as_str()),
+            None,
+            Some(journal),
+        )?;
+        return Ok(Report::default());
+    };
+    if st.state != State::Cancelling {
+        // A record that cannot be written (a full disk) never keeps the processes alive.
+        let _ = transition(dir, st, State::Cancelling, Some(reason), Some(journal));
+    }
+    let report = stop_run(&scope, &timings_of(st), reason, Some(journal), None);
+    let (state, why) = if report.signalled.is_empty() {
+        (State::Unknown, Reason::WrapperLost.as_str())
+    } else {
+        (State::Cancelled, reason.into())
+    };
+    st.exit_code = None;
+    st.term_signal = None;
+    if let Some(cg) = &scope.cgroup {
+        st.resources = Some(cg.resources());
+    }
+    finalize(dir, st, state, Some(&*why), Some(&report), Some(journal))?;
+    if let Some(cg) = &scope.cgroup {
+        remove_cgroup(cg, journal);
+    }
+    Ok(report)
+}
+
+/// With the lock held, for a run dir that has no record (its wrapper died between `mkdir` and
+/// its first record, before anything was spawned): write a final `unknown` record, reason
+/// `wrapper_lost`, so every run dir ends with a whole, truthful document.
+pub fn record_lost_launch(dir: &RunDir, journal: &Journal) -> Result<Status> {
+    let mut st = Status::blank(dir.id().as_str());
+    st.error = Some("the wrapper died before it wrote the run's first record".into());
+    finalize(
+        dir,
+        &mut st,
+        State::Unknown,
+        Some(&*Reason::WrapperLost.as_str()),
+        None,
+        Some(journal),
+    )?;
+    Ok(st)
+}

@@ -1,0 +1,496 @@
+//! A run dir, held open: every run file is reached through one descriptor of the checked dir.
+//!
+//! [`RunDir`] is made once, by [`crate::root::Root::create_run_dir`] or
+//! [`crate::root::Root::open_run_dir`] (or [`RunDir::open`] for a dir named by path): an
+//! `O_PATH | O_DIRECTORY | O_NOFOLLOW` descriptor of the dir, whose `fstat` passed the checks (a
+//! directory of ours, mode 0700). Every file of the run is then opened, replaced and linked
+//! relative to that descriptor (`openat`, `renameat`, `linkat`), so a run dir the workload renames
+//! or swaps for a symlink after the check changes nothing about where we read and write.
+//!
+//! The files themselves are the workload's to rewrite. Every open carries `O_NOFOLLOW |
+//! O_NONBLOCK` and is checked to be a regular file of ours ([`RunDir::open_run_file`]); reads are
+//! capped ([`RunDir::read_run_file`]); whatever we create is mode 0600. A record reaches disk one
+//! way only, [`RunDir::write_atomic`]: a temp file beside it, the bytes, `renameat(2)` over the
+//! target, fsynced (file and dir) when `durable`.
+//!
+//! The module that owns a file adds its methods to [`RunDir`]: [`crate::record`] (status.json),
+//! [`crate::journal`] (events.jsonl), [`crate::lease`] (lease.json), [`crate::lock`] (lock),
+//! [`crate::cancel_request`] (cancel.json), [`crate::heartbeat`] (the lock's mtime),
+//! [`crate::wrapper`] (the live wrapper), [`crate::lifecycle`] (the run's scope and cgroup).
+
+use crate::error::{Error, Result};
+use crate::id::RunId;
+use rustix::fs::{AtFlags, Mode, OFlags};
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// The files of a run dir.
+pub mod files {
+    pub const STATUS: &str = "status.json";
+    pub const STDOUT: &str = "stdout.log";
+    pub const STDERR: &str = "stderr.log";
+    pub const EVENTS: &str = "events.jsonl";
+    pub const LEASE: &str = "lease.json";
+    pub const CANCEL: &str = "cancel.json";
+    pub const PID: &str = "pid";
+    pub const PGID: &str = "pgid";
+    pub const LOCK: &str = "lock";
+}
+
+/// Size caps for the documents of a run dir: a record holds argv (at most ~2 MiB on Linux,
+/// escaped); lease and cancel requests are a line each.
+pub mod caps {
+    pub const STATUS: u64 = 16 << 20;
+    pub const LEASE: u64 = 64 << 10;
+    pub const CANCEL: u64 = 64 << 10;
+}
+
+/// A run dir that passed the safety checks, held by a descriptor.
+#[derive(Debug, Clone)]
+pub struct RunDir {
+    path: PathBuf,
+    id: RunId,
+    fd: Arc<OwnedFd>,
+    dev: u64,
+    ino: u64,
+    born: Option<SystemTime>,
+}
+
+/// What `lstat` says of one file of a run dir.
+#[derive(Debug, Clone, Copy)]
+pub struct FileStat {
+    pub dev: u64,
+    pub ino: u64,
+    /// A regular file (not a symlink, FIFO, directory...).
+    pub regular: bool,
+    pub modified: SystemTime,
+}
+
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// The flags every open of a run file carries: never follow a symlink, never block on a FIFO,
+/// never make a terminal our controlling one, never leak into a child.
+const HOSTILE: OFlags = OFlags::NOFOLLOW
+    .union(OFlags::NONBLOCK)
+    .union(OFlags::NOCTTY)
+    .union(OFlags::CLOEXEC);
+
+/// Mode 0600 for everything we create in a run dir.
+const PRIVATE: Mode = Mode::RUSR.union(Mode::WUSR);
+
+impl RunDir {
+    /// Open the directory at `path` as the run dir of `id`: `O_PATH | O_DIRECTORY |
+    /// O_NOFOLLOW`, then the checks of [`crate::root::check_dir`] on what was opened. A refusal
+    /// names the path; a missing dir is an `Io` error of kind `NotFound`.
+    pub fn open(path: &Path, id: RunId) -> Result<RunDir> {
+        let (fd, md) = crate::root::open_checked(path, "run dir", 0o077)?;
+        Ok(RunDir {
+            path: path.to_path_buf(),
+            id,
+            dev: md.dev(),
+            ino: md.ino(),
+            born: md.created().ok(),
+            fd: Arc::new(fd),
+        })
+    }
+
+    /// The dir's path, for messages and for what only takes a path (the workload's
+    /// environment, inotify watches, removal).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The run's id.
+    pub fn id(&self) -> &RunId {
+        &self.id
+    }
+
+    /// The path of one of the run's files, for messages.
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+
+    /// The dir's (device, inode), as opened.
+    pub fn identity(&self) -> (u64, u64) {
+        (self.dev, self.ino)
+    }
+
+    /// When the dir was made (its birth time), where the filesystem keeps it.
+    pub fn born(&self) -> Option<SystemTime> {
+        self.born
+    }
+
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    fn openat(&self, name: &str, flags: OFlags) -> std::io::Result<File> {
+        rustix::fs::openat(self.fd(), name, flags | OFlags::CLOEXEC, PRIVATE)
+            .map(File::from)
+            .map_err(std::io::Error::from)
+    }
+
+    /// `lstat` of one file of the run dir; `None` when there is none (or it cannot be read).
+    pub fn stat_file(&self, name: &str) -> Option<FileStat> {
+        let st = rustix::fs::statat(self.fd(), name, AtFlags::SYMLINK_NOFOLLOW).ok()?;
+        let regular =
+            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile;
+        let modified = SystemTime::UNIX_EPOCH.checked_add(Duration::new(
+            u64::try_from(st.st_mtime).ok()?,
+            u32::try_from(st.st_mtime_nsec).ok()?,
+        ))?;
+        Some(FileStat {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            regular,
+            modified,
+        })
+    }
+
+    /// A fresh temp file beside `name` (`O_EXCL | O_NOFOLLOW`, mode 0600), unique to this
+    /// process and call, so the rename or link that follows is atomic within the directory.
+    fn temp_beside(&self, name: &str) -> (String, Result<File>) {
+        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let tmp = format!(".{name}.{}.{n}.tmp", std::process::id());
+        let f = self
+            .openat(
+                &tmp,
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW,
+            )
+            .map_err(|e| Error::io("create", self.file(&tmp), e));
+        (tmp, f)
+    }
+
+    fn remove_temp(&self, tmp: &str) {
+        let _ = rustix::fs::unlinkat(self.fd(), tmp, AtFlags::empty());
+    }
+
+    /// Replace `name` atomically with `bytes`; fsync file and dir when `durable`.
+    pub fn write_atomic(&self, name: &str, bytes: &[u8], durable: bool) -> Result<()> {
+        self.replace(name, durable, |f| f.write_all(bytes))
+    }
+
+    /// Replace `name` atomically with what `write` puts into a temp file beside it; fsync file
+    /// and dir when `durable`. The one way a document of the run reaches disk.
+    pub(crate) fn replace(
+        &self,
+        name: &str,
+        durable: bool,
+        write: impl FnOnce(&mut File) -> std::io::Result<()>,
+    ) -> Result<()> {
+        let (tmp, file) = self.temp_beside(name);
+        let result = (|| {
+            let mut f = file?;
+            write(&mut f).map_err(|e| Error::io("write", self.file(&tmp), e))?;
+            if durable {
+                f.sync_all()
+                    .map_err(|e| Error::io("fsync", self.file(&tmp), e))?;
+            }
+            drop(f);
+            rustix::fs::renameat(self.fd(), tmp.as_str(), self.fd(), name)
+                .map_err(|e| Error::io("rename into place", self.file(name), e.into()))?;
+            if durable {
+                self.sync()?;
+            }
+            Ok(())
+        })();
+        if result.is_err() {
+            self.remove_temp(&tmp);
+        }
+        result
+    }
+
+    /// Create `name` with `bytes` unless it exists: the bytes go to a temp file first, which is
+    /// then hard-linked into place, so the file appears whole and exactly one of several racing
+    /// callers creates it. Returns whether this call created it.
+    pub fn write_new(&self, name: &str, bytes: &[u8]) -> Result<bool> {
+        let (tmp, file) = self.temp_beside(name);
+        let result = (|| {
+            let mut f = file?;
+            f.write_all(bytes)
+                .map_err(|e| Error::io("write", self.file(&tmp), e))?;
+            drop(f);
+            match rustix::fs::linkat(self.fd(), tmp.as_str(), self.fd(), name, AtFlags::empty()) {
+                Ok(()) => Ok(true),
+                Err(rustix::io::Errno::EXIST) => Ok(false),
+                Err(e) => Err(Error::io("create", self.file(name), e.into())),
+            }
+        })();
+        self.remove_temp(&tmp);
+        result
+    }
+
+    /// fsync the directory, so a rename in it is durable.
+    pub fn sync(&self) -> Result<()> {
+        self.openat(".", OFlags::RDONLY | OFlags::DIRECTORY)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| Error::io("fsync directory", &self.path, e))
+    }
+
+    /// Open `name` with `flags` plus the hostile flags, and check it is a regular file of ours:
+    /// the one way every run file is opened.
+    fn open_hostile(&self, name: &str, flags: OFlags) -> Result<(File, std::fs::Metadata)> {
+        open_hostile_at(self.fd(), &self.path, name, flags)
+    }
+
+    /// Open `name` for appending, creating it mode 0600, as a file the run could have replaced
+    /// (see [`RunDir::open_run_file`]).
+    pub fn open_append(&self, name: &str) -> Result<File> {
+        self.open_hostile(name, OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE)
+            .map(|(f, _)| f)
+    }
+
+    /// Open `name` (creating it mode 0600) for reading and writing, as a file the run could
+    /// have replaced: the run's lock file.
+    pub fn open_rw_create(&self, name: &str) -> Result<File> {
+        self.open_hostile(name, OFlags::RDWR | OFlags::CREATE)
+            .map(|(f, _)| f)
+    }
+
+    /// Open `name` write-only, never creating it, as a file the run could have replaced.
+    pub fn open_write(&self, name: &str) -> Result<File> {
+        self.open_hostile(name, OFlags::WRONLY).map(|(f, _)| f)
+    }
+
+    /// Open `name` read-only as a file the run could have replaced: `O_NOFOLLOW | O_NONBLOCK`,
+    /// then fstat: a regular file owned by us, or `Corrupt` naming what it is instead. A FIFO
+    /// costs one failed open, never a blocked reader. `Missing` when there is none.
+    pub fn open_run_file(&self, name: &str) -> Result<(File, std::fs::Metadata)> {
+        self.open_hostile(name, OFlags::RDONLY)
+    }
+
+    /// Read a whole run document of at most `cap` bytes ([`RunDir::open_run_file`], then plain
+    /// `read(2)` calls). A larger file is `Corrupt`, and at most `cap + 1` bytes are ever read,
+    /// so a 1 GiB file planted as status.json costs one fstat.
+    pub fn read_run_file(&self, name: &str, cap: u64) -> Result<Vec<u8>> {
+        read_capped_at(self.fd(), &self.path, name, cap)
+    }
+}
+
+/// Open the directory at `path` as a descriptor for `*at` calls (`O_PATH | O_DIRECTORY |
+/// O_NOFOLLOW`: a symlink or a non-directory fails), with what `fstat` says of it.
+pub(crate) fn open_dir(path: &Path) -> std::io::Result<(OwnedFd, std::fs::Metadata)> {
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let dir = File::from(rustix::fs::open(path, flags, Mode::empty())?);
+    let md = dir.metadata()?;
+    Ok((OwnedFd::from(dir), md))
+}
+
+/// Open `name` in the directory `dirfd` (at `path`, for messages) with `flags` plus the hostile
+/// flags, creating it mode 0600 where `flags` say so, and check it is a regular file of ours.
+pub(crate) fn open_hostile_at(
+    dirfd: BorrowedFd<'_>,
+    path: &Path,
+    name: &str,
+    flags: OFlags,
+) -> Result<(File, std::fs::Metadata)> {
+    let path = path.join(name);
+    let f = rustix::fs::openat(dirfd, name, flags | HOSTILE, PRIVATE)
+        .map(File::from)
+        .map_err(|e| open_error(&path, e.into()))?;
+    let md = check_regular(&f, &path)?;
+    Ok((f, md))
+}
+
+/// [`RunDir::read_run_file`] of `name` in the directory `dirfd` (at `path`, for messages).
+pub(crate) fn read_capped_at(
+    dirfd: BorrowedFd<'_>,
+    path: &Path,
+    name: &str,
+    cap: u64,
+) -> Result<Vec<u8>> {
+    let (mut f, md) = open_hostile_at(dirfd, path, name, OFlags::RDONLY)?;
+    let too_big = |n: u64| Error::Corrupt {
+        path: path.join(name),
+        why: format!("it holds {n} bytes, more than the {cap} a {name} may hold"),
+    };
+    if md.len() > cap {
+        return Err(too_big(md.len()));
+    }
+    let bytes = read_capped(&mut f, cap).map_err(|e| Error::io("read", path.join(name), e))?;
+    if bytes.len() as u64 > cap {
+        return Err(too_big(bytes.len() as u64));
+    }
+    Ok(bytes)
+}
+
+/// Check what `open` gave us: a regular file owned by this user. A FIFO, socket, device or
+/// directory planted by the workload makes the file corrupt, never a blocked reader.
+fn check_regular(f: &File, path: &Path) -> Result<std::fs::Metadata> {
+    use std::os::unix::fs::FileTypeExt;
+    let md = f.metadata().map_err(|e| Error::io("inspect", path, e))?;
+    let ft = md.file_type();
+    let kind = if ft.is_file() {
+        None
+    } else if ft.is_fifo() {
+        Some("a FIFO")
+    } else if ft.is_socket() {
+        Some("a socket")
+    } else if ft.is_char_device() || ft.is_block_device() {
+        Some("a device")
+    } else if ft.is_dir() {
+        Some("a directory")
+    } else {
+        Some("not a file")
+    };
+    if let Some(kind) = kind {
+        return Err(Error::Corrupt {
+            path: path.to_path_buf(),
+            why: format!("it is {kind}, not a regular file"),
+        });
+    }
+    let me = crate::sys::geteuid();
+    if md.uid() != me {
+        return Err(Error::Corrupt {
+            path: path.to_path_buf(),
+            why: format!("it is owned by uid {}, not by uid {me}", md.uid()),
+        });
+    }
+    Ok(md)
+}
+
+/// An open() error on a run file, in the library's terms: `Missing`, `Corrupt` for what the
+/// workload could have planted (a symlink: ELOOP; a socket or a FIFO without a reader: ENXIO),
+/// `Io` otherwise.
+fn open_error(path: &Path, e: std::io::Error) -> Error {
+    match e.raw_os_error() {
+        Some(libc::ENOENT) => Error::Missing {
+            path: path.to_path_buf(),
+        },
+        Some(libc::ELOOP) => Error::Corrupt {
+            path: path.to_path_buf(),
+            why: "it is a symlink, not a regular file".into(),
+        },
+        Some(libc::ENXIO) => Error::Corrupt {
+            path: path.to_path_buf(),
+            why: "it is a socket or a FIFO, not a regular file".into(),
+        },
+        _ => Error::io("open", path, e),
+    }
+}
+
+/// Read up to `cap + 1` bytes: plain `read(2)` calls into a growing buffer, without the size
+/// probe and seek that `read_to_string` adds (two syscalls per record, 10,000 records per
+/// rescan).
+fn read_capped(f: &mut File, cap: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let limit = usize::try_from(cap).unwrap_or(usize::MAX).saturating_add(1);
+    let mut buf = vec![0u8; 4096.min(limit)];
+    let mut n = 0;
+    while n < limit {
+        if n == buf.len() {
+            buf.resize((buf.len() * 2).min(limit), 0);
+        }
+        match f.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            // A FIFO swapped in between the fstat and here cannot happen (same fd), but a
+            // regular file on a filesystem that answers EAGAIN is reported, not spun on.
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(n);
+    Ok(buf)
+}
+
+/// A run dir for the unit tests of the modules that own its files: a fresh temp dir (0700).
+#[cfg(test)]
+pub(crate) fn temp() -> (tempfile::TempDir, RunDir) {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let rd = RunDir::open(d.path(), RunId::parse("t1").unwrap()).unwrap();
+    (d, rd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn replaces_whole_files_with_mode_0600_and_leaves_no_temp() {
+        let (d, rd) = temp();
+        rd.write_atomic("status.json", b"{\"a\":1}", false).unwrap();
+        rd.write_atomic("status.json", b"{\"a\":2}", true).unwrap();
+        assert_eq!(
+            std::fs::read(d.path().join("status.json")).unwrap(),
+            b"{\"a\":2}"
+        );
+        let mode = std::fs::metadata(d.path().join("status.json"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
+        assert!(rd.write_new("cancel.json", b"1").unwrap());
+        assert!(!rd.write_new("cancel.json", b"2").unwrap());
+        assert_eq!(std::fs::read(d.path().join("cancel.json")).unwrap(), b"1");
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 2);
+    }
+
+    #[test]
+    fn planted_fifos_symlinks_and_big_files_are_corrupt_without_blocking() {
+        let (d, rd) = temp();
+        assert!(std::process::Command::new("mkfifo")
+            .arg(d.path().join("lease.json"))
+            .status()
+            .unwrap()
+            .success());
+        let e = rd.read_run_file("lease.json", caps::LEASE).unwrap_err();
+        assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+        assert!(e.to_string().contains("FIFO"), "{e}");
+        // Appending to a FIFO nobody reads: ENXIO at once, never a blocked open.
+        assert!(matches!(
+            rd.open_append("lease.json"),
+            Err(Error::Corrupt { .. })
+        ));
+        std::os::unix::fs::symlink("/dev/zero", d.path().join("cancel.json")).unwrap();
+        let e = rd.read_run_file("cancel.json", caps::CANCEL).unwrap_err();
+        assert!(e.to_string().contains("symlink"), "{e}");
+        let big = std::fs::File::create(d.path().join("status.json")).unwrap();
+        big.set_len(1 << 30).unwrap();
+        let e = rd.read_run_file("status.json", caps::STATUS).unwrap_err();
+        assert!(e.to_string().contains("more than"), "{e}");
+        assert!(matches!(
+            rd.read_run_file("nope", 10),
+            Err(Error::Missing { .. })
+        ));
+        std::fs::write(d.path().join("small"), b"12345").unwrap();
+        assert_eq!(rd.read_run_file("small", 5).unwrap(), b"12345");
+        assert!(rd.read_run_file("small", 4).is_err());
+    }
+
+    #[test]
+    fn refuses_to_append_through_a_symlink() {
+        let (d, rd) = temp();
+        std::os::unix::fs::symlink("/etc/passwd", d.path().join("stdout.log")).unwrap();
+        assert!(rd.open_append("stdout.log").is_err());
+    }
+
+    #[test]
+    fn files_stay_in_the_dir_that_was_checked_when_its_path_is_swapped() {
+        let parent = tempfile::tempdir().unwrap();
+        let (a, b) = (parent.path().join("r1"), parent.path().join("elsewhere"));
+        std::fs::DirBuilder::new().mode(0o700).create(&a).unwrap();
+        let rd = RunDir::open(&a, RunId::parse("r1").unwrap()).unwrap();
+        // The workload renames the run dir away and plants a symlink in its place.
+        std::fs::rename(&a, &b).unwrap();
+        std::os::unix::fs::symlink("/tmp", &a).unwrap();
+        rd.write_atomic("status.json", b"{}", true).unwrap();
+        assert!(b.join("status.json").is_file());
+        assert_eq!(rd.read_run_file("status.json", 10).unwrap(), b"{}");
+        // And a dir that is a symlink is refused when opened, naming what it is.
+        let e = RunDir::open(&a, RunId::parse("r1").unwrap()).unwrap_err();
+        assert!(e.to_string().contains("symlink"), "{e}");
+    }
+
+    use std::os::unix::fs::DirBuilderExt;
+}

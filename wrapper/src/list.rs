@@ -1,0 +1,287 @@
+//! `agent-run list` and `agent-run gc`: every run under the root. A corrupt or unsafe run dir is
+//! reported on its own line without stopping either.
+
+use crate::cli::{GcArgs, ListArgs};
+use crate::human;
+use crate::runs::{note, open_root, root_entries};
+use agent_run_shared::exit;
+use agent_run_shared::id::RunId;
+use agent_run_shared::record::{ContainmentMode, State};
+use agent_run_shared::root::Root;
+use agent_run_shared::spec::matches_all;
+use agent_run_shared::time::{epoch_now, parse_rfc3339};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+
+/// What `list` keeps of one run: the few fields it shows, not the whole record (100,000 runs
+/// listed hold 100,000 of these, about 200 bytes each, and no record).
+struct Row {
+    /// The sort key: `created_at` in epoch seconds (0 when unparsable).
+    created: f64,
+    run_id: String,
+    state: State,
+    reason: Option<String>,
+    pid: Option<i32>,
+    age_s: Option<f64>,
+    lease_left: Option<f64>,
+    timeout_left: Option<f64>,
+    exit_code: Option<i32>,
+    launch_exit_code: Option<i32>,
+    term_signal: Option<String>,
+    note: Option<&'static str>,
+    outcome: Option<u8>,
+    labels: BTreeMap<String, String>,
+    created_at: String,
+    started_at: Option<String>,
+    ended_at: Option<String>,
+    containment: Option<ContainmentMode>,
+    /// The state's colour for the human table.
+    colour: &'static str,
+}
+
+impl Row {
+    /// The row's `list --json` object.
+    fn value(&self) -> Value {
+        let round = |x: f64| (x * 10.0).round() / 10.0;
+        json!({
+            "run_id": self.run_id, "state": self.state.as_str(), "reason": self.reason,
+            "pid": self.pid, "age_s": self.age_s.map(|a| a.round()),
+            "lease_remaining_s": self.lease_left.map(round),
+            "timeout_remaining_s": self.timeout_left.map(round),
+            "exit_code": self.exit_code, "launch_exit_code": self.launch_exit_code,
+            "term_signal": self.term_signal, "note": self.note,
+            "final": self.state.is_final(), "outcome_exit_code": self.outcome,
+            "labels": self.labels, "created_at": self.created_at,
+            "started_at": self.started_at, "ended_at": self.ended_at,
+            "containment": self.containment,
+        })
+    }
+}
+
+/// What `list` knows of one run, or why its dir is skipped.
+fn list_entry(root: &Root, name: &str) -> Result<Row, String> {
+    let id = RunId::parse(name).map_err(|e| e.to_string())?;
+    let dir = root.open_run_dir(&id).map_err(|e| e.to_string())?;
+    let st = dir.read_status().map_err(|e| e.to_string())?;
+    let now = epoch_now();
+    let created = parse_rfc3339(&st.created_at);
+    let lease_left = if st.state.is_final() {
+        None
+    } else {
+        dir.read_lease().ok().flatten().map(|l| l.remaining_s())
+    };
+    let timeout_left = st
+        .timeout_deadline_epoch()
+        .filter(|_| !st.state.is_final())
+        .map(|d| d - now);
+    let note = note(&dir, &st);
+    let outcome = exit::for_record(&st);
+    let colour = human::state_colour(&st);
+    Ok(Row {
+        created: created.unwrap_or(0.0),
+        age_s: created.map(|c| now - c),
+        lease_left,
+        timeout_left,
+        note,
+        outcome,
+        colour,
+        state: st.state,
+        pid: st.pid,
+        exit_code: st.exit_code,
+        launch_exit_code: st.launch_exit_code,
+        containment: st.containment.as_ref().map(|c| c.mode),
+        run_id: st.run_id,
+        reason: st.reason,
+        term_signal: st.term_signal,
+        labels: st.labels,
+        created_at: st.created_at,
+        started_at: st.started_at,
+        ended_at: st.ended_at,
+    })
+}
+
+/// The width `list` keeps to: 80 columns for run ids of up to 37 characters (longer ids are
+/// shown whole, and the row grows).
+const LIST_WIDTH: usize = 80;
+
+/// One human line of `list`. `id_w` and `state_w` are the column widths.
+fn list_line(r: &Row, id_w: usize, state_w: usize, colour: bool) -> String {
+    let state = r.state.as_str();
+    let detail = match (r.note, r.reason.as_deref()) {
+        (Some(n), _) => format!(" ({})", short_note(n)),
+        (None, Some(reason)) => format!(" ({})", human::printable(reason)),
+        (None, None) => String::new(),
+    };
+    let mut text = format!("{state}{detail}");
+    if text.chars().count() > state_w {
+        text = text
+            .chars()
+            .take(state_w.saturating_sub(1))
+            .collect::<String>()
+            + "\u{2026}";
+    }
+    let pad = state_w.saturating_sub(text.chars().count());
+    // Colour the state word only, after the padding is computed on the plain text.
+    let painted = format!(
+        "{}{}{}",
+        human::paint_code(r.colour, state, colour),
+        &text[state.len()..],
+        " ".repeat(pad)
+    );
+    // The figures the JSON shows, rounded as it rounds them.
+    let round = |x: f64| (x * 10.0).round() / 10.0;
+    let left = [r.lease_left.map(round), r.timeout_left.map(round)]
+        .into_iter()
+        .flatten()
+        .min_by(f64::total_cmp);
+    format!(
+        "{:<id_w$} {painted} {:>7} {:>7} {:>7} {:>4}",
+        human::printable(&r.run_id),
+        r.pid.map_or("-".into(), |p| p.to_string()),
+        r.age_s
+            .map(|a| a.round())
+            .map_or("-".into(), human::duration_coarse),
+        left.map_or("-".into(), human::duration_coarse),
+        r.outcome.map_or("-".into(), |c| c.to_string()),
+    )
+}
+
+/// The notes in their short form for the STATE column.
+fn short_note(n: &str) -> &str {
+    n.strip_suffix(", not reconciled").unwrap_or(n)
+}
+
+/// `agent-run list`: newest first; `--state`, `--label`, `-n`.
+pub fn list(root: Option<&Path>, args: ListArgs) -> anyhow::Result<u8> {
+    let Some(root) = open_root(root)? else {
+        if args.json {
+            println!("[]");
+        } else {
+            eprintln!("agent-run: no runs (no run root yet)");
+        }
+        return Ok(exit::OK);
+    };
+    let filtered = !args.states.is_empty() || !args.labels.is_empty();
+    let wanted = |r: &Row| {
+        let state_ok = args.states.is_empty()
+            || args.states.iter().any(|want| match want.as_str() {
+                "active" => !r.state.is_final(),
+                "final" => r.state.is_final(),
+                w => r.state.as_str() == w,
+            });
+        state_ok && matches_all(&args.labels, &r.labels)
+    };
+    let mut runs = Vec::new();
+    let mut broken = Vec::new();
+    for name in root_entries(&root)? {
+        match list_entry(&root, &name) {
+            Ok(row) if wanted(&row) => runs.push(row),
+            Ok(_) => {}
+            Err(why) => {
+                eprintln!("agent-run: {name}: skipped: {why}");
+                broken.push(json!({"run_id": name, "state": null, "error": why}));
+            }
+        }
+    }
+    // Newest first (by created_at; the id breaks ties).
+    runs.sort_by(|a, b| {
+        b.created
+            .total_cmp(&a.created)
+            .then_with(|| a.run_id.cmp(&b.run_id))
+    });
+    if let Some(n) = args.limit {
+        runs.truncate(n);
+    }
+    // Rows go out as they are rendered, through one buffer (not one write per line).
+    let mut out = std::io::BufWriter::with_capacity(64 << 10, std::io::stdout().lock());
+    if args.json {
+        // Unreadable run dirs match no filter; unfiltered, they are listed (last) as errors.
+        if filtered || args.limit.is_some() {
+            broken.clear();
+        }
+        // The bytes of `serde_json::to_string_pretty` of the whole array, one row at a time.
+        let rows = runs.iter().map(Row::value).chain(broken);
+        let mut first = true;
+        for v in rows {
+            let text = serde_json::to_string_pretty(&v)?;
+            out.write_all(if first { b"[\n" } else { b",\n" })?;
+            first = false;
+            for (i, line) in text.lines().enumerate() {
+                if i > 0 {
+                    out.write_all(b"\n")?;
+                }
+                out.write_all(b"  ")?;
+                out.write_all(line.as_bytes())?;
+            }
+        }
+        out.write_all(if first { b"[]\n" } else { b"\n]\n" })?;
+        out.flush()?;
+        return Ok(exit::OK);
+    }
+    let colour = human::colour_for(human::stdout_is_terminal());
+    // Run ids are shown whole (they are what you type next); the STATE column gives way to a
+    // long one, down to the width of the longest state word.
+    let id_w = runs
+        .iter()
+        .map(|r| r.run_id.len())
+        .max()
+        .unwrap_or(0)
+        .max(6);
+    // The fixed columns: PID, AGE, LEFT (7 each), EXIT (4), and the five gaps.
+    let fixed = 7 * 3 + 4 + 5;
+    let state_w = LIST_WIDTH.saturating_sub(fixed + id_w).clamp(13, 26);
+    writeln!(
+        out,
+        "{:<id_w$} {:<state_w$} {:>7} {:>7} {:>7} {:>4}",
+        "RUN_ID", "STATE", "PID", "AGE", "LEFT", "EXIT"
+    )?;
+    for r in &runs {
+        writeln!(out, "{}", list_line(r, id_w, state_w, colour))?;
+    }
+    out.flush()?;
+    Ok(exit::OK)
+}
+
+/// `agent-run gc`.
+pub fn gc(root: Option<&Path>, args: GcArgs) -> anyhow::Result<u8> {
+    let Some(root) = open_root(root)? else {
+        return Ok(exit::OK);
+    };
+    let now = epoch_now();
+    for name in root_entries(&root)? {
+        let checked = RunId::parse(&name)
+            .map_err(|e| e.to_string())
+            .and_then(|id| root.open_run_dir(&id).map_err(|e| e.to_string()))
+            .and_then(|dir| {
+                dir.read_status()
+                    .map(|st| (dir, st))
+                    .map_err(|e| e.to_string())
+            });
+        let (dir, st) = match checked {
+            Ok(x) => x,
+            Err(why) => {
+                eprintln!("agent-run: {name}: skipped: {why}");
+                continue;
+            }
+        };
+        if !st.state.is_final() {
+            continue;
+        }
+        let ended = st.ended_at.as_deref().and_then(parse_rfc3339);
+        if ended.is_none_or(|e| now - e < args.older_than.as_secs_f64()) {
+            continue;
+        }
+        if args.dry_run {
+            println!("would remove {}", dir.path().display());
+            continue;
+        }
+        // remove_dir_all never follows symlinks inside the tree (std, since CVE-2022-21658).
+        match std::fs::remove_dir_all(dir.path()) {
+            Ok(()) => println!("removed {}", dir.path().display()),
+            Err(e) => eprintln!("agent-run: cannot remove {}: {e}", dir.path().display()),
+        }
+    }
+    Ok(exit::OK)
+}

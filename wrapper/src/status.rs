@@ -1,0 +1,203 @@
+//! `agent-run status`: one run's record (with what it cannot say by itself), as JSON or for a
+//! person.
+
+use crate::cli::StatusArgs;
+use crate::human;
+use crate::runs::{note, open_run, print_record, read_record, record_value};
+use crate::select::{self, Picked};
+use agent_run_shared::exit;
+use agent_run_shared::record::Status;
+use agent_run_shared::run_dir::RunDir;
+use agent_run_shared::time::{epoch_now, parse_rfc3339};
+use serde_json::Value;
+use std::path::Path;
+
+/// `agent-run status`: one run (its summary, or the record with `--json`), or several (the
+/// summaries one after the other, or one JSON array).
+pub fn status(root: Option<&Path>, args: StatusArgs) -> anyhow::Result<u8> {
+    let colour = human::colour_for(human::stdout_is_terminal());
+    let ids = match select::pick(root, &args.select, false)? {
+        Picked::One(id) => {
+            let dir = open_run(root, &id)?;
+            let st = read_record(&dir)?;
+            if args.json {
+                print_record(&dir, &st);
+            } else {
+                print!("{}", summary(&dir, &st, colour));
+            }
+            return Ok(exit::OK);
+        }
+        Picked::Many(ids) => ids,
+    };
+    let mut code = exit::OK;
+    let mut docs = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        let got = open_run(root, id).and_then(|dir| Ok((read_record(&dir)?, dir)));
+        match got {
+            Ok((st, dir)) if args.json => docs.push(record_value(&dir, &st)),
+            Ok((st, dir)) => {
+                if i > 0 {
+                    println!();
+                }
+                print!("{}", summary(&dir, &st, colour));
+            }
+            Err(e) => {
+                let (doc, c) = select::error_entry(id, &e);
+                docs.push(doc);
+                if code == exit::OK {
+                    code = c;
+                }
+            }
+        }
+    }
+    if args.json {
+        select::print_json(&Value::Array(docs));
+    }
+    Ok(code)
+}
+
+/// The human summary of one record: what ran, where, since when, how it ended.
+fn summary(dir: &RunDir, st: &Status, colour: bool) -> String {
+    use std::fmt::Write;
+    let v = record_value(dir, st);
+    let mut out = String::new();
+    let mut line = format!(
+        "run {}: {}",
+        human::printable(&st.run_id),
+        human::paint(st, st.state.as_str(), colour)
+    );
+    if let Some(r) = &st.reason {
+        line += &format!(" ({})", human::printable(r));
+    }
+    if let Some(n) = note(dir, st) {
+        line += &format!(", {n}");
+    }
+    let mut put = |k: &str, val: String| {
+        let _ = writeln!(out, "  {:<12}{}", format!("{k}:"), human::printable(&val));
+    };
+    put("command", human::shell_command(&st.argv));
+    put("cwd", st.cwd.clone());
+    if !st.labels.is_empty() {
+        let l: Vec<String> = st.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        put("labels", l.join(" "));
+    }
+    if !st.env.is_empty() {
+        put("env", format!("{} (values not recorded)", st.env.join(" ")));
+    }
+    if let Some(pid) = st.pid {
+        put(
+            "pid",
+            format!(
+                "{pid} (pgid {}, sid {})",
+                st.pgid.unwrap_or(pid),
+                st.sid.unwrap_or(pid)
+            ),
+        );
+    }
+    let ago = |t: &str| {
+        parse_rfc3339(t).map_or(String::new(), |e| {
+            format!(" ({} ago)", human::duration(epoch_now() - e))
+        })
+    };
+    put(
+        "created",
+        format!("{}{}", st.created_at, ago(&st.created_at)),
+    );
+    if let Some(s) = &st.started_at {
+        put("started", format!("{s}{}", ago(s)));
+    }
+    if let Some(e) = &st.ended_at {
+        put("ended", format!("{e}{}", ago(e)));
+    }
+    if let Some(t) = human::run_time(st).filter(|_| st.started_at.is_some()) {
+        put(
+            if st.state.is_final() {
+                "ran"
+            } else {
+                "elapsed"
+            },
+            human::duration(t),
+        );
+    }
+    if !st.state.is_final() {
+        if let Some(l) = v["lease_remaining_s"].as_f64() {
+            put("lease", left(l));
+        }
+    }
+    if let Some(ms) = st.timeout_ms {
+        let len = human::duration(ms as f64 / 1000.0);
+        match st.timeout_deadline_epoch().filter(|_| !st.state.is_final()) {
+            Some(d) => put("timeout", format!("{len} ({})", left(d - epoch_now()))),
+            None => put("timeout", len),
+        }
+    }
+    match (&st.term_signal, exit::for_record(st)) {
+        (Some(s), _) if st.state == agent_run_shared::record::State::Finished => {
+            put("signal", human::signal_text(s))
+        }
+        (Some(s), Some(c)) => put("exit", format!("{c} (the leader ended by {s})")),
+        (None, Some(c)) if st.state == agent_run_shared::record::State::LaunchFailed => {
+            put("exit", format!("{c} (the launch failed)"))
+        }
+        (None, Some(c)) => put("exit", c.to_string()),
+        (_, None) => {}
+    }
+    if let Some(mode) = v["containment"]["mode"].as_str() {
+        let cg = v["containment"]["cgroup"]
+            .as_str()
+            .map_or(String::new(), |c| format!(" ({c})"));
+        put("contained", format!("{mode}{cg}"));
+    }
+    if let Some(p) = st
+        .on_disconnect
+        .as_ref()
+        .filter(|_| !st.state.is_final() || st.caller_lost_at.is_some())
+    {
+        let lost = st
+            .caller_lost_at
+            .as_deref()
+            .map_or(String::new(), |t| format!("; the caller was lost at {t}"));
+        put("disconnect", format!("{p}{lost}"));
+    }
+    if let Some(c) = &st.cleanup {
+        let mut pids = c.signalled.clone();
+        pids.sort_unstable();
+        pids.dedup();
+        let survivors = if c.survivors.is_empty() {
+            "no survivors".to_string()
+        } else {
+            format!("survivors {:?}", c.survivors)
+        };
+        put(
+            "cleanup",
+            format!(
+                "{} in {}; {} process{} stopped; {survivors}",
+                if c.signals.is_empty() {
+                    "no signal".into()
+                } else {
+                    c.signals.join(", ")
+                },
+                human::duration(c.duration_ms as f64 / 1000.0),
+                pids.len(),
+                if pids.len() == 1 { "" } else { "es" }
+            ),
+        );
+    }
+    if let Some(e) = &st.error {
+        put("error", e.clone());
+    }
+    for w in &st.warnings {
+        put("warning", w.clone());
+    }
+    put("dir", dir.path().display().to_string());
+    format!("{line}\n{out}")
+}
+
+/// `1m 55s left`, or `expired 3s ago`.
+fn left(secs: f64) -> String {
+    if secs >= 0.0 {
+        format!("{} left", human::duration(secs))
+    } else {
+        format!("expired {} ago", human::duration(-secs))
+    }
+}
