@@ -85,6 +85,37 @@ fn newest_source(crates: &[&str]) -> Option<(std::time::SystemTime, PathBuf)> {
     newest
 }
 
+/// The newest modification time of the files cargo's dep-info file `d` (`target: dep dep ...`,
+/// spaces in a path escaped with a backslash) names, and which one it is; `None` when there is no such
+/// file or it names nothing. A listed file that is gone counts as changed now.
+fn dep_info_newest(d: &Path) -> Option<(std::time::SystemTime, PathBuf)> {
+    let text = fs::read_to_string(d).ok()?;
+    let line = text.lines().next()?;
+    let (_, deps) = line.split_once(": ")?;
+    let mut newest: Option<(std::time::SystemTime, PathBuf)> = None;
+    let mut word = String::new();
+    let mut chars = deps.chars().peekable();
+    let mut paths = Vec::new();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' if chars.peek() == Some(&' ') => word.push(chars.next().unwrap_or(' ')),
+            ' ' => paths.push(std::mem::take(&mut word)),
+            c => word.push(c),
+        }
+    }
+    paths.push(word);
+    for p in paths.into_iter().filter(|p| !p.is_empty()) {
+        let path = PathBuf::from(p);
+        let t = fs::metadata(&path)
+            .and_then(|m| m.modified())
+            .unwrap_or_else(|_| std::time::SystemTime::now());
+        if newest.as_ref().is_none_or(|(n, _)| t > *n) {
+            newest = Some((t, path));
+        }
+    }
+    newest
+}
+
 /// A binary of another workspace member: `$VAR` if set, else `<profile dir>/NAME`, which must
 /// exist and be newer than every source file of `crates` (else the test would check an old
 /// build). Panics naming [`BUILD_STEP`] when it is missing or stale.
@@ -105,7 +136,12 @@ pub fn workspace_bin(var: &str, name: &str, crates: &[&str]) -> PathBuf {
     let built = fs::metadata(&path)
         .and_then(|m| m.modified())
         .unwrap_or_else(|e| panic!("{} is missing ({e}): {fix}", path.display()));
-    if let Some((newest, source)) = newest_source(crates) {
+    // Cargo's dep-info file beside the binary lists exactly the sources it was built from (a
+    // file of a crate the binary does not use never makes it stale); without one, every file of
+    // `crates` counts.
+    let newest =
+        dep_info_newest(&profile.join(format!("{name}.d"))).or_else(|| newest_source(crates));
+    if let Some((newest, source)) = newest {
         if newest > built {
             panic!(
                 "{} is older than {}: {fix}",
