@@ -289,13 +289,15 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         snapshot: None,
     };
     let notifier = Notifier::from_env();
+    // Said (and READY sent) once the first full pass has looked at every run dir: whoever waits
+    // for the line knows every run's record and lease as they were then has been read.
+    d.scan();
     log(&format!(
         "watching {} (rescan every {:?}, orphan grace {:?}, open-file limit {limit})",
         d.root.path().display(),
         d.opts.scan_interval,
         d.opts.policy.orphan_grace
     ));
-    d.scan();
     notifier.send("READY=1");
     let mut next_scan = Instant::now() + d.opts.scan_interval;
     let mut next_ping = notifier.ping_every.map(|p| Instant::now() + p);
