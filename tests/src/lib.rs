@@ -230,6 +230,55 @@ impl Default for TestRoot {
     }
 }
 
+/// Where this process's cgroup is on the cgroup2 mount (the parent a run started by a test gets
+/// by default), from /proc/self/mountinfo and the `0::` line of /proc/self/cgroup.
+fn own_cgroup_dir() -> Option<PathBuf> {
+    let mounts = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mount = mounts.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        (post.split(' ').next() == Some("cgroup2"))
+            .then(|| pre.split(' ').nth(4).map(PathBuf::from))?
+    })?;
+    let cg = fs::read_to_string("/proc/self/cgroup").ok()?;
+    let rel = cg.lines().find_map(|l| l.strip_prefix("0::"))?;
+    Some(mount.join(rel.trim_start_matches('/')))
+}
+
+impl Drop for TestRoot {
+    /// Remove the cgroups of this root's runs that are left (a run whose record a test forged, or
+    /// that a test gave up on, never has its cgroup removed by agent-run). Only a cgroup named for
+    /// one of our run dirs (`agent-run.<id>.<run dir inode, hex>`), only when empty (rmdir(2)
+    /// refuses otherwise), best effort: the tests' processes are killed by their own pins.
+    fn drop(&mut self) {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(entries) = fs::read_dir(self.root()) else {
+            return;
+        };
+        let parent = own_cgroup_dir();
+        for e in entries.flatten() {
+            let Ok(md) = fs::symlink_metadata(e.path()) else {
+                continue;
+            };
+            let name = format!(
+                "agent-run.{}.{:x}",
+                e.file_name().to_string_lossy(),
+                md.ino()
+            );
+            let recorded = self
+                .try_status(&e.file_name().to_string_lossy())
+                .ok()
+                .and_then(|st| st["containment"]["cgroup"].as_str().map(PathBuf::from))
+                .filter(|p| p.file_name() == Some(OsStr::new(&name)));
+            for dir in recorded
+                .into_iter()
+                .chain(parent.as_ref().map(|p| p.join(&name)))
+            {
+                let _ = fs::remove_dir(dir);
+            }
+        }
+    }
+}
+
 impl TestRoot {
     /// A fresh temporary directory (mode 0700); the run root inside it does not exist yet.
     pub fn new() -> TestRoot {
