@@ -725,9 +725,14 @@ impl Launch {
             Outcome::LeaderExited(ws) => {
                 let (_, children_left) = reap::reap_all(None);
                 // The keeper is our child and outlives the leader until the pipes' last writer
-                // is gone: it is no leftover (any other child of ours is, and `discover` below
-                // finds it, as a descendant of ours).
-                let children_left = children_left && self.keeper.is_none();
+                // is gone: it is no leftover, but any other child of ours is (we are a
+                // subreaper: a pid hopper's live generation is always one of our children, even
+                // while it dodges a /proc scan). The kernel lists them in
+                // /proc/self/task/*/children; where it cannot be read, `discover` below decides.
+                let children_left = match self.keeper {
+                    None => children_left,
+                    Some(k) => children_left && children_besides(k.pid).unwrap_or(false),
+                };
                 // The leader's exit ends the run; whatever of the run remains is stopped by the
                 // same routine as a cancel: our children (double-forked daemons come back to
                 // us), the cgroup's members, and processes elsewhere that carry the marker.
@@ -1072,4 +1077,20 @@ fn spawn_detached(root: &Root, id: &RunId, args: &StartArgs) -> anyhow::Result<C
         .stderr(Stdio::null());
     sys::spawn_in_new_session(&mut cmd);
     Ok(cmd.spawn()?)
+}
+
+/// Whether this process has a child other than `skip`, from the kernel's list of each of our
+/// threads' children (`/proc/self/task/TID/children`); `None` when it cannot be read.
+fn children_besides(skip: Pid) -> Option<bool> {
+    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let list = std::fs::read_to_string(task.path().join("children")).ok()?;
+        if list
+            .split_whitespace()
+            .filter_map(|w| w.parse::<i32>().ok())
+            .any(|p| p != skip.get())
+        {
+            return Some(true);
+        }
+    }
+    Some(false)
 }
