@@ -19,9 +19,6 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
-/// Moved to [`crate::reap`]; re-exported so branches in flight still compile. To be removed.
-#[doc(hidden)]
-pub use crate::reap::reap_all;
 use raw::{child_cloexec_from_3, child_reset_signals};
 pub use raw::{default_sigpipe, pidfd_send_signal};
 
