@@ -26,6 +26,8 @@ pub struct Stat {
     /// Field 20: the number of threads of the process, its exited leader included while other
     /// threads live.
     pub threads: u64,
+    /// Field 9: the kernel's task flags (`PF_*`).
+    pub flags: u64,
 }
 
 impl Stat {
@@ -48,6 +50,15 @@ impl Stat {
     /// A zombie leader whose other threads still run.
     pub fn is_zombie_leader(&self) -> bool {
         matches!(self.state, b'Z' | b'X' | b'x') && self.threads > 1
+    }
+
+    /// Its last thread is in `do_exit` (`PF_EXITING` on a process with no other thread): it
+    /// runs no more code of its own, and its files (its flocks with them) are being released.
+    /// A process in that window already has no `/proc/PID/exe` (its memory map is gone) while
+    /// its state is not yet `Z`. A zombie leader whose other threads run is not exiting.
+    pub fn is_exiting(&self) -> bool {
+        const PF_EXITING: u64 = 0x4;
+        self.flags & PF_EXITING != 0 && self.threads <= 1
     }
 
     /// Stopped by a signal or a tracer: a TERM stays pending until it is continued.
@@ -74,6 +85,7 @@ pub fn parse_stat(line: &str) -> Option<Stat> {
         start_ticks: field(22)?.parse().ok()?,
         rss_pages: field(24)?.parse().ok()?,
         threads: field(20)?.parse().ok()?,
+        flags: field(9)?.parse().ok()?,
     })
 }
 
@@ -397,6 +409,22 @@ mod tests {
         assert_eq!(s.start_ticks, 987654);
         assert_eq!(s.rss_pages, 250);
         assert_eq!(s.threads, 1);
+        assert_eq!(s.flags, 4194560);
+        assert!(!s.is_exiting());
+    }
+
+    #[test]
+    fn exiting_is_pf_exiting_on_the_last_thread_only() {
+        let line = |flags: u64, threads: u64| {
+            format!(
+                "77 (w) R 1 77 77 0 -1 {flags} 0 0 0 0 0 0 0 0 20 0 {threads} 0 5 1000 250 0"
+            )
+        };
+        let at = |flags, threads| parse_stat(&line(flags, threads)).unwrap();
+        assert!(at(0x400104, 1).is_exiting());
+        assert!(!at(0x400100, 1).is_exiting());
+        // A leader that called SYS_exit while other threads run is alive, not leaving.
+        assert!(!at(0x400104, 3).is_exiting());
     }
 
     #[test]

@@ -293,15 +293,20 @@ pub fn lock_holder(lock: &RunLock, dir: &RunDir, st: &Status) -> LockHolder {
     }
     let holders = lock.holders();
     // A squatter is a live holder that is not agent-run (or hides what it runs: a
-    // non-dumpable process). A holder that has exited meanwhile is nobody: the caller looks at
-    // the lock again.
+    // non-dumpable process). A holder that has exited meanwhile, or is exiting, is nobody: the
+    // caller looks at the lock again. An exiting process has lost /proc/PID/exe before its
+    // state says `Z` (a canceller that just wrote the final record and returns): the kernel's
+    // PF_EXITING tells it apart from a squatter that hides its executable. The stat is read
+    // again after the exe, so a holder that began to exit in between is not taken for one.
+    let staying = |pid: Pid| procfs::stat(pid).is_some_and(|s| !s.is_dead() && !s.is_exiting());
     let squatters: Vec<i32> = holders
         .iter()
         .copied()
         .filter(|&p| {
             Pid::new(p.into()).is_some_and(|pid| {
-                procfs::stat(pid).is_some_and(|s| !s.is_dead())
+                staying(pid)
                     && !procfs::exe_name(pid).is_some_and(|n| is_agent_run_exe(&n))
+                    && staying(pid)
             })
         })
         .collect();
