@@ -1740,6 +1740,8 @@ def render(ctx, peers, command, started, elapsed):
                 continue
             tgt = TARGETS["launch"] if p.name == "agent-run" else ""
             a(f"| {p.label} | {x['n']} | {fms(x['median'])} | {fms(x['p90'])} | {fms(x['p99'])} | {'—' if p.name == 'bare' else '+' + fms(x['over_bare'])} | {tgt} |")
+        a("")
+        a("How to time a launch: `AGENT_RUN_PHASES=/abs/file agent-run ID -- true` makes the wrapper append, at its exit, one JSON line to that file with the time at the end of each launch phase (microseconds from `main`'s entry: `parse`, `root`, `run_dir`, `lock`, ... `spawn`, `verify`, `running_record`, ... `final_record`, `exit`). `python3 bench/phases.py /abs/file` prints the median and p99 of each phase's own time over all the lines (`--markdown` for a table). Unset, the variable costs one getenv; it is never passed to the workload or the keeper. For syscall counts of one launch: `strace -f -c -o /tmp/s agent-run --root /tmp/r ID -- true`.")
         x = r["agent-run"]
         summ.append(("launch overhead over bare (median)", TARGETS["launch"], f"+{fms(x['over_bare'])} ms", x["over_bare"] < 1.5))
         a("")

@@ -122,6 +122,7 @@ pub fn start(root: Option<&Path>, mut args: StartArgs) -> anyhow::Result<u8> {
     }
     // Where the run's cgroup goes, checked before anything is created (a bad --cgroup is 64).
     let parent = cgroup::choose_parent(args.cgroup.as_deref())?;
+    crate::phases::mark("cgroup_parent");
     if let (Parent::Procfs(_), None) = (&parent, &args.cgroup) {
         // No cgroup of our own to use: a user with a systemd user manager can have one, a
         // transient scope delegated to it (which also takes the run out of the SSH session's
@@ -140,6 +141,7 @@ pub fn start(root: Option<&Path>, mut args: StartArgs) -> anyhow::Result<u8> {
         }
     }
     let root = Root::open(&resolve_root(root)?, true)?;
+    crate::phases::mark("root");
     if args.max_output.is_none() {
         // The root's default, fixed now: a detached wrapper and the record see the same cap.
         match agent_run_shared::output::root_default(&root) {
@@ -152,6 +154,7 @@ pub fn start(root: Option<&Path>, mut args: StartArgs) -> anyhow::Result<u8> {
             }
         }
     }
+    crate::phases::mark("root_default");
     let argv: &[OsString] = &args.command;
     if args.detach {
         // The detached wrapper does everything below, in its own session.
@@ -161,6 +164,7 @@ pub fn start(root: Option<&Path>, mut args: StartArgs) -> anyhow::Result<u8> {
         return relaunch(&root, &id, argv, args.quiet, args.detached_child);
     };
     fault::point("after_run_dir");
+    crate::phases::mark("run_dir");
     Launch::new(dir, &args, argv, parent)?.run(&args)
 }
 
@@ -201,9 +205,11 @@ impl Launch {
                 "the new run dir is locked by another process",
             );
         }
+        crate::phases::mark("lock");
         // The lock's mtime is our heartbeat: the watchdog bounds our death by it (a lease-less
         // run's orphan grace counts from there). Not being able to beat costs only that bound.
         let _ = dir.heartbeat();
+        crate::phases::mark("heartbeat");
         // A `cancel` or the watchdog that found this dir without a record, and took the lock
         // before we did, has declared the launch lost: never run the command after that.
         if dir.read_status().is_ok() {
@@ -215,7 +221,9 @@ impl Launch {
                 ),
             );
         }
+        crate::phases::mark("lost_check");
         let journal = dir.journal("wrapper")?;
+        crate::phases::mark("journal_open");
         let timings = Timings {
             hup_after: args.hup_after,
             grace: args.grace,
@@ -244,8 +252,10 @@ impl Launch {
         );
         st.grace_ms = Some(timings.grace.as_millis() as u64);
         st.hup_after_ms = Some(timings.hup_after.as_millis() as u64);
+        crate::phases::mark("record_fields");
         st.warnings = agent_run_shared::hostpolicy::launch_warnings(&st.user);
         st.warnings.extend(cwd_warning);
+        crate::phases::mark("host_policy");
         // The cgroup exists before the first record names it, so anyone who finds the record
         // can find the run's processes through it, whatever step the wrapper dies at.
         let (mut cgroup, mut cgroup_failure) = (None, None);
@@ -263,6 +273,7 @@ impl Launch {
                 )),
             }
         }
+        crate::phases::mark("cgroup");
         Ok(Launch {
             dir,
             st,
@@ -281,6 +292,7 @@ impl Launch {
     fn run(mut self, args: &StartArgs) -> anyhow::Result<u8> {
         let dir = self.dir.clone();
         dir.write_status(&self.st)?;
+        crate::phases::mark("starting_record");
         fault::point("after_starting");
         let _ = self.journal.event(
             "launch",
@@ -294,6 +306,7 @@ impl Launch {
             human::say(&format!("warning: {w}"));
             let _ = self.journal.event("warning", json!({"warning": w}));
         }
+        crate::phases::mark("journal_launch");
         if let Some(why) = self.cgroup_failure.take() {
             return Ok(self.launch_failed(exit::SOFTWARE, &why));
         }
@@ -324,7 +337,9 @@ impl Launch {
             Ok(p) => p,
             Err(e) => return Ok(self.launch_failed(exit::SOFTWARE, &format!("{e:#}"))),
         };
+        crate::phases::mark("lease_signals");
         let streamer = (!args.quiet).then(|| Streamer::start(&dir));
+        crate::phases::mark("streamer");
 
         let code = match self.spawn(args) {
             Ok((leader, leader_fd)) => {
@@ -343,6 +358,7 @@ impl Launch {
                     on_disconnect: (!args.detached_child).then(|| args.on_disconnect()),
                 };
                 let scope = self.scope();
+                crate::phases::mark("scope");
                 let outcome = supervise::supervise(
                     &self.dir,
                     &self.journal,
@@ -354,6 +370,7 @@ impl Launch {
                     &scope,
                     self.pty.as_mut(),
                 );
+                crate::phases::mark("supervise");
                 if let Some(p) = &mut self.pty {
                     p.restore_terminal();
                 }
@@ -364,6 +381,7 @@ impl Launch {
         if let Some(s) = streamer {
             s.finish();
         }
+        crate::phases::mark("stream_end");
         if args.quiet && !args.detached_child && code != exit::OK && self.st.started_at.is_some() {
             // A caller that did not stream still sees why.
             failure_tail(&dir, self.dir.id().as_str(), &self.st);
@@ -461,6 +479,7 @@ impl Launch {
             Ok(ends) => ends,
             Err(e) => return Err(self.launch_failed(exit::SOFTWARE, &format!("{e:#}"))),
         };
+        crate::phases::mark("keeper");
         let stdio = |p: &Pty| -> std::io::Result<Stdio> { Ok(Stdio::from(p.slave.try_clone()?)) };
         let (stdin, stdout, stderr) = match (&opened, ends) {
             (None, Some((out, err))) => (
@@ -486,6 +505,7 @@ impl Launch {
             .env(ENV_RUN_ID, self.dir.id().as_str())
             .env(ENV_RUN_DIR, dir.path())
             .env_remove(fault::ENV)
+            .env_remove(crate::phases::ENV)
             .env_remove(ENV_PASSED)
             .env_remove(keeper::ENV_KEEPER)
             .stdout(stdout)
@@ -514,7 +534,9 @@ impl Launch {
             procs.as_ref().map(|f| f.as_raw_fd()),
             opened.as_ref().map(|p| p.slave.as_raw_fd()),
         );
+        crate::phases::mark("spawn_prep");
         let spawned = cmd.spawn();
+        crate::phases::mark("spawn");
         drop(procs);
         // Every slave descriptor of ours goes now (the Command holds three), and our copies of
         // the pipes' write ends: the keeper's EOF is the workload's last writer, and while we
@@ -584,6 +606,7 @@ impl Launch {
             ));
         };
         let leader = stat.identity();
+        crate::phases::mark("verify");
         if stat.pgid != pid.get() || stat.sid != pid.get() {
             let msg = format!(
                 "workload pid {pid} is not its own session and group leader (pgid {}, sid {})",
@@ -615,6 +638,7 @@ impl Launch {
                     Some(&self.journal),
                 )
             });
+        crate::phases::mark("running_record");
         if let Err(e) = written {
             // Without a record nobody else can find this run: stop it rather than run blind.
             human::say(&format!("{e}; stopping the workload"));
@@ -625,6 +649,7 @@ impl Launch {
             "spawn",
             json!({"pid": pid.get(), "pgid": stat.pgid, "sid": stat.sid, "start_ticks": leader.start_ticks}),
         );
+        crate::phases::mark("journal_spawn");
         Ok((leader, pidfd))
     }
 
@@ -733,12 +758,14 @@ impl Launch {
                     None => children_left,
                     Some(k) => children_left && children_besides(k.pid).unwrap_or(false),
                 };
+                crate::phases::mark("reap");
                 // The leader's exit ends the run; whatever of the run remains is stopped by the
                 // same routine as a cancel: our children (double-forked daemons come back to
                 // us), the cgroup's members, and processes elsewhere that carry the marker.
                 let leftovers = children_left
                     || scope.cgroup.as_ref().is_some_and(|c| c.populated())
                     || !discover(&scope, Depth::WithMarker, &HashSet::new()).is_empty();
+                crate::phases::mark("leftovers");
                 let report = leftovers.then(|| {
                     let r = stop(&mut self.st, "leader_exited");
                     reap::reap_all(None);
@@ -766,7 +793,9 @@ impl Launch {
         if let Some(cg) = &self.cgroup {
             self.st.resources = Some(cg.resources());
         }
+        crate::phases::mark("resources");
         self.wait_keeper();
+        crate::phases::mark("keeper_wait");
         let written = finalize(
             &dir,
             &mut self.st,
@@ -775,11 +804,13 @@ impl Launch {
             report.as_ref(),
             Some(&self.journal),
         );
+        crate::phases::mark("final_record");
         // The cgroup goes after the final record (a cgroup that still holds a survivor stays,
         // and the record says unknown).
         if let Some(cg) = &self.cgroup {
             agent_run_shared::lifecycle::remove_cgroup(cg, &self.journal);
         }
+        crate::phases::mark("cgroup_rm");
         if let Err(e) = written {
             let left = report.as_ref().map_or(0, |r| r.survivors.len());
             return fail(
