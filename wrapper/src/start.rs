@@ -38,9 +38,9 @@ use agent_run_shared::sys::{self, WaitStatus};
 use agent_run_shared::{fault, procfs, time, Error, ENV_RUN_DIR, ENV_RUN_ID};
 use anyhow::Context;
 use serde_json::json;
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsString;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -480,90 +480,80 @@ impl Launch {
             Err(e) => return Err(self.launch_failed(exit::SOFTWARE, &format!("{e:#}"))),
         };
         crate::phases::mark("keeper");
-        let stdio = |p: &Pty| -> std::io::Result<Stdio> { Ok(Stdio::from(p.slave.try_clone()?)) };
-        let (stdin, stdout, stderr) = match (&opened, ends) {
-            (None, Some((out, err))) => (
-                if stdin_null {
-                    Stdio::null()
-                } else {
-                    Stdio::inherit()
-                },
-                Stdio::from(out),
-                Stdio::from(err),
-            ),
-            (None, None) => unreachable!("without a pty the keeper drains two pipes"),
-            (Some(p), _) => match (stdio(p), stdio(p), stdio(p)) {
-                (Ok(i), Ok(o), Ok(e)) => (i, o, e),
-                (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
-                    let msg = format!("cannot use the pseudo-terminal {}: {e}", p.name);
+        // The workload's exec, prepared before the clone: its child half only reads memory.
+        let env = self.workload_env(args);
+        let exec = sys::Exec::new(command, &env, args.cwd.as_deref());
+        // stdin: /dev/null for a detached run, else the wrapper's own (the pty's slave with
+        // --pty, as stdout and stderr).
+        let null = match (&opened, stdin_null) {
+            (None, true) => match std::fs::File::open("/dev/null") {
+                Ok(f) => Some(OwnedFd::from(f)),
+                Err(e) => {
+                    let msg = format!("cannot open /dev/null for the workload's stdin: {e}");
                     return Err(self.launch_failed(exit::SOFTWARE, &msg));
                 }
             },
+            _ => None,
         };
-        let mut cmd = Command::new(&command[0]);
-        cmd.args(&command[1..])
-            .env(ENV_RUN_ID, self.dir.id().as_str())
-            .env(ENV_RUN_DIR, dir.path())
-            .env_remove(fault::ENV)
-            .env_remove(crate::phases::ENV)
-            .env_remove(ENV_PASSED)
-            .env_remove(keeper::ENV_KEEPER)
-            .stdout(stdout)
-            .stderr(stderr)
-            .stdin(stdin);
-        // -e after ours: the reserved names were refused when the command line was read.
-        cmd.envs(args.env.iter().map(|(k, v)| (k, v)));
-        if let Some(c) = &args.cwd {
-            cmd.current_dir(c);
-        }
-        // The child moves itself into the run's cgroup before it execs.
-        let procs = match self
-            .cgroup
-            .as_ref()
-            .map(RunCgroup::procs_for_spawn)
-            .transpose()
-        {
-            Ok(p) => p,
+        // With a cgroup, the workload is made in it (clone3), or on old kernels moves itself in
+        // before its exec: it runs no code of its own outside.
+        let cgroup_dir = match self.cgroup.as_ref().map(RunCgroup::open_dir).transpose() {
+            Ok(d) => d,
             Err(e) => {
-                drop(cmd); // the write ends: the keeper sees EOF at once
+                drop(ends); // the write ends: the keeper sees EOF at once
                 return Err(self.launch_failed(exit::SOFTWARE, &e.to_string()));
             }
         };
-        sys::spawn_in_new_session_into(
-            &mut cmd,
-            procs.as_ref().map(|f| f.as_raw_fd()),
-            opened.as_ref().map(|p| p.slave.as_raw_fd()),
-        );
+        let io = match (&opened, &ends) {
+            (None, Some((out, err))) => sys::ChildIo {
+                stdin: null.as_ref().map(|f| f.as_fd()),
+                stdout: out.as_fd(),
+                stderr: err.as_fd(),
+                ctty: None,
+            },
+            (None, None) => unreachable!("without a pty the keeper drains two pipes"),
+            (Some(p), _) => sys::ChildIo {
+                stdin: Some(p.slave.as_fd()),
+                stdout: p.slave.as_fd(),
+                stderr: p.slave.as_fd(),
+                ctty: Some(p.slave.as_fd()),
+            },
+        };
         crate::phases::mark("spawn_prep");
-        let spawned = cmd.spawn();
+        let spawned = exec.map_err(sys::SpawnError::Fork).and_then(|exec| {
+            let dir = cgroup_dir.as_ref().map(|d| d.as_fd());
+            sys::spawn_workload(&exec, &io, dir, fault::armed(fault::SPAWN_BY_FORK))
+        });
         crate::phases::mark("spawn");
-        drop(procs);
-        // Every slave descriptor of ours goes now (the Command holds three), and our copies of
-        // the pipes' write ends: the keeper's EOF is the workload's last writer, and while we
-        // held a slave the master would never read EOF (EIO) nor the session get a hangup.
-        drop(cmd);
+        // Every slave descriptor of ours goes now, and our copies of the pipes' write ends:
+        // the keeper's EOF is the workload's last writer, and while we held a slave the master
+        // would never read EOF (EIO) nor the session get a hangup.
+        drop((ends, null, cgroup_dir));
         let master = opened.map(|p| {
             let Pty { master, name, .. } = p;
             (master, name)
         });
         let child = match spawned {
             Ok(c) => c,
-            Err(e) if e.raw_os_error() == Some(sys::CGROUP_ENTRY_ERRNO) => {
+            Err(sys::SpawnError::Cgroup(e)) => {
                 let cg = self.cgroup.as_ref().map(|c| c.path().display().to_string());
                 let msg = format!(
-                    "cannot move the workload into its cgroup {}",
+                    "cannot move the workload into its cgroup {}: {e}",
                     cg.unwrap_or_default()
                 );
                 return Err(self.launch_failed(exit::SOFTWARE, &msg));
             }
-            Err(e) if args.cwd.as_ref().is_some_and(|c| !c.is_dir()) => {
+            Err(sys::SpawnError::Child(step, e))
+                if step == sys::ChildStep::Cwd
+                    || args.cwd.as_ref().is_some_and(|c| !c.is_dir()) =>
+            {
                 // The directory went away between the check and the spawn: not the command's
                 // fault, and not "command not found".
-                let c = args.cwd.as_ref().expect("checked").display().to_string();
-                let msg = format!("cannot change to --cwd {c}: {e}");
+                let c = args.cwd.as_ref().map(|c| c.display().to_string());
+                let msg = format!("cannot change to --cwd {}: {e}", c.unwrap_or_default());
                 return Err(self.launch_failed(exit::SOFTWARE, &msg));
             }
-            Err(e) => {
+            Err(sys::SpawnError::Fork(e) | sys::SpawnError::Child(_, e)) => {
                 let code = match e.raw_os_error() {
                     Some(libc::ENOENT | libc::ENOTDIR) => exit::NOT_FOUND,
                     Some(libc::EACCES | libc::ENOEXEC | libc::EISDIR | libc::EPERM) => {
@@ -580,17 +570,17 @@ impl Launch {
                 return Err(self.launch_failed(code, &msg));
             }
         };
-        let pid = Pid::new(child.id() as i64).expect("a child has a positive pid");
+        let pid = child.pid;
         if let Some((master, name)) = master {
             self.pty = Some(self.keep_master(master, name, size, args));
         }
         fault::point("after_spawn");
-        drop(child); // we reap it ourselves, through waitpid
-                     // Our unreaped child: its pid cannot be reused until we wait for it, so this stat is
-                     // its own even before the pidfd is open. A pidfd that cannot be had (EMFILE, a kernel
-                     // before 5.3) costs the event-driven wake-up on its exit, not the run: SIGCHLD still
-                     // wakes the loop.
-        let pidfd = sys::pidfd_open(pid).ok();
+        // Our unreaped child (we reap it ourselves, through waitpid): its pid cannot be reused
+        // until we wait for it, so this stat is its own even without a pidfd. The pidfd comes
+        // with the clone; after a fork it is opened by pid. One that cannot be had (EMFILE, a
+        // kernel before 5.3) costs the event-driven wake-up on its exit, not the run: SIGCHLD
+        // still wakes the loop.
+        let pidfd = child.pidfd.or_else(|| sys::pidfd_open(pid).ok());
         let Some(stat) = procfs::stat(pid) else {
             // Our unreaped child: the pid is still its own. Journalled like every signal.
             let r = sys::kill(pid, libc::SIGKILL, false);
@@ -647,10 +637,31 @@ impl Launch {
         }
         let _ = self.journal.event(
             "spawn",
-            json!({"pid": pid.get(), "pgid": stat.pgid, "sid": stat.sid, "start_ticks": leader.start_ticks}),
+            json!({"pid": pid.get(), "pgid": stat.pgid, "sid": stat.sid, "start_ticks": leader.start_ticks,
+                   "cgroup_entry": child.cgroup_entry.map(sys::CgroupEntry::as_str)}),
         );
         crate::phases::mark("journal_spawn");
         Ok((leader, pidfd))
+    }
+
+    /// The workload's environment, as std's `Command` built it: the wrapper's own with the
+    /// run's id and dir set and our internal variables removed, then the `-e` pairs; sorted by
+    /// name, one value each.
+    fn workload_env(&self, args: &StartArgs) -> Vec<(OsString, OsString)> {
+        let mut env: BTreeMap<OsString, OsString> = std::env::vars_os().collect();
+        env.insert(ENV_RUN_ID.into(), self.dir.id().as_str().into());
+        env.insert(ENV_RUN_DIR.into(), self.dir.path().as_os_str().to_owned());
+        for name in [
+            fault::ENV,
+            crate::phases::ENV,
+            ENV_PASSED,
+            keeper::ENV_KEEPER,
+        ] {
+            env.remove(std::ffi::OsStr::new(name));
+        }
+        // -e after ours: the reserved names were refused when the command line was read.
+        env.extend(args.env.iter().cloned());
+        env.into_iter().collect()
     }
 
     /// The pty's master after the spawn (the keeper holds its own copy): kept for the window
@@ -756,7 +767,7 @@ impl Launch {
                 // /proc/self/task/*/children; where it cannot be read, `discover` below decides.
                 let children_left = match self.keeper {
                     None => children_left,
-                    Some(k) => children_left && children_besides(k.pid).unwrap_or(false),
+                    Some(k) => children_left && procfs::children_besides(k.pid).unwrap_or(false),
                 };
                 crate::phases::mark("reap");
                 // The leader's exit ends the run; whatever of the run remains is stopped by the
@@ -1108,20 +1119,4 @@ fn spawn_detached(root: &Root, id: &RunId, args: &StartArgs) -> anyhow::Result<C
         .stderr(Stdio::null());
     sys::spawn_in_new_session(&mut cmd);
     Ok(cmd.spawn()?)
-}
-
-/// Whether this process has a child other than `skip`, from the kernel's list of each of our
-/// threads' children (`/proc/self/task/TID/children`); `None` when it cannot be read.
-fn children_besides(skip: Pid) -> Option<bool> {
-    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
-        let list = std::fs::read_to_string(task.path().join("children")).ok()?;
-        if list
-            .split_whitespace()
-            .filter_map(|w| w.parse::<i32>().ok())
-            .any(|p| p != skip.get())
-        {
-            return Some(true);
-        }
-    }
-    Some(false)
 }
