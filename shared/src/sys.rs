@@ -520,8 +520,10 @@ struct ChildPlan<'a> {
 /// exit signal and, with a cgroup, CLONE_INTO_CGROUP: the kernel attaches it under the read
 /// side of the cgroup lock, where a migration (a write to `cgroup.procs`) takes the write side
 /// and waits for an RCU grace period (milliseconds). Kernels without clone3 or without
-/// CLONE_INTO_CGROUP (before 5.7: ENOSYS, E2BIG, EINVAL), and `force_fork`, get fork(2) instead
-/// and a child that writes `0` to `cgroup.procs` before anything else of its own, as before.
+/// CLONE_INTO_CGROUP (before 5.7: ENOSYS, E2BIG, EINVAL), seccomp profiles that refuse clone3
+/// (EPERM, ENOSYS), and `force_fork` get fork(2) instead and a child that writes `0` to
+/// `cgroup.procs` before its exec. Any other refusal of a clone3 into the cgroup is the
+/// cgroup's ([`SpawnError::Cgroup`]; EAGAIN and ENOMEM are [`SpawnError::Fork`]).
 ///
 /// Between the clone and the exec the child runs on a copy of our memory (fork semantics, no
 /// CLONE_VM) and calls only async-signal-safe syscalls: no allocation, no lock, no panic. A
@@ -607,10 +609,13 @@ fn clone_workload(
     cgroup: Option<BorrowedFd<'_>>,
     force_fork: bool,
 ) -> Result<Made, SpawnError> {
+    // ENOSYS: no clone3 (before 5.3); E2BIG, EINVAL: no `cgroup` field, no CLONE_INTO_CGROUP
+    // (before 5.7); EPERM: a seccomp profile that refuses clone3 (container runtimes of the
+    // 2020s), never the cgroup's answer (EACCES, ENOENT, EBUSY, EOPNOTSUPP...).
     let old_kernel = |e: &io::Error| {
         matches!(
             e.raw_os_error(),
-            Some(libc::ENOSYS | libc::E2BIG | libc::EINVAL)
+            Some(libc::ENOSYS | libc::E2BIG | libc::EINVAL | libc::EPERM)
         )
     };
     if !force_fork {
