@@ -338,7 +338,8 @@ pub enum CgroupEntry {
     /// Created in it, by clone3(2) with CLONE_INTO_CGROUP: it never ran outside.
     Clone3,
     /// Forked in the wrapper's cgroup, it moved itself in (wrote `0` to `cgroup.procs`) before
-    /// its exec: kernels before 5.7, or the fault knob `spawn_by_fork`.
+    /// its exec: kernels before 5.7, seccomp profiles that refuse clone3, the fault knob
+    /// `spawn_by_fork`.
     Write,
 }
 

@@ -490,6 +490,7 @@ impl Launch {
             (None, true) => match std::fs::File::open("/dev/null") {
                 Ok(f) => Some(OwnedFd::from(f)),
                 Err(e) => {
+                    drop(ends); // the write ends: the keeper sees EOF at once
                     let msg = format!("cannot open /dev/null for the workload's stdin: {e}");
                     return Err(self.launch_failed(exit::SOFTWARE, &msg));
                 }
@@ -501,7 +502,8 @@ impl Launch {
         let cgroup_dir = match self.cgroup.as_ref().map(RunCgroup::open_dir).transpose() {
             Ok(d) => d,
             Err(e) => {
-                drop(ends); // the write ends: the keeper sees EOF at once
+                // The write ends and the slave: the keeper sees EOF (or EIO) at once.
+                drop((ends, opened));
                 return Err(self.launch_failed(exit::SOFTWARE, &e.to_string()));
             }
         };
@@ -548,8 +550,8 @@ impl Launch {
                 if step == sys::ChildStep::Cwd
                     || args.cwd.as_ref().is_some_and(|c| !c.is_dir()) =>
             {
-                // The directory went away between the check and the spawn: not the command's
-                // fault, and not "command not found".
+                // A --cwd the child could not enter (gone since the check, or not searchable by
+                // us): the command was never looked at, so neither 127 nor 126.
                 let c = args.cwd.as_ref().map(|c| c.display().to_string());
                 let msg = format!("cannot change to --cwd {}: {e}", c.unwrap_or_default());
                 return Err(self.launch_failed(exit::SOFTWARE, &msg));
