@@ -878,6 +878,14 @@ fn a_workload_that_forges_a_final_record_and_kills_its_wrapper_is_still_cancelle
         c.kill_wrapper(run.wrapper, &run.wrapper_pin);
         // The record says the run is over; the process table says otherwise.
         c.all_alive(&tree, "the tree after the forgery and the wrapper's death");
+        // gc takes a final record's word only with the cgroup's: the run dir stays.
+        let out = c.ctl(&["gc", "--older-than", "0s"], 0);
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        agent_run_tests::ensure!(
+            c,
+            root.run_dir(&id).join("status.json").exists() && said.contains("holds processes"),
+            "gc removed a run whose cgroup holds processes: {said}"
+        );
         c.ctl(&["cancel", &id], 0);
         c.gone_now(&tree, "after cancel returned");
         c.fields(
