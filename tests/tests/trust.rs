@@ -886,6 +886,14 @@ fn a_workload_that_forges_a_final_record_and_kills_its_wrapper_is_still_cancelle
             root.run_dir(&id).join("status.json").exists() && said.contains("holds processes"),
             "gc removed a run whose cgroup holds processes: {said}"
         );
+        // status says what the record cannot; wait does not take the record's word.
+        let shown = c.json(&["status", "--json", &id]);
+        c.fields(
+            &shown,
+            "status --json",
+            serde_json::json!({"state": state, "note": "but its cgroup holds processes: the record was rewritten"}),
+        );
+        c.ctl(&["wait", "--timeout", "300ms", &id], 75);
         c.ctl(&["cancel", &id], 0);
         c.gone_now(&tree, "after cancel returned");
         c.fields(

@@ -150,6 +150,9 @@ fn list_line(r: &Row, id_w: usize, state_w: usize, colour: bool) -> String {
 
 /// The notes in their short form for the STATE column.
 fn short_note(n: &str) -> &str {
+    if n == crate::runs::CONTRADICTED {
+        return "cgroup not empty";
+    }
     n.strip_suffix(", not reconciled").unwrap_or(n)
 }
 
