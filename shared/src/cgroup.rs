@@ -244,6 +244,50 @@ pub fn name_for(run_id: &str, run_dir_ino: u64) -> String {
     format!("{PREFIX}{run_id}.{run_dir_ino:x}")
 }
 
+/// Every run cgroup on the cgroup2 mount, by name (`agent-run.<run-id>.<dir inode, hex>`):
+/// one walk of the tree, not descending into a run's cgroup (what is below it is the run's).
+/// For telling a record that says final from a run whose cgroup still exists: where a run's
+/// cgroup went is the wrapper's choice at launch (its own cgroup), so it is looked for by name,
+/// never at the path the record gives (the workload can rewrite it). Bounded: at most
+/// [`WALK_CAP`] directories are listed (a same-user subtree cannot make the walk endless).
+pub fn run_cgroups() -> std::collections::HashMap<String, PathBuf> {
+    let mut out = std::collections::HashMap::new();
+    let Some(mount) = mount() else {
+        return out;
+    };
+    let mut stack = vec![(mount.to_path_buf(), 0usize)];
+    let mut listed = 0usize;
+    while let Some((dir, depth)) = stack.pop() {
+        listed += 1;
+        if listed > WALK_CAP {
+            break;
+        }
+        let Ok(rd) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let name = e.file_name();
+            let Some(name) = name.to_str() else {
+                continue;
+            };
+            if name.starts_with(PREFIX) {
+                out.entry(name.to_string()).or_insert_with(|| e.path());
+            } else if depth < WALK_DEPTH {
+                stack.push((e.path(), depth + 1));
+            }
+        }
+    }
+    out
+}
+
+/// The most directories [`run_cgroups`] lists in one walk.
+pub const WALK_CAP: usize = 20_000;
+/// How deep [`run_cgroups`] goes below the mount.
+const WALK_DEPTH: usize = 16;
+
 /// A run's cgroup.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunCgroup {

@@ -12,11 +12,12 @@ use crate::journal::Journal;
 use crate::pid::Pid;
 use crate::procset::RunScope;
 use crate::reason::Reason;
-use crate::record::{ContainmentMode, State, Status};
+use crate::record::{Containment, ContainmentMode, State, Status};
 use crate::run_dir::RunDir;
 use crate::stop::{stop_run, Report, Timings};
 use serde_json::json;
-use std::path::Path;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Move a run to a non-final state (starting, running, cancelling) and journal it.
@@ -71,7 +72,25 @@ pub fn finalize(
     }
     st.ended_at = Some(crate::time::rfc3339_now());
     crate::fault::point("before_final");
-    dir.write_status(st)?;
+    if let Err(e) = dir.write_status(st) {
+        // A final record in the way of ours, while we (the lock holder, still holding a run
+        // that was not final) finish the run: the workload wrote it. Ours replaces it, and the
+        // journal keeps what it said.
+        let forged = dir.read_status().ok().filter(|old| old.state.is_final());
+        match forged {
+            Some(old) if !from.is_final() => {
+                dir.write_final_over_forgery(st).map_err(|_| e)?;
+                if let Some(j) = journal {
+                    let _ = j.event(
+                        "record_contradicted",
+                        json!({"recorded_state": old.state.as_str(), "recorded_reason": old.reason,
+                               "why": "a final record the lock holder did not write"}),
+                    );
+                }
+            }
+            _ => return Err(e),
+        }
+    }
     if let Some(j) = journal {
         let _ = j.event(
             "state",
@@ -131,6 +150,83 @@ impl RunDir {
         };
         RunCgroup::verify(Path::new(path), &st.run_id, self.identity().1)
     }
+}
+
+/// The record states that say the run is over with nothing of it left: a populated cgroup of
+/// the run contradicts them. (`unknown` does not claim that.)
+fn claims_nothing_left(state: State) -> bool {
+    matches!(
+        state,
+        State::Finished | State::Cancelled | State::LaunchFailed
+    )
+}
+
+impl RunDir {
+    /// The run's cgroup, when it still holds processes although the record says the run is
+    /// over (`finished`, `cancelled`, `launch_failed`): the record was rewritten (a workload
+    /// that wrote itself a final record and killed its wrapper), and the record's word is not
+    /// the answer. Looked for where the record says, then by name on the whole cgroup2 mount
+    /// (`found`, one walk per pass, or walked now): a forged record can name another cgroup or
+    /// none. Only a cgroup named for this run (its id and this run dir's inode) of the caller's
+    /// uid counts ([`RunCgroup::verify`]).
+    pub fn contradicting_cgroup(
+        &self,
+        st: &Status,
+        found: Option<&HashMap<String, PathBuf>>,
+    ) -> Option<RunCgroup> {
+        if !claims_nothing_left(st.state) {
+            return None;
+        }
+        if let Ok(Some(cg)) = self.recorded_cgroup(st) {
+            if cg.populated() {
+                return Some(cg);
+            }
+        }
+        let name = crate::cgroup::name_for(&st.run_id, self.identity().1);
+        let walked;
+        let found = match found {
+            Some(f) => f,
+            None => {
+                walked = crate::cgroup::run_cgroups();
+                &walked
+            }
+        };
+        let path = found.get(&name)?;
+        RunCgroup::verify(path, &st.run_id, self.identity().1)
+            .ok()
+            .flatten()
+            .filter(RunCgroup::populated)
+    }
+}
+
+/// Reopen a run whose final record its cgroup contradicts ([`RunDir::contradicting_cgroup`]):
+/// journal `record_contradicted` (what the record said, the cgroup, its members), restore the
+/// containment to that cgroup, and write the record back to `running`, so the caller (holding
+/// the lock, or facing a squatted one) stops the run as the orphan it is. The identity checks
+/// that guard every signal still apply to the reopened record.
+pub fn reopen_contradicted(
+    dir: &RunDir,
+    st: &mut Status,
+    cg: &RunCgroup,
+    journal: &Journal,
+) -> Result<()> {
+    let _ = journal.event(
+        "record_contradicted",
+        json!({
+            "recorded_state": st.state.as_str(), "recorded_reason": st.reason,
+            "cgroup": cg.path(), "members": cg.members().iter().map(|p| p.get()).collect::<Vec<_>>(),
+            "why": "the record says the run is over, but its cgroup holds processes",
+        }),
+    );
+    st.containment = Some(Containment {
+        mode: ContainmentMode::Cgroup,
+        cgroup: Some(cg.path().display().to_string()),
+    });
+    st.exit_code = None;
+    st.term_signal = None;
+    st.ended_at = None;
+    st.cleanup = None;
+    transition(dir, st, State::Running, None, Some(journal))
 }
 
 /// Remove a run's cgroup after its final record; a cgroup that cannot go (a process is left:

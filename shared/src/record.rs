@@ -334,6 +334,24 @@ impl RunDir {
         self.write_record(st, true)
     }
 
+    /// Write a final record over a final one that the lock holder did not write: only the
+    /// holder of the run's lock writes records, so a final record it finds in its way was
+    /// written by something else (the workload rewrote status.json). Refused unless this
+    /// process holds the run's lock now, by the kernel's account (/proc/self/fdinfo).
+    pub fn write_final_over_forgery(&self, st: &Status) -> Result<()> {
+        debug_assert!(st.state.is_final());
+        let lock = self.lock()?;
+        let (dev, ino) = lock.identity();
+        if !crate::procfs::holds_flock(crate::pid::Pid::this(), dev, ino) {
+            return Err(Error::Corrupt {
+                path: self.file(files::STATUS),
+                why: "the record is already final, and this process does not hold the run's lock"
+                    .into(),
+            });
+        }
+        self.write_record(st, true)
+    }
+
     fn write_record(&self, st: &Status, durable: bool) -> Result<()> {
         let bytes = st.to_json().into_bytes();
         self.replace(files::STATUS, durable, |f| {

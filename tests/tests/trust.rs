@@ -823,3 +823,180 @@ fn a_squatter_on_a_dead_wrappers_lock_does_not_keep_the_run_from_being_cancelled
         let _ = squatter.wait();
     }
 }
+
+/// The workload's forgery: status.json says the run is over (`finished` exit 0, or
+/// `cancelled`), optionally with its containment pointed away from its cgroup.
+fn forge_final(c: agent_run_tests::ctx::Ctx, state: &str, hide_cgroup: bool) {
+    c.edit_status(|st| {
+        st.insert("state".into(), state.into());
+        st.insert("reason".into(), Value::Null);
+        if state == "finished" {
+            st.insert("exit_code".into(), 0.into());
+        } else {
+            st.insert("reason".into(), "cancel_request".into());
+        }
+        st.insert("ended_at".into(), "2026-12-02T00:00:00.000Z".into());
+        if hide_cgroup {
+            st.insert(
+                "containment".into(),
+                serde_json::json!({"mode": "procfs", "cgroup": null}),
+            );
+        }
+    });
+}
+
+/// The run's cgroup, from the leader's /proc/PID/cgroup (a kernel fact, not the record).
+fn run_cgroup(c: agent_run_tests::ctx::Ctx, leader: i32) -> std::path::PathBuf {
+    let cg = agent_run_tests::contain::cgroup_of(leader)
+        .unwrap_or_else(|| c.fail(format_args!("no cgroup for the leader {leader}")));
+    agent_run_tests::ensure!(
+        c,
+        cg.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(&format!("agent-run.{}.", c.id))),
+        "the leader is not in a run cgroup: {cg:?}"
+    );
+    cg
+}
+
+#[test]
+fn a_workload_that_forges_a_final_record_and_kills_its_wrapper_is_still_cancelled_whole() {
+    let root = TestRoot::new();
+    for (n, (state, hide)) in [("finished", false), ("cancelled", true)]
+        .into_iter()
+        .enumerate()
+    {
+        let id = format!("forged-final-{n}");
+        let c = agent_run_tests::ctx::ctx(&root, &id);
+        let run = c.start_running(
+            "--lease 1h",
+            &agent_run_tests::workload::fx("tree --children 2 --grandchildren"),
+        );
+        let (_, tree) = c.pin_tree();
+        let cg = run_cgroup(c, run.leader);
+        forge_final(c, state, hide);
+        c.kill_wrapper(run.wrapper, &run.wrapper_pin);
+        // The record says the run is over; the process table says otherwise.
+        c.all_alive(&tree, "the tree after the forgery and the wrapper's death");
+        // gc takes a final record's word only with the cgroup's: the run dir stays.
+        let out = c.ctl(&["gc", "--older-than", "0s"], 0);
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        agent_run_tests::ensure!(
+            c,
+            root.run_dir(&id).join("status.json").exists() && said.contains("holds processes"),
+            "gc removed a run whose cgroup holds processes: {said}"
+        );
+        // status says what the record cannot; wait does not take the record's word.
+        let shown = c.json(&["status", "--json", &id]);
+        c.fields(
+            &shown,
+            "status --json",
+            serde_json::json!({"state": state, "note": "but its cgroup holds processes: the record was rewritten"}),
+        );
+        c.ctl(&["wait", "--timeout", "300ms", &id], 75);
+        c.ctl(&["cancel", &id], 0);
+        c.gone_now(&tree, "after cancel returned");
+        c.fields(
+            &c.status(),
+            "status.json",
+            serde_json::json!({"state": "cancelled", "reason": "cancel_request"}),
+        );
+        let said = c.events("record_contradicted");
+        c.eq(said.len(), 1, "record_contradicted events");
+        c.eq(
+            said[0]["recorded_state"].as_str(),
+            Some(state),
+            "the forged state, journalled",
+        );
+        agent_run_tests::ensure!(c, !cg.exists(), "the run's cgroup {cg:?} is left");
+    }
+}
+
+#[test]
+fn the_watchdog_stops_a_run_whose_forged_final_record_its_cgroup_contradicts() {
+    let root = TestRoot::new();
+    let c = agent_run_tests::ctx::ctx(&root, "forged-watchdog");
+    let run = c.start_running(
+        "--lease 1h",
+        &agent_run_tests::workload::fx("tree --children 2"),
+    );
+    let (_, tree) = c.pin_tree();
+    let cg = run_cgroup(c, run.leader);
+    forge_final(c, "finished", true);
+    c.kill_wrapper(run.wrapper, &run.wrapper_pin);
+    // The orphan grace and the lease are far away: only the contradiction makes it due now.
+    c.watchdog_once("1h");
+    c.gone_now(&tree, "after the watchdog's pass");
+    c.fields(
+        &c.status(),
+        "status.json",
+        serde_json::json!({"state": "cancelled", "reason": "wrapper_lost"}),
+    );
+    c.eq(
+        c.events("record_contradicted").len(),
+        1,
+        "record_contradicted events",
+    );
+    agent_run_tests::ensure!(c, !cg.exists(), "the run's cgroup {cg:?} is left");
+    // A true final record is left alone by the next pass.
+    let before = c.bytes("status.json");
+    c.watchdog_once("1h");
+    c.eq(
+        c.bytes("status.json"),
+        before,
+        "a second pass rewrote the record",
+    );
+}
+
+#[test]
+fn a_forged_final_record_under_a_live_wrapper_is_replaced_by_the_wrappers_own_on_cancel() {
+    let root = TestRoot::new();
+    let c = agent_run_tests::ctx::ctx(&root, "forged-live");
+    let run = c.start_running("", &agent_run_tests::workload::fx("tree --children 1"));
+    let (_, tree) = c.pin_tree();
+    forge_final(c, "finished", false);
+    c.ctl(&["cancel", c.id], 0);
+    c.gone_now(&tree, "after cancel returned");
+    c.wait_gone(&run.wrapper_pin, "the wrapper");
+    c.fields(
+        &c.status(),
+        "status.json",
+        serde_json::json!({"state": "cancelled", "reason": "cancel_request", "exit_code": null}),
+    );
+    // The wrapper's own stop replaced the forgery (its `cancelling`, then its final record).
+    let finals: Vec<Value> = c
+        .events("state")
+        .into_iter()
+        .filter(|e| e["to"] == "cancelled")
+        .collect();
+    c.eq(finals.len(), 1, "final state events");
+    c.eq(
+        finals[0]["by"].as_str(),
+        Some("wrapper"),
+        "who wrote the final record",
+    );
+}
+
+#[test]
+fn a_workload_that_forges_its_final_record_and_exits_gets_the_wrappers_true_record_over_it() {
+    let root = TestRoot::new();
+    let c = agent_run_tests::ctx::ctx(&root, "forged-exit");
+    // Once its record says `running` (written just after the spawn), the workload writes
+    // itself a clean `finished` exit 0 (sed -i renames a new file into place, as any editor
+    // would), then fails with 3.
+    let script = r#"f="$AGENT_RUN_DIR/status.json"; n=0; until grep -q '"state": "running"' "$f"; do n=$((n+1)); [ $n -lt 3000 ] || exit 9; sleep 0.01; done; sed -i -e 's/"state": "running"/"state": "finished"/' -e 's/"exit_code": null/"exit_code": 0/' "$f" && grep -q '"state": "finished"' "$f" && exit 3"#;
+    let argv = ["sh".to_string(), "-c".into(), script.into()];
+    c.ctl(&agent_run_tests::workload::start_args("", c.id, &argv), 3);
+    c.fields(
+        &c.status(),
+        "status.json",
+        serde_json::json!({"state": "finished", "exit_code": 3}),
+    );
+    let said = c.events("record_contradicted");
+    c.eq(said.len(), 1, "record_contradicted events");
+    c.eq(
+        (said[0]["by"].as_str(), said[0]["recorded_state"].as_str()),
+        (Some("wrapper"), Some("finished")),
+        "who found the forged record, and what it said",
+    );
+}

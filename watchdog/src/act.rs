@@ -5,7 +5,7 @@
 use crate::assess::{Action, Due, Subject};
 use agent_run_shared::journal::Journal;
 use agent_run_shared::lifecycle::{
-    finalize, record_lost_launch, stop_orphaned, timings_of, transition,
+    finalize, record_lost_launch, reopen_contradicted, stop_orphaned, timings_of, transition,
 };
 use agent_run_shared::lock::RunLock;
 use agent_run_shared::procset::RunScope;
@@ -49,9 +49,20 @@ pub fn act(subject: &Subject, action: Action) -> Result<String> {
             )?;
             Ok("unknown (host_rebooted), nothing signalled".into())
         }
-        Action::Orphan { why } => {
+        Action::Orphan { .. } | Action::Contradicted => {
+            let why = match action {
+                Action::Orphan { why } => why,
+                _ => Due::WrapperLost,
+            };
+            // A final record is the end of it, unless (Contradicted) the run's cgroup still
+            // holds processes: then the record was forged, and the run is reopened and stopped.
+            let settled = |st: &agent_run_shared::record::Status| {
+                st.state.is_final()
+                    && (action != Action::Contradicted
+                        || dir.contradicting_cgroup(st, None).is_none())
+            };
             let mut st = dir.read_status()?;
-            if st.state.is_final() {
+            if settled(&st) {
                 return Ok(format!("already {}", st.state.as_str()));
             }
             refuse_unless_whole(&st, &journal)?;
@@ -74,10 +85,18 @@ pub fn act(subject: &Subject, action: Action) -> Result<String> {
                         how = "the wrapper is gone; its lock is squatted";
                     }
                 }
-                st = dir.read_status()?;
-                if st.state.is_final() {
-                    return Ok(format!("already {}", st.state.as_str()));
+            }
+            // Ours now (or squatted): what the record says now is what we finish.
+            st = dir.read_status()?;
+            if settled(&st) {
+                return Ok(format!("already {}", st.state.as_str()));
+            }
+            if st.state.is_final() {
+                match dir.contradicting_cgroup(&st, None) {
+                    Some(cg) => reopen_contradicted(dir, &mut st, &cg, &journal)?,
+                    None => return Ok(format!("already {}", st.state.as_str())),
                 }
+                refuse_unless_whole(&st, &journal)?;
             }
             let reason = why.reason().as_str();
             let reason: &str = &reason;

@@ -1,7 +1,8 @@
 //! What the watchdog should do about one run dir, decided from its record, its lease, its
 //! wrapper and its processes. Pure decision, no action: [`crate::act`] carries it out.
 //!
-//! - final: nothing (forgotten);
+//! - final: nothing (forgotten), unless the run's cgroup still holds processes (a record the
+//!   workload forged): with its wrapper gone, the run is reopened and stopped now;
 //! - from an earlier boot: `unknown`, `host_rebooted`, nothing signalled (those pids belong to
 //!   this boot's processes now);
 //! - wrapper alive: the wrapper's business, unless its lease or its `--timeout` is past deadline
@@ -83,6 +84,9 @@ pub enum Action {
     Stuck { why: Due },
     /// A run dir that never got a record (its wrapper died before writing one).
     LostLaunch,
+    /// The record says the run is over, but the run's cgroup holds processes and the wrapper
+    /// is gone: reopen the run and stop it (reason `wrapper_lost`).
+    Contradicted,
 }
 
 impl std::fmt::Display for Action {
@@ -97,8 +101,17 @@ impl std::fmt::Display for Action {
             Action::Stuck { why: Due::Timeout } => "wrapper stuck past its timeout",
             Action::Stuck { .. } => "wrapper stuck past its lease",
             Action::LostLaunch => "launch lost before its first record",
+            Action::Contradicted => "final record contradicted by the run's cgroup",
         })
     }
+}
+
+/// What a pass (or a burst of events) looks at once, on first need, for every run it
+/// assesses: the processes, and the run cgroups on the cgroup2 mount.
+#[derive(Default)]
+pub struct Looks {
+    pub procs: OnceCell<Snapshot>,
+    pub cgroups: OnceCell<std::collections::HashMap<String, std::path::PathBuf>>,
 }
 
 /// The verdict on one run dir.
@@ -139,7 +152,7 @@ pub struct Subject {
 }
 
 /// Decide about `name` under `root`, with what the daemon remembers of it (`seen`); `now` is
-/// the current epoch time. `procs` is the look at /proc, taken on
+/// the current epoch time. `looks.procs` is the look at /proc, taken on
 /// first use and shared by every run of a pass; `whole_pass` takes it indexed (every marker read
 /// once, for thousands of lookups), a single event takes it plain (markers read lazily, only
 /// for processes newer than the run).
@@ -149,7 +162,7 @@ pub fn assess(
     now: f64,
     seen: Seen,
     policy: &Policy,
-    procs: &OnceCell<Snapshot>,
+    looks: &Looks,
     whole_pass: bool,
 ) -> (Verdict, Option<Subject>) {
     let id = match RunId::parse(name) {
@@ -187,17 +200,34 @@ pub fn assess(
         }
         Err(e) => return (Verdict::Skip(e.to_string()), None),
     };
-    if st.state.is_final() {
-        return (Verdict::Done, None);
-    }
     let subject = Some(Subject {
         dir: dir.clone(),
         status: st.clone(),
         lease: None,
         lease_damaged: None,
     });
+    if st.state.is_final() {
+        // Final, unless the run's cgroup still holds processes: the workload wrote the record.
+        // Its wrapper, if alive, finishes the run itself (watched: its exit is looked at);
+        // without one the run is the orphan it is, stopped now (what it claimed was over).
+        let cgroups = looks
+            .cgroups
+            .get_or_init(agent_run_shared::cgroup::run_cgroups);
+        if dir.contradicting_cgroup(&st, Some(cgroups)).is_none() {
+            return (Verdict::Done, None);
+        }
+        let verdict = match live_wrapper(&dir, &st) {
+            Wrapper::Alive(w) => Verdict::Watch {
+                wrapper: w.into_fd(),
+                recheck_epoch: None,
+            },
+            Wrapper::Mismatch(why) => Verdict::Skip(why),
+            Wrapper::Gone => Verdict::Now(Action::Contradicted),
+        };
+        return (verdict, subject);
+    }
     let snapshot = || {
-        procs.get_or_init(if whole_pass {
+        looks.procs.get_or_init(if whole_pass {
             Snapshot::take_indexed
         } else {
             Snapshot::take

@@ -2,15 +2,13 @@
 //! now and waiting for those stops) and [`run`] (the daemon).
 
 use crate::act::act;
-use crate::assess::{assess, delay_until, Action, Policy, Seen, Subject, Verdict};
+use crate::assess::{assess, delay_until, Action, Looks, Policy, Seen, Subject, Verdict};
 use crate::fast::{self, Entry, Fast, Pass};
 use crate::notify::Notifier;
-use agent_run_shared::procset::Snapshot;
 use agent_run_shared::root::Root;
 use agent_run_shared::run_dir::files;
 use agent_run_shared::sys::{self, Epoll, Inotify};
 use agent_run_shared::time::epoch_now;
-use std::cell::OnceCell;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -92,7 +90,7 @@ fn log(msg: &str) {
 /// was done (one line per run acted on). Runs that are not due are left alone.
 pub fn run_once(root: &Root, policy: &Policy) -> Vec<String> {
     let now = epoch_now();
-    let procs = OnceCell::new();
+    let looks = Looks::default();
     let mut handles = Vec::new();
     let Some((rootfd, ents)) = entries(root) else {
         return Vec::new();
@@ -103,7 +101,7 @@ pub fn run_once(root: &Root, policy: &Policy) -> Vec<String> {
             continue;
         }
         let name = e.name;
-        match assess(root, &name, now, Seen::default(), policy, &procs, true) {
+        match assess(root, &name, now, Seen::default(), policy, &looks, true) {
             (Verdict::Now(action), Some(subject)) => {
                 handles.push(thread::spawn(move || {
                     describe(&subject, action, act(&subject, action))
@@ -213,7 +211,7 @@ struct Daemon {
     done_rx: mpsc::Receiver<(String, String)>,
     threads: Vec<thread::JoinHandle<()>>,
     /// The last look at /proc outside a full pass, and when it was taken.
-    snapshot: Option<(Instant, OnceCell<Snapshot>)>,
+    snapshot: Option<(Instant, Looks)>,
 }
 
 /// How long one look at /proc may serve events outside a full pass (it only decides whether a
@@ -384,7 +382,7 @@ impl Daemon {
         }
         self.settled.retain(|n, _| present.contains(n));
         // One look at /proc for the whole pass, not one per run; one look at the flocks.
-        let procs = OnceCell::new();
+        let looks = Looks::default();
         let mut pass = Pass::new(&rootfd);
         for e in &ents {
             let name = &e.name;
@@ -404,7 +402,7 @@ impl Daemon {
                 self.settled.insert(name.clone(), (mtime_ns, ino));
                 continue;
             }
-            self.evaluate_with(name, &procs, true);
+            self.evaluate_with(name, &looks, true);
         }
     }
 
@@ -442,15 +440,15 @@ impl Daemon {
             .snapshot
             .as_ref()
             .is_some_and(|(t, _)| t.elapsed() < SNAPSHOT_REUSE);
-        let (taken, procs) = match self.snapshot.take() {
+        let (taken, looks) = match self.snapshot.take() {
             Some(s) if fresh => s,
-            _ => (Instant::now(), OnceCell::new()),
+            _ => (Instant::now(), Looks::default()),
         };
-        self.evaluate_with(name, &procs, false);
-        self.snapshot = Some((taken, procs));
+        self.evaluate_with(name, &looks, false);
+        self.snapshot = Some((taken, looks));
     }
 
-    fn evaluate_with(&mut self, name: &str, procs: &OnceCell<Snapshot>, whole_pass: bool) {
+    fn evaluate_with(&mut self, name: &str, looks: &Looks, whole_pass: bool) {
         if self.busy.contains(name) {
             return;
         }
@@ -471,7 +469,7 @@ impl Daemon {
             epoch_now(),
             seen,
             &self.opts.policy,
-            procs,
+            looks,
             whole_pass,
         );
         if let Some(s) = &subject {

@@ -95,6 +95,10 @@ pub struct Pass<'a> {
     /// The `agent-run.*` children of each cgroup parent a record named, listed once per pass;
     /// `None`: the parent could not be listed (and exists), so no cgroup counts as gone.
     cgroups: HashMap<String, Option<HashSet<String>>>,
+    /// Every run cgroup on the cgroup2 mount by name, walked once per pass on first need: a
+    /// final record whose run still has a cgroup anywhere (a forged record may name another
+    /// or none) goes to the careful path.
+    run_cgroups: std::cell::OnceCell<HashMap<String, std::path::PathBuf>>,
     buf: Vec<u8>,
 }
 
@@ -115,6 +119,7 @@ impl<'a> Pass<'a> {
             me: rustix::process::geteuid().as_raw(),
             holders: std::cell::OnceCell::new(),
             cgroups: HashMap::new(),
+            run_cgroups: std::cell::OnceCell::new(),
             buf: Vec::with_capacity(4096),
         }
     }
@@ -177,6 +182,12 @@ impl<'a> Pass<'a> {
             (None, _) => return None,
             (Some(h), Some(pid)) if h.contains(&pid) => return None,
             _ => {}
+        }
+        let run_cgroups = self
+            .run_cgroups
+            .get_or_init(agent_run_shared::cgroup::run_cgroups);
+        if run_cgroups.contains_key(&format!("agent-run.{}.{dir_ino:x}", e.name)) {
+            return None;
         }
         if let Some(cg) = doc.cgroup {
             if !cgroup_gone(&mut self.cgroups, &e.name, dir_ino, cg) {

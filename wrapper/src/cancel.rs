@@ -13,7 +13,9 @@ use crate::runs::{self, open_run, print_record, read_record};
 use crate::select::{self, Picked};
 use agent_run_shared::exit;
 use agent_run_shared::journal::Journal;
-use agent_run_shared::lifecycle::{record_lost_launch, stop_orphaned, timings_of};
+use agent_run_shared::lifecycle::{
+    record_lost_launch, reopen_contradicted, stop_orphaned, timings_of,
+};
 use agent_run_shared::record::{State, Status};
 use agent_run_shared::run_dir::RunDir;
 use agent_run_shared::stop::Sig;
@@ -172,8 +174,32 @@ pub fn cancel_one_for(
             Err(e @ Error::Corrupt { .. }) => return Err(refuse(e.to_string())),
             Err(e) => return Err(e.into()),
         };
+        // A final record is the answer, unless the run's cgroup still holds processes: then
+        // the workload wrote it (and maybe killed its wrapper), and the run is stopped anyway.
+        let mut contradicted = None;
         if st.state.is_final() {
-            return Ok((dir.clone(), st));
+            let Some(cg) = dir.contradicting_cgroup(&st, None) else {
+                return Ok((dir.clone(), st));
+            };
+            if let Err(e) = check_record(&st) {
+                return Err(refuse(e.to_string()));
+            }
+            if lock.try_lock()? {
+                // The wrapper is gone: reopen the run as the orphan it is, and finish it.
+                st = read_record(&dir)?;
+                if let Some(cg) = dir.contradicting_cgroup(&st, None) {
+                    reopen_contradicted(&dir, &mut st, &cg, &journal)?;
+                }
+                if !st.state.is_final() {
+                    check_record(&st).map_err(|e| refuse(e.to_string()))?;
+                    take_over(&dir, &mut st, "the wrapper is gone", &journal, by, reason)?;
+                }
+                return Ok((dir.clone(), st));
+            }
+            // Held: a live wrapper finishes the run itself (its final record replaces this
+            // one); a squatter's run is reopened below. The record's word is not the state.
+            st.state = State::Running;
+            contradicted = Some(cg);
         }
         if let Err(e) = check_record(&st) {
             return Err(refuse(e.to_string()));
@@ -212,6 +238,9 @@ pub fn cancel_one_for(
                 // it. Finish the run without the lock: the stop ends the squatter if it is the
                 // run's.
                 let _ = journal.event("lock_squatted", json!({"holders": pids}));
+                if let Some(cg) = &contradicted {
+                    reopen_contradicted(&dir, &mut st, cg, &journal)?;
+                }
                 take_over(
                     &dir,
                     &mut st,
@@ -234,6 +263,7 @@ pub fn cancel_one_for(
             // creator of cancel.json died before signalling, the wrapper is still `running` a
             // second later: signal it then.
             let stale = st.state == State::Running
+                && contradicted.is_none()
                 && signalled_at.is_some_and(|t| t.elapsed() > Duration::from_secs(1));
             if created || stale {
                 signal_wrapper(w, Sig::Term, reason, None, &journal)?;

@@ -370,7 +370,9 @@ pub struct VersionArgs {
 
 #[derive(Debug, Args)]
 pub struct GcArgs {
-    /// Remove final runs that ended more than DUR ago
+    /// Remove final runs that ended more than DUR ago. A run whose record says it is over
+    /// while its cgroup still holds processes (a record the workload rewrote) is skipped, with
+    /// a line on stderr: cancel it first
     #[arg(long, value_name = "DUR", value_parser = dur("--older-than"))]
     pub older_than: Duration,
     /// Only say what would be removed

@@ -150,6 +150,9 @@ fn list_line(r: &Row, id_w: usize, state_w: usize, colour: bool) -> String {
 
 /// The notes in their short form for the STATE column.
 fn short_note(n: &str) -> &str {
+    if n == crate::runs::CONTRADICTED {
+        return "cgroup not empty";
+    }
     n.strip_suffix(", not reconciled").unwrap_or(n)
 }
 
@@ -250,6 +253,9 @@ pub fn gc(root: Option<&Path>, args: GcArgs) -> anyhow::Result<u8> {
         return Ok(exit::OK);
     };
     let now = epoch_now();
+    // A final record is removed only if its run's cgroup agrees that nothing is left (one walk
+    // of the cgroup2 mount for the whole gc): a forged record must not take the evidence along.
+    let cgroups = agent_run_shared::cgroup::run_cgroups();
     for name in root_entries(&root)? {
         let checked = RunId::parse(&name)
             .map_err(|e| e.to_string())
@@ -271,6 +277,14 @@ pub fn gc(root: Option<&Path>, args: GcArgs) -> anyhow::Result<u8> {
         }
         let ended = st.ended_at.as_deref().and_then(parse_rfc3339);
         if ended.is_none_or(|e| now - e < args.older_than.as_secs_f64()) {
+            continue;
+        }
+        if let Some(cg) = dir.contradicting_cgroup(&st, Some(&cgroups)) {
+            eprintln!(
+                "agent-run: {name}: skipped: its record says {}, but its cgroup {} holds processes (agent-run cancel {name})",
+                st.state.as_str(),
+                cg.path().display()
+            );
             continue;
         }
         if args.dry_run {

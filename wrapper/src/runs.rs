@@ -72,7 +72,9 @@ pub fn wait_final(dir: &RunDir, timeout: Option<Duration>) -> anyhow::Result<Sta
     let deadline = timeout.map(|t| Instant::now() + t);
     loop {
         let st = read_record(dir)?;
-        if st.state.is_final() {
+        // A final record that the run's cgroup contradicts (the workload wrote it) is not the
+        // end: the wrapper's own record, or the watchdog's or a cancel's repair, is.
+        if st.state.is_final() && dir.contradicting_cgroup(&st, None).is_none() {
             return Ok(st);
         }
         let step = Duration::from_millis(500);
@@ -101,7 +103,9 @@ pub fn wait_final(dir: &RunDir, timeout: Option<Duration>) -> anyhow::Result<Sta
 /// What a record cannot say by itself: whether its wrapper still lives, whether the host rebooted.
 pub fn note(dir: &RunDir, st: &Status) -> Option<&'static str> {
     if st.state.is_final() {
-        return None;
+        return dir
+            .contradicting_cgroup(st, Some(run_cgroups()))
+            .map(|_| CONTRADICTED);
     }
     if st.boot_id != procfs::boot_id() {
         return Some("host rebooted");
@@ -111,6 +115,16 @@ pub fn note(dir: &RunDir, st: &Status) -> Option<&'static str> {
         Wrapper::Gone => Some("wrapper gone, not reconciled"),
         Wrapper::Mismatch(_) => Some("record names a process that is not its wrapper"),
     }
+}
+
+/// The note on a final record whose run's cgroup still holds processes.
+pub const CONTRADICTED: &str = "but its cgroup holds processes: the record was rewritten";
+
+/// The run cgroups on the cgroup2 mount, walked once per process (`list` asks for every run).
+fn run_cgroups() -> &'static std::collections::HashMap<String, std::path::PathBuf> {
+    static WALK: std::sync::OnceLock<std::collections::HashMap<String, std::path::PathBuf>> =
+        std::sync::OnceLock::new();
+    WALK.get_or_init(agent_run_shared::cgroup::run_cgroups)
 }
 
 /// The record plus derived fields, as `status --json` and `cancel` print it.
