@@ -1778,6 +1778,8 @@ def render(ctx, peers, command, started, elapsed):
             tgt = TARGETS["launch"] if name.startswith("agent-run") else ""
             over = "—" if name == "bare" else f"{fms(x['over_bare'])} / {fms(x.get('p99_over_bare'))}"
             a(f"| {label} | {x['n']} | {fms(x['median'])} | {fms(x['p90'])} | {fms(x['p99'])} | {over} | {tgt} |")
+        a("")
+        a("How to time a launch: `AGENT_RUN_PHASES=/abs/file agent-run ID -- true` makes the wrapper append, at its exit, one JSON line to that file with the time at the end of each launch phase (microseconds from `main`'s entry: `parse`, `root`, `run_dir`, `lock`, ... `spawn`, `verify`, `running_record`, ... `final_record`, `exit`). `python3 bench/phases.py /abs/file` prints the median and p99 of each phase's own time over all the lines (`--markdown` for a table). Unset, the variable costs one getenv; it is never passed to the workload or the keeper. For syscall counts of one launch: `strace -f -c -o /tmp/s agent-run --root /tmp/r ID -- true`.")
         ti = r.get("tini", {})
         for name, where in (("agent-run", "run root's fs"), ("agent-run-tmpfs", "tmpfs")):
             x = r.get(name, {})

@@ -13,9 +13,10 @@
 //! operator created and chowned to the user, with the wrapper inside it). Otherwise the run is
 //! held by the procfs process set ([`crate::procset`]). `off` (or `none`) asks for procfs.
 //!
-//! The workload enters its cgroup before it runs any code of its own: the spawned child writes
-//! `0` to the already-open `cgroup.procs` in `pre_exec` ([`crate::sys::spawn_in_new_session`]).
-//! The wrapper stays outside, so `cgroup.kill` never kills it.
+//! The workload never runs outside its cgroup: it is made in it, by clone3(2) with
+//! CLONE_INTO_CGROUP ([`crate::sys::spawn_workload`]); on kernels before 5.7 the forked child
+//! writes `0` to `cgroup.procs` before its exec. The wrapper stays outside, so `cgroup.kill`
+//! never kills it.
 //!
 //! What it does not do: enable controllers (no `cgroup.subtree_control` writes: a run's cgroup
 //! is for holding and counting, and enabling controllers would forbid processes in the parent).
@@ -356,14 +357,15 @@ impl RunCgroup {
         &self.path
     }
 
-    /// `cgroup.procs` opened for writing, for the spawned child to move itself in.
-    pub fn procs_for_spawn(&self) -> Result<File> {
-        let p = self.path.join("cgroup.procs");
+    /// Its directory, open O_RDONLY|O_DIRECTORY|O_CLOEXEC, for the workload's spawn
+    /// ([`crate::sys::spawn_workload`]: clone3's CLONE_INTO_CGROUP, or `cgroup.procs` opened
+    /// through it on older kernels).
+    pub fn open_dir(&self) -> Result<File> {
         OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&p)
-            .map_err(|e| Error::io("open", &p, e))
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(&self.path)
+            .map_err(|e| Error::io("open", &self.path, e))
     }
 
     /// Every process of the cgroup and of its descendants (a nested run's cgroup), by pid.

@@ -3,7 +3,8 @@
 //! run to a truthful final state whatever step the wrapper died at. Release builds compile every
 //! point to nothing.
 //!
-//! The points, in the order a run meets them: see [`POINTS`].
+//! The points, in the order a run meets them: see [`POINTS`]. One knob changes a behaviour
+//! instead: [`SPAWN_BY_FORK`].
 
 /// Every fault point, in launch-then-stop order.
 pub const POINTS: &[&str] = &[
@@ -18,7 +19,12 @@ pub const POINTS: &[&str] = &[
     "mid_record_write",
 ];
 
-/// The environment variable that names the point to die at.
+/// A knob, not a point: with `AGENT_RUN_FAULT=spawn_by_fork` the workload is spawned by fork(2)
+/// and moves itself into its cgroup (a write to `cgroup.procs`), as on kernels without clone3's
+/// CLONE_INTO_CGROUP, so tests reach that path on any kernel. Read with [`armed`].
+pub const SPAWN_BY_FORK: &str = "spawn_by_fork";
+
+/// The environment variable that names the point to die at (or the knob to turn).
 pub const ENV: &str = "AGENT_RUN_FAULT";
 
 /// Die here (SIGKILL, no cleanup) if `AGENT_RUN_FAULT` names this point. Debug builds only.

@@ -321,25 +321,51 @@ fn scan_from(min: i32) -> Vec<Stat> {
     .collect()
 }
 
+/// The children lists of each thread of `/proc/<who>` (`/proc/<who>/task/TID/children`): an
+/// orphan reparented to a subreaper is the child of one of its threads. `None` when the task
+/// dir cannot be listed; a list that cannot be read is an `Err`.
+fn children_lists(who: &str) -> Option<impl Iterator<Item = std::io::Result<String>>> {
+    let tasks = fs::read_dir(format!("/proc/{who}/task")).ok()?;
+    Some(
+        tasks
+            .flatten()
+            .map(|t| fs::read_to_string(t.path().join("children"))),
+    )
+}
+
+/// The pids of one children list.
+fn parse_children(list: &str) -> impl Iterator<Item = Pid> + '_ {
+    list.split_ascii_whitespace()
+        .filter_map(|p| p.parse::<i64>().ok())
+        .filter_map(Pid::new)
+}
+
 /// The children of a process, from every one of its threads (/proc/PID/task/TID/children:
 /// an orphan reparented to a subreaper is the child of one of its threads).
 pub fn children_of(pid: Pid) -> Vec<Pid> {
-    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+    let Some(lists) = children_lists(&pid.to_string()) else {
         return Vec::new();
     };
-    let mut out: Vec<Pid> = tasks
-        .filter_map(|t| t.ok())
-        .filter_map(|t| fs::read_to_string(t.path().join("children")).ok())
-        .flat_map(|text| {
-            text.split_ascii_whitespace()
-                .filter_map(|p| p.parse::<i64>().ok())
-                .filter_map(Pid::new)
-                .collect::<Vec<_>>()
-        })
+    let mut out: Vec<Pid> = lists
+        .filter_map(Result::ok)
+        .flat_map(|text| parse_children(&text).collect::<Vec<_>>())
         .collect();
     out.sort();
     out.dedup();
     out
+}
+
+/// Whether this process has a child other than `skip`, from the kernel's list of each of our
+/// threads' children (`/proc/self/task/TID/children`); `None` when it cannot be read. The
+/// wrapper asks at the leader's exit: its keeper is no leftover, any other child is (a
+/// subreaper's pid hopper is always one of its children, even while it dodges a /proc scan).
+pub fn children_besides(skip: Pid) -> Option<bool> {
+    for list in children_lists("self")? {
+        if parse_children(&list.ok()?).any(|p| p != skip) {
+            return Some(true);
+        }
+    }
+    Some(false)
 }
 
 /// The last pid the kernel handed out in this pid namespace (/proc/sys/kernel/ns_last_pid).
@@ -397,6 +423,21 @@ pub fn only_newer_pids(floor: Identity) -> Option<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_child_of_ours_is_a_child_besides_any_other_pid() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let pid = Pid::new(child.id().into()).unwrap();
+        // Other tests' children may come and go; ours is there until we kill it.
+        assert!(children_of(Pid::this()).contains(&pid));
+        assert_eq!(children_besides(Pid::this()), Some(true));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!children_of(Pid::this()).contains(&pid));
+    }
 
     #[test]
     fn parses_a_stat_line_with_a_hostile_command_name() {

@@ -1,8 +1,9 @@
 //! `--pty`: a pseudo-terminal for the workload (pty(7)).
 //!
 //! The wrapper opens the pair before the spawn; the slave becomes the workload's stdin, stdout,
-//! stderr and controlling terminal (TIOCSCTTY in `pre_exec`, [`crate::sys::child_set_ctty`]); the
-//! master goes to the output keeper, which copies it to stdout.log. The wrapper closes every
+//! stderr and controlling terminal (TIOCSCTTY in the child before its exec,
+//! [`crate::sys::child_set_ctty`]); the master goes to the output keeper, which copies it to
+//! stdout.log. The wrapper closes every
 //! slave descriptor it holds right after the spawn: only then does the last close of the
 //! master, or the exit of the session's last process, reach the other end (the kernel hangs up
 //! the slave when the master closes: SIGHUP to the session, and the master reads EIO once no

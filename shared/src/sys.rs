@@ -14,6 +14,7 @@ use crate::pid::Pid;
 use rustix::event::{epoll, PollFlags, Timespec};
 use rustix::fs::inotify;
 use rustix::process::{Resource, Rlimit, Signal, WaitOptions};
+use std::ffi::CString;
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -252,48 +253,430 @@ fn child_setsid() -> io::Result<()> {
 }
 
 /// Make `cmd` start its program in a new session with a clean signal state and no inherited
-/// descriptor above stderr. The `pre_exec` closure calls only async-signal-safe functions:
-/// sigaction, sigprocmask, setsid and close_range.
+/// descriptor above stderr (the detached wrapper; the workload is [`spawn_workload`]'s). The
+/// `pre_exec` closure calls only async-signal-safe functions: sigaction, sigprocmask, setsid
+/// and close_range.
 pub fn spawn_in_new_session(cmd: &mut std::process::Command) {
-    spawn_in_new_session_into(cmd, None, None);
-}
-
-/// The errno a spawn fails with when the child could not enter its cgroup: ECHRNG, which no
-/// step of a spawn (fork, setsid, exec) ever returns, so the parent can tell it apart.
-pub const CGROUP_ENTRY_ERRNO: i32 = libc::ECHRNG;
-
-/// [`spawn_in_new_session`], and with `cgroup_procs` (an open `cgroup.procs` of the run's
-/// cgroup) the child moves itself into that cgroup (writes `0`: "this process") before it
-/// execs, so the workload runs no code of its own outside it. A failed move fails the spawn
-/// with [`CGROUP_ENTRY_ERRNO`]. Async-signal-safe: write(2) on a descriptor opened before the
-/// fork. With `ctty` (a pty slave the parent keeps open until the spawn returns), the new
-/// session takes that terminal as its controlling terminal ([`child_set_ctty`]).
-pub fn spawn_in_new_session_into(
-    cmd: &mut std::process::Command,
-    cgroup_procs: Option<RawFd>,
-    ctty: Option<RawFd>,
-) {
     use std::os::unix::process::CommandExt;
     // SAFETY: the closure runs in the forked child before exec; it allocates nothing, takes no
-    // lock and calls only the async-signal-safe syscalls above, ioctl(2) and write(2)
-    // (signal-safety(7)).
-    // `cgroup_procs` is a descriptor the parent keeps open until the spawn returns.
+    // lock and calls only the async-signal-safe syscalls above (signal-safety(7)).
     unsafe {
         cmd.pre_exec(move || {
             child_reset_signals()?;
             child_setsid()?;
-            if let Some(fd) = ctty {
-                child_set_ctty(fd)?;
-            }
-            if let Some(fd) = cgroup_procs {
-                let r = libc::write(fd, b"0".as_ptr().cast(), 1);
-                if r != 1 {
-                    return Err(io::Error::from_raw_os_error(CGROUP_ENTRY_ERRNO));
-                }
-            }
             child_cloexec_from_3()
         });
     }
+}
+
+// ---- the workload's spawn: clone3(2) into its cgroup, exec by hand ------------------------
+
+/// `CLONE_INTO_CGROUP` (linux/sched.h, kernel 5.7+): the child starts in the cgroup whose
+/// directory `clone_args.cgroup` is open on.
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+/// `CLONE_PIDFD` (kernel 5.2+): a pidfd of the child, written to `clone_args.pidfd`.
+const CLONE_PIDFD: u64 = 0x1000;
+/// The shell execvp(3) hands a file to when the kernel cannot execute it (ENOEXEC).
+const BSHELL: &std::ffi::CStr = c"/bin/sh";
+/// execvp(3)'s search path when the environment has no PATH (glibc's `_CS_PATH`).
+const DEFAULT_PATH: &[u8] = b"/bin:/usr/bin";
+
+/// `struct clone_args` of linux/sched.h, up to `cgroup` (CLONE_ARGS_SIZE_VER2, 88 bytes).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+/// A step of the workload's child between its clone and its exec, as it reports a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChildStep {
+    /// dup2(2) of stdin, stdout or stderr.
+    Stdio = 1,
+    /// chdir(2) to the run's working directory.
+    Cwd,
+    /// The reset of every signal's action and of the mask.
+    Signals,
+    /// setsid(2).
+    Setsid,
+    /// TIOCSCTTY on the pty slave (`--pty`).
+    Ctty,
+    /// The write of `0` to `cgroup.procs` (the fork fallback only).
+    Cgroup,
+    /// close_range(2) marking every descriptor above stderr close-on-exec.
+    Cloexec,
+    /// execve(2) of the command itself.
+    Exec,
+}
+
+impl ChildStep {
+    const ALL: [ChildStep; 8] = [
+        ChildStep::Stdio,
+        ChildStep::Cwd,
+        ChildStep::Signals,
+        ChildStep::Setsid,
+        ChildStep::Ctty,
+        ChildStep::Cgroup,
+        ChildStep::Cloexec,
+        ChildStep::Exec,
+    ];
+}
+
+/// How the workload entered its cgroup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CgroupEntry {
+    /// Created in it, by clone3(2) with CLONE_INTO_CGROUP: it never ran outside.
+    Clone3,
+    /// Forked in the wrapper's cgroup, it moved itself in (wrote `0` to `cgroup.procs`) before
+    /// its exec: kernels before 5.7, seccomp profiles that refuse clone3, the fault knob
+    /// `spawn_by_fork`.
+    Write,
+}
+
+impl CgroupEntry {
+    /// The name the journal gives it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CgroupEntry::Clone3 => "clone3",
+            CgroupEntry::Write => "write",
+        }
+    }
+}
+
+/// The spawned workload: our child, unreaped.
+#[derive(Debug)]
+pub struct Spawned {
+    pub pid: Pid,
+    /// Its pidfd, from the clone itself (CLONE_PIDFD); `None` after a fork, where the caller
+    /// opens one by pid (the pid is our unreaped child's, so it cannot be reused meanwhile).
+    pub pidfd: Option<OwnedFd>,
+    /// How it entered the run's cgroup; `None` without one.
+    pub cgroup_entry: Option<CgroupEntry>,
+}
+
+/// Why the workload's spawn failed. A child that was made has been reaped.
+#[derive(Debug)]
+pub enum SpawnError {
+    /// No process could be made (clone3 or fork: EAGAIN, ENOMEM), or the report pipe.
+    Fork(io::Error),
+    /// The process could not be made in, or move into, the run's cgroup.
+    Cgroup(io::Error),
+    /// A step of the child failed; [`ChildStep::Exec`]: the command could not be executed.
+    Child(ChildStep, io::Error),
+}
+
+/// The workload's stdio and terminal, as the child takes them: each source descriptor is
+/// dup2'd onto 0, 1, 2 (none may itself be 0, 1 or 2 unless at its own number).
+pub struct ChildIo<'a> {
+    /// `None`: the wrapper's own stdin.
+    pub stdin: Option<BorrowedFd<'a>>,
+    pub stdout: BorrowedFd<'a>,
+    pub stderr: BorrowedFd<'a>,
+    /// `--pty`: the slave, made the new session's controlling terminal.
+    pub ctty: Option<BorrowedFd<'a>>,
+}
+
+/// Everything the workload's exec needs, prepared before the clone so that the child only
+/// reads memory: argv and envp as C strings with their pointer arrays, the paths to try in
+/// order, the working directory.
+///
+/// The program is found as std's `Command` finds it (execvp(3) in the child, glibc's rules):
+/// a name with a `/` is executed as it is; any other is tried in each entry of the PATH of the
+/// workload's own environment (`/bin:/usr/bin` without one; an empty entry is the working
+/// directory), skipping entries that answer ENOENT, ENOTDIR, EACCES (remembered: reported
+/// when nothing else ran), ESTALE, ENODEV or ETIMEDOUT, and stopping at any other error. A
+/// file the kernel cannot execute (ENOEXEC) is run by `/bin/sh`, as execvp does.
+pub struct Exec {
+    _strings: Vec<CString>,
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+    /// The paths execve(2) is tried with, in order.
+    candidates: Vec<CString>,
+    /// For each candidate, the argv of `/bin/sh CANDIDATE ARGS...` (the ENOEXEC fallback).
+    sh_argvs: Vec<Vec<*const libc::c_char>>,
+    /// Whether `candidates` come from a PATH search (the skip rules apply).
+    search: bool,
+    cwd: Option<CString>,
+    /// The errno the exec fails with before any attempt: an empty name (ENOENT), a name
+    /// longer than NAME_MAX (ENAMETOOLONG).
+    early: Option<i32>,
+}
+
+impl Exec {
+    /// `argv[0]` is the program; `env` is the workload's whole environment, in order.
+    pub fn new(
+        argv: &[std::ffi::OsString],
+        env: &[(std::ffi::OsString, std::ffi::OsString)],
+        cwd: Option<&std::path::Path>,
+    ) -> io::Result<Exec> {
+        use std::os::unix::ffi::OsStrExt;
+        let nul = || {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "nul byte found in provided data",
+            )
+        };
+        let c = |b: Vec<u8>| CString::new(b).map_err(|_| nul());
+        let program = argv
+            .first()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no command"))?
+            .as_bytes();
+        let mut strings = Vec::with_capacity(argv.len() + env.len());
+        for a in argv {
+            strings.push(c(a.as_bytes().to_vec())?);
+        }
+        let mut path = None;
+        for (k, v) in env {
+            let mut kv = Vec::with_capacity(k.len() + v.len() + 1);
+            kv.extend_from_slice(k.as_bytes());
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_bytes());
+            strings.push(c(kv)?);
+            if k.as_bytes() == b"PATH" {
+                path = Some(v.as_bytes());
+            }
+        }
+        let ptrs = |s: &[CString]| -> Vec<*const libc::c_char> {
+            s.iter()
+                .map(|s| s.as_ptr())
+                .chain([std::ptr::null()])
+                .collect()
+        };
+        // The C strings' buffers are their own heap allocations: the pointers stay valid
+        // while `strings` lives, wherever the vector moves.
+        let argv_ptrs = ptrs(&strings[..argv.len()]);
+        let envp_ptrs = ptrs(&strings[argv.len()..]);
+        let (mut candidates, mut search, mut early) = (Vec::new(), false, None);
+        if program.is_empty() {
+            early = Some(libc::ENOENT);
+        } else if program.contains(&b'/') {
+            candidates.push(c(program.to_vec())?);
+        } else if program.len() > 255 {
+            early = Some(libc::ENAMETOOLONG);
+        } else {
+            search = true;
+            for dir in path.unwrap_or(DEFAULT_PATH).split(|&b| b == b':') {
+                let mut p = Vec::with_capacity(dir.len() + 1 + program.len());
+                if !dir.is_empty() {
+                    p.extend_from_slice(dir);
+                    p.push(b'/');
+                }
+                p.extend_from_slice(program);
+                candidates.push(c(p)?);
+            }
+        }
+        let sh_argvs = candidates
+            .iter()
+            .map(|cand| {
+                [BSHELL.as_ptr(), cand.as_ptr()]
+                    .into_iter()
+                    .chain(argv_ptrs[1..].iter().copied())
+                    .collect()
+            })
+            .collect();
+        let cwd = cwd
+            .map(|d| c(d.as_os_str().as_bytes().to_vec()))
+            .transpose()?;
+        Ok(Exec {
+            _strings: strings,
+            argv: argv_ptrs,
+            envp: envp_ptrs,
+            candidates,
+            sh_argvs,
+            search,
+            cwd,
+            early,
+        })
+    }
+}
+
+/// What the child reads, as plain numbers and the prepared [`Exec`].
+struct ChildPlan<'a> {
+    exec: &'a Exec,
+    stdio: [(Option<RawFd>, RawFd); 3],
+    ctty: Option<RawFd>,
+    /// `cgroup.procs` of the run's cgroup, open for writing: the fork fallback only.
+    procs: Option<RawFd>,
+    /// The write end of the report pipe (close-on-exec).
+    report: RawFd,
+}
+
+/// Spawn the workload: a new process, in the run's cgroup from its first instruction when
+/// `cgroup` (the cgroup's directory, open O_RDONLY|O_DIRECTORY) is given, that takes `io` as
+/// its stdio, changes to the working directory, resets every signal, starts a new session
+/// (with `io.ctty` as its controlling terminal), marks every descriptor above stderr
+/// close-on-exec and execs `exec`.
+///
+/// The process is made by clone3(2) with CLONE_PIDFD (its pidfd, race-free), SIGCHLD as its
+/// exit signal and, with a cgroup, CLONE_INTO_CGROUP: the kernel attaches it under the read
+/// side of the cgroup lock, where a migration (a write to `cgroup.procs`) takes the write side
+/// and waits for an RCU grace period (milliseconds). Kernels without clone3 or without
+/// CLONE_INTO_CGROUP (before 5.7: ENOSYS, E2BIG, EINVAL), seccomp profiles that refuse clone3
+/// (EPERM, ENOSYS), and `force_fork` get fork(2) instead and a child that writes `0` to
+/// `cgroup.procs` before its exec. Any other refusal of a clone3 into the cgroup is the
+/// cgroup's ([`SpawnError::Cgroup`]; EAGAIN and ENOMEM are [`SpawnError::Fork`]).
+///
+/// Between the clone and the exec the child runs on a copy of our memory (fork semantics, no
+/// CLONE_VM) and calls only async-signal-safe syscalls: no allocation, no lock, no panic. A
+/// failed step is written (step and errno) to a close-on-exec pipe, then the child `_exit`s
+/// 127; the parent reads the pipe to its end: nothing means the exec succeeded.
+pub fn spawn_workload(
+    exec: &Exec,
+    io: &ChildIo<'_>,
+    cgroup: Option<BorrowedFd<'_>>,
+    force_fork: bool,
+) -> Result<Spawned, SpawnError> {
+    let (report_r, report_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| SpawnError::Fork(e.into()))?;
+    let raw = |fd: BorrowedFd<'_>| fd.as_raw_fd();
+    let mut plan = ChildPlan {
+        exec,
+        stdio: [
+            (io.stdin.map(raw), 0),
+            (Some(raw(io.stdout)), 1),
+            (Some(raw(io.stderr)), 2),
+        ],
+        ctty: io.ctty.map(raw),
+        procs: None,
+        report: report_w.as_raw_fd(),
+    };
+    // Every signal stays blocked from before the clone until the child has reset their
+    // actions: no handler of ours ever runs in the child (signal-hook's would write to the
+    // wrapper's own signal pipe).
+    let old_mask = raw::block_all_signals();
+    let made = clone_workload(&mut plan, cgroup, force_fork);
+    if let Ok((Forked::Child, ..)) = made {
+        // SAFETY: we are the new process, one thread, between the clone and the exec; the plan
+        // and everything it points to were prepared before the clone and are only read.
+        unsafe { raw::child(&plan) }
+    }
+    raw::set_signal_mask(&old_mask);
+    // Our copies of the child's ends: its exec (or its exit) closes the last ones.
+    drop(report_w);
+    let (pid, pidfd, cgroup_entry) = match made {
+        Ok((Forked::Parent(pid, pidfd), entry, procs)) => {
+            drop(procs);
+            (pid, pidfd, entry)
+        }
+        Ok((Forked::Child, ..)) => unreachable!("the child never returns from `raw::child`"),
+        Err(e) => return Err(e),
+    };
+    match read_report(&report_r) {
+        None => Ok(Spawned {
+            pid,
+            pidfd,
+            cgroup_entry,
+        }),
+        Some((step, errno)) => {
+            // The child `_exit`s right after its report: reap it, so a launch that never ran
+            // leaves no zombie.
+            drop(pidfd);
+            while let Err(rustix::io::Errno::INTR) =
+                rustix::process::waitpid(Some(rustix_pid(pid)), WaitOptions::empty())
+            {}
+            let e = io::Error::from_raw_os_error(errno);
+            Err(match step {
+                ChildStep::Cgroup => SpawnError::Cgroup(e),
+                step => SpawnError::Child(step, e),
+            })
+        }
+    }
+}
+
+/// Which side of a clone we are on.
+enum Forked {
+    Child,
+    Parent(Pid, Option<OwnedFd>),
+}
+
+/// What [`clone_workload`] made: the side we are on, how the child enters its cgroup, and
+/// the parent's copy of `cgroup.procs` (the fork fallback), to close once the clone is done.
+type Made = (Forked, Option<CgroupEntry>, Option<OwnedFd>);
+
+/// Make the workload's process: clone3 into the cgroup, else (old kernels, `force_fork`)
+/// fork, with the child writing `cgroup.procs` (`plan.procs`).
+fn clone_workload(
+    plan: &mut ChildPlan<'_>,
+    cgroup: Option<BorrowedFd<'_>>,
+    force_fork: bool,
+) -> Result<Made, SpawnError> {
+    // ENOSYS: no clone3 (before 5.3); E2BIG, EINVAL: no `cgroup` field, no CLONE_INTO_CGROUP
+    // (before 5.7); EPERM: a seccomp profile that refuses clone3 (container runtimes of the
+    // 2020s), never the cgroup's answer (EACCES, ENOENT, EBUSY, EOPNOTSUPP...).
+    let old_kernel = |e: &io::Error| {
+        matches!(
+            e.raw_os_error(),
+            Some(libc::ENOSYS | libc::E2BIG | libc::EINVAL | libc::EPERM)
+        )
+    };
+    if !force_fork {
+        let mut r = raw::clone3(cgroup, true);
+        if matches!(&r, Err(e) if e.raw_os_error() == Some(libc::EMFILE)) {
+            // No descriptor left for the pidfd: the run goes on without one, as before.
+            r = raw::clone3(cgroup, false);
+        }
+        match r {
+            Ok(f) => return Ok((f, cgroup.map(|_| CgroupEntry::Clone3), None)),
+            Err(e) if old_kernel(&e) => {}
+            Err(e) if cgroup.is_none() => return Err(SpawnError::Fork(e)),
+            Err(e) => {
+                return Err(match e.raw_os_error() {
+                    Some(libc::EAGAIN | libc::ENOMEM) => SpawnError::Fork(e),
+                    _ => SpawnError::Cgroup(e),
+                })
+            }
+        }
+    }
+    let procs = match cgroup {
+        Some(dir) => Some(
+            rustix::fs::openat(
+                dir,
+                "cgroup.procs",
+                rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(|e| SpawnError::Cgroup(e.into()))?,
+        ),
+        None => None,
+    };
+    plan.procs = procs.as_ref().map(|f| f.as_raw_fd());
+    let forked = raw::fork().map_err(SpawnError::Fork)?;
+    Ok((forked, cgroup.map(|_| CgroupEntry::Write), procs))
+}
+
+/// Read the child's report to the end of the pipe: `None` when it closed without a word (the
+/// exec succeeded, or the child died before it could say anything).
+fn read_report(fd: &OwnedFd) -> Option<(ChildStep, i32)> {
+    let mut buf = [0u8; 8];
+    let mut n = 0;
+    while n < buf.len() {
+        match rustix::io::read(fd, &mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => break,
+        }
+    }
+    if n != buf.len() {
+        return None;
+    }
+    let step = u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
+    let errno = i32::from_ne_bytes([buf[4], buf[5], buf[6], buf[7]]);
+    let step = ChildStep::ALL
+        .into_iter()
+        .find(|s| *s as u32 == step)
+        .unwrap_or(ChildStep::Exec);
+    Some((step, errno))
 }
 
 // ---- inotify, epoll -----------------------------------------------------------------------
@@ -439,8 +822,12 @@ impl Epoll {
 
 /// The calls rustix has no function for, as raw syscalls with their safety arguments.
 mod raw {
+    use super::{
+        ChildPlan, ChildStep, CloneArgs, Exec, Forked, BSHELL, CLONE_INTO_CGROUP, CLONE_PIDFD,
+    };
+    use crate::pid::Pid;
     use std::io;
-    use std::os::fd::{AsRawFd, BorrowedFd};
+    use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
     /// `PIDFD_SIGNAL_PROCESS_GROUP` (linux/pidfd.h, kernel 6.9+): signal the pidfd's whole group.
     const PIDFD_SIGNAL_PROCESS_GROUP: libc::c_uint = 4;
@@ -522,6 +909,203 @@ mod raw {
             return Err(e);
         }
         Ok(())
+    }
+
+    /// Block every signal in this thread (pthread_sigmask(3); glibc keeps its two internal
+    /// signals out of the set) and return the mask before.
+    pub(super) fn block_all_signals() -> libc::sigset_t {
+        // SAFETY: both sets live on our stack; sigfillset(3) and pthread_sigmask(3) only write
+        // them and this thread's mask.
+        unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+            old
+        }
+    }
+
+    /// Set this thread's signal mask back to `set` (from [`block_all_signals`]).
+    pub(super) fn set_signal_mask(set: &libc::sigset_t) {
+        // SAFETY: pthread_sigmask(3) reads `set` and writes nothing of ours (NULL old set).
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, set, std::ptr::null_mut()) };
+    }
+
+    /// clone3(2) as a fork: a new process with its own copy of our memory, SIGCHLD to us when
+    /// it ends; with `cgroup`, made in that cgroup (CLONE_INTO_CGROUP); with `want_pidfd`, its
+    /// pidfd with it (CLONE_PIDFD). Raw: neither libc nor rustix wraps clone3.
+    pub(super) fn clone3(cgroup: Option<BorrowedFd<'_>>, want_pidfd: bool) -> io::Result<Forked> {
+        let mut pidfd: libc::c_int = -1;
+        let mut args = CloneArgs {
+            exit_signal: libc::SIGCHLD as u64,
+            ..CloneArgs::default()
+        };
+        if want_pidfd {
+            args.flags |= CLONE_PIDFD;
+            args.pidfd = std::ptr::addr_of_mut!(pidfd) as u64;
+        }
+        if let Some(dir) = cgroup {
+            args.flags |= CLONE_INTO_CGROUP;
+            args.cgroup = dir.as_raw_fd() as u64;
+        }
+        // SAFETY: fork semantics. Without CLONE_VM and with no stack given (0), the child runs
+        // on its own copy of our memory and of this very stack, as after fork(2), and returns
+        // 0 from here; the kernel reads `args` (its size passed) and writes only the pidfd
+        // number into `pidfd`, which outlives the call. The caller hands the child straight to
+        // `child`, which makes only async-signal-safe syscalls until its exec or `_exit`
+        // (libc's thread state, stale in the child, is never consulted: no allocation, no
+        // lock, no pthread call).
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_clone3,
+                std::ptr::addr_of_mut!(args),
+                std::mem::size_of::<CloneArgs>(),
+            )
+        };
+        match r {
+            r if r < 0 => Err(io::Error::last_os_error()),
+            0 => Ok(Forked::Child),
+            pid => {
+                let pid = Pid::new(pid).expect("clone3 returns the child's positive pid");
+                // SAFETY: with CLONE_PIDFD the kernel put a new descriptor, ours alone, in
+                // `pidfd` (close-on-exec).
+                let fd = (want_pidfd && pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd) });
+                Ok(Forked::Parent(pid, fd))
+            }
+        }
+    }
+
+    /// fork(2), for kernels without clone3 or CLONE_INTO_CGROUP.
+    pub(super) fn fork() -> io::Result<Forked> {
+        // SAFETY: the child of a process that may have other threads has one thread; it runs
+        // only `child` (async-signal-safe syscalls) until its exec or `_exit`.
+        match unsafe { libc::fork() } {
+            -1 => Err(io::Error::last_os_error()),
+            0 => Ok(Forked::Child),
+            pid => Ok(Forked::Parent(
+                Pid::new(pid.into()).expect("fork returns the child's positive pid"),
+                None,
+            )),
+        }
+    }
+
+    /// The errno of the last failed call, without allocating.
+    fn errno() -> i32 {
+        io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO)
+    }
+
+    /// The workload's child, from the clone to the exec: never returns. It execs, or writes the
+    /// step that failed and its errno to the report pipe and `_exit`s 127.
+    ///
+    /// # Safety
+    ///
+    /// Only in the process just made by [`clone3`] or [`fork`], before anything else ran in
+    /// it, with every signal blocked. It allocates nothing, takes no lock, cannot panic and
+    /// calls only async-signal-safe functions (signal-safety(7)): dup2, fcntl, chdir,
+    /// rt_sigaction, sigprocmask, setsid, ioctl, write, close_range, execve, _exit.
+    pub(super) unsafe fn child(plan: &ChildPlan<'_>) -> ! {
+        let (step, errno) = child_steps(plan);
+        let s = (step as u32).to_ne_bytes();
+        let e = (errno as u32).to_ne_bytes();
+        let msg = [s[0], s[1], s[2], s[3], e[0], e[1], e[2], e[3]];
+        // SAFETY: write(2) of a buffer on our stack to the report pipe (8 bytes: one atomic
+        // pipe write), then _exit(2), which runs no handler of ours and flushes nothing.
+        unsafe {
+            libc::write(plan.report, msg.as_ptr().cast(), msg.len());
+            libc::_exit(127)
+        }
+    }
+
+    /// The child's steps in order; returns only on a failure, with its step and errno.
+    fn child_steps(plan: &ChildPlan<'_>) -> (ChildStep, i32) {
+        let os = |e: io::Error| e.raw_os_error().unwrap_or(libc::EIO);
+        for (src, dst) in plan.stdio {
+            let Some(src) = src else { continue };
+            // SAFETY: dup2(2) and fcntl(2) take numbers; both are async-signal-safe. A source
+            // already at its number keeps it, without its close-on-exec flag.
+            let r = unsafe {
+                if src == dst {
+                    libc::fcntl(src, libc::F_SETFD, 0)
+                } else {
+                    loop {
+                        let r = libc::dup2(src, dst);
+                        if r >= 0 || errno() != libc::EINTR {
+                            break r;
+                        }
+                    }
+                }
+            };
+            if r < 0 {
+                return (ChildStep::Stdio, errno());
+            }
+        }
+        if let Some(cwd) = &plan.exec.cwd {
+            // SAFETY: chdir(2) reads a C string prepared before the clone.
+            if unsafe { libc::chdir(cwd.as_ptr()) } != 0 {
+                return (ChildStep::Cwd, errno());
+            }
+        }
+        if let Err(e) = child_reset_signals() {
+            return (ChildStep::Signals, os(e));
+        }
+        if let Err(e) = super::child_setsid() {
+            return (ChildStep::Setsid, os(e));
+        }
+        if let Some(fd) = plan.ctty {
+            if let Err(e) = super::child_set_ctty(fd) {
+                return (ChildStep::Ctty, os(e));
+            }
+        }
+        if let Some(fd) = plan.procs {
+            // SAFETY: write(2) of a static byte to a descriptor opened before the clone.
+            if unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) } != 1 {
+                return (ChildStep::Cgroup, errno());
+            }
+        }
+        if let Err(e) = child_cloexec_from_3() {
+            return (ChildStep::Cloexec, os(e));
+        }
+        (ChildStep::Exec, child_exec(plan.exec))
+    }
+
+    /// execve(2) of each candidate path in turn, by execvp(3)'s rules ([`Exec`]); returns only
+    /// when none ran, with the errno execvp would leave.
+    fn child_exec(exec: &Exec) -> i32 {
+        if let Some(e) = exec.early {
+            return e;
+        }
+        let (mut last, mut got_eacces) = (libc::ENOENT, false);
+        for (path, sh_argv) in exec.candidates.iter().zip(&exec.sh_argvs) {
+            // SAFETY: execve(2) reads the path, argv and envp prepared before the clone (each
+            // array ends with NULL); it returns only on failure.
+            let mut e = unsafe {
+                libc::execve(path.as_ptr(), exec.argv.as_ptr(), exec.envp.as_ptr());
+                errno()
+            };
+            if e == libc::ENOEXEC {
+                // SAFETY: as above, `/bin/sh PATH ARGS...`, prepared before the clone.
+                e = unsafe {
+                    libc::execve(BSHELL.as_ptr(), sh_argv.as_ptr(), exec.envp.as_ptr());
+                    errno()
+                };
+            }
+            if !exec.search {
+                return e;
+            }
+            match e {
+                libc::EACCES => got_eacces = true,
+                libc::ENOENT | libc::ESTALE | libc::ENOTDIR | libc::ENODEV | libc::ETIMEDOUT => {}
+                _ => return e,
+            }
+            last = e;
+        }
+        if got_eacces {
+            libc::EACCES
+        } else {
+            last
+        }
     }
 
     /// Restore SIGPIPE's default action (Rust's runtime ignores it), so a command whose output
@@ -668,6 +1252,143 @@ mod tests {
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success() && text.contains("1 passed"), "{text}");
+    }
+
+    /// Spawn `argv` with `env` (and `cwd`) through [`spawn_workload`], stdout and stderr into
+    /// one pipe; returns the spawn's result and everything the child wrote.
+    fn spawn_capture(
+        argv: &[&str],
+        env: &[(&str, &str)],
+        cwd: Option<&std::path::Path>,
+        force_fork: bool,
+    ) -> (Result<Spawned, SpawnError>, String) {
+        let argv: Vec<std::ffi::OsString> = argv.iter().map(Into::into).collect();
+        let env: Vec<_> = env.iter().map(|(k, v)| (k.into(), v.into())).collect();
+        let exec = Exec::new(&argv, &env, cwd).unwrap();
+        let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();
+        let io = ChildIo {
+            stdin: None,
+            stdout: w.as_fd(),
+            stderr: w.as_fd(),
+            ctty: None,
+        };
+        let spawned = spawn_workload(&exec, &io, None, force_fork);
+        drop(w);
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut std::fs::File::from(r), &mut out).unwrap();
+        (spawned, out)
+    }
+
+    /// Reap our child `pid` and return how it ended.
+    fn reap(pid: Pid) -> WaitStatus {
+        let fd = pidfd_open(pid).unwrap();
+        assert!(
+            exits_within(&fd, Duration::from_secs(30)),
+            "{pid} did not exit"
+        );
+        waitpid_nohang(Some(pid)).unwrap().unwrap().1
+    }
+
+    #[test]
+    fn the_workload_is_its_own_session_with_its_env_cwd_and_stdio_only_by_clone3_or_fork() {
+        let dir = tempfile::tempdir().unwrap();
+        for force_fork in [false, true] {
+            let script = "pwd; echo \"$FOO\"; ls /proc/self/fd; exit 3";
+            let (spawned, out) = spawn_capture(
+                &["sh", "-c", script],
+                &[("FOO", "bar baz"), ("PATH", "/nonexistent:/usr/bin:/bin")],
+                Some(dir.path()),
+                force_fork,
+            );
+            let child = spawned.unwrap();
+            // A pidfd from the clone itself; after a fork the caller opens one.
+            assert_eq!(child.pidfd.is_some(), !force_fork, "fork {force_fork}");
+            assert_eq!(child.cgroup_entry, None);
+            let st = crate::procfs::stat(child.pid).unwrap();
+            assert_eq!((st.pgid, st.sid), (child.pid.get(), child.pid.get()));
+            assert_eq!(reap(child.pid), WaitStatus::Exited(3));
+            let lines: Vec<&str> = out.lines().collect();
+            // `ls /proc/self/fd` lists its own directory fd (3): nothing of ours is above 2.
+            let want = [dir.path().to_str().unwrap(), "bar baz", "0", "1", "2", "3"];
+            assert_eq!(lines, want, "fork {force_fork}: {out}");
+        }
+    }
+
+    #[test]
+    fn exec_failures_report_their_step_and_errno_as_execvp_would() {
+        let dir = tempfile::tempdir().unwrap();
+        let gone = dir.path().join("gone");
+        type Case<'a> = (
+            &'a [&'a str],
+            &'a str,
+            Option<&'a std::path::Path>,
+            ChildStep,
+            i32,
+        );
+        let cases: [Case<'_>; 5] = [
+            (
+                &["agent-run-no-such-command"],
+                "/nonexistent:/etc",
+                None,
+                ChildStep::Exec,
+                libc::ENOENT,
+            ),
+            // /etc/passwd is not executable, even for root: EACCES, remembered past the ENOENT.
+            (
+                &["passwd"],
+                "/etc:/nonexistent",
+                None,
+                ChildStep::Exec,
+                libc::EACCES,
+            ),
+            (
+                &["/etc"],
+                "/usr/bin:/bin",
+                None,
+                ChildStep::Exec,
+                libc::EACCES,
+            ),
+            (&[""], "/usr/bin:/bin", None, ChildStep::Exec, libc::ENOENT),
+            (
+                &["true"],
+                "/usr/bin:/bin",
+                Some(&gone),
+                ChildStep::Cwd,
+                libc::ENOENT,
+            ),
+        ];
+        for (argv, path, cwd, step, errno) in cases {
+            for force_fork in [false, true] {
+                let (spawned, out) = spawn_capture(argv, &[("PATH", path)], cwd, force_fork);
+                match spawned {
+                    Err(SpawnError::Child(s, e)) => {
+                        assert_eq!((s, e.raw_os_error()), (step, Some(errno)), "{argv:?}")
+                    }
+                    other => panic!("{argv:?}: {other:?}"),
+                }
+                assert_eq!(out, "", "{argv:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_file_the_kernel_cannot_execute_is_run_by_sh_as_execvp_does() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("no-shebang");
+        std::fs::write(&script, "echo \"sh ran $0 $*\"\n").unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = format!("/nonexistent:{}", dir.path().display());
+        for argv in [vec![script.to_str().unwrap(), "a", "b"], vec!["no-shebang"]] {
+            let (spawned, out) = spawn_capture(&argv, &[("PATH", &path)], None, false);
+            assert_eq!(reap(spawned.unwrap().pid), WaitStatus::Exited(0));
+            let args = if argv.len() > 1 { "a b" } else { "" };
+            assert_eq!(
+                out,
+                format!("sh ran {} {args}\n", script.display()),
+                "{argv:?}"
+            );
+        }
     }
 
     #[test]

@@ -145,12 +145,19 @@ fn seccomp(cmd: &mut Command, nr: libc::c_long, action: u32) {
 
 /// Makes `pidfd_open(2)` fail with `errno` in the process `cmd` starts and in everything it
 /// starts: EMFILE is a full descriptor table, ENOSYS a kernel before 5.3. Every pidfd_open of
-/// the wrapper fails, its stop's included.
+/// the wrapper fails, its stop's included. clone3(2) fails with ENOSYS too (a kernel before
+/// 5.3 has neither): its CLONE_PIDFD would otherwise hand the wrapper the leader's pidfd with
+/// the spawn, and a seccomp filter cannot look into clone3's flags to refuse only that.
 fn deny_pidfd_open(cmd: &mut Command, errno: i32) {
     seccomp(
         cmd,
         libc::SYS_pidfd_open,
         libc::SECCOMP_RET_ERRNO | errno as u32,
+    );
+    seccomp(
+        cmd,
+        libc::SYS_clone3,
+        libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32,
     );
 }
 

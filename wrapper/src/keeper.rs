@@ -144,6 +144,7 @@ pub fn spawn(
         .env_remove(ENV_RUN_ID)
         .env_remove(ENV_RUN_DIR)
         .env_remove(agent_run_shared::fault::ENV)
+        .env_remove(crate::phases::ENV)
         .env_remove(crate::start::ENV_PASSED)
         .stdin(Stdio::null())
         .stdout(Stdio::null())

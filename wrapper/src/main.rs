@@ -11,6 +11,7 @@ mod human;
 mod keeper;
 mod list;
 mod logs;
+mod phases;
 mod ptyio;
 mod remote;
 mod renew;
@@ -33,18 +34,22 @@ fn main() -> ExitCode {
         let rest: Vec<_> = args.collect();
         return ExitCode::from(keeper::main(&rest));
     }
+    phases::init();
     let cli = match cli::parse() {
         Ok(cli) => cli,
         Err(code) => return ExitCode::from(code),
     };
-    match run(cli) {
-        Ok(code) => ExitCode::from(code),
+    phases::mark("parse");
+    let code = match run(cli) {
+        Ok(code) => code,
         Err(err) => {
             // Never a panic on a closed stderr (the caller may be gone).
             human::say(&format!("{err:#}"));
-            ExitCode::from(error::exit_code_of(&err))
+            error::exit_code_of(&err)
         }
-    }
+    };
+    phases::flush();
+    ExitCode::from(code)
 }
 
 fn run(cli: cli::Cli) -> anyhow::Result<u8> {

@@ -3,10 +3,11 @@
 //! the relaunch of an id that exists (which never runs the command twice).
 //!
 //! The run dir is created with one `mkdir`; its lock is taken before the first record appears, so
-//! anyone who sees a record and can take the lock knows the wrapper is gone. The workload starts in
-//! a new session (setsid in `pre_exec`), writes into pipes that the output keeper
-//! ([`crate::keeper`], started just before it) drains into its logs, and is checked from /proc to be its
-//! own session and group leader before the record says `running`.
+//! anyone who sees a record and can take the lock knows the wrapper is gone. The workload is made
+//! in the run's cgroup and starts in a new session ([`sys::spawn_workload`]: clone3, setsid
+//! before its exec), writes into pipes that the output keeper ([`crate::keeper`], started just
+//! before it) drains into its logs, and is checked from /proc to be its own session and group
+//! leader before the record says `running`.
 
 use crate::cli::StartArgs;
 use crate::error::fail;
@@ -38,9 +39,9 @@ use agent_run_shared::sys::{self, WaitStatus};
 use agent_run_shared::{fault, procfs, time, Error, ENV_RUN_DIR, ENV_RUN_ID};
 use anyhow::Context;
 use serde_json::json;
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsString;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -122,6 +123,7 @@ pub fn start(root: Option<&Path>, mut args: StartArgs) -> anyhow::Result<u8> {
     }
     // Where the run's cgroup goes, checked before anything is created (a bad --cgroup is 64).
     let parent = cgroup::choose_parent(args.cgroup.as_deref())?;
+    crate::phases::mark("cgroup_parent");
     if let (Parent::Procfs(_), None) = (&parent, &args.cgroup) {
         // No cgroup of our own to use: a user with a systemd user manager can have one, a
         // transient scope delegated to it (which also takes the run out of the SSH session's
@@ -140,6 +142,7 @@ pub fn start(root: Option<&Path>, mut args: StartArgs) -> anyhow::Result<u8> {
         }
     }
     let root = Root::open(&resolve_root(root)?, true)?;
+    crate::phases::mark("root");
     if args.max_output.is_none() {
         // The root's default, fixed now: a detached wrapper and the record see the same cap.
         match agent_run_shared::output::root_default(&root) {
@@ -152,6 +155,7 @@ pub fn start(root: Option<&Path>, mut args: StartArgs) -> anyhow::Result<u8> {
             }
         }
     }
+    crate::phases::mark("root_default");
     let argv: &[OsString] = &args.command;
     if args.detach {
         // The detached wrapper does everything below, in its own session.
@@ -161,6 +165,7 @@ pub fn start(root: Option<&Path>, mut args: StartArgs) -> anyhow::Result<u8> {
         return relaunch(&root, &id, argv, args.quiet, args.detached_child);
     };
     fault::point("after_run_dir");
+    crate::phases::mark("run_dir");
     Launch::new(dir, &args, argv, parent)?.run(&args)
 }
 
@@ -201,9 +206,11 @@ impl Launch {
                 "the new run dir is locked by another process",
             );
         }
+        crate::phases::mark("lock");
         // The lock's mtime is our heartbeat: the watchdog bounds our death by it (a lease-less
         // run's orphan grace counts from there). Not being able to beat costs only that bound.
         let _ = dir.heartbeat();
+        crate::phases::mark("heartbeat");
         // A `cancel` or the watchdog that found this dir without a record, and took the lock
         // before we did, has declared the launch lost: never run the command after that.
         if dir.read_status().is_ok() {
@@ -215,7 +222,9 @@ impl Launch {
                 ),
             );
         }
+        crate::phases::mark("lost_check");
         let journal = dir.journal("wrapper")?;
+        crate::phases::mark("journal_open");
         let timings = Timings {
             hup_after: args.hup_after,
             grace: args.grace,
@@ -244,8 +253,10 @@ impl Launch {
         );
         st.grace_ms = Some(timings.grace.as_millis() as u64);
         st.hup_after_ms = Some(timings.hup_after.as_millis() as u64);
+        crate::phases::mark("record_fields");
         st.warnings = agent_run_shared::hostpolicy::launch_warnings(&st.user);
         st.warnings.extend(cwd_warning);
+        crate::phases::mark("host_policy");
         // The cgroup exists before the first record names it, so anyone who finds the record
         // can find the run's processes through it, whatever step the wrapper dies at.
         let (mut cgroup, mut cgroup_failure) = (None, None);
@@ -263,6 +274,7 @@ impl Launch {
                 )),
             }
         }
+        crate::phases::mark("cgroup");
         Ok(Launch {
             dir,
             st,
@@ -281,6 +293,7 @@ impl Launch {
     fn run(mut self, args: &StartArgs) -> anyhow::Result<u8> {
         let dir = self.dir.clone();
         dir.write_status(&self.st)?;
+        crate::phases::mark("starting_record");
         fault::point("after_starting");
         let _ = self.journal.event(
             "launch",
@@ -294,6 +307,7 @@ impl Launch {
             human::say(&format!("warning: {w}"));
             let _ = self.journal.event("warning", json!({"warning": w}));
         }
+        crate::phases::mark("journal_launch");
         if let Some(why) = self.cgroup_failure.take() {
             return Ok(self.launch_failed(exit::SOFTWARE, &why));
         }
@@ -324,7 +338,9 @@ impl Launch {
             Ok(p) => p,
             Err(e) => return Ok(self.launch_failed(exit::SOFTWARE, &format!("{e:#}"))),
         };
+        crate::phases::mark("lease_signals");
         let streamer = (!args.quiet).then(|| Streamer::start(&dir));
+        crate::phases::mark("streamer");
 
         let code = match self.spawn(args) {
             Ok((leader, leader_fd)) => {
@@ -343,6 +359,7 @@ impl Launch {
                     on_disconnect: (!args.detached_child).then(|| args.on_disconnect()),
                 };
                 let scope = self.scope();
+                crate::phases::mark("scope");
                 let outcome = supervise::supervise(
                     &self.dir,
                     &self.journal,
@@ -354,6 +371,7 @@ impl Launch {
                     &scope,
                     self.pty.as_mut(),
                 );
+                crate::phases::mark("supervise");
                 if let Some(p) = &mut self.pty {
                     p.restore_terminal();
                 }
@@ -364,6 +382,7 @@ impl Launch {
         if let Some(s) = streamer {
             s.finish();
         }
+        crate::phases::mark("stream_end");
         if args.quiet && !args.detached_child && code != exit::OK && self.st.started_at.is_some() {
             // A caller that did not stream still sees why.
             failure_tail(&dir, self.dir.id().as_str(), &self.st);
@@ -461,87 +480,83 @@ impl Launch {
             Ok(ends) => ends,
             Err(e) => return Err(self.launch_failed(exit::SOFTWARE, &format!("{e:#}"))),
         };
-        let stdio = |p: &Pty| -> std::io::Result<Stdio> { Ok(Stdio::from(p.slave.try_clone()?)) };
-        let (stdin, stdout, stderr) = match (&opened, ends) {
-            (None, Some((out, err))) => (
-                if stdin_null {
-                    Stdio::null()
-                } else {
-                    Stdio::inherit()
-                },
-                Stdio::from(out),
-                Stdio::from(err),
-            ),
-            (None, None) => unreachable!("without a pty the keeper drains two pipes"),
-            (Some(p), _) => match (stdio(p), stdio(p), stdio(p)) {
-                (Ok(i), Ok(o), Ok(e)) => (i, o, e),
-                (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
-                    let msg = format!("cannot use the pseudo-terminal {}: {e}", p.name);
+        crate::phases::mark("keeper");
+        // The workload's exec, prepared before the clone: its child half only reads memory.
+        let env = self.workload_env(args);
+        let exec = sys::Exec::new(command, &env, args.cwd.as_deref());
+        // stdin: /dev/null for a detached run, else the wrapper's own (the pty's slave with
+        // --pty, as stdout and stderr).
+        let null = match (&opened, stdin_null) {
+            (None, true) => match std::fs::File::open("/dev/null") {
+                Ok(f) => Some(OwnedFd::from(f)),
+                Err(e) => {
+                    drop(ends); // the write ends: the keeper sees EOF at once
+                    let msg = format!("cannot open /dev/null for the workload's stdin: {e}");
                     return Err(self.launch_failed(exit::SOFTWARE, &msg));
                 }
             },
+            _ => None,
         };
-        let mut cmd = Command::new(&command[0]);
-        cmd.args(&command[1..])
-            .env(ENV_RUN_ID, self.dir.id().as_str())
-            .env(ENV_RUN_DIR, dir.path())
-            .env_remove(fault::ENV)
-            .env_remove(ENV_PASSED)
-            .env_remove(keeper::ENV_KEEPER)
-            .stdout(stdout)
-            .stderr(stderr)
-            .stdin(stdin);
-        // -e after ours: the reserved names were refused when the command line was read.
-        cmd.envs(args.env.iter().map(|(k, v)| (k, v)));
-        if let Some(c) = &args.cwd {
-            cmd.current_dir(c);
-        }
-        // The child moves itself into the run's cgroup before it execs.
-        let procs = match self
-            .cgroup
-            .as_ref()
-            .map(RunCgroup::procs_for_spawn)
-            .transpose()
-        {
-            Ok(p) => p,
+        // With a cgroup, the workload is made in it (clone3), or on old kernels moves itself in
+        // before its exec: it runs no code of its own outside.
+        let cgroup_dir = match self.cgroup.as_ref().map(RunCgroup::open_dir).transpose() {
+            Ok(d) => d,
             Err(e) => {
-                drop(cmd); // the write ends: the keeper sees EOF at once
+                // The write ends and the slave: the keeper sees EOF (or EIO) at once.
+                drop((ends, opened));
                 return Err(self.launch_failed(exit::SOFTWARE, &e.to_string()));
             }
         };
-        sys::spawn_in_new_session_into(
-            &mut cmd,
-            procs.as_ref().map(|f| f.as_raw_fd()),
-            opened.as_ref().map(|p| p.slave.as_raw_fd()),
-        );
-        let spawned = cmd.spawn();
-        drop(procs);
-        // Every slave descriptor of ours goes now (the Command holds three), and our copies of
-        // the pipes' write ends: the keeper's EOF is the workload's last writer, and while we
-        // held a slave the master would never read EOF (EIO) nor the session get a hangup.
-        drop(cmd);
+        let io = match (&opened, &ends) {
+            (None, Some((out, err))) => sys::ChildIo {
+                stdin: null.as_ref().map(|f| f.as_fd()),
+                stdout: out.as_fd(),
+                stderr: err.as_fd(),
+                ctty: None,
+            },
+            (None, None) => unreachable!("without a pty the keeper drains two pipes"),
+            (Some(p), _) => sys::ChildIo {
+                stdin: Some(p.slave.as_fd()),
+                stdout: p.slave.as_fd(),
+                stderr: p.slave.as_fd(),
+                ctty: Some(p.slave.as_fd()),
+            },
+        };
+        crate::phases::mark("spawn_prep");
+        let spawned = exec.map_err(sys::SpawnError::Fork).and_then(|exec| {
+            let dir = cgroup_dir.as_ref().map(|d| d.as_fd());
+            sys::spawn_workload(&exec, &io, dir, fault::armed(fault::SPAWN_BY_FORK))
+        });
+        crate::phases::mark("spawn");
+        // Every slave descriptor of ours goes now, and our copies of the pipes' write ends:
+        // the keeper's EOF is the workload's last writer, and while we held a slave the master
+        // would never read EOF (EIO) nor the session get a hangup.
+        drop((ends, null, cgroup_dir));
         let master = opened.map(|p| {
             let Pty { master, name, .. } = p;
             (master, name)
         });
         let child = match spawned {
             Ok(c) => c,
-            Err(e) if e.raw_os_error() == Some(sys::CGROUP_ENTRY_ERRNO) => {
+            Err(sys::SpawnError::Cgroup(e)) => {
                 let cg = self.cgroup.as_ref().map(|c| c.path().display().to_string());
                 let msg = format!(
-                    "cannot move the workload into its cgroup {}",
+                    "cannot move the workload into its cgroup {}: {e}",
                     cg.unwrap_or_default()
                 );
                 return Err(self.launch_failed(exit::SOFTWARE, &msg));
             }
-            Err(e) if args.cwd.as_ref().is_some_and(|c| !c.is_dir()) => {
-                // The directory went away between the check and the spawn: not the command's
-                // fault, and not "command not found".
-                let c = args.cwd.as_ref().expect("checked").display().to_string();
-                let msg = format!("cannot change to --cwd {c}: {e}");
+            Err(sys::SpawnError::Child(step, e))
+                if step == sys::ChildStep::Cwd
+                    || args.cwd.as_ref().is_some_and(|c| !c.is_dir()) =>
+            {
+                // A --cwd the child could not enter (gone since the check, or not searchable by
+                // us): the command was never looked at, so neither 127 nor 126.
+                let c = args.cwd.as_ref().map(|c| c.display().to_string());
+                let msg = format!("cannot change to --cwd {}: {e}", c.unwrap_or_default());
                 return Err(self.launch_failed(exit::SOFTWARE, &msg));
             }
-            Err(e) => {
+            Err(sys::SpawnError::Fork(e) | sys::SpawnError::Child(_, e)) => {
                 let code = match e.raw_os_error() {
                     Some(libc::ENOENT | libc::ENOTDIR) => exit::NOT_FOUND,
                     Some(libc::EACCES | libc::ENOEXEC | libc::EISDIR | libc::EPERM) => {
@@ -558,17 +573,17 @@ impl Launch {
                 return Err(self.launch_failed(code, &msg));
             }
         };
-        let pid = Pid::new(child.id() as i64).expect("a child has a positive pid");
+        let pid = child.pid;
         if let Some((master, name)) = master {
             self.pty = Some(self.keep_master(master, name, size, args));
         }
         fault::point("after_spawn");
-        drop(child); // we reap it ourselves, through waitpid
-                     // Our unreaped child: its pid cannot be reused until we wait for it, so this stat is
-                     // its own even before the pidfd is open. A pidfd that cannot be had (EMFILE, a kernel
-                     // before 5.3) costs the event-driven wake-up on its exit, not the run: SIGCHLD still
-                     // wakes the loop.
-        let pidfd = sys::pidfd_open(pid).ok();
+        // Our unreaped child (we reap it ourselves, through waitpid): its pid cannot be reused
+        // until we wait for it, so this stat is its own even without a pidfd. The pidfd comes
+        // with the clone; after a fork it is opened by pid. One that cannot be had (EMFILE, a
+        // kernel before 5.3) costs the event-driven wake-up on its exit, not the run: SIGCHLD
+        // still wakes the loop.
+        let pidfd = child.pidfd.or_else(|| sys::pidfd_open(pid).ok());
         let Some(stat) = procfs::stat(pid) else {
             // Our unreaped child: the pid is still its own. Journalled like every signal.
             let r = sys::kill(pid, libc::SIGKILL, false);
@@ -584,6 +599,7 @@ impl Launch {
             ));
         };
         let leader = stat.identity();
+        crate::phases::mark("verify");
         if stat.pgid != pid.get() || stat.sid != pid.get() {
             let msg = format!(
                 "workload pid {pid} is not its own session and group leader (pgid {}, sid {})",
@@ -615,6 +631,7 @@ impl Launch {
                     Some(&self.journal),
                 )
             });
+        crate::phases::mark("running_record");
         if let Err(e) = written {
             // Without a record nobody else can find this run: stop it rather than run blind.
             human::say(&format!("{e}; stopping the workload"));
@@ -623,9 +640,31 @@ impl Launch {
         }
         let _ = self.journal.event(
             "spawn",
-            json!({"pid": pid.get(), "pgid": stat.pgid, "sid": stat.sid, "start_ticks": leader.start_ticks}),
+            json!({"pid": pid.get(), "pgid": stat.pgid, "sid": stat.sid, "start_ticks": leader.start_ticks,
+                   "cgroup_entry": child.cgroup_entry.map(sys::CgroupEntry::as_str)}),
         );
+        crate::phases::mark("journal_spawn");
         Ok((leader, pidfd))
+    }
+
+    /// The workload's environment, as std's `Command` built it: the wrapper's own with the
+    /// run's id and dir set and our internal variables removed, then the `-e` pairs; sorted by
+    /// name, one value each.
+    fn workload_env(&self, args: &StartArgs) -> Vec<(OsString, OsString)> {
+        let mut env: BTreeMap<OsString, OsString> = std::env::vars_os().collect();
+        env.insert(ENV_RUN_ID.into(), self.dir.id().as_str().into());
+        env.insert(ENV_RUN_DIR.into(), self.dir.path().as_os_str().to_owned());
+        for name in [
+            fault::ENV,
+            crate::phases::ENV,
+            ENV_PASSED,
+            keeper::ENV_KEEPER,
+        ] {
+            env.remove(std::ffi::OsStr::new(name));
+        }
+        // -e after ours: the reserved names were refused when the command line was read.
+        env.extend(args.env.iter().cloned());
+        env.into_iter().collect()
     }
 
     /// The pty's master after the spawn (the keeper holds its own copy): kept for the window
@@ -731,14 +770,16 @@ impl Launch {
                 // /proc/self/task/*/children; where it cannot be read, `discover` below decides.
                 let children_left = match self.keeper {
                     None => children_left,
-                    Some(k) => children_left && children_besides(k.pid).unwrap_or(false),
+                    Some(k) => children_left && procfs::children_besides(k.pid).unwrap_or(false),
                 };
+                crate::phases::mark("reap");
                 // The leader's exit ends the run; whatever of the run remains is stopped by the
                 // same routine as a cancel: our children (double-forked daemons come back to
                 // us), the cgroup's members, and processes elsewhere that carry the marker.
                 let leftovers = children_left
                     || scope.cgroup.as_ref().is_some_and(|c| c.populated())
                     || !discover(&scope, Depth::WithMarker, &HashSet::new()).is_empty();
+                crate::phases::mark("leftovers");
                 let report = leftovers.then(|| {
                     let r = stop(&mut self.st, "leader_exited");
                     reap::reap_all(None);
@@ -766,7 +807,9 @@ impl Launch {
         if let Some(cg) = &self.cgroup {
             self.st.resources = Some(cg.resources());
         }
+        crate::phases::mark("resources");
         self.wait_keeper();
+        crate::phases::mark("keeper_wait");
         let written = finalize(
             &dir,
             &mut self.st,
@@ -775,11 +818,13 @@ impl Launch {
             report.as_ref(),
             Some(&self.journal),
         );
+        crate::phases::mark("final_record");
         // The cgroup goes after the final record (a cgroup that still holds a survivor stays,
         // and the record says unknown).
         if let Some(cg) = &self.cgroup {
             agent_run_shared::lifecycle::remove_cgroup(cg, &self.journal);
         }
+        crate::phases::mark("cgroup_rm");
         if let Err(e) = written {
             let left = report.as_ref().map_or(0, |r| r.survivors.len());
             return fail(
@@ -1077,20 +1122,4 @@ fn spawn_detached(root: &Root, id: &RunId, args: &StartArgs) -> anyhow::Result<C
         .stderr(Stdio::null());
     sys::spawn_in_new_session(&mut cmd);
     Ok(cmd.spawn()?)
-}
-
-/// Whether this process has a child other than `skip`, from the kernel's list of each of our
-/// threads' children (`/proc/self/task/TID/children`); `None` when it cannot be read.
-fn children_besides(skip: Pid) -> Option<bool> {
-    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
-        let list = std::fs::read_to_string(task.path().join("children")).ok()?;
-        if list
-            .split_whitespace()
-            .filter_map(|w| w.parse::<i32>().ok())
-            .any(|p| p != skip.get())
-        {
-            return Some(true);
-        }
-    }
-    Some(false)
 }

@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Summarise the launch phases that `AGENT_RUN_PHASES=/abs/file agent-run ...` appended.
+
+    python3 bench/phases.py FILE [--markdown]
+
+Each line of FILE is one wrapper's `{"pid": N, "phases": [{"name": ..., "us": ...}, ...]}`, the
+microseconds from `main`'s entry at the end of each phase. A phase's own time is its mark minus
+the one before (the first counts from `main`). Prints, per phase in launch order, the median and
+p99 of its own time over every line that has it, and the same for the total (the `exit` mark).
+"""
+import json
+import statistics
+import sys
+
+
+def q(v, p):
+    v = sorted(v)
+    if not v:
+        return float("nan")
+    k = (len(v) - 1) * p
+    lo = int(k)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def main(argv):
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 2
+    md = "--markdown" in argv[1:]
+    order, own = [], {}
+    n = 0
+    with open(argv[0]) as f:
+        for line in f:
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            prev = 0
+            n += 1
+            for p in doc.get("phases", []):
+                name, us = p["name"], p["us"]
+                if name not in own:
+                    own[name] = []
+                    order.append(name)
+                own[name].append(us - prev)
+                prev = us
+            own.setdefault("total", []).append(prev)
+    if "total" in order:
+        order.remove("total")
+    order.append("total")
+    if md:
+        print(f"| phase | n | median µs | p99 µs |")
+        print("|---|---|---|---|")
+    else:
+        print(f"{n} launches")
+    for name in order:
+        v = own.get(name, [])
+        if not v:
+            continue
+        m, p99 = statistics.median(v), q(v, 0.99)
+        if md:
+            print(f"| {name} | {len(v)} | {m:.0f} | {p99:.0f} |")
+        else:
+            print(f"{name:16s} n {len(v):5d}  median {m:8.0f} us  p99 {p99:8.0f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

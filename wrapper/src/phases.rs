@@ -1,0 +1,73 @@
+//! Where a launch spends its time, under a debug switch.
+//!
+//! `AGENT_RUN_PHASES=/abs/path` makes the wrapper note the time at the end of each launch phase
+//! (microseconds from the entry of `main`) and append, when it exits, one JSON line to that
+//! file: `{"pid": N, "phases": [{"name": "root", "us": 41}, ...]}` (cumulative: a phase took its
+//! `us` minus the one before). docs/benchmarks.md says how to read it. Unset, the normal case,
+//! it costs one getenv at start and one relaxed atomic load per mark. The variable is never
+//! passed to the workload or the keeper.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
+
+/// The variable that turns the timing on; its value is the file to append to.
+pub const ENV: &str = "AGENT_RUN_PHASES";
+
+static ON: AtomicBool = AtomicBool::new(false);
+/// The clock's zero and the file to append to, once the switch is on.
+static START: OnceLock<(Instant, std::ffi::OsString)> = OnceLock::new();
+static MARKS: Mutex<Vec<(&'static str, u64)>> = Mutex::new(Vec::new());
+
+/// Start the clock (first thing in `main`) when the switch names an absolute path.
+pub fn init() {
+    let Some(v) = std::env::var_os(ENV) else {
+        return;
+    };
+    if std::path::Path::new(&v).is_absolute() && START.set((Instant::now(), v)).is_ok() {
+        ON.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Note that the phase `name` ended now.
+#[inline]
+pub fn mark(name: &'static str) {
+    if ON.load(Ordering::Relaxed) {
+        mark_slow(name);
+    }
+}
+
+#[cold]
+fn mark_slow(name: &'static str) {
+    let Some((t0, _)) = START.get() else { return };
+    let us = t0.elapsed().as_micros() as u64;
+    if let Ok(mut m) = MARKS.lock() {
+        m.push((name, us));
+    }
+}
+
+/// Append the line (last thing before the exit). Errors are ignored: timing never fails a run.
+pub fn flush() {
+    if !ON.load(Ordering::Relaxed) {
+        return;
+    }
+    mark("exit");
+    let Some((_, path)) = START.get() else { return };
+    let marks = MARKS.lock().map(|m| m.clone()).unwrap_or_default();
+    let phases: Vec<serde_json::Value> = marks
+        .iter()
+        .map(|(n, us)| serde_json::json!({"name": n, "us": us}))
+        .collect();
+    let line = serde_json::json!({"pid": std::process::id(), "phases": phases}).to_string() + "\n";
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+    {
+        let _ = f.write_all(line.as_bytes());
+    }
+}
