@@ -416,9 +416,7 @@ mod tests {
     #[test]
     fn exiting_is_pf_exiting_on_the_last_thread_only() {
         let line = |flags: u64, threads: u64| {
-            format!(
-                "77 (w) R 1 77 77 0 -1 {flags} 0 0 0 0 0 0 0 0 20 0 {threads} 0 5 1000 250 0"
-            )
+            format!("77 (w) R 1 77 77 0 -1 {flags} 0 0 0 0 0 0 0 0 20 0 {threads} 0 5 1000 250 0")
         };
         let at = |flags, threads| parse_stat(&line(flags, threads)).unwrap();
         assert!(at(0x400104, 1).is_exiting());

@@ -185,35 +185,9 @@ pub fn fixture_bin() -> PathBuf {
 // ---------------------------------------------------------------------------------------------
 // Run roots and run records
 
-/// Every key the contract says status.json always has, null or not.
-pub const RECORD_KEYS: [&str; 26] = [
-    "schema",
-    "run_id",
-    "state",
-    "reason",
-    "exit_code",
-    "term_signal",
-    "argv",
-    "cwd",
-    "pid",
-    "pgid",
-    "sid",
-    "start_ticks",
-    "boot_id",
-    "wrapper_pid",
-    "host",
-    "user",
-    "uid",
-    "created_at",
-    "started_at",
-    "ended_at",
-    "cleanup",
-    "error",
-    "version",
-    "launch_exit_code",
-    "pty",
-    "output",
-];
+/// Every key of status.json, null or not: the shared library's one list, which the writer
+/// writes and the watchdog's fast scan indexes.
+pub const RECORD_KEYS: &[&str] = agent_run_shared::record::KEYS;
 
 /// The final states of status.json.
 pub const FINAL_STATES: [&str; 4] = ["finished", "cancelled", "launch_failed", "unknown"];
