@@ -34,6 +34,20 @@ pub trait Diagnosed {
     fn fail(&self, msg: impl Display) -> ! {
         panic!("{msg}\n{}", self.diagnostics())
     }
+
+    /// `ok`, else [`Diagnosed::fail`] with `msg`.
+    fn check(&self, ok: bool, msg: impl Display) {
+        if !ok {
+            self.fail(msg)
+        }
+    }
+
+    /// `left == right`, else [`Diagnosed::fail`] with `what` and both values.
+    fn eq<L: PartialEq<R> + Debug, R: Debug>(&self, left: L, right: R, what: impl Display) {
+        if left != right {
+            self.fail(format_args!("{what}\n  left: {left:?}\n right: {right:?}"))
+        }
+    }
 }
 
 impl Diagnosed for Ctx<'_> {
@@ -98,20 +112,18 @@ pub struct Foreground {
 }
 
 impl<'a> Ctx<'a> {
+    // The checks of [`Diagnosed`], callable without importing it.
+
     pub fn fail(self, msg: impl Display) -> ! {
         Diagnosed::fail(&self, msg)
     }
 
     pub fn check(self, ok: bool, msg: impl Display) {
-        crate::ensure!(self, ok, "{msg}");
+        Diagnosed::check(&self, ok, msg)
     }
 
     pub fn eq<L: PartialEq<R> + Debug, R: Debug>(self, left: L, right: R, what: impl Display) {
-        crate::ensure!(
-            self,
-            left == right,
-            "{what}\n  left: {left:?}\n right: {right:?}"
-        );
+        Diagnosed::eq(&self, left, right, what)
     }
 
     /// Every key of the object `expected` has that value in `doc`.
@@ -207,8 +219,20 @@ impl<'a> Ctx<'a> {
         self.root.status(self.id)
     }
 
+    /// The journal's events named `name` (events.jsonl must exist and parse).
     pub fn events(self, name: &str) -> Vec<Value> {
         let all = self.root.events(self.id).into_iter();
+        all.filter(|e| e["event"] == name).collect()
+    }
+
+    /// The journal's events named `name` so far: none while events.jsonl does not exist yet (a
+    /// run dir a test made, which only the watchdog journals in), the whole lines that parse.
+    pub fn events_so_far(self, name: &str) -> Vec<Value> {
+        let text = crate::read_run_file(&self.file("events.jsonl")).unwrap_or_default();
+        let lines = String::from_utf8_lossy(&text).into_owned();
+        let all = lines
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok());
         all.filter(|e| e["event"] == name).collect()
     }
 
@@ -312,10 +336,10 @@ impl<'a> Ctx<'a> {
         self.wait_state(&FINAL_STATES)
     }
 
-    /// Waits for the first event named `name`.
+    /// Waits for the first event named `name` (in a journal that may not exist yet).
     pub fn wait_event(self, name: &str) -> Value {
         self.wait(&format!("a {name:?} event"), || {
-            let mut found = self.events(name);
+            let mut found = self.events_so_far(name);
             (!found.is_empty())
                 .then(|| found.remove(0))
                 .ok_or_else(|| "not yet".to_string())
@@ -374,10 +398,18 @@ impl<'a> Ctx<'a> {
 
     /// Waits, to one deadline, until every pinned process is gone.
     pub fn wait_gone(self, pins: &Pinned, what: &str) {
-        if let Err(alive) = pins.wait_all_gone(T) {
+        self.wait_gone_within(pins, T, what);
+    }
+
+    /// Waits until every pinned process is gone, to a deadline of the test's own (a bound the
+    /// test asserts); returns how long it took.
+    pub fn wait_gone_within(self, pins: &Pinned, timeout: Duration, what: &str) -> Duration {
+        pins.wait_all_gone(timeout).unwrap_or_else(|alive| {
             let stats: Vec<_> = alive.iter().map(|&p| (p, proc_stat(p))).collect();
-            self.fail(format_args!("{what}: still alive after {T:?}: {stats:?}"))
-        }
+            self.fail(format_args!(
+                "{what}: still alive after {timeout:?}: {stats:?}"
+            ))
+        })
     }
 
     /// No live process is left in the run's session.
@@ -437,6 +469,16 @@ impl<'a> Ctx<'a> {
             "no wrapper or leader pid: {line}"
         );
         let (wrapper_pin, leader_pin) = (Pinned::new(&[wrapper]), Pinned::new(&[leader]));
+        // The pin is the recorded wrapper, not a process that reused its pid (read while the
+        // pin says it lives: a short run's wrapper may be gone already).
+        let ticks = proc_stat(wrapper).map(|s| s.4);
+        if !wrapper_pin.alive().is_empty() {
+            self.eq(
+                ticks,
+                self.status()["wrapper_start_ticks"].as_u64(),
+                format_args!("the start ticks of wrapper {wrapper} (the kernel's, the record's)"),
+            );
+        }
         Detached {
             line,
             wrapper,

@@ -310,10 +310,14 @@ impl Daemon {
     }
 
     /// SIGTERM and wait for its exit.
-    pub fn stop(mut self) -> std::process::Output {
-        let p = self.proc.take().expect("running");
-        p.signal(libc::SIGTERM);
-        p.finish(CMD)
+    pub fn stop(self) -> std::process::Output {
+        self.signal(libc::SIGTERM);
+        self.finish()
+    }
+
+    /// Waits for its exit (after a signal the test sent).
+    pub fn finish(mut self) -> std::process::Output {
+        self.proc.take().expect("running").finish(CMD)
     }
 }
 
