@@ -838,6 +838,19 @@ pub fn children_of(ppid: i32) -> Vec<i32> {
     live_processes(|s| s.1 == ppid)
 }
 
+/// Every live descendant of `pid`, parents before children.
+pub fn descendants(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        for c in children_of(p) {
+            out.push(c);
+            todo.push(c);
+        }
+    }
+    out
+}
+
 // ---------------------------------------------------------------------------------------------
 // Spawning and waiting
 
@@ -1197,7 +1210,7 @@ mod tests {
 // stopped by pid and every namespace deleted on drop, whatever happened.
 
 pub mod remote {
-    use super::{children_of, proc_stat, wait_until_dbg, Pinned};
+    use super::{proc_stat, wait_until_dbg, Pinned};
     use std::ffi::OsString;
     use std::fs;
     use std::io::{BufRead, BufReader};
@@ -1504,18 +1517,7 @@ pub mod remote {
             .expect("sshd is not installed (Debian: apt-get install openssh-server)")
     }
 
-    /// Every live descendant of `pid`, parents before children.
-    pub fn descendants(pid: i32) -> Vec<i32> {
-        let mut out = Vec::new();
-        let mut todo = vec![pid];
-        while let Some(p) = todo.pop() {
-            for c in children_of(p) {
-                out.push(c);
-                todo.push(c);
-            }
-        }
-        out
-    }
+    pub use super::descendants;
 
     /// Every live process whose command line contains `needle` (e.g. a control socket path).
     pub fn processes_mentioning(needle: &str) -> Vec<i32> {
