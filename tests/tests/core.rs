@@ -893,7 +893,7 @@ fn a_setsid_escapee_without_the_runs_marker_left_by_a_workload_that_exits_0_is_s
     let c = run.c;
     run.finish(0);
     let st = run.final_record();
-    c.eq(&st["state"], &"finished", "st[\"state\"]");
+    c.eq(&st["state"], "finished", "st[\"state\"]");
     let sid = int(c, &st, "sid");
     let text = fs::read_to_string(&pidfile).unwrap_or_default();
     let escapee: i32 = text
@@ -999,7 +999,7 @@ fn leftovers_of_a_leader_that_exits_0_are_stopped_and_listed(id: &str, tree_opts
     let st = run.final_record();
     // No reason is asserted: the contract leaves open whether a finished run with leftovers
     // names why they were stopped.
-    c.eq(&st["state"], &"finished", "st[\"state\"]");
+    c.eq(&st["state"], "finished", "st[\"state\"]");
     c.eq(
         &(&st["exit_code"], &st["term_signal"]),
         &(&Value::from(0), &Value::Null),
@@ -1093,7 +1093,7 @@ fn cancelling_one_run_leaves_another_run_under_the_same_root_running_to_its_fini
     other.finish(0);
     let st = other.final_record();
     other.c.fields(&st, "the record", outcome("finished", None));
-    other.c.eq(&st["exit_code"], &0, "st[\"exit_code\"]");
+    other.c.eq(&st["exit_code"], 0, "st[\"exit_code\"]");
     nothing_left(other.c, &other_pins, sid);
 }
 
@@ -1161,7 +1161,7 @@ fn assert_launch_failed(run: &mut Run<'_>, code: i32) {
     run.c
         .eq(&st["exit_code"], &Value::Null, "st[\"exit_code\"]");
     run.c
-        .eq(&st["launch_exit_code"], &code, "st[\"launch_exit_code\"]");
+        .eq(&st["launch_exit_code"], code, "st[\"launch_exit_code\"]");
     let error = st["error"].as_str().unwrap_or_default();
     ensure!(
         run.c,
