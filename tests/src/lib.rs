@@ -265,7 +265,7 @@ fn cgroups_named(names: &[String]) -> Vec<PathBuf> {
 
 /// Removes the cgroups of the runs below `dir` once their processes are gone, and returns those
 /// still there after `wait`, with what is in them.
-fn remove_run_cgroups(dir: &Path, wait: Duration) -> Vec<String> {
+pub(crate) fn remove_run_cgroups(dir: &Path, wait: Duration) -> Vec<String> {
     let names = run_cgroup_names(dir);
     if names.is_empty() {
         return Vec::new();
@@ -656,6 +656,12 @@ pub mod sys {
         shared::kill(pid_of(pid)?, sig, false)
     }
 
+    /// kill(2) to the process group `pgid` (positive: never the caller's own group or every
+    /// process), as a terminal sends Ctrl-C to its foreground group.
+    pub fn kill_group(pgid: i32, sig: i32) -> io::Result<()> {
+        shared::kill(pid_of(pgid)?, sig, true)
+    }
+
     /// SIGKILL to `pid` through a pidfd, so that a pid reused meanwhile is never hit. Ok when
     /// the process is already gone. Cleanup only.
     pub fn pidfd_kill(pid: i32) -> io::Result<()> {
@@ -802,6 +808,12 @@ pub fn proc_stat(pid: i32) -> Option<(char, i32, i32, i32, u64)> {
     let sid = fields.get(3)?.parse().ok()?;
     let start_ticks = fields.get(19)?.parse().ok()?;
     Some((state, ppid, pgid, sid, start_ticks))
+}
+
+/// Whether the process `pid` that started at `ticks` (a record's pid and start ticks) is alive:
+/// not gone, not a zombie, not a process that reused the pid.
+pub fn alive_as(pid: i32, ticks: u64) -> bool {
+    proc_stat(pid).is_some_and(|s| s.4 == ticks && !matches!(s.0, 'Z' | 'X'))
 }
 
 /// The number of threads of a process (field 20 of /proc/PID/stat), 0 when it is gone.
