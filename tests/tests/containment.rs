@@ -444,7 +444,7 @@ fn an_env_i_setsid_escapee_after_kill_9_of_the_wrapper_is_stopped_in_cgroup_mode
             .unwrap()
             .to_string();
         c.eq(
-            &cgroup_of(e).unwrap(),
+            cgroup_of(e).unwrap(),
             Path::new(&cg),
             "the escapee left the run's cgroup",
         );
