@@ -26,8 +26,8 @@ use agent_run_tests::remote::{
     processes_mentioning, strip_messages, wait_for_text, Netns, SshServer,
 };
 use agent_run_tests::{
-    agent_run_bin, ctx, describe_output, ensure, exit_code, fixture_bin, wait_ready,
-    Pinned, Spawned, TestRoot,
+    agent_run_bin, ctx, describe_output, ensure, exit_code, fixture_bin, wait_ready, Pinned,
+    Spawned, TestRoot,
 };
 use serde_json::Value;
 
