@@ -19,8 +19,8 @@ use agent_run_tests::facts::require_root;
 use agent_run_tests::mcp::Client;
 use agent_run_tests::remote::{processes_mentioning, SshServer};
 use agent_run_tests::{
-    agent_run_bin, ctx, ensure, fixture_bin, processes_with_env, wait_ready,
-    wait_until, Pinned, TestRoot,
+    agent_run_bin, ctx, ensure, fixture_bin, processes_with_env, wait_ready, wait_until, Pinned,
+    TestRoot,
 };
 use serde_json::{json, Value};
 
@@ -261,11 +261,7 @@ fn run_here_returns_the_output_the_exit_code_and_the_record() {
     let st = w.root.status(&id);
     run.eq(&st["state"], "finished", "st[\"state\"]");
     run.eq(&st["exit_code"], 3, "st[\"exit_code\"]");
-    run.eq(
-        &r["record"]["exit_code"],
-        3,
-        "r[\"record\"][\"exit_code\"]",
-    );
+    run.eq(&r["record"]["exit_code"], 3, "r[\"record\"][\"exit_code\"]");
     run.eq(
         &r["record"]["run_dir"],
         &w.root.run_dir(&id).display().to_string(),
