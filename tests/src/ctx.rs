@@ -533,6 +533,7 @@ impl<'a> Ctx<'a> {
         let wrapper_pin = Pinned::new(&[wrapper]);
         let leader = self.wait_state(&["running"])["pid"].as_i64().unwrap_or(0) as i32;
         let leader_pin = Pinned::new(&[leader]);
+        self.launched();
         Foreground {
             proc,
             wrapper,
@@ -561,16 +562,22 @@ impl<'a> Ctx<'a> {
             "cancelled",
             "launch_failed",
         ]);
-        // The journal line follows the record's rename: wait for it too.
-        self.wait("a state event to running", || {
-            let to_running = |e: &Value| e["to"] == "running";
-            let states = self.events("state");
-            match states.iter().any(to_running) {
+        self.launched();
+        (proc, wrapper, pin)
+    }
+
+    /// Waits until the launch is journalled to its end: the journal's lines follow the record's
+    /// rename (`state` to running, then `spawn`), so a test that saw `running` in status.json and
+    /// reads the journal would race them.
+    pub fn launched(self) {
+        self.wait("the launch's last journal line (spawn)", || {
+            let states = self.events_so_far("state");
+            let running = states.iter().any(|e| e["to"] == "running");
+            match running && !self.events_so_far("spawn").is_empty() {
                 true => Ok(()),
-                false => Err(format!("{states:?}")),
+                false => Err(format!("state events {states:?}")),
             }
         });
-        (proc, wrapper, pin)
     }
 
     /// A run of `fixture exit CODE` in the foreground, to its end.
