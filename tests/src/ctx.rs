@@ -25,7 +25,8 @@ pub const T: Duration = Duration::from_secs(30);
 /// The deadline for one agent-run command to return.
 pub const CMD: Duration = Duration::from_secs(90);
 
-/// Something whose failures carry a run's diagnostics: a [`Ctx`], or `(&TestRoot, id)`.
+/// Something whose failures carry a run's diagnostics: a [`Ctx`], or a fleet's host run
+/// ([`crate::ansible::HostRun`]).
 pub trait Diagnosed {
     /// The run dir listing, status.json, events.jsonl and log tails ([`diagnostics`]).
     fn diagnostics(&self) -> String;
@@ -56,22 +57,11 @@ impl Diagnosed for Ctx<'_> {
     }
 }
 
-impl Diagnosed for (&TestRoot, &str) {
-    fn diagnostics(&self) -> String {
-        diagnostics(self.0, self.1)
-    }
-}
-
 /// `ensure!(run, condition, "format", args...)`: a condition on /proc or the record, else a
 /// panic with the message and the run's diagnostics. `run` is a [`Ctx`] (or anything
-/// [`Diagnosed`]), or `(root, id)` as [`diagnostics`] takes them.
+/// [`Diagnosed`]: a fleet's host run).
 #[macro_export]
 macro_rules! ensure {
-    (($root:expr, $id:expr), $cond:expr, $($msg:tt)+) => {
-        if !$cond {
-            panic!("{}\n{}", format_args!($($msg)+), $crate::diagnostics($root, $id))
-        }
-    };
     ($run:expr, $cond:expr, $($msg:tt)+) => {
         if !$cond {
             $crate::ctx::Diagnosed::fail(&$run, format_args!($($msg)+))

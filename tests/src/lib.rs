@@ -7,6 +7,12 @@
 //!
 //! Every wait has one deadline and reports what it saw last when it runs out; every panic about a
 //! run carries [`diagnostics`] (the run dir listing, status.json, events.jsonl and log tails).
+//!
+//! **The one assertion style:** a check on a run goes through that run's [`Ctx`] (or another
+//! [`Diagnosed`]: `ensure!(c, cond, ..)`, `c.eq(left, right, ..)`, `c.fail(..)` and the `Ctx`
+//! helpers such as `c.code`, `c.fields`, `c.wait_gone`), so that its failure ends with the run
+//! dir's diagnostics, and a check with no run dir to show is a plain `assert!`/`assert_eq!` with
+//! a message.
 
 use std::ffi::OsStr;
 use std::fmt::Debug;

@@ -119,7 +119,8 @@ fn a_play_on_ten_hosts_then_a_rerun_that_runs_nothing_twice() {
         assert_eq!(res["stderr"], format!("err from {}\n", h.name), "{r}");
         assert_eq!(
             res["stdout_lines"],
-            serde_json::json!([format!("out from {}", h.name)])
+            serde_json::json!([format!("out from {}", h.name)]),
+            "res[\"stdout_lines\"]"
         );
         assert_eq!(res["stdout_truncated"], false, "{r}");
         assert_eq!(res["attempt"], 1, "{r}");
@@ -131,7 +132,7 @@ fn a_play_on_ten_hosts_then_a_rerun_that_runs_nothing_twice() {
 
         // The record on the host says the same, and the process is gone.
         let (id, rec) = record_of(&fleet, h, &format!("ans-{}-hello-", h.name));
-        assert_eq!(id, run_id);
+        assert_eq!(id, run_id, "id");
         fleet
             .run(&rec)
             .eq(&rec["state"], "finished", format_args!("{rec}"));
@@ -207,10 +208,15 @@ fn a_play_on_ten_hosts_then_a_rerun_that_runs_nothing_twice() {
             r["result"]["changed"], false,
             "a replay changes nothing: {r}"
         );
-        assert_eq!(r["result"]["stdout"], format!("out from {}\n", h.name));
+        assert_eq!(
+            r["result"]["stdout"],
+            format!("out from {}\n", h.name),
+            "r[\"result\"][\"stdout\"]"
+        );
         assert_eq!(
             r["result"]["run_id"],
-            first.result("hello", &h.name)["result"]["run_id"]
+            first.result("hello", &h.name)["result"]["run_id"],
+            "r[\"result\"][\"run_id\"]"
         );
         let r = again.result("fail on some", &h.name);
         let failing = fail.contains(&h.name.as_str());
@@ -255,7 +261,11 @@ fn a_play_on_ten_hosts_then_a_rerun_that_runs_nothing_twice() {
             "{}: check mode started something",
             h.name
         );
-        assert_eq!(count_lines(&h.dir.join("count-hello")), 1);
+        assert_eq!(
+            count_lines(&h.dir.join("count-hello")),
+            1,
+            "count_lines(&h.dir.join(\"count-hello\"))"
+        );
     }
     assert_nothing_left(&fleet, "after the rerun and check mode");
 
@@ -275,7 +285,7 @@ fn a_play_on_ten_hosts_then_a_rerun_that_runs_nothing_twice() {
                     .as_str()
                     .unwrap()
                     .trim(),
-                format!("{tag} {}", h.name)
+                format!("{tag} {}", h.name), "play.result(\"timed\", &h.name)[\"result\"][\"stdout\"] .as_str() .unwrap() .trim()"
             );
         }
         play
@@ -609,7 +619,7 @@ fn sigkill_of_ansible_playbook_leaves_each_run_to_its_lease() {
     let recs = wait_all_running(&fleet, "ans-", 3, &play);
     let runs = pin_runs(&recs);
     let workers = fleet.pin_descendants(pid);
-    assert!(!workers.pids().is_empty());
+    assert!(!workers.pids().is_empty(), "!workers.pids().is_empty()");
 
     // SIGKILL to ansible-playbook itself: no handler runs, nothing is cancelled.
     let killed_at = epoch_now();
@@ -835,7 +845,8 @@ fn a_task_timeout_stops_the_run_on_every_host() {
         assert_eq!(res["cancelled"], true, "{r}");
         assert_eq!(
             play.result("tell a timeout from a failure", &h.name)["status"],
-            "ok"
+            "ok",
+            "play.result(\"tell a timeout from a failure\", &h.name)[\"status\"]"
         );
         let (_, rec) = record_of(&fleet, h, &format!("ans-{}-limited-", h.name));
         fleet
@@ -1124,7 +1135,11 @@ fn a_cancel_before_the_run_exists_leaves_nothing_running_and_a_rerun_works() {
     // returns having marked this invocation, with nothing to stop.
     traced(&trace, &format!("cancel done {base3}"));
     assert!(fleet.records(h3).is_empty(), "{:?}", fleet.records(h3));
-    assert_eq!(marks(h3, &base3).as_object().unwrap().len(), 1);
+    assert_eq!(
+        marks(h3, &base3).as_object().unwrap().len(),
+        1,
+        "marks(h3, &base3).as_object().unwrap().len()"
+    );
     // The module goes on, finds the mark, starts nothing and ends.
     fs::write(h3.dir.join(format!("{base3}.fence.go")), "").unwrap();
     let gone = Pinned::new(&[pid3]).wait_all_gone(T);
@@ -1142,7 +1157,11 @@ fn a_cancel_before_the_run_exists_leaves_nothing_running_and_a_rerun_works() {
     // h01: as h03.
     traced(&trace, &format!("cancel done {base1}"));
     assert!(fleet.records(h1).is_empty(), "{:?}", fleet.records(h1));
-    assert_eq!(marks(h1, &base1).as_object().unwrap().len(), 1);
+    assert_eq!(
+        marks(h1, &base1).as_object().unwrap().len(),
+        1,
+        "marks(h1, &base1).as_object().unwrap().len()"
+    );
     // h02: the cancel waits for the fence (a waiter in /proc/locks, a kernel fact)...
     wait_until_dbg(
         "h02's cancel waits for the fence",
@@ -1159,7 +1178,7 @@ fn a_cancel_before_the_run_exists_leaves_nothing_running_and_a_rerun_works() {
     fs::write(h2.dir.join(format!("{base2}.start.go")), "").unwrap();
     let done2 = traced(&trace, &format!("cancel done {base2}"));
     let (id2, rec2) = record_of(&fleet, h2, &base2);
-    assert_eq!(id2, base2);
+    assert_eq!(id2, base2, "id2");
     assert_eq!(rec2["state"], "cancelled", "{rec2}");
     assert_eq!(rec2["reason"], "cancel_request", "{rec2}");
     let ended = parse_rfc3339(rec2["ended_at"].as_str().unwrap()).unwrap();
@@ -1222,9 +1241,21 @@ fn a_cancel_before_the_run_exists_leaves_nothing_running_and_a_rerun_works() {
             format_args!("{rec}"),
         );
     }
-    assert_eq!(count_lines(&h1.dir.join("count")), 1);
-    assert_eq!(count_lines(&h2.dir.join("count")), 2);
-    assert_eq!(count_lines(&h3.dir.join("count")), 1);
+    assert_eq!(
+        count_lines(&h1.dir.join("count")),
+        1,
+        "count_lines(&h1.dir.join(\"count\"))"
+    );
+    assert_eq!(
+        count_lines(&h2.dir.join("count")),
+        2,
+        "count_lines(&h2.dir.join(\"count\"))"
+    );
+    assert_eq!(
+        count_lines(&h3.dir.join("count")),
+        1,
+        "count_lines(&h3.dir.join(\"count\"))"
+    );
     assert_nothing_left(&fleet, "after the fenced cancels and the rerun");
 }
 

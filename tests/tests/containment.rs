@@ -366,7 +366,7 @@ fn a_non_dumpable_daemon_after_kill_9_of_the_wrapper_is_stopped_or_named_in_both
         let wrapper = st["wrapper_pid"].as_i64().unwrap() as i32;
         let wpin = Pinned::new(&[wrapper]);
         let _ = wpin.signal(wrapper, libc::SIGKILL);
-        wpin.wait_all_gone(CMD).unwrap();
+        c.wait_gone(&wpin, "wpin");
         let (code, _, err) = nobody_ar(&root, None, &["cancel", &id]);
         c.eq(&code, &0, format_args!("cancel: {err}"));
         let st = root.wait_final(&id, CMD);
@@ -499,7 +499,7 @@ fn a_workload_behind_its_own_subreaper_is_stopped_in_both_modes() {
         );
         let (code, _, err) = outcome(root.cmd().args(["cancel", &id]));
         c.eq(&code, &0, format_args!("{err}"));
-        pin.wait_all_gone(CMD).unwrap();
+        c.wait_gone(&pin, "pin");
         honest(&root, &id, mode, "cancelled", &[]);
         sweep(&run.dir, &[]);
     }

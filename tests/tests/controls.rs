@@ -228,7 +228,7 @@ fn the_watchdog_stops_a_run_whose_wrapper_was_killed_at_its_timeout() {
     // The wrappers die at once, before any timeout: only the watchdog is left to act.
     for r in &runs {
         r.wrapper_pin.signal(r.wrapper, libc::SIGKILL).unwrap();
-        r.wrapper_pin.wait_all_gone(T).unwrap();
+        ctx(&root, &r.id).wait_gone(&r.wrapper_pin, "the SIGKILLed wrapper");
     }
     assert!(
         Instant::now() + Duration::from_millis(500) < base,
@@ -488,7 +488,11 @@ fn an_unsafe_root_is_refused_with_the_command_that_fixes_it() {
         "agent-run: run root {p} is writable by its group and others (mode 0777): chmod 700 {p}\n",
         p = dir.display()
     );
-    assert_eq!(String::from_utf8_lossy(&out.stderr), want);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        want,
+        "String::from_utf8_lossy(&out.stderr)"
+    );
     fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
     let c = ctx(&root, "x");
     ar_code(&root, &["x", "--", "true"], 0);
@@ -532,7 +536,7 @@ fn a_hundred_runs_are_cancelled_in_one_call() {
     eprintln!("cancel of {N} runs in one call took {took:?}");
     let doc = json_of(&out);
     let docs = doc.as_array().expect("one JSON array");
-    assert_eq!(docs.len(), N);
+    assert_eq!(docs.len(), N, "docs.len()");
     for (d, id) in docs.iter().zip(&ids) {
         let c = ctx(&root, id);
         c.eq(&d["run_id"].as_str(), &Some(id.as_str()), "order");
@@ -557,9 +561,13 @@ fn a_hundred_runs_are_cancelled_in_one_call() {
         &["cancel", "--json", "--label", "batch=b1"],
         0,
     ));
-    assert_eq!(again, serde_json::json!([]));
+    assert_eq!(again, serde_json::json!([]), "again");
     let all = json_of(&ar_code(&root, &["status", "--json", "--all"], 0));
-    assert_eq!(all.as_array().unwrap().len(), N);
+    assert_eq!(
+        all.as_array().unwrap().len(),
+        N,
+        "all.as_array().unwrap().len()"
+    );
 }
 
 #[test]
@@ -645,8 +653,8 @@ fn version_reports_the_features_and_this_hosts_cgroup() {
     let _cpu = shared_cpu();
     let root = TestRoot::new();
     let v = json_of(&ar_code(&root, &["version", "--json"], 0));
-    assert_eq!(v["version"], agent_run_shared::VERSION);
-    assert_eq!(v["schema"], 1);
+    assert_eq!(v["version"], agent_run_shared::VERSION, "v[\"version\"]");
+    assert_eq!(v["schema"], 1, "v[\"schema\"]");
     let features: Vec<&str> = v["features"]
         .as_array()
         .unwrap()
@@ -1136,7 +1144,10 @@ fn remote_says_when_the_hosts_agent_run_is_missing_or_too_old_and_starts_nothing
             && stderr.contains("--remote-bin"),
         "{stderr}"
     );
-    assert!(!root.run_dir("m1").exists());
+    assert!(
+        !root.run_dir("m1").exists(),
+        "!root.run_dir(\"m1\").exists()"
+    );
 
     // An agent-run without `version` (an older one): fine for a plain launch, refused for one
     // that needs a feature it lacks.

@@ -525,7 +525,8 @@ fn agent_run_gen_parses_its_arguments() {
         (
             0,
             format!("agent-run-gen {}", agent_run_shared::VERSION).as_str()
-        )
+        ),
+        "(code, out.trim())"
     );
     let (code, _, err) = run(&["a", "b"]);
     assert_eq!(code, 64, "{err}");
@@ -578,13 +579,13 @@ fn the_man_pages_show_every_option_with_its_value() {
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
-    assert!(pages.remove("agent-run.1"));
+    assert!(pages.remove("agent-run.1"), "pages.remove(\"agent-run.1\")");
     let want: BTreeSet<String> = subs
         .iter()
         .filter(|s| *s != "help")
         .map(|s| format!("agent-run-{s}.1"))
         .collect();
-    assert_eq!(pages, want);
+    assert_eq!(pages, want, "pages");
     let roff_of = |p: &Path| fs::read_to_string(p).unwrap().replace("\\-", "-");
     let synopsis_of = |roff: &str| -> String {
         roff.split(".SH SYNOPSIS")
@@ -653,7 +654,10 @@ fn help_for(cmd: &DocCommand, subs: &[String]) -> String {
         (_, Some(sub)) => help(&agent_run_bin(), &[sub]),
         // The implicit start form: its options are start's, plus the global ones.
         (_, None) => {
-            assert!(subs.iter().any(|s| s == "start"));
+            assert!(
+                subs.iter().any(|s| s == "start"),
+                "subs.iter().any(|s| s == \"start\")"
+            );
             help(&agent_run_bin(), &["start"])
         }
     }
@@ -740,7 +744,10 @@ fn the_readme_test_command_is_the_ci_script() {
     ] {
         assert!(test.contains(pkg), ".ci/test does not install {pkg}");
     }
-    assert!(test.contains("cargo test --workspace"));
+    assert!(
+        test.contains("cargo test --workspace"),
+        "test.contains(\"cargo test --workspace\")"
+    );
     let mode = fs::metadata(workspace_dir().join(".ci/test"))
         .unwrap()
         .permissions()
@@ -785,8 +792,14 @@ fn the_repository_cites_only_what_it_holds() {
             );
         }
     }
-    assert!(files.iter().any(|f| f == "docs/references.md"));
-    assert!(files.iter().any(|f| f == "docs/contract.md"));
+    assert!(
+        files.iter().any(|f| f == "docs/references.md"),
+        "files.iter().any(|f| f == \"docs/references.md\")"
+    );
+    assert!(
+        files.iter().any(|f| f == "docs/contract.md"),
+        "files.iter().any(|f| f == \"docs/contract.md\")"
+    );
 }
 
 // =============================================================================================
@@ -1005,7 +1018,7 @@ fn remote_never_loses_the_output_of_a_command_that_fails_at_once() {
             )
             .stdout
         ),
-        "before\n"
+        "before\n", "text( &run_with_timeout( &mut remote_cmd( &srv, &root, xdg.path(), &agent_run_bin(), &[ \"--id\", \"fc-r127-own2\", &srv.host(), \"--\", \"sh\", \"-c\", \"echo before; exit 127\" ] ), T * 2 ) .stdout )"
     );
 }
 

@@ -159,7 +159,8 @@ fn the_tools_are_listed_with_schemas_for_a_model() {
     let names: Vec<String> = tools.iter().map(|t| text(&t["name"])).collect();
     assert_eq!(
         names,
-        ["run", "start", "status", "logs", "wait", "cancel", "list"]
+        ["run", "start", "status", "logs", "wait", "cancel", "list"],
+        "names"
     );
     let by = |n: &str| tools.iter().find(|t| t["name"] == n).unwrap().clone();
     for t in tools {
@@ -182,9 +183,12 @@ fn the_tools_are_listed_with_schemas_for_a_model() {
     }
     let run = by("run");
     let p = &run["inputSchema"]["properties"];
-    assert_eq!(p["argv"]["type"], "array");
-    assert_eq!(p["argv"]["items"]["type"], "string");
-    assert_eq!(p["argv"]["minItems"], 1);
+    assert_eq!(p["argv"]["type"], "array", "p[\"argv\"][\"type\"]");
+    assert_eq!(
+        p["argv"]["items"]["type"], "string",
+        "p[\"argv\"][\"items\"][\"type\"]"
+    );
+    assert_eq!(p["argv"]["minItems"], 1, "p[\"argv\"][\"minItems\"]");
     for k in [
         "command",
         "cwd",
@@ -202,16 +206,27 @@ fn the_tools_are_listed_with_schemas_for_a_model() {
         );
     }
     assert!(p["detach"].is_null(), "run has no detach");
-    assert!(text(&run["description"]).contains("run_id"));
+    assert!(
+        text(&run["description"]).contains("run_id"),
+        "text(&run[\"description\"]).contains(\"run_id\")"
+    );
     let start = by("start");
     let d = &start["inputSchema"]["properties"]["detach"];
-    assert_eq!(d["type"], "boolean");
+    assert_eq!(d["type"], "boolean", "d[\"type\"]");
     assert!(text(&d["description"]).contains("outlives"), "{d}");
-    assert_eq!(by("logs")["inputSchema"]["required"], json!(["run_id"]));
-    assert!(by("logs")["inputSchema"]["properties"]["offset"].is_object());
+    assert_eq!(
+        by("logs")["inputSchema"]["required"],
+        json!(["run_id"]),
+        "by(\"logs\")[\"inputSchema\"][\"required\"]"
+    );
+    assert!(
+        by("logs")["inputSchema"]["properties"]["offset"].is_object(),
+        "by(\"logs\")[\"inputSchema\"][\"properties\"][\"offset\"].is_object()"
+    );
     assert_eq!(
         by("list")["inputSchema"]["properties"]["state"]["enum"][0],
-        "active"
+        "active",
+        "by(\"list\")[\"inputSchema\"][\"properties\"][\"state\"][\"enum\"][0]"
     );
     for (n, ro) in [
         ("status", true),
@@ -779,9 +794,7 @@ fn a_shutdown_that_outlasts_the_clients_patience_still_stops_the_run() {
     let server = Pinned::new(&[c.server_pid()]);
     let t0 = Instant::now();
     let (_, log) = c.close(T);
-    server
-        .wait_all_gone(Duration::from_secs(10))
-        .expect("the SDK stops the server");
+    run.wait_gone_within(&server, Duration::from_secs(10), "the SDK stops the server");
     let server_gone = t0.elapsed();
     pins.wait_all_gone(Duration::from_secs(15))
         .unwrap_or_else(|left| run.fail(format_args!("left: {left:?}")));
@@ -922,9 +935,14 @@ fn bad_input_is_answered_with_a_tool_error_and_the_server_goes_on() {
     assert!(!err, "{r}");
     assert_eq!(
         (r["stdout"]["bytes"].as_u64(), r["stderr"]["bytes"].as_u64()),
-        (Some(n), Some(5_000_000))
+        (Some(n), Some(5_000_000)),
+        "(r[\"stdout\"][\"bytes\"].as_u64(), r[\"stderr\"][\"bytes\"].as_u64())"
     );
-    assert_eq!(r["stdout"]["text"].as_str().unwrap().len(), 4096);
+    assert_eq!(
+        r["stdout"]["text"].as_str().unwrap().len(),
+        4096,
+        "r[\"stdout\"][\"text\"].as_str().unwrap().len()"
+    );
     assert!(
         r.to_string().len() < 32 * 1024,
         "the answer is bounded: {} bytes",
@@ -936,7 +954,10 @@ fn bad_input_is_answered_with_a_tool_error_and_the_server_goes_on() {
         T,
     );
     let want = pattern(1_000_000 + 65536);
-    assert!(l["text"].as_str().unwrap().as_bytes() == &want[1_000_000..]);
+    assert!(
+        l["text"].as_str().unwrap().as_bytes() == &want[1_000_000..],
+        "l[\"text\"].as_str().unwrap().as_bytes() == &want[1_000_000..]"
+    );
     // A workload that swaps its logs for a symlink and a FIFO: each is reported as what it is,
     // never followed, never blocked on.
     let swap = r#"ln -sf /etc/hostname "$AGENT_RUN_DIR/stdout.log"; rm -f "$AGENT_RUN_DIR/stderr.log"; mkfifo "$AGENT_RUN_DIR/stderr.log""#;
@@ -963,10 +984,14 @@ fn bad_input_is_answered_with_a_tool_error_and_the_server_goes_on() {
         "{l}"
     );
     // Still the same server, still answering.
-    assert!(c.server_alive());
-    assert_eq!(c.server_pid(), pid);
+    assert!(c.server_alive(), "c.server_alive()");
+    assert_eq!(c.server_pid(), pid, "c.server_pid()");
     let tools = c.request(json!({"op": "list_tools"}), T);
-    assert_eq!(tools["tools"].as_array().map(Vec::len), Some(7));
+    assert_eq!(
+        tools["tools"].as_array().map(Vec::len),
+        Some(7),
+        "tools[\"tools\"].as_array().map(Vec::len)"
+    );
     eprintln!(
         "mcp-figure: server RSS idle {idle} KiB, after {} calls and a 35 MB output {} KiB",
         cases.len() + 3,

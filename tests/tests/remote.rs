@@ -261,9 +261,14 @@ fn a_hostile_argv_reaches_the_workload_byte_for_byte() {
     // The record keeps the argv too (lossily, as strings).
     assert_eq!(
         w.root.status("hostile")["argv"][4].as_str(),
-        Some("two words")
+        Some("two words"),
+        "w.root.status(\"hostile\")[\"argv\"][4].as_str()"
     );
-    assert_eq!(command[3].as_bytes(), file.as_os_str().as_bytes());
+    assert_eq!(
+        command[3].as_bytes(),
+        file.as_os_str().as_bytes(),
+        "command[3].as_bytes()"
+    );
 }
 
 #[test]
@@ -296,7 +301,7 @@ fn killing_the_local_client_leaves_the_run_to_its_lease() {
     for pid in &local {
         pinned.signal(*pid, libc::SIGKILL).unwrap();
     }
-    pinned.wait_all_gone(T).unwrap();
+    c.wait_gone(&pinned, "pinned");
     let killed = agent_run_shared::time::epoch_now();
     let _ = run.finish(T);
 
@@ -612,7 +617,10 @@ fn an_unreachable_host_starts_nothing_and_says_so() {
         "{stderr}"
     );
     assert!(stderr.contains("run never was not started"), "{stderr}");
-    assert!(!w.root.run_dir("never").exists());
+    assert!(
+        !w.root.run_dir("never").exists(),
+        "!w.root.run_dir(\"never\").exists()"
+    );
     w.assert_client_cleaned_up();
 }
 
@@ -667,7 +675,10 @@ fn latency_of_remote_over_plain_ssh() {
         ])
         .args(&opts)
         .arg(&host);
-    assert!(m.status().unwrap().success());
+    assert!(
+        m.status().unwrap().success(),
+        "m.status().unwrap().success()"
+    );
     let warm_plain = median(plain(master.to_vec(), "true".into()));
     let bin = agent_run_bin();
     let root = w.root.root();
