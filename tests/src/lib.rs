@@ -639,6 +639,27 @@ pub mod sys {
         shared::pidfd_send_signal(fd, sig, false)
     }
 
+    /// pidfd_getfd(2): a copy of descriptor `target` of the process behind `pidfd`.
+    pub fn pidfd_getfd(pidfd: BorrowedFd<'_>, target: i32) -> io::Result<OwnedFd> {
+        let flags = rustix::process::PidfdGetfdFlags::empty();
+        Ok(rustix::process::pidfd_getfd(pidfd, target, flags)?)
+    }
+
+    /// poll(2) for `events` on one fd: the events that came (empty at the timeout).
+    pub fn poll_one(
+        fd: BorrowedFd<'_>,
+        events: i16,
+        timeout: std::time::Duration,
+    ) -> io::Result<i16> {
+        let mut pollfd = [shared::PollFd {
+            fd: fd.as_raw_fd(),
+            events,
+            revents: 0,
+        }];
+        shared::poll(&mut pollfd, Some(timeout))?;
+        Ok(pollfd[0].revents)
+    }
+
     /// poll(2) for readability; returns, per fd, whether it polled readable (or hung up).
     /// EINTR counts as nothing ready.
     pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout_ms: i32) -> io::Result<Vec<bool>> {
