@@ -18,6 +18,7 @@ use agent_run_shared::time::{epoch_now, parse_rfc3339};
 use agent_run_tests::facts::require_root;
 use agent_run_tests::mcp::Client;
 use agent_run_tests::remote::{processes_mentioning, SshServer};
+use agent_run_tests::workload::spew_bytes;
 use agent_run_tests::{
     agent_run_bin, ctx, ensure, fixture_bin, processes_with_env, wait_ready, wait_until, Pinned,
     TestRoot,
@@ -26,12 +27,6 @@ use serde_json::{json, Value};
 
 /// The deadline for what normally takes a second or two.
 const T: Duration = Duration::from_secs(30);
-
-/// Byte i of a `fixture spew` stream.
-fn pattern(n: usize) -> Vec<u8> {
-    const P: &[u8; 37] = b"0123456789abcdefghijklmnopqrstuvwxyz\n";
-    (0..n).map(|i| P[i % 37]).collect()
-}
 
 /// One test's world: a run root, maybe an sshd, and a private XDG_RUNTIME_DIR for the server's
 /// ssh control sockets.
@@ -396,7 +391,7 @@ fn run_over_sshd_returns_the_output_the_exit_code_and_the_record() {
         &(Some("finished"), Some(4)),
         format_args!("{r}"),
     );
-    let want = pattern(200000);
+    let want = spew_bytes(200000);
     run.eq(&r["stdout"]["bytes"], 200000, "r[\"stdout\"][\"bytes\"]");
     run.eq(
         &r["stdout"]["shown_from"],
@@ -410,8 +405,8 @@ fn run_over_sshd_returns_the_output_the_exit_code_and_the_record() {
     );
     ensure!(
         run,
-        r["stderr"]["text"].as_str().unwrap().as_bytes() == &pattern(3000)[..],
-        "r[\"stderr\"][\"text\"].as_str().unwrap().as_bytes() == &pattern(3000)[..]"
+        r["stderr"]["text"].as_str().unwrap().as_bytes() == &spew_bytes(3000)[..],
+        "r[\"stderr\"][\"text\"].as_str().unwrap().as_bytes() == &spew_bytes(3000)[..]"
     );
     let st = w.root.status(&id);
     run.eq(
@@ -953,7 +948,7 @@ fn bad_input_is_answered_with_a_tool_error_and_the_server_goes_on() {
         json!({"run_id": r["run_id"], "offset": 1_000_000, "max_bytes": 65536}),
         T,
     );
-    let want = pattern(1_000_000 + 65536);
+    let want = spew_bytes(1_000_000 + 65536);
     assert!(
         l["text"].as_str().unwrap().as_bytes() == &want[1_000_000..],
         "l[\"text\"].as_str().unwrap().as_bytes() == &want[1_000_000..]"

@@ -17,9 +17,10 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use agent_run_shared::pty::{self, Pty, Size};
+use agent_run_tests::facts::epoch_now;
 use agent_run_tests::{
     agent_run_bin, ctx, describe_output, ensure, exit_code, proc_stat, run_with_timeout,
     session_members, wait_child, wait_until, Pinned, Spawned, TestRoot, FINAL_STATES,
@@ -28,14 +29,6 @@ use serde_json::Value;
 
 /// The deadline for anything that normally takes milliseconds.
 const LONG: Duration = Duration::from_secs(20);
-
-fn epoch_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
-}
-
 /// Lines read from a pipe by a thread, each with the time it arrived.
 #[derive(Clone, Default)]
 struct Arrivals(Arc<Mutex<Vec<(f64, String)>>>);

@@ -25,6 +25,7 @@ use agent_run_tests::facts::require_root;
 use agent_run_tests::remote::{
     processes_mentioning, strip_messages, wait_for_text, Netns, SshServer,
 };
+use agent_run_tests::workload::spew_bytes;
 use agent_run_tests::{
     agent_run_bin, ctx, describe_output, ensure, exit_code, fixture_bin, wait_ready, Pinned,
     Spawned, TestRoot,
@@ -38,12 +39,6 @@ const FAST_KEEPALIVE: [&str; 2] = [
     "--ssh-option=-oServerAliveInterval=1",
     "--ssh-option=-oServerAliveCountMax=2",
 ];
-
-/// Byte i of a `fixture spew` stream.
-fn pattern(n: usize) -> Vec<u8> {
-    const P: &[u8; 37] = b"0123456789abcdefghijklmnopqrstuvwxyz\n";
-    (0..n).map(|i| P[i % 37]).collect()
-}
 
 /// One test's world: an sshd, a run root on "the host", and where the client puts its socket.
 struct World {
@@ -176,10 +171,10 @@ fn remote_streams_the_output_and_exits_with_the_workloads_code() {
         id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()),
         "id {id:?}"
     );
-    ensure!(c, out.stdout == pattern(200000), "stdout differs");
+    ensure!(c, out.stdout == spew_bytes(200000), "stdout differs");
     ensure!(
         c,
-        strip_messages(&out.stderr) == pattern(30000),
+        strip_messages(&out.stderr) == spew_bytes(30000),
         "stderr differs: {stderr}"
     );
     let st = w.root.status(id);
@@ -368,8 +363,8 @@ exit 7"#;
     w.net().restore();
     let out = finish(&w, id, run, 7);
 
-    let mut want_out = pattern(300000);
-    let mut want_err = pattern(70000);
+    let mut want_out = spew_bytes(300000);
+    let mut want_err = spew_bytes(70000);
     for i in 0..80 {
         want_out.extend(format!("line {i}\n").bytes());
         want_err.extend(format!("err {i}\n").bytes());
