@@ -8,8 +8,8 @@
 //! Run ids start with `out-`.
 
 use agent_run_tests::{
-    ctx, describe_output, ensure, proc_stat, run_with_timeout, wait_until_dbg, Pinned, Spawned,
-    TestRoot,
+    ctx, describe_output, ensure, proc_stat, run_with_timeout, wait_until_dbg, Ctx, Pinned,
+    Spawned, TestRoot,
 };
 use serde_json::Value;
 use std::fs;
@@ -130,16 +130,7 @@ fn every_idiom_that_reopens_stdout_or_stderr_keeps_every_byte_in_the_log_and_the
         let o = run(&root, &[&id, "--", "bash", "-c", &script]);
         let what = format!("{name}: agent-run {id}");
         ensure!(c, o.status.success(), "{}", describe_output(&what, &o));
-        c.eq(
-            &log(&root, &id, "stdout.log"),
-            &out,
-            format_args!("{name}: stdout.log"),
-        );
-        c.eq(
-            &log(&root, &id, "stderr.log"),
-            &err,
-            format_args!("{name}: stderr.log"),
-        );
+        every_byte_once(c, name, &out, &err);
         // The stream (the wrapper's own stdout/stderr) carries the same bytes, once.
         c.eq(&o.stdout, &out, format_args!("{name}: streamed stdout"));
         c.eq(
@@ -147,21 +138,27 @@ fn every_idiom_that_reopens_stdout_or_stderr_keeps_every_byte_in_the_log_and_the
             &err,
             format_args!("{name}: streamed stderr"),
         );
-        let st = root.status(&id);
+    }
+}
+
+/// The run's logs hold `out` and `err` and its final record counts every byte of them as
+/// written, none dropped, with the keeper's own counts.
+fn every_byte_once(c: Ctx<'_>, name: &str, out: &[u8], err: &[u8]) {
+    let st = c.status();
+    for (log, want) in [("stdout.log", out), ("stderr.log", err)] {
+        c.eq(c.bytes(log), want, format_args!("{name}: {log}"));
+    }
+    c.eq(
+        &st["output"]["complete"],
+        true,
+        format_args!("{name}: {st}"),
+    );
+    for (stream, want) in [("stdout", out), ("stderr", err)] {
+        let counts = counts(&st, stream);
         c.eq(
-            &st["output"]["complete"],
-            true,
-            format_args!("{name}: {st}"),
-        );
-        c.eq(
-            &counts(&st, "stdout"),
-            &(out.len() as u64, 0),
-            format_args!("{name}"),
-        );
-        c.eq(
-            &counts(&st, "stderr"),
-            &(err.len() as u64, 0),
-            format_args!("{name}"),
+            counts,
+            (want.len() as u64, 0),
+            format_args!("{name}: {stream} counts"),
         );
     }
 }
@@ -223,34 +220,10 @@ fn with_the_wrapper_sigkilled_the_keeper_drains_on_and_cancel_or_the_watchdog_re
             )
         };
         ensure!(c, o.status.success(), "{}", describe_output(name, &o));
-        let st = root.wait_final(&id, LONG);
+        c.wait_final();
         let out = [b"before\n".as_slice(), &out, b"after\n"].concat();
         let err = [b"before-err\n".as_slice(), &err].concat();
-        c.eq(
-            &log(&root, &id, "stdout.log"),
-            &out,
-            format_args!("{name}: stdout.log"),
-        );
-        c.eq(
-            &log(&root, &id, "stderr.log"),
-            &err,
-            format_args!("{name}: stderr.log"),
-        );
-        c.eq(
-            &st["output"]["complete"],
-            true,
-            format_args!("{name}: {st}"),
-        );
-        c.eq(
-            &counts(&st, "stdout"),
-            &(out.len() as u64, 0),
-            format_args!("{name}"),
-        );
-        c.eq(
-            &counts(&st, "stderr"),
-            &(err.len() as u64, 0),
-            format_args!("{name}"),
-        );
+        every_byte_once(c, name, &out, &err);
         // The stream resumes from the log: `logs` shows the same bytes.
         let o = run(&root, &["logs", &id]);
         c.eq(&o.stdout, &out, format_args!("{name}: logs"));
