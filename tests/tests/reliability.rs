@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
 use std::io::{self, Write};
 use std::os::unix::fs::{symlink, DirBuilderExt, OpenOptionsExt, PermissionsExt};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -2128,16 +2128,8 @@ fn forged_record_is_refused(forgery: Forgery) {
     cmd.args(["sleep-ms", "600000"])
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    // SAFETY: the closure runs between fork and exec and calls only setsid(2), which is
-    // async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() == -1 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    // In a session of its own: the product's spawn (setsid in pre_exec).
+    agent_run_shared::sys::spawn_in_new_session(&mut cmd);
     let victim = reaper.push(cmd.spawn().expect("cannot spawn nobody's process"));
     let pin = Pinned::new(&[victim]);
     wait_until_uid(victim, NOBODY);
