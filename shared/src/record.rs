@@ -20,6 +20,50 @@ use std::os::unix::ffi::OsStrExt;
 /// The record's schema version.
 pub const SCHEMA: u32 = 1;
 
+/// Every key of a record, in the order [`Status`] has them (the order a record is written in).
+/// Every write has each one (null where unknown): the watchdog's fast scan indexes them and the
+/// tests check every record and printed record against them.
+pub const KEYS: &[&str] = &[
+    "schema",
+    "run_id",
+    "state",
+    "reason",
+    "exit_code",
+    "term_signal",
+    "argv",
+    "cwd",
+    "pid",
+    "pgid",
+    "sid",
+    "start_ticks",
+    "boot_id",
+    "wrapper_pid",
+    "wrapper_start_ticks",
+    "host",
+    "user",
+    "uid",
+    "created_at",
+    "started_at",
+    "ended_at",
+    "cleanup",
+    "error",
+    "version",
+    "grace_ms",
+    "hup_after_ms",
+    "warnings",
+    "argv_b64",
+    "timeout_ms",
+    "labels",
+    "env",
+    "caller_lost_at",
+    "on_disconnect",
+    "launch_exit_code",
+    "containment",
+    "resources",
+    "pty",
+    "output",
+];
+
 /// The states of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -459,41 +503,23 @@ mod tests {
     }
 
     #[test]
-    fn every_contract_key_is_present_even_when_null() {
-        let v: serde_json::Value = serde_json::from_str(&sample().to_json()).unwrap();
-        for k in [
-            "schema",
-            "run_id",
-            "state",
-            "reason",
-            "exit_code",
-            "term_signal",
-            "argv",
-            "cwd",
-            "pid",
-            "pgid",
-            "sid",
-            "start_ticks",
-            "boot_id",
-            "wrapper_pid",
-            "host",
-            "user",
-            "uid",
-            "created_at",
-            "started_at",
-            "ended_at",
-            "cleanup",
-            "error",
-            "version",
-            "timeout_ms",
-            "labels",
-            "env",
-            "caller_lost_at",
-            "on_disconnect",
-            "launch_exit_code",
-            "pty",
-        ] {
-            assert!(v.get(k).is_some(), "missing {k}");
+    fn every_key_is_written_even_when_null_and_keys_lists_them_in_order() {
+        let text = sample().to_json();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let mut written: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        let mut listed = KEYS.to_vec();
+        written.sort_unstable();
+        listed.sort_unstable();
+        assert_eq!(written, listed, "the keys written are the keys listed");
+        let at = |k: &str| {
+            text.find(&format!("\n  \"{k}\": "))
+                .expect("a top-level key")
+        };
+        for pair in KEYS.windows(2) {
+            assert!(
+                at(pair[0]) < at(pair[1]),
+                "{pair:?} are written in KEYS' order"
+            );
         }
     }
 

@@ -782,6 +782,16 @@ mod tests {
                 timings(2000, 1000, 50),
                 vec![(Term, 0), (Kill, 1000), (Kill, 1050)],
             ),
+            // A HUP step just before the grace still comes.
+            (
+                timings(999, 1000, 50),
+                vec![(Term, 0), (Hup, 999), (Kill, 1000), (Kill, 1050)],
+            ),
+            // No confirm window: the stop ends as KILL goes out.
+            (
+                timings(100, 1000, 0),
+                vec![(Term, 0), (Hup, 100), (Kill, 1000), (Kill, 1000)],
+            ),
             // Zero grace: KILL at once.
             (timings(500, 0, 50), vec![(Term, 0), (Kill, 0), (Kill, 50)]),
             (timings(0, 0, 0), vec![(Term, 0), (Kill, 0), (Kill, 0)]),
@@ -790,6 +800,34 @@ mod tests {
             let want: Vec<(Level, Duration)> =
                 want.into_iter().map(|(l, at)| (l, ms(at))).collect();
             assert_eq!(schedule(t), want, "{t:?}");
+        }
+    }
+
+    /// (level, its deadline, kill_at, now) -> (the next level, kill_at after): KILL goes out
+    /// when it goes out (a late wake moves it, and so the confirm window, to `now`).
+    #[test]
+    fn each_level_leads_to_the_next_and_kill_moves_to_when_it_is_sent() {
+        use Level::*;
+        let cases = [
+            // TERM whose deadline was the HUP step: HUP, the KILL stays where it was.
+            (Term, 100, 1000, 100, Some(Hup), 1000),
+            (Term, 100, 1000, 400, Some(Hup), 1000),
+            // TERM whose deadline was the KILL: KILL, at now (late or not).
+            (Term, 1000, 1000, 1000, Some(Kill), 1000),
+            (Term, 1000, 1000, 1300, Some(Kill), 1300),
+            (Hup, 1000, 1000, 1000, Some(Kill), 1000),
+            (Hup, 1000, 1000, 1200, Some(Kill), 1200),
+            // After KILL the stop is over, and nothing moves.
+            (Kill, 1050, 1000, 1050, None, 1000),
+        ];
+        for (level, deadline, kill_at, now, want, want_kill_at) in cases {
+            let mut at = kill_at;
+            assert_eq!(
+                level_after(level, deadline, &mut at, now),
+                want,
+                "{level:?} deadline {deadline} kill_at {kill_at} now {now}"
+            );
+            assert_eq!(at, want_kill_at, "{level:?} deadline {deadline} now {now}");
         }
     }
 

@@ -10,8 +10,9 @@
 //! directory on its command line or carries an `AGENT_RUN_DIR` under it is killed by pid (pinned
 //! with a pidfd first), then each sshd is stopped with every process it forked.
 
+use super::ctx::Diagnosed;
 use super::remote::{processes_mentioning, SshServer};
-use super::{agent_run_bin, processes_with_env, read_run_file, Pinned};
+use super::{agent_run_bin, processes_with_env, read_run_file, run_dir_diagnostics, Pinned};
 use serde_json::Value;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
@@ -116,6 +117,18 @@ pub struct Host {
     pub root: PathBuf,
     /// A directory of its own for the test's files (the playbooks see it as `agentrun_dir`).
     pub dir: PathBuf,
+}
+
+/// A run on one of the fleet's hosts ([`Fleet::run`]): its checks end with its run dir's
+/// diagnostics.
+pub struct HostRun {
+    dir: PathBuf,
+}
+
+impl Diagnosed for HostRun {
+    fn diagnostics(&self) -> String {
+        run_dir_diagnostics(&self.dir)
+    }
 }
 
 /// What one `ansible-playbook` run gave.
@@ -372,6 +385,16 @@ impl Fleet {
     pub fn path(&self, rel: &str) -> PathBuf {
         self.dir.path().join(rel)
     }
+
+    /// The run a host's record names (its `run_id`, which names the host too), to check it
+    /// with its run dir's diagnostics.
+    pub fn run(&self, rec: &Value) -> HostRun {
+        let id = rec["run_id"].as_str().unwrap_or_default();
+        let mut dirs = self.hosts.iter().map(|h| h.root.join(id));
+        let found = dirs.clone().find(|d| d.is_dir());
+        let dir = found.or_else(|| dirs.next()).unwrap_or_default();
+        HostRun { dir }
+    }
 }
 
 impl Drop for Fleet {
@@ -399,6 +422,15 @@ impl Drop for Fleet {
         drop(pinned); // SIGKILLs every pinned process still alive
                       // The sshds and every process they forked go with `servers`.
         self.servers.clear();
+        // The runs' cgroups that agent-run did not remove (a run it gave up on): a test leaves
+        // none behind.
+        let wait = Duration::from_secs(10);
+        let left: Vec<String> = (self.hosts.iter())
+            .flat_map(|h| super::remove_run_cgroups(&h.dir, wait))
+            .collect();
+        if !left.is_empty() && !std::thread::panicking() {
+            panic!("the fleet's runs left cgroups behind: {left:#?}");
+        }
     }
 }
 

@@ -25,7 +25,8 @@ pub const T: Duration = Duration::from_secs(30);
 /// The deadline for one agent-run command to return.
 pub const CMD: Duration = Duration::from_secs(90);
 
-/// Something whose failures carry a run's diagnostics: a [`Ctx`], or `(&TestRoot, id)`.
+/// Something whose failures carry a run's diagnostics: a [`Ctx`], or a fleet's host run
+/// ([`crate::ansible::HostRun`]).
 pub trait Diagnosed {
     /// The run dir listing, status.json, events.jsonl and log tails ([`diagnostics`]).
     fn diagnostics(&self) -> String;
@@ -33,6 +34,20 @@ pub trait Diagnosed {
     /// Panics with `msg` and the diagnostics.
     fn fail(&self, msg: impl Display) -> ! {
         panic!("{msg}\n{}", self.diagnostics())
+    }
+
+    /// `ok`, else [`Diagnosed::fail`] with `msg`.
+    fn check(&self, ok: bool, msg: impl Display) {
+        if !ok {
+            self.fail(msg)
+        }
+    }
+
+    /// `left == right`, else [`Diagnosed::fail`] with `what` and both values.
+    fn eq<L: PartialEq<R> + Debug, R: Debug>(&self, left: L, right: R, what: impl Display) {
+        if left != right {
+            self.fail(format_args!("{what}\n  left: {left:?}\n right: {right:?}"))
+        }
     }
 }
 
@@ -42,22 +57,11 @@ impl Diagnosed for Ctx<'_> {
     }
 }
 
-impl Diagnosed for (&TestRoot, &str) {
-    fn diagnostics(&self) -> String {
-        diagnostics(self.0, self.1)
-    }
-}
-
 /// `ensure!(run, condition, "format", args...)`: a condition on /proc or the record, else a
 /// panic with the message and the run's diagnostics. `run` is a [`Ctx`] (or anything
-/// [`Diagnosed`]), or `(root, id)` as [`diagnostics`] takes them.
+/// [`Diagnosed`]: a fleet's host run).
 #[macro_export]
 macro_rules! ensure {
-    (($root:expr, $id:expr), $cond:expr, $($msg:tt)+) => {
-        if !$cond {
-            panic!("{}\n{}", format_args!($($msg)+), $crate::diagnostics($root, $id))
-        }
-    };
     ($run:expr, $cond:expr, $($msg:tt)+) => {
         if !$cond {
             $crate::ctx::Diagnosed::fail(&$run, format_args!($($msg)+))
@@ -98,20 +102,18 @@ pub struct Foreground {
 }
 
 impl<'a> Ctx<'a> {
+    // The checks of [`Diagnosed`], callable without importing it.
+
     pub fn fail(self, msg: impl Display) -> ! {
         Diagnosed::fail(&self, msg)
     }
 
     pub fn check(self, ok: bool, msg: impl Display) {
-        crate::ensure!(self, ok, "{msg}");
+        Diagnosed::check(&self, ok, msg)
     }
 
     pub fn eq<L: PartialEq<R> + Debug, R: Debug>(self, left: L, right: R, what: impl Display) {
-        crate::ensure!(
-            self,
-            left == right,
-            "{what}\n  left: {left:?}\n right: {right:?}"
-        );
+        Diagnosed::eq(&self, left, right, what)
     }
 
     /// Every key of the object `expected` has that value in `doc`.
@@ -207,8 +209,20 @@ impl<'a> Ctx<'a> {
         self.root.status(self.id)
     }
 
+    /// The journal's events named `name` (events.jsonl must exist and parse).
     pub fn events(self, name: &str) -> Vec<Value> {
         let all = self.root.events(self.id).into_iter();
+        all.filter(|e| e["event"] == name).collect()
+    }
+
+    /// The journal's events named `name` so far: none while events.jsonl does not exist yet (a
+    /// run dir a test made, which only the watchdog journals in), the whole lines that parse.
+    pub fn events_so_far(self, name: &str) -> Vec<Value> {
+        let text = crate::read_run_file(&self.file("events.jsonl")).unwrap_or_default();
+        let lines = String::from_utf8_lossy(&text).into_owned();
+        let all = lines
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok());
         all.filter(|e| e["event"] == name).collect()
     }
 
@@ -312,10 +326,10 @@ impl<'a> Ctx<'a> {
         self.wait_state(&FINAL_STATES)
     }
 
-    /// Waits for the first event named `name`.
+    /// Waits for the first event named `name` (in a journal that may not exist yet).
     pub fn wait_event(self, name: &str) -> Value {
         self.wait(&format!("a {name:?} event"), || {
-            let mut found = self.events(name);
+            let mut found = self.events_so_far(name);
             (!found.is_empty())
                 .then(|| found.remove(0))
                 .ok_or_else(|| "not yet".to_string())
@@ -374,10 +388,18 @@ impl<'a> Ctx<'a> {
 
     /// Waits, to one deadline, until every pinned process is gone.
     pub fn wait_gone(self, pins: &Pinned, what: &str) {
-        if let Err(alive) = pins.wait_all_gone(T) {
+        self.wait_gone_within(pins, T, what);
+    }
+
+    /// Waits until every pinned process is gone, to a deadline of the test's own (a bound the
+    /// test asserts); returns how long it took.
+    pub fn wait_gone_within(self, pins: &Pinned, timeout: Duration, what: &str) -> Duration {
+        pins.wait_all_gone(timeout).unwrap_or_else(|alive| {
             let stats: Vec<_> = alive.iter().map(|&p| (p, proc_stat(p))).collect();
-            self.fail(format_args!("{what}: still alive after {T:?}: {stats:?}"))
-        }
+            self.fail(format_args!(
+                "{what}: still alive after {timeout:?}: {stats:?}"
+            ))
+        })
     }
 
     /// No live process is left in the run's session.
@@ -437,6 +459,16 @@ impl<'a> Ctx<'a> {
             "no wrapper or leader pid: {line}"
         );
         let (wrapper_pin, leader_pin) = (Pinned::new(&[wrapper]), Pinned::new(&[leader]));
+        // The pin is the recorded wrapper, not a process that reused its pid (read while the
+        // pin says it lives: a short run's wrapper may be gone already).
+        let ticks = proc_stat(wrapper).map(|s| s.4);
+        if !wrapper_pin.alive().is_empty() {
+            self.eq(
+                ticks,
+                self.status()["wrapper_start_ticks"].as_u64(),
+                format_args!("the start ticks of wrapper {wrapper} (the kernel's, the record's)"),
+            );
+        }
         Detached {
             line,
             wrapper,
@@ -491,6 +523,7 @@ impl<'a> Ctx<'a> {
         let wrapper_pin = Pinned::new(&[wrapper]);
         let leader = self.wait_state(&["running"])["pid"].as_i64().unwrap_or(0) as i32;
         let leader_pin = Pinned::new(&[leader]);
+        self.launched();
         Foreground {
             proc,
             wrapper,
@@ -519,16 +552,22 @@ impl<'a> Ctx<'a> {
             "cancelled",
             "launch_failed",
         ]);
-        // The journal line follows the record's rename: wait for it too.
-        self.wait("a state event to running", || {
-            let to_running = |e: &Value| e["to"] == "running";
-            let states = self.events("state");
-            match states.iter().any(to_running) {
+        self.launched();
+        (proc, wrapper, pin)
+    }
+
+    /// Waits until the launch is journalled to its end: the journal's lines follow the record's
+    /// rename (`state` to running, then `spawn`), so a test that saw `running` in status.json and
+    /// reads the journal would race them.
+    pub fn launched(self) {
+        self.wait("the launch's last journal line (spawn)", || {
+            let states = self.events_so_far("state");
+            let running = states.iter().any(|e| e["to"] == "running");
+            match running && !self.events_so_far("spawn").is_empty() {
                 true => Ok(()),
-                false => Err(format!("{states:?}")),
+                false => Err(format!("state events {states:?}")),
             }
         });
-        (proc, wrapper, pin)
     }
 
     /// A run of `fixture exit CODE` in the foreground, to its end.

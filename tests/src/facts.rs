@@ -102,6 +102,12 @@ pub fn first_json_object(text: &str) -> Option<Value> {
     docs.next()?.ok()
 }
 
+/// `cleanup.signals` of a record: the signal names in the order first sent.
+pub fn cleanup_signals(st: &Value) -> Vec<String> {
+    let names = st["cleanup"]["signals"].as_array().into_iter().flatten();
+    names.filter_map(|s| s.as_str().map(String::from)).collect()
+}
+
 /// Bytes as text, invalid UTF-8 replaced.
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()

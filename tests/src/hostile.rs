@@ -10,10 +10,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use crate::{
-    describe_output, diagnostics, fixture_bin, proc_stat, run_with_timeout, wait_ready, Pinned,
-    TestRoot,
-};
+use crate::{fixture_bin, proc_stat, run_with_timeout, wait_ready, Pinned, TestRoot};
 
 /// `nobody`'s uid and gid.
 pub const NOBODY: u32 = 65534;
@@ -73,12 +70,7 @@ impl Detached {
             .arg("--")
             .args(argv);
         let out = run_with_timeout(&mut base, CMD);
-        assert!(
-            out.status.success(),
-            "start -d failed\n{}\n{}",
-            describe_output("start -d", &out),
-            diagnostics(root, id)
-        );
+        crate::ctx(root, id).code(&out, 0, "start -d");
         let st = root.status(id);
         let wrapper = st["wrapper_pid"].as_i64().expect("wrapper_pid") as i32;
         let leader = st["pid"].as_i64().expect("pid") as i32;
@@ -176,11 +168,9 @@ impl Victim {
 
     /// Panics unless it is alive (not a zombie).
     pub fn assert_alive(&self, what: &str, root: &TestRoot, id: &str) {
-        assert!(
+        crate::ctx(root, id).check(
             !self.pin.alive().is_empty(),
-            "the unrelated process {} is gone {what}\n{}",
-            self.pid,
-            diagnostics(root, id)
+            format_args!("the unrelated process {} is gone {what}", self.pid),
         );
     }
 }
@@ -310,10 +300,14 @@ impl Daemon {
     }
 
     /// SIGTERM and wait for its exit.
-    pub fn stop(mut self) -> std::process::Output {
-        let p = self.proc.take().expect("running");
-        p.signal(libc::SIGTERM);
-        p.finish(CMD)
+    pub fn stop(self) -> std::process::Output {
+        self.signal(libc::SIGTERM);
+        self.finish()
+    }
+
+    /// Waits for its exit (after a signal the test sent).
+    pub fn finish(mut self) -> std::process::Output {
+        self.proc.take().expect("running").finish(CMD)
     }
 }
 

@@ -7,6 +7,12 @@
 //!
 //! Every wait has one deadline and reports what it saw last when it runs out; every panic about a
 //! run carries [`diagnostics`] (the run dir listing, status.json, events.jsonl and log tails).
+//!
+//! **The one assertion style:** a check on a run goes through that run's [`Ctx`] (or another
+//! [`Diagnosed`]: `ensure!(c, cond, ..)`, `c.eq(left, right, ..)`, `c.fail(..)` and the `Ctx`
+//! helpers such as `c.code`, `c.fields`, `c.wait_gone`), so that its failure ends with the run
+//! dir's diagnostics, and a check with no run dir to show is a plain `assert!`/`assert_eq!` with
+//! a message.
 
 use std::ffi::OsStr;
 use std::fmt::Debug;
@@ -185,35 +191,9 @@ pub fn fixture_bin() -> PathBuf {
 // ---------------------------------------------------------------------------------------------
 // Run roots and run records
 
-/// Every key the contract says status.json always has, null or not.
-pub const RECORD_KEYS: [&str; 26] = [
-    "schema",
-    "run_id",
-    "state",
-    "reason",
-    "exit_code",
-    "term_signal",
-    "argv",
-    "cwd",
-    "pid",
-    "pgid",
-    "sid",
-    "start_ticks",
-    "boot_id",
-    "wrapper_pid",
-    "host",
-    "user",
-    "uid",
-    "created_at",
-    "started_at",
-    "ended_at",
-    "cleanup",
-    "error",
-    "version",
-    "launch_exit_code",
-    "pty",
-    "output",
-];
+/// Every key of status.json, null or not: the shared library's one list, which the writer
+/// writes and the watchdog's fast scan indexes.
+pub const RECORD_KEYS: &[&str] = agent_run_shared::record::KEYS;
 
 /// The final states of status.json.
 pub const FINAL_STATES: [&str; 4] = ["finished", "cancelled", "launch_failed", "unknown"];
@@ -230,51 +210,104 @@ impl Default for TestRoot {
     }
 }
 
-/// Where this process's cgroup is on the cgroup2 mount (the parent a run started by a test gets
-/// by default), from /proc/self/mountinfo and the `0::` line of /proc/self/cgroup.
-fn own_cgroup_dir() -> Option<PathBuf> {
-    let mounts = fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let mount = mounts.lines().find_map(|l| {
-        let (pre, post) = l.split_once(" - ")?;
-        (post.split(' ').next() == Some("cgroup2"))
-            .then(|| pre.split(' ').nth(4).map(PathBuf::from))?
-    })?;
-    let cg = fs::read_to_string("/proc/self/cgroup").ok()?;
-    let rel = cg.lines().find_map(|l| l.strip_prefix("0::"))?;
-    Some(mount.join(rel.trim_start_matches('/')))
+/// The cgroup names agent-run may have given the runs below a test's temporary dir `dir`:
+/// `agent-run.<id>.<run dir inode, hex>` for every dir one or two levels down (`runs/<id>`, the
+/// run dirs of any other root the test made there, a run dir the test moved), the id being the
+/// dir's name or the `run_id` of its status.json (a moved run dir keeps its record).
+fn run_cgroup_names(dir: &Path) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let dirs = |d: &Path| -> Vec<(PathBuf, u64)> {
+        let entries = fs::read_dir(d).into_iter().flatten().flatten();
+        entries
+            .filter_map(|e| {
+                let md = fs::symlink_metadata(e.path()).ok()?;
+                md.is_dir().then(|| (e.path(), md.ino()))
+            })
+            .collect()
+    };
+    let top = dirs(dir);
+    let below = top.iter().flat_map(|(d, _)| dirs(d));
+    let mut names = Vec::new();
+    for (path, ino) in top.iter().cloned().chain(below) {
+        let recorded = read_run_file(&path.join("status.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .and_then(|st| st["run_id"].as_str().map(String::from));
+        let named = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        for id in named.into_iter().chain(recorded) {
+            names.push(format!("agent-run.{id}.{ino:x}"));
+        }
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Every dir of the cgroup2 mount named in `names`, deepest first (a cgroup with children
+/// cannot be removed).
+fn cgroups_named(names: &[String]) -> Vec<PathBuf> {
+    let Some(mount) = contain::cgroup2_mount() else {
+        return Vec::new();
+    };
+    let (mut found, mut todo, mut seen) = (Vec::new(), vec![(mount, 0)], 0);
+    while let Some((dir, depth)) = todo.pop() {
+        for e in fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+            seen += 1;
+            if !is_dir || seen > 100_000 {
+                continue;
+            }
+            if names.iter().any(|n| e.file_name() == OsStr::new(n)) {
+                found.push(e.path());
+            }
+            if depth < 16 {
+                todo.push((e.path(), depth + 1));
+            }
+        }
+    }
+    found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    found
+}
+
+/// Removes the cgroups of the runs below `dir` once their processes are gone, and returns those
+/// still there after `wait`, with what is in them.
+pub(crate) fn remove_run_cgroups(dir: &Path, wait: Duration) -> Vec<String> {
+    let names = run_cgroup_names(dir);
+    if names.is_empty() {
+        return Vec::new();
+    }
+    let mut left = Vec::new();
+    for cg in cgroups_named(&names) {
+        // The tests' pins SIGKILL their processes as they drop, just before: wait for the kernel
+        // to say the cgroup is empty (a zombie does not count), then remove it.
+        let removed = poll_until(wait, || {
+            let events = fs::read_to_string(cg.join("cgroup.events")).unwrap_or_default();
+            if events.lines().any(|l| l == "populated 1") {
+                return Err(format!("populated: {events:?}"));
+            }
+            match fs::remove_dir(&cg) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e.to_string()),
+                _ => Ok(()),
+            }
+        });
+        if let Err((_, why)) = removed {
+            let procs = fs::read_to_string(cg.join("cgroup.procs")).unwrap_or_default();
+            left.push(format!("{} ({why}; procs {procs:?})", cg.display()));
+        }
+    }
+    left
 }
 
 impl Drop for TestRoot {
-    /// Remove the cgroups of this root's runs that are left (a run whose record a test forged, or
-    /// that a test gave up on, never has its cgroup removed by agent-run). Only a cgroup named for
-    /// one of our run dirs (`agent-run.<id>.<run dir inode, hex>`), only when empty (rmdir(2)
-    /// refuses otherwise), best effort: the tests' processes are killed by their own pins.
+    /// Removes the cgroups of this test's runs: agent-run removes a run's cgroup when the run
+    /// ends, but not that of a run whose record a test forged, or that a test gave up on. Only a
+    /// cgroup named for one of the run dirs below this root's temporary dir ([`run_cgroup_names`],
+    /// so a test's second root counts too), once it is empty. One that cannot be removed fails
+    /// the test (unless it is failing already): a test leaves no cgroup behind.
     fn drop(&mut self) {
-        use std::os::unix::fs::MetadataExt;
-        let Ok(entries) = fs::read_dir(self.root()) else {
-            return;
-        };
-        let parent = own_cgroup_dir();
-        for e in entries.flatten() {
-            let Ok(md) = fs::symlink_metadata(e.path()) else {
-                continue;
-            };
-            let name = format!(
-                "agent-run.{}.{:x}",
-                e.file_name().to_string_lossy(),
-                md.ino()
-            );
-            let recorded = self
-                .try_status(&e.file_name().to_string_lossy())
-                .ok()
-                .and_then(|st| st["containment"]["cgroup"].as_str().map(PathBuf::from))
-                .filter(|p| p.file_name() == Some(OsStr::new(&name)));
-            for dir in recorded
-                .into_iter()
-                .chain(parent.as_ref().map(|p| p.join(&name)))
-            {
-                let _ = fs::remove_dir(dir);
-            }
+        let left = remove_run_cgroups(self.dir.path(), Duration::from_secs(10));
+        if !left.is_empty() && !std::thread::panicking() {
+            panic!("the test left cgroups of its runs behind: {left:#?}");
         }
     }
 }
@@ -408,10 +441,15 @@ fn tail(path: &Path, max: usize) -> String {
     }
 }
 
-/// A dump of a run for panic messages: the run dir listing (mode, size, name), status.json,
-/// events.jsonl, lease.json and cancel.json, and the tails of stdout.log and stderr.log.
+/// A dump of run `id` of `root` for panic messages ([`run_dir_diagnostics`]).
 pub fn diagnostics(root: &TestRoot, id: &str) -> String {
-    let dir = root.run_dir(id);
+    run_dir_diagnostics(&root.run_dir(id))
+}
+
+/// A dump of a run dir for panic messages: its listing (mode, size, name), status.json,
+/// events.jsonl, lease.json and cancel.json, and the tails of stdout.log and stderr.log.
+pub fn run_dir_diagnostics(dir: &Path) -> String {
+    let dir = dir.to_path_buf();
     let mut out = format!("--- run dir {}\n", dir.display());
     match fs::read_dir(&dir) {
         Ok(entries) => {
@@ -601,6 +639,27 @@ pub mod sys {
         shared::pidfd_send_signal(fd, sig, false)
     }
 
+    /// pidfd_getfd(2): a copy of descriptor `target` of the process behind `pidfd`.
+    pub fn pidfd_getfd(pidfd: BorrowedFd<'_>, target: i32) -> io::Result<OwnedFd> {
+        let flags = rustix::process::PidfdGetfdFlags::empty();
+        Ok(rustix::process::pidfd_getfd(pidfd, target, flags)?)
+    }
+
+    /// poll(2) for `events` on one fd: the events that came (empty at the timeout).
+    pub fn poll_one(
+        fd: BorrowedFd<'_>,
+        events: i16,
+        timeout: std::time::Duration,
+    ) -> io::Result<i16> {
+        let mut pollfd = [shared::PollFd {
+            fd: fd.as_raw_fd(),
+            events,
+            revents: 0,
+        }];
+        shared::poll(&mut pollfd, Some(timeout))?;
+        Ok(pollfd[0].revents)
+    }
+
     /// poll(2) for readability; returns, per fd, whether it polled readable (or hung up).
     /// EINTR counts as nothing ready.
     pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout_ms: i32) -> io::Result<Vec<bool>> {
@@ -622,6 +681,12 @@ pub mod sys {
     /// kill(2) to one positive pid (never 0 or -1, which reach many processes).
     pub fn kill(pid: i32, sig: i32) -> io::Result<()> {
         shared::kill(pid_of(pid)?, sig, false)
+    }
+
+    /// kill(2) to the process group `pgid` (positive: never the caller's own group or every
+    /// process), as a terminal sends Ctrl-C to its foreground group.
+    pub fn kill_group(pgid: i32, sig: i32) -> io::Result<()> {
+        shared::kill(pid_of(pgid)?, sig, true)
     }
 
     /// SIGKILL to `pid` through a pidfd, so that a pid reused meanwhile is never hit. Ok when
@@ -772,6 +837,12 @@ pub fn proc_stat(pid: i32) -> Option<(char, i32, i32, i32, u64)> {
     Some((state, ppid, pgid, sid, start_ticks))
 }
 
+/// Whether the process `pid` that started at `ticks` (a record's pid and start ticks) is alive:
+/// not gone, not a zombie, not a process that reused the pid.
+pub fn alive_as(pid: i32, ticks: u64) -> bool {
+    proc_stat(pid).is_some_and(|s| s.4 == ticks && !matches!(s.0, 'Z' | 'X'))
+}
+
 /// The number of threads of a process (field 20 of /proc/PID/stat), 0 when it is gone.
 pub fn proc_threads(pid: i32) -> u64 {
     fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -804,6 +875,19 @@ pub fn session_members(sid: i32) -> Vec<i32> {
 /// Every non-zombie process whose parent is `ppid`.
 pub fn children_of(ppid: i32) -> Vec<i32> {
     live_processes(|s| s.1 == ppid)
+}
+
+/// Every live descendant of `pid`, parents before children.
+pub fn descendants(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        for c in children_of(p) {
+            out.push(c);
+            todo.push(c);
+        }
+    }
+    out
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1028,6 +1112,42 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_cgroup_of_a_run_below_a_test_root_is_removed_once_empty_and_reported_while_not() {
+        let Some(mount) = contain::cgroup2_mount().filter(|m| agent_run_shared::sys::writable(m))
+        else {
+            eprintln!("no writable cgroup2 mount on this host: nothing to check");
+            return;
+        };
+        let root = TestRoot::new();
+        // A run dir moved out of the run root, as a test that swaps a run dir leaves it: found
+        // by the run_id of its record.
+        let dir = root.dir.path().join("moved");
+        fs::create_dir(&dir).unwrap();
+        fs::write(dir.join("status.json"), br#"{"run_id": "cg-left"}"#).unwrap();
+        let ino = fs::metadata(&dir).unwrap().ino();
+        let cg = mount.join(format!("agent-run.cg-left.{ino:x}"));
+        fs::create_dir(&cg).unwrap();
+        let mut child = Command::new(fixture_bin())
+            .args(["sleep-ms", "60000"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pin = Pinned::new(&[child.id() as i32]);
+        fs::write(cg.join("cgroup.procs"), child.id().to_string()).unwrap();
+
+        let left = remove_run_cgroups(root.dir.path(), Duration::from_millis(200));
+        let _ = pin.signal(child.id() as i32, libc::SIGKILL);
+        let _ = child.wait();
+        assert_eq!(left.len(), 1, "a populated cgroup is reported: {left:?}");
+        assert!(left[0].contains(&child.id().to_string()), "{left:?}");
+        assert!(cg.exists(), "a populated cgroup is left alone");
+
+        let left = remove_run_cgroups(root.dir.path(), Duration::from_secs(10));
+        assert_eq!(left, Vec::<String>::new(), "an empty cgroup is removed");
+        assert!(!cg.exists(), "{} is still there", cg.display());
+    }
+
+    #[test]
     fn parse_ready_reads_every_field() {
         let ready = parse_ready("ready pid=10 pgid=10 sid=9 members=11,12,13\n").unwrap();
         assert_eq!(
@@ -1129,7 +1249,7 @@ mod tests {
 // stopped by pid and every namespace deleted on drop, whatever happened.
 
 pub mod remote {
-    use super::{children_of, proc_stat, wait_until_dbg, Pinned};
+    use super::{proc_stat, wait_until_dbg, Pinned};
     use std::ffi::OsString;
     use std::fs;
     use std::io::{BufRead, BufReader};
@@ -1436,18 +1556,7 @@ pub mod remote {
             .expect("sshd is not installed (Debian: apt-get install openssh-server)")
     }
 
-    /// Every live descendant of `pid`, parents before children.
-    pub fn descendants(pid: i32) -> Vec<i32> {
-        let mut out = Vec::new();
-        let mut todo = vec![pid];
-        while let Some(p) = todo.pop() {
-            for c in children_of(p) {
-                out.push(c);
-                todo.push(c);
-            }
-        }
-        out
-    }
+    pub use super::descendants;
 
     /// Every live process whose command line contains `needle` (e.g. a control socket path).
     pub fn processes_mentioning(needle: &str) -> Vec<i32> {

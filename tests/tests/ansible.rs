@@ -16,15 +16,16 @@ use std::time::{Duration, Instant};
 
 use agent_run_shared::time::parse_rfc3339;
 use agent_run_tests::ansible::{ansible_program, installed_collection, Fleet, Host, Play};
-use agent_run_tests::facts::{epoch_now, require_root};
-use agent_run_tests::{proc_stat, session_members, wait_until_dbg, Pinned};
+use agent_run_tests::ctx::T;
+use agent_run_tests::facts::{count_lines, epoch_now, require_root};
+use agent_run_tests::{
+    alive_as, ensure, proc_stat, session_members, sys, wait_until_dbg, Diagnosed, Pinned,
+};
 use serde_json::Value;
 
 const HOSTS: usize = 10;
 /// The deadline for a whole playbook run that should take seconds.
 const PLAY: Duration = Duration::from_secs(120);
-/// The deadline for things that normally take a second or two.
-const T: Duration = Duration::from_secs(30);
 
 fn serial() -> MutexGuard<'static, ()> {
     static SERIAL: Mutex<()> = Mutex::new(());
@@ -33,21 +34,19 @@ fn serial() -> MutexGuard<'static, ()> {
 
 /// Whether the process a record names (pid + start ticks) is alive, zombies counted as gone.
 fn leader_alive(rec: &Value) -> bool {
-    let (Some(pid), Some(ticks)) = (rec["pid"].as_i64(), rec["start_ticks"].as_u64()) else {
-        return false;
-    };
-    proc_stat(pid as i32).is_some_and(|s| s.4 == ticks && !matches!(s.0, 'Z' | 'X'))
+    match (rec["pid"].as_i64(), rec["start_ticks"].as_u64()) {
+        (Some(pid), Some(ticks)) => alive_as(pid as i32, ticks),
+        _ => false,
+    }
 }
 
 /// The wrapper a record names, alive?
 fn wrapper_alive(rec: &Value) -> bool {
-    let (Some(pid), Some(ticks)) = (
-        rec["wrapper_pid"].as_i64(),
-        rec["wrapper_start_ticks"].as_u64(),
-    ) else {
-        return false;
-    };
-    proc_stat(pid as i32).is_some_and(|s| s.4 == ticks && !matches!(s.0, 'Z' | 'X'))
+    let ticks = rec["wrapper_start_ticks"].as_u64();
+    match (rec["wrapper_pid"].as_i64(), ticks) {
+        (Some(pid), Some(ticks)) => alive_as(pid as i32, ticks),
+        _ => false,
+    }
 }
 
 /// The one record under `host`'s root whose id starts with `prefix`.
@@ -81,12 +80,6 @@ fn assert_nothing_left(fleet: &Fleet, what: &str) {
 fn module_defaults() -> &'static str {
     "  module_defaults:\n    agentrun.remote.run:\n      binary: \"{{ agentrun_bin }}\"\n      \
      root: \"{{ agentrun_root }}\"\n"
-}
-
-fn lines(path: &std::path::Path) -> usize {
-    fs::read_to_string(path)
-        .map(|t| t.lines().count())
-        .unwrap_or(0)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -126,7 +119,8 @@ fn a_play_on_ten_hosts_then_a_rerun_that_runs_nothing_twice() {
         assert_eq!(res["stderr"], format!("err from {}\n", h.name), "{r}");
         assert_eq!(
             res["stdout_lines"],
-            serde_json::json!([format!("out from {}", h.name)])
+            serde_json::json!([format!("out from {}", h.name)]),
+            "res[\"stdout_lines\"]"
         );
         assert_eq!(res["stdout_truncated"], false, "{r}");
         assert_eq!(res["attempt"], 1, "{r}");
@@ -138,21 +132,50 @@ fn a_play_on_ten_hosts_then_a_rerun_that_runs_nothing_twice() {
 
         // The record on the host says the same, and the process is gone.
         let (id, rec) = record_of(&fleet, h, &format!("ans-{}-hello-", h.name));
-        assert_eq!(id, run_id);
-        assert_eq!(rec["state"], "finished", "{rec}");
-        assert_eq!(rec["exit_code"], 0, "{rec}");
-        assert_eq!(rec["labels"]["ansible.host"], h.name.as_str(), "{rec}");
-        assert_eq!(rec["labels"]["ansible.task"], "hello", "{rec}");
-        assert_eq!(rec["labels"]["ansible.play"], "fleet", "{rec}");
-        assert_eq!(rec["labels"]["agentrun.id"], run_id, "{rec}");
-        assert_eq!(rec["argv"][3], h.name.as_str(), "{rec}");
-        assert_eq!(res["record"]["pid"], rec["pid"]);
-        assert!(
+        assert_eq!(id, run_id, "id");
+        fleet
+            .run(&rec)
+            .eq(&rec["state"], "finished", format_args!("{rec}"));
+        fleet
+            .run(&rec)
+            .eq(&rec["exit_code"], 0, format_args!("{rec}"));
+        fleet.run(&rec).eq(
+            &rec["labels"]["ansible.host"],
+            h.name.as_str(),
+            format_args!("{rec}"),
+        );
+        fleet.run(&rec).eq(
+            &rec["labels"]["ansible.task"],
+            "hello",
+            format_args!("{rec}"),
+        );
+        fleet.run(&rec).eq(
+            &rec["labels"]["ansible.play"],
+            "fleet",
+            format_args!("{rec}"),
+        );
+        fleet
+            .run(&rec)
+            .eq(&rec["labels"]["agentrun.id"], run_id, format_args!("{rec}"));
+        fleet
+            .run(&rec)
+            .eq(&rec["argv"][3], h.name.as_str(), format_args!("{rec}"));
+        fleet.run(&rec).eq(
+            &res["record"]["pid"],
+            &rec["pid"],
+            "res[\"record\"][\"pid\"]",
+        );
+        ensure!(
+            fleet.run(&rec),
             rec["pid"] == rec["pgid"] && rec["pgid"] == rec["sid"],
             "its own session: {rec}"
         );
-        assert!(!leader_alive(&rec) && !wrapper_alive(&rec), "{rec}");
-        assert_eq!(lines(&h.dir.join("count-hello")), 1, "{}", h.name);
+        ensure!(
+            fleet.run(&rec),
+            !leader_alive(&rec) && !wrapper_alive(&rec),
+            "{rec}"
+        );
+        assert_eq!(count_lines(&h.dir.join("count-hello")), 1, "{}", h.name);
 
         let r = first.result("fail on some", &h.name);
         let res = &r["result"];
@@ -167,7 +190,11 @@ fn a_play_on_ten_hosts_then_a_rerun_that_runs_nothing_twice() {
         assert_eq!(res["state"], "finished", "{r}");
         assert!(res.get("timedout").is_none(), "{r}");
         let (_, rec) = record_of(&fleet, h, &format!("ans-{}-fail-on-some-", h.name));
-        assert_eq!(rec["exit_code"], if failing { 3 } else { 0 }, "{rec}");
+        fleet.run(&rec).eq(
+            &rec["exit_code"],
+            if failing { 3 } else { 0 },
+            format_args!("{rec}"),
+        );
     }
     assert_nothing_left(&fleet, "after the first play");
 
@@ -181,10 +208,15 @@ fn a_play_on_ten_hosts_then_a_rerun_that_runs_nothing_twice() {
             r["result"]["changed"], false,
             "a replay changes nothing: {r}"
         );
-        assert_eq!(r["result"]["stdout"], format!("out from {}\n", h.name));
+        assert_eq!(
+            r["result"]["stdout"],
+            format!("out from {}\n", h.name),
+            "r[\"result\"][\"stdout\"]"
+        );
         assert_eq!(
             r["result"]["run_id"],
-            first.result("hello", &h.name)["result"]["run_id"]
+            first.result("hello", &h.name)["result"]["run_id"],
+            "r[\"result\"][\"run_id\"]"
         );
         let r = again.result("fail on some", &h.name);
         let failing = fail.contains(&h.name.as_str());
@@ -192,12 +224,17 @@ fn a_play_on_ten_hosts_then_a_rerun_that_runs_nothing_twice() {
         assert_eq!(r["result"]["rc"], if failing { 3 } else { 0 }, "{r}");
         assert_eq!(r["result"]["changed"], false, "{r}");
         assert_eq!(
-            lines(&h.dir.join("count-hello")),
+            count_lines(&h.dir.join("count-hello")),
             1,
             "{}: ran twice",
             h.name
         );
-        assert_eq!(lines(&h.dir.join("count-fail")), 1, "{}: ran twice", h.name);
+        assert_eq!(
+            count_lines(&h.dir.join("count-fail")),
+            1,
+            "{}: ran twice",
+            h.name
+        );
         assert_eq!(fleet.records(h).len(), 2, "{}", h.name);
     }
 
@@ -224,7 +261,11 @@ fn a_play_on_ten_hosts_then_a_rerun_that_runs_nothing_twice() {
             "{}: check mode started something",
             h.name
         );
-        assert_eq!(lines(&h.dir.join("count-hello")), 1);
+        assert_eq!(
+            count_lines(&h.dir.join("count-hello")),
+            1,
+            "count_lines(&h.dir.join(\"count-hello\"))"
+        );
     }
     assert_nothing_left(&fleet, "after the rerun and check mode");
 
@@ -244,7 +285,7 @@ fn a_play_on_ten_hosts_then_a_rerun_that_runs_nothing_twice() {
                     .as_str()
                     .unwrap()
                     .trim(),
-                format!("{tag} {}", h.name)
+                format!("{tag} {}", h.name), "play.result(\"timed\", &h.name)[\"result\"][\"stdout\"] .as_str() .unwrap() .trim()"
             );
         }
         play
@@ -418,8 +459,7 @@ fn ctrl_c_of_ansible_playbook_cancels_the_run_on_every_host_within_grace() {
     // Ctrl-C: SIGINT to the foreground process group, as the terminal sends it.
     let t0 = Instant::now();
     let t0_epoch = epoch_now();
-    // SAFETY: kill(2) on the process group of a child we spawned (not yet reaped).
-    assert_eq!(unsafe { libc::kill(-pgid, libc::SIGINT) }, 0);
+    sys::kill_group(pgid, libc::SIGINT).expect("Ctrl-C to ansible-playbook's group");
     let grace = Duration::from_secs(2);
     // ansible-playbook waits for its workers, and they for their cancels: once it has exited,
     // every run is final, at once.
@@ -437,18 +477,33 @@ fn ctrl_c_of_ansible_playbook_cancels_the_run_on_every_host_within_grace() {
     let mut reached = 0.0f64;
     let hops = fs::read_to_string(&trace).unwrap_or_default();
     for (h, rec) in fleet.hosts.iter().zip(&finals) {
-        assert_eq!(
-            rec["state"], "cancelled",
-            "{}: not cancelled when ansible-playbook exited: {rec}",
-            h.name
+        fleet.run(rec).eq(
+            &rec["state"],
+            "cancelled",
+            format_args!(
+                "{}: not cancelled when ansible-playbook exited: {rec}",
+                h.name
+            ),
         );
         let ended = parse_rfc3339(rec["ended_at"].as_str().unwrap()).unwrap() - t0_epoch;
         took = took.max(ended);
-        assert_eq!(rec["reason"], "cancel_request", "{}: {rec}", h.name);
-        assert_eq!(rec["cleanup"]["survivors"], serde_json::json!([]), "{rec}");
+        fleet.run(rec).eq(
+            &rec["reason"],
+            "cancel_request",
+            format_args!("{}: {rec}", h.name),
+        );
+        fleet.run(rec).eq(
+            &rec["cleanup"]["survivors"],
+            &serde_json::json!([]),
+            format_args!("{rec}"),
+        );
         let signals = rec["cleanup"]["signals"].to_string();
         let stubborn = ["h02", "h05", "h08"].contains(&h.name.as_str());
-        assert_eq!(signals.contains("KILL"), stubborn, "{}: {rec}", h.name);
+        fleet.run(rec).eq(
+            &signals.contains("KILL"),
+            &stubborn,
+            format_args!("{}: {rec}", h.name),
+        );
         let cancel = fs::read_to_string(
             h.root
                 .join(rec["run_id"].as_str().unwrap())
@@ -521,10 +576,10 @@ fn ctrl_c_of_ansible_playbook_cancels_the_run_on_every_host_within_grace() {
         let r = check.result("long", &h.name);
         assert_eq!(r["result"]["changed"], true, "{r}");
         assert_eq!(r["result"]["attempt"], 2, "{r}");
-        assert_eq!(
-            r["result"]["run_id"],
-            format!("{}.r2", rec["run_id"].as_str().unwrap()),
-            "{r}"
+        fleet.run(rec).eq(
+            &r["result"]["run_id"],
+            &format!("{}.r2", rec["run_id"].as_str().unwrap()),
+            format_args!("{r}"),
         );
         assert_eq!(fleet.records(h).len(), 1, "check mode started nothing");
     }
@@ -564,7 +619,7 @@ fn sigkill_of_ansible_playbook_leaves_each_run_to_its_lease() {
     let recs = wait_all_running(&fleet, "ans-", 3, &play);
     let runs = pin_runs(&recs);
     let workers = fleet.pin_descendants(pid);
-    assert!(!workers.pids().is_empty());
+    assert!(!workers.pids().is_empty(), "!workers.pids().is_empty()");
 
     // SIGKILL to ansible-playbook itself: no handler runs, nothing is cancelled.
     let killed_at = epoch_now();
@@ -590,9 +645,21 @@ fn sigkill_of_ansible_playbook_leaves_each_run_to_its_lease() {
     let took = t0.elapsed();
     assert!(runs.wait_all_gone(T).is_ok(), "left: {:?}", runs.alive());
     for (h, rec) in fleet.hosts.iter().zip(&finals) {
-        assert_eq!(rec["state"], "cancelled", "{}: {rec}", h.name);
-        assert_eq!(rec["reason"], "lease_expired", "{}: {rec}", h.name);
-        assert_eq!(rec["cleanup"]["survivors"], serde_json::json!([]), "{rec}");
+        fleet.run(rec).eq(
+            &rec["state"],
+            "cancelled",
+            format_args!("{}: {rec}", h.name),
+        );
+        fleet.run(rec).eq(
+            &rec["reason"],
+            "lease_expired",
+            format_args!("{}: {rec}", h.name),
+        );
+        fleet.run(rec).eq(
+            &rec["cleanup"]["survivors"],
+            &serde_json::json!([]),
+            format_args!("{rec}"),
+        );
         // Nobody renewed after the controller died (one renewal may have been on its way).
         let lease = fs::read_to_string(
             h.root
@@ -603,14 +670,16 @@ fn sigkill_of_ansible_playbook_leaves_each_run_to_its_lease() {
         let lease: Value = serde_json::from_str(&lease).unwrap();
         let deadline = lease["deadline_epoch"].as_f64().unwrap();
         let last_renewal = deadline - KILL_LEASE.as_secs_f64();
-        assert!(
+        ensure!(
+            fleet.run(rec),
             last_renewal <= killed_at + 1.5,
             "{}: renewed {:.2} s after the controller died: {rec}",
             h.name,
             last_renewal - killed_at
         );
         let ended = parse_rfc3339(rec["ended_at"].as_str().unwrap()).unwrap() - killed_at;
-        assert!(
+        ensure!(
+            fleet.run(rec),
             ended <= kill_deadline().as_secs_f64(),
             "{}: stopped {ended:.2} s after the kill: {rec}",
             h.name
@@ -628,12 +697,8 @@ fn sigkill_of_ansible_playbook_leaves_each_run_to_its_lease() {
 
 /// The pids of `pids` (pid, start ticks) still alive.
 fn alive_of(pids: &[(i32, u64)]) -> Vec<i32> {
-    pids.iter()
-        .filter(|(pid, ticks)| {
-            proc_stat(*pid).is_some_and(|s| s.4 == *ticks && !matches!(s.0, 'Z' | 'X'))
-        })
-        .map(|(pid, _)| *pid)
-        .collect()
+    let alive = pids.iter().filter(|(pid, ticks)| alive_as(*pid, *ticks));
+    alive.map(|(pid, _)| *pid).collect()
 }
 
 #[test]
@@ -780,16 +845,28 @@ fn a_task_timeout_stops_the_run_on_every_host() {
         assert_eq!(res["cancelled"], true, "{r}");
         assert_eq!(
             play.result("tell a timeout from a failure", &h.name)["status"],
-            "ok"
+            "ok",
+            "play.result(\"tell a timeout from a failure\", &h.name)[\"status\"]"
         );
         let (_, rec) = record_of(&fleet, h, &format!("ans-{}-limited-", h.name));
-        assert_eq!(rec["state"], "cancelled", "{rec}");
-        assert_eq!(rec["reason"], "timeout", "{rec}");
-        assert_eq!(rec["timeout_ms"], 2000, "{rec}");
+        fleet
+            .run(&rec)
+            .eq(&rec["state"], "cancelled", format_args!("{rec}"));
+        fleet
+            .run(&rec)
+            .eq(&rec["reason"], "timeout", format_args!("{rec}"));
+        fleet
+            .run(&rec)
+            .eq(&rec["timeout_ms"], 2000, format_args!("{rec}"));
         let took = parse_rfc3339(rec["ended_at"].as_str().unwrap()).unwrap()
             - parse_rfc3339(rec["started_at"].as_str().unwrap()).unwrap();
-        assert!((2.0..4.0).contains(&took), "{}: {took} s: {rec}", h.name);
-        assert!(!leader_alive(&rec), "{rec}");
+        ensure!(
+            fleet.run(&rec),
+            (2.0..4.0).contains(&took),
+            "{}: {took} s: {rec}",
+            h.name
+        );
+        ensure!(fleet.run(&rec), !leader_alive(&rec), "{rec}");
 
         // cwd, env, labels, and bounded output that says it was cut.
         let r = play.result("options", &h.name);
@@ -807,13 +884,24 @@ fn a_task_timeout_stops_the_run_on_every_host() {
         );
         assert!(res["msg"].as_str().unwrap().contains("truncated"), "{r}");
         let (_, rec) = record_of(&fleet, h, &format!("ans-{}-options-", h.name));
-        assert_eq!(rec["env"], serde_json::json!(["GREETING"]), "{rec}");
-        assert!(
+        fleet.run(&rec).eq(
+            &rec["env"],
+            &serde_json::json!(["GREETING"]),
+            format_args!("{rec}"),
+        );
+        ensure!(
+            fleet.run(&rec),
             !rec.to_string().contains("hello"),
             "no env value in the record: {rec}"
         );
-        assert_eq!(rec["labels"]["ticket"], "OPS-1", "{rec}");
-        assert_eq!(rec["cwd"], h.dir.display().to_string(), "{rec}");
+        fleet
+            .run(&rec)
+            .eq(&rec["labels"]["ticket"], "OPS-1", format_args!("{rec}"));
+        fleet.run(&rec).eq(
+            &rec["cwd"],
+            &h.dir.display().to_string(),
+            format_args!("{rec}"),
+        );
 
         // A loop: a run of its own for each item (the item is part of the derived id).
         let r = play.result("looped", &h.name);
@@ -841,8 +929,12 @@ fn a_task_timeout_stops_the_run_on_every_host() {
         };
         match keyword(&fleet).as_slice() {
             [(_, rec)] => {
-                assert_eq!(rec["state"], "cancelled", "{rec}");
-                assert_eq!(rec["reason"], "cancel_request", "{rec}");
+                fleet
+                    .run(rec)
+                    .eq(&rec["state"], "cancelled", format_args!("{rec}"));
+                fleet
+                    .run(rec)
+                    .eq(&rec["reason"], "cancel_request", format_args!("{rec}"));
                 cancelled += 1;
             }
             [] => {
@@ -1043,7 +1135,11 @@ fn a_cancel_before_the_run_exists_leaves_nothing_running_and_a_rerun_works() {
     // returns having marked this invocation, with nothing to stop.
     traced(&trace, &format!("cancel done {base3}"));
     assert!(fleet.records(h3).is_empty(), "{:?}", fleet.records(h3));
-    assert_eq!(marks(h3, &base3).as_object().unwrap().len(), 1);
+    assert_eq!(
+        marks(h3, &base3).as_object().unwrap().len(),
+        1,
+        "marks(h3, &base3).as_object().unwrap().len()"
+    );
     // The module goes on, finds the mark, starts nothing and ends.
     fs::write(h3.dir.join(format!("{base3}.fence.go")), "").unwrap();
     let gone = Pinned::new(&[pid3]).wait_all_gone(T);
@@ -1057,12 +1153,15 @@ fn a_cancel_before_the_run_exists_leaves_nothing_running_and_a_rerun_works() {
     assert!(!h3.dir.join("count").exists(), "h03's command ran");
 
     // Ctrl-C, while h01's module has not taken the fence and h02's holds it, about to start.
-    // SAFETY: kill(2) on the process group of a child we spawned (not yet reaped).
-    assert_eq!(unsafe { libc::kill(-pgid, libc::SIGINT) }, 0);
+    sys::kill_group(pgid, libc::SIGINT).expect("Ctrl-C to ansible-playbook's group");
     // h01: as h03.
     traced(&trace, &format!("cancel done {base1}"));
     assert!(fleet.records(h1).is_empty(), "{:?}", fleet.records(h1));
-    assert_eq!(marks(h1, &base1).as_object().unwrap().len(), 1);
+    assert_eq!(
+        marks(h1, &base1).as_object().unwrap().len(),
+        1,
+        "marks(h1, &base1).as_object().unwrap().len()"
+    );
     // h02: the cancel waits for the fence (a waiter in /proc/locks, a kernel fact)...
     wait_until_dbg(
         "h02's cancel waits for the fence",
@@ -1079,7 +1178,7 @@ fn a_cancel_before_the_run_exists_leaves_nothing_running_and_a_rerun_works() {
     fs::write(h2.dir.join(format!("{base2}.start.go")), "").unwrap();
     let done2 = traced(&trace, &format!("cancel done {base2}"));
     let (id2, rec2) = record_of(&fleet, h2, &base2);
-    assert_eq!(id2, base2);
+    assert_eq!(id2, base2, "id2");
     assert_eq!(rec2["state"], "cancelled", "{rec2}");
     assert_eq!(rec2["reason"], "cancel_request", "{rec2}");
     let ended = parse_rfc3339(rec2["ended_at"].as_str().unwrap()).unwrap();
@@ -1090,7 +1189,7 @@ fn a_cancel_before_the_run_exists_leaves_nothing_running_and_a_rerun_works() {
     assert!(!leader_alive(&rec2), "{rec2}");
     wait_until_dbg("h02's run gone", T, || run_gone(h2, &rec2));
     assert_eq!(
-        lines(&h2.dir.join("count")),
+        count_lines(&h2.dir.join("count")),
         1,
         "h02's command started once"
     );
@@ -1133,12 +1232,30 @@ fn a_cancel_before_the_run_exists_leaves_nothing_running_and_a_rerun_works() {
             .find(|(id, _)| *id == want)
             .unwrap_or_else(|| panic!("{}: no run {want}", h.name))
             .1;
-        assert_eq!(rec["state"], "finished", "{rec}");
-        assert_eq!(rec["labels"]["agentrun.id"], base.as_str(), "{rec}");
+        fleet
+            .run(&rec)
+            .eq(&rec["state"], "finished", format_args!("{rec}"));
+        fleet.run(&rec).eq(
+            &rec["labels"]["agentrun.id"],
+            base.as_str(),
+            format_args!("{rec}"),
+        );
     }
-    assert_eq!(lines(&h1.dir.join("count")), 1);
-    assert_eq!(lines(&h2.dir.join("count")), 2);
-    assert_eq!(lines(&h3.dir.join("count")), 1);
+    assert_eq!(
+        count_lines(&h1.dir.join("count")),
+        1,
+        "count_lines(&h1.dir.join(\"count\"))"
+    );
+    assert_eq!(
+        count_lines(&h2.dir.join("count")),
+        2,
+        "count_lines(&h2.dir.join(\"count\"))"
+    );
+    assert_eq!(
+        count_lines(&h3.dir.join("count")),
+        1,
+        "count_lines(&h3.dir.join(\"count\"))"
+    );
     assert_nothing_left(&fleet, "after the fenced cancels and the rerun");
 }
 
@@ -1231,8 +1348,14 @@ fn state_started_in_one_playbook_run_and_finished_in_a_later_one() {
         );
         // Fire and forget: the playbook has ended, the run goes on.
         let (_, rec) = record_of(&fleet, h, "job");
-        assert_eq!(rec["state"], "running", "{rec}");
-        assert!(leader_alive(&rec) && wrapper_alive(&rec), "{rec}");
+        fleet
+            .run(&rec)
+            .eq(&rec["state"], "running", format_args!("{rec}"));
+        ensure!(
+            fleet.run(&rec),
+            leader_alive(&rec) && wrapper_alive(&rec),
+            "{rec}"
+        );
         let lease: Value =
             serde_json::from_str(&fs::read_to_string(h.root.join("job/lease.json")).unwrap())
                 .unwrap();
@@ -1286,7 +1409,11 @@ fn state_started_in_one_playbook_run_and_finished_in_a_later_one() {
     });
     for h in &fleet.hosts {
         let (_, rec) = record_of(&fleet, h, "job");
-        assert_eq!(rec["state"], "running", "the job waits for its gate: {rec}");
+        fleet.run(&rec).eq(
+            &rec["state"],
+            "running",
+            format_args!("the job waits for its gate: {rec}"),
+        );
         fs::write(h.dir.join("gate"), "").unwrap();
     }
     let out = later.finish(PLAY);
@@ -1326,7 +1453,9 @@ fn state_started_in_one_playbook_run_and_finished_in_a_later_one() {
         );
         assert_eq!(r["result"]["changed"], false, "it was started earlier: {r}");
         let (_, rec) = record_of(&fleet, h, "job");
-        assert_eq!(rec["state"], "finished", "{rec}");
+        fleet
+            .run(&rec)
+            .eq(&rec["state"], "finished", format_args!("{rec}"));
         assert_eq!(fleet.records(h).len(), 2, "{}", h.name);
     }
     assert_nothing_left(&fleet, "after the later playbook");
@@ -1367,8 +1496,16 @@ fn sigterm_of_ansible_playbook_cancels_every_run_too() {
     });
     assert!(runs.wait_all_gone(T).is_ok(), "left: {:?}", runs.alive());
     for (h, rec) in fleet.hosts.iter().zip(&finals) {
-        assert_eq!(rec["state"], "cancelled", "{}: {rec}", h.name);
-        assert_eq!(rec["reason"], "cancel_request", "{}: {rec}", h.name);
+        fleet.run(rec).eq(
+            &rec["state"],
+            "cancelled",
+            format_args!("{}: {rec}", h.name),
+        );
+        fleet.run(rec).eq(
+            &rec["reason"],
+            "cancel_request",
+            format_args!("{}: {rec}", h.name),
+        );
         let ended = parse_rfc3339(rec["ended_at"].as_str().unwrap()).unwrap() - t0;
         assert!(
             ended <= 4.0,
@@ -1428,9 +1565,12 @@ fn a_host_lost_mid_run_is_unreachable_and_its_run_ends_at_its_lease() {
             Err(rec["state"].to_string())
         }
     });
-    assert_eq!(rec["reason"], "lease_expired", "{rec}");
+    fleet
+        .run(&rec)
+        .eq(&rec["reason"], "lease_expired", format_args!("{rec}"));
     let ended = parse_rfc3339(rec["ended_at"].as_str().unwrap()).unwrap() - lost_at;
-    assert!(
+    ensure!(
+        fleet.run(&rec),
         ended <= kill_deadline().as_secs_f64(),
         "stopped {ended:.2} s after the host was lost: {rec}"
     );
@@ -1452,7 +1592,8 @@ fn a_host_lost_mid_run_is_unreachable_and_its_run_ends_at_its_lease() {
     let r = play.result("lost", "h02");
     assert_eq!(r["status"], "unreachable", "{r}");
     let msg = r["result"]["msg"].as_str().unwrap_or_default();
-    assert!(
+    ensure!(
+        fleet.run(&rec),
         msg.contains("lease") && msg.contains(rec["run_id"].as_str().unwrap()),
         "{r}"
     );

@@ -16,7 +16,7 @@ use agent_run_tests::contain::{
 };
 use agent_run_tests::hostile::{as_nobody, epoch_now, outcome, write_lease, Detached, CMD, NOBODY};
 use agent_run_tests::workload::fixture_path;
-use agent_run_tests::{agent_run_bin, diagnostics, wait_ready, Pinned, TestRoot};
+use agent_run_tests::{agent_run_bin, ctx, ensure, wait_ready, Pinned, TestRoot};
 use serde_json::Value;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,17 +52,23 @@ fn start(root: &TestRoot, id: &str, mode: Mode, extra: &[&str], argv: &[&str]) -
 }
 
 fn check_mode(root: &TestRoot, id: &str, mode: Mode) {
+    let c = ctx(root, id);
     let st = root.status(id);
     let want = match mode {
         Mode::Cgroup => "cgroup",
         Mode::Procfs => "procfs",
     };
-    assert_eq!(st["containment"]["mode"], want, "{}", diagnostics(root, id));
+    c.eq(
+        &st["containment"]["mode"],
+        want,
+        "st[\"containment\"][\"mode\"]",
+    );
 }
 
 /// The honest end: in cgroup mode `cancelled`/`finished` with nothing of the run alive; in
 /// procfs mode the same, or `unknown` naming a survivor that is alive.
 fn honest(root: &TestRoot, id: &str, mode: Mode, want: &str, watch: &[i32]) {
+    let c = ctx(root, id);
     let st = root.wait_final(id, CMD);
     let state = st["state"].as_str().unwrap_or_default().to_string();
     let dir = root.run_dir(id);
@@ -80,22 +86,21 @@ fn honest(root: &TestRoot, id: &str, mode: Mode, want: &str, watch: &[i32]) {
     let fine =
         state == want || (want == "cancelled" && state == "finished" && st["cleanup"].is_object());
     match (mode, state.as_str()) {
-        _ if fine => assert!(
+        _ if fine => ensure!(
+            c,
             alive_now.is_empty(),
-            "{state} while {alive_now:?} of the run are alive\n{}",
-            diagnostics(root, id)
+            "{state} while {alive_now:?} of the run are alive"
         ),
-        (Mode::Procfs, "unknown") => assert!(
-            !survivors.is_empty(),
-            "unknown without a survivor named\n{}",
-            diagnostics(root, id)
-        ),
-        _ => panic!("ended {state}, expected {want}\n{}", diagnostics(root, id)),
+        (Mode::Procfs, "unknown") => {
+            ensure!(c, !survivors.is_empty(), "unknown without a survivor named")
+        }
+        _ => c.fail(format_args!("ended {state}, expected {want}")),
     }
     if mode == Mode::Cgroup {
         let cg = st["containment"]["cgroup"].as_str().unwrap_or_default();
-        assert!(!cg.is_empty(), "no cgroup recorded: {st}");
-        assert!(
+        ensure!(c, !cg.is_empty(), "no cgroup recorded: {st}");
+        ensure!(
+            c,
             !Path::new(cg).exists() || state == "unknown",
             "the run's cgroup {cg} is left after its final record"
         );
@@ -117,6 +122,7 @@ fn a_zombie_leader_whose_thread_runs_is_stopped_by_cancel_in_both_modes() {
         }
         let root = TestRoot::new();
         let id = format!("zl-{mode:?}").to_lowercase();
+        let c = ctx(&root, &id);
         let run = start(
             &root,
             &id,
@@ -127,28 +133,30 @@ fn a_zombie_leader_whose_thread_runs_is_stopped_by_cancel_in_both_modes() {
         check_mode(&root, &id, mode);
         let leader = run.leader;
         let pin = Pinned::new(&[leader]);
-        assert!(
+        ensure!(
+            c,
             eventually(CMD, || agent_run_tests::proc_stat(leader)
                 .is_some_and(|s| s.0 == 'Z')
                 && tasks(leader) == 2),
             "the leader never became a zombie with a live thread"
         );
-        assert!(alive(leader));
+        ensure!(c, alive(leader), "alive(leader)");
         let (code, out, err) = outcome(root.cmd().args(["cancel", &id]));
-        assert_eq!(code, 0, "{err}");
-        agent_run_tests::ensure!((&root, &id), out.contains("\"cancelled\""), "{out}",);
+        c.eq(&code, &0, format_args!("{err}"));
+        ensure!(c, out.contains("\"cancelled\""), "{out}");
         pin.wait_all_gone(CMD)
-            .unwrap_or_else(|p| panic!("{mode:?}: {p:?} alive\n{}", diagnostics(&root, &id)));
-        assert!(
+            .unwrap_or_else(|p| c.fail(format_args!("{mode:?}: {p:?} alive")));
+        ensure!(
+            c,
             !alive(leader),
             "{mode:?}: the thread lives on after cancelled"
         );
         honest(&root, &id, mode, "cancelled", &[leader]);
         let sent = agent_run_tests::hostile::signals_to(&root, &id, &[leader]);
-        assert!(
+        ensure!(
+            c,
             !sent.is_empty(),
-            "no signal to the zombie leader's process: {}",
-            diagnostics(&root, &id)
+            "no signal to the zombie leader's process"
         );
     }
 }
@@ -161,6 +169,7 @@ fn a_zombie_leader_left_by_a_shell_that_exits_is_stopped_before_finished_in_both
         }
         let root = TestRoot::new();
         let id = format!("zlsh-{mode:?}").to_lowercase();
+        let c = ctx(&root, &id);
         let zl_pid = root.dir.path().join("zl.pid");
         let script = format!(
             "{} zombie-leader > /dev/null & echo $! > {}; sleep 0.6; exit 0",
@@ -176,20 +185,21 @@ fn a_zombie_leader_left_by_a_shell_that_exits_is_stopped_before_finished_in_both
             "-c",
             &script,
         ]));
-        assert_eq!(code, 0, "{err}\n{}", diagnostics(&root, &id));
+        c.eq(&code, &0, format_args!("{err}"));
         let zl: i32 = fs::read_to_string(&zl_pid).unwrap().trim().parse().unwrap();
         let st = root.status(&id);
-        assert_eq!(st["state"], "finished", "{}", diagnostics(&root, &id));
-        agent_run_tests::ensure!(
-            (&root, &id),
+        c.eq(&st["state"], "finished", "st[\"state\"]");
+        ensure!(
+            c,
             !alive(zl),
-            "{mode:?}: the zombie leader's thread outlived a finished run",
+            "{mode:?}: the zombie leader's thread outlived a finished run"
         );
         let signalled: Vec<i64> = st["cleanup"]["signalled"]
             .as_array()
             .map(|a| a.iter().filter_map(Value::as_i64).collect())
             .unwrap_or_default();
-        assert!(
+        ensure!(
+            c,
             signalled.contains(&(zl as i64)),
             "{mode:?}: cleanup does not name {zl}: {st}"
         );
@@ -243,20 +253,22 @@ fn a_pid_hopping_escapee_as_nobody_is_stopped_or_named_in_both_modes() {
         let deleg =
             (mode == Mode::Cgroup).then(|| Delegated::new("hop").expect("delegate a cgroup"));
         let id = format!("hop-{mode:?}").to_lowercase();
+        let c = ctx(&root, &id);
         let mut args = vec!["start", "-d", "--grace", "1s"];
         args.extend(mode.opts());
         let fxs = fixture_path();
         args.extend([id.as_str(), "--", fxs.as_str(), "hopper"]);
         let _sweep = agent_run_tests::contain::SweepOnDrop(root.run_dir(&id));
         let (code, _, err) = nobody_ar(&root, deleg.as_ref(), &args);
-        assert_eq!(code, 0, "{err}\n{}", diagnostics(&root, &id));
+        c.eq(&code, &0, format_args!("{err}"));
         check_mode(&root, &id, mode);
         if let Some(d) = &deleg {
             let cg = root.status(&id)["containment"]["cgroup"]
                 .as_str()
                 .unwrap()
                 .to_string();
-            assert!(
+            ensure!(
+                c,
                 Path::new(&cg).starts_with(&d.path),
                 "{cg} is not under {}",
                 d.path.display()
@@ -266,11 +278,7 @@ fn a_pid_hopping_escapee_as_nobody_is_stopped_or_named_in_both_modes() {
         // stopped); a scan cannot be relied on to see a hopper anyway.
         let dir = root.run_dir(&id);
         let (code, _, err) = nobody_ar(&root, None, &["cancel", &id]);
-        agent_run_tests::ensure!(
-            (&root, &id),
-            code == 0 || code == 75,
-            "cancel: {code} {err}",
-        );
+        ensure!(c, code == 0 || code == 75, "cancel: {code} {err}");
         honest(&root, &id, mode, "cancelled", &[]);
         sweep(&dir, &[]);
     }
@@ -287,6 +295,7 @@ fn a_marked_process_outside_the_tree_is_stopped_when_the_leader_exits_in_both_mo
         }
         let root = TestRoot::new();
         let id = format!("outsider-{mode:?}").to_lowercase();
+        let c = ctx(&root, &id);
         let gate = root.dir.path().join("gate");
         // The leader waits until the outsider runs, then exits 0.
         let script = format!(
@@ -306,15 +315,15 @@ fn a_marked_process_outside_the_tree_is_stopped_when_the_leader_exits_in_both_mo
         let pin = Pinned::new(&[opid]);
         fs::write(&gate, b"").unwrap();
         let st = root.wait_final(&id, CMD);
-        assert_eq!(st["state"], "finished", "{}", diagnostics(&root, &id));
+        c.eq(&st["state"], "finished", "st[\"state\"]");
         pin.wait_all_gone(CMD).unwrap_or_else(|p| {
-            panic!(
-                "{mode:?}: outsider {p:?} alive after finished\n{}",
-                diagnostics(&root, &id)
-            )
+            c.fail(format_args!(
+                "{mode:?}: outsider {p:?} alive after finished"
+            ))
         });
         let signalled = st["cleanup"]["signalled"].to_string();
-        assert!(
+        ensure!(
+            c,
             signalled.contains(&opid.to_string()),
             "{mode:?}: cleanup: {st}"
         );
@@ -336,18 +345,20 @@ fn a_non_dumpable_daemon_after_kill_9_of_the_wrapper_is_stopped_or_named_in_both
         let deleg =
             (mode == Mode::Cgroup).then(|| Delegated::new("nd").expect("delegate a cgroup"));
         let id = format!("nondump-{mode:?}").to_lowercase();
+        let c = ctx(&root, &id);
         let fxs = fixture_path();
         let script = format!("{fxs} nondumpable-daemon; exec {fxs} sleep-ms 600000");
         let mut args = vec!["start", "-d", "--grace", "1s"];
         args.extend(mode.opts());
         args.extend([id.as_str(), "--", "sh", "-c", script.as_str()]);
         let (code, _, err) = nobody_ar(&root, deleg.as_ref(), &args);
-        assert_eq!(code, 0, "{err}\n{}", diagnostics(&root, &id));
+        c.eq(&code, &0, format_args!("{err}"));
         let dir = root.run_dir(&id);
         let ready = wait_ready(&dir.join("stdout.log"), CMD);
         let daemon = ready.pid;
         let dpin = Pinned::new(&[daemon]);
-        assert!(
+        ensure!(
+            c,
             fs::read(format!("/proc/{daemon}/environ")).is_ok(),
             "root reads any environ"
         );
@@ -355,22 +366,23 @@ fn a_non_dumpable_daemon_after_kill_9_of_the_wrapper_is_stopped_or_named_in_both
         let wrapper = st["wrapper_pid"].as_i64().unwrap() as i32;
         let wpin = Pinned::new(&[wrapper]);
         let _ = wpin.signal(wrapper, libc::SIGKILL);
-        wpin.wait_all_gone(CMD).unwrap();
+        c.wait_gone(&wpin, "wpin");
         let (code, _, err) = nobody_ar(&root, None, &["cancel", &id]);
-        assert_eq!(code, 0, "cancel: {err}\n{}", diagnostics(&root, &id));
+        c.eq(&code, &0, format_args!("cancel: {err}"));
         let st = root.wait_final(&id, CMD);
         match mode {
             Mode::Cgroup => {
-                assert_eq!(st["state"], "cancelled", "{}", diagnostics(&root, &id));
+                c.eq(&st["state"], "cancelled", "st[\"state\"]");
                 dpin.wait_all_gone(CMD)
-                    .unwrap_or_else(|p| panic!("daemon {p:?} alive\n{}", diagnostics(&root, &id)));
+                    .unwrap_or_else(|p| c.fail(format_args!("daemon {p:?} alive")));
             }
             Mode::Procfs => {
                 // Its environment is unreadable to nobody: it may be the run's. Named, and the
                 // run is not called cancelled while it lives.
                 if !dpin.alive().is_empty() {
-                    assert_eq!(st["state"], "unknown", "{}", diagnostics(&root, &id));
-                    assert!(
+                    c.eq(&st["state"], "unknown", "st[\"state\"]");
+                    ensure!(
+                        c,
                         st["cleanup"]["survivors"]
                             .to_string()
                             .contains(&daemon.to_string()),
@@ -395,6 +407,7 @@ fn an_env_i_setsid_escapee_after_kill_9_of_the_wrapper_is_stopped_in_cgroup_mode
     for by in ["cancel", "watchdog"] {
         let root = TestRoot::new();
         let id = format!("envi-{by}");
+        let c = ctx(&root, &id);
         let go = root.dir.path().join("go");
         let esc = root.dir.path().join("esc.pid");
         let script = format!(
@@ -412,34 +425,42 @@ fn an_env_i_setsid_escapee_after_kill_9_of_the_wrapper_is_stopped_in_cgroup_mode
         );
         run.kill_wrapper();
         fs::write(&go, b"").unwrap();
-        assert!(eventually(CMD, || fs::read_to_string(&esc)
-            .is_ok_and(|s| s.ends_with('\n'))));
+        ensure!(
+            c,
+            eventually(CMD, || fs::read_to_string(&esc)
+                .is_ok_and(|s| s.ends_with('\n'))),
+            "eventually(CMD, || fs::read_to_string(&esc) .is_ok_and(|s| s.ends_with('\\n')))"
+        );
         let e: i32 = fs::read_to_string(&esc).unwrap().trim().parse().unwrap();
         let epin = Pinned::new(&[e]);
         // No marker, another session, its parent gone: only the cgroup knows it.
-        assert!(agent_run_tests::environ_var(e, "AGENT_RUN_ID").is_none());
+        ensure!(
+            c,
+            agent_run_tests::environ_var(e, "AGENT_RUN_ID").is_none(),
+            "agent_run_tests::environ_var(e, \"AGENT_RUN_ID\").is_none()"
+        );
         let cg = root.status(&id)["containment"]["cgroup"]
             .as_str()
             .unwrap()
             .to_string();
-        assert_eq!(
+        c.eq(
             cgroup_of(e).unwrap(),
             Path::new(&cg),
-            "the escapee left the run's cgroup"
+            "the escapee left the run's cgroup",
         );
         if by == "cancel" {
             let (code, _, err) = outcome(root.cmd().args(["cancel", &id]));
-            assert_eq!(code, 0, "{err}");
+            c.eq(&code, &0, format_args!("{err}"));
         } else {
             write_lease(&run.dir, epoch_now() - 1.0, 1.0);
             let (code, _, err) = outcome(root.watchdog_cmd().args(["--once"]));
-            assert_eq!(code, 0, "{err}");
+            c.eq(&code, &0, format_args!("{err}"));
         }
         let st = root.wait_final(&id, CMD);
-        assert_eq!(st["state"], "cancelled", "{}", diagnostics(&root, &id));
+        c.eq(&st["state"], "cancelled", "st[\"state\"]");
         epin.wait_all_gone(CMD)
-            .unwrap_or_else(|p| panic!("{by}: escapee {p:?} alive\n{}", diagnostics(&root, &id)));
-        assert!(!Path::new(&cg).exists(), "{by}: cgroup left");
+            .unwrap_or_else(|p| c.fail(format_args!("{by}: escapee {p:?} alive")));
+        ensure!(c, !Path::new(&cg).exists(), "{by}: cgroup left");
     }
 }
 
@@ -457,6 +478,7 @@ fn a_workload_behind_its_own_subreaper_is_stopped_in_both_modes() {
         }
         let root = TestRoot::new();
         let id = format!("tini-{mode:?}").to_lowercase();
+        let c = ctx(&root, &id);
         let script = format!(
             "setsid {fx} sleep-ms 600000 & {fx} tree --children 1",
             fx = fixture_path()
@@ -470,10 +492,14 @@ fn a_workload_behind_its_own_subreaper_is_stopped_in_both_modes() {
         );
         let ready = wait_ready(&run.dir.join("stdout.log"), CMD);
         let pin = Pinned::new(&ready.all_pids());
-        assert!(eventually(CMD, || marked(&run.dir).len() >= 4));
+        ensure!(
+            c,
+            eventually(CMD, || marked(&run.dir).len() >= 4),
+            "eventually(CMD, || marked(&run.dir).len() >= 4)"
+        );
         let (code, _, err) = outcome(root.cmd().args(["cancel", &id]));
-        assert_eq!(code, 0, "{err}");
-        pin.wait_all_gone(CMD).unwrap();
+        c.eq(&code, &0, format_args!("{err}"));
+        c.wait_gone(&pin, "pin");
         honest(&root, &id, mode, "cancelled", &[]);
         sweep(&run.dir, &[]);
     }
@@ -500,6 +526,7 @@ fn a_fork_loop_during_the_stop_is_stopped_or_named_in_both_modes() {
         }
         let root = TestRoot::new();
         let id = format!("forkloop-{mode:?}").to_lowercase();
+        let c = ctx(&root, &id);
         let run = start(
             &root,
             &id,
@@ -507,9 +534,13 @@ fn a_fork_loop_during_the_stop_is_stopped_or_named_in_both_modes() {
             &["--grace", "1s"],
             &[&fixture_path(), "fork-loop"],
         );
-        assert!(eventually(CMD, || marked(&run.dir).len() >= 20));
+        ensure!(
+            c,
+            eventually(CMD, || marked(&run.dir).len() >= 20),
+            "eventually(CMD, || marked(&run.dir).len() >= 20)"
+        );
         let (code, _, err) = outcome(root.cmd().args(["cancel", &id]));
-        assert!(code == 0, "{err}");
+        ensure!(c, code == 0, "{err}");
         honest(&root, &id, mode, "cancelled", &[run.leader]);
         sweep(&run.dir, &[]);
     }
@@ -523,6 +554,7 @@ fn stopping_an_outer_run_stops_a_nested_run_and_its_cgroup_in_both_modes() {
         }
         let root = TestRoot::new();
         let id = format!("outer-{mode:?}").to_lowercase();
+        let c = ctx(&root, &id);
         let inner_root = root.dir.path().join("inner-runs");
         let ar = agent_run_bin().display().to_string();
         let ir = inner_root.display().to_string();
@@ -558,15 +590,16 @@ fn stopping_an_outer_run_stops_a_nested_run_and_its_cgroup_in_both_modes() {
                 .as_str()
                 .unwrap()
                 .to_string();
-            assert!(
+            ensure!(
+                c,
                 Path::new(&inner_cg).starts_with(&outer_cg),
                 "inner {inner_cg} not under outer {outer_cg}"
             );
         }
         let (code, _, err) = outcome(root.cmd().args(["cancel", &id]));
-        assert_eq!(code, 0, "{err}");
+        c.eq(&code, &0, format_args!("{err}"));
         pin.wait_all_gone(CMD)
-            .unwrap_or_else(|p| panic!("{mode:?}: inner {p:?} alive\n{}", diagnostics(&root, &id)));
+            .unwrap_or_else(|p| c.fail(format_args!("{mode:?}: inner {p:?} alive")));
         honest(&root, &id, mode, "cancelled", &[run.leader]);
     }
 }
@@ -610,20 +643,12 @@ fn a_record_naming_a_cgroup_that_is_not_the_runs_is_refused_and_nothing_is_kille
             );
         });
         let (code, _, err) = outcome(root.cmd().args(["cancel", "forger"]));
-        assert_eq!(
-            code,
-            77,
-            "a record naming {forged}: {err}\n{}",
-            diagnostics(&root, "forger")
-        );
-        assert_eq!(
-            vpin.alive().len(),
-            vpin.pids().len(),
-            "the other run's processes were hit"
-        );
+        let c = ctx(&root, "forger");
+        c.eq(code, 77, format_args!("a record naming {forged}: {err}"));
+        ctx(&root, "victim").all_alive(&vpin, "the other run's processes");
     }
-    let (code, _, _) = outcome(root.cmd().args(["cancel", "victim"]));
-    assert_eq!(code, 0);
+    let (code, _, err) = outcome(root.cmd().args(["cancel", "victim"]));
+    ctx(&root, "victim").eq(code, 0, format_args!("cancel victim: {err}"));
     sweep(&run.dir, &[run.leader]);
 }
 
@@ -640,22 +665,26 @@ fn the_final_record_carries_the_cpu_the_run_used_and_an_explicit_parent_is_check
         "-c",
         "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done",
     ]));
-    assert_eq!(code, 0, "{err}");
-    let st = root.status("cpu");
-    assert_eq!(st["containment"]["mode"], "cgroup");
+    let c = ctx(&root, "cpu");
+    c.eq(code, 0, format_args!("the cpu run: {err}"));
+    let st = c.status();
+    c.eq(&st["containment"]["mode"], "cgroup", "the containment mode");
     let used = st["resources"]["cpu_usage_usec"].as_u64().unwrap_or(0);
-    assert!(used > 10_000, "cpu_usage_usec {used}: {st}");
+    ensure!(c, used > 10_000, "cpu_usage_usec {used}");
     // An explicit parent that is not a cgroup: 64, nothing created.
+    let c = ctx(&root, "badcg");
     for bad in ["/tmp", "relative/dir", "/sys/fs/cgroup/../etc"] {
         let (code, _, err) = outcome(root.cmd().args(["--cgroup", bad, "badcg", "--", "true"]));
-        assert_eq!(code, 64, "--cgroup {bad}: {err}");
-        assert!(!root.run_dir("badcg").exists());
+        c.eq(code, 64, format_args!("--cgroup {bad}: {err}"));
+        ensure!(c, !c.file("").exists(), "--cgroup {bad} made a run dir");
     }
     // off: the procfs mode, said in the record.
-    let (code, _, _) = outcome(root.cmd().args(["--cgroup", "off", "nocg", "--", "true"]));
-    assert_eq!(code, 0);
-    assert_eq!(root.status("nocg")["containment"]["mode"], "procfs");
-    assert!(root.status("nocg")["resources"].is_null());
+    let c = ctx(&root, "nocg");
+    let (code, _, err) = outcome(root.cmd().args(["--cgroup", "off", "nocg", "--", "true"]));
+    c.eq(code, 0, format_args!("--cgroup off: {err}"));
+    let st = c.status();
+    c.eq(&st["containment"]["mode"], "procfs", "the containment mode");
+    ensure!(c, st["resources"].is_null(), "a procfs run has resources");
     // An explicit parent of our own.
     let parent = cgroup2_mount()
         .unwrap()
@@ -667,15 +696,18 @@ fn the_final_record_carries_the_cpu_the_run_used_and_an_explicit_parent_is_check
             root.cmd()
                 .args(["--cgroup", &p, "inparent", "--", "cat", "/proc/self/cgroup"]),
         );
-    assert_eq!(code, 0, "{err}");
-    assert!(
+    let c = ctx(&root, "inparent");
+    c.eq(code, 0, format_args!("--cgroup {p}: {err}"));
+    ensure!(
+        c,
         out.contains(&format!(
             "0::/{}/agent-run.inparent.",
             parent.file_name().unwrap().to_string_lossy()
         )),
-        "{out}"
+        "the run's /proc/self/cgroup: {out}"
     );
-    assert!(
+    ensure!(
+        c,
         fs::read_dir(&parent)
             .unwrap()
             .filter_map(|e| e.ok())
@@ -718,18 +750,20 @@ fn a_user_without_a_cgroup_but_with_a_systemd_user_manager_asks_systemd_run_for_
         .arg(root.root())
         .args(["scoped", "--", "true"]);
     let (code, _, err) = outcome(&mut cmd);
-    assert_eq!(code, 0, "{err}\n{}", diagnostics(&root, "scoped"));
+    let c = ctx(&root, "scoped");
+    c.eq(code, 0, format_args!("{err}"));
     let asked = fs::read_to_string(&asked).unwrap();
-    assert!(
+    ensure!(
+        c,
         asked.starts_with(
             "--user --scope --quiet --collect -p Delegate=yes --unit=agent-run-scoped-"
         ) && asked.contains(&format!("-- {} --root", agent_run_bin().display())),
         "systemd-run was asked: {asked:?}"
     );
-    let st = root.status("scoped");
-    assert_eq!(st["state"], "finished", "{st}");
+    let st = c.status();
+    c.eq(&st["state"], "finished", "the state");
     // The stand-in gave no scope: the wrapper inside it did not ask again, and is procfs.
-    assert_eq!(st["containment"]["mode"], "procfs");
+    c.eq(&st["containment"]["mode"], "procfs", "the containment mode");
     // Root never asks (it has its own cgroup); neither does AGENT_RUN_NO_SCOPE.
     let mut cmd = as_nobody(&agent_run_bin());
     cmd.env("PATH", format!("{}:/usr/bin:/bin", tools.display()))
@@ -740,8 +774,8 @@ fn a_user_without_a_cgroup_but_with_a_systemd_user_manager_asks_systemd_run_for_
         .args(["unscoped", "--", "true"]);
     fs::write(root.dir.path().join("asked"), b"").unwrap();
     let (code, _, err) = outcome(&mut cmd);
-    assert_eq!(code, 0, "{err}");
-    assert!(fs::read_to_string(root.dir.path().join("asked"))
-        .unwrap()
-        .is_empty());
+    let c = ctx(&root, "unscoped");
+    c.eq(code, 0, format_args!("{err}"));
+    let asked = fs::read_to_string(root.dir.path().join("asked")).unwrap();
+    ensure!(c, asked.is_empty(), "systemd-run was asked: {asked:?}");
 }

@@ -687,7 +687,11 @@ fn cancel_refuses_a_record_from_another_boot_and_status_and_list_say_host_reboot
     let (_, tree) = c.pin_tree();
     c.kill_wrapper(run.wrapper, &run.wrapper_pin);
     let forged_boot = "00000000-0000-4000-8000-000000000000";
-    assert_ne!(boot_id(), forged_boot);
+    assert_ne!(
+        boot_id(),
+        forged_boot,
+        "this host's boot id is the forged one"
+    );
     c.edit_status(|st| {
         st.insert("boot_id".into(), forged_boot.into());
     });

@@ -15,10 +15,11 @@ use agent_run_shared::time::parse_rfc3339;
 use agent_run_tests::controls::{shell_path, Tmux};
 use agent_run_tests::facts::require_root;
 use agent_run_tests::facts::{exclusive_cpu, shared_cpu};
+use agent_run_tests::hostile::Daemon;
 use agent_run_tests::remote::SshServer;
 use agent_run_tests::workload::fixture_path;
 use agent_run_tests::{
-    agent_run_bin, describe_output, diagnostics, exit_code, fixture_bin, proc_stat,
+    agent_run_bin, ctx, describe_output, ensure, exit_code, fixture_bin, proc_stat,
     run_with_timeout, wait_ready, wait_until_dbg, Pinned, Spawned, TestRoot,
 };
 use serde_json::Value;
@@ -95,13 +96,7 @@ fn detached(root: &TestRoot, id: &str, opts: &[&str], tree: &[&str]) -> Detached
 impl Detached {
     /// Every process of the tree is gone (zombies count as gone).
     fn assert_gone(&self, root: &TestRoot, what: &str) {
-        if let Err(left) = self.tree.wait_all_gone(T) {
-            panic!(
-                "{what}: processes of run {} left: {left:?}\n{}",
-                self.id,
-                diagnostics(root, &self.id)
-            );
-        }
+        ctx(root, &self.id).wait_gone(&self.tree, what);
     }
 }
 
@@ -120,6 +115,7 @@ fn percentile(v: &[f64], p: f64) -> f64 {
 fn a_timeout_stops_a_foreground_run_with_124_and_says_so() {
     let _cpu = shared_cpu();
     let root = TestRoot::new();
+    let c = ctx(&root, "tmo");
     let fx = fixture_path();
     let run = Spawned::wrapper(
         &root,
@@ -139,42 +135,45 @@ fn a_timeout_stops_a_foreground_run_with_124_and_says_so() {
     let tree = Pinned::new(&ready.all_pids());
     let out = run.finish(T);
     let what = describe_output("start --timeout 1500ms", &out);
-    assert_eq!(exit_code(&out.status), 124, "{what}");
+    c.eq(&exit_code(&out.status), &124, format_args!("{what}"));
     tree.wait_all_gone(T)
-        .unwrap_or_else(|left| panic!("left after the timeout: {left:?}\n{what}"));
+        .unwrap_or_else(|left| c.fail(format_args!("left after the timeout: {left:?}\n{what}")));
     let st = root.status("tmo");
-    assert_eq!(
-        (
+    c.eq(
+        &(
             st["state"].as_str(),
             st["reason"].as_str(),
-            st["timeout_ms"].as_u64()
+            st["timeout_ms"].as_u64(),
         ),
-        (Some("cancelled"), Some("timeout"), Some(1500)),
-        "{st:#}"
+        &(Some("cancelled"), Some("timeout"), Some(1500)),
+        format_args!("{st:#}"),
     );
     let ran = epoch(&st, "ended_at") - epoch(&st, "started_at");
-    assert!(ran >= 1.5, "stopped {ran:.3}s after the start: early");
+    ensure!(c, ran >= 1.5, "stopped {ran:.3}s after the start: early");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
+    ensure!(
+        c,
         stderr.contains("agent-run: timeout of 1.5s reached: stopping run tmo (TERM sent"),
         "{what}"
     );
-    assert!(
+    ensure!(
+        c,
         stderr.contains("agent-run: run tmo: cancelled (timeout) after")
             && stderr.contains("exit 124"),
         "{what}"
     );
     ar_code(&root, &["wait", "tmo"], 124);
     let doc = json_of(&ar_code(&root, &["status", "--json", "tmo"], 0));
-    assert_eq!(doc["outcome_exit_code"], 124);
+    c.eq(&doc["outcome_exit_code"], 124, "doc[\"outcome_exit_code\"]");
     let events: Vec<String> = root.event_names("tmo");
-    assert!(events.iter().any(|e| e == "timeout"), "{events:?}");
+    ensure!(c, events.iter().any(|e| e == "timeout"), "{events:?}");
 }
 
 #[test]
 fn renewals_do_not_extend_a_timeout() {
     let _cpu = shared_cpu();
     let root = TestRoot::new();
+    let c = ctx(&root, "renewed");
     let run = detached(
         &root,
         "renewed",
@@ -200,7 +199,7 @@ fn renewals_do_not_extend_a_timeout() {
             exit_code(&out.status)
         ))
     });
-    assert_eq!(st["reason"], "timeout", "{st:#}");
+    c.eq(&st["reason"], "timeout", format_args!("{st:#}"));
     run.assert_gone(&root, "after the timeout");
     ar_code(&root, &["wait", "renewed"], 124);
 }
@@ -211,8 +210,7 @@ fn the_watchdog_stops_a_run_whose_wrapper_was_killed_at_its_timeout() {
     let root = TestRoot::new();
     fs::create_dir(root.root()).unwrap();
     fs::set_permissions(root.root(), fs::Permissions::from_mode(0o700)).unwrap();
-    let watchdog = Spawned::spawn(root.watchdog_cmd().args(["--scan-interval", "30s"]));
-    agent_run_tests::remote::wait_for_text("watching", T, || watchdog.stderr_so_far());
+    let watchdog = Daemon::start(root.watchdog_cmd(), &["--scan-interval", "30s"]);
     const N: usize = 24;
     // Deadlines 40 ms apart from a common start, whatever the launches take: run i's timeout
     // counts from its own start.
@@ -230,7 +228,7 @@ fn the_watchdog_stops_a_run_whose_wrapper_was_killed_at_its_timeout() {
     // The wrappers die at once, before any timeout: only the watchdog is left to act.
     for r in &runs {
         r.wrapper_pin.signal(r.wrapper, libc::SIGKILL).unwrap();
-        r.wrapper_pin.wait_all_gone(T).unwrap();
+        ctx(&root, &r.id).wait_gone(&r.wrapper_pin, "the SIGKILLed wrapper");
     }
     assert!(
         Instant::now() + Duration::from_millis(500) < base,
@@ -238,12 +236,12 @@ fn the_watchdog_stops_a_run_whose_wrapper_was_killed_at_its_timeout() {
     );
     let mut lateness_ms = Vec::new();
     for r in &runs {
+        let c = ctx(&root, &r.id);
         let st = root.wait_final(&r.id, T);
-        assert_eq!(
-            (st["state"].as_str(), st["reason"].as_str()),
-            (Some("cancelled"), Some("timeout")),
-            "{}",
-            diagnostics(&root, &r.id)
+        ctx(&root, &r.id).eq(
+            &(st["state"].as_str(), st["reason"].as_str()),
+            &(Some("cancelled"), Some("timeout")),
+            "(st[\"state\"].as_str(), st[\"reason\"].as_str())",
         );
         r.assert_gone(&root, "after the watchdog's stop");
         let deadline = epoch(&st, "started_at") + st["timeout_ms"].as_f64().unwrap() / 1000.0;
@@ -252,9 +250,10 @@ fn the_watchdog_stops_a_run_whose_wrapper_was_killed_at_its_timeout() {
             .events(&r.id)
             .into_iter()
             .find(|e| e["by"] == "watchdog")
-            .unwrap_or_else(|| panic!("no watchdog event\n{}", diagnostics(&root, &r.id)));
+            .unwrap_or_else(|| ctx(&root, &r.id).fail("no watchdog event"));
         let late = (epoch(&acted, "ts") - deadline) * 1000.0;
-        assert!(
+        ensure!(
+            c,
             late >= -1.5,
             "run {} stopped {late:.1} ms before its timeout",
             r.id
@@ -272,8 +271,7 @@ fn the_watchdog_stops_a_run_whose_wrapper_was_killed_at_its_timeout() {
     );
     // The watchdog's target for deadlines (docs/benchmarks.md): p99 under 100 ms.
     assert!(p99 < 100.0, "p99 lateness {p99:.1} ms: {lateness_ms:?}");
-    watchdog.signal(libc::SIGTERM);
-    let out = watchdog.finish(T);
+    let out = watchdog.stop();
     assert_eq!(
         exit_code(&out.status),
         0,
@@ -286,10 +284,10 @@ fn the_watchdog_stops_a_run_whose_wrapper_was_killed_at_its_timeout() {
 fn a_stopped_wrapper_past_its_timeout_is_taken_over_by_the_watchdog() {
     let _cpu = shared_cpu();
     let root = TestRoot::new();
+    let c = ctx(&root, "stuck");
     fs::create_dir(root.root()).unwrap();
     fs::set_permissions(root.root(), fs::Permissions::from_mode(0o700)).unwrap();
-    let watchdog = Spawned::spawn(root.watchdog_cmd().args(["--slack", "1s"]));
-    agent_run_tests::remote::wait_for_text("watching", T, || watchdog.stderr_so_far());
+    let watchdog = Daemon::start(root.watchdog_cmd(), &["--slack", "1s"]);
     let run = detached(
         &root,
         "stuck",
@@ -303,22 +301,22 @@ fn a_stopped_wrapper_past_its_timeout_is_taken_over_by_the_watchdog() {
         other => Err(other),
     });
     let st = root.wait_final("stuck", T);
-    assert_eq!(
-        (st["state"].as_str(), st["reason"].as_str()),
-        (Some("cancelled"), Some("timeout")),
-        "{}",
-        diagnostics(&root, "stuck")
+    ctx(&root, "stuck").eq(
+        &(st["state"].as_str(), st["reason"].as_str()),
+        &(Some("cancelled"), Some("timeout")),
+        "(st[\"state\"].as_str(), st[\"reason\"].as_str())",
     );
     run.assert_gone(&root, "after the watchdog's takeover");
-    run.wrapper_pin.wait_all_gone(T).unwrap();
+    c.wait_gone(&run.wrapper_pin, "run.wrapper pin");
     let deadline = epoch(&st, "started_at") + 1.5;
     let late = epoch(&st, "ended_at") - deadline;
-    assert!(
+    ensure!(
+        c,
         late >= 2.0 - 0.001,
         "taken over {late:.3}s after the timeout: before grace + slack"
     );
-    watchdog.signal(libc::SIGTERM);
-    watchdog.finish(T);
+    let out = watchdog.stop();
+    c.code(&out, 0, "the watchdog on SIGTERM");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -328,6 +326,7 @@ fn a_stopped_wrapper_past_its_timeout_is_taken_over_by_the_watchdog() {
 fn cwd_env_and_labels_reach_the_workload_and_the_record_but_values_stay_out_of_it() {
     let _cpu = shared_cpu();
     let root = TestRoot::new();
+    let c = ctx(&root, "ce");
     let work = root.dir.path().join("work dir");
     fs::create_dir(&work).unwrap();
     let out = ar_code(
@@ -352,24 +351,33 @@ fn cwd_env_and_labels_reach_the_workload_and_the_record_but_values_stay_out_of_i
         0,
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        stdout,
-        format!("{}\ns3cret-value||none\n", work.display()),
-        "{}",
-        describe_output("start -C -e", &out)
+    c.eq(
+        &stdout,
+        &format!("{}\ns3cret-value||none\n", work.display()),
+        format_args!("{}", describe_output("start -C -e", &out)),
     );
     let st = root.status("ce");
-    assert_eq!(st["cwd"], work.to_str().unwrap());
-    assert_eq!(st["env"], serde_json::json!(["GREETING", "EMPTY"]));
-    assert_eq!(
-        st["labels"],
-        serde_json::json!({"job": "42", "team/sub": "ml=x"})
+    c.eq(&st["cwd"], work.to_str().unwrap(), "st[\"cwd\"]");
+    c.eq(
+        &st["env"],
+        &serde_json::json!(["GREETING", "EMPTY"]),
+        "st[\"env\"]",
+    );
+    c.eq(
+        &st["labels"],
+        &serde_json::json!({"job": "42", "team/sub": "ml=x"}),
+        "st[\"labels\"]",
     );
     for file in ["status.json", "events.jsonl"] {
         let text = fs::read_to_string(root.run_dir("ce").join(file)).unwrap();
-        assert!(!text.contains("s3cret"), "{file} holds the value: {text}");
+        ensure!(
+            c,
+            !text.contains("s3cret"),
+            "{file} holds the value: {text}"
+        );
     }
 
+    let c = ctx(&root, "ced");
     // Detached: the values reach the workload, and never a command line.
     let fx = fixture_path();
     let script = r#"printf '%s|%s\n' "$GREETING" "${AGENT_RUN_PASSED_ENV-none}"; exec "$0" tree --children 0"#;
@@ -396,15 +404,17 @@ fn cwd_env_and_labels_reach_the_workload_and_the_record_but_values_stay_out_of_i
     let ready = wait_ready(&log, T);
     let tree = Pinned::new(&ready.all_pids());
     let first = fs::read_to_string(&log).unwrap();
-    assert!(first.starts_with("s3cret-2|none\n"), "{first:?}");
+    ensure!(c, first.starts_with("s3cret-2|none\n"), "{first:?}");
     let st = root.status("ced");
-    assert_eq!(
-        (st["cwd"].as_str(), st["env"][0].as_str()),
-        (Some("/"), Some("GREETING"))
+    c.eq(
+        &(st["cwd"].as_str(), st["env"][0].as_str()),
+        &(Some("/"), Some("GREETING")),
+        "(st[\"cwd\"].as_str(), st[\"env\"][0].as_str())",
     );
     let wrapper = st["wrapper_pid"].as_i64().unwrap();
     let cmdline = fs::read(format!("/proc/{wrapper}/cmdline")).unwrap();
-    assert!(
+    ensure!(
+        c,
         !String::from_utf8_lossy(&cmdline).contains("s3cret"),
         "the detached wrapper's command line holds the value"
     );
@@ -417,18 +427,23 @@ fn cwd_env_and_labels_reach_the_workload_and_the_record_but_values_stay_out_of_i
         .iter()
         .filter_map(|e| e["run_id"].as_str())
         .collect();
-    assert_eq!(ids, ["ced"]);
+    c.eq(&ids, &["ced"], "ids");
     let listed = json_of(&ar_code(&root, &["list", "--json", "--label", "job"], 0));
-    assert_eq!(listed.as_array().unwrap().len(), 2, "{listed:#}");
+    c.eq(
+        &listed.as_array().unwrap().len(),
+        &2,
+        format_args!("{listed:#}"),
+    );
     let human =
         String::from_utf8_lossy(&ar_code(&root, &["list", "--label", "team/sub=ml=x"], 0).stdout)
             .into_owned();
-    assert!(
+    ensure!(
+        c,
         human.lines().count() == 2 && human.contains("ce "),
         "{human}"
     );
     ar_code(&root, &["cancel", "--label", "job=43"], 0);
-    tree.wait_all_gone(T).unwrap();
+    c.wait_gone(&tree, "tree");
 }
 
 #[test]
@@ -473,8 +488,13 @@ fn an_unsafe_root_is_refused_with_the_command_that_fixes_it() {
         "agent-run: run root {p} is writable by its group and others (mode 0777): chmod 700 {p}\n",
         p = dir.display()
     );
-    assert_eq!(String::from_utf8_lossy(&out.stderr), want);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        want,
+        "String::from_utf8_lossy(&out.stderr)"
+    );
     fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+    let c = ctx(&root, "x");
     ar_code(&root, &["x", "--", "true"], 0);
     fs::set_permissions(root.run_dir("x"), fs::Permissions::from_mode(0o755)).unwrap();
     let out = ar_code(&root, &["status", "x"], 78);
@@ -482,7 +502,11 @@ fn an_unsafe_root_is_refused_with_the_command_that_fixes_it() {
         "agent-run: run dir {p} is open to its group and others (mode 0755): chmod 700 {p}\n",
         p = root.run_dir("x").display()
     );
-    assert_eq!(String::from_utf8_lossy(&out.stderr), want);
+    c.eq(
+        &String::from_utf8_lossy(&out.stderr),
+        &want,
+        "String::from_utf8_lossy(&out.stderr)",
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -512,17 +536,18 @@ fn a_hundred_runs_are_cancelled_in_one_call() {
     eprintln!("cancel of {N} runs in one call took {took:?}");
     let doc = json_of(&out);
     let docs = doc.as_array().expect("one JSON array");
-    assert_eq!(docs.len(), N);
+    assert_eq!(docs.len(), N, "docs.len()");
     for (d, id) in docs.iter().zip(&ids) {
-        assert_eq!(d["run_id"].as_str(), Some(id.as_str()), "order");
-        assert_eq!(
-            (
+        let c = ctx(&root, id);
+        c.eq(&d["run_id"].as_str(), &Some(id.as_str()), "order");
+        c.eq(
+            &(
                 d["state"].as_str(),
                 d["reason"].as_str(),
-                d["final"].as_bool()
+                d["final"].as_bool(),
             ),
-            (Some("cancelled"), Some("cancel_request"), Some(true)),
-            "{d:#}"
+            &(Some("cancelled"), Some("cancel_request"), Some(true)),
+            format_args!("{d:#}"),
         );
     }
     for r in &runs {
@@ -536,15 +561,20 @@ fn a_hundred_runs_are_cancelled_in_one_call() {
         &["cancel", "--json", "--label", "batch=b1"],
         0,
     ));
-    assert_eq!(again, serde_json::json!([]));
+    assert_eq!(again, serde_json::json!([]), "again");
     let all = json_of(&ar_code(&root, &["status", "--json", "--all"], 0));
-    assert_eq!(all.as_array().unwrap().len(), N);
+    assert_eq!(
+        all.as_array().unwrap().len(),
+        N,
+        "all.as_array().unwrap().len()"
+    );
 }
 
 #[test]
 fn status_renew_and_wait_take_several_ids_and_say_which_failed() {
     let _cpu = shared_cpu();
     let root = TestRoot::new();
+    let c = ctx(&root, "live");
     ar_code(&root, &["done0", "--", "true"], 0);
     ar_code(&root, &["done3", "--", "sh", "-c", "exit 3"], 3);
     let live = detached(&root, "live", &["--lease", "60s"], &["--children", "0"]);
@@ -558,40 +588,59 @@ fn status_renew_and_wait_take_several_ids_and_say_which_failed() {
         .iter()
         .map(|e| e["run_id"].as_str().unwrap())
         .collect();
-    assert_eq!(ids, ["done3", "nope", "done0"]);
-    assert_eq!(doc[1]["error_exit_code"], 69);
-    assert!(doc[1]["state"].is_null());
-    assert_eq!(doc[0]["outcome_exit_code"], 3);
+    c.eq(&ids, &["done3", "nope", "done0"], "ids");
+    c.eq(
+        &doc[1]["error_exit_code"],
+        69,
+        "doc[1][\"error_exit_code\"]",
+    );
+    ensure!(c, doc[1]["state"].is_null(), "doc[1][\"state\"].is_null()");
+    c.eq(
+        &doc[0]["outcome_exit_code"],
+        3,
+        "doc[0][\"outcome_exit_code\"]",
+    );
 
     // wait: all (default) exits with the first non-zero code; --any with the first final.
     ar_code(&root, &["wait", "done0", "done3"], 3);
     ar_code(&root, &["wait", "done3", "done0"], 3);
     ar_code(&root, &["wait", "--any", "done0", "live"], 0);
     let out = ar_code(&root, &["wait", "--timeout", "300ms", "done0", "live"], 75);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("live (running)"));
+    ensure!(
+        c,
+        String::from_utf8_lossy(&out.stderr).contains("live (running)"),
+        "String::from_utf8_lossy(&out.stderr).contains(\"live (running)\")"
+    );
     ar_code(&root, &["wait", "nope", "live"], 69);
 
     // renew: the final run cannot be renewed (69), the live one is.
     let out = ar_code(&root, &["renew", "--lease", "90s", "done0", "live"], 69);
     let doc = json_of(&out);
-    assert_eq!(doc[0]["error_exit_code"], 69);
-    assert_eq!(doc[1]["run_id"], "live");
-    assert_eq!(doc[1]["lease_s"], 90.0);
+    c.eq(
+        &doc[0]["error_exit_code"],
+        69,
+        "doc[0][\"error_exit_code\"]",
+    );
+    c.eq(&doc[1]["run_id"], "live", "doc[1][\"run_id\"]");
+    c.eq(&doc[1]["lease_s"], 90.0, "doc[1][\"lease_s\"]");
     let renewed = json_of(&ar_code(&root, &["renew", "--all"], 0));
-    assert_eq!(renewed.as_array().unwrap().len(), 1, "{renewed:#}");
+    c.eq(
+        &renewed.as_array().unwrap().len(),
+        &1,
+        format_args!("{renewed:#}"),
+    );
 
     // wait for a run that another connection cancels: the wait --json gives its record.
     let waiter = Spawned::wrapper(&root, &["wait", "--json", "live", "done0"]);
     ar_code(&root, &["cancel", "live"], 0);
     let out = waiter.finish(T);
-    assert_eq!(
-        exit_code(&out.status),
-        143,
-        "{}",
-        describe_output("wait", &out)
+    c.eq(
+        &exit_code(&out.status),
+        &143,
+        format_args!("{}", describe_output("wait", &out)),
     );
     let doc = json_of(&out);
-    assert_eq!(doc[0]["state"], "cancelled");
+    c.eq(&doc[0]["state"], "cancelled", "doc[0][\"state\"]");
     live.assert_gone(&root, "after the cancel");
     ar_code(&root, &["status"], 64);
 }
@@ -604,8 +653,8 @@ fn version_reports_the_features_and_this_hosts_cgroup() {
     let _cpu = shared_cpu();
     let root = TestRoot::new();
     let v = json_of(&ar_code(&root, &["version", "--json"], 0));
-    assert_eq!(v["version"], agent_run_shared::VERSION);
-    assert_eq!(v["schema"], 1);
+    assert_eq!(v["version"], agent_run_shared::VERSION, "v[\"version\"]");
+    assert_eq!(v["schema"], 1, "v[\"schema\"]");
     let features: Vec<&str> = v["features"]
         .as_array()
         .unwrap()
@@ -661,12 +710,14 @@ fn tmux_root(root: &TestRoot) -> String {
 fn cancel_and_a_final_relaunch_say_one_line_on_a_terminal_and_give_json_otherwise() {
     let _cpu = shared_cpu();
     let root = TestRoot::new();
+    let c = ctx(&root, "train-3");
     let t = Tmux::new(120, 40, &[]);
     let ar_t = tmux_root(&root);
     let run = detached(&root, "train-3", &[], &["--children", "2"]);
     let said = t.run(&format!("{ar_t} cancel train-3"), T);
     let line = said.trim();
-    assert!(
+    ensure!(
+        c,
         line.starts_with("run train-3: cancelled (cancel_request) after ")
             && line.contains(", 3 processes stopped in ")
             && line.ends_with(", exit 143")
@@ -676,14 +727,17 @@ fn cancel_and_a_final_relaunch_say_one_line_on_a_terminal_and_give_json_otherwis
     run.assert_gone(&root, "after the cancel");
     // The twin: not a terminal, or --json on one: the record.
     let doc = json_of(&ar_code(&root, &["cancel", "train-3"], 0));
-    assert_eq!(
-        (doc["state"].as_str(), doc["outcome_exit_code"].as_u64()),
-        (Some("cancelled"), Some(143))
+    c.eq(
+        &(doc["state"].as_str(), doc["outcome_exit_code"].as_u64()),
+        &(Some("cancelled"), Some(143)),
+        "(doc[\"state\"].as_str(), doc[\"outcome_exit_code\"].as_u64())",
     );
     let said = t.run(&format!("{ar_t} cancel --json train-3"), T);
-    let doc: Value = serde_json::from_str(&said).unwrap_or_else(|e| panic!("{e}: {said}"));
-    assert_eq!(doc["run_id"], "train-3");
+    let doc: Value =
+        serde_json::from_str(&said).unwrap_or_else(|e| c.fail(format_args!("{e}: {said}")));
+    c.eq(&doc["run_id"], "train-3", "doc[\"run_id\"]");
 
+    let c = ctx(&root, "fin");
     // A relaunch of a final run: one line on the terminal's stderr, the record otherwise.
     let fx = fixture_path();
     ar_code(&root, &["fin", "--", &fx, "exit", "3"], 3);
@@ -694,7 +748,8 @@ fn cancel_and_a_final_relaunch_say_one_line_on_a_terminal_and_give_json_otherwis
         ),
         T,
     );
-    assert!(
+    ensure!(
+        c,
         said.contains("agent-run: run fin: finished after ")
             && said.contains(", exit 3; not running it again")
             && said.contains("code=3")
@@ -703,13 +758,14 @@ fn cancel_and_a_final_relaunch_say_one_line_on_a_terminal_and_give_json_otherwis
     );
     let out = ar_code(&root, &["fin", "--", &fx, "exit", "3"], 3);
     let record: Value = serde_json::from_slice(&out.stderr).expect("the record on stderr");
-    assert_eq!(record["exit_code"], 3);
+    c.eq(&record["exit_code"], 3, "record[\"exit_code\"]");
 }
 
 #[test]
 fn a_foreground_run_says_on_stderr_why_it_stops() {
     let _cpu = shared_cpu();
     let root = TestRoot::new();
+    let c = ctx(&root, "fg-int");
     let t = Tmux::new(120, 40, &[]);
     let ar_t = tmux_root(&root);
     let fx = shell_path(&fixture_bin());
@@ -721,15 +777,21 @@ fn a_foreground_run_says_on_stderr_why_it_stops() {
     let tree = Pinned::new(&ready.all_pids());
     t.keys(&["C-c"]);
     let screen = t.wait_prompt(T);
-    tree.wait_all_gone(T).unwrap();
-    assert!(
+    c.wait_gone(&tree, "tree");
+    ensure!(
+        c,
         screen.contains("agent-run: INT: stopping run fg-int (TERM sent; again to KILL)")
             && screen.contains("agent-run: run fg-int: cancelled (signal:INT) after ")
             && screen.contains(", exit 130"),
         "{screen}"
     );
-    assert_eq!(root.status("fg-int")["reason"], "signal:INT");
+    c.eq(
+        &root.status("fg-int")["reason"],
+        "signal:INT",
+        "root.status(\"fg-int\")[\"reason\"]",
+    );
 
+    let c = ctx(&root, "fg-cancel");
     // A cancel from another connection.
     t.clear();
     t.line(&format!("{ar_t} fg-cancel -- {fx} tree --children 1"));
@@ -737,30 +799,31 @@ fn a_foreground_run_says_on_stderr_why_it_stops() {
     let tree = Pinned::new(&ready.all_pids());
     ar_code(&root, &["cancel", "fg-cancel"], 0);
     let screen = t.wait_prompt(T);
-    tree.wait_all_gone(T).unwrap();
-    assert!(
-        screen.contains(
+    c.wait_gone(&tree, "tree");
+    ensure!(c, screen.contains(
             "agent-run: cancel requested from another connection: stopping run fg-cancel (TERM sent)"
-        ) && screen.contains("exit 143"),
-        "{screen}"
-    );
+        ) && screen.contains("exit 143"), "{screen}");
 
+    let c = ctx(&root, "fg-timeout");
     // The timeout, and the lease.
     let said = t.run(
         &format!("{ar_t} --timeout 1s fg-timeout -- {fx} tree --children 0"),
         T,
     );
-    assert!(
+    ensure!(
+        c,
         said.contains("agent-run: timeout of 1.0s reached: stopping run fg-timeout")
             && said.contains("cancelled (timeout)")
             && said.contains("exit 124"),
         "{said}"
     );
+    let c = ctx(&root, "fg-lease");
     let said = t.run(
         &format!("{ar_t} --lease 1s fg-lease -- {fx} tree --children 0"),
         T,
     );
-    assert!(
+    ensure!(
+        c,
         said.contains("agent-run: the lease expired without a renewal: stopping run fg-lease")
             && said.contains("exit 124"),
         "{said}"
@@ -771,29 +834,33 @@ fn a_foreground_run_says_on_stderr_why_it_stops() {
 fn status_on_a_terminal_quotes_the_command_and_names_the_signal() {
     let _cpu = shared_cpu();
     let root = TestRoot::new();
+    let c = ctx(&root, "segv");
     let t = Tmux::new(120, 50, &[]);
     let ar_t = tmux_root(&root);
     let fx = fixture_path();
     ar_code(&root, &["segv", "--", &fx, "signal", "11"], 139);
     let said = t.run(&format!("{ar_t} status segv"), T);
-    assert!(said.starts_with("run segv: finished"), "{said}");
-    assert!(said.contains("  signal:     SEGV (exit 139)"), "{said}");
-    assert!(
+    ensure!(c, said.starts_with("run segv: finished"), "{said}");
+    ensure!(c, said.contains("  signal:     SEGV (exit 139)"), "{said}");
+    ensure!(
+        c,
         said.contains(&format!("  command:    {fx} signal 11")),
         "{said}"
     );
-    assert!(
+    ensure!(
+        c,
         said.contains("  started:    ") && said.contains(" ago)"),
         "{said}"
     );
-    assert!(said.contains("  ran:        "), "{said}");
+    ensure!(c, said.contains("  ran:        "), "{said}");
     let doc = json_of(&ar_code(&root, &["status", "--json", "segv"], 0));
-    assert_eq!(
-        (
+    c.eq(
+        &(
             doc["term_signal"].as_str(),
-            doc["outcome_exit_code"].as_u64()
+            doc["outcome_exit_code"].as_u64(),
         ),
-        (Some("SEGV"), Some(139))
+        &(Some("SEGV"), Some(139)),
+        "( doc[\"term_signal\"].as_str(), doc[\"outcome_exit_code\"].as_u64() )",
     );
     // The record is the workload's to rewrite: what it holds never reaches a terminal raw.
     let path = root.run_dir("segv").join("status.json");
@@ -803,13 +870,15 @@ fn status_on_a_terminal_quotes_the_command_and_names_the_signal() {
     fs::write(&path, serde_json::to_string(&forged).unwrap()).unwrap();
     for args in [&["status", "segv"][..], &["list"][..]] {
         let shown = String::from_utf8_lossy(&ar_code(&root, args, 0).stdout).into_owned();
-        assert!(
+        ensure!(
+            c,
             !shown.contains('\u{1b}') && !shown.contains('\u{7}'),
             "{shown:?}"
         );
-        assert!(shown.contains("x\\x1b[2Jy"), "{shown:?}");
+        ensure!(c, shown.contains("x\\x1b[2Jy"), "{shown:?}");
     }
 
+    let c = ctx(&root, "quoted");
     // A running run: the command quoted so that it can be pasted back, the time it has run.
     let script = r#"echo "it's a b"; exec "$0" tree --children 0"#;
     ar_code(
@@ -834,27 +903,30 @@ fn status_on_a_terminal_quotes_the_command_and_names_the_signal() {
     let said = t.run(&format!("{ar_t} status quoted"), T);
     let want =
         format!(r#"  command:    sh -c 'echo "it'\''s a b"; exec "$0" tree --children 0' {fx}"#);
-    assert!(said.contains(&want), "{said}\nwanted {want}");
-    assert!(
+    ensure!(c, said.contains(&want), "{said}\nwanted {want}");
+    ensure!(
+        c,
         said.contains("  elapsed:    ") && said.contains("  timeout:    1h (59m"),
         "{said}"
     );
-    assert!(said.contains("  labels:     job=7"), "{said}");
+    ensure!(c, said.contains("  labels:     job=7"), "{said}");
     // Pasted back into the shell, the quoted command line runs the same words.
     let pasted = want.trim_start().trim_start_matches("command:").trim();
     let echo = t.run(&format!("printf '<%s>' {pasted}; echo"), T);
-    assert!(
+    ensure!(
+        c,
         echo.starts_with(r#"<sh><-c><echo "it's a b"; exec "$0" tree --children 0><"#),
         "{echo}"
     );
     ar_code(&root, &["cancel", "quoted"], 0);
-    tree.wait_all_gone(T).unwrap();
+    c.wait_gone(&tree, "tree");
 }
 
 #[test]
 fn list_on_a_terminal_is_newest_first_fits_80_columns_and_is_coloured_unless_no_color() {
     let _cpu = shared_cpu();
     let root = TestRoot::new();
+    let c = ctx(&root, "live");
     let t = Tmux::new(80, 50, &[]);
     let ar_t = tmux_root(&root);
     let fx = fixture_path();
@@ -884,7 +956,8 @@ fn list_on_a_terminal_is_newest_first_fits_80_columns_and_is_coloured_unless_no_
         .take(5)
         .collect();
     for r in &table {
-        assert!(
+        ensure!(
+            c,
             r.chars().count() <= 80,
             "a row longer than 80 columns: {r:?}\n{rows:#?}"
         );
@@ -894,15 +967,15 @@ fn list_on_a_terminal_is_newest_first_fits_80_columns_and_is_coloured_unless_no_
         .skip(1)
         .filter_map(|r| r.split_whitespace().next())
         .collect();
-    assert_eq!(
-        order,
-        [
+    c.eq(
+        &order,
+        &[
             "live",
             "timed-out-with-a-long-name-3f9c0e6b2d",
             "failing",
-            "ok-run"
+            "ok-run",
         ],
-        "{rows:#?}"
+        format_args!("{rows:#?}"),
     );
     // EXIT is the code `wait` gives, as --json's outcome_exit_code says.
     let doc = json_of(&ar_code(&root, &["list", "--json"], 0));
@@ -918,28 +991,34 @@ fn list_on_a_terminal_is_newest_first_fits_80_columns_and_is_coloured_unless_no_
         let want = entry["outcome_exit_code"]
             .as_u64()
             .map_or("-".to_string(), |c| c.to_string());
-        assert_eq!(exit, want, "{r}");
+        ctx(&root, id).eq(exit, &want, format_args!("{r}"));
     }
     // -n and --state.
     let said = t.run(&format!("{ar_t} list -n 1 --state final"), T);
-    assert_eq!(said.lines().count(), 2, "{said}");
-    assert!(
+    c.eq(&said.lines().count(), &2, format_args!("{said}"));
+    ensure!(
+        c,
         said.lines().nth(1).unwrap().starts_with("timed-out-with"),
         "{said}"
     );
 
     // Colour on the terminal; none with NO_COLOR, none when stdout is not a terminal.
     let coloured = t.run_escaped(&format!("{ar_t} list"), T);
-    assert!(
+    ensure!(
+        c,
         coloured.contains("\x1b[32mfinished\x1b[0m")
             || coloured.contains("\x1b[32mfinished\x1b[39m"),
         "{coloured:?}"
     );
-    assert!(coloured.contains("\x1b[31mfinished"), "{coloured:?}");
+    ensure!(c, coloured.contains("\x1b[31mfinished"), "{coloured:?}");
     let plain = t.run_escaped(&format!("NO_COLOR=1 {ar_t} list"), T);
-    assert!(!plain.contains("\x1b["), "{plain:?}");
+    ensure!(c, !plain.contains("\x1b["), "{plain:?}");
     let piped = ar_code(&root, &["list"], 0);
-    assert!(!String::from_utf8_lossy(&piped.stdout).contains('\x1b'));
+    ensure!(
+        c,
+        !String::from_utf8_lossy(&piped.stdout).contains('\x1b'),
+        "!String::from_utf8_lossy(&piped.stdout).contains('\\x1b')"
+    );
     ar_code(&root, &["cancel", "live"], 0);
     live.assert_gone(&root, "after the cancel");
 }
@@ -948,6 +1027,7 @@ fn list_on_a_terminal_is_newest_first_fits_80_columns_and_is_coloured_unless_no_
 fn ctrl_z_suspends_every_process_of_the_run_and_fg_resumes_them() {
     let _cpu = shared_cpu();
     let root = TestRoot::new();
+    let c = ctx(&root, "zz");
     let t = Tmux::new(120, 40, &[]);
     let ar_t = tmux_root(&root);
     let fx = shell_path(&fixture_bin());
@@ -957,7 +1037,7 @@ fn ctrl_z_suspends_every_process_of_the_run_and_fg_resumes_them() {
     ));
     let ready = wait_ready(&root.run_dir("zz").join("stdout.log"), T);
     let pids = ready.all_pids();
-    assert_eq!(pids.len(), 5, "{ready:?}");
+    c.eq(&pids.len(), &5, format_args!("{ready:?}"));
     let tree = Pinned::new(&pids);
     let wrapper = root.status("zz")["wrapper_pid"].as_i64().unwrap() as i32;
     let wrapper_pin = Pinned::new(&[wrapper]);
@@ -979,17 +1059,23 @@ fn ctrl_z_suspends_every_process_of_the_run_and_fg_resumes_them() {
     t.keys(&["C-z"]);
     states(&|s| s == 'T');
     let screen = t.wait_for("Stopped", T);
-    assert!(
+    ensure!(
+        c,
         screen.contains("agent-run: run zz suspended (5 processes stopped); fg resumes it"),
         "{screen}"
     );
-    assert_eq!(root.status("zz")["state"], "running");
+    c.eq(
+        &root.status("zz")["state"],
+        "running",
+        "root.status(\"zz\")[\"state\"]",
+    );
 
     t.line("fg");
     states(&|s| s != 'T');
     t.wait_for("agent-run: run zz resumed", T);
     let names = root.event_names("zz");
-    assert!(
+    ensure!(
+        c,
         names.contains(&"suspended".to_string()) && names.contains(&"resumed".to_string()),
         "{names:?}"
     );
@@ -998,14 +1084,18 @@ fn ctrl_z_suspends_every_process_of_the_run_and_fg_resumes_them() {
         .into_iter()
         .filter(|e| e["event"] == "signal" && e["reason"] == "suspend")
         .count();
-    assert!(stops >= 1, "no STOP journalled");
+    ensure!(c, stops >= 1, "no STOP journalled");
 
     // Still the run it was: Ctrl-C stops all of it.
     t.keys(&["C-c"]);
     t.wait_prompt(T);
-    tree.wait_all_gone(T).unwrap();
-    wrapper_pin.wait_all_gone(T).unwrap();
-    assert_eq!(root.status("zz")["reason"], "signal:INT");
+    c.wait_gone(&tree, "tree");
+    c.wait_gone(&wrapper_pin, "wrapper pin");
+    c.eq(
+        &root.status("zz")["reason"],
+        "signal:INT",
+        "root.status(\"zz\")[\"reason\"]",
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1054,7 +1144,10 @@ fn remote_says_when_the_hosts_agent_run_is_missing_or_too_old_and_starts_nothing
             && stderr.contains("--remote-bin"),
         "{stderr}"
     );
-    assert!(!root.run_dir("m1").exists());
+    assert!(
+        !root.run_dir("m1").exists(),
+        "!root.run_dir(\"m1\").exists()"
+    );
 
     // An agent-run without `version` (an older one): fine for a plain launch, refused for one
     // that needs a feature it lacks.
@@ -1102,6 +1195,7 @@ fn remote_timeout_stops_the_run_on_the_host() {
     require_root();
     let srv = SshServer::start(None);
     let root = TestRoot::new();
+    let c = ctx(&root, "rt");
     let host = srv.host();
     let fx = fixture_path();
     let out = run_with_timeout(
@@ -1128,24 +1222,23 @@ fn remote_timeout_stops_the_run_on_the_host() {
         ),
         T * 2,
     );
-    assert_eq!(
-        exit_code(&out.status),
-        124,
-        "{}",
-        describe_output("remote --timeout", &out)
+    c.eq(
+        &exit_code(&out.status),
+        &124,
+        format_args!("{}", describe_output("remote --timeout", &out)),
     );
     let st = root.status("rt");
-    assert_eq!(
-        (
+    c.eq(
+        &(
             st["reason"].as_str(),
             st["timeout_ms"].as_u64(),
-            st["labels"]["job"].as_str()
+            st["labels"]["job"].as_str(),
         ),
-        (Some("timeout"), Some(1500), Some("r")),
-        "{st:#}"
+        &(Some("timeout"), Some(1500), Some("r")),
+        format_args!("{st:#}"),
     );
     let ran = epoch(&st, "ended_at") - epoch(&st, "started_at");
-    assert!((1.5..10.0).contains(&ran), "ran {ran}");
+    ensure!(c, (1.5..10.0).contains(&ran), "ran {ran}");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1176,6 +1269,7 @@ fn ssh_caller(srv: &SshServer, root: &TestRoot, id: &str, opts: &[&str]) -> Spaw
 /// Start a run through ssh, wait for its tree, SIGKILL the client, and wait until the wrapper
 /// has seen the loss. Returns the tree's pins and the time the client died.
 fn lose_the_caller(srv: &SshServer, root: &TestRoot, id: &str, opts: &[&str]) -> (Pinned, f64) {
+    let c = ctx(root, id);
     let mut client = ssh_caller(srv, root, id, opts);
     let ready = wait_ready(&root.run_dir(id).join("stdout.log"), T);
     let tree = Pinned::new(&ready.all_pids());
@@ -1183,7 +1277,11 @@ fn lose_the_caller(srv: &SshServer, root: &TestRoot, id: &str, opts: &[&str]) ->
     client.child.kill().unwrap();
     let killed = agent_run_shared::time::epoch_now();
     let out = client.finish(T);
-    assert_eq!(out.status.signal_number(), Some(libc::SIGKILL));
+    c.eq(
+        &out.status.signal_number(),
+        &Some(libc::SIGKILL),
+        "out.status.signal_number()",
+    );
     wait_until_dbg(&format!("caller_lost_at in run {id}'s record"), T, || {
         let st = root.try_status(id)?;
         if st["caller_lost_at"].is_string() {
@@ -1206,22 +1304,23 @@ impl SignalNumber for std::process::ExitStatus {
 }
 
 fn assert_keeps_running(root: &TestRoot, id: &str, tree: &Pinned, policy: &str) {
+    let c = ctx(root, id);
     let st = root.status(id);
-    assert_eq!(
-        (st["state"].as_str(), st["on_disconnect"].as_str()),
-        (Some("running"), Some(policy)),
-        "{st:#}"
+    c.eq(
+        &(st["state"].as_str(), st["on_disconnect"].as_str()),
+        &(Some("running"), Some(policy)),
+        format_args!("{st:#}"),
     );
     let lost = root
         .events(id)
         .into_iter()
         .find(|e| e["event"] == "caller_lost")
         .expect("journalled");
-    assert_eq!(lost["policy"], policy);
-    assert_eq!(
-        tree.alive().len(),
-        tree.pids().len(),
-        "the tree must live on"
+    c.eq(&lost["policy"], policy, "lost[\"policy\"]");
+    c.eq(
+        &tree.alive().len(),
+        &tree.pids().len(),
+        "the tree must live on",
     );
 }
 
@@ -1231,24 +1330,25 @@ fn a_lost_caller_cancels_a_run_without_a_lease_by_default() {
     require_root();
     let srv = SshServer::start(None);
     let root = TestRoot::new();
+    let c = ctx(&root, "dflt");
     let (tree, killed) = lose_the_caller(&srv, &root, "dflt", &[]);
     let st = root.wait_final("dflt", T);
-    tree.wait_all_gone(T).unwrap();
-    assert_eq!(
-        (
+    c.wait_gone(&tree, "tree");
+    c.eq(
+        &(
             st["state"].as_str(),
             st["reason"].as_str(),
-            st["on_disconnect"].as_str()
+            st["on_disconnect"].as_str(),
         ),
-        (Some("cancelled"), Some("caller_lost"), Some("cancel")),
-        "{st:#}"
+        &(Some("cancelled"), Some("caller_lost"), Some("cancel")),
+        format_args!("{st:#}"),
     );
     let noticed = epoch(&st, "caller_lost_at") - killed;
     eprintln!(
         "the wrapper noticed the lost caller {:.0} ms after the client died",
         noticed * 1000.0
     );
-    assert!(noticed < 10.0, "noticed after {noticed:.1}s");
+    ensure!(c, noticed < 10.0, "noticed after {noticed:.1}s");
     ar_code(&root, &["wait", "dflt"], 129);
 }
 
@@ -1264,8 +1364,8 @@ fn a_lost_caller_leaves_a_leased_run_to_its_lease_by_default_and_keep_keeps_it()
     assert_keeps_running(&root, "kept", &kept, "keep");
     // Still its controller's to stop.
     ar_code(&root, &["cancel", "leased", "kept"], 0);
-    leased.wait_all_gone(T).unwrap();
-    kept.wait_all_gone(T).unwrap();
+    ctx(&root, "leased").wait_gone(&leased, "the leased run after cancel");
+    ctx(&root, "kept").wait_gone(&kept, "the kept run after cancel");
 }
 
 #[test]
@@ -1274,14 +1374,16 @@ fn a_lost_caller_with_a_grace_is_stopped_after_it_unless_someone_attaches_or_ren
     require_root();
     let srv = SshServer::start(None);
     let root = TestRoot::new();
+    let c = ctx(&root, "grace");
     // Nobody comes back: stopped once the grace is over.
     let (gone, _) = lose_the_caller(&srv, &root, "grace", &["--on-disconnect", "2s"]);
     assert_keeps_running(&root, "grace", &gone, "2s");
     let st = root.wait_final("grace", T);
-    gone.wait_all_gone(T).unwrap();
-    assert_eq!(st["reason"], "caller_lost", "{st:#}");
+    c.wait_gone(&gone, "gone");
+    c.eq(&st["reason"], "caller_lost", format_args!("{st:#}"));
     let waited = epoch(&st, "ended_at") - epoch(&st, "caller_lost_at");
-    assert!(
+    ensure!(
+        c,
         waited >= 2.0,
         "stopped {waited:.3}s after the loss: before the grace was over"
     );
@@ -1312,20 +1414,35 @@ fn a_lost_caller_with_a_grace_is_stopped_after_it_unless_someone_attaches_or_ren
     let until = epoch(&root.status("renewed"), "caller_lost_at") + 4.0;
     while agent_run_shared::time::epoch_now() < until {
         std::thread::sleep(Duration::from_millis(50));
-        assert_eq!(root.status("attached")["state"], "running");
-        assert_eq!(root.status("renewed")["state"], "running");
+        c.eq(
+            &root.status("attached")["state"],
+            "running",
+            "root.status(\"attached\")[\"state\"]",
+        );
+        c.eq(
+            &root.status("renewed")["state"],
+            "running",
+            "root.status(\"renewed\")[\"state\"]",
+        );
     }
-    assert_eq!(attached.alive().len(), attached.pids().len());
-    assert_eq!(renewed.alive().len(), renewed.pids().len());
+    c.eq(
+        &attached.alive().len(),
+        &attached.pids().len(),
+        "attached.alive().len()",
+    );
+    c.eq(
+        &renewed.alive().len(),
+        &renewed.pids().len(),
+        "renewed.alive().len()",
+    );
     ar_code(&root, &["cancel", "attached", "renewed"], 0);
-    attached.wait_all_gone(T).unwrap();
-    renewed.wait_all_gone(T).unwrap();
+    c.wait_gone(&attached, "attached");
+    c.wait_gone(&renewed, "renewed");
     let out = attach.finish(T);
-    assert_eq!(
-        exit_code(&out.status),
-        143,
-        "{}",
-        describe_output("attach", &out)
+    c.eq(
+        &exit_code(&out.status),
+        &143,
+        format_args!("{}", describe_output("attach", &out)),
     );
 }
 
@@ -1346,6 +1463,7 @@ fn programs_that_prompt_fail_fast_instead_of_waiting_for_a_terminal() {
     );
     assert!(said.contains("tty=") && !said.contains("tty=0"), "{said}");
     assert!(said.contains("read=1"), "{said}");
+    let c = ctx(&root, "bg-prompt");
     // Detached: stdin is /dev/null already.
     ar_code(
         &root,
@@ -1360,7 +1478,7 @@ fn programs_that_prompt_fail_fast_instead_of_waiting_for_a_terminal() {
         0,
     );
     let st = root.wait_final("bg-prompt", T);
-    assert_eq!(st["exit_code"], 0, "{st:#}");
+    c.eq(&st["exit_code"], 0, format_args!("{st:#}"));
     let log = fs::read_to_string(root.run_dir("bg-prompt").join("stdout.log")).unwrap();
-    assert_eq!(log, "read=1\n");
+    c.eq(&log, "read=1\n", "log");
 }

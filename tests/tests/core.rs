@@ -7,8 +7,8 @@
 //! run's session is looked up in /proc, so "stopped" means the kernel says so, not agent-run. A
 //! zombie counts as dead. Nothing here sleeps to synchronise: waits poll a kernel fact or a file
 //! to one generous deadline (CI is two slow cores), and every failure prints the run's
-//! diagnostics. Each test has its own run root; every process a test starts is killed by pid
-//! when the test ends, whether it passed or not ([`Run`]'s and [`Pinned`]'s `Drop`).
+//! diagnostics (its [`Ctx`]). Each test has its own run root; every process a test starts is
+//! killed by pid when the test ends, whether it passed or not ([`Run`]'s and [`Pinned`]'s `Drop`).
 
 use std::fs;
 use std::io::ErrorKind;
@@ -18,19 +18,16 @@ use std::path::Path;
 use std::process::{ChildStdin, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use agent_run_tests::contain::marked;
-use agent_run_tests::facts::{geteuid, path_str};
-use agent_run_tests::workload::fixture_path;
+use agent_run_tests::ctx::T;
+use agent_run_tests::facts::{cleanup_signals, geteuid, is_rfc3339_ms, path_str};
+use agent_run_tests::workload::{fixture_path, strings};
 use agent_run_tests::{
-    children_of, describe_output, diagnostics, exit_code, fixture_bin, parse_ready, proc_stat,
-    run_with_timeout, session_members, Pinned, Ready, Spawned, TestRoot, FINAL_STATES, RECORD_KEYS,
+    children_of, ctx, descendants, describe_output, ensure, fixture_bin, proc_stat,
+    run_with_timeout, session_members, Ctx, Pinned, Spawned, TestRoot, FINAL_STATES, RECORD_KEYS,
 };
-use serde_json::Value;
-
-/// The deadline for anything that normally takes milliseconds.
-const LONG: Duration = Duration::from_secs(20);
+use serde_json::{json, Value};
 
 /// Every state of the contract.
 const STATES: [&str; 7] = [
@@ -79,28 +76,32 @@ done
 // ---------------------------------------------------------------------------------------------
 // A run under test
 
-/// One `agent-run` wrapper started by a test, with its output drained and (optionally) its stdin
-/// held open. Dropping it before [`Run::finish`] kills, by pid, the wrapper and every process
-/// of the run it can find (the wrapper's descendants, the run's session while its leader is the
-/// recorded one), so a failing test leaves nothing behind.
+/// One `agent-run` wrapper started by a test in the foreground (`agent-run OPTS ID -- ARGV`, the
+/// form without `start`), with its output drained and (optionally) its stdin held open. Its
+/// checks and waits are its run's, [`Run::c`]. Dropping it before [`Run::finish`] kills, by pid,
+/// the wrapper and every process of the run it can find (the run's marked processes, the
+/// wrapper's descendants, the run's session while its leader is the recorded one), so a failing
+/// test leaves nothing behind.
 struct Run<'a> {
-    root: &'a TestRoot,
-    id: String,
+    c: Ctx<'a>,
     wrapper: Option<Spawned>,
     stdin: Option<ChildStdin>,
-    /// The wrapper's outcome, once [`Run::finish`] has it.
-    output: Option<Output>,
 }
 
 impl<'a> Run<'a> {
     /// `agent-run --root R OPTS... ID -- ARGV...`, stdin from /dev/null.
-    fn start(root: &'a TestRoot, id: &str, opts: &[&str], argv: &[&str]) -> Run<'a> {
+    fn start(root: &'a TestRoot, id: &'a str, opts: &[&str], argv: &[&str]) -> Run<'a> {
         Run::start_with(root, id, opts, argv, |_| {})
     }
 
     /// Like [`Run::start`], with stdin a pipe that the test holds open until [`Run::close_stdin`]
     /// or the end of the test.
-    fn start_holding_stdin(root: &'a TestRoot, id: &str, opts: &[&str], argv: &[&str]) -> Run<'a> {
+    fn start_holding_stdin(
+        root: &'a TestRoot,
+        id: &'a str,
+        opts: &[&str],
+        argv: &[&str],
+    ) -> Run<'a> {
         Run::start_with(root, id, opts, argv, |cmd| {
             cmd.stdin(Stdio::piped());
         })
@@ -109,7 +110,7 @@ impl<'a> Run<'a> {
     /// Like [`Run::start`], with the command adjusted by `configure` before it is spawned.
     fn start_with(
         root: &'a TestRoot,
-        id: &str,
+        id: &'a str,
         opts: &[&str],
         argv: &[&str],
         configure: impl FnOnce(&mut Command),
@@ -120,33 +121,10 @@ impl<'a> Run<'a> {
         let mut wrapper = Spawned::spawn(&mut cmd);
         let stdin = wrapper.child.stdin.take();
         Run {
-            root,
-            id: id.to_string(),
+            c: ctx(root, id),
             wrapper: Some(wrapper),
             stdin,
-            output: None,
         }
-    }
-
-    /// The run's diagnostics, with the wrapper's command and stderr while it runs.
-    fn diag(&self) -> String {
-        let mut out = diagnostics(self.root, &self.id);
-        if let Some(w) = &self.wrapper {
-            out.push_str(&format!(
-                "--- wrapper (pid {}) {}\n--- wrapper stderr so far\n{}\n",
-                w.child.id(),
-                w.what,
-                String::from_utf8_lossy(&w.stderr_so_far())
-            ));
-        }
-        if let Some(o) = &self.output {
-            out.push_str(&format!(
-                "--- wrapper {}\n--- wrapper stderr\n{}\n",
-                o.status,
-                String::from_utf8_lossy(&o.stderr)
-            ));
-        }
-        out
     }
 
     fn wrapper_pid(&self) -> i32 {
@@ -165,167 +143,33 @@ impl<'a> Run<'a> {
             .signal(sig);
     }
 
-    /// Whether the wrapper has exited (it is not reaped before [`Run::finish`]).
-    fn wrapper_exited(&self) -> bool {
-        match &self.wrapper {
-            Some(w) => match proc_stat(w.child.id() as i32) {
-                Some(stat) => matches!(stat.0, 'Z' | 'X'),
-                None => true,
-            },
-            None => true,
-        }
-    }
-
-    /// Polls `probe` to `timeout`; panics with what it saw last and the diagnostics. Gives up
-    /// early if the wrapper exits and the probe still fails after that.
-    fn wait_for<T>(
-        &self,
-        what: &str,
-        timeout: Duration,
-        mut probe: impl FnMut() -> Result<T, String>,
-    ) -> T {
-        let start = Instant::now();
-        loop {
-            let exited = self.wrapper_exited();
-            let seen = match probe() {
-                Ok(value) => return value,
-                Err(seen) => seen,
-            };
-            if exited || start.elapsed() >= timeout {
-                let why = if exited {
-                    "the wrapper exited"
-                } else {
-                    "timed out"
-                };
-                panic!(
-                    "{why} after {:?} waiting for {what}; last seen: {seen}\n{}",
-                    start.elapsed(),
-                    self.diag()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    /// Waits until status.json is in one of `states`, and returns it.
-    fn wait_state(&self, states: &[&str]) -> Value {
-        self.wait_for(&format!("status.json in state {states:?}"), LONG, || {
-            let st = self.root.try_status(&self.id)?;
-            match st["state"].as_str() {
-                Some(s) if states.contains(&s) => Ok(st),
-                _ => Err(st.to_string()),
-            }
-        })
-    }
-
-    /// Waits for the fixture's `ready` line in the run's stdout.log.
-    fn ready(&self) -> Ready {
-        let path = self.root.run_dir(&self.id).join("stdout.log");
-        self.wait_for("the fixture's ready line in stdout.log", LONG, || {
-            let text = fs::read_to_string(&path).map_err(|e| e.to_string())?;
-            text.split_inclusive('\n')
-                .filter(|line| line.ends_with('\n'))
-                .find_map(parse_ready)
-                .ok_or_else(|| format!("{text:?}"))
-        })
-    }
-
-    /// Waits until `path` holds a line for which `find` returns Some, and returns that.
-    fn wait_line<T>(&self, path: &Path, what: &str, find: impl Fn(&str) -> Option<T>) -> T {
-        self.wait_for(what, LONG, || {
-            let text = fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            text.lines()
-                .find_map(&find)
-                .ok_or_else(|| format!("{}: {text:?}", path.display()))
-        })
-    }
-
     /// Closes the workload's stdin pipe.
     fn close_stdin(&mut self) {
         drop(self.stdin.take());
     }
 
-    /// Waits for the wrapper to exit (panicking with the diagnostics after [`LONG`]), reaps it
-    /// and returns its output.
-    fn finish(&mut self) -> Output {
-        let start = Instant::now();
-        while !self.wrapper_exited() {
-            if start.elapsed() >= LONG {
-                panic!(
-                    "the wrapper is still running after {:?}\n{}",
-                    start.elapsed(),
-                    self.diag()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        self.stdin.take();
+    /// Waits for the wrapper to exit and reaps it; it must exit `code`. The workload's stdin
+    /// stays open until then (an interactive shell would exit at its EOF).
+    fn finish(&mut self, code: i32) -> Output {
         let wrapper = self.wrapper.take().expect("the wrapper has finished");
-        let out = wrapper.finish(LONG);
-        self.output = Some(out.clone());
+        let out = self.c.finish_within(wrapper, T, code);
+        self.stdin.take();
         out
-    }
-
-    /// Asserts the wrapper's exit code, with its output and the diagnostics on failure.
-    fn assert_exit(&self, out: &Output, code: i32) {
-        assert_eq!(
-            exit_code(&out.status),
-            code,
-            "wrong exit code from agent-run\n{}\n{}",
-            describe_output(&self.id, out),
-            self.diag()
-        );
     }
 
     /// status.json, which must be final and valid.
     fn final_record(&self) -> Value {
-        let st = self.root.status(&self.id);
+        let st = self.c.status();
         let state = st["state"].as_str().unwrap_or_default();
-        assert!(
+        ensure!(
+            self.c,
             FINAL_STATES.contains(&state),
-            "the wrapper exited but status.json is not final\n{}",
-            self.diag()
+            "the wrapper exited but status.json is not final"
         );
         if let Err(e) = check_record(&st) {
-            panic!("invalid final record: {e}\n{}", self.diag());
+            self.c.fail(format_args!("invalid final record: {e}"));
         }
         st
-    }
-
-    /// Asserts the record's state and reason.
-    fn assert_state(&self, st: &Value, state: &str, reason: Option<&str>) {
-        assert_eq!(
-            (st["state"].as_str(), st["reason"].as_str()),
-            (Some(state), reason),
-            "wrong state or reason\n{}",
-            self.diag()
-        );
-    }
-
-    /// The invariant users rely on: once the record is final, nothing of the run is alive.
-    /// Every pinned process is gone and the run's session has no live member.
-    fn assert_nothing_left(&self, pinned: &Pinned, sid: i32) {
-        let alive = pinned.alive();
-        assert!(
-            alive.is_empty(),
-            "processes of the run still alive after its final record: {alive:?} (pinned: {:?})\n{}",
-            pinned.pids(),
-            self.diag()
-        );
-        let left = session_members(sid);
-        assert!(
-            left.is_empty(),
-            "session {sid} still has live members after the final record: {left:?}\n{}",
-            self.diag()
-        );
-    }
-
-    /// `key` of a record as an i32 (pid, pgid, sid), panicking with the diagnostics otherwise.
-    fn int(&self, st: &Value, key: &str) -> i32 {
-        st[key]
-            .as_i64()
-            .and_then(|v| i32::try_from(v).ok())
-            .unwrap_or_else(|| panic!("status.json {key} is not an int: {}\n{}", st, self.diag()))
     }
 }
 
@@ -338,7 +182,8 @@ impl Drop for Run<'_> {
             Some(Ok(None)) => wrapper.as_ref().map(|w| w.child.id() as i32),
             _ => None,
         };
-        let dir = self.root.run_dir(&self.id);
+        let (root, id) = (self.c.root, self.c.id);
+        let dir = root.run_dir(id);
         // What carries this test's run dir in its environment is this test's; while the wrapper
         // lives (a subreaper), so is every descendant of it, and the recorded leader's session.
         // Kill them all, then the wrapper; repeat for processes forked meanwhile.
@@ -346,7 +191,7 @@ impl Drop for Run<'_> {
             let mut pids = marked(&dir);
             if let Some(w) = wrapper_pid {
                 pids.extend(descendants(w));
-                if let Ok(st) = self.root.try_status(&self.id) {
+                if let Ok(st) = root.try_status(id) {
                     if let (Some(pid), Some(ticks)) =
                         (st["pid"].as_i64(), st["start_ticks"].as_u64())
                     {
@@ -366,7 +211,7 @@ impl Drop for Run<'_> {
             for pid in pinned.pids() {
                 let _ = pinned.signal(pid, libc::SIGKILL);
             }
-            let _ = pinned.wait_all_gone(Duration::from_secs(5));
+            let _ = pinned.wait_all_gone(std::time::Duration::from_secs(5));
         }
         if let Some(mut w) = wrapper {
             let _ = w.child.kill();
@@ -375,32 +220,38 @@ impl Drop for Run<'_> {
     }
 }
 
-/// Whether `pid` is alive and carries `AGENT_RUN_DIR=<dir>` in its environment.
-fn carries_marker(pid: i32, dir: &Path) -> bool {
-    let needle = format!("AGENT_RUN_DIR={}", dir.display());
-    let alive = proc_stat(pid).is_some_and(|s| !matches!(s.0, 'Z' | 'X'));
-    alive
-        && fs::read(format!("/proc/{pid}/environ"))
-            .is_ok_and(|env| env.split(|&b| b == 0).any(|v| v == needle.as_bytes()))
-}
-
-/// Every live descendant of `pid`.
-fn descendants(pid: i32) -> Vec<i32> {
-    let mut out = Vec::new();
-    let mut queue = vec![pid];
-    while let Some(p) = queue.pop() {
-        for child in children_of(p) {
-            if !out.contains(&child) {
-                out.push(child);
-                queue.push(child);
-            }
-        }
-    }
-    out
-}
-
 // ---------------------------------------------------------------------------------------------
 // Small helpers
+
+/// The state and reason a record must have.
+fn outcome(state: &str, reason: Option<&str>) -> Value {
+    json!({"state": state, "reason": reason})
+}
+
+/// The invariant users rely on: once the record is final, nothing of the run is alive. Every
+/// pinned process is gone and the run's session has no live member.
+fn nothing_left(c: Ctx<'_>, pinned: &Pinned, sid: i32) {
+    c.gone_now(pinned, "processes of the run after its final record");
+    c.session_empty(sid);
+}
+
+/// `key` of a record as an i32 (pid, pgid, sid).
+fn int(c: Ctx<'_>, st: &Value, key: &str) -> i32 {
+    st[key]
+        .as_i64()
+        .and_then(|v| i32::try_from(v).ok())
+        .unwrap_or_else(|| c.fail(format_args!("status.json {key} is not an int: {st}")))
+}
+
+/// Waits until `path` holds a line for which `find` returns Some, and returns that.
+fn wait_line<V>(c: Ctx<'_>, path: &Path, what: &str, find: impl Fn(&str) -> Option<V>) -> V {
+    c.wait(what, || {
+        let text = fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        text.lines()
+            .find_map(&find)
+            .ok_or_else(|| format!("{}: {text:?}", path.display()))
+    })
+}
 
 /// The `SigIgn`/`SigCgt`/`SigBlk` mask of a process (`field` like "SigIgn").
 fn sig_mask(pid: i32, field: &str) -> Result<u64, String> {
@@ -424,39 +275,9 @@ fn comm(pid: i32) -> String {
         .to_string()
 }
 
-/// `cleanup.signals` of a record.
-fn cleanup_signals(st: &Value) -> Vec<String> {
-    st["cleanup"]["signals"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|s| s.as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// `cleanup.duration_ms` of a record.
 fn cleanup_ms(st: &Value) -> Option<u64> {
     st["cleanup"]["duration_ms"].as_u64()
-}
-
-fn strings(names: &[&str]) -> Vec<String> {
-    names.iter().map(|s| s.to_string()).collect()
-}
-
-/// `YYYY-MM-DDTHH:MM:SS.mmmZ`: RFC 3339, UTC, with milliseconds.
-fn is_utc_millis(s: &str) -> bool {
-    let b = s.as_bytes();
-    b.len() == 24
-        && b.iter().enumerate().all(|(i, &c)| match i {
-            4 | 7 => c == b'-',
-            10 => c == b'T',
-            13 | 16 => c == b':',
-            19 => c == b'.',
-            23 => c == b'Z',
-            _ => c.is_ascii_digit(),
-        })
 }
 
 /// Checks one status.json document against the contract: every key present with its type, a
@@ -498,7 +319,7 @@ fn check_record(v: &Value) -> Result<(), String> {
     }
     for key in ["created_at", "started_at", "ended_at"] {
         if let Some(t) = v[key].as_str() {
-            if !is_utc_millis(t) {
+            if !is_rfc3339_ms(t) {
                 return Err(format!("{key} {t:?} is not RFC 3339 UTC with milliseconds"));
             }
         }
@@ -571,39 +392,36 @@ fn signal_to_wrapper_stops_the_worker_tree(sig: i32, name: &str, code: i32) {
             path_str(&log),
         ],
     );
-    let ready = run.ready();
+    let c = run.c;
+    let ready = c.ready();
     let pinned = Pinned::new(&ready.all_pids());
-    let st = run.wait_state(&["running"]);
-    assert_eq!(
-        (
-            run.int(&st, "pid"),
-            run.int(&st, "pgid"),
-            run.int(&st, "sid")
-        ),
-        (ready.pid, ready.pgid, ready.sid),
-        "status.json names another leader than the fixture reports\n{}",
-        run.diag()
+    let st = c.wait_state(&["running"]);
+    c.eq(
+        &(int(c, &st, "pid"), int(c, &st, "pgid"), int(c, &st, "sid")),
+        &(ready.pid, ready.pgid, ready.sid),
+        "status.json names another leader than the fixture reports",
     );
     // Not vacuous: before the cancel, the session holds exactly the tree.
-    assert_eq!(
-        session_members(ready.sid),
-        ready.all_pids(),
-        "the run's session before the cancel\n{}",
-        run.diag()
+    c.eq(
+        &session_members(ready.sid),
+        &ready.all_pids(),
+        "the run's session before the cancel",
     );
 
     run.signal(sig);
-    let out = run.finish();
-    run.assert_exit(&out, code);
+    run.finish(code);
     let st = run.final_record();
     let reason = format!("signal:{name}");
-    run.assert_state(&st, "cancelled", Some(reason.as_str()));
-    run.assert_nothing_left(&pinned, ready.sid);
-    assert_eq!(
-        cleanup_signals(&st),
-        strings(&["TERM"]),
-        "a tree that exits on TERM needs no HUP or KILL\n{}",
-        run.diag()
+    c.fields(
+        &st,
+        "the record",
+        outcome("cancelled", Some(reason.as_str())),
+    );
+    nothing_left(c, &pinned, ready.sid);
+    c.eq(
+        &cleanup_signals(&st),
+        &strings(&["TERM"]),
+        "a tree that exits on TERM needs no HUP or KILL",
     );
 
     let text = fs::read_to_string(&log).unwrap_or_default();
@@ -612,21 +430,16 @@ fn signal_to_wrapper_stops_the_worker_tree(sig: i32, name: &str, code: i32) {
         let line = text
             .lines()
             .find(|l| l.ends_with(&format!(" {pid} TERM")))
-            .unwrap_or_else(|| panic!("pid {pid} never logged TERM: {text:?}\n{}", run.diag()));
+            .unwrap_or_else(|| c.fail(format_args!("pid {pid} never logged TERM: {text:?}")));
         roles.push(line.split(' ').next().unwrap_or_default());
     }
     roles.sort_unstable();
-    assert_eq!(
-        roles,
-        ["child", "grandchild", "leader"],
-        "log {text:?}\n{}",
-        run.diag()
+    c.eq(
+        &roles,
+        &["child", "grandchild", "leader"],
+        format_args!("log {text:?}"),
     );
-    assert!(
-        !text.contains("HUP"),
-        "HUP reached the tree: {text:?}\n{}",
-        run.diag()
-    );
+    ensure!(c, !text.contains("HUP"), "HUP reached the tree: {text:?}");
 }
 
 #[test]
@@ -659,43 +472,43 @@ fn term_to_the_wrapper_stops_the_seed_articles_bash_worker_and_its_grandchild() 
         &[],
         &["bash", path_str(&script), path_str(&work)],
     );
+    let c = run.c;
     let log = work.join("worker.log");
-    let grandchild: i32 = run.wait_line(&log, "the worker's grandchild pid", |l| {
+    let grandchild: i32 = wait_line(c, &log, "the worker's grandchild pid", |l| {
         l.split("started grandchild=").nth(1)?.trim().parse().ok()
     });
-    run.wait_line(&log, "a parent tick", |l| {
+    wait_line(c, &log, "a parent tick", |l| {
         l.ends_with(" parent_tick").then_some(())
     });
-    run.wait_line(&log, "a grandchild tick", |l| {
+    wait_line(c, &log, "a grandchild tick", |l| {
         l.ends_with(" grandchild_tick").then_some(())
     });
-    let st = run.wait_state(&["running"]);
-    let (leader, sid) = (run.int(&st, "pid"), run.int(&st, "sid"));
+    let st = c.wait_state(&["running"]);
+    let (leader, sid) = (int(c, &st, "pid"), int(c, &st, "sid"));
     let mut pids = session_members(sid);
-    assert!(
+    ensure!(
+        c,
         pids.contains(&leader) && pids.contains(&grandchild),
-        "session {sid} = {pids:?} lacks the worker {leader} or its grandchild {grandchild}\n{}",
-        run.diag()
+        "session {sid} = {pids:?} lacks the worker {leader} or its grandchild {grandchild}"
     );
     pids.sort_unstable();
     let pinned = Pinned::new(&pids);
 
     run.signal(libc::SIGTERM);
-    let out = run.finish();
-    run.assert_exit(&out, 143);
+    run.finish(143);
     let st = run.final_record();
-    run.assert_state(&st, "cancelled", Some("signal:TERM"));
-    run.assert_nothing_left(&pinned, sid);
+    c.fields(&st, "the record", outcome("cancelled", Some("signal:TERM")));
+    nothing_left(c, &pinned, sid);
     let text = fs::read_to_string(&log).unwrap_or_default();
-    assert!(
+    ensure!(
+        c,
         text.lines().any(|l| l.ends_with(" TERM")),
-        "the worker never logged TERM: {text:?}\n{}",
-        run.diag()
+        "the worker never logged TERM: {text:?}"
     );
-    assert!(
+    ensure!(
+        c,
         text.lines().any(|l| l.ends_with(" grandchild_TERM")),
-        "the grandchild never logged TERM: {text:?}\n{}",
-        run.diag()
+        "the grandchild never logged TERM: {text:?}"
     );
 }
 
@@ -715,11 +528,12 @@ fn interactive_shell_is_hung_up_at_once(id: &str, shell: &[&str], timings: &[&st
             .env_remove("ENV")
             .env_remove("BASH_ENV");
     });
-    let st = run.wait_state(&["running"]);
-    let (leader, sid) = (run.int(&st, "pid"), run.int(&st, "sid"));
+    let c = run.c;
+    let st = c.wait_state(&["running"]);
+    let (leader, sid) = (int(c, &st, "pid"), int(c, &st, "sid"));
     let pinned = Pinned::new(&[leader]);
     // The premise: the shell cannot run a TERM handler.
-    run.wait_for("the shell to ignore TERM (SigIgn bit 15)", LONG, || {
+    c.wait("the shell to ignore TERM (SigIgn bit 15)", || {
         let ign = sig_mask(leader, "SigIgn")?;
         if ign & bit(libc::SIGTERM) != 0 {
             Ok(())
@@ -729,22 +543,20 @@ fn interactive_shell_is_hung_up_at_once(id: &str, shell: &[&str], timings: &[&st
     });
 
     run.signal(libc::SIGTERM);
-    let out = run.finish();
-    run.assert_exit(&out, 143);
+    run.finish(143);
     let st = run.final_record();
-    run.assert_state(&st, "cancelled", Some("signal:TERM"));
-    run.assert_nothing_left(&pinned, sid);
-    assert_eq!(
-        cleanup_signals(&st),
-        strings(&["TERM", "HUP"]),
-        "a TERM-ignoring shell ends on the HUP sent with TERM, without KILL\n{}",
-        run.diag()
+    c.fields(&st, "the record", outcome("cancelled", Some("signal:TERM")));
+    nothing_left(c, &pinned, sid);
+    c.eq(
+        &cleanup_signals(&st),
+        &strings(&["TERM", "HUP"]),
+        "a TERM-ignoring shell ends on the HUP sent with TERM, without KILL",
     );
     let ms = cleanup_ms(&st).unwrap_or(u64::MAX);
-    assert!(
+    ensure!(
+        c,
         ms < max_ms,
-        "the shell took {ms} ms to go (limit {max_ms}): HUP was not sent at once with TERM\n{}",
-        run.diag()
+        "the shell took {ms} ms to go (limit {max_ms}): HUP was not sent at once with TERM"
     );
 }
 
@@ -785,34 +597,32 @@ fn a_child_ignoring_term_and_hup_is_killed_at_the_grace() {
             "ignore",
         ],
     );
-    let ready = run.ready();
+    let c = run.c;
+    let ready = c.ready();
     let pinned = Pinned::new(&ready.all_pids());
     let child = ready.members[0];
     let ign = sig_mask(child, "SigIgn").unwrap_or_default();
-    assert_eq!(
-        ign & (bit(libc::SIGTERM) | bit(libc::SIGHUP)),
-        bit(libc::SIGTERM) | bit(libc::SIGHUP),
-        "the child {child} should ignore TERM and HUP: SigIgn {ign:016x}\n{}",
-        run.diag()
+    c.eq(
+        &(ign & (bit(libc::SIGTERM) | bit(libc::SIGHUP))),
+        &(bit(libc::SIGTERM) | bit(libc::SIGHUP)),
+        format_args!("the child {child} should ignore TERM and HUP: SigIgn {ign:016x}"),
     );
 
     run.signal(libc::SIGTERM);
-    let out = run.finish();
-    run.assert_exit(&out, 143);
+    run.finish(143);
     let st = run.final_record();
-    run.assert_state(&st, "cancelled", Some("signal:TERM"));
-    run.assert_nothing_left(&pinned, ready.sid);
-    assert_eq!(
-        cleanup_signals(&st),
-        strings(&["TERM", "HUP", "KILL"]),
-        "\n{}",
-        run.diag()
+    c.fields(&st, "the record", outcome("cancelled", Some("signal:TERM")));
+    nothing_left(c, &pinned, ready.sid);
+    c.eq(
+        &cleanup_signals(&st),
+        &strings(&["TERM", "HUP", "KILL"]),
+        "cleanup_signals(&st)",
     );
     let ms = cleanup_ms(&st).unwrap_or_default();
-    assert!(
+    ensure!(
+        c,
         (1000..10_000).contains(&ms),
-        "KILL must come at the 1 s grace, not before: cleanup took {ms} ms\n{}",
-        run.diag()
+        "KILL must come at the 1 s grace, not before: cleanup took {ms} ms"
     );
 }
 
@@ -840,41 +650,36 @@ fn a_leader_exiting_on_term_does_not_strand_a_same_group_descendant_ignoring_ter
             path_str(&log),
         ],
     );
-    let ready = run.ready();
+    let c = run.c;
+    let ready = c.ready();
     let pinned = Pinned::new(&ready.all_pids());
     for &m in &ready.members {
         let pgid = proc_stat(m).map(|s| s.2);
-        assert_eq!(
-            pgid,
-            Some(ready.pgid),
-            "member {m} should share the leader's group\n{}",
-            run.diag()
+        c.eq(
+            &pgid,
+            &Some(ready.pgid),
+            format_args!("member {m} should share the leader's group"),
         );
     }
 
     run.signal(libc::SIGTERM);
-    let out = run.finish();
-    run.assert_exit(&out, 143);
+    run.finish(143);
     let st = run.final_record();
-    run.assert_state(&st, "cancelled", Some("signal:TERM"));
-    run.assert_nothing_left(&pinned, ready.sid);
+    c.fields(&st, "the record", outcome("cancelled", Some("signal:TERM")));
+    nothing_left(c, &pinned, ready.sid);
     let text = fs::read_to_string(&log).unwrap_or_default();
-    assert!(
+    ensure!(
+        c,
         text.contains(&format!("leader {} TERM", ready.pid)),
-        "the leader never handled TERM: {text:?}\n{}",
-        run.diag()
+        "the leader never handled TERM: {text:?}"
     );
-    assert!(
+    ensure!(
+        c,
         cleanup_signals(&st).contains(&"KILL".to_string()),
-        "the descendants ignore TERM and HUP: only KILL ends them\n{}",
-        run.diag()
+        "the descendants ignore TERM and HUP: only KILL ends them"
     );
     let ms = cleanup_ms(&st).unwrap_or_default();
-    assert!(
-        ms >= 2000,
-        "KILL before the 2 s grace: {ms} ms\n{}",
-        run.diag()
-    );
+    ensure!(c, ms >= 2000, "KILL before the 2 s grace: {ms} ms");
 }
 
 #[test]
@@ -893,31 +698,35 @@ while :; do sleep 0.05; done"#;
         &[],
         &["bash", "-c", script, "daemon", path_str(&log)],
     );
-    run.wait_line(&log, "the daemon's ready line", |l| {
+    let c = run.c;
+    wait_line(c, &log, "the daemon's ready line", |l| {
         (l == "ready").then_some(())
     });
-    let st = run.wait_state(&["running"]);
-    let (leader, sid) = (run.int(&st, "pid"), run.int(&st, "sid"));
+    let st = c.wait_state(&["running"]);
+    let (leader, sid) = (int(c, &st, "pid"), int(c, &st, "sid"));
     let pinned = Pinned::new(&[leader]);
 
     run.signal(libc::SIGTERM);
-    let out = run.finish();
-    run.assert_exit(&out, 143);
+    run.finish(143);
     let st = run.final_record();
-    run.assert_state(&st, "cancelled", Some("signal:TERM"));
-    run.assert_nothing_left(&pinned, sid);
+    c.fields(&st, "the record", outcome("cancelled", Some("signal:TERM")));
+    nothing_left(c, &pinned, sid);
     let text = fs::read_to_string(&log).unwrap_or_default();
-    assert!(
+    ensure!(
+        c,
         text.lines().any(|l| l == "TERM"),
-        "the daemon never handled TERM: {text:?}\n{}",
-        run.diag()
+        "the daemon never handled TERM: {text:?}"
     );
-    assert!(
+    ensure!(
+        c,
         !text.contains("HUP"),
-        "the daemon was hung up during its TERM shutdown: {text:?}\n{}",
-        run.diag()
+        "the daemon was hung up during its TERM shutdown: {text:?}"
     );
-    assert_eq!(cleanup_signals(&st), strings(&["TERM"]), "\n{}", run.diag());
+    c.eq(
+        &cleanup_signals(&st),
+        &strings(&["TERM"]),
+        "cleanup_signals(&st)",
+    );
 }
 
 #[test]
@@ -943,33 +752,32 @@ fn a_second_term_during_the_grace_kills_at_once() {
             "ignore",
         ],
     );
-    let ready = run.ready();
+    let c = run.c;
+    let ready = c.ready();
     let pinned = Pinned::new(&ready.all_pids());
 
     run.signal(libc::SIGTERM);
-    run.wait_state(&["cancelling"]);
-    assert_eq!(
-        pinned.alive(),
-        ready.all_pids(),
-        "the tree ignores TERM and HUP: all of it must still be alive while cancelling\n{}",
-        run.diag()
+    c.wait_state(&["cancelling"]);
+    c.eq(
+        &pinned.alive(),
+        &ready.all_pids(),
+        "the tree ignores TERM and HUP: all of it must still be alive while cancelling",
     );
     run.signal(libc::SIGTERM);
-    let out = run.finish();
-    run.assert_exit(&out, 143);
+    run.finish(143);
     let st = run.final_record();
-    run.assert_state(&st, "cancelled", Some("signal:TERM"));
-    run.assert_nothing_left(&pinned, ready.sid);
-    assert!(
+    c.fields(&st, "the record", outcome("cancelled", Some("signal:TERM")));
+    nothing_left(c, &pinned, ready.sid);
+    ensure!(
+        c,
         cleanup_signals(&st).contains(&"KILL".to_string()),
-        "\n{}",
-        run.diag()
+        "cleanup_signals(&st).contains(&\"KILL\".to_string())"
     );
     let ms = cleanup_ms(&st).unwrap_or(u64::MAX);
-    assert!(
+    ensure!(
+        c,
         ms < 15_000,
-        "the second TERM did not cut the 30 s grace short: cleanup took {ms} ms\n{}",
-        run.diag()
+        "the second TERM did not cut the 30 s grace short: cleanup took {ms} ms"
     );
 }
 
@@ -985,7 +793,8 @@ fn a_setsid_double_forked_escapee_is_stopped_on_cancel() {
         &[],
         &[&fixture_path(), "tree", "--children", "1", "--escapee"],
     );
-    let ready = run.ready();
+    let c = run.c;
+    let ready = c.ready();
     let pinned = Pinned::new(&ready.all_pids());
     let escapees: Vec<i32> = ready
         .members
@@ -993,27 +802,26 @@ fn a_setsid_double_forked_escapee_is_stopped_on_cancel() {
         .copied()
         .filter(|&m| proc_stat(m).is_some_and(|s| s.3 != ready.sid))
         .collect();
-    assert_eq!(
-        escapees.len(),
-        1,
-        "exactly one member should have left the run's session {}\n{}",
-        ready.sid,
-        run.diag()
+    c.eq(
+        &escapees.len(),
+        &1,
+        format_args!(
+            "exactly one member should have left the run's session {}",
+            ready.sid
+        ),
     );
     let parent = proc_stat(escapees[0]).map(|s| s.1);
-    assert_eq!(
-        parent,
-        Some(run.wrapper_pid()),
-        "the orphaned escapee should be reparented to the wrapper, a child subreaper\n{}",
-        run.diag()
+    c.eq(
+        &parent,
+        &Some(run.wrapper_pid()),
+        "the orphaned escapee should be reparented to the wrapper, a child subreaper",
     );
 
     run.signal(libc::SIGTERM);
-    let out = run.finish();
-    run.assert_exit(&out, 143);
+    run.finish(143);
     let st = run.final_record();
-    run.assert_state(&st, "cancelled", Some("signal:TERM"));
-    run.assert_nothing_left(&pinned, ready.sid);
+    c.fields(&st, "the record", outcome("cancelled", Some("signal:TERM")));
+    nothing_left(c, &pinned, ready.sid);
 }
 
 /// A workload that double-forks a setsid escapee with the run's marker scrubbed from its
@@ -1027,19 +835,22 @@ fn scrubbed_escapee_script(rest: &str) -> String {
 /// Waits for the escapee's pid in `pidfile` and checks that it escaped the session and the
 /// marker, and came back to the wrapper.
 fn scrubbed_escapee(run: &Run<'_>, pidfile: &Path, sid: i32) -> (i32, Pinned) {
-    let pid: i32 = run.wait_line(pidfile, "the escapee's pid", |l| l.trim().parse().ok());
-    let pinned = Pinned::new(&[pid]);
-    run.wait_for("the escapee to exec sleep without the marker", LONG, || {
-        let environ = fs::read(format!("/proc/{pid}/environ")).map_err(|e| e.to_string())?;
-        let marked = environ
-            .split(|&b| b == 0)
-            .any(|v| v.starts_with(b"AGENT_RUN_ID="));
-        let stat = proc_stat(pid);
-        match (comm(pid).as_str(), marked, stat) {
-            ("sleep", false, Some(s)) if s.3 != sid && s.1 == run.wrapper_pid() => Ok(()),
-            (comm, marked, stat) => Err(format!("comm {comm} marked {marked} stat {stat:?}")),
-        }
+    let pid: i32 = wait_line(run.c, pidfile, "the escapee's pid", |l| {
+        l.trim().parse().ok()
     });
+    let pinned = Pinned::new(&[pid]);
+    run.c
+        .wait("the escapee to exec sleep without the marker", || {
+            let environ = fs::read(format!("/proc/{pid}/environ")).map_err(|e| e.to_string())?;
+            let marked = environ
+                .split(|&b| b == 0)
+                .any(|v| v.starts_with(b"AGENT_RUN_ID="));
+            let stat = proc_stat(pid);
+            match (comm(pid).as_str(), marked, stat) {
+                ("sleep", false, Some(s)) if s.3 != sid && s.1 == run.wrapper_pid() => Ok(()),
+                (comm, marked, stat) => Err(format!("comm {comm} marked {marked} stat {stat:?}")),
+            }
+        });
     (pid, pinned)
 }
 
@@ -1054,18 +865,18 @@ fn a_setsid_escapee_without_the_runs_marker_is_stopped_on_cancel() {
         &[],
         &["sh", "-c", &script, "sh", path_str(&pidfile)],
     );
-    let st = run.wait_state(&["running"]);
-    let (leader, sid) = (run.int(&st, "pid"), run.int(&st, "sid"));
+    let c = run.c;
+    let st = c.wait_state(&["running"]);
+    let (leader, sid) = (int(c, &st, "pid"), int(c, &st, "sid"));
     let (_, escapee) = scrubbed_escapee(&run, &pidfile, sid);
     let pinned = Pinned::new(&[leader]);
 
     run.signal(libc::SIGTERM);
-    let out = run.finish();
-    run.assert_exit(&out, 143);
+    run.finish(143);
     let st = run.final_record();
-    run.assert_state(&st, "cancelled", Some("signal:TERM"));
-    run.assert_nothing_left(&pinned, sid);
-    run.assert_nothing_left(&escapee, sid);
+    c.fields(&st, "the record", outcome("cancelled", Some("signal:TERM")));
+    nothing_left(c, &pinned, sid);
+    nothing_left(c, &escapee, sid);
 }
 
 #[test]
@@ -1079,16 +890,16 @@ fn a_setsid_escapee_without_the_runs_marker_left_by_a_workload_that_exits_0_is_s
         &[],
         &["sh", "-c", &script, "sh", path_str(&pidfile)],
     );
-    let out = run.finish();
-    run.assert_exit(&out, 0);
+    let c = run.c;
+    run.finish(0);
     let st = run.final_record();
-    assert_eq!(st["state"], "finished", "\n{}", run.diag());
-    let sid = run.int(&st, "sid");
+    c.eq(&st["state"], "finished", "st[\"state\"]");
+    let sid = int(c, &st, "sid");
     let text = fs::read_to_string(&pidfile).unwrap_or_default();
     let escapee: i32 = text
         .trim()
         .parse()
-        .unwrap_or_else(|_| panic!("no escapee pid in {text:?}\n{}", run.diag()));
+        .unwrap_or_else(|_| c.fail(format_args!("no escapee pid in {text:?}")));
     // Stopped and reaped by the wrapper before its final record, so its pid may in theory be
     // reused: a live process under it counts only if it is a sleep that started after the run.
     let leader_ticks = st["start_ticks"].as_u64().unwrap_or_default();
@@ -1096,23 +907,22 @@ fn a_setsid_escapee_without_the_runs_marker_left_by_a_workload_that_exits_0_is_s
         .filter(|s| !matches!(s.0, 'Z' | 'X') && s.4 >= leader_ticks && comm(escapee) == "sleep");
     if alive.is_some() {
         let _kill_on_unwind = Pinned::new(&[escapee]);
-        panic!(
-            "the escapee {escapee} is alive after the final record: {alive:?}\n{}",
-            run.diag()
-        );
+        c.fail(format_args!(
+            "the escapee {escapee} is alive after the final record: {alive:?}"
+        ));
     }
-    assert!(
+    ensure!(
+        c,
         session_members(sid).is_empty(),
-        "session {sid} still has members\n{}",
-        run.diag()
+        "session {sid} still has members"
     );
     let signalled = &st["cleanup"]["signalled"];
-    assert!(
+    ensure!(
+        c,
         signalled
             .as_array()
             .is_some_and(|a| a.contains(&Value::from(escapee))),
-        "the escapee {escapee} is not listed in cleanup.signalled\n{}",
-        run.diag()
+        "the escapee {escapee} is not listed in cleanup.signalled"
     );
 }
 
@@ -1131,9 +941,10 @@ fn the_background_jobs_of_a_job_control_shell_are_stopped_on_cancel() {
                 .env_remove("BASH_ENV");
         },
     );
-    let st = run.wait_state(&["running"]);
-    let (leader, sid) = (run.int(&st, "pid"), run.int(&st, "sid"));
-    let jobs = run.wait_for("the shell's two background sleeps", LONG, || {
+    let c = run.c;
+    let st = c.wait_state(&["running"]);
+    let (leader, sid) = (int(c, &st, "pid"), int(c, &st, "sid"));
+    let jobs = c.wait("the shell's two background sleeps", || {
         let sleeps: Vec<i32> = children_of(leader)
             .into_iter()
             .filter(|&p| comm(p) == "sleep")
@@ -1149,19 +960,18 @@ fn the_background_jobs_of_a_job_control_shell_are_stopped_on_cancel() {
     let pinned = Pinned::new(&pids);
     for &job in &jobs {
         let stat = proc_stat(job);
-        assert!(
+        ensure!(
+            c,
             stat.is_some_and(|s| s.2 != leader && s.3 == sid),
-            "job {job} should be in its own group of the run's session: {stat:?}\n{}",
-            run.diag()
+            "job {job} should be in its own group of the run's session: {stat:?}"
         );
     }
 
     run.signal(libc::SIGTERM);
-    let out = run.finish();
-    run.assert_exit(&out, 143);
+    run.finish(143);
     let st = run.final_record();
-    run.assert_state(&st, "cancelled", Some("signal:TERM"));
-    run.assert_nothing_left(&pinned, sid);
+    c.fields(&st, "the record", outcome("cancelled", Some("signal:TERM")));
+    nothing_left(c, &pinned, sid);
 }
 
 /// A workload whose leader exits 0 and leaves `tree_opts` processes behind: they must be stopped
@@ -1173,45 +983,44 @@ fn leftovers_of_a_leader_that_exits_0_are_stopped_and_listed(id: &str, tree_opts
     argv.extend(tree_opts);
     argv.extend(["--leader-exit", "0"]);
     let mut run = Run::start(&root, id, &[], &argv);
-    let ready = run.ready();
+    let c = run.c;
+    let ready = c.ready();
     // Some may already be stopped and reaped by now: pin only what still carries this run's
     // marker (a reused pid would not); the rest counts as gone.
     let dir = root.run_dir(id);
     let ours: Vec<i32> = ready
         .all_pids()
         .into_iter()
-        .filter(|&p| carries_marker(p, &dir))
+        .filter(|p| marked(&dir).contains(p))
         .collect();
     let pinned = Pinned::new(&ours);
 
-    let out = run.finish();
-    run.assert_exit(&out, 0);
+    run.finish(0);
     let st = run.final_record();
     // No reason is asserted: the contract leaves open whether a finished run with leftovers
     // names why they were stopped.
-    assert_eq!(st["state"], "finished", "\n{}", run.diag());
-    assert_eq!(
-        (&st["exit_code"], &st["term_signal"]),
-        (&Value::from(0), &Value::Null),
-        "\n{}",
-        run.diag()
+    c.eq(&st["state"], "finished", "st[\"state\"]");
+    c.eq(
+        &(&st["exit_code"], &st["term_signal"]),
+        &(&Value::from(0), &Value::Null),
+        "(&st[\"exit_code\"], &st[\"term_signal\"])",
     );
-    run.assert_nothing_left(&pinned, ready.sid);
+    nothing_left(c, &pinned, ready.sid);
     let signalled: Vec<i64> = st["cleanup"]["signalled"]
         .as_array()
         .map(|a| a.iter().filter_map(Value::as_i64).collect())
         .unwrap_or_default();
     for &m in &ready.members {
-        assert!(
+        ensure!(
+            c,
             signalled.contains(&i64::from(m)),
-            "leftover {m} is not listed in cleanup.signalled\n{}",
-            run.diag()
+            "leftover {m} is not listed in cleanup.signalled"
         );
     }
-    assert!(
+    ensure!(
+        c,
         cleanup_signals(&st).contains(&"TERM".to_string()),
-        "\n{}",
-        run.diag()
+        "cleanup_signals(&st).contains(&\"TERM\".to_string())"
     );
 }
 
@@ -1252,11 +1061,11 @@ fn cancelling_one_run_leaves_another_run_under_the_same_root_running_to_its_fini
         &[],
         &["sh", "-c", "sleep 600 & read line; kill $!"],
     );
-    let ready = doomed.ready();
+    let ready = doomed.c.ready();
     let doomed_pins = Pinned::new(&ready.all_pids());
-    let st = other.wait_state(&["running"]);
-    let (leader, sid) = (other.int(&st, "pid"), other.int(&st, "sid"));
-    let sleeper = other.wait_for("the other run's sleep", LONG, || {
+    let st = other.c.wait_state(&["running"]);
+    let (leader, sid) = (int(other.c, &st, "pid"), int(other.c, &st, "sid"));
+    let sleeper = other.c.wait("the other run's sleep", || {
         children_of(leader)
             .into_iter()
             .find(|&p| comm(p) == "sleep")
@@ -1265,28 +1074,27 @@ fn cancelling_one_run_leaves_another_run_under_the_same_root_running_to_its_fini
     let other_pins = Pinned::new(&[leader, sleeper]);
 
     doomed.signal(libc::SIGTERM);
-    let out = doomed.finish();
-    doomed.assert_exit(&out, 143);
+    doomed.finish(143);
     let st = doomed.final_record();
-    doomed.assert_state(&st, "cancelled", Some("signal:TERM"));
-    doomed.assert_nothing_left(&doomed_pins, ready.sid);
+    doomed
+        .c
+        .fields(&st, "the record", outcome("cancelled", Some("signal:TERM")));
+    nothing_left(doomed.c, &doomed_pins, ready.sid);
 
-    assert_eq!(
-        other_pins.alive(),
-        vec![leader, sleeper],
-        "cancelling another run touched this one\n{}",
-        other.diag()
+    other.c.eq(
+        &other_pins.alive(),
+        &vec![leader, sleeper],
+        "cancelling another run touched this one",
     );
-    let st = other.root.status(&other.id);
-    other.assert_state(&st, "running", None);
+    let st = other.c.status();
+    other.c.fields(&st, "the record", outcome("running", None));
 
     other.close_stdin();
-    let out = other.finish();
-    other.assert_exit(&out, 0);
+    other.finish(0);
     let st = other.final_record();
-    other.assert_state(&st, "finished", None);
-    assert_eq!(st["exit_code"], 0, "\n{}", other.diag());
-    other.assert_nothing_left(&other_pins, sid);
+    other.c.fields(&st, "the record", outcome("finished", None));
+    other.c.eq(&st["exit_code"], 0, "st[\"exit_code\"]");
+    nothing_left(other.c, &other_pins, sid);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1303,24 +1111,19 @@ fn the_workloads_exit_code_passes_through() {
             &[],
             &[&fixture_path(), "exit", &code.to_string()],
         );
-        let out = run.finish();
-        run.assert_exit(&out, code);
+        let c = run.c;
+        run.finish(code);
         let st = run.final_record();
-        run.assert_state(&st, "finished", None);
-        assert_eq!(
-            (&st["exit_code"], &st["term_signal"]),
-            (&Value::from(code), &Value::Null),
-            "\n{}",
-            run.diag()
+        c.fields(&st, "the record", outcome("finished", None));
+        c.eq(
+            &(&st["exit_code"], &st["term_signal"]),
+            &(&Value::from(code), &Value::Null),
+            "(&st[\"exit_code\"], &st[\"term_signal\"])",
         );
-        let leader = run.int(&st, "pid");
+        let leader = int(c, &st, "pid");
         let ticks = st["start_ticks"].as_u64();
         let alive = proc_stat(leader).filter(|s| Some(s.4) == ticks && s.0 != 'Z');
-        assert!(
-            alive.is_none(),
-            "leader {leader} still alive\n{}",
-            run.diag()
-        );
+        ensure!(c, alive.is_none(), "leader {leader} still alive");
     }
 }
 
@@ -1335,15 +1138,14 @@ fn a_workload_killed_by_a_signal_exits_128_plus_n_with_the_signal_named() {
             &[],
             &[&fixture_path(), "signal", &sig.to_string()],
         );
-        let out = run.finish();
-        run.assert_exit(&out, 128 + sig);
+        let c = run.c;
+        run.finish(128 + sig);
         let st = run.final_record();
-        run.assert_state(&st, "finished", None);
-        assert_eq!(
-            (&st["exit_code"], &st["term_signal"]),
-            (&Value::Null, &Value::from(name)),
-            "\n{}",
-            run.diag()
+        c.fields(&st, "the record", outcome("finished", None));
+        c.eq(
+            &(&st["exit_code"], &st["term_signal"]),
+            &(&Value::Null, &Value::from(name)),
+            "(&st[\"exit_code\"], &st[\"term_signal\"])",
         );
     }
 }
@@ -1351,19 +1153,21 @@ fn a_workload_killed_by_a_signal_exits_128_plus_n_with_the_signal_named() {
 /// A launch that must fail with `code`: exit code, `launch_failed`, a one-line error, and the
 /// command never ran.
 fn assert_launch_failed(run: &mut Run<'_>, code: i32) {
-    let out = run.finish();
-    run.assert_exit(&out, code);
+    run.finish(code);
     let st = run.final_record();
-    run.assert_state(&st, "launch_failed", None);
+    run.c
+        .fields(&st, "the record", outcome("launch_failed", None));
     // The leader never ran: `exit_code` is null; the launch's code is `launch_exit_code`.
-    assert_eq!(st["exit_code"], Value::Null, "\n{}", run.diag());
-    assert_eq!(st["launch_exit_code"], code, "\n{}", run.diag());
+    run.c
+        .eq(&st["exit_code"], &Value::Null, "st[\"exit_code\"]");
+    run.c
+        .eq(&st["launch_exit_code"], code, "st[\"launch_exit_code\"]");
     let error = st["error"].as_str().unwrap_or_default();
-    assert!(
+    ensure!(
+        run.c,
         !error.is_empty() && !error.contains('\n'),
-        "error must be one non-empty line: {:?}\n{}",
-        st["error"],
-        run.diag()
+        "error must be one non-empty line: {:?}",
+        st["error"]
     );
 }
 
@@ -1392,12 +1196,9 @@ fn a_command_that_is_not_executable_exits_126_as_launch_failed() {
     .unwrap();
     fs::set_permissions(&script, fs::Permissions::from_mode(0o644)).unwrap();
     let mut run = Run::start(&root, "not-exec", &[], &[path_str(&script)]);
+    let c = run.c;
     assert_launch_failed(&mut run, 126);
-    assert!(
-        !marker.exists(),
-        "the non-executable file ran\n{}",
-        run.diag()
-    );
+    ensure!(c, !marker.exists(), "the non-executable file ran");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1472,10 +1273,11 @@ fn a_tight_reader_never_sees_a_partial_status_json_or_a_state_out_of_order() {
             "ignore",
         ],
     );
-    let ready = run.ready();
+    let c = run.c;
+    let ready = c.ready();
     let pinned = Pinned::new(&ready.all_pids());
     // Cancel only once the reader has seen `running` (it may be starved on a loaded host).
-    run.wait_for("the reader to see running", LONG, || {
+    c.wait("the reader to see running", || {
         if saw_running.load(Ordering::SeqCst) {
             Ok(())
         } else {
@@ -1483,31 +1285,30 @@ fn a_tight_reader_never_sees_a_partial_status_json_or_a_state_out_of_order() {
         }
     });
     run.signal(libc::SIGTERM);
-    let out = run.finish();
+    run.finish(143);
     drop(stop);
     let (states, bad, reads) = reader.join().expect("the reader thread panicked");
-    run.assert_exit(&out, 143);
-    run.assert_nothing_left(&pinned, ready.sid);
-    assert!(
+    nothing_left(c, &pinned, ready.sid);
+    ensure!(
+        c,
         bad.is_empty(),
-        "the reader saw invalid documents ({reads} reads): {bad:#?}\n{}",
-        run.diag()
+        "the reader saw invalid documents ({reads} reads): {bad:#?}"
     );
     let order = ["starting", "running", "cancelling", "cancelled"];
     let ranks: Vec<Option<usize>> = states
         .iter()
         .map(|s| order.iter().position(|o| o == s))
         .collect();
-    assert!(
+    ensure!(
+        c,
         ranks.iter().all(Option::is_some) && ranks.windows(2).all(|w| w[0] < w[1]),
-        "states seen out of order or not allowed: {states:?}\n{}",
-        run.diag()
+        "states seen out of order or not allowed: {states:?}"
     );
     for must in ["running", "cancelling", "cancelled"] {
-        assert!(
+        ensure!(
+            c,
             states.iter().any(|s| s == must),
-            "the reader never saw {must}: {states:?} in {reads} reads\n{}",
-            run.diag()
+            "the reader never saw {must}: {states:?} in {reads} reads"
         );
     }
 }
@@ -1523,26 +1324,26 @@ impl Drop for StopOnDrop {
 
 /// Asserts the root and the run dir are 0700 and every entry of the run dir a regular 0600 file.
 fn assert_private_modes(run: &Run<'_>, when: &str) {
-    for dir in [run.root.root(), run.root.run_dir(&run.id)] {
+    for dir in [run.c.root.root(), run.c.root.run_dir(run.c.id)] {
         let md = fs::symlink_metadata(&dir).unwrap();
-        assert!(
+        ensure!(
+            run.c,
             md.is_dir() && md.mode() & 0o7777 == 0o700,
-            "{when}: {} has mode {:o}, not a 0700 dir\n{}",
+            "{when}: {} has mode {:o}, not a 0700 dir",
             dir.display(),
-            md.mode(),
-            run.diag()
+            md.mode()
         );
     }
-    let entries = fs::read_dir(run.root.run_dir(&run.id)).unwrap();
+    let entries = fs::read_dir(run.c.root.run_dir(run.c.id)).unwrap();
     for entry in entries {
         let entry = entry.unwrap();
         let md = fs::symlink_metadata(entry.path()).unwrap();
-        assert!(
+        ensure!(
+            run.c,
             md.file_type().is_file() && md.mode() & 0o7777 == 0o600,
-            "{when}: {} has mode {:o}, not a 0600 regular file\n{}",
+            "{when}: {} has mode {:o}, not a 0600 regular file",
             entry.path().display(),
-            md.mode(),
-            run.diag()
+            md.mode()
         );
     }
 }
@@ -1565,19 +1366,19 @@ fn the_root_and_run_dir_are_0700_and_every_run_file_0600_even_with_umask_0() {
             }
         },
     );
-    let ready = run.ready();
+    let c = run.c;
+    let ready = c.ready();
     let pinned = Pinned::new(&ready.all_pids());
-    run.wait_state(&["running"]);
-    assert!(
+    c.wait_state(&["running"]);
+    ensure!(
+        c,
         root.run_dir("modes").join("lease.json").exists(),
-        "--lease wrote no lease.json\n{}",
-        run.diag()
+        "--lease wrote no lease.json"
     );
     assert_private_modes(&run, "while running");
     run.signal(libc::SIGTERM);
-    let out = run.finish();
-    run.assert_exit(&out, 143);
-    run.assert_nothing_left(&pinned, ready.sid);
+    run.finish(143);
+    nothing_left(c, &pinned, ready.sid);
     assert_private_modes(&run, "after the final record");
 }
 
@@ -1634,7 +1435,7 @@ fn no_fd_mask_or_ignored_signal_of_the_wrapper_leaks_into_the_workload() {
     let mut direct = Command::new(fixture_bin());
     direct.arg("env").stdin(Stdio::null());
     start_leaky(&mut direct);
-    let control = run_with_timeout(&mut direct, LONG);
+    let control = run_with_timeout(&mut direct, T);
     let control_text = String::from_utf8_lossy(&control.stdout);
     let mask = |field: &str| {
         control_text
@@ -1658,13 +1459,13 @@ fn no_fd_mask_or_ignored_signal_of_the_wrapper_leaks_into_the_workload() {
 
     let root = TestRoot::new();
     let mut run = Run::start_with(&root, "env", &[], &[&fixture_path(), "env"], start_leaky);
-    let out = run.finish();
-    run.assert_exit(&out, 0);
+    let c = run.c;
+    run.finish(0);
     let st = run.final_record();
-    run.assert_state(&st, "finished", None);
+    c.fields(&st, "the record", outcome("finished", None));
     let dir = root.run_dir("env");
     let report = fs::read_to_string(dir.join("stdout.log")).unwrap_or_default();
-    let leader = run.int(&st, "pid");
+    let leader = int(c, &st, "pid");
     let expected = [
         "SigIgn:\t0000000000000000".to_string(),
         "SigBlk:\t0000000000000000".to_string(),
@@ -1677,10 +1478,10 @@ fn no_fd_mask_or_ignored_signal_of_the_wrapper_leaks_into_the_workload() {
         .iter()
         .filter(|want| !report.lines().any(|l| l == want.as_str()))
         .collect();
-    assert!(
+    ensure!(
+        c,
         missing.is_empty(),
-        "the workload's report lacks {missing:?}:\n{report}\n{}",
-        run.diag()
+        "the workload's report lacks {missing:?}:\n{report}"
     );
 }
 
@@ -1690,21 +1491,21 @@ fn pid_and_pgid_files_and_status_json_name_the_leader_the_kernel_shows() {
     let fixture = fixture_path();
     let argv = [fixture.as_str(), "tree", "--children", "1"];
     let mut run = Run::start(&root, "ids", &[], &argv);
-    let ready = run.ready();
+    let c = run.c;
+    let ready = c.ready();
     let pinned = Pinned::new(&ready.all_pids());
-    let st = run.wait_state(&["running"]);
+    let st = c.wait_state(&["running"]);
     let dir = root.run_dir("ids");
     for name in ["pid", "pgid"] {
         let text = fs::read_to_string(dir.join(name)).unwrap_or_default();
-        assert_eq!(
-            text,
-            format!("{}\n", ready.pid),
-            "{name} file\n{}",
-            run.diag()
+        c.eq(
+            &text,
+            &format!("{}\n", ready.pid),
+            format_args!("{name} file"),
         );
     }
     if let Err(e) = check_record(&st) {
-        panic!("invalid running record: {e}\n{}", run.diag());
+        c.fail(format_args!("invalid running record: {e}"));
     }
     let kernel = proc_stat(ready.pid).expect("the leader is pinned and parked");
     let boot_id = fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
@@ -1723,13 +1524,12 @@ fn pid_and_pgid_files_and_status_json_name_the_leader_the_kernel_shows() {
         ("uid", Value::from(geteuid())),
     ];
     for (key, want) in expected {
-        assert_eq!(st[key], want, "status.json {key}\n{}", run.diag());
+        c.eq(&st[key], &want, format_args!("status.json {key}"));
     }
     run.signal(libc::SIGTERM);
-    let out = run.finish();
-    run.assert_exit(&out, 143);
+    run.finish(143);
     run.final_record();
-    run.assert_nothing_left(&pinned, ready.sid);
+    nothing_left(c, &pinned, ready.sid);
 }
 
 #[test]
@@ -1750,56 +1550,49 @@ fn the_journal_records_the_launch_every_state_change_and_every_signal_with_targe
             "ignore",
         ],
     );
-    let ready = run.ready();
+    let c = run.c;
+    let ready = c.ready();
     let pinned = Pinned::new(&ready.all_pids());
-    run.wait_state(&["running"]);
+    c.wait_state(&["running"]);
     run.signal(libc::SIGTERM);
-    let out = run.finish();
-    run.assert_exit(&out, 143);
+    run.finish(143);
     let st = run.final_record();
-    run.assert_nothing_left(&pinned, ready.sid);
+    nothing_left(c, &pinned, ready.sid);
 
     let events = root.events("journal");
     for e in &events {
         let ts = e["ts"].as_str().unwrap_or_default();
-        assert!(is_utc_millis(ts), "bad ts in {e}\n{}", run.diag());
+        ensure!(c, is_rfc3339_ms(ts), "bad ts in {e}");
     }
-    assert_eq!(
-        named(&events, "launch").count(),
-        1,
-        "launch events\n{}",
-        run.diag()
-    );
+    c.eq(&named(&events, "launch").count(), &1, "launch events");
     let changes: Vec<&str> = named(&events, "state")
         .filter_map(|e| e["to"].as_str())
         .filter(|&to| to != "starting")
         .collect();
-    assert_eq!(
-        changes,
-        ["running", "cancelling", "cancelled"],
-        "state changes in the journal\n{}",
-        run.diag()
+    c.eq(
+        &changes,
+        &["running", "cancelling", "cancelled"],
+        "state changes in the journal",
     );
     let mut sent: Vec<String> = Vec::new();
     for e in named(&events, "signal") {
         let target = e["target"].as_str().unwrap_or_default();
         let signal = e["signal"].as_str().unwrap_or_default();
-        assert!(
+        ensure!(
+            c,
             !target.is_empty() && !signal.is_empty() && e["reason"] == "signal:TERM",
-            "a signal event without target, signal or reason: {e}\n{}",
-            run.diag()
+            "a signal event without target, signal or reason: {e}"
         );
         if signal != "CONT" && !sent.iter().any(|s| s == signal) {
             sent.push(signal.to_string());
         }
     }
-    assert_eq!(
-        sent,
-        cleanup_signals(&st),
-        "the signals journalled and the signals in cleanup differ\n{}",
-        run.diag()
+    c.eq(
+        &sent,
+        &cleanup_signals(&st),
+        "the signals journalled and the signals in cleanup differ",
     );
-    assert_eq!(sent, strings(&["TERM", "HUP", "KILL"]), "\n{}", run.diag());
+    c.eq(&sent, &strings(&["TERM", "HUP", "KILL"]), "sent");
 }
 
 /// The journal events called `name`.
@@ -1809,11 +1602,6 @@ fn named<'a>(events: &'a [Value], name: &'a str) -> impl Iterator<Item = &'a Val
 
 // ---------------------------------------------------------------------------------------------
 // Bad input
-
-/// `agent-run --root R ARGS...` run to completion.
-fn agent_run(root: &TestRoot, args: &[&str]) -> Output {
-    run_with_timeout(root.cmd().args(args), LONG)
-}
 
 /// The names in `dir` (empty if it does not exist).
 fn entries(dir: &Path) -> Vec<String> {
@@ -1825,14 +1613,13 @@ fn entries(dir: &Path) -> Vec<String> {
     }
 }
 
-/// A refused command's output, the root's listing and the run's diagnostics.
-fn refusal_diag(root: &TestRoot, id: &str, what: &str, out: &Output) -> String {
+/// A refused command's output and the root's listing (its run's [`Ctx`] adds the diagnostics).
+fn refusal(root: &TestRoot, what: &str, out: &Output) -> String {
     format!(
-        "{}\n--- root {} holds {:?}\n{}",
+        "{}\n--- root {} holds {:?}",
         describe_output(what, out),
         root.root().display(),
         entries(&root.root()),
-        diagnostics(root, id)
     )
 }
 
@@ -1845,17 +1632,18 @@ fn bad_run_ids_exit_64_before_anything_is_created() {
     for id in [
         "", ".", "..", "../x", "a/b", "-x", ".hidden", &long, "é", "a b",
     ] {
+        let c = ctx(&root, id);
         let args = [id, "--", &fixture, "count", path_str(&marker)];
-        let out = agent_run(&root, &args);
+        let out = c.run(&args);
         let what = format!("run id {id:?}");
-        let diag = || refusal_diag(&root, id, &what, &out);
-        assert_eq!(exit_code(&out.status), 64, "{}", diag());
-        assert!(
+        c.code(&out, 64, &refusal(&root, &what, &out));
+        ensure!(
+            c,
             fs::symlink_metadata(root.root()).is_err(),
             "{what}: the root was created\n{}",
-            diag()
+            refusal(&root, &what, &out)
         );
-        assert!(!marker.exists(), "{what}: the command ran\n{}", diag());
+        ensure!(c, !marker.exists(), "{what}: the command ran");
     }
 }
 
@@ -1867,35 +1655,31 @@ fn a_run_id_of_128_characters_is_accepted() {
         .chars()
         .take(128)
         .collect::<String>();
-    assert_eq!(id.len(), 128);
-    let out = agent_run(
-        &root,
-        &[&id, "--", &fixture_path(), "count", path_str(&marker)],
-    );
-    let diag = || refusal_diag(&root, &id, "a 128-character id", &out);
-    assert_eq!(exit_code(&out.status), 0, "{}", diag());
-    assert_eq!(
+    assert_eq!(id.len(), 128, "the id");
+    let c = ctx(&root, &id);
+    let out = c.run(&[&id, "--", &fixture_path(), "count", path_str(&marker)]);
+    c.code(&out, 0, &refusal(&root, "a 128-character id", &out));
+    c.eq(
         fs::read_to_string(&marker).unwrap_or_default(),
         "ran\n",
-        "{}",
-        diag()
+        "the command's count",
     );
-    let st = root.status(&id);
-    assert_eq!(st["state"], "finished", "{}", diag());
+    c.fields(&c.status(), "the record", json!({"state": "finished"}));
 }
 
 #[test]
 fn a_missing_command_exits_64_and_runs_nothing() {
     let root = TestRoot::new();
+    let c = ctx(&root, "no-command");
     for args in [&["no-command"][..], &["no-command", "--"][..]] {
-        let out = agent_run(&root, args);
+        let out = c.run(args);
         let what = format!("agent-run {args:?}");
-        let diag = || refusal_diag(&root, "no-command", &what, &out);
-        assert_eq!(exit_code(&out.status), 64, "{}", diag());
-        assert!(
+        c.code(&out, 64, &refusal(&root, &what, &out));
+        ensure!(
+            c,
             entries(&root.root()).is_empty(),
             "{what} created a run\n{}",
-            diag()
+            refusal(&root, &what, &out)
         );
     }
 }
@@ -1903,28 +1687,26 @@ fn a_missing_command_exits_64_and_runs_nothing() {
 /// Runs `fixture count` under `root` as `id` and asserts exit 78, stderr naming `named`, and
 /// that the command never ran and `untouched` stayed empty.
 fn assert_refused_as_unsafe(root: &TestRoot, id: &str, named: &Path, untouched: &Path) {
+    let c = ctx(root, id);
     let marker = root.dir.path().join("ran");
-    let out = agent_run(
-        root,
-        &[id, "--", &fixture_path(), "count", path_str(&marker)],
-    );
+    let out = c.run(&[id, "--", &fixture_path(), "count", path_str(&marker)]);
     let what = format!("run {id} under {}", root.root().display());
-    let diag = || refusal_diag(root, id, &what, &out);
-    assert_eq!(exit_code(&out.status), 78, "{}", diag());
+    let refused = refusal(root, &what, &out);
+    c.code(&out, 78, &refused);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
+    ensure!(
+        c,
         stderr.contains(path_str(named)),
-        "stderr does not name {}\n{}",
-        named.display(),
-        diag()
+        "stderr does not name {}\n{refused}",
+        named.display()
     );
-    assert!(!marker.exists(), "{what}: the command ran\n{}", diag());
-    assert!(
+    ensure!(c, !marker.exists(), "{what}: the command ran\n{refused}");
+    ensure!(
+        c,
         entries(untouched).is_empty(),
-        "{what}: {} got {:?}\n{}",
+        "{what}: {} got {:?}\n{refused}",
         untouched.display(),
-        entries(untouched),
-        diag()
+        entries(untouched)
     );
 }
 
@@ -1937,12 +1719,7 @@ fn a_group_or_world_writable_root_exits_78_naming_it() {
         fs::set_permissions(&dir, fs::Permissions::from_mode(mode)).unwrap();
         assert_refused_as_unsafe(&root, "unsafe-root", &dir, &dir);
         let now = fs::metadata(&dir).unwrap().mode() & 0o7777;
-        assert_eq!(
-            now,
-            mode,
-            "agent-run changed the unsafe root's mode\n{}",
-            diagnostics(&root, "unsafe-root")
-        );
+        ctx(&root, "unsafe-root").eq(now, mode, "agent-run changed the unsafe root's mode");
     }
 }
 

@@ -27,7 +27,7 @@
 
 use std::fs;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,8 +39,8 @@ use agent_run_tests::ctx::{ctx, Detached, CMD, T};
 use agent_run_tests::facts::*;
 use agent_run_tests::workload::*;
 use agent_run_tests::{
-    describe_output, proc_stat, run_with_timeout, Pinned, Reaper, Spawned, TestRoot, FINAL_STATES,
-    RECORD_KEYS,
+    describe_output, proc_stat, run_with_timeout, sys, Pinned, Reaper, Spawned, TestRoot,
+    FINAL_STATES, RECORD_KEYS,
 };
 use serde_json::{json, Value};
 
@@ -630,39 +630,29 @@ enum Heard {
 impl Listener {
     /// Takes a copy of the listener from the process `pid` (pidfd_getfd).
     fn take(pid: i32) -> io::Result<Listener> {
-        // SAFETY: pidfd_open(2) and pidfd_getfd(2) take integers and return a new fd or -1.
-        unsafe {
-            let pidfd = libc::syscall(libc::SYS_pidfd_open, pid, 0) as i32;
-            if pidfd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let pidfd = OwnedFd::from_raw_fd(pidfd);
-            let fd = libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), LISTENER_FD, 0);
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(Listener(OwnedFd::from_raw_fd(fd as i32)))
-        }
+        let pidfd =
+            sys::pidfd_open(pid)?.ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))?;
+        Ok(Listener(sys::pidfd_getfd(pidfd.as_fd(), LISTENER_FD)?))
     }
 
     fn next(&self, timeout: Duration) -> Heard {
-        let mut pfd = libc::pollfd {
-            fd: self.0.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
+        let revents = match sys::poll_one(self.0.as_fd(), libc::POLLIN, timeout) {
+            Ok(0) | Err(_) => return Heard::Quiet,
+            Ok(revents) => revents,
         };
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: poll(2) on one valid pollfd.
-        if unsafe { libc::poll(&mut pfd, 1, ms) } <= 0 {
-            return Heard::Quiet;
-        }
-        if pfd.revents & libc::POLLIN == 0 {
+        if revents & libc::POLLIN == 0 {
             return Heard::Closed;
         }
         // SAFETY: seccomp_notif is plain data; the kernel wants it zeroed, and fills it in.
         let mut notif: libc::seccomp_notif = unsafe { std::mem::zeroed() };
         // SAFETY: SECCOMP_IOCTL_NOTIF_RECV writes one seccomp_notif into `notif`.
-        let r = unsafe { libc::ioctl(pfd.fd, libc::SECCOMP_IOCTL_NOTIF_RECV, &mut notif) };
+        let r = unsafe {
+            libc::ioctl(
+                self.0.as_raw_fd(),
+                libc::SECCOMP_IOCTL_NOTIF_RECV,
+                &mut notif,
+            )
+        };
         if r < 0 {
             // ENOENT: the caller died before we read its notification.
             return Heard::Quiet;

@@ -23,7 +23,7 @@ use agent_run_tests::first_contact::{
 };
 use agent_run_tests::remote::{strip_messages, SshServer};
 use agent_run_tests::{
-    agent_run_bin, describe_output, diagnostics, exit_code, fixture_bin, processes_with_env,
+    agent_run_bin, ctx, describe_output, ensure, exit_code, fixture_bin, processes_with_env,
     run_with_timeout, wait_ready, wait_until_dbg, watchdog_bin, Pinned, TestRoot,
 };
 use serde_json::Value;
@@ -146,10 +146,15 @@ fn a_mistyped_subcommand_exits_64_creates_nothing_and_runs_nothing() {
         assert!(!root.root().exists(), "{args:?} created the run root");
         assert!(!marker.exists(), "{args:?} ran {prog}");
     }
+    let c = ctx(&root, "fc-with-dashes");
     // The implicit form with `--` still starts a run, and runs the program.
     ar(&root, &["fc-with-dashes", "--quiet", "--", prog], 0);
-    assert!(marker.exists(), "agent-run ID -- PROG did not run PROG");
-    assert_eq!(root.status("fc-with-dashes")["state"], "finished");
+    ensure!(c, marker.exists(), "agent-run ID -- PROG did not run PROG");
+    c.eq(
+        &root.status("fc-with-dashes")["state"],
+        "finished",
+        "root.status(\"fc-with-dashes\")[\"state\"]",
+    );
 }
 
 // =============================================================================================
@@ -175,6 +180,7 @@ fn a_lease_of_zero_is_refused_with_64() {
         );
         assert!(!root.root().exists(), "{args:?} created the run root");
     }
+    let c = ctx(&root, "fc-l1");
     ar(
         &root,
         &["-d", "--lease", "1h", "fc-l1", "--", "sleep", "300"],
@@ -182,11 +188,15 @@ fn a_lease_of_zero_is_refused_with_64() {
     );
     let before = fs::read(root.run_dir("fc-l1").join("lease.json")).unwrap();
     let out = ar(&root, &["renew", "fc-l1", "--lease", "0"], 64);
-    assert!(text(&out.stderr).contains("a lease must be longer than 0"));
-    assert_eq!(
-        fs::read(root.run_dir("fc-l1").join("lease.json")).unwrap(),
-        before,
-        "a refused renew changed lease.json"
+    ensure!(
+        c,
+        text(&out.stderr).contains("a lease must be longer than 0"),
+        "text(&out.stderr).contains(\"a lease must be longer than 0\")"
+    );
+    c.eq(
+        &fs::read(root.run_dir("fc-l1").join("lease.json")).unwrap(),
+        &before,
+        "a refused renew changed lease.json",
     );
     ar(&root, &["cancel", "fc-l1"], 0);
 }
@@ -199,6 +209,7 @@ fn lease_s_is_always_a_float() {
     let _sweep = Sweep(&root);
     for (i, lease) in ["90", "2m", "1500ms", "1.5s"].into_iter().enumerate() {
         let id = format!("fc-ls{i}");
+        let c = ctx(&root, &id);
         ar(
             &root,
             &["-d", "--lease", lease, &id, "--", "sleep", "300"],
@@ -206,16 +217,17 @@ fn lease_s_is_always_a_float() {
         );
         let raw = fs::read_to_string(root.run_dir(&id).join("lease.json")).unwrap();
         let v: Value = serde_json::from_str(&raw).unwrap();
-        assert!(v["lease_s"].is_f64(), "--lease {lease}: lease.json {raw}");
-        let launch = root
-            .events(&id)
-            .into_iter()
-            .find(|e| e["event"] == "launch")
-            .expect("a launch event");
-        assert!(launch["lease_s"].is_f64(), "--lease {lease}: {launch}");
+        ensure!(
+            c,
+            v["lease_s"].is_f64(),
+            "--lease {lease}: lease.json {raw}"
+        );
+        let launch = c.events("launch").into_iter().next();
+        let launch = launch.unwrap_or_else(|| c.fail("no launch event"));
+        ensure!(c, launch["lease_s"].is_f64(), "--lease {lease}: {launch}");
         let out = ar(&root, &["renew", &id, "--lease", lease], 0);
         let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert!(v["lease_s"].is_f64(), "renew --lease {lease}: {v}");
+        ensure!(c, v["lease_s"].is_f64(), "renew --lease {lease}: {v}");
         ar(&root, &["cancel", &id], 0);
     }
 }
@@ -227,18 +239,28 @@ fn lease_s_is_always_a_float() {
 fn a_final_run_has_no_lease_left_in_status() {
     let root = TestRoot::new();
     let _sweep = Sweep(&root);
+    let c = ctx(&root, "fc-done");
     ar(&root, &["--lease", "10m", "fc-done", "--", "true"], 0);
     let v: Value =
         serde_json::from_slice(&ar(&root, &["status", "--json", "fc-done"], 0).stdout).unwrap();
-    assert_eq!(v["state"], "finished");
-    assert!(v["final"].as_bool().unwrap());
-    assert_eq!(v["lease_remaining_s"], Value::Null, "{v}");
-    assert!(v["lease_deadline_epoch"].is_f64(), "{v}");
+    c.eq(&v["state"], "finished", "v[\"state\"]");
+    ensure!(
+        c,
+        v["final"].as_bool().unwrap(),
+        "v[\"final\"].as_bool().unwrap()"
+    );
+    c.eq(&v["lease_remaining_s"], &Value::Null, format_args!("{v}"));
+    ensure!(c, v["lease_deadline_epoch"].is_f64(), "{v}");
     let human = text(&ar(&root, &["status", "fc-done"], 0).stdout);
-    assert!(!human.contains("lease:"), "{human}");
+    ensure!(c, !human.contains("lease:"), "{human}");
     let list: Value = serde_json::from_slice(&ar(&root, &["list", "--json"], 0).stdout).unwrap();
-    assert_eq!(list[0]["lease_remaining_s"], Value::Null, "{list}");
+    c.eq(
+        &list[0]["lease_remaining_s"],
+        &Value::Null,
+        format_args!("{list}"),
+    );
 
+    let c = ctx(&root, "fc-live");
     ar(
         &root,
         &["-d", "--lease", "10m", "fc-live", "--", "sleep", "300"],
@@ -247,8 +269,12 @@ fn a_final_run_has_no_lease_left_in_status() {
     let v: Value =
         serde_json::from_slice(&ar(&root, &["status", "--json", "fc-live"], 0).stdout).unwrap();
     let left = v["lease_remaining_s"].as_f64().unwrap_or(-1.0);
-    assert!((500.0..=600.0).contains(&left), "{v}");
-    assert!(text(&ar(&root, &["status", "fc-live"], 0).stdout).contains("lease:"));
+    ensure!(c, (500.0..=600.0).contains(&left), "{v}");
+    ensure!(
+        c,
+        text(&ar(&root, &["status", "fc-live"], 0).stdout).contains("lease:"),
+        "text(&ar(&root, &[\"status\", \"fc-live\"], 0).stdout).contains(\"lease:\")"
+    );
     ar(&root, &["cancel", "fc-live"], 0);
 }
 
@@ -272,22 +298,24 @@ fn a_launch_failure_records_launch_exit_code_and_a_null_exit_code() {
     ] {
         ar(&root, &["--quiet", id, "--", cmd], code);
         let st = root.status(id);
-        assert_eq!(st["state"], "launch_failed", "{}", diagnostics(&root, id));
-        assert_eq!(st["exit_code"], Value::Null, "{}", diagnostics(&root, id));
-        assert_eq!(st["launch_exit_code"], code, "{}", diagnostics(&root, id));
-        assert_eq!(st["pid"], Value::Null);
+        ctx(&root, id).eq(&st["state"], "launch_failed", "st[\"state\"]");
+        ctx(&root, id).eq(&st["exit_code"], &Value::Null, "st[\"exit_code\"]");
+        ctx(&root, id).eq(&st["launch_exit_code"], code, "st[\"launch_exit_code\"]");
+        ctx(&root, id).eq(&st["pid"], &Value::Null, "st[\"pid\"]");
         ar(&root, &["wait", id], code);
         ar(&root, &["--quiet", id, "--", cmd], code);
         let v: Value =
             serde_json::from_slice(&ar(&root, &["status", "--json", id], 0).stdout).unwrap();
-        assert_eq!(v["outcome_exit_code"], code);
+        ctx(&root, id).eq(&v["outcome_exit_code"], code, "v[\"outcome_exit_code\"]");
     }
+    let c = ctx(&root, "fc-ok");
     // A run that finished has a null launch_exit_code.
     ar(&root, &["fc-ok", "--", "sh", "-c", "exit 3"], 3);
     let st = root.status("fc-ok");
-    assert_eq!(
-        (st["exit_code"].clone(), st["launch_exit_code"].clone()),
-        (3.into(), Value::Null)
+    c.eq(
+        &(st["exit_code"].clone(), st["launch_exit_code"].clone()),
+        &(3.into(), Value::Null),
+        "(st[\"exit_code\"].clone(), st[\"launch_exit_code\"].clone())",
     );
 }
 
@@ -300,6 +328,7 @@ fn a_launch_failure_records_launch_exit_code_and_a_null_exit_code() {
 #[test]
 fn a_run_from_a_deleted_directory_records_what_the_kernel_says() {
     let root = TestRoot::new();
+    let c = ctx(&root, "fc-cwd");
     let _sweep = Sweep(&root);
     let gone = root.dir.path().join("gone");
     let script = format!(
@@ -315,19 +344,23 @@ fn a_run_from_a_deleted_directory_records_what_the_kernel_says() {
             .stdin(Stdio::null()),
         T,
     );
-    assert!(out.status.success(), "{}", describe_output(&script, &out));
+    ensure!(
+        c,
+        out.status.success(),
+        "{}",
+        describe_output(&script, &out)
+    );
     let st = root.status("fc-cwd");
     let want = format!("{} (deleted)", gone.display());
-    assert_eq!(st["cwd"], want.as_str(), "{}", diagnostics(&root, "fc-cwd"));
+    c.eq(&st["cwd"], want.as_str(), "st[\"cwd\"]");
     let warnings = st["warnings"].to_string();
-    assert!(warnings.contains("working directory"), "{warnings}");
+    ensure!(c, warnings.contains("working directory"), "{warnings}");
     let pid = st["pid"].as_i64().unwrap();
     let pin = Pinned::new(&[pid as i32]);
     let cwd = fs::read_link(format!("/proc/{pid}/cwd")).unwrap();
-    assert_eq!(cwd.to_string_lossy(), want, "the workload's own cwd");
+    c.eq(&cwd.to_string_lossy(), &want, "the workload's own cwd");
     ar(&root, &["cancel", "fc-cwd"], 0);
-    pin.wait_all_gone(T)
-        .expect("the workload is gone after cancel");
+    c.wait_gone(&pin, "the workload after cancel");
 }
 
 // =============================================================================================
@@ -374,65 +407,87 @@ fn detached_wrappers(root: &TestRoot) -> Vec<i32> {
 fn detach_of_an_existing_run_prints_its_line_and_starts_nothing() {
     let root = TestRoot::new();
     let _sweep = Sweep(&root);
+    let c = ctx(&root, "fc-d-final");
     // Final.
     let cmd = ["fc-d-final", "--", "sh", "-c", "echo once; exit 3"];
     // Returns once the run is running (0), or already final (3) if it was that fast.
     let mut first = root.cmd();
     first.arg("-d").args(cmd);
     let first = run_with_timeout(&mut first, T);
-    assert!(
+    ensure!(
+        c,
         matches!(exit_code(&first.status), 0 | 3),
         "{}",
         describe_output("the first -d", &first)
     );
     let line: Value = serde_json::from_slice(&first.stdout).unwrap();
     let st = root.wait_final("fc-d-final", T);
-    assert_eq!(st["exit_code"], 3);
+    c.eq(&st["exit_code"], 3, "st[\"exit_code\"]");
     let again = ar(&root, &[&["-d"][..], &cmd].concat(), 3);
-    assert_eq!(
-        text(&again.stdout).lines().count(),
-        1,
-        "{}",
-        text(&again.stdout)
+    c.eq(
+        &text(&again.stdout).lines().count(),
+        &1,
+        format_args!("{}", text(&again.stdout)),
     );
     let v: Value = serde_json::from_slice(&again.stdout).unwrap();
-    assert_eq!(v["state"], "finished");
-    assert_eq!(
-        (v["pid"].clone(), v["run_id"].clone()),
-        (line["pid"].clone(), line["run_id"].clone())
+    c.eq(&v["state"], "finished", "v[\"state\"]");
+    c.eq(
+        &(v["pid"].clone(), v["run_id"].clone()),
+        &(line["pid"].clone(), line["run_id"].clone()),
+        "(v[\"pid\"].clone(), v[\"run_id\"].clone())",
     );
-    assert!(again.stderr.is_empty(), "stderr: {}", text(&again.stderr));
+    ensure!(
+        c,
+        again.stderr.is_empty(),
+        "stderr: {}",
+        text(&again.stderr)
+    );
     let launches = root
         .event_names("fc-d-final")
         .iter()
         .filter(|e| *e == "launch")
         .count();
-    assert_eq!(launches, 1, "{}", diagnostics(&root, "fc-d-final"));
-    assert_eq!(
+    ctx(&root, "fc-d-final").eq(&launches, &1, "launches");
+    c.eq(
         fs::read_to_string(root.run_dir("fc-d-final").join("stdout.log")).unwrap(),
-        "once\n"
+        "once\n",
+        "fs::read_to_string(root.run_dir(\"fc-d-final\").join(\"stdout.log\")).unwrap()",
     );
     // A different command under the same id: 65, nothing printed on stdout.
     let other = ar(&root, &["-d", "fc-d-final", "--", "true"], 65);
-    assert!(other.stdout.is_empty());
+    ensure!(c, other.stdout.is_empty(), "other.stdout.is_empty()");
 
+    let c = ctx(&root, "fc-d-live");
     // Active.
     let cmd = ["fc-d-live", "--", "sleep", "300"];
     ar(&root, &[&["-d"][..], &cmd].concat(), 0);
     let wrapper = root.status("fc-d-live")["wrapper_pid"].as_i64().unwrap() as i32;
     let started = Instant::now();
     let again = ar(&root, &[&["-d"][..], &cmd].concat(), 0);
-    assert!(started.elapsed() < Duration::from_secs(10));
+    ensure!(
+        c,
+        started.elapsed() < Duration::from_secs(10),
+        "started.elapsed() < Duration::from_secs(10)"
+    );
     let v: Value = serde_json::from_slice(&again.stdout).unwrap();
-    assert_eq!(v["state"], "running");
-    assert!(again.stderr.is_empty(), "stderr: {}", text(&again.stderr));
-    assert_eq!(
-        detached_wrappers(&root),
-        vec![wrapper],
-        "wrappers of this root"
+    c.eq(&v["state"], "running", "v[\"state\"]");
+    ensure!(
+        c,
+        again.stderr.is_empty(),
+        "stderr: {}",
+        text(&again.stderr)
+    );
+    c.eq(
+        &detached_wrappers(&root),
+        &vec![wrapper],
+        "wrappers of this root",
     );
     let marked = processes_with_env("AGENT_RUN_ID", |v| v == b"fc-d-live");
-    assert_eq!(marked.len(), 1, "one workload process: {marked:?}");
+    c.eq(
+        &marked.len(),
+        &1,
+        format_args!("one workload process: {marked:?}"),
+    );
     ar(&root, &["cancel", "fc-d-live"], 0);
 }
 
@@ -470,7 +525,8 @@ fn agent_run_gen_parses_its_arguments() {
         (
             0,
             format!("agent-run-gen {}", agent_run_shared::VERSION).as_str()
-        )
+        ),
+        "(code, out.trim())"
     );
     let (code, _, err) = run(&["a", "b"]);
     assert_eq!(code, 64, "{err}");
@@ -523,13 +579,13 @@ fn the_man_pages_show_every_option_with_its_value() {
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
-    assert!(pages.remove("agent-run.1"));
+    assert!(pages.remove("agent-run.1"), "pages.remove(\"agent-run.1\")");
     let want: BTreeSet<String> = subs
         .iter()
         .filter(|s| *s != "help")
         .map(|s| format!("agent-run-{s}.1"))
         .collect();
-    assert_eq!(pages, want);
+    assert_eq!(pages, want, "pages");
     let roff_of = |p: &Path| fs::read_to_string(p).unwrap().replace("\\-", "-");
     let synopsis_of = |roff: &str| -> String {
         roff.split(".SH SYNOPSIS")
@@ -598,7 +654,10 @@ fn help_for(cmd: &DocCommand, subs: &[String]) -> String {
         (_, Some(sub)) => help(&agent_run_bin(), &[sub]),
         // The implicit start form: its options are start's, plus the global ones.
         (_, None) => {
-            assert!(subs.iter().any(|s| s == "start"));
+            assert!(
+                subs.iter().any(|s| s == "start"),
+                "subs.iter().any(|s| s == \"start\")"
+            );
             help(&agent_run_bin(), &["start"])
         }
     }
@@ -685,7 +744,10 @@ fn the_readme_test_command_is_the_ci_script() {
     ] {
         assert!(test.contains(pkg), ".ci/test does not install {pkg}");
     }
-    assert!(test.contains("cargo test --workspace"));
+    assert!(
+        test.contains("cargo test --workspace"),
+        "test.contains(\"cargo test --workspace\")"
+    );
     let mode = fs::metadata(workspace_dir().join(".ci/test"))
         .unwrap()
         .permissions()
@@ -730,8 +792,14 @@ fn the_repository_cites_only_what_it_holds() {
             );
         }
     }
-    assert!(files.iter().any(|f| f == "docs/references.md"));
-    assert!(files.iter().any(|f| f == "docs/contract.md"));
+    assert!(
+        files.iter().any(|f| f == "docs/references.md"),
+        "files.iter().any(|f| f == \"docs/references.md\")"
+    );
+    assert!(
+        files.iter().any(|f| f == "docs/contract.md"),
+        "files.iter().any(|f| f == \"docs/contract.md\")"
+    );
 }
 
 // =============================================================================================
@@ -746,6 +814,7 @@ fn watchdog_once_stops_an_orphan_past_its_orphan_grace() {
     let root = TestRoot::new();
     let _sweep = Sweep(&root);
     let id = "fc-orphan";
+    let c = ctx(&root, id);
     let fx = fixture_bin();
     let fx = fx.to_str().unwrap();
     ar(
@@ -768,15 +837,14 @@ fn watchdog_once_stops_an_orphan_past_its_orphan_grace() {
     let wrapper_pin = Pinned::new(&[wrapper]);
     let killed_at = epoch_now();
     wrapper_pin.signal(wrapper, libc::SIGKILL).unwrap();
-    wrapper_pin
-        .wait_all_gone(T)
-        .expect("the wrapper dies of SIGKILL");
+    c.wait_gone(&wrapper_pin, "the SIGKILLed wrapper");
 
     let once = |grace: &str| {
         let mut cmd = root.watchdog_cmd();
         cmd.args(["--once", "--orphan-grace", grace]);
         let out = run_with_timeout(&mut cmd, T);
-        assert!(
+        ensure!(
+            c,
             out.status.success(),
             "{}",
             describe_output("agent-run-watchdog --once", &out)
@@ -784,12 +852,16 @@ fn watchdog_once_stops_an_orphan_past_its_orphan_grace() {
         out
     };
     once("1h");
-    assert_eq!(
-        tree.alive(),
-        ready.all_pids(),
-        "--once stopped the run within its grace"
+    c.eq(
+        &tree.alive(),
+        &ready.all_pids(),
+        "--once stopped the run within its grace",
     );
-    assert_eq!(root.status(id)["state"], "running");
+    c.eq(
+        &root.status(id)["state"],
+        "running",
+        "root.status(id)[\"state\"]",
+    );
 
     // Passes every 100 ms, as a tight timer would run them, with a 1 s orphan grace.
     let grace = 1.0;
@@ -805,23 +877,23 @@ fn watchdog_once_stops_an_orphan_past_its_orphan_grace() {
         }
     });
     let st = root.status(id);
-    assert_eq!(
-        (st["state"].as_str(), st["reason"].as_str()),
-        (Some("cancelled"), Some("wrapper_lost")),
-        "{}",
-        diagnostics(&root, id)
+    c.eq(
+        &(st["state"].as_str(), st["reason"].as_str()),
+        &(Some("cancelled"), Some("wrapper_lost")),
+        "(st[\"state\"].as_str(), st[\"reason\"].as_str())",
     );
-    tree.wait_all_gone(Duration::from_secs(5))
-        .expect("every process of the orphan is gone");
+    c.wait_gone_within(&tree, Duration::from_secs(5), "the orphan's processes");
     let after = stopped_at - killed_at;
     // Never before the grace after the death; at most a heartbeat interval and its slack later.
-    assert!(
+    ensure!(
+        c,
         after >= grace - 0.2,
         "stopped {after:.2} s after the wrapper died, within the 1 s grace"
     );
     let late =
         (agent_run_shared::heartbeat::INTERVAL + agent_run_shared::heartbeat::LATE).as_secs_f64();
-    assert!(
+    ensure!(
+        c,
         after <= grace + late + 2.0,
         "stopped only {after:.2} s after the wrapper died"
     );
@@ -859,6 +931,7 @@ fn remote_never_loses_the_output_of_a_command_that_fails_at_once() {
     let script = "printf 'out 1\\nout 2\\n'; printf 'err 1\\n' >&2; exit 7";
     for i in 0..20 {
         let id = format!("fc-fast-{i}");
+        let c = ctx(&root, &id);
         let mut cmd = remote_cmd(
             &srv,
             &root,
@@ -868,29 +941,26 @@ fn remote_never_loses_the_output_of_a_command_that_fails_at_once() {
         );
         let out = run_with_timeout(&mut cmd, T * 2);
         let what = format!("remote run {i}");
-        assert_eq!(
-            exit_code(&out.status),
-            7,
-            "{}\n{}",
-            describe_output(&what, &out),
-            diagnostics(&root, &id)
+        c.eq(
+            &exit_code(&out.status),
+            &7,
+            format_args!("{}", describe_output(&what, &out)),
         );
-        assert_eq!(
+        c.eq(
             text(&out.stdout),
             "out 1\nout 2\n",
-            "{}",
-            describe_output(&what, &out)
+            format_args!("{}", describe_output(&what, &out)),
         );
-        assert_eq!(
+        c.eq(
             text(&strip_messages(&out.stderr)),
             "err 1\n",
-            "{}",
-            describe_output(&what, &out)
+            format_args!("{}", describe_output(&what, &out)),
         );
         let st = root.status(&id);
-        assert_eq!(
-            (st["state"].as_str(), st["exit_code"].as_i64()),
-            (Some("finished"), Some(7))
+        c.eq(
+            &(st["state"].as_str(), st["exit_code"].as_i64()),
+            &(Some("finished"), Some(7)),
+            "(st[\"state\"].as_str(), st[\"exit_code\"].as_i64())",
         );
     }
     // A workload that is not found, and one that exits 127 itself, are the run's own 127.
@@ -898,6 +968,7 @@ fn remote_never_loses_the_output_of_a_command_that_fails_at_once() {
         ("fc-r127-missing", vec!["/nonexistent/fc-command"]),
         ("fc-r127-own", vec!["sh", "-c", "echo before; exit 127"]),
     ] {
+        let c = ctx(&root, id);
         let mut args = vec!["--id", id, "--lease", "30s"];
         let host = srv.host();
         args.push(&host);
@@ -907,14 +978,20 @@ fn remote_never_loses_the_output_of_a_command_that_fails_at_once() {
             &mut remote_cmd(&srv, &root, xdg.path(), &agent_run_bin(), &args),
             T * 2,
         );
-        assert_eq!(exit_code(&out.status), 127, "{}", describe_output(id, &out));
-        assert!(
+        c.eq(
+            &exit_code(&out.status),
+            &127,
+            format_args!("{}", describe_output(id, &out)),
+        );
+        ensure!(
+            c,
             !text(&out.stderr).contains("cannot run agent-run"),
             "{}",
             describe_output(id, &out)
         );
         let st = root.status(id);
-        assert!(
+        ensure!(
+            c,
             matches!(st["state"].as_str(), Some("launch_failed" | "finished")),
             "{st}"
         );
@@ -941,7 +1018,7 @@ fn remote_never_loses_the_output_of_a_command_that_fails_at_once() {
             )
             .stdout
         ),
-        "before\n"
+        "before\n", "text( &run_with_timeout( &mut remote_cmd( &srv, &root, xdg.path(), &agent_run_bin(), &[ \"--id\", \"fc-r127-own2\", &srv.host(), \"--\", \"sh\", \"-c\", \"echo before; exit 127\" ] ), T * 2 ) .stdout )"
     );
 }
 

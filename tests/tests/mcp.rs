@@ -18,20 +18,15 @@ use agent_run_shared::time::{epoch_now, parse_rfc3339};
 use agent_run_tests::facts::require_root;
 use agent_run_tests::mcp::Client;
 use agent_run_tests::remote::{processes_mentioning, SshServer};
+use agent_run_tests::workload::spew_bytes;
 use agent_run_tests::{
-    agent_run_bin, diagnostics, fixture_bin, processes_with_env, wait_ready, wait_until, Pinned,
+    agent_run_bin, ctx, ensure, fixture_bin, processes_with_env, wait_ready, wait_until, Pinned,
     TestRoot,
 };
 use serde_json::{json, Value};
 
 /// The deadline for what normally takes a second or two.
 const T: Duration = Duration::from_secs(30);
-
-/// Byte i of a `fixture spew` stream.
-fn pattern(n: usize) -> Vec<u8> {
-    const P: &[u8; 37] = b"0123456789abcdefghijklmnopqrstuvwxyz\n";
-    (0..n).map(|i| P[i % 37]).collect()
-}
 
 /// One test's world: a run root, maybe an sshd, and a private XDG_RUNTIME_DIR for the server's
 /// ssh control sockets.
@@ -129,10 +124,10 @@ impl World {
     /// Every process carrying run `id` in its environment is gone.
     fn assert_nothing_of(&self, id: &str) {
         let left = processes_with_env("AGENT_RUN_ID", |v| v == id.as_bytes());
-        agent_run_tests::ensure!(
-            (&self.root, id),
+        ensure!(
+            ctx(&self.root, id),
             left.is_empty(),
-            "processes of {id} left: {left:?}",
+            "processes of {id} left: {left:?}"
         );
     }
 }
@@ -159,7 +154,8 @@ fn the_tools_are_listed_with_schemas_for_a_model() {
     let names: Vec<String> = tools.iter().map(|t| text(&t["name"])).collect();
     assert_eq!(
         names,
-        ["run", "start", "status", "logs", "wait", "cancel", "list"]
+        ["run", "start", "status", "logs", "wait", "cancel", "list"],
+        "names"
     );
     let by = |n: &str| tools.iter().find(|t| t["name"] == n).unwrap().clone();
     for t in tools {
@@ -182,9 +178,12 @@ fn the_tools_are_listed_with_schemas_for_a_model() {
     }
     let run = by("run");
     let p = &run["inputSchema"]["properties"];
-    assert_eq!(p["argv"]["type"], "array");
-    assert_eq!(p["argv"]["items"]["type"], "string");
-    assert_eq!(p["argv"]["minItems"], 1);
+    assert_eq!(p["argv"]["type"], "array", "p[\"argv\"][\"type\"]");
+    assert_eq!(
+        p["argv"]["items"]["type"], "string",
+        "p[\"argv\"][\"items\"][\"type\"]"
+    );
+    assert_eq!(p["argv"]["minItems"], 1, "p[\"argv\"][\"minItems\"]");
     for k in [
         "command",
         "cwd",
@@ -202,16 +201,27 @@ fn the_tools_are_listed_with_schemas_for_a_model() {
         );
     }
     assert!(p["detach"].is_null(), "run has no detach");
-    assert!(text(&run["description"]).contains("run_id"));
+    assert!(
+        text(&run["description"]).contains("run_id"),
+        "text(&run[\"description\"]).contains(\"run_id\")"
+    );
     let start = by("start");
     let d = &start["inputSchema"]["properties"]["detach"];
-    assert_eq!(d["type"], "boolean");
+    assert_eq!(d["type"], "boolean", "d[\"type\"]");
     assert!(text(&d["description"]).contains("outlives"), "{d}");
-    assert_eq!(by("logs")["inputSchema"]["required"], json!(["run_id"]));
-    assert!(by("logs")["inputSchema"]["properties"]["offset"].is_object());
+    assert_eq!(
+        by("logs")["inputSchema"]["required"],
+        json!(["run_id"]),
+        "by(\"logs\")[\"inputSchema\"][\"required\"]"
+    );
+    assert!(
+        by("logs")["inputSchema"]["properties"]["offset"].is_object(),
+        "by(\"logs\")[\"inputSchema\"][\"properties\"][\"offset\"].is_object()"
+    );
     assert_eq!(
         by("list")["inputSchema"]["properties"]["state"]["enum"][0],
-        "active"
+        "active",
+        "by(\"list\")[\"inputSchema\"][\"properties\"][\"state\"][\"enum\"][0]"
     );
     for (n, ro) in [
         ("status", true),
@@ -243,39 +253,50 @@ fn run_here_returns_the_output_the_exit_code_and_the_record() {
     );
     assert!(!err, "{r}");
     let id = text(&r["run_id"]);
-    assert!(id.starts_with("mcp-") && id.len() == 20, "{id}");
-    assert_eq!(
-        (
+    let run = ctx(&w.root, &id);
+    ensure!(run, id.starts_with("mcp-") && id.len() == 20, "{id}");
+    run.eq(
+        &(
             r["state"].as_str(),
             r["final"].as_bool(),
-            r["exit_code"].as_i64()
+            r["exit_code"].as_i64(),
         ),
-        (Some("finished"), Some(true), Some(3)),
-        "{r}"
+        &(Some("finished"), Some(true), Some(3)),
+        format_args!("{r}"),
     );
-    assert_eq!(r["stdout"]["text"], "out\n");
-    assert_eq!(r["stderr"]["text"], "err\n");
-    assert_eq!(r["stdout"]["bytes"], 4);
+    run.eq(&r["stdout"]["text"], "out\n", "r[\"stdout\"][\"text\"]");
+    run.eq(&r["stderr"]["text"], "err\n", "r[\"stderr\"][\"text\"]");
+    run.eq(&r["stdout"]["bytes"], 4, "r[\"stdout\"][\"bytes\"]");
     // The record is the host's own.
     let st = w.root.status(&id);
-    assert_eq!(st["state"], "finished");
-    assert_eq!(st["exit_code"], 3);
-    assert_eq!(r["record"]["exit_code"], 3);
-    assert_eq!(
-        r["record"]["run_dir"],
-        w.root.run_dir(&id).display().to_string()
+    run.eq(&st["state"], "finished", "st[\"state\"]");
+    run.eq(&st["exit_code"], 3, "st[\"exit_code\"]");
+    run.eq(&r["record"]["exit_code"], 3, "r[\"record\"][\"exit_code\"]");
+    run.eq(
+        &r["record"]["run_dir"],
+        &w.root.run_dir(&id).display().to_string(),
+        "r[\"record\"][\"run_dir\"]",
     );
-    assert_eq!(st["labels"]["task"], "t-1");
-    assert_eq!(st["labels"]["agent-run-mcp/detached"], "false");
-    assert!(st["labels"]["agent-run-mcp/owner"]
-        .as_str()
-        .is_some_and(|o| !o.is_empty()));
-    assert_eq!(st["env"], json!(["GREETING"]));
-    assert!(
+    run.eq(&st["labels"]["task"], "t-1", "st[\"labels\"][\"task\"]");
+    run.eq(
+        &st["labels"]["agent-run-mcp/detached"],
+        "false",
+        "st[\"labels\"][\"agent-run-mcp/detached\"]",
+    );
+    ensure!(
+        run,
+        st["labels"]["agent-run-mcp/owner"]
+            .as_str()
+            .is_some_and(|o| !o.is_empty()),
+        "st[\"labels\"][\"agent-run-mcp/owner\"] .as_str() .is_some_and(|o| !o.is_empty())"
+    );
+    run.eq(&st["env"], &json!(["GREETING"]), "st[\"env\"]");
+    ensure!(
+        run,
         !r["record"]["lease_deadline_epoch"].is_null(),
         "a tied run is leased: {r}"
     );
-    assert_eq!(r["tied_to_server"], true);
+    run.eq(&r["tied_to_server"], true, "r[\"tied_to_server\"]");
 
     // A shell line, a directory, and the variable reaching the workload.
     let dir = w.root.dir.path().join("work");
@@ -285,19 +306,21 @@ fn run_here_returns_the_output_the_exit_code_and_the_record() {
         json!({"command": "pwd; echo \"$GREETING\"", "cwd": dir, "env": {"GREETING": "hello there"}}),
         T,
     );
-    assert!(!err, "{r}");
-    assert_eq!(
-        r["stdout"]["text"],
-        format!("{}\nhello there\n", dir.display())
+    ensure!(run, !err, "{r}");
+    run.eq(
+        &r["stdout"]["text"],
+        &format!("{}\nhello there\n", dir.display()),
+        "r[\"stdout\"][\"text\"]",
     );
-    assert_eq!(r["exit_code"], 0);
+    run.eq(&r["exit_code"], 0, "r[\"exit_code\"]");
 
     // A launch failure is a tool error that still carries the record.
     let (r, err) = c.tool("run", json!({"argv": ["/no/such/program"]}), T);
-    assert!(err, "{r}");
-    assert_eq!(
-        (r["state"].as_str(), r["exit_code"].as_i64()),
-        (Some("launch_failed"), Some(127))
+    ensure!(run, err, "{r}");
+    run.eq(
+        &(r["state"].as_str(), r["exit_code"].as_i64()),
+        &(Some("launch_failed"), Some(127)),
+        "(r[\"state\"].as_str(), r[\"exit_code\"].as_i64())",
     );
 
     // A run still going when wait_s is up answers with its id, and wait picks it up.
@@ -306,12 +329,12 @@ fn run_here_returns_the_output_the_exit_code_and_the_record() {
         json!({"command": "sleep 2; echo late", "wait_s": 0.3}),
         T,
     );
-    assert_eq!(
-        (slow["state"].as_str(), slow["final"].as_bool()),
-        (Some("running"), Some(false)),
-        "{slow}"
+    run.eq(
+        &(slow["state"].as_str(), slow["final"].as_bool()),
+        &(Some("running"), Some(false)),
+        format_args!("{slow}"),
     );
-    assert!(text(&slow["next"]).contains("wait"), "{slow}");
+    ensure!(run, text(&slow["next"]).contains("wait"), "{slow}");
     let (quick, _) = c.tool("start", json!({"command": "exit 5"}), T);
     let ids = json!([slow["run_id"], quick["run_id"]]);
     let (first, _) = c.tool(
@@ -320,30 +343,31 @@ fn run_here_returns_the_output_the_exit_code_and_the_record() {
         T,
     );
     let runs = first["runs"].as_array().unwrap();
-    assert_eq!(
-        (runs[1]["state"].as_str(), runs[1]["exit_code"].as_i64()),
-        (Some("finished"), Some(5)),
-        "{first}"
+    run.eq(
+        &(runs[1]["state"].as_str(), runs[1]["exit_code"].as_i64()),
+        &(Some("finished"), Some(5)),
+        format_args!("{first}"),
     );
     let (all, _) = c.tool("wait", json!({"run_ids": ids, "timeout_s": 20}), T);
     let runs = all["runs"].as_array().unwrap();
-    assert_eq!(
-        (
+    run.eq(
+        &(
             runs[0]["exit_code"].as_i64(),
-            runs[0]["stdout"]["text"].as_str()
+            runs[0]["stdout"]["text"].as_str(),
         ),
-        (Some(0), Some("late\n")),
-        "{all}"
+        &(Some(0), Some("late\n")),
+        format_args!("{all}"),
     );
 
     // status and logs see the same run.
     let (s, _) = c.tool("status", json!({"run_id": id}), T);
-    assert_eq!(s["state"], "finished");
-    assert_eq!(s["stdout"]["bytes"], 4);
+    run.eq(&s["state"], "finished", "s[\"state\"]");
+    run.eq(&s["stdout"]["bytes"], 4, "s[\"stdout\"][\"bytes\"]");
     let (l, _) = c.tool("logs", json!({"run_id": id, "stream": "stderr"}), T);
-    assert_eq!(
-        (l["text"].as_str(), l["final"].as_bool()),
-        (Some("err\n"), Some(true))
+    run.eq(
+        &(l["text"].as_str(), l["final"].as_bool()),
+        &(Some("err\n"), Some(true)),
+        "(l[\"text\"].as_str(), l[\"final\"].as_bool())",
     );
     c.close(T);
 }
@@ -360,50 +384,75 @@ fn run_over_sshd_returns_the_output_the_exit_code_and_the_record() {
     );
     assert!(!err, "{r}");
     let id = text(&r["run_id"]);
-    assert_eq!(r["host"], w.host());
-    assert_eq!(
-        (r["state"].as_str(), r["exit_code"].as_i64()),
-        (Some("finished"), Some(4)),
-        "{r}"
+    let run = ctx(&w.root, &id);
+    run.eq(&r["host"], &w.host(), "r[\"host\"]");
+    run.eq(
+        &(r["state"].as_str(), r["exit_code"].as_i64()),
+        &(Some("finished"), Some(4)),
+        format_args!("{r}"),
     );
-    let want = pattern(200000);
-    assert_eq!(r["stdout"]["bytes"], 200000);
-    assert_eq!(r["stdout"]["shown_from"], 200000 - 65536);
-    assert!(r["stdout"]["text"].as_str().unwrap().as_bytes() == &want[200000 - 65536..]);
-    assert!(r["stderr"]["text"].as_str().unwrap().as_bytes() == &pattern(3000)[..]);
+    let want = spew_bytes(200000);
+    run.eq(&r["stdout"]["bytes"], 200000, "r[\"stdout\"][\"bytes\"]");
+    run.eq(
+        &r["stdout"]["shown_from"],
+        200000 - 65536,
+        "r[\"stdout\"][\"shown_from\"]",
+    );
+    ensure!(
+        run,
+        r["stdout"]["text"].as_str().unwrap().as_bytes() == &want[200000 - 65536..],
+        "r[\"stdout\"][\"text\"].as_str().unwrap().as_bytes() == &want[200000 - 65536..]"
+    );
+    ensure!(
+        run,
+        r["stderr"]["text"].as_str().unwrap().as_bytes() == &spew_bytes(3000)[..],
+        "r[\"stderr\"][\"text\"].as_str().unwrap().as_bytes() == &spew_bytes(3000)[..]"
+    );
     let st = w.root.status(&id);
-    assert_eq!(
-        (st["state"].as_str(), st["exit_code"].as_i64()),
-        (Some("finished"), Some(4))
+    run.eq(
+        &(st["state"].as_str(), st["exit_code"].as_i64()),
+        &(Some("finished"), Some(4)),
+        "(st[\"state\"].as_str(), st[\"exit_code\"].as_i64())",
     );
-    assert_eq!(r["record"]["run_id"], id.as_str());
+    run.eq(
+        &r["record"]["run_id"],
+        id.as_str(),
+        "r[\"record\"][\"run_id\"]",
+    );
     // Paging through the log over ssh.
     let (l, _) = c.tool(
         "logs",
         json!({"host": w.host(), "run_id": id, "offset": 0, "max_bytes": 1000}),
         T,
     );
-    assert!(l["text"].as_str().unwrap().as_bytes() == &want[..1000]);
-    assert_eq!(
-        (
+    ensure!(
+        run,
+        l["text"].as_str().unwrap().as_bytes() == &want[..1000],
+        "l[\"text\"].as_str().unwrap().as_bytes() == &want[..1000]"
+    );
+    run.eq(
+        &(
             l["next_offset"].as_u64(),
             l["more"].as_bool(),
-            l["size"].as_u64()
+            l["size"].as_u64(),
         ),
-        (Some(1000), Some(true), Some(200000))
+        &(Some(1000), Some(true), Some(200000)),
+        "( l[\"next_offset\"].as_u64(), l[\"more\"].as_bool(), l[\"size\"].as_u64() )",
     );
     let (l, _) = c.tool(
         "logs",
         json!({"host": w.host(), "run_id": id, "offset": 199990, "max_bytes": 1000}),
         T,
     );
-    assert_eq!(
-        (l["text"].as_str().map(str::len), l["more"].as_bool()),
-        (Some(10), Some(false))
+    run.eq(
+        &(l["text"].as_str().map(str::len), l["more"].as_bool()),
+        &(Some(10), Some(false)),
+        "(l[\"text\"].as_str().map(str::len), l[\"more\"].as_bool())",
     );
     // The same run through list on that host.
     let (ls, _) = c.tool("list", json!({"host": w.host(), "mine": true}), T);
-    assert!(
+    ensure!(
+        run,
         ls["runs"]
             .as_array()
             .unwrap()
@@ -430,7 +479,8 @@ fn a_task_cancelled_through_the_protocol_stops_every_process() {
     );
     let task_id = text(&task["taskId"]);
     let (id, host) = task_id.split_once('@').unwrap();
-    assert_eq!(host, "local");
+    let run = ctx(&w.root, id);
+    run.eq(&host, &"local", "host");
     let pins = w.pin_tree(id);
     // Progress notifications carry the output as it arrives: the fixture's ready line.
     let mut seen = Vec::new();
@@ -444,32 +494,28 @@ fn a_task_cancelled_through_the_protocol_stops_every_process() {
             .then_some(())
     });
     let got = c.request(json!({"op": "tasks_get", "task_id": task_id}), T);
-    assert_eq!(got["raw"]["status"], "working", "{got}");
+    run.eq(&got["raw"]["status"], "working", format_args!("{got}"));
     // Cancel the task: agent-run cancel on the host, through the stop routine.
     let t0 = Instant::now();
     let e0 = epoch_now();
     let ack = c.request(json!({"op": "tasks_cancel", "task_id": task_id}), T);
-    assert_eq!(ack["ok"], true, "{ack}");
+    run.eq(&ack["ok"], true, format_args!("{ack}"));
     let polled = wait_until("tasks/get to say cancelled", T, || {
         let g = c.request(json!({"op": "tasks_get", "task_id": task_id}), T);
         (g["raw"]["status"] == "cancelled").then_some(g)
     });
     let to_status = t0.elapsed();
     pins.wait_all_gone(Duration::from_secs(5))
-        .unwrap_or_else(|left| {
-            panic!(
-                "left after the cancel: {left:?}\n{}",
-                diagnostics(&w.root, id)
-            )
-        });
+        .unwrap_or_else(|left| run.fail(format_args!("left after the cancel: {left:?}")));
     w.assert_nothing_of(id);
     let st = w.root.status(id);
-    assert_eq!(
-        (st["state"].as_str(), st["reason"].as_str()),
-        (Some("cancelled"), Some("cancel_request")),
-        "{st}"
+    run.eq(
+        &(st["state"].as_str(), st["reason"].as_str()),
+        &(Some("cancelled"), Some("cancel_request")),
+        format_args!("{st}"),
     );
-    assert!(
+    ensure!(
+        run,
         text(&polled["raw"]["statusMessage"]).contains("cancelled"),
         "{polled}"
     );
@@ -498,23 +544,23 @@ fn an_abandoned_run_call_cancels_its_run() {
             Some(rest.split(' ').next()?.to_string())
         })
     });
+    let run = ctx(&w.root, &id);
     let pins = w.pin_tree(&id);
     // The SDK sends notifications/cancelled for a call its caller abandons.
     let t0 = epoch_now();
     c.request(json!({"op": "abort", "target": call}), T);
-    assert_eq!(c.reply(call, T)["aborted"], true);
+    run.eq(
+        &c.reply(call, T)["aborted"],
+        true,
+        "c.reply(call, T)[\"aborted\"]",
+    );
     pins.wait_all_gone(Duration::from_secs(10))
-        .unwrap_or_else(|left| {
-            panic!(
-                "left after the abandoned call: {left:?}\n{}",
-                diagnostics(&w.root, &id)
-            )
-        });
+        .unwrap_or_else(|left| run.fail(format_args!("left after the abandoned call: {left:?}")));
     let st = w.root.wait_final(&id, T);
-    assert_eq!(
-        (st["state"].as_str(), st["reason"].as_str()),
-        (Some("cancelled"), Some("cancel_request")),
-        "{st}"
+    run.eq(
+        &(st["state"].as_str(), st["reason"].as_str()),
+        &(Some("cancelled"), Some("cancel_request")),
+        format_args!("{st}"),
     );
     let ended = parse_rfc3339(st["ended_at"].as_str().unwrap()).unwrap();
     eprintln!(
@@ -541,6 +587,7 @@ fn a_killed_server_leaves_its_runs_to_their_leases() {
     let pins: Vec<Pinned> = ids.iter().map(|id| w.pin_tree(id)).collect();
     // While the server lives, it renews: each lease is pushed past the first one's end.
     for id in &ids {
+        let run = ctx(&w.root, id);
         let started = parse_rfc3339(w.root.status(id)["started_at"].as_str().unwrap()).unwrap();
         wait_until("a renewal past the first lease", T, || {
             let l: Value =
@@ -548,23 +595,23 @@ fn a_killed_server_leaves_its_runs_to_their_leases() {
                     .ok()?;
             (l["deadline_epoch"].as_f64()? > started + 2.0 * lease).then_some(())
         });
-        assert_eq!(w.root.status(id)["state"], "running");
+        run.eq(
+            &w.root.status(id)["state"],
+            "running",
+            "w.root.status(id)[\"state\"]",
+        );
     }
     let t0 = Instant::now();
     c.kill_server();
     for (id, p) in ids.iter().zip(&pins) {
+        let run = ctx(&w.root, id);
         p.wait_all_gone(Duration::from_secs(20))
-            .unwrap_or_else(|left| {
-                panic!(
-                    "{id}: left after the lease: {left:?}\n{}",
-                    diagnostics(&w.root, id)
-                )
-            });
+            .unwrap_or_else(|left| run.fail(format_args!("{id}: left after the lease: {left:?}")));
         let st = w.root.wait_final(id, T);
-        assert_eq!(
-            (st["state"].as_str(), st["reason"].as_str()),
-            (Some("cancelled"), Some("lease_expired")),
-            "{st}"
+        run.eq(
+            &(st["state"].as_str(), st["reason"].as_str()),
+            &(Some("cancelled"), Some("lease_expired")),
+            format_args!("{st}"),
         );
         w.assert_nothing_of(id);
     }
@@ -591,6 +638,7 @@ fn a_restarted_server_takes_back_and_finishes_a_run_of_its_predecessor() {
     );
     let (r, _) = a.tool("start", json!({"command": script}), T);
     let id = text(&r["run_id"]);
+    let run = ctx(&w.root, &id);
     wait_until("the run to start", T, || {
         fs::read_to_string(w.root.run_dir(&id).join("stdout.log"))
             .ok()
@@ -614,8 +662,12 @@ fn a_restarted_server_takes_back_and_finishes_a_run_of_its_predecessor() {
         .iter()
         .find(|e| e["run_id"] == id.as_str())
         .cloned();
-    let found = found.unwrap_or_else(|| panic!("{id} not in {ls}"));
-    assert_eq!(found["labels"]["agent-run-mcp/owner"], owner.as_str());
+    let found = found.unwrap_or_else(|| run.fail(format_args!("{id} not in {ls}")));
+    run.eq(
+        &found["labels"]["agent-run-mcp/owner"],
+        owner.as_str(),
+        "found[\"labels\"][\"agent-run-mcp/owner\"]",
+    );
     wait_until(
         "the new server to take the run back and renew it",
         T,
@@ -630,14 +682,17 @@ fn a_restarted_server_takes_back_and_finishes_a_run_of_its_predecessor() {
         json!({"run_id": id, "timeout_s": 30}),
         Duration::from_secs(60),
     );
-    assert!(!err, "{r}");
-    assert_eq!(
-        (r["state"].as_str(), r["exit_code"].as_i64()),
-        (Some("finished"), Some(7)),
-        "{r}\n{}",
-        diagnostics(&w.root, &id)
+    ensure!(run, !err, "{r}");
+    run.eq(
+        &(r["state"].as_str(), r["exit_code"].as_i64()),
+        &(Some("finished"), Some(7)),
+        format_args!("{r}"),
     );
-    assert_eq!(r["stdout"]["text"], "started\ndone\n");
+    run.eq(
+        &r["stdout"]["text"],
+        "started\ndone\n",
+        "r[\"stdout\"][\"text\"]",
+    );
     b.close(T);
 }
 
@@ -652,8 +707,10 @@ fn a_clean_shutdown_cancels_tied_runs_and_keeps_detached_ones() {
         T,
     );
     let (tied, detached) = (text(&t["run_id"]), text(&d["run_id"]));
-    assert_eq!(d["detached"], true);
-    assert!(
+    let (tied_run, detached_run) = (ctx(&w.root, &tied), ctx(&w.root, &detached));
+    detached_run.eq(&d["detached"], true, format_args!("the detached run: {d}"));
+    ensure!(
+        detached_run,
         d["record"]["lease_deadline_epoch"].is_null(),
         "a detached run has no lease: {d}"
     );
@@ -663,19 +720,19 @@ fn a_clean_shutdown_cancels_tied_runs_and_keeps_detached_ones() {
         "mcp-figure: clean shutdown (stdin closed) with one tied run took {:.0} ms",
         took * 1000.0
     );
-    tp.wait_all_gone(Duration::from_secs(10))
-        .unwrap_or_else(|left| panic!("tied run left: {left:?}\n{}", diagnostics(&w.root, &tied)));
-    let st = w.root.wait_final(&tied, T);
-    assert_eq!(
-        (st["state"].as_str(), st["reason"].as_str()),
-        (Some("cancelled"), Some("cancel_request")),
-        "{st}"
+    tied_run.wait_gone_within(&tp, Duration::from_secs(10), "the tied run's tree");
+    let st = tied_run.wait_final();
+    tied_run.fields(
+        &st,
+        "the tied run's record",
+        json!({"state": "cancelled", "reason": "cancel_request"}),
     );
-    assert!(
-        dp.alive().len() == dp.pids().len(),
-        "the detached run goes on"
+    detached_run.all_alive(&dp, "the detached run goes on");
+    detached_run.fields(
+        &detached_run.status(),
+        "the detached run's record",
+        json!({"state": "running"}),
     );
-    assert_eq!(w.root.status(&detached)["state"], "running");
     // Another session finds it by its label, and stops it.
     let mut b = w.client(&[], false);
     let (ls, _) = b.tool(
@@ -683,18 +740,23 @@ fn a_clean_shutdown_cancels_tied_runs_and_keeps_detached_ones() {
         json!({"labels": {"agent-run-mcp/detached": "true"}}),
         T,
     );
-    assert!(
+    ensure!(
+        detached_run,
         ls["runs"]
             .as_array()
             .unwrap()
             .iter()
             .any(|e| e["run_id"] == detached.as_str()),
-        "{ls}"
+        "list by label: {ls}"
     );
     let (cr, err) = b.tool("cancel", json!({"run_id": detached}), T);
-    assert!(!err, "{cr}");
-    assert_eq!(cr["runs"][0]["state"], "cancelled", "{cr}");
-    dp.wait_all_gone(Duration::from_secs(5)).unwrap();
+    ensure!(detached_run, !err, "cancel: {cr}");
+    detached_run.eq(
+        &cr["runs"][0]["state"],
+        "cancelled",
+        format_args!("cancel: {cr}"),
+    );
+    detached_run.wait_gone_within(&dp, Duration::from_secs(5), "the detached run's tree");
     w.assert_nothing_of(&detached);
     b.close(T);
 }
@@ -722,23 +784,23 @@ fn a_shutdown_that_outlasts_the_clients_patience_still_stops_the_run() {
     ]);
     let (r, _) = c.tool("start", json!({"argv": tree, "grace_s": 8}), T);
     let id = text(&r["run_id"]);
+    let run = ctx(&w.root, &id);
     let pins = w.pin_tree(&id);
     let server = Pinned::new(&[c.server_pid()]);
     let t0 = Instant::now();
     let (_, log) = c.close(T);
-    server
-        .wait_all_gone(Duration::from_secs(10))
-        .expect("the SDK stops the server");
+    run.wait_gone_within(&server, Duration::from_secs(10), "the SDK stops the server");
     let server_gone = t0.elapsed();
     pins.wait_all_gone(Duration::from_secs(15))
-        .unwrap_or_else(|left| panic!("left: {left:?}\n{}", diagnostics(&w.root, &id)));
+        .unwrap_or_else(|left| run.fail(format_args!("left: {left:?}")));
     let st = w.root.wait_final(&id, T);
-    assert_eq!(
-        (st["state"].as_str(), st["reason"].as_str()),
-        (Some("cancelled"), Some("cancel_request")),
-        "{st}"
+    run.eq(
+        &(st["state"].as_str(), st["reason"].as_str()),
+        &(Some("cancelled"), Some("cancel_request")),
+        format_args!("{st}"),
     );
-    assert!(
+    ensure!(
+        run,
         st["cleanup"]["signals"]
             .as_array()
             .unwrap()
@@ -752,7 +814,7 @@ fn a_shutdown_that_outlasts_the_clients_patience_still_stops_the_run() {
         t0.elapsed().as_secs_f64()
     );
     w.assert_nothing_of(&id);
-    assert!(log.contains("shutting down (stdin closed)"), "{log}");
+    ensure!(run, log.contains("shutting down (stdin closed)"), "{log}");
 }
 
 #[test]
@@ -868,9 +930,14 @@ fn bad_input_is_answered_with_a_tool_error_and_the_server_goes_on() {
     assert!(!err, "{r}");
     assert_eq!(
         (r["stdout"]["bytes"].as_u64(), r["stderr"]["bytes"].as_u64()),
-        (Some(n), Some(5_000_000))
+        (Some(n), Some(5_000_000)),
+        "(r[\"stdout\"][\"bytes\"].as_u64(), r[\"stderr\"][\"bytes\"].as_u64())"
     );
-    assert_eq!(r["stdout"]["text"].as_str().unwrap().len(), 4096);
+    assert_eq!(
+        r["stdout"]["text"].as_str().unwrap().len(),
+        4096,
+        "r[\"stdout\"][\"text\"].as_str().unwrap().len()"
+    );
     assert!(
         r.to_string().len() < 32 * 1024,
         "the answer is bounded: {} bytes",
@@ -881,8 +948,11 @@ fn bad_input_is_answered_with_a_tool_error_and_the_server_goes_on() {
         json!({"run_id": r["run_id"], "offset": 1_000_000, "max_bytes": 65536}),
         T,
     );
-    let want = pattern(1_000_000 + 65536);
-    assert!(l["text"].as_str().unwrap().as_bytes() == &want[1_000_000..]);
+    let want = spew_bytes(1_000_000 + 65536);
+    assert!(
+        l["text"].as_str().unwrap().as_bytes() == &want[1_000_000..],
+        "l[\"text\"].as_str().unwrap().as_bytes() == &want[1_000_000..]"
+    );
     // A workload that swaps its logs for a symlink and a FIFO: each is reported as what it is,
     // never followed, never blocked on.
     let swap = r#"ln -sf /etc/hostname "$AGENT_RUN_DIR/stdout.log"; rm -f "$AGENT_RUN_DIR/stderr.log"; mkfifo "$AGENT_RUN_DIR/stderr.log""#;
@@ -909,10 +979,14 @@ fn bad_input_is_answered_with_a_tool_error_and_the_server_goes_on() {
         "{l}"
     );
     // Still the same server, still answering.
-    assert!(c.server_alive());
-    assert_eq!(c.server_pid(), pid);
+    assert!(c.server_alive(), "c.server_alive()");
+    assert_eq!(c.server_pid(), pid, "c.server_pid()");
     let tools = c.request(json!({"op": "list_tools"}), T);
-    assert_eq!(tools["tools"].as_array().map(Vec::len), Some(7));
+    assert_eq!(
+        tools["tools"].as_array().map(Vec::len),
+        Some(7),
+        "tools[\"tools\"].as_array().map(Vec::len)"
+    );
     eprintln!(
         "mcp-figure: server RSS idle {idle} KiB, after {} calls and a 35 MB output {} KiB",
         cases.len() + 3,

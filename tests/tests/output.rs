@@ -8,7 +8,8 @@
 //! Run ids start with `out-`.
 
 use agent_run_tests::{
-    describe_output, proc_stat, run_with_timeout, wait_until_dbg, Pinned, Spawned, TestRoot,
+    ctx, describe_output, ensure, proc_stat, run_with_timeout, wait_until_dbg, Ctx, Pinned,
+    Spawned, TestRoot,
 };
 use serde_json::Value;
 use std::fs;
@@ -58,11 +59,12 @@ fn counts(st: &Value, stream: &str) -> (u64, u64) {
 
 /// The keeper's identity from the journal's `keeper_started`.
 fn keeper_of(root: &TestRoot, id: &str) -> (i32, u64) {
+    let c = ctx(root, id);
     let ev = root
         .events(id)
         .into_iter()
         .find(|e| e["event"] == "keeper_started")
-        .unwrap_or_else(|| panic!("no keeper_started event for {id}"));
+        .unwrap_or_else(|| c.fail(format_args!("no keeper_started event for {id}")));
     (
         ev["pid"].as_i64().unwrap() as i32,
         ev["start_ticks"].as_u64().unwrap(),
@@ -124,18 +126,40 @@ fn every_idiom_that_reopens_stdout_or_stderr_keeps_every_byte_in_the_log_and_the
     let f = known_file(&root);
     for (i, (name, script, out, err)) in idioms(&f).into_iter().enumerate() {
         let id = format!("out-idiom-{i}");
+        let c = ctx(&root, &id);
         let o = run(&root, &[&id, "--", "bash", "-c", &script]);
         let what = format!("{name}: agent-run {id}");
-        assert!(o.status.success(), "{}", describe_output(&what, &o));
-        assert_eq!(log(&root, &id, "stdout.log"), out, "{name}: stdout.log");
-        assert_eq!(log(&root, &id, "stderr.log"), err, "{name}: stderr.log");
+        ensure!(c, o.status.success(), "{}", describe_output(&what, &o));
+        every_byte_once(c, name, &out, &err);
         // The stream (the wrapper's own stdout/stderr) carries the same bytes, once.
-        assert_eq!(o.stdout, out, "{name}: streamed stdout");
-        assert_eq!(strip_messages(&o.stderr), err, "{name}: streamed stderr");
-        let st = root.status(&id);
-        assert_eq!(st["output"]["complete"], true, "{name}: {st}");
-        assert_eq!(counts(&st, "stdout"), (out.len() as u64, 0), "{name}");
-        assert_eq!(counts(&st, "stderr"), (err.len() as u64, 0), "{name}");
+        c.eq(&o.stdout, &out, format_args!("{name}: streamed stdout"));
+        c.eq(
+            &strip_messages(&o.stderr),
+            &err,
+            format_args!("{name}: streamed stderr"),
+        );
+    }
+}
+
+/// The run's logs hold `out` and `err` and its final record counts every byte of them as
+/// written, none dropped, with the keeper's own counts.
+fn every_byte_once(c: Ctx<'_>, name: &str, out: &[u8], err: &[u8]) {
+    let st = c.status();
+    for (log, want) in [("stdout.log", out), ("stderr.log", err)] {
+        c.eq(c.bytes(log), want, format_args!("{name}: {log}"));
+    }
+    c.eq(
+        &st["output"]["complete"],
+        true,
+        format_args!("{name}: {st}"),
+    );
+    for (stream, want) in [("stdout", out), ("stderr", err)] {
+        let counts = counts(&st, stream);
+        c.eq(
+            counts,
+            (want.len() as u64, 0),
+            format_args!("{name}: {stream} counts"),
+        );
     }
 }
 
@@ -178,12 +202,13 @@ fn with_the_wrapper_sigkilled_the_keeper_drains_on_and_cancel_or_the_watchdog_re
     let f = known_file(&root);
     for (i, (name, script, out, err)) in idioms(&f).into_iter().enumerate() {
         let id = format!("out-kill-{i}");
+        let c = ctx(&root, &id);
         let (w, pin, _) = killed_wrapper_run(&root, &id, &script);
         let (keeper, ticks) = keeper_of(&root, &id);
-        assert_eq!(
-            proc_stat(keeper).map(|s| s.4),
-            Some(ticks),
-            "{name}: the keeper lives"
+        c.eq(
+            &proc_stat(keeper).map(|s| s.4),
+            &Some(ticks),
+            format_args!("{name}: the keeper lives"),
         );
         // Half finished by cancel, half by the watchdog.
         let o = if i % 2 == 0 {
@@ -194,39 +219,37 @@ fn with_the_wrapper_sigkilled_the_keeper_drains_on_and_cancel_or_the_watchdog_re
                 LONG,
             )
         };
-        assert!(o.status.success(), "{}", describe_output(name, &o));
-        let st = root.wait_final(&id, LONG);
+        ensure!(c, o.status.success(), "{}", describe_output(name, &o));
+        c.wait_final();
         let out = [b"before\n".as_slice(), &out, b"after\n"].concat();
         let err = [b"before-err\n".as_slice(), &err].concat();
-        assert_eq!(log(&root, &id, "stdout.log"), out, "{name}: stdout.log");
-        assert_eq!(log(&root, &id, "stderr.log"), err, "{name}: stderr.log");
-        assert_eq!(st["output"]["complete"], true, "{name}: {st}");
-        assert_eq!(counts(&st, "stdout"), (out.len() as u64, 0), "{name}");
-        assert_eq!(counts(&st, "stderr"), (err.len() as u64, 0), "{name}");
+        every_byte_once(c, name, &out, &err);
         // The stream resumes from the log: `logs` shows the same bytes.
         let o = run(&root, &["logs", &id]);
-        assert_eq!(o.stdout, out, "{name}: logs");
+        c.eq(&o.stdout, &out, format_args!("{name}: logs"));
         // The keeper ended by EOF (its own record of it), never signalled by anyone.
         let ev = root.events(&id);
-        assert!(
+        ensure!(
+            c,
             ev.iter()
                 .any(|e| e["event"] == "keeper_done" && e["by_pid"] == keeper),
             "{name}: no keeper_done: {ev:?}"
         );
-        assert!(
+        ensure!(
+            c,
             !ev.iter().any(|e| e["event"] == "signal"
                 && e["target"].as_str() == Some(&format!("pid:{keeper}"))),
             "{name}: the keeper was signalled: {ev:?}"
         );
         let _ = w.finish(LONG);
-        pin.wait_all_gone(LONG)
-            .expect("the run's processes are gone");
+        c.wait_gone_within(&pin, LONG, "the run's processes");
     }
 }
 
 #[test]
 fn the_keeper_is_not_the_runs_and_ends_by_eof() {
     let root = TestRoot::new();
+    let c = ctx(&root, "out-keeper");
     let go = root.dir.path().join("go");
     let script = format!(
         "while [ ! -e {} ]; do sleep 0.02; done; echo bye",
@@ -242,17 +265,27 @@ fn the_keeper_is_not_the_runs_and_ends_by_eof() {
     let (keeper, _) = keeper_of(&root, "out-keeper");
     let leader = st["pid"].as_i64().unwrap() as i32;
     let (_, ppid, pgid, sid, _) = proc_stat(keeper).expect("the keeper lives");
-    assert_eq!((pgid, sid), (keeper, keeper), "its own session and group");
-    assert_ne!(sid, leader);
-    assert_eq!(ppid, w.child.id() as i32, "the wrapper's child");
+    c.eq(&(pgid, sid), &(keeper, keeper), "its own session and group");
+    ensure!(c, sid != leader, "sid != leader: both {:?}", sid);
+    c.eq(&ppid, &(w.child.id() as i32), "the wrapper's child");
     // Not in the run's cgroup: in the wrapper's.
     let cg = |p: i32| fs::read_to_string(format!("/proc/{p}/cgroup")).unwrap_or_default();
-    assert_eq!(cg(keeper), cg(w.child.id() as i32), "the wrapper's cgroup");
+    c.eq(
+        &cg(keeper),
+        &cg(w.child.id() as i32),
+        "the wrapper's cgroup",
+    );
     if st["containment"]["mode"] == "cgroup" {
-        assert_ne!(cg(keeper), cg(leader), "never the run's cgroup");
+        ensure!(
+            c,
+            cg(keeper) != cg(leader),
+            "never the run's cgroup: both {:?}",
+            cg(keeper)
+        );
     }
     let env = fs::read(format!("/proc/{keeper}/environ")).unwrap();
-    assert!(
+    ensure!(
+        c,
         !env.split(|&b| b == 0)
             .any(|v| v.starts_with(b"AGENT_RUN_ID=") || v.starts_with(b"AGENT_RUN_DIR=")),
         "the keeper carries no run marker"
@@ -263,37 +296,47 @@ fn the_keeper_is_not_the_runs_and_ends_by_eof() {
         .filter_map(|e| fs::read_link(e.ok()?.path()).ok())
         .map(|p| p.display().to_string())
         .collect();
-    assert!(!fds.iter().any(|p| p.ends_with("/lock")), "{fds:?}");
-    assert_eq!(
-        fds.iter().filter(|p| p.starts_with("pipe:")).count(),
-        2,
-        "{fds:?}"
+    ensure!(c, !fds.iter().any(|p| p.ends_with("/lock")), "{fds:?}");
+    c.eq(
+        &fds.iter().filter(|p| p.starts_with("pipe:")).count(),
+        &2,
+        format_args!("{fds:?}"),
     );
-    assert_eq!(
-        fds.iter().filter(|p| p.ends_with(".log")).count(),
-        2,
-        "{fds:?}"
+    c.eq(
+        &fds.iter().filter(|p| p.ends_with(".log")).count(),
+        &2,
+        format_args!("{fds:?}"),
     );
-    assert_eq!(
-        fds.len(),
-        3 + 4 + 1,
-        "stdio, 4 passed, the journal: {fds:?}"
+    c.eq(
+        &fds.len(),
+        &(3 + 4 + 1),
+        format_args!("stdio, 4 passed, the journal: {fds:?}"),
     );
     let pin = Pinned::new(&[keeper]);
     fs::write(&go, b"").unwrap();
     let o = w.finish(LONG);
-    assert!(o.status.success(), "{}", describe_output("out-keeper", &o));
-    pin.wait_all_gone(LONG).expect("the keeper ends");
-    assert_eq!(log(&root, "out-keeper", "stdout.log"), b"bye\n");
-    assert!(root
+    ensure!(
+        c,
+        o.status.success(),
+        "{}",
+        describe_output("out-keeper", &o)
+    );
+    c.wait_gone_within(&pin, LONG, "the keeper");
+    c.eq(
+        log(&root, "out-keeper", "stdout.log"),
+        b"bye\n",
+        "log(&root, \"out-keeper\", \"stdout.log\")",
+    );
+    ensure!(c, root
         .events("out-keeper")
         .iter()
-        .any(|e| e["event"] == "keeper_done" && e["error"].is_null()));
+        .any(|e| e["event"] == "keeper_done" && e["error"].is_null()), "root .events(\"out-keeper\") .iter() .any(|e| e[\"event\"] == \"keeper_done\" && e[\"error\"].is_null())");
 }
 
 #[test]
 fn a_ten_gib_writer_against_a_small_cap_keeps_cap_plus_markers_and_counts_the_rest() {
     let root = TestRoot::new();
+    let c = ctx(&root, "out-10g");
     let cap: u64 = 1 << 20;
     // 10 GiB through a pipe takes seconds on an idle machine, minutes on two loaded cores.
     let o = run_with_timeout(
@@ -310,35 +353,57 @@ fn a_ten_gib_writer_against_a_small_cap_keeps_cap_plus_markers_and_counts_the_re
         ]),
         Duration::from_secs(900),
     );
-    assert!(o.status.success(), "{}", describe_output("out-10g", &o));
+    ensure!(c, o.status.success(), "{}", describe_output("out-10g", &o));
     let st = root.status("out-10g");
     let (written, dropped) = counts(&st, "stdout");
     let ring = cap / 8;
-    assert_eq!(written, cap + ring, "{st}");
-    assert_eq!(written + dropped, 10 << 30, "{st}");
-    assert_eq!(st["output"]["stdout"]["capped"], "max_output");
-    assert_eq!(st["output"]["limit"], cap);
+    c.eq(&written, &(cap + ring), format_args!("{st}"));
+    c.eq(&(written + dropped), &(10 << 30), format_args!("{st}"));
+    c.eq(
+        &st["output"]["stdout"]["capped"],
+        "max_output",
+        "st[\"output\"][\"stdout\"][\"capped\"]",
+    );
+    c.eq(&st["output"]["limit"], cap, "st[\"output\"][\"limit\"]");
     let bytes = log(&root, "out-10g", "stdout.log");
     let marker = b"\n[agent-run: stdout reached --max-output 1048576 bytes; further bytes are dropped and counted]\n";
-    assert_eq!(&bytes[cap as usize..cap as usize + marker.len()], marker);
+    c.eq(
+        &bytes[cap as usize..cap as usize + marker.len()],
+        marker,
+        "&bytes[cap as usize..cap as usize + marker.len()]",
+    );
     let second = format!(
         "\n[agent-run: stdout: {dropped} bytes dropped above; the last {ring} bytes follow]\n"
     );
     let at = cap as usize + marker.len();
-    assert_eq!(&bytes[at..at + second.len()], second.as_bytes());
-    assert_eq!(
-        bytes.len() as u64,
-        written + (marker.len() + second.len()) as u64
+    c.eq(
+        &&bytes[at..at + second.len()],
+        &second.as_bytes(),
+        "&bytes[at..at + second.len()]",
     );
-    assert!(bytes[..cap as usize].iter().all(|&b| b == 0));
+    c.eq(
+        &(bytes.len() as u64),
+        &(written + (marker.len() + second.len()) as u64),
+        "bytes.len() as u64",
+    );
+    ensure!(
+        c,
+        bytes[..cap as usize].iter().all(|&b| b == 0),
+        "bytes[..cap as usize].iter().all(|&b| b == 0)"
+    );
     // attach shows the same marker.
     let a = run(&root, &["attach", "out-10g"]);
-    assert_eq!(a.stdout, bytes, "attach streams the log, markers included");
+    c.eq(
+        &a.stdout,
+        &bytes,
+        "attach streams the log, markers included",
+    );
 }
 
 #[test]
 fn on_output_limit_stop_ends_the_run_cancelled_output_limit_with_nothing_left() {
     let root = TestRoot::new();
+    let c = ctx(&root, "out-stop");
     let pids = root.dir.path().join("pids");
     let script = format!(
         "sleep 600 & echo $$ $! > {}; while :; do head -c 1M /dev/zero; done",
@@ -358,62 +423,71 @@ fn on_output_limit_stop_ends_the_run_cancelled_output_limit_with_nothing_left() 
             &script,
         ],
     );
-    assert_eq!(
-        o.status.code(),
-        Some(143),
-        "{}",
-        describe_output("out-stop", &o)
+    c.eq(
+        &o.status.code(),
+        &Some(143),
+        format_args!("{}", describe_output("out-stop", &o)),
     );
     let st = root.status("out-stop");
-    assert_eq!(
-        (st["state"].as_str(), st["reason"].as_str()),
-        (Some("cancelled"), Some("output_limit")),
-        "{st}"
+    c.eq(
+        &(st["state"].as_str(), st["reason"].as_str()),
+        &(Some("cancelled"), Some("output_limit")),
+        format_args!("{st}"),
     );
-    assert_eq!(st["output"]["complete"], true);
+    c.eq(
+        &st["output"]["complete"],
+        true,
+        "st[\"output\"][\"complete\"]",
+    );
     let (written, dropped) = counts(&st, "stdout");
-    assert_eq!(written, (2 << 20) + (2 << 20) / 8);
-    assert!(dropped > 0);
+    c.eq(&written, &((2 << 20) + (2 << 20) / 8), "written");
+    ensure!(c, dropped > 0, "dropped > 0");
     for p in fs::read_to_string(&pids).unwrap().split_whitespace() {
         let p: i32 = p.parse().unwrap();
-        assert!(
+        ensure!(
+            c,
             proc_stat(p).is_none_or(|s| s.0 == 'Z'),
             "pid {p} of the run is left"
         );
     }
     if let Some(cg) = st["containment"]["cgroup"].as_str() {
         let procs = fs::read_to_string(Path::new(cg).join("cgroup.procs")).unwrap_or_default();
-        assert!(procs.trim().is_empty(), "the run's cgroup holds {procs}");
+        ensure!(c, procs.trim().is_empty(), "the run's cgroup holds {procs}");
     }
     let (keeper, _) = keeper_of(&root, "out-stop");
-    Pinned::new(&[keeper])
-        .wait_all_gone(LONG)
-        .expect("the keeper ends");
+    c.wait_gone_within(&Pinned::new(&[keeper]), LONG, "the keeper");
     // The stop never touched the keeper: it asked for the stop, then ended by EOF.
     let ev = root.events("out-stop");
-    assert!(
+    ensure!(
+        c,
         ev.iter()
             .any(|e| e["event"] == "signal" && e["reason"] == "output_limit"),
         "{ev:?}"
     );
-    assert!(
+    ensure!(
+        c,
         !ev.iter()
             .any(|e| e["event"] == "signal"
                 && e["target"].as_str() == Some(&format!("pid:{keeper}"))),
         "the keeper was signalled: {ev:?}"
     );
-    assert!(ev
+    ensure!(c, ev
         .iter()
-        .any(|e| e["event"] == "keeper_done" && e["by_pid"] == keeper && e["error"].is_null()));
+        .any(|e| e["event"] == "keeper_done" && e["by_pid"] == keeper && e["error"].is_null()), "ev .iter() .any(|e| e[\"event\"] == \"keeper_done\" && e[\"by_pid\"] == keeper && e[\"error\"].is_null())");
 }
 
 #[test]
 fn a_run_named_like_the_keeper_mode_is_an_ordinary_run() {
     let root = TestRoot::new();
+    let c = ctx(&root, "__keep");
     let o = run(&root, &["__keep", "--", "sh", "-c", "echo hi"]);
-    assert!(o.status.success(), "{}", describe_output("__keep", &o));
-    assert_eq!(o.stdout, b"hi\n");
-    assert_eq!(root.status("__keep")["state"], "finished");
+    ensure!(c, o.status.success(), "{}", describe_output("__keep", &o));
+    c.eq(&o.stdout, b"hi\n", "o.stdout");
+    c.eq(
+        &root.status("__keep")["state"],
+        "finished",
+        "root.status(\"__keep\")[\"state\"]",
+    );
 }
 
 /// A small tmpfs mounted as the run root, unmounted on drop.
@@ -434,6 +508,7 @@ fn a_full_tmpfs_leaves_other_runs_records_whole_and_the_writers_own_record_writt
         return;
     }
     let root = TestRoot::new();
+    let c = ctx(&root, "out-fill");
     let dir = root.root();
     fs::create_dir_all(&dir).unwrap();
     let ok = std::process::Command::new("mount")
@@ -482,35 +557,51 @@ fn a_full_tmpfs_leaves_other_runs_records_whole_and_the_writers_own_record_writt
             "/dev/zero",
         ],
     );
-    assert!(o.status.success(), "{}", describe_output("out-fill", &o));
+    ensure!(c, o.status.success(), "{}", describe_output("out-fill", &o));
     let st = root.status("out-fill");
-    assert_eq!(st["state"], "finished", "{st}");
-    assert_eq!(st["output"]["stdout"]["capped"], "disk_reserve", "{st}");
+    c.eq(&st["state"], "finished", format_args!("{st}"));
+    c.eq(
+        &st["output"]["stdout"]["capped"],
+        "disk_reserve",
+        format_args!("{st}"),
+    );
     let (written, dropped) = counts(&st, "stdout");
-    assert_eq!(written + dropped, 100 << 20);
-    assert!(written < 40 << 20 && dropped > 0, "{st}");
+    c.eq(&(written + dropped), &(100 << 20), "written + dropped");
+    ensure!(c, written < 40 << 20 && dropped > 0, "{st}");
     let marker = b"the disk reserve was reached";
     let bytes = log(&root, "out-fill", "stdout.log");
-    assert!(bytes.windows(marker.len()).any(|w| w == marker));
+    ensure!(
+        c,
+        bytes.windows(marker.len()).any(|w| w == marker),
+        "bytes.windows(marker.len()).any(|w| w == marker)"
+    );
     // The other run ends with a whole final record.
+    let c = ctx(&root, "out-other");
     fs::write(&go, b"").unwrap();
     let o = other.finish(LONG);
-    assert!(o.status.success(), "{}", describe_output("out-other", &o));
+    ensure!(
+        c,
+        o.status.success(),
+        "{}",
+        describe_output("out-other", &o)
+    );
     let st = root.status("out-other");
-    assert_eq!(st["state"], "finished", "{st}");
-    assert_eq!(counts(&st, "stdout"), (3, 0));
+    c.eq(&st["state"], "finished", format_args!("{st}"));
+    c.eq(&counts(&st, "stdout"), &(3, 0), "counts(&st, \"stdout\")");
 }
 
 #[test]
 fn logs_tail_and_a_quiet_failure_show_the_last_lines() {
     let root = TestRoot::new();
+    let c = ctx(&root, "out-tail");
     let script = "for i in $(seq 1 30); do echo out$i; echo err$i >&2; done; exit 3";
     let o = run(&root, &["--quiet", "out-tail", "--", "sh", "-c", script]);
-    assert_eq!(o.status.code(), Some(3));
+    c.eq(&o.status.code(), &Some(3), "o.status.code()");
     let err = String::from_utf8_lossy(&o.stderr);
     let want: String = (21..=30).map(|i| format!("err{i}\n")).collect();
-    assert!(err.contains("the last 10 lines of its stderr"), "{err}");
-    assert!(
+    ensure!(c, err.contains("the last 10 lines of its stderr"), "{err}");
+    ensure!(
+        c,
         err.contains(
             &root
                 .run_dir("out-tail")
@@ -520,24 +611,27 @@ fn logs_tail_and_a_quiet_failure_show_the_last_lines() {
         ),
         "{err}"
     );
-    assert!(err.ends_with(&want), "{err}");
-    assert!(o.stdout.is_empty());
+    ensure!(c, err.ends_with(&want), "{err}");
+    ensure!(c, o.stdout.is_empty(), "o.stdout.is_empty()");
     let o = run(&root, &["logs", "--tail", "2", "--stderr", "out-tail"]);
-    assert_eq!(o.stdout, b"err29\nerr30\n");
+    c.eq(&o.stdout, b"err29\nerr30\n", "o.stdout");
     let o = run(&root, &["logs", "--tail", "1", "--stdout", "out-tail"]);
-    assert_eq!(o.stdout, b"out30\n");
+    c.eq(&o.stdout, b"out30\n", "o.stdout");
     let o = run(&root, &["logs", "-n", "1", "out-tail"]);
     let text = String::from_utf8_lossy(&o.stdout);
-    assert!(
+    ensure!(
+        c,
         text.contains("stdout.log <==\nout30\n") && text.contains("stderr.log <==\nerr30\n"),
         "{text}"
     );
     // A quiet run that succeeds prints nothing.
+    let c = ctx(&root, "out-ok");
     let o = run(
         &root,
         &["--quiet", "out-ok", "--", "sh", "-c", "echo e >&2"],
     );
-    assert!(
+    ensure!(
+        c,
         o.status.success() && o.stderr.is_empty(),
         "{}",
         describe_output("out-ok", &o)
@@ -547,15 +641,26 @@ fn logs_tail_and_a_quiet_failure_show_the_last_lines() {
 #[test]
 fn a_log_truncated_by_path_is_followed_again_from_its_start() {
     let root = TestRoot::new();
+    let c = ctx(&root, "out-trunc");
     let script = "echo aaaaaaaaaaaaaaaaaaaa; sleep 0.5; : > \"$AGENT_RUN_DIR/stdout.log\"; echo bb";
     let o = run(&root, &["out-trunc", "--", "sh", "-c", script]);
-    assert!(o.status.success(), "{}", describe_output("out-trunc", &o));
+    ensure!(
+        c,
+        o.status.success(),
+        "{}",
+        describe_output("out-trunc", &o)
+    );
     let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(log(&root, "out-trunc", "stdout.log"), b"bb\n");
-    assert!(
+    c.eq(
+        log(&root, "out-trunc", "stdout.log"),
+        b"bb\n",
+        "log(&root, \"out-trunc\", \"stdout.log\")",
+    );
+    ensure!(
+        c,
         o.stdout.ends_with(b"bb\n"),
         "{}",
         describe_output("out-trunc", &o)
     );
-    assert!(err.contains("stdout.log shrank"), "{err}");
+    ensure!(c, err.contains("stdout.log shrank"), "{err}");
 }

@@ -17,25 +17,18 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use agent_run_shared::pty::{self, Pty, Size};
+use agent_run_tests::facts::epoch_now;
 use agent_run_tests::{
-    agent_run_bin, describe_output, diagnostics, exit_code, proc_stat, run_with_timeout,
+    agent_run_bin, ctx, describe_output, ensure, exit_code, proc_stat, run_with_timeout,
     session_members, wait_child, wait_until, Pinned, Spawned, TestRoot, FINAL_STATES,
 };
 use serde_json::Value;
 
 /// The deadline for anything that normally takes milliseconds.
 const LONG: Duration = Duration::from_secs(20);
-
-fn epoch_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
-}
-
 /// Lines read from a pipe by a thread, each with the time it arrived.
 #[derive(Clone, Default)]
 struct Arrivals(Arc<Mutex<Vec<(f64, String)>>>);
@@ -116,64 +109,68 @@ fn a_buffering_program_shows_each_line_within_100ms_under_pty_and_not_without() 
     let (mut without, buffered) = spawn_ticks(&root, "buffered", false);
     for (child, id) in [(&mut with, "live"), (&mut without, "buffered")] {
         let st = wait_child(child, LONG);
-        assert_eq!(exit_code(&st), 0, "{}", diagnostics(&root, id));
+        ctx(&root, id).eq(&exit_code(&st), &0, "exit_code(&st)");
     }
+    let (live_run, buffered_run) = (ctx(&root, "live"), ctx(&root, "buffered"));
     let got = tick_delays(&live.lines());
-    assert_eq!(
-        got.len(),
-        4,
-        "{:?}\n{}",
-        live.lines(),
-        diagnostics(&root, "live")
-    );
+    live_run.eq(got.len(), 4, format_args!("{:?}", live.lines()));
     for (written, arrived) in &got {
         let late = arrived - written;
-        assert!(
+        ensure!(
+            live_run,
             late < 0.100,
-            "a line written at {written:.3} reached the wrapper's stdout {:.0} ms later: {got:?}\n{}",
-            late * 1000.0,
-            diagnostics(&root, "live")
+            "a line written at {written:.3} reached the wrapper's stdout {:.0} ms later: {got:?}",
+            late * 1000.0
         );
     }
     // The control: without a terminal perl buffers, and the first line comes with the last.
     let ctl = tick_delays(&buffered.lines());
-    assert_eq!(ctl.len(), 4, "{:?}", buffered.lines());
-    assert!(
+    buffered_run.eq(ctl.len(), 4, format_args!("{:?}", buffered.lines()));
+    ensure!(
+        buffered_run,
         ctl[0].1 - ctl[0].0 > 2.0,
         "without --pty the first line was not held back, so this test proves nothing: {ctl:?}"
     );
-    assert_eq!(root.status("live")["pty"], true);
-    assert_eq!(root.status("buffered")["pty"], false);
+    live_run.eq(&live_run.status()["pty"], true, "pty of the --pty run");
+    buffered_run.eq(&buffered_run.status()["pty"], false, "pty of the plain run");
 }
 
 #[test]
 fn stdout_and_stderr_keep_their_order_and_all_go_to_stdout_log() {
     let root = TestRoot::new();
+    let c = ctx(&root, "order");
     let mut cmd = root.cmd();
     cmd.args(["order", "--pty", "--", "sh", "-c"])
         .arg("for i in 1 2 3; do echo out$i; echo err$i >&2; done");
     let what = format!("{cmd:?}");
     let out = run_with_timeout(&mut cmd, LONG);
-    assert_eq!(
-        exit_code(&out.status),
-        0,
-        "{}",
-        describe_output(&what, &out)
+    c.eq(
+        &exit_code(&out.status),
+        &0,
+        format_args!("{}", describe_output(&what, &out)),
     );
     let want = b"out1\r\nerr1\r\nout2\r\nerr2\r\nout3\r\nerr3\r\n";
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(want),
-        "{}",
-        describe_output(&what, &out)
+    c.eq(
+        &String::from_utf8_lossy(&out.stdout),
+        &String::from_utf8_lossy(want),
+        format_args!("{}", describe_output(&what, &out)),
     );
     let dir = root.run_dir("order");
-    assert_eq!(std::fs::read(dir.join("stdout.log")).unwrap(), want);
-    assert_eq!(std::fs::read(dir.join("stderr.log")).unwrap(), b"");
+    c.eq(
+        std::fs::read(dir.join("stdout.log")).unwrap(),
+        want,
+        "std::fs::read(dir.join(\"stdout.log\")).unwrap()",
+    );
+    c.eq(
+        std::fs::read(dir.join("stderr.log")).unwrap(),
+        b"",
+        "std::fs::read(dir.join(\"stderr.log\")).unwrap()",
+    );
     let st = root.status("order");
-    assert_eq!(
-        (st["state"].as_str(), st["pty"].as_bool()),
-        (Some("finished"), Some(true))
+    c.eq(
+        &(st["state"].as_str(), st["pty"].as_bool()),
+        &(Some("finished"), Some(true)),
+        "(st[\"state\"].as_str(), st[\"pty\"].as_bool())",
     );
 }
 
@@ -222,6 +219,7 @@ const PERL_TERMINAL: &str = r#"$| = 1; $SIG{WINCH} = sub { print "size ", `stty 
 #[test]
 fn the_pty_is_the_controlling_terminal_has_the_callers_size_follows_it_and_gets_its_keys() {
     let root = TestRoot::new();
+    let c = ctx(&root, "term");
     let mut t = on_terminal(
         &root,
         Size {
@@ -236,20 +234,26 @@ fn the_pty_is_the_controlling_terminal_has_the_callers_size_follows_it_and_gets_
     let pid: i32 = t.out.wait_for("the workload's pid", |l| {
         l.strip_prefix("pid ")?.parse().ok()
     });
-    assert!(tty.starts_with("/dev/pts/"), "tty says {tty:?}");
-    assert!(
+    ensure!(c, tty.starts_with("/dev/pts/"), "tty says {tty:?}");
+    ensure!(
+        c,
         t.out.lines().iter().any(|(_, l)| l == "size 33 100"),
         "the pty does not have the caller's size: {:?}",
         t.out.lines()
     );
     // The terminal `tty` names is the workload's controlling terminal, and not the wrapper's.
     let rdev = std::fs::metadata(&tty).unwrap().rdev();
-    assert_eq!(tty_nr(pid), Some(rdev), "{}", diagnostics(&root, "term"));
+    c.eq(&tty_nr(pid), &Some(rdev), "tty_nr(pid)");
     let st = root.status("term");
-    assert_eq!(st["pid"], pid);
+    c.eq(&st["pid"], pid, "st[\"pid\"]");
     let (_, _, pgid, sid, _) = proc_stat(pid).unwrap();
-    assert_eq!((pgid, sid), (pid, pid));
-    assert_ne!(tty_nr(t.child.id() as i32), Some(rdev));
+    c.eq(&(pgid, sid), &(pid, pid), "(pgid, sid)");
+    ensure!(
+        c,
+        tty_nr(t.child.id() as i32) != Some(rdev),
+        "tty_nr(t.child.id() as i32) != Some(rdev): both {:?}",
+        tty_nr(t.child.id() as i32)
+    );
 
     // The caller's terminal changes size: the workload hears of it (SIGWINCH) and sees it.
     pty::set_size(
@@ -269,18 +273,18 @@ fn the_pty_is_the_controlling_terminal_has_the_callers_size_follows_it_and_gets_
     t.master.write_all(b"\x03").unwrap();
     let status = wait_child(&mut t.child, LONG);
     let st = root.wait_final("term", LONG);
-    assert_eq!(
-        (
+    c.eq(
+        &(
             st["state"].as_str(),
             st["term_signal"].as_str(),
-            exit_code(&status)
+            exit_code(&status),
         ),
-        (Some("finished"), Some("INT"), 130),
-        "{}",
-        diagnostics(&root, "term")
+        &(Some("finished"), Some("INT"), 130),
+        "( st[\"state\"].as_str(), st[\"term_signal\"].as_str(), exit_code(&status) )",
     );
     // The caller's terminal is back as it was (canonical, echoing).
-    assert!(
+    ensure!(
+        c,
         pty::is_cooked(t.master.as_fd()),
         "the caller's terminal was left raw"
     );
@@ -292,20 +296,11 @@ fn the_pty_is_the_controlling_terminal_has_the_callers_size_follows_it_and_gets_
 /// `start -d --pty ID EXTRA -- sh -c 'echo ready; exec CMD'`, then the workload's pid once it
 /// said ready.
 fn start_detached(root: &TestRoot, id: &str, extra: &[&str], cmd: &str) -> i32 {
-    let mut c = root.cmd();
-    c.args(["start", "-d", "--pty"])
-        .args(extra)
-        .arg(id)
-        .args(["--", "sh", "-c"]);
-    c.arg(format!("echo ready; exec {cmd}"));
-    let what = format!("{c:?}");
-    let out = run_with_timeout(&mut c, LONG);
-    assert_eq!(
-        exit_code(&out.status),
-        0,
-        "{}",
-        describe_output(&what, &out)
-    );
+    let mut args = vec!["start", "-d", "--pty"];
+    args.extend(extra);
+    let script = format!("echo ready; exec {cmd}");
+    args.extend([id, "--", "sh", "-c", &script]);
+    ctx(root, id).ctl(&args, 0);
     wait_ready(root, id)
 }
 
@@ -323,9 +318,10 @@ fn wait_ready(root: &TestRoot, id: &str) -> i32 {
 
 /// Everything that belongs to the run: its session, and its keeper when the journal names one.
 fn pin_run(root: &TestRoot, id: &str, sid: i32) -> Pinned {
+    let c = ctx(root, id);
     let mut pids = session_members(sid);
     pids.extend(keeper_pid(root, id));
-    assert!(!pids.is_empty(), "{}", diagnostics(root, id));
+    ensure!(c, !pids.is_empty(), "!pids.is_empty()");
     Pinned::new(&pids)
 }
 
@@ -341,46 +337,44 @@ fn keeper_pid(root: &TestRoot, id: &str) -> Option<i32> {
 /// The final record says cancelled for `reason`, with a confirmed cleanup, and nothing of the
 /// run is left: not its session, not its keeper, not a member of its cgroup.
 fn assert_stopped(root: &TestRoot, id: &str, sid: i32, pinned: &Pinned, reason: &str) -> Value {
+    let c = ctx(root, id);
     let st = root.wait_final(id, LONG);
-    assert_eq!(
-        (st["state"].as_str(), st["reason"].as_str()),
-        (Some("cancelled"), Some(reason)),
-        "{}",
-        diagnostics(root, id)
+    c.eq(
+        &(st["state"].as_str(), st["reason"].as_str()),
+        &(Some("cancelled"), Some(reason)),
+        "(st[\"state\"].as_str(), st[\"reason\"].as_str())",
     );
-    assert_eq!(
-        st["cleanup"]["survivors"],
-        serde_json::json!([]),
-        "{}",
-        diagnostics(root, id)
+    c.eq(
+        &st["cleanup"]["survivors"],
+        &serde_json::json!([]),
+        "st[\"cleanup\"][\"survivors\"]",
     );
     if let Err(alive) = pinned.wait_all_gone(LONG) {
-        panic!("still alive: {alive:?}\n{}", diagnostics(root, id));
+        c.fail(format_args!("still alive: {alive:?}"));
     }
-    assert_eq!(
-        session_members(sid),
-        Vec::<i32>::new(),
-        "{}",
-        diagnostics(root, id)
+    c.eq(
+        &session_members(sid),
+        &Vec::<i32>::new(),
+        "session_members(sid)",
     );
     if let Some(cg) = st["containment"]["cgroup"].as_str() {
         let procs = std::fs::read_to_string(format!("{cg}/cgroup.procs")).unwrap_or_default();
-        assert!(procs.trim().is_empty(), "cgroup {cg} holds {procs}");
+        ensure!(c, procs.trim().is_empty(), "cgroup {cg} holds {procs}");
     }
-    assert_eq!(st["pty"], true);
+    c.eq(&st["pty"], true, "st[\"pty\"]");
     st
 }
 
 fn cancel(root: &TestRoot, id: &str) {
-    let mut c = root.cmd();
-    c.args(["cancel", id]);
-    let what = format!("{c:?}");
-    let out = run_with_timeout(&mut c, LONG);
-    assert_eq!(
-        exit_code(&out.status),
-        0,
-        "{}",
-        describe_output(&what, &out)
+    let c = ctx(root, id);
+    let mut cmd = root.cmd();
+    cmd.args(["cancel", id]);
+    let what = format!("{cmd:?}");
+    let out = run_with_timeout(&mut cmd, LONG);
+    c.eq(
+        &exit_code(&out.status),
+        &0,
+        format_args!("{}", describe_output(&what, &out)),
     );
 }
 
@@ -419,15 +413,16 @@ fn an_interactive_bash_under_pty_is_cancelled_like_one_without() {
         .iter()
         .filter_map(Value::as_str)
         .collect();
-    assert!(
+    ensure!(
+        ctx(&root, "bash"),
         signals.len() > 1,
-        "bash -i ignores TERM, so TERM alone cannot have stopped it: {signals:?}\n{}",
-        diagnostics(&root, "bash")
+        "bash -i ignores TERM, so TERM alone cannot have stopped it: {signals:?}"
     );
 }
 
 /// A foreground pty run whose wrapper is SIGKILLed; returns (workload pid, its pinned tree).
 fn orphaned_pty_run(root: &TestRoot, id: &str) -> (i32, Pinned) {
+    let c = ctx(root, id);
     let w = Spawned::wrapper(
         root,
         &[id, "--pty", "--", "sh", "-c", "echo ready; exec sleep 300"],
@@ -436,7 +431,11 @@ fn orphaned_pty_run(root: &TestRoot, id: &str) -> (i32, Pinned) {
     let pinned = pin_run(root, id, pid);
     w.signal(libc::SIGKILL);
     let out = w.finish(LONG);
-    assert_eq!(out.status.signal_number(), Some(libc::SIGKILL));
+    c.eq(
+        &out.status.signal_number(),
+        &Some(libc::SIGKILL),
+        "out.status.signal_number()",
+    );
     (pid, pinned)
 }
 
@@ -454,25 +453,29 @@ impl SignalNumber for std::process::ExitStatus {
 #[test]
 fn a_pty_run_whose_wrapper_was_killed_is_stopped_by_the_watchdog_and_leaves_nothing() {
     let root = TestRoot::new();
+    let c = ctx(&root, "wd");
     let (pid, pinned) = orphaned_pty_run(&root, "wd");
     // The output path does not depend on the wrapper: the workload still runs, on its pty.
-    assert!(
+    ensure!(
+        c,
         pinned.alive().contains(&pid),
-        "{}",
-        diagnostics(&root, "wd")
+        "pinned.alive().contains(&pid)"
     );
-    let mut c = root.watchdog_cmd();
-    c.args(["--once", "--orphan-grace", "0s"]);
-    let what = format!("{c:?}");
-    let out = run_with_timeout(&mut c, LONG);
-    assert_eq!(
-        exit_code(&out.status),
-        0,
-        "{}",
-        describe_output(&what, &out)
+    let mut cmd = root.watchdog_cmd();
+    cmd.args(["--once", "--orphan-grace", "0s"]);
+    let what = format!("{cmd:?}");
+    let out = run_with_timeout(&mut cmd, LONG);
+    c.eq(
+        &exit_code(&out.status),
+        &0,
+        format_args!("{}", describe_output(&what, &out)),
     );
     let st = root.wait_final("wd", LONG);
-    assert!(FINAL_STATES.contains(&st["state"].as_str().unwrap()));
+    ensure!(
+        c,
+        FINAL_STATES.contains(&st["state"].as_str().unwrap()),
+        "FINAL_STATES.contains(&st[\"state\"].as_str().unwrap())"
+    );
     assert_stopped(
         &root,
         "wd",
@@ -485,11 +488,12 @@ fn a_pty_run_whose_wrapper_was_killed_is_stopped_by_the_watchdog_and_leaves_noth
 #[test]
 fn a_pty_run_whose_wrapper_was_killed_is_stopped_by_cancel_and_leaves_nothing() {
     let root = TestRoot::new();
+    let c = ctx(&root, "wc");
     let (pid, pinned) = orphaned_pty_run(&root, "wc");
-    assert!(
+    ensure!(
+        c,
         pinned.alive().contains(&pid),
-        "{}",
-        diagnostics(&root, "wc")
+        "pinned.alive().contains(&pid)"
     );
     cancel(&root, "wc");
     assert_stopped(&root, "wc", pid, &pinned, "cancel_request");
@@ -497,11 +501,12 @@ fn a_pty_run_whose_wrapper_was_killed_is_stopped_by_cancel_and_leaves_nothing() 
 
 /// The keeper's pid from the journal, checked against /proc (it is `agent-run __keep`), pinned.
 fn pinned_keeper(root: &TestRoot, id: &str) -> (i32, Pinned) {
-    let k = keeper_pid(root, id)
-        .unwrap_or_else(|| panic!("no keeper_started\n{}", diagnostics(root, id)));
+    let c = ctx(root, id);
+    let k = keeper_pid(root, id).unwrap_or_else(|| c.fail("no keeper_started"));
     let pinned = Pinned::new(&[k]);
     let cmdline = std::fs::read(format!("/proc/{k}/cmdline")).unwrap_or_default();
-    assert!(
+    ensure!(
+        c,
         cmdline.split(|&b| b == 0).any(|w| w == b"__keep"),
         "pid {k} is not the keeper: {:?}",
         String::from_utf8_lossy(&cmdline)
@@ -512,6 +517,7 @@ fn pinned_keeper(root: &TestRoot, id: &str) -> (i32, Pinned) {
 #[test]
 fn a_dead_keeper_stops_the_pty_run_with_a_reason_and_leaves_nothing() {
     let root = TestRoot::new();
+    let c = ctx(&root, "kl");
     let w = Spawned::wrapper(
         &root,
         &[
@@ -529,13 +535,18 @@ fn a_dead_keeper_stops_the_pty_run_with_a_reason_and_leaves_nothing() {
     keeper.signal(k, libc::SIGKILL).unwrap();
     let out = w.finish(LONG);
     let st = assert_stopped(&root, "kl", pid, &pinned, "keeper_lost");
-    assert_eq!(exit_code(&out.status), 143, "{st}");
-    assert!(
+    c.eq(&exit_code(&out.status), &143, format_args!("{st}"));
+    ensure!(
+        c,
         String::from_utf8_lossy(&out.stderr).contains("output keeper"),
         "the wrapper did not say why: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(root.event_names("kl").contains(&"keeper_lost".to_string()));
+    ensure!(
+        c,
+        root.event_names("kl").contains(&"keeper_lost".to_string()),
+        "root.event_names(\"kl\").contains(&\"keeper_lost\".to_string())"
+    );
 }
 
 #[test]
@@ -543,28 +554,32 @@ fn closing_the_master_hangs_up_the_session_with_no_one_left_to_stop_it() {
     // The wrapper is SIGKILLed, then the keeper: the last descriptor of the master is closed
     // and the kernel hangs up the pty. SIGHUP reaches the session, which ends by itself.
     let root = TestRoot::new();
+    let c = ctx(&root, "hup");
     let (pid, pinned) = orphaned_pty_run(&root, "hup");
     let (k, keeper) = pinned_keeper(&root, "hup");
     keeper.signal(k, libc::SIGKILL).unwrap();
     if let Err(alive) = pinned.wait_all_gone(LONG) {
-        panic!(
-            "the session outlived its pty's master: {alive:?}\n{}",
-            diagnostics(&root, "hup")
-        );
+        c.fail(format_args!(
+            "the session outlived its pty's master: {alive:?}"
+        ));
     }
-    assert_eq!(session_members(pid), Vec::<i32>::new());
+    c.eq(
+        &session_members(pid),
+        &Vec::<i32>::new(),
+        "session_members(pid)",
+    );
     // Nobody stopped it, so nobody can claim a cleanup: the record says what is known.
-    let mut c = root.cmd();
-    c.args(["cancel", "hup"]);
-    let out = run_with_timeout(&mut c, LONG);
-    assert_eq!(
-        exit_code(&out.status),
-        0,
-        "{}",
-        describe_output("cancel", &out)
+    let mut cmd = root.cmd();
+    cmd.args(["cancel", "hup"]);
+    let out = run_with_timeout(&mut cmd, LONG);
+    c.eq(
+        &exit_code(&out.status),
+        &0,
+        format_args!("{}", describe_output("cancel", &out)),
     );
     let st = root.wait_final("hup", LONG);
-    assert!(
+    ensure!(
+        c,
         ["unknown", "cancelled"].contains(&st["state"].as_str().unwrap_or("")),
         "{st}"
     );

@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
 use std::io::{self, Write};
 use std::os::unix::fs::{symlink, DirBuilderExt, OpenOptionsExt, PermissionsExt};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,9 +44,9 @@ use agent_run_tests::wait_run;
 use agent_run_tests::workload::{fx_args, start_argv};
 use agent_run_tests::Reaper;
 use agent_run_tests::{
-    agent_run_bin, describe_output, diagnostics, exit_code, fixture_bin, parse_ready, proc_stat,
-    processes_with_env, run_with_timeout, wait_child, watchdog_bin, Pinned, Ready, Spawned,
-    TestRoot, FINAL_STATES, RECORD_KEYS,
+    agent_run_bin, ctx, describe_output, diagnostics, ensure, exit_code, fixture_bin, parse_ready,
+    proc_stat, processes_with_env, run_with_timeout, wait_child, watchdog_bin, Pinned, Ready,
+    Spawned, TestRoot, FINAL_STATES, RECORD_KEYS,
 };
 use serde_json::Value;
 
@@ -63,31 +63,6 @@ const CMD: Duration = Duration::from_secs(90);
 // ---------------------------------------------------------------------------------------------
 // Assertions that explain themselves
 
-/// `assert!` whose failure message carries the run's diagnostics.
-macro_rules! ensure {
-    ($root:expr, $id:expr, $cond:expr, $($fmt:tt)+) => {
-        if !$cond {
-            panic!("{}\n{}", format!($($fmt)+), diagnostics(&$root, $id));
-        }
-    };
-}
-
-/// `assert_eq!` whose failure message carries the run's diagnostics.
-macro_rules! ensure_eq {
-    ($root:expr, $id:expr, $left:expr, $right:expr, $($fmt:tt)+) => {{
-        let (left, right) = (&$left, &$right);
-        if left != right {
-            panic!(
-                "{}\n  left: {:?}\n right: {:?}\n{}",
-                format!($($fmt)+),
-                left,
-                right,
-                diagnostics(&$root, $id)
-            );
-        }
-    }};
-}
-
 // ---------------------------------------------------------------------------------------------
 // Commands
 
@@ -100,13 +75,13 @@ fn agent_run(root: &TestRoot) -> Command {
 
 /// Runs `agent-run --root <root> ARGS...` to completion and checks its exit code.
 fn ctl<S: AsRef<str>>(root: &TestRoot, id: &str, args: &[S], want: i32) -> Output {
+    let c = ctx(root, id);
     let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
     let what = format!("agent-run {}", args.join(" "));
     let out = run_with_timeout(agent_run(root).args(&args), CMD);
     let code = exit_code(&out.status);
     ensure!(
-        root,
-        id,
+        c,
         code == want,
         "{what} exited {code}, not {want}\n{}",
         describe_output(&what, &out)
@@ -116,14 +91,14 @@ fn ctl<S: AsRef<str>>(root: &TestRoot, id: &str, args: &[S], want: i32) -> Outpu
 
 /// `agent-run-watchdog --root <root> --once --orphan-grace 0`, checked to exit 0.
 fn watchdog_once(root: &TestRoot, id: &str) -> Output {
+    let c = ctx(root, id);
     let what = "agent-run-watchdog --once --orphan-grace 0";
     let mut cmd = root.watchdog_cmd();
     cmd.env_remove(fault::ENV)
         .args(["--once", "--orphan-grace", "0"]);
     let out = run_with_timeout(&mut cmd, CMD);
     ensure!(
-        root,
-        id,
+        c,
         out.status.success(),
         "{what} failed\n{}",
         describe_output(what, &out)
@@ -133,12 +108,12 @@ fn watchdog_once(root: &TestRoot, id: &str) -> Output {
 
 /// The whole stdout of a command as one JSON document.
 fn json_doc(root: &TestRoot, id: &str, what: &str, out: &Output) -> Value {
+    let c = ctx(root, id);
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "the stdout of {what} is not one JSON document: {e}\n{}\n{}",
-            describe_output(what, out),
-            diagnostics(root, id)
-        )
+        c.fail(format_args!(
+            "the stdout of {what} is not one JSON document: {e}\n{}",
+            describe_output(what, out)
+        ))
     })
 }
 
@@ -147,19 +122,15 @@ fn json_doc(root: &TestRoot, id: &str, what: &str, out: &Output) -> Value {
 
 /// status.json if it exists; a file that exists but is not one whole record fails the test.
 fn observe(root: &TestRoot, id: &str, when: &str) -> Option<Value> {
+    let c = ctx(root, id);
     let path = root.run_dir(id).join("status.json");
     match fs::read_to_string(&path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(e) => panic!(
-            "{when}: cannot read {}: {e}\n{}",
-            path.display(),
-            diagnostics(root, id)
-        ),
+        Err(e) => c.fail(format_args!("{when}: cannot read {}: {e}", path.display())),
         Ok(text) => Some(serde_json::from_str(&text).unwrap_or_else(|e| {
-            panic!(
-                "{when}: status.json is not a whole document ({e}): {text:?}\n{}",
-                diagnostics(root, id)
-            )
+            c.fail(format_args!(
+                "{when}: status.json is not a whole document ({e}): {text:?}"
+            ))
         })),
     }
 }
@@ -211,6 +182,7 @@ impl Tree {
 
 /// Waits for the ready line and pins the tree; every pid must be alive then.
 fn pin_tree(root: &TestRoot, id: &str) -> Tree {
+    let c = ctx(root, id);
     let ready = wait_ready_line(root, id);
     let leader = Pinned::new(&[ready.pid]);
     let members = Pinned::new(&ready.members);
@@ -225,12 +197,10 @@ fn pin_tree(root: &TestRoot, id: &str) -> Tree {
         members,
         pgid_of,
     };
-    ensure_eq!(
-        root,
-        id,
-        tree.alive(),
-        sorted(tree.all()),
-        "the tree right after its ready line"
+    c.eq(
+        &tree.alive(),
+        &sorted(tree.all()),
+        "the tree right after its ready line",
     );
     tree
 }
@@ -242,22 +212,20 @@ fn sorted(mut v: Vec<i32>) -> Vec<i32> {
 
 /// Waits (one deadline) until every pinned process is gone.
 fn wait_gone(root: &TestRoot, id: &str, pins: &Pinned, what: &str) {
+    let c = ctx(root, id);
     if let Err(alive) = pins.wait_all_gone(T) {
         let stats: Vec<_> = alive.iter().map(|&p| (p, proc_stat(p))).collect();
-        panic!(
-            "{what}: still alive after {T:?}: {stats:?}\n{}",
-            diagnostics(root, id)
-        );
+        c.fail(format_args!("{what}: still alive after {T:?}: {stats:?}"));
     }
 }
 
 /// Asserts that no live process carries the run's marker.
 fn assert_no_strays(root: &TestRoot, id: &str, when: &str) {
+    let c = ctx(root, id);
     let strays = marked(&root.run_dir(id));
     let stats: Vec<_> = strays.iter().map(|&p| (p, proc_stat(p))).collect();
     ensure!(
-        root,
-        id,
+        c,
         strays.is_empty(),
         "{when}: processes carrying the run's marker are alive: {stats:?}"
     );
@@ -378,17 +346,17 @@ struct Detached {
 
 /// `agent-run start --detach OPTS... ID -- COMMAND...`, checked: exit 0, state running.
 fn start_detached(root: &TestRoot, id: &str, opts: &[&str], command: &[String]) -> Detached {
+    let c = ctx(root, id);
     let mut all = vec!["--detach"];
     all.extend(opts);
     let out = ctl(root, id, &start_argv(&all, id, command), 0);
     let line = json_doc(root, id, "start --detach", &out);
-    ensure_eq!(root, id, line["state"], "running", "the detach line");
+    c.eq(&line["state"], "running", "the detach line");
     let st = observe(root, id, "after start --detach").expect("a record after start --detach");
     let wrapper = st["wrapper_pid"].as_i64().unwrap_or(0) as i32;
     let leader = line["pid"].as_i64().unwrap_or(0) as i32;
     ensure!(
-        root,
-        id,
+        c,
         wrapper > 0 && leader > 0,
         "no wrapper or leader pid: {line}"
     );
@@ -624,23 +592,20 @@ fn wrapper_killed_at(point: &str, finisher: Finisher) {
     let FaultRun {
         root, id, watch, ..
     } = run;
+    let c = ctx(&root, &id);
     let seen = watch.finish();
     ensure!(
-        root,
-        &id,
+        c,
         seen.partial.is_empty(),
         "status.json was seen partial {} times in {} reads: {:?}",
         seen.partial.len(),
         seen.reads,
         seen.partial.first()
     );
-    ensure_eq!(
-        root,
-        &id,
-        seen.states.last(),
-        Some(&state),
-        "the last state the watcher saw (all: {:?})",
-        seen.states
+    c.eq(
+        &seen.states.last(),
+        &Some(&state),
+        format_args!("the last state the watcher saw (all: {:?})", seen.states),
     );
 }
 
@@ -667,13 +632,13 @@ impl FaultRun {
         }
         let what = wrapper.what.clone();
         let out = wrapper.finish(CMD);
-        ensure_eq!(
-            root,
-            id,
-            out.status.signal(),
-            Some(libc::SIGKILL),
-            "the wrapper must die of SIGKILL at {point}\n{}",
-            describe_output(&what, &out)
+        ctx(root, id).eq(
+            &out.status.signal(),
+            &Some(libc::SIGKILL),
+            format_args!(
+                "the wrapper must die of SIGKILL at {point}\n{}",
+                describe_output(&what, &out)
+            ),
         );
         wait_gone(root, id, &wrapper_pin, "the wrapper");
         if self.case.left == Left::WholeTree {
@@ -687,12 +652,10 @@ impl FaultRun {
         let (root, id, point) = (&self.root, self.id.as_str(), self.case.point);
         let dir = root.run_dir(id);
         let left_behind = observe(root, id, "right after the fault");
-        ensure_eq!(
-            root,
-            id,
-            left_behind.as_ref().map(|st| st["state"].clone()),
-            self.case.at_fault.map(Value::from),
-            "the record the wrapper left at {point}"
+        ctx(root, id).eq(
+            &left_behind.as_ref().map(|st| st["state"].clone()),
+            &self.case.at_fault.map(Value::from),
+            format_args!("the record the wrapper left at {point}"),
         );
         if point == "mid_record_write" {
             self.check_half_written_temp_record();
@@ -700,8 +663,7 @@ impl FaultRun {
         match self.case.left {
             Left::NothingSpawned => {
                 ensure!(
-                    root,
-                    id,
+                    ctx(root, id),
                     marked(&dir).is_empty() && !dir.join("stdout.log").exists(),
                     "nothing was spawned, yet the run has processes or a workload log"
                 );
@@ -710,12 +672,10 @@ impl FaultRun {
             Left::Members => {
                 let t = tree.expect("a pinned tree");
                 wait_gone(root, id, &t.leader, "the leader after the first TERM");
-                ensure_eq!(
-                    root,
-                    id,
-                    sorted(t.members.alive()),
-                    sorted(t.ready.members.clone()),
-                    "the members ignore TERM and HUP and must outlive the wrapper"
+                ctx(root, id).eq(
+                    &sorted(t.members.alive()),
+                    &sorted(t.ready.members.clone()),
+                    "the members ignore TERM and HUP and must outlive the wrapper",
                 );
             }
             Left::NothingAfterStop => {
@@ -737,15 +697,13 @@ impl FaultRun {
             .filter(|n| n.starts_with(".status.json.") && n.ends_with(".tmp"))
             .collect();
         ensure!(
-            root,
-            id,
+            ctx(root, id),
             halves.len() == 1,
             "one half-written temp record expected, found {halves:?}"
         );
         let half = fs::read_to_string(dir.join(&halves[0])).unwrap_or_default();
         ensure!(
-            root,
-            id,
+            ctx(root, id),
             !half.is_empty() && serde_json::from_str::<Value>(&half).is_err(),
             "the temp record should hold half a document: {half:?}"
         );
@@ -764,8 +722,7 @@ impl FaultRun {
                     // A record-less dir this young may be a launch in progress: left alone.
                     watchdog_once(root, id);
                     ensure!(
-                        root,
-                        id,
+                        ctx(root, id),
                         observe(root, id, "after a watchdog pass on a young dir").is_none(),
                         "the watchdog wrote a record for a run dir seconds old"
                     );
@@ -786,43 +743,39 @@ impl FaultRun {
         alive_before: &[i32],
     ) -> String {
         let (root, id) = (&self.root, self.id.as_str());
-        let st = observe(root, id, "after the finisher").unwrap_or_else(|| {
-            panic!(
-                "no status.json after the finisher\n{}",
-                diagnostics(root, id)
-            )
-        });
+        let st = observe(root, id, "after the finisher")
+            .unwrap_or_else(|| ctx(root, id).fail("no status.json after the finisher"));
         for key in RECORD_KEYS {
-            ensure!(root, id, st.get(key).is_some(), "the record has no {key:?}");
+            ensure!(
+                ctx(root, id),
+                st.get(key).is_some(),
+                "the record has no {key:?}"
+            );
         }
-        ensure_eq!(root, id, st["run_id"], id, "run_id");
+        ctx(root, id).eq(&st["run_id"], id, "run_id");
         let state = st["state"].as_str().unwrap_or_default();
         if let Some(p) = printed {
             for key in ["state", "reason", "ended_at", "cleanup"] {
-                ensure_eq!(root, id, p[key], st[key], "cancel's printed {key}");
+                ctx(root, id).eq(&p[key], &st[key], format_args!("cancel's printed {key}"));
             }
         }
         let survivors: Vec<i32> = tree.map(Tree::alive).unwrap_or_default();
         ensure!(
-            root,
-            id,
+            ctx(root, id),
             survivors.is_empty(),
             "the record is final ({state}) but pids {survivors:?} of the run are alive"
         );
         assert_no_strays(root, id, "after the final record");
         ensure!(
-            root,
-            id,
+            ctx(root, id),
             cleanup_pids(&st, "survivors").is_empty(),
             "survivors listed in the final record"
         );
         if alive_before.is_empty() {
-            ensure_eq!(
-                root,
-                id,
-                (state, st["reason"].as_str()),
-                ("unknown", Some("wrapper_lost")),
-                "nothing of the run remained: the outcome is unknown"
+            ctx(root, id).eq(
+                &(state, st["reason"].as_str()),
+                &("unknown", Some("wrapper_lost")),
+                "nothing of the run remained: the outcome is unknown",
             );
         } else {
             // The reason is the finisher's, or the one the dead wrapper's stop began with.
@@ -831,8 +784,7 @@ impl FaultRun {
                 _ => vec![self.finisher.reason()],
             };
             ensure!(
-                root,
-                id,
+                ctx(root, id),
                 state == "cancelled" && st["reason"].as_str().is_some_and(|r| reasons.contains(&r)),
                 "processes remained and were stopped: the run is cancelled ({reasons:?}), not \
                  {state} ({})",
@@ -844,14 +796,12 @@ impl FaultRun {
                 .filter(|p| !signalled.contains(p))
                 .collect();
             ensure!(
-                root,
-                id,
+                ctx(root, id),
                 missing.is_empty(),
                 "cleanup.signalled {signalled:?} lacks {missing:?}, alive before the finisher"
             );
             ensure!(
-                root,
-                id,
+                ctx(root, id),
                 cleanup_signals(&st).iter().any(|s| s == "KILL"),
                 "TERM and HUP ignorers need KILL: cleanup.signals {:?}",
                 cleanup_signals(&st)
@@ -859,8 +809,7 @@ impl FaultRun {
         }
         if self.case.point == "after_run_dir" {
             ensure!(
-                root,
-                id,
+                ctx(root, id),
                 st["pid"].is_null() && st["error"].as_str().is_some_and(|e| !e.is_empty()),
                 "a lost launch is recorded whole: no pid, and an error saying why"
             );
@@ -876,13 +825,11 @@ impl FaultRun {
         let role = self.finisher.role();
         let events = root.events(id);
         let finals = final_state_events(&events);
-        ensure_eq!(root, id, finals.len(), 1, "transitions to a final state");
-        ensure_eq!(
-            root,
-            id,
-            (finals[0]["by"].as_str(), finals[0]["to"].as_str()),
-            (Some(role), Some(state)),
-            "the final transition"
+        ctx(root, id).eq(&finals.len(), &1, "transitions to a final state");
+        ctx(root, id).eq(
+            &(finals[0]["by"].as_str(), finals[0]["to"].as_str()),
+            &(Some(role), Some(state)),
+            "the final transition",
         );
         let takeovers: Vec<Option<&str>> = named(&events, "takeover")
             .iter()
@@ -894,21 +841,19 @@ impl FaultRun {
         } else {
             vec![Some(role)]
         };
-        ensure_eq!(root, id, takeovers, want, "takeover events");
+        ctx(root, id).eq(&takeovers, &want, "takeover events");
         let wrapper_marks = marks(&events_by(&events, "wrapper"));
         let (must, must_not) = wrapper_journal_rules(point);
         for m in must {
             ensure!(
-                root,
-                id,
+                ctx(root, id),
                 wrapper_marks.contains(*m),
                 "the wrapper's journal lacks {m:?} at {point}: {wrapper_marks:?}"
             );
         }
         for m in must_not {
             ensure!(
-                root,
-                id,
+                ctx(root, id),
                 !wrapper_marks.contains(*m),
                 "the wrapper's journal has {m:?}, yet it died at {point}: {wrapper_marks:?}"
             );
@@ -918,14 +863,13 @@ impl FaultRun {
             let stepped = named(&events, "signal").iter().any(|e| {
                 e["by"] == "wrapper" && e["signal"] == "HUP" && e["at_ms"].as_u64() >= Some(500)
             });
-            ensure!(root, id, stepped, "no HUP from the wrapper's HUP step");
+            ensure!(ctx(root, id), stepped, "no HUP from the wrapper's HUP step");
         }
         if let Some(t) = tree {
             for &pid in alive_before {
                 let pgid = t.pgid_of.get(&pid).copied().unwrap_or(pid);
                 ensure!(
-                    root,
-                    id,
+                    ctx(root, id),
                     signalled_in_journal(&events, role, pid, pgid),
                     "the journal names no signal from {role} to {pid}"
                 );
@@ -1036,27 +980,27 @@ fn small_tmpfs(root: &TestRoot) -> Option<SmallTmpfs> {
 /// Writes `path` until the filesystem says ENOSPC, then checks that a new file cannot get a
 /// single byte: the filesystem is full.
 fn fill_the_disk(root: &TestRoot, id: &str, path: &Path) {
+    let c = ctx(root, id);
     let mut f = fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(path)
-        .unwrap_or_else(|e| panic!("cannot create {}: {e}", path.display()));
+        .unwrap_or_else(|e| c.fail(format_args!("cannot create {}: {e}", path.display())));
     let chunk = vec![0x5au8; 4096];
     loop {
         match f.write(&chunk) {
             Ok(0) => break,
             Ok(_) => {}
             Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
-            Err(e) => panic!("cannot fill {}: {e}", path.display()),
+            Err(e) => c.fail(format_args!("cannot fill {}: {e}", path.display())),
         }
     }
     let probe = path.with_extension("probe");
     let full = fs::File::create(&probe).and_then(|mut p| p.write_all(&chunk));
     let _ = fs::remove_file(&probe);
     ensure!(
-        root,
-        id,
+        c,
         full.as_ref().err().and_then(io::Error::raw_os_error) == Some(libc::ENOSPC),
         "the filesystem is not full after filling it: {full:?}"
     );
@@ -1065,17 +1009,16 @@ fn fill_the_disk(root: &TestRoot, id: &str, path: &Path) {
 /// Asserts that an error report on a full disk is agent-run's, names status.json, and says
 /// ENOSPC.
 fn assert_enospc_reported(root: &TestRoot, id: &str, what: &str, out: &Output) {
+    let c = ctx(root, id);
     let stderr = String::from_utf8_lossy(&out.stderr);
     ensure!(
-        root,
-        id,
+        c,
         stderr.contains("No space left on device") && stderr.contains("status.json"),
         "{what} must say that status.json could not be written (No space left on device)\n{}",
         describe_output(what, out)
     );
     ensure!(
-        root,
-        id,
+        c,
         stderr
             .lines()
             .filter(|l| !l.trim().is_empty())
@@ -1093,6 +1036,7 @@ fn a_full_disk_does_not_keep_a_cancelled_tree_alive_and_a_later_cancel_finishes_
         return;
     };
     let id = "rel-disk-cancel";
+    let c = ctx(&root, id);
     let watch = RecordWatch::start(root.run_dir(id).join("status.json"));
     let run = start_detached(&root, id, &["--grace", "1s"], &fx_args(&PLAIN_TREE));
     let tree = pin_tree(&root, id);
@@ -1104,19 +1048,17 @@ fn a_full_disk_does_not_keep_a_cancelled_tree_alive_and_a_later_cancel_finishes_
     // The tree is stopped whether or not any record can be written.
     for (pins, part) in [(&tree.leader, "leader"), (&tree.members, "members")] {
         if let Err(alive) = pins.wait_all_gone(T) {
-            panic!(
-                "the {part} {alive:?} of the run outlived a cancel on a full disk by {T:?}\n{}\n{}",
-                describe_output(&what, &out),
-                diagnostics(&root, id)
-            );
+            c.fail(format_args!(
+                "the {part} {alive:?} of the run outlived a cancel on a full disk by {T:?}\n{}",
+                describe_output(&what, &out)
+            ));
         }
     }
     let st = observe(&root, id, "after the cancel on a full disk").expect("status.json");
     let state = st["state"].as_str().unwrap_or_default();
     if out.status.success() {
         ensure!(
-            root,
-            id,
+            c,
             FINAL_STATES.contains(&state),
             "cancel exited 0 but the record is {state}\n{}",
             describe_output(&what, &out)
@@ -1124,8 +1066,7 @@ fn a_full_disk_does_not_keep_a_cancelled_tree_alive_and_a_later_cancel_finishes_
     } else {
         assert_enospc_reported(&root, id, &what, &out);
         ensure!(
-            root,
-            id,
+            c,
             ["running", "cancelling"].contains(&state) || FINAL_STATES.contains(&state),
             "the record after a failed write is {state}"
         );
@@ -1135,36 +1076,26 @@ fn a_full_disk_does_not_keep_a_cancelled_tree_alive_and_a_later_cancel_finishes_
     let out = ctl(&root, id, &["cancel", id], 0);
     let printed = json_doc(&root, id, "cancel", &out);
     let st = observe(&root, id, "after the cancel with space").expect("status.json");
-    ensure_eq!(
-        root,
-        id,
-        printed["state"],
-        st["state"],
-        "cancel's printed state"
-    );
+    c.eq(&printed["state"], &st["state"], "cancel's printed state");
     let outcome = (
         st["state"].as_str().unwrap_or_default(),
         st["reason"].as_str().unwrap_or_default(),
     );
     ensure!(
-        root,
-        id,
+        c,
         [("cancelled", "cancel_request"), ("unknown", "wrapper_lost")].contains(&outcome),
         "the final record of a run stopped on a full disk: {outcome:?}"
     );
     wait_gone(&root, id, &run.wrapper_pin, "the wrapper");
     assert_no_strays(&root, id, "after the final record");
-    ensure_eq!(
-        root,
-        id,
-        final_state_events(&root.events(id)).len(),
-        1,
-        "transitions to a final state"
+    c.eq(
+        &final_state_events(&root.events(id)).len(),
+        &1,
+        "transitions to a final state",
     );
     let seen = watch.finish();
     ensure!(
-        root,
-        id,
+        c,
         seen.partial.is_empty(),
         "status.json was seen partial: {:?}",
         seen.partial
@@ -1195,8 +1126,7 @@ fn term_to_the_wrapper_on_a_full_disk_stops_the_tree_and_exits_non_zero_naming_t
     let what = wrapper.what.clone();
     let out = wrapper.finish(CMD);
     ensure!(
-        root,
-        id,
+        ctx(&root, id),
         out.status.code().is_some_and(|c| c != 0),
         "the wrapper must exit non-zero when it cannot write the final record\n{}",
         describe_output(&what, &out)
@@ -1205,8 +1135,7 @@ fn term_to_the_wrapper_on_a_full_disk_stops_the_tree_and_exits_non_zero_naming_t
     // It returned after its stop: nothing of the tree may be alive now.
     let alive = tree.alive();
     ensure!(
-        root,
-        id,
+        ctx(&root, id),
         alive.is_empty(),
         "the wrapper returned but {alive:?} of its tree are alive\n{}",
         describe_output(&what, &out)
@@ -1214,8 +1143,7 @@ fn term_to_the_wrapper_on_a_full_disk_stops_the_tree_and_exits_non_zero_naming_t
     wait_gone(&root, id, &wrapper_pin, "the wrapper");
     let st = observe(&root, id, "after the wrapper failed to write").expect("status.json");
     ensure!(
-        root,
-        id,
+        ctx(&root, id),
         ["running", "cancelling"].contains(&st["state"].as_str().unwrap_or_default()),
         "on a full disk the old record stays: {}",
         st["state"]
@@ -1224,25 +1152,20 @@ fn term_to_the_wrapper_on_a_full_disk_stops_the_tree_and_exits_non_zero_naming_t
     fs::remove_file(&filler).expect("cannot remove the filler");
     watchdog_once(&root, id);
     let st = observe(&root, id, "after the watchdog").expect("status.json");
-    ensure_eq!(
-        root,
-        id,
-        (st["state"].as_str(), st["reason"].as_str()),
-        (Some("unknown"), Some("wrapper_lost")),
-        "nothing was left to stop, and no record says how the run ended"
+    ctx(&root, id).eq(
+        &(st["state"].as_str(), st["reason"].as_str()),
+        &(Some("unknown"), Some("wrapper_lost")),
+        "nothing was left to stop, and no record says how the run ended",
     );
     assert_no_strays(&root, id, "after the final record");
-    ensure_eq!(
-        root,
-        id,
-        final_state_events(&root.events(id)).len(),
-        1,
-        "transitions to a final state"
+    ctx(&root, id).eq(
+        &final_state_events(&root.events(id)).len(),
+        &1,
+        "transitions to a final state",
     );
     let seen = watch.finish();
     ensure!(
-        root,
-        id,
+        ctx(&root, id),
         seen.partial.is_empty(),
         "status.json was seen partial: {:?}",
         seen.partial
@@ -1282,6 +1205,7 @@ impl LoadRun {
 /// record's start time, so the pin is the leader and not a reused pid).
 fn launch_load_run(root: &TestRoot, i: usize) -> LoadRun {
     let id = format!("rel-load-{i:03}");
+    let c = ctx(root, &id);
     let cancelled = i % 2 == 0;
     let command = if cancelled {
         fx_args(&["tree", "--children", "1"])
@@ -1303,8 +1227,7 @@ fn launch_load_run(root: &TestRoot, i: usize) -> LoadRun {
     let wrapper_pin = Pinned::new(&[wrapper]);
     let ticks = proc_stat(leader).map(|s| s.4);
     ensure!(
-        root,
-        &id,
+        c,
         ticks.is_none() || ticks == st["start_ticks"].as_u64(),
         "pid {leader} is not the run's leader any more (start ticks {ticks:?})"
     );
@@ -1360,7 +1283,7 @@ fn two_hundred_concurrent_runs_half_cancelled_by_three_cancellers_each_end_with_
     // Pin every member of the cancelled trees.
     for run in runs.iter_mut().filter(|r| r.cancelled) {
         let ready = wait_ready_line(&root, &run.id);
-        ensure_eq!(root, &run.id, ready.pid, run.pids[0], "the tree's leader");
+        ctx(&root, &run.id).eq(&ready.pid, &run.pids[0], "the tree's leader");
         run.members = Some(Pinned::new(&ready.members));
         run.pids.extend(&ready.members);
     }
@@ -1571,11 +1494,11 @@ impl Sentinel {
 
     /// Asserts that the sentinel still holds its bytes and was never written to.
     fn assert_untouched(&self, root: &TestRoot, id: &str, when: &str) {
+        let c = ctx(root, id);
         let now = fs::read(&self.path).unwrap_or_default();
         let modified = fs::metadata(&self.path).and_then(|m| m.modified()).ok();
         ensure!(
-            root,
-            id,
+            c,
             now == self.bytes && modified == Some(self.modified),
             "{when}: the sentinel {} was written through a symlink: now {:?} (mtime {modified:?})",
             self.path.display(),
@@ -1614,6 +1537,8 @@ fn start_foreground(root: &TestRoot, id: &str, quiet: bool) -> Foreground {
     let proc = Spawned::spawn(agent_run(root).args(start_argv(&opts, id, &fx_args(&PLAIN_TREE))));
     let wrapper_pin = Pinned::new(&[proc.child.id() as i32]);
     wait_state(root, id, &["running"]);
+    // The journal's launch lines follow the record: a test that snapshots the journal waits.
+    ctx(root, id).launched();
     let tree = pin_tree(root, id);
     Foreground {
         proc,
@@ -1624,46 +1549,41 @@ fn start_foreground(root: &TestRoot, id: &str, quiet: bool) -> Foreground {
 
 /// Asserts that every process of the tree and the wrapper are alive.
 fn assert_untouched_run(root: &TestRoot, id: &str, tree: &Tree, wrapper: &Pinned, when: &str) {
-    ensure_eq!(
-        root,
-        id,
-        tree.alive(),
-        sorted(tree.all()),
-        "{when}: a process of the run is gone"
+    let c = ctx(root, id);
+    c.eq(
+        &tree.alive(),
+        &sorted(tree.all()),
+        format_args!("{when}: a process of the run is gone"),
     );
-    ensure_eq!(
-        root,
-        id,
-        wrapper.alive(),
-        wrapper.pids(),
-        "{when}: the wrapper is gone"
+    c.eq(
+        &wrapper.alive(),
+        &wrapper.pids(),
+        format_args!("{when}: the wrapper is gone"),
     );
 }
 
 /// Waits for a foreground wrapper and checks its exit code.
 fn finish_with(root: &TestRoot, id: &str, proc: Spawned, want: i32) -> Output {
+    let c = ctx(root, id);
     let what = proc.what.clone();
     let out = proc.finish(CMD);
-    ensure_eq!(
-        root,
-        id,
-        exit_code(&out.status),
-        want,
-        "the wrapper's exit code\n{}",
-        describe_output(&what, &out)
+    c.eq(
+        &exit_code(&out.status),
+        &want,
+        format_args!("the wrapper's exit code\n{}", describe_output(&what, &out)),
     );
     out
 }
 
 /// Runs an agent-run command that must refuse: not 0, not a crash, an `agent-run: ` message.
 fn refused<S: AsRef<str>>(root: &TestRoot, id: &str, args: &[S], codes: &[i32]) -> Output {
+    let c = ctx(root, id);
     let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
     let what = format!("agent-run {}", args.join(" "));
     let out = run_with_timeout(agent_run(root).args(&args), CMD);
     let code = exit_code(&out.status);
     ensure!(
-        root,
-        id,
+        c,
         codes.contains(&code) && String::from_utf8_lossy(&out.stderr).starts_with("agent-run: "),
         "{what} must refuse with one of {codes:?} and say why\n{}",
         describe_output(&what, &out)
@@ -1676,6 +1596,7 @@ fn a_run_dir_planted_as_a_symlink_before_launch_is_refused_with_78_and_nothing_r
     let _cpu = shared_cpu();
     let root = TestRoot::new();
     let id = "rel-planted-dir";
+    let c = ctx(&root, id);
     fs::DirBuilder::new()
         .mode(0o700)
         .create(root.root())
@@ -1694,8 +1615,7 @@ fn a_run_dir_planted_as_a_symlink_before_launch_is_refused_with_78_and_nothing_r
         let out = refused(&root, id, &start_argv(opts, id, &command), &[78]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         ensure!(
-            root,
-            id,
+            c,
             opts.contains(&"--detach") || stderr.contains(path_str(&dir)),
             "the refusal must name the run dir {}: {stderr}",
             dir.display()
@@ -1717,23 +1637,16 @@ fn a_run_dir_planted_as_a_symlink_before_launch_is_refused_with_78_and_nothing_r
         .map(|e| e.file_name())
         .collect();
     ensure!(
-        root,
-        id,
+        c,
         planted.is_empty(),
         "files were created through the symlinked run dir: {planted:?}"
     );
     ensure!(
-        root,
-        id,
+        c,
         !counter.exists(),
         "the command ran through a symlinked run dir"
     );
-    ensure!(
-        root,
-        id,
-        is_symlink(&dir),
-        "the planted symlink was replaced"
-    );
+    ensure!(c, is_symlink(&dir), "the planted symlink was replaced");
 }
 
 #[test]
@@ -1763,6 +1676,7 @@ fn symlinks_raced_into_a_new_run_dir_during_launch_are_never_written_through() {
         let name = PLANTED[round / ROUNDS_PER_FILE];
         let id = format!("rel-race-{round:02}");
         let id = id.as_str();
+        let c = ctx(&root, id);
         let dir = root.run_dir(id);
         // The racer plants one symlink from the moment the run dir exists until the launch is
         // over; one file per round, so every step of a launch meets its own planted link.
@@ -1797,20 +1711,15 @@ fn symlinks_raced_into_a_new_run_dir_during_launch_are_never_written_through() {
         };
         match code {
             0 => {
-                let st = st.unwrap_or_else(|| {
-                    panic!("exit 0 without a record\n{}", diagnostics(&root, id))
-                });
-                ensure_eq!(
-                    root,
-                    id,
-                    (st["state"].as_str(), st["exit_code"].as_i64()),
-                    (Some("finished"), Some(0)),
-                    "a launch that exits 0"
+                let st = st.unwrap_or_else(|| c.fail("exit 0 without a record"));
+                c.eq(
+                    &(st["state"].as_str(), st["exit_code"].as_i64()),
+                    &(Some("finished"), Some(0)),
+                    "a launch that exits 0",
                 );
                 let log = fs::read(dir.join("stdout.log")).unwrap_or_default();
                 ensure!(
-                    root,
-                    id,
+                    c,
                     !is_symlink(&dir.join("stdout.log")) && log.len() == 4096,
                     "the workload's output went elsewhere ({} bytes in stdout.log)",
                     log.len()
@@ -1818,27 +1727,24 @@ fn symlinks_raced_into_a_new_run_dir_during_launch_are_never_written_through() {
             }
             70 | 78 => {
                 ensure!(
-                    root,
-                    id,
+                    c,
                     String::from_utf8_lossy(&out.stderr).starts_with("agent-run: "),
                     "a refused launch says why\n{}",
                     describe_output("start", &out)
                 );
                 if let Some(st) = st {
                     ensure!(
-                        root,
-                        id,
+                        c,
                         FINAL_STATES.contains(&st["state"].as_str().unwrap_or_default()),
                         "a refused launch leaves a final record or none: {}",
                         st["state"]
                     );
                 }
             }
-            other => panic!(
-                "a launch with {name} raced exited {other}\n{}\n{}",
-                describe_output("start", &out),
-                diagnostics(&root, id)
-            ),
+            other => c.fail(format_args!(
+                "a launch with {name} raced exited {other}\n{}",
+                describe_output("start", &out)
+            )),
         }
         assert_no_strays(&root, id, "after a raced launch");
     }
@@ -1851,6 +1757,7 @@ fn log_and_id_files_swapped_for_symlinks_after_launch_are_never_written_through_
     let _cpu = shared_cpu();
     let root = TestRoot::new();
     let id = "rel-swap-logs";
+    let c = ctx(&root, id);
     let sentinel = Sentinel::new(&root, b"sentinel: secret text that must not be streamed\n");
     let run = start_foreground(&root, id, false);
     let dir = root.run_dir(id);
@@ -1860,8 +1767,7 @@ fn log_and_id_files_swapped_for_symlinks_after_launch_are_never_written_through_
     for args in [vec!["logs", id], vec!["logs", "--stderr", id]] {
         let out = run_with_timeout(agent_run(&root).args(&args), CMD);
         ensure!(
-            root,
-            id,
+            c,
             !String::from_utf8_lossy(&out.stdout).contains("sentinel"),
             "`agent-run {}` printed the sentinel through a symlink\n{}",
             args.join(" "),
@@ -1887,17 +1793,15 @@ fn log_and_id_files_swapped_for_symlinks_after_launch_are_never_written_through_
     wait_gone(&root, id, &run.tree.members, "the members after cancel");
     let out = finish_with(&root, id, run.proc, 143);
     ensure!(
-        root,
-        id,
+        c,
         !String::from_utf8_lossy(&out.stdout).contains("sentinel"),
         "the wrapper streamed the sentinel through the symlinked stdout.log"
     );
     sentinel.assert_untouched(&root, id, "after the run ended");
     let st = observe(&root, id, "after the run ended").expect("status.json");
-    ensure_eq!(root, id, st["state"], "cancelled", "the final state");
+    c.eq(&st["state"], "cancelled", "the final state");
     ensure!(
-        root,
-        id,
+        c,
         !is_symlink(&dir.join("status.json")),
         "status.json is a symlink"
     );
@@ -1909,6 +1813,7 @@ fn a_status_json_swapped_for_a_symlink_is_refused_by_cancel_and_replaced_not_fol
     let _cpu = shared_cpu();
     let root = TestRoot::new();
     let id = "rel-swap-status";
+    let c = ctx(&root, id);
     let run = start_foreground(&root, id, true);
     let dir = root.run_dir(id);
     // The sentinel is a copy of the live record: believable, if anyone followed the link.
@@ -1920,8 +1825,7 @@ fn a_status_json_swapped_for_a_symlink_is_refused_by_cancel_and_replaced_not_fol
 
     let out = run_with_timeout(agent_run(&root).args(["cancel", id]), CMD);
     ensure!(
-        root,
-        id,
+        c,
         !out.status.success()
             && out.status.code().is_some()
             && String::from_utf8_lossy(&out.stderr).contains("status.json"),
@@ -1936,8 +1840,7 @@ fn a_status_json_swapped_for_a_symlink_is_refused_by_cancel_and_replaced_not_fol
         "after the refused cancel",
     );
     ensure!(
-        root,
-        id,
+        c,
         !dir.join("cancel.json").exists(),
         "a refused cancel wrote cancel.json"
     );
@@ -1948,25 +1851,21 @@ fn a_status_json_swapped_for_a_symlink_is_refused_by_cancel_and_replaced_not_fol
     finish_with(&root, id, run.proc, 143);
     let alive = run.tree.alive();
     ensure!(
-        root,
-        id,
+        c,
         alive.is_empty(),
         "the wrapper returned with {alive:?} alive"
     );
     sentinel.assert_untouched(&root, id, "after the wrapper's final record");
     ensure!(
-        root,
-        id,
+        c,
         !is_symlink(&dir.join("status.json")),
         "status.json is still a symlink after the final record"
     );
     let st = observe(&root, id, "after the run ended").expect("status.json");
-    ensure_eq!(
-        root,
-        id,
-        (st["state"].as_str(), st["reason"].as_str()),
-        (Some("cancelled"), Some("signal:TERM")),
-        "the final record"
+    c.eq(
+        &(st["state"].as_str(), st["reason"].as_str()),
+        &(Some("cancelled"), Some("signal:TERM")),
+        "the final record",
     );
 }
 
@@ -1975,6 +1874,7 @@ fn a_lock_file_swapped_for_a_symlink_makes_cancel_refuse_without_signalling() {
     let _cpu = shared_cpu();
     let root = TestRoot::new();
     let id = "rel-swap-lock";
+    let c = ctx(&root, id);
     let sentinel = Sentinel::new(&root, b"sentinel: not a lock\n");
     let run = start_foreground(&root, id, true);
     let dir = root.run_dir(id);
@@ -1982,8 +1882,7 @@ fn a_lock_file_swapped_for_a_symlink_makes_cancel_refuse_without_signalling() {
 
     let out = run_with_timeout(agent_run(&root).args(["cancel", id]), CMD);
     ensure!(
-        root,
-        id,
+        c,
         !out.status.success()
             && out.status.code().is_some()
             && String::from_utf8_lossy(&out.stderr).contains("lock"),
@@ -2021,6 +1920,7 @@ fn a_cancel_json_planted_as_a_symlink_is_neither_written_through_nor_believed() 
     let _cpu = shared_cpu();
     let root = TestRoot::new();
     let id = "rel-swap-cancel-json";
+    let c = ctx(&root, id);
     // Believable, were it followed: a watchdog's lease expiry.
     let sentinel = Sentinel::new(
         &root,
@@ -2035,12 +1935,10 @@ fn a_cancel_json_planted_as_a_symlink_is_neither_written_through_nor_believed() 
     wait_gone(&root, id, &run.tree.leader, "the leader after cancel");
     wait_gone(&root, id, &run.tree.members, "the members after cancel");
     sentinel.assert_untouched(&root, id, "after the cancel");
-    ensure_eq!(
-        root,
-        id,
-        (printed["state"].as_str(), printed["reason"].as_str()),
-        (Some("cancelled"), Some("cancel_request")),
-        "the run was cancelled by `cancel`, whatever a symlinked cancel.json says"
+    c.eq(
+        &(printed["state"].as_str(), printed["reason"].as_str()),
+        &(Some("cancelled"), Some("cancel_request")),
+        "the run was cancelled by `cancel`, whatever a symlinked cancel.json says",
     );
     finish_with(&root, id, run.proc, 143);
 }
@@ -2051,6 +1949,7 @@ fn a_run_dir_swapped_for_a_symlink_after_launch_makes_cancel_exit_78_and_signal_
     let root = TestRoot::new();
     let victim_root = TestRoot::new();
     let id = "rel-swap-dir";
+    let c = ctx(&root, id);
     let victim_id = "rel-swap-dir-victim";
     let run = start_foreground(&root, id, true);
     let victim = start_foreground(&victim_root, victim_id, true);
@@ -2064,8 +1963,7 @@ fn a_run_dir_swapped_for_a_symlink_after_launch_makes_cancel_exit_78_and_signal_
         symlink(&target, &dir).expect("cannot plant the run dir symlink");
         let out = refused(&root, id, &["cancel", id], &[78]);
         ensure!(
-            root,
-            id,
+            c,
             String::from_utf8_lossy(&out.stderr).contains(path_str(&dir)),
             "the refusal must name {}\n{}",
             dir.display(),
@@ -2087,16 +1985,13 @@ fn a_run_dir_swapped_for_a_symlink_after_launch_makes_cancel_exit_78_and_signal_
         );
         fs::remove_file(&dir).expect("cannot remove the symlink");
     }
-    ensure_eq!(
-        victim_root,
-        victim_id,
-        fs::read(victim_root.run_dir(victim_id).join("events.jsonl")).unwrap_or_default(),
-        victim_events,
-        "the victim's journal changed"
+    ctx(&victim_root, victim_id).eq(
+        &fs::read(victim_root.run_dir(victim_id).join("events.jsonl")).unwrap_or_default(),
+        &victim_events,
+        "the victim's journal changed",
     );
     ensure!(
-        victim_root,
-        victim_id,
+        ctx(&victim_root, victim_id),
         !victim_root.run_dir(victim_id).join("cancel.json").exists(),
         "a cancel through a symlink wrote the victim's cancel.json"
     );
@@ -2113,12 +2008,12 @@ fn a_run_dir_swapped_for_a_symlink_after_launch_makes_cancel_exit_78_and_signal_
 /// Runs `cmd` (as `nobody`) and asserts that it failed with one of `codes` (any failure when
 /// `codes` is empty) and printed nothing on stdout.
 fn attacker_fails(root: &TestRoot, id: &str, cmd: &mut Command, codes: &[i32]) {
+    let c = ctx(root, id);
     let what = format!("{cmd:?}");
     let out = run_with_timeout(cmd, CMD);
     let code = exit_code(&out.status);
     ensure!(
-        root,
-        id,
+        c,
         code != 0 && (codes.is_empty() || codes.contains(&code)) && out.stdout.is_empty(),
         "as nobody, {what} must fail ({codes:?}) and print nothing\n{}",
         describe_output(&what, &out)
@@ -2131,6 +2026,7 @@ fn another_user_can_neither_read_nor_cancel_a_run_of_root_even_with_agent_run_ro
     let _cpu = shared_cpu();
     let root = TestRoot::new();
     let id = "rel-foreign";
+    let c = ctx(&root, id);
     let run = start_detached(&root, id, &["--grace", "1s"], &fx_args(&PLAIN_TREE));
     let tree = pin_tree(&root, id);
     // The attacker may reach the root (0700, root's) but nothing below it.
@@ -2186,8 +2082,7 @@ fn another_user_can_neither_read_nor_cancel_a_run_of_root_even_with_agent_run_ro
         .map(|n| fs::read(dir.join(n)).expect("a run file"))
         .collect();
     ensure!(
-        root,
-        id,
+        c,
         before == after && !dir.join("cancel.json").exists(),
         "the attacker changed the run's record, journal or cancel.json"
     );
@@ -2227,21 +2122,14 @@ fn forged_record_is_refused(forgery: Forgery) {
         Forgery::OtherUsersUid => "rel-forged-uid",
         Forgery::WrongStartTicks => "rel-forged-ticks",
     };
+    let c = ctx(&root, id);
     let mut reaper = Reaper::default();
     let mut cmd = as_nobody(&fixture_bin());
     cmd.args(["sleep-ms", "600000"])
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    // SAFETY: the closure runs between fork and exec and calls only setsid(2), which is
-    // async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() == -1 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    // In a session of its own: the product's spawn (setsid in pre_exec).
+    agent_run_shared::sys::spawn_in_new_session(&mut cmd);
     let victim = reaper.push(cmd.spawn().expect("cannot spawn nobody's process"));
     let pin = Pinned::new(&[victim]);
     wait_until_uid(victim, NOBODY);
@@ -2275,38 +2163,32 @@ fn forged_record_is_refused(forgery: Forgery) {
 
     let out = refused(&root, id, &["cancel", id], &[77]);
     ensure!(
-        root,
-        id,
+        c,
         String::from_utf8_lossy(&out.stderr).contains("refusing"),
         "cancel must say it refuses\n{}",
         describe_output("cancel", &out)
     );
     watchdog_once(&root, id);
-    ensure_eq!(
-        root,
-        id,
-        pin.alive(),
-        vec![victim],
-        "nobody's process named by a forged record ({forgery:?}) was ended"
+    c.eq(
+        &pin.alive(),
+        &vec![victim],
+        format_args!("nobody's process named by a forged record ({forgery:?}) was ended"),
     );
     let events = root.events(id);
     ensure!(
-        root,
-        id,
+        c,
         named(&events, "signal").is_empty() && !named(&events, "refused").is_empty(),
         "a forged record must be refused, and nothing signalled"
     );
     ensure!(
-        root,
-        id,
+        c,
         !run_dir.path().join("cancel.json").exists(),
         "a refused cancel wrote cancel.json"
     );
     let now = fs::read(run_dir.path().join("status.json")).unwrap_or_default();
     let st_now: Value = serde_json::from_slice(&now).unwrap_or_default();
     ensure!(
-        root,
-        id,
+        c,
         now == record || st_now["state"] == "unknown",
         "the forged record may stay or become unknown, never a claim that it was stopped"
     );
@@ -2340,21 +2222,20 @@ fn ten_concurrent_cancels_of_a_run_whose_wrapper_was_kill_9ed_take_it_over_once_
     let _cpu = shared_cpu();
     let root = TestRoot::new();
     let id = "rel-crowd";
+    let c = ctx(&root, id);
     // Members that ignore TERM and HUP keep the takeover's stop busy until KILL at 1 s, so the
     // other nine cancels meet a held lock.
     let run = start_detached(&root, id, &["--grace", "1s"], &fx_args(&STUBBORN_MEMBERS));
     let tree = pin_tree(&root, id);
-    ensure_eq!(root, id, tree.ready.pid, run.leader, "the tree's leader");
+    c.eq(&tree.ready.pid, &run.leader, "the tree's leader");
     run.wrapper_pin
         .signal(run.wrapper, libc::SIGKILL)
         .expect("cannot SIGKILL the wrapper");
     wait_gone(&root, id, &run.wrapper_pin, "the SIGKILLed wrapper");
-    ensure_eq!(
-        root,
-        id,
-        tree.alive(),
-        sorted(tree.all()),
-        "the tree outlives its wrapper"
+    c.eq(
+        &tree.alive(),
+        &sorted(tree.all()),
+        "the tree outlives its wrapper",
     );
 
     let gate = Barrier::new(CANCELS);
@@ -2377,66 +2258,49 @@ fn ten_concurrent_cancels_of_a_run_whose_wrapper_was_kill_9ed_take_it_over_once_
 
     let alive = tree.alive();
     ensure!(
-        root,
-        id,
+        c,
         alive.is_empty(),
         "every cancel returned but {alive:?} of the run are alive"
     );
     let st = root.status(id);
-    ensure_eq!(
-        root,
-        id,
-        (st["state"].as_str(), st["reason"].as_str()),
-        (Some("cancelled"), Some("cancel_request")),
-        "the final record"
+    c.eq(
+        &(st["state"].as_str(), st["reason"].as_str()),
+        &(Some("cancelled"), Some("cancel_request")),
+        "the final record",
     );
     let signalled = cleanup_pids(&st, "signalled");
     ensure!(
-        root,
-        id,
+        c,
         tree.all().iter().all(|p| signalled.contains(p)),
         "cleanup.signalled {signalled:?} lacks members of {:?}",
         tree.all()
     );
     for (i, out) in outs.iter().enumerate() {
-        ensure_eq!(
-            root,
-            id,
-            exit_code(&out.status),
-            0,
-            "cancel #{i}\n{}",
-            describe_output("cancel", out)
+        c.eq(
+            &exit_code(&out.status),
+            &0,
+            format_args!("cancel #{i}\n{}", describe_output("cancel", out)),
         );
         let printed = json_doc(&root, id, "cancel", out);
         for key in ["state", "reason", "ended_at", "cleanup", "exit_code"] {
-            ensure_eq!(root, id, printed[key], st[key], "cancel #{i}: {key}");
+            c.eq(&printed[key], &st[key], format_args!("cancel #{i}: {key}"));
         }
     }
     let events = root.events(id);
-    ensure_eq!(root, id, named(&events, "takeover").len(), 1, "takeovers");
-    ensure_eq!(
-        root,
-        id,
-        final_state_events(&events).len(),
-        1,
-        "transitions to a final state"
+    c.eq(&named(&events, "takeover").len(), &1, "takeovers");
+    c.eq(
+        &final_state_events(&events).len(),
+        &1,
+        "transitions to a final state",
     );
-    ensure_eq!(
-        root,
-        id,
-        named(&events, "stop_begin").len(),
-        1,
-        "stop_begin events"
-    );
+    c.eq(&named(&events, "stop_begin").len(), &1, "stop_begin events");
     ensure!(
-        root,
-        id,
+        c,
         named(&events, "refused").is_empty(),
         "a cancel refused the run"
     );
     ensure!(
-        root,
-        id,
+        c,
         cancel_json_count(&root.run_dir(id)) == 1,
         "cancel.json must exist exactly once"
     );

@@ -25,8 +25,9 @@ use agent_run_tests::facts::require_root;
 use agent_run_tests::remote::{
     processes_mentioning, strip_messages, wait_for_text, Netns, SshServer,
 };
+use agent_run_tests::workload::spew_bytes;
 use agent_run_tests::{
-    agent_run_bin, describe_output, diagnostics, exit_code, fixture_bin, wait_ready, Pinned,
+    agent_run_bin, ctx, describe_output, ensure, exit_code, fixture_bin, wait_ready, Pinned,
     Spawned, TestRoot,
 };
 use serde_json::Value;
@@ -38,12 +39,6 @@ const FAST_KEEPALIVE: [&str; 2] = [
     "--ssh-option=-oServerAliveInterval=1",
     "--ssh-option=-oServerAliveCountMax=2",
 ];
-
-/// Byte i of a `fixture spew` stream.
-fn pattern(n: usize) -> Vec<u8> {
-    const P: &[u8; 37] = b"0123456789abcdefghijklmnopqrstuvwxyz\n";
-    (0..n).map(|i| P[i % 37]).collect()
-}
 
 /// One test's world: an sshd, a run root on "the host", and where the client puts its socket.
 struct World {
@@ -132,11 +127,10 @@ fn finish(world: &World, id: &str, run: Spawned, want: i32) -> Output {
     let what = run.what.clone();
     let out = run.finish(T * 2);
     if exit_code(&out.status) != want {
-        panic!(
-            "expected exit {want}\n{}\n{}",
-            describe_output(&what, &out),
-            diagnostics(&world.root, id)
-        );
+        ctx(&world.root, id).fail(format_args!(
+            "expected exit {want}\n{}",
+            describe_output(&what, &out)
+        ));
     }
     out
 }
@@ -171,23 +165,23 @@ fn remote_streams_the_output_and_exits_with_the_workloads_code() {
         .strip_prefix("agent-run: run id ")
         .and_then(|rest| rest.strip_suffix(&format!(" on {}", w.srv.host())))
         .unwrap_or_else(|| panic!("the first line is not the run id: {first:?}"));
-    assert!(
+    let c = ctx(&w.root, id);
+    ensure!(
+        c,
         id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()),
         "id {id:?}"
     );
-    agent_run_tests::ensure!(
-        (&w.root, id),
-        out.stdout == pattern(200000),
-        "stdout differs",
-    );
-    assert!(
-        strip_messages(&out.stderr) == pattern(30000),
+    ensure!(c, out.stdout == spew_bytes(200000), "stdout differs");
+    ensure!(
+        c,
+        strip_messages(&out.stderr) == spew_bytes(30000),
         "stderr differs: {stderr}"
     );
     let st = w.root.status(id);
-    assert_eq!(
-        (st["state"].as_str(), st["exit_code"].as_i64()),
-        (Some("finished"), Some(3))
+    c.eq(
+        &(st["state"].as_str(), st["exit_code"].as_i64()),
+        &(Some("finished"), Some(3)),
+        "(st[\"state\"].as_str(), st[\"exit_code\"].as_i64())",
     );
     w.assert_client_cleaned_up();
 }
@@ -196,18 +190,26 @@ fn remote_streams_the_output_and_exits_with_the_workloads_code() {
 fn a_workload_exiting_255_is_told_apart_from_a_failed_ssh() {
     let w = World::loopback();
     let id = "exit-255";
+    let c = ctx(&w.root, id);
     let script = "echo out; echo err >&2; exit 255";
     let run = Spawned::spawn(&mut w.run(&["--id", id], &["sh", "-c", script]));
     let out = finish(&w, id, run, 255);
-    assert_eq!(out.stdout, b"out\n", "{}", describe_output("remote", &out));
-    assert_eq!(
+    c.eq(
+        &out.stdout,
+        b"out\n",
+        format_args!("{}", describe_output("remote", &out)),
+    );
+    c.eq(
         strip_messages(&out.stderr),
         b"err\n",
-        "{}",
-        describe_output("remote", &out)
+        format_args!("{}", describe_output("remote", &out)),
     );
     let st = w.root.status(id);
-    assert_eq!(st["exit_code"].as_i64(), Some(255));
+    c.eq(
+        &st["exit_code"].as_i64(),
+        &Some(255),
+        "st[\"exit_code\"].as_i64()",
+    );
     w.assert_client_cleaned_up();
 }
 
@@ -254,15 +256,21 @@ fn a_hostile_argv_reaches_the_workload_byte_for_byte() {
     // The record keeps the argv too (lossily, as strings).
     assert_eq!(
         w.root.status("hostile")["argv"][4].as_str(),
-        Some("two words")
+        Some("two words"),
+        "w.root.status(\"hostile\")[\"argv\"][4].as_str()"
     );
-    assert_eq!(command[3].as_bytes(), file.as_os_str().as_bytes());
+    assert_eq!(
+        command[3].as_bytes(),
+        file.as_os_str().as_bytes(),
+        "command[3].as_bytes()"
+    );
 }
 
 #[test]
 fn killing_the_local_client_leaves_the_run_to_its_lease() {
     let w = World::loopback();
     let id = "client-killed";
+    let c = ctx(&w.root, id);
     let fixture = fixture_bin().into_os_string();
     let tree = [
         fixture,
@@ -279,7 +287,8 @@ fn killing_the_local_client_leaves_the_run_to_its_lease() {
     // own, found by the control path in its command line). SIGKILL, no remote signal.
     let mut local = vec![run.child.id() as i32];
     local.extend(processes_mentioning(w.xdg.to_str().unwrap()));
-    assert!(
+    ensure!(
+        c,
         local.len() >= 3,
         "expected remote, a channel and a master: {local:?}"
     );
@@ -287,35 +296,40 @@ fn killing_the_local_client_leaves_the_run_to_its_lease() {
     for pid in &local {
         pinned.signal(*pid, libc::SIGKILL).unwrap();
     }
-    pinned.wait_all_gone(T).unwrap();
+    c.wait_gone(&pinned, "pinned");
     let killed = agent_run_shared::time::epoch_now();
     let _ = run.finish(T);
 
-    assert_eq!(
-        workload.alive(),
-        ready.all_pids(),
-        "the workload must outlive its controller"
+    c.eq(
+        &workload.alive(),
+        &ready.all_pids(),
+        "the workload must outlive its controller",
     );
     let st = w.root.wait_final(id, T);
-    assert_eq!(
-        (st["state"].as_str(), st["reason"].as_str()),
-        (Some("cancelled"), Some("lease_expired")),
-        "{}",
-        diagnostics(&w.root, id)
+    c.eq(
+        &(st["state"].as_str(), st["reason"].as_str()),
+        &(Some("cancelled"), Some("lease_expired")),
+        "(st[\"state\"].as_str(), st[\"reason\"].as_str())",
     );
     workload
         .wait_all_gone(T)
-        .unwrap_or_else(|left| panic!("left: {left:?}\n{}", diagnostics(&w.root, id)));
+        .unwrap_or_else(|left| c.fail(format_args!("left: {left:?}")));
     let lease: Value =
         serde_json::from_slice(&fs::read(w.root.run_dir(id).join("lease.json")).unwrap()).unwrap();
     let deadline = lease["deadline_epoch"].as_f64().unwrap();
     let ended = epoch_of(&st, "ended_at");
-    assert!(
+    ensure!(
+        c,
         ended >= deadline - 0.01,
         "stopped at {ended}, before the lease deadline {deadline}"
     );
-    assert!(deadline > killed, "the last renewal came after the kill?");
-    assert!(
+    ensure!(
+        c,
+        deadline > killed,
+        "the last renewal came after the kill?"
+    );
+    ensure!(
+        c,
         ended - killed < 4.0 + 5.0 + 3.0,
         "stopped {}s after the kill",
         ended - killed
@@ -326,6 +340,7 @@ fn killing_the_local_client_leaves_the_run_to_its_lease() {
 fn a_cut_link_restored_within_the_lease_loses_and_repeats_no_byte() {
     let w = World::split();
     let id = "cut-short";
+    let c = ctx(&w.root, id);
     let script = r#""$0" spew 300000 --stderr-bytes 70000 || exit 99
 i=0
 while [ $i -lt 80 ]; do echo "line $i"; echo "err $i" >&2; i=$((i+1)); sleep 0.05; done
@@ -348,31 +363,35 @@ exit 7"#;
     w.net().restore();
     let out = finish(&w, id, run, 7);
 
-    let mut want_out = pattern(300000);
-    let mut want_err = pattern(70000);
+    let mut want_out = spew_bytes(300000);
+    let mut want_err = spew_bytes(70000);
     for i in 0..80 {
         want_out.extend(format!("line {i}\n").bytes());
         want_err.extend(format!("err {i}\n").bytes());
     }
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
+    ensure!(
+        c,
         stderr.contains("reconnected to"),
         "the stream was not resumed: {stderr}"
     );
-    assert!(
+    ensure!(
+        c,
         out.stdout == want_out,
         "stdout differs (len {} vs {})\n{stderr}",
         out.stdout.len(),
         want_out.len()
     );
-    assert!(
+    ensure!(
+        c,
         strip_messages(&out.stderr) == want_err,
         "stderr differs\n{stderr}"
     );
     let st = w.root.status(id);
-    assert_eq!(
-        (st["state"].as_str(), st["exit_code"].as_i64()),
-        (Some("finished"), Some(7))
+    c.eq(
+        &(st["state"].as_str(), st["exit_code"].as_i64()),
+        &(Some("finished"), Some(7)),
+        "(st[\"state\"].as_str(), st[\"exit_code\"].as_i64())",
     );
     w.assert_client_cleaned_up();
 }
@@ -381,6 +400,7 @@ exit 7"#;
 fn a_cut_link_that_outlasts_the_lease_reports_unknown() {
     let w = World::split();
     let id = "cut-long";
+    let c = ctx(&w.root, id);
     let tree = [
         fixture_bin().into_os_string(),
         "tree".into(),
@@ -395,33 +415,33 @@ fn a_cut_link_that_outlasts_the_lease_reports_unknown() {
     w.net().cut();
     let out = finish(&w, id, run, 75);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
+    ensure!(
+        c,
         stderr.contains(&format!("run {id} on {}: outcome unknown", w.srv.host())),
         "{stderr}"
     );
     // On the host, the lease stopped the run.
     let st = w.root.wait_final(id, T);
-    assert_eq!(
-        (st["state"].as_str(), st["reason"].as_str()),
-        (Some("cancelled"), Some("lease_expired")),
-        "{}",
-        diagnostics(&w.root, id)
+    c.eq(
+        &(st["state"].as_str(), st["reason"].as_str()),
+        &(Some("cancelled"), Some("lease_expired")),
+        "(st[\"state\"].as_str(), st[\"reason\"].as_str())",
     );
     workload
         .wait_all_gone(T)
-        .unwrap_or_else(|left| panic!("left: {left:?}"));
+        .unwrap_or_else(|left| c.fail(format_args!("left: {left:?}")));
     w.net().restore();
     let status = run_out(w.one_shot("--status", id));
-    assert_eq!(
-        exit_code(&status.status),
-        124,
-        "{}",
-        describe_output("--status", &status)
+    c.eq(
+        &exit_code(&status.status),
+        &124,
+        format_args!("{}", describe_output("--status", &status)),
     );
     let v = record(&status);
-    assert_eq!(
-        (v["state"].as_str(), v["reason"].as_str()),
-        (Some("cancelled"), Some("lease_expired"))
+    c.eq(
+        &(v["state"].as_str(), v["reason"].as_str()),
+        &(Some("cancelled"), Some("lease_expired")),
+        "(v[\"state\"].as_str(), v[\"reason\"].as_str())",
     );
     w.assert_client_cleaned_up();
 }
@@ -430,6 +450,7 @@ fn a_cut_link_that_outlasts_the_lease_reports_unknown() {
 fn ctrl_c_with_the_link_up_stops_the_remote_tree() {
     let w = World::loopback();
     let id = "int-up";
+    let c = ctx(&w.root, id);
     let tree = [
         fixture_bin().into_os_string(),
         "tree".into(),
@@ -445,14 +466,16 @@ fn ctrl_c_with_the_link_up_stops_the_remote_tree() {
     let out = finish(&w, id, run, 143);
     workload
         .wait_all_gone(T)
-        .unwrap_or_else(|left| panic!("left: {left:?}"));
+        .unwrap_or_else(|left| c.fail(format_args!("left: {left:?}")));
     let st = w.root.status(id);
-    assert_eq!(
-        (st["state"].as_str(), st["reason"].as_str()),
-        (Some("cancelled"), Some("cancel_request"))
+    c.eq(
+        &(st["state"].as_str(), st["reason"].as_str()),
+        &(Some("cancelled"), Some("cancel_request")),
+        "(st[\"state\"].as_str(), st[\"reason\"].as_str())",
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
+    ensure!(
+        c,
         stderr.contains("\"state\": \"cancelled\""),
         "no final record printed: {stderr}"
     );
@@ -463,6 +486,7 @@ fn ctrl_c_with_the_link_up_stops_the_remote_tree() {
 fn ctrl_c_with_the_link_down_cancels_once_the_link_is_back() {
     let w = World::split();
     let id = "int-down";
+    let c = ctx(&w.root, id);
     let tree = [
         fixture_bin().into_os_string(),
         "tree".into(),
@@ -480,23 +504,21 @@ fn ctrl_c_with_the_link_down_cancels_once_the_link_is_back() {
     run.signal(libc::SIGINT);
     wait_for_text("lost the stream", T, || run.stderr_so_far());
     wait_for_text("cannot reach", T, || run.stderr_so_far());
-    assert_eq!(
-        workload.alive(),
-        ready.all_pids(),
-        "the cancel cannot have reached the host"
+    c.eq(
+        &workload.alive(),
+        &ready.all_pids(),
+        "the cancel cannot have reached the host",
     );
     w.net().restore_server();
     let out = finish(&w, id, run, 143);
     workload
         .wait_all_gone(T)
-        .unwrap_or_else(|left| panic!("left: {left:?}"));
+        .unwrap_or_else(|left| c.fail(format_args!("left: {left:?}")));
     let st = w.root.status(id);
-    assert_eq!(
-        (st["state"].as_str(), st["reason"].as_str()),
-        (Some("cancelled"), Some("cancel_request")),
-        "{}\n{}",
-        describe_output("remote", &out),
-        diagnostics(&w.root, id)
+    c.eq(
+        &(st["state"].as_str(), st["reason"].as_str()),
+        &(Some("cancelled"), Some("cancel_request")),
+        format_args!("{}", describe_output("remote", &out)),
     );
     w.assert_client_cleaned_up();
 }
@@ -505,6 +527,7 @@ fn ctrl_c_with_the_link_down_cancels_once_the_link_is_back() {
 fn an_earlier_run_can_be_attached_to_queried_and_cancelled() {
     let w = World::loopback();
     let id = "earlier";
+    let c = ctx(&w.root, id);
     let tree = [
         fixture_bin().into_os_string(),
         "tree".into(),
@@ -518,35 +541,44 @@ fn an_earlier_run_can_be_attached_to_queried_and_cancelled() {
     wait_for_text("ready ", T, || attached.stdout_so_far());
 
     let status = run_out(w.one_shot("--status", id));
-    assert_eq!(
-        exit_code(&status.status),
-        75,
-        "{}",
-        describe_output("--status", &status)
+    c.eq(
+        &exit_code(&status.status),
+        &75,
+        format_args!("{}", describe_output("--status", &status)),
     );
-    assert_eq!(record(&status)["state"].as_str(), Some("running"));
+    c.eq(
+        &record(&status)["state"].as_str(),
+        &Some("running"),
+        "record(&status)[\"state\"].as_str()",
+    );
 
     let cancel = run_out(w.one_shot("--cancel", id));
-    assert_eq!(
-        exit_code(&cancel.status),
-        0,
-        "{}",
-        describe_output("--cancel", &cancel)
+    c.eq(
+        &exit_code(&cancel.status),
+        &0,
+        format_args!("{}", describe_output("--cancel", &cancel)),
     );
-    assert_eq!(record(&cancel)["state"].as_str(), Some("cancelled"));
+    c.eq(
+        &record(&cancel)["state"].as_str(),
+        &Some("cancelled"),
+        "record(&cancel)[\"state\"].as_str()",
+    );
     workload
         .wait_all_gone(T)
-        .unwrap_or_else(|left| panic!("left: {left:?}"));
+        .unwrap_or_else(|left| c.fail(format_args!("left: {left:?}")));
 
     finish(&w, id, first, 143);
     let out = finish(&w, id, attached, 143);
-    assert!(String::from_utf8_lossy(&out.stdout).starts_with("ready "));
+    ensure!(
+        c,
+        String::from_utf8_lossy(&out.stdout).starts_with("ready "),
+        "String::from_utf8_lossy(&out.stdout).starts_with(\"ready \")"
+    );
     let status = run_out(w.one_shot("--status", id));
-    assert_eq!(
-        exit_code(&status.status),
-        143,
-        "{}",
-        describe_output("--status", &status)
+    c.eq(
+        &exit_code(&status.status),
+        &143,
+        format_args!("{}", describe_output("--status", &status)),
     );
     w.assert_client_cleaned_up();
 }
@@ -580,7 +612,10 @@ fn an_unreachable_host_starts_nothing_and_says_so() {
         "{stderr}"
     );
     assert!(stderr.contains("run never was not started"), "{stderr}");
-    assert!(!w.root.run_dir("never").exists());
+    assert!(
+        !w.root.run_dir("never").exists(),
+        "!w.root.run_dir(\"never\").exists()"
+    );
     w.assert_client_cleaned_up();
 }
 
@@ -635,7 +670,10 @@ fn latency_of_remote_over_plain_ssh() {
         ])
         .args(&opts)
         .arg(&host);
-    assert!(m.status().unwrap().success());
+    assert!(
+        m.status().unwrap().success(),
+        "m.status().unwrap().success()"
+    );
     let warm_plain = median(plain(master.to_vec(), "true".into()));
     let bin = agent_run_bin();
     let root = w.root.root();

@@ -17,7 +17,7 @@ use agent_run_tests::hostile::{
     write_lease, Daemon, Detached, Plant, Victim, CMD, NOBODY,
 };
 use agent_run_tests::{
-    agent_run_bin, diagnostics, fixture_bin, wait_until_dbg, watchdog_bin, Pinned, TestRoot,
+    agent_run_bin, ctx, ensure, fixture_bin, wait_until_dbg, watchdog_bin, Pinned, TestRoot,
 };
 use serde_json::Value;
 
@@ -111,23 +111,13 @@ fn strs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
 
-fn alive_or_panic(pin: &Pinned, what: &str, root: &TestRoot, id: &str) {
-    let alive = pin.alive();
-    assert_eq!(
-        alive.len(),
-        pin.pids().len(),
-        "{what}: only {alive:?} of {:?} alive\n{}",
-        pin.pids(),
-        diagnostics(root, id)
-    );
-}
-
 fn no_signal_to(root: &TestRoot, id: &str, pids: &[i32]) {
+    let c = ctx(root, id);
     let sent = signals_to(root, id, pids);
-    agent_run_tests::ensure!(
-        (root, id),
+    ensure!(
+        c,
         sent.is_empty(),
-        "signals journalled to {pids:?}: {sent:?}",
+        "signals journalled to {pids:?}: {sent:?}"
     );
 }
 
@@ -150,52 +140,37 @@ fn every_missing_identity_key_makes_the_record_corrupt(user: User) {
     let side = Side::new(&root, user);
     for key in IDENTITY_KEYS {
         let id = format!("missing-{}", key.replace('_', "-"));
+        let c = ctx(&root, &id);
         let run = side.start(&id, &["--lease", "1h"], &strs(&tree()));
         let (_, tree) = pin_tree(&root, &id);
         side.edit(&run.dir, |st| {
             st.remove(key);
         });
         let (code, _, err) = side.ctl(&["cancel", &id]);
-        assert_eq!(
-            code,
-            77,
-            "cancel without {key}: {err}\n{}",
-            diagnostics(&root, &id)
-        );
+        c.eq(&code, &77, format_args!("cancel without {key}: {err}"));
         let (code, _, err) = side.ctl(&["renew", &id, "--lease", "1h"]);
-        assert_eq!(
-            code,
-            77,
-            "renew without {key}: {err}\n{}",
-            diagnostics(&root, &id)
-        );
-        alive_or_panic(
-            &tree,
-            &format!("the tree after cancel/renew without {key}"),
-            &root,
-            &id,
-        );
-        alive_or_panic(&run.wrapper_pin, "the wrapper", &root, &id);
+        c.eq(&code, &77, format_args!("renew without {key}: {err}"));
+        ctx(&root, &id).all_alive(&tree, &format!("the tree after cancel/renew without {key}"));
+        ctx(&root, &id).all_alive(&run.wrapper_pin, "the wrapper");
         // The watchdog, with the wrapper gone and the lease long expired.
         run.kill_wrapper();
         side.lease(&run.dir, epoch_now() - 60.0);
         let (code, _, err) = outcome(side.watchdog().args(["--once", "--orphan-grace", "0"]));
-        assert_eq!(code, 0, "watchdog --once: {err}");
-        alive_or_panic(
+        c.eq(&code, &0, format_args!("watchdog --once: {err}"));
+        ctx(&root, &id).all_alive(
             &tree,
             &format!("the tree after the watchdog, without {key}"),
-            &root,
-            &id,
         );
         no_signal_to(&root, &id, &tree.pids());
         let refusals = events_named(&root, &id, "refused").len();
         let skips = events_named(&root, &id, "skipped").len();
-        agent_run_tests::ensure!(
-            (&root, &id),
+        ensure!(
+            c,
             refusals >= 2 && skips >= 1,
-            "without {key}: {refusals} refusals and {skips} skips journalled",
+            "without {key}: {refusals} refusals and {skips} skips journalled"
         );
-        assert!(
+        ensure!(
+            c,
             err.contains("skipped"),
             "the watchdog did not say it skipped {id}: {err}"
         );
@@ -250,34 +225,33 @@ fn a_forged_wrapper_gets_nothing_signalled(user: User) {
     ];
     for (n, (what, forge)) in forgeries.iter().enumerate() {
         let id = format!("forged-wrapper-{n}");
+        let c = ctx(&root, &id);
         let run = side.start(&id, &["--lease", "1h"], &strs(&tree()));
         let (_, tree) = pin_tree(&root, &id);
         side.edit(&run.dir, forge);
         for args in [vec!["cancel", &id], vec!["renew", &id, "--lease", "1h"]] {
             let (code, _, err) = side.ctl(&args);
-            assert_eq!(
-                code,
-                77,
-                "{args:?} with a wrapper_pid of {what}: {err}\n{}",
-                diagnostics(&root, &id)
+            c.eq(
+                &code,
+                &77,
+                format_args!("{args:?} with a wrapper_pid of {what}: {err}"),
             );
         }
         victim.assert_alive(&format!("after cancel and renew ({what})"), &root, &id);
-        alive_or_panic(&tree, "the run's tree", &root, &id);
-        alive_or_panic(&run.wrapper_pin, "the real wrapper", &root, &id);
+        ctx(&root, &id).all_alive(&tree, "the run's tree");
+        ctx(&root, &id).all_alive(&run.wrapper_pin, "the real wrapper");
         no_signal_to(&root, &id, &[victim.pid, 1]);
         // The watchdog, the lease past deadline + grace + slack: the stuck-wrapper path must
         // not take the victim for the wrapper.
         side.lease(&run.dir, epoch_now() - 3600.0);
         let (code, _, err) = outcome(side.watchdog().args(["--once", "--slack", "0s"]));
-        assert_eq!(code, 0, "watchdog --once: {err}");
+        c.eq(&code, &0, format_args!("watchdog --once: {err}"));
         victim.assert_alive(&format!("after the watchdog ({what})"), &root, &id);
         no_signal_to(&root, &id, &[victim.pid, 1]);
         // The real wrapper still owns its run: stop it through its pin.
         let _ = run.wrapper_pin.signal(run.wrapper, libc::SIGTERM);
         root.wait_final(&id, CMD);
-        tree.wait_all_gone(CMD)
-            .expect("the wrapper's own stop ends its tree");
+        c.wait_gone(&tree, "the tree after the wrapper's own stop");
     }
     victim.assert_alive("at the end", &root, "forged-wrapper-0");
 }
@@ -298,6 +272,7 @@ fn a_record_rewritten_to_name_another_session_leader_lends_it_nothing_after_the_
     let side = Side::new(&root, User::Root);
     for (n, by) in ["cancel", "watchdog"].iter().enumerate() {
         let id = format!("forged-leader-{n}");
+        let c = ctx(&root, &id);
         let run = side.start(&id, &["--lease", "1h", "--grace", "1s"], &strs(&tree()));
         // Started after the run, like the user's next login shell.
         let victim = Victim::spawn(true);
@@ -312,27 +287,27 @@ fn a_record_rewritten_to_name_another_session_leader_lends_it_nothing_after_the_
         });
         if *by == "cancel" {
             let (code, out, err) = side.ctl(&["cancel", &id]);
-            assert_eq!(code, 0, "cancel: {err}\n{}", diagnostics(&root, &id));
-            assert!(out.contains("\"unknown\""), "cancel printed {out}");
+            c.eq(&code, &0, format_args!("cancel: {err}"));
+            ensure!(c, out.contains("\"unknown\""), "cancel printed {out}");
         } else {
             side.lease(&run.dir, epoch_now() - 1.0);
             let (code, _, err) = outcome(side.watchdog().args(["--once"]));
-            assert_eq!(code, 0, "watchdog: {err}");
+            c.eq(&code, &0, format_args!("watchdog: {err}"));
         }
         let st = root.wait_final(&id, CMD);
         victim.assert_alive(&format!("after the {by}"), &root, &id);
         no_signal_to(&root, &id, &[victim.pid]);
         // The run's own processes carry its marker: they were found and stopped.
-        tree.wait_all_gone(CMD).unwrap_or_else(|p| {
-            panic!("the run's tree {p:?} survived\n{}", diagnostics(&root, &id))
-        });
+        tree.wait_all_gone(CMD)
+            .unwrap_or_else(|p| c.fail(format_args!("the run's tree {p:?} survived")));
         // Nobody can vouch for the process the record now names: not cancelled, and named.
-        assert_eq!(st["state"], "unknown", "{}", diagnostics(&root, &id));
+        c.eq(&st["state"], "unknown", "st[\"state\"]");
         let survivors: Vec<i64> = st["cleanup"]["survivors"]
             .as_array()
             .map(|a| a.iter().filter_map(Value::as_i64).collect())
             .unwrap_or_default();
-        assert!(
+        ensure!(
+            c,
             survivors.contains(&(victim.pid as i64)),
             "the unverified leader is not named: {st}"
         );
@@ -349,6 +324,7 @@ fn the_watchdog_as_root_never_signals_pid_1_inside_a_pid_namespace() {
     fs::create_dir(&r).unwrap();
     fs::set_permissions(&r, fs::Permissions::from_mode(0o700)).unwrap();
     let id = "pid1";
+    let c = ctx(&root, id);
     let dir = r.join(id);
     fs::create_dir(&dir).unwrap();
     fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
@@ -395,27 +371,28 @@ done
         );
         let text = String::from_utf8_lossy(&out.stdout);
         let wd_err = fs::read_to_string(dir.join("wd.err")).unwrap_or_default();
-        assert!(text.contains("rc=0"), "{variant}: {text}\n{wd_err}");
+        ensure!(c, text.contains("rc=0"), "{variant}: {text}\n{wd_err}");
         for line in text
             .lines()
             .filter(|l| l.starts_with("alive") || l.starts_with("gone"))
         {
-            agent_run_tests::ensure!(
-                (&root, id),
+            ensure!(
+                c,
                 line.starts_with("alive"),
-                "{variant}: {line}\n{text}\nwatchdog: {wd_err}",
+                "{variant}: {line}\n{text}\nwatchdog: {wd_err}"
             );
         }
-        assert_eq!(
-            text.lines().filter(|l| l.starts_with("alive")).count(),
-            3,
-            "{text}"
+        c.eq(
+            &text.lines().filter(|l| l.starts_with("alive")).count(),
+            &3,
+            format_args!("{text}"),
         );
         no_signal_to(&root, id, &[1]);
         let st = root.status(id);
-        assert_eq!(
-            st["state"], "running",
-            "{variant}: the record was acted on: {st}"
+        c.eq(
+            &st["state"],
+            "running",
+            format_args!("{variant}: the record was acted on: {st}"),
         );
         let _ = fs::remove_file(dir.join("events.jsonl"));
     }
@@ -427,6 +404,7 @@ done
 #[test]
 fn fifos_sockets_symlinks_and_huge_files_in_run_dirs_hang_nothing_and_other_leases_hold() {
     let root = TestRoot::new();
+    let c = ctx(&root, "on-time");
     let side = Side::new(&root, User::Root);
     // The run whose lease must be enforced on time while the others are hostile.
     let leased = side.start(
@@ -454,79 +432,90 @@ fn fifos_sockets_symlinks_and_huge_files_in_run_dirs_hang_nothing_and_other_leas
     side.lease(&leased.dir, deadline);
     let st = root.wait_final("on-time", Duration::from_secs(20));
     let ended = epoch_now();
-    assert_eq!(
-        st["state"],
-        "cancelled",
-        "{}",
-        diagnostics(&root, "on-time")
-    );
-    assert_eq!(st["reason"], "lease_expired");
-    assert!(
+    c.eq(&st["state"], "cancelled", "st[\"state\"]");
+    c.eq(&st["reason"], "lease_expired", "st[\"reason\"]");
+    ensure!(
+        c,
         ended - deadline < 3.0,
         "the lease was enforced {:.2}s late beside the planted files\n{}",
         ended - deadline,
         dog.stderr()
     );
-    leased_tree
-        .wait_all_gone(CMD)
-        .expect("the leased tree is stopped");
-    assert!(dog.running(), "the daemon died: {}", dog.stderr());
+    c.wait_gone(&leased_tree, "the leased tree");
+    ensure!(c, dog.running(), "the daemon died: {}", dog.stderr());
 
     // Every reader returns, and says what is wrong.
     let t0 = Instant::now();
     let (code, out, err) = side.ctl(&["list"]);
-    assert_eq!(code, 0, "list: {err}");
-    assert!(
+    c.eq(&code, &0, format_args!("list: {err}"));
+    ensure!(
+        c,
         t0.elapsed() < Duration::from_secs(10),
         "list took {:?}",
         t0.elapsed()
     );
     for (file, kind, id, run, tree) in &planted {
+        let c = ctx(&root, id);
         let t0 = Instant::now();
         let (scode, _, serr) = side.ctl(&["status", "--json", id]);
         let (ccode, _, cerr) = side.ctl(&["cancel", id, "--wait", "20s"]);
-        assert!(
+        ensure!(
+            c,
             t0.elapsed() < Duration::from_secs(25),
             "{file} as {kind:?}: status+cancel took {:?}",
             t0.elapsed()
         );
         if *file == "status.json" {
-            assert!(
+            ensure!(
+                c,
                 err.contains(id.as_str()) || out.contains(id.as_str()),
                 "list does not show {id}: {out} {err}"
             );
-            assert_ne!(scode, 0, "status of a planted status.json ({kind:?})");
-            assert!(serr.contains("status.json"), "status names no file: {serr}");
-            assert_eq!(
-                ccode, 77,
-                "cancel with a planted status.json ({kind:?}): {cerr}"
+            ensure!(
+                c,
+                scode != 0,
+                "status of a planted status.json ({kind:?}): both {:?}",
+                scode
             );
-            alive_or_panic(tree, "the tree of a run with a corrupt record", &root, id);
+            ensure!(
+                c,
+                serr.contains("status.json"),
+                "status names no file: {serr}"
+            );
+            c.eq(
+                &ccode,
+                &77,
+                format_args!("cancel with a planted status.json ({kind:?}): {cerr}"),
+            );
+            ctx(&root, id).all_alive(tree, "the tree of a run with a corrupt record");
             // The wrapper itself is unharmed: it ends its run and writes its record.
             let _ = run.wrapper_pin.signal(run.wrapper, libc::SIGTERM);
             root.wait_final(id, CMD);
         } else {
-            assert_eq!(scode, 0, "status with a planted {file} ({kind:?}): {serr}");
-            assert_eq!(
-                ccode,
-                0,
-                "cancel with a planted {file} ({kind:?}): {cerr}\n{}",
-                diagnostics(&root, id)
+            c.eq(
+                &scode,
+                &0,
+                format_args!("status with a planted {file} ({kind:?}): {serr}"),
             );
-            assert_eq!(
-                root.status(id)["state"],
+            c.eq(
+                &ccode,
+                &0,
+                format_args!("cancel with a planted {file} ({kind:?}): {cerr}"),
+            );
+            c.eq(
+                &root.status(id)["state"],
                 "cancelled",
-                "{}",
-                diagnostics(&root, id)
+                "root.status(id)[\"state\"]",
             );
         }
         tree.wait_all_gone(CMD)
-            .unwrap_or_else(|p| panic!("{id}: {p:?} alive\n{}", diagnostics(&root, id)));
+            .unwrap_or_else(|p| c.fail(format_args!("{id}: {p:?} alive")));
     }
-    assert!(dog.running(), "the daemon died: {}", dog.stderr());
+    ensure!(c, dog.running(), "the daemon died: {}", dog.stderr());
     drop(sockets);
     let out = dog.stop();
-    assert!(
+    ensure!(
+        c,
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
@@ -540,6 +529,7 @@ fn fifos_sockets_symlinks_and_huge_files_in_run_dirs_hang_nothing_and_other_leas
 fn argv_that_is_not_utf8_is_stored_byte_exact_and_a_relaunch_that_differs_in_one_byte_is_refused() {
     use std::os::unix::ffi::OsStringExt;
     let root = TestRoot::new();
+    let c = ctx(&root, "u2");
     let arg = |b: &[u8]| std::ffi::OsString::from_vec(b.to_vec());
     let run = |last: &[u8]| {
         let mut cmd = root.cmd();
@@ -547,10 +537,10 @@ fn argv_that_is_not_utf8_is_stored_byte_exact_and_a_relaunch_that_differs_in_one
         outcome(&mut cmd)
     };
     let (code, out, err) = run(b"A\xff");
-    assert_eq!(code, 0, "{err}");
+    c.eq(&code, &0, format_args!("{err}"));
     let _ = out;
     let log = fs::read(root.run_dir("u2").join("stdout.log")).unwrap();
-    assert_eq!(log, b"A\xff\n", "the workload got other bytes");
+    c.eq(&log, b"A\xff\n", "the workload got other bytes");
     let st = root.status("u2");
     let b64: Vec<&str> = st["argv_b64"]
         .as_array()
@@ -558,20 +548,30 @@ fn argv_that_is_not_utf8_is_stored_byte_exact_and_a_relaunch_that_differs_in_one
         .iter()
         .map(|v| v.as_str().unwrap())
         .collect();
-    assert_eq!(b64, ["L2Jpbi9lY2hv", "Qf8="], "{st}");
+    c.eq(&b64, &["L2Jpbi9lY2hv", "Qf8="], format_args!("{st}"));
     let (code, _, err) = run(b"A\xfe");
-    assert_eq!(
-        code, 65,
-        "a relaunch with other bytes must be refused: {err}"
+    c.eq(
+        &code,
+        &65,
+        format_args!("a relaunch with other bytes must be refused: {err}"),
     );
     let (code, _, err) = run(b"A\xff");
-    assert_eq!(code, 0, "the same bytes replay the run: {err}");
+    c.eq(
+        &code,
+        &0,
+        format_args!("the same bytes replay the run: {err}"),
+    );
     let log = fs::read(root.run_dir("u2").join("stdout.log")).unwrap();
-    assert_eq!(log, b"A\xff\n", "the command ran twice");
+    c.eq(&log, b"A\xff\n", "the command ran twice");
     // A UTF-8 argv keeps argv_b64 null.
-    let (code, _, _) = outcome(root.cmd().args(["plain", "--", "/bin/true"]));
-    assert_eq!(code, 0);
-    assert!(root.status("plain")["argv_b64"].is_null());
+    let c = ctx(&root, "plain");
+    let (code, _, err) = outcome(root.cmd().args(["plain", "--", "/bin/true"]));
+    c.eq(code, 0, format_args!("a plain run: {err}"));
+    ensure!(
+        c,
+        c.status()["argv_b64"].is_null(),
+        "argv_b64 of a UTF-8 argv"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -580,21 +580,22 @@ fn argv_that_is_not_utf8_is_stored_byte_exact_and_a_relaunch_that_differs_in_one
 #[test]
 fn renew_journals_its_wake_up_signal_to_the_wrapper() {
     let root = TestRoot::new();
+    let c = ctx(&root, "renewed");
     let side = Side::new(&root, User::Root);
     let run = side.start("renewed", &["--lease", "1h"], &strs(&tree()));
     let (_, tree) = pin_tree(&root, "renewed");
     let (code, _, err) = side.ctl(&["renew", "renewed", "--lease", "2h"]);
-    assert_eq!(code, 0, "{err}");
+    c.eq(&code, &0, format_args!("{err}"));
     let sent = signals_to(&root, "renewed", &[run.wrapper]);
-    assert!(
+    ensure!(
+        c,
         sent.iter()
             .any(|e| e["signal"] == "USR1" && e["reason"] == "renew" && e["by"] == "renew"),
-        "no USR1 journalled: {sent:?}\n{}",
-        diagnostics(&root, "renewed")
+        "no USR1 journalled: {sent:?}"
     );
     let (code, _, _) = side.ctl(&["cancel", "renewed"]);
-    assert_eq!(code, 0);
-    tree.wait_all_gone(CMD).expect("cancelled");
+    c.eq(&code, &0, "code");
+    c.wait_gone(&tree, "the tree after cancel");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -603,6 +604,7 @@ fn renew_journals_its_wake_up_signal_to_the_wrapper() {
 #[test]
 fn a_run_skipped_for_its_mode_is_enforced_as_soon_as_the_mode_is_fixed() {
     let root = TestRoot::new();
+    let c = ctx(&root, "mode");
     let side = Side::new(&root, User::Root);
     let run = side.start("mode", &["--lease", "1h", "--grace", "1s"], &strs(&tree()));
     let (_, tree) = pin_tree(&root, "mode");
@@ -620,24 +622,30 @@ fn a_run_skipped_for_its_mode_is_enforced_as_soon_as_the_mode_is_fixed() {
     });
     // Well past the deadline it is still running: the dir is unsafe, nothing may be done.
     std::thread::sleep(Duration::from_millis(1500));
-    alive_or_panic(&tree, "the tree of the skipped run", &root, "mode");
+    ctx(&root, "mode").all_alive(&tree, "the tree of the skipped run");
     let fixed = Instant::now();
     fs::set_permissions(&run.dir, fs::Permissions::from_mode(0o700)).unwrap();
     let st = root.wait_final("mode", Duration::from_secs(20));
-    assert!(
+    ensure!(
+        c,
         fixed.elapsed() < Duration::from_secs(5),
         "enforced {:?} after the fix (the rescan is an hour away)",
         fixed.elapsed()
     );
-    assert_eq!(st["reason"], "lease_expired");
-    tree.wait_all_gone(CMD).expect("stopped");
+    c.eq(&st["reason"], "lease_expired", "st[\"reason\"]");
+    c.wait_gone(&tree, "the tree after the stop");
     let said = dog.stderr().matches("mode: skipped").count();
-    assert_eq!(said, 1, "the skip was said {said} times: {}", dog.stderr());
+    c.eq(
+        &said,
+        &1,
+        format_args!("the skip was said {said} times: {}", dog.stderr()),
+    );
 }
 
 #[test]
 fn a_skipped_run_is_looked_at_again_on_sighup() {
     let root = TestRoot::new();
+    let c = ctx(&root, "hup");
     let side = Side::new(&root, User::Root);
     let run = side.start("hup", &["--lease", "1h", "--grace", "1s"], &strs(&tree()));
     let (_, tree) = pin_tree(&root, "hup");
@@ -655,26 +663,22 @@ fn a_skipped_run_is_looked_at_again_on_sighup() {
             Err(e)
         }
     });
-    alive_or_panic(&tree, "the tree of a skipped run", &root, "hup");
+    ctx(&root, "hup").all_alive(&tree, "the tree of a skipped run");
     // Give the record back. Its mtime and inode do not change and the dir is no longer
     // watched: only SIGHUP (or the hourly rescan) makes the daemon look again.
     std::os::unix::fs::chown(&record, Some(0), Some(0)).unwrap();
     std::thread::sleep(Duration::from_millis(500));
-    alive_or_panic(&tree, "the tree before SIGHUP", &root, "hup");
+    ctx(&root, "hup").all_alive(&tree, "the tree before SIGHUP");
     dog.signal(libc::SIGHUP);
     let st = root.wait_final("hup", Duration::from_secs(20));
-    assert_eq!(
-        st["reason"],
-        "lease_expired",
-        "{}",
-        diagnostics(&root, "hup")
-    );
-    tree.wait_all_gone(CMD).expect("stopped");
+    c.eq(&st["reason"], "lease_expired", "st[\"reason\"]");
+    c.wait_gone(&tree, "the tree after the stop");
 }
 
 #[test]
 fn a_damaged_lease_is_reported_once_and_its_last_valid_deadline_is_kept() {
     let root = TestRoot::new();
+    let c = ctx(&root, "damaged");
     let side = Side::new(&root, User::Root);
     let run = side.start(
         "damaged",
@@ -699,31 +703,33 @@ fn a_damaged_lease_is_reported_once_and_its_last_valid_deadline_is_kept() {
     }
     let st = root.wait_final("damaged", Duration::from_secs(20));
     let ended = epoch_now();
-    assert_eq!(
-        st["reason"],
-        "lease_expired",
-        "{}",
-        diagnostics(&root, "damaged")
-    );
-    assert!(
+    c.eq(&st["reason"], "lease_expired", "st[\"reason\"]");
+    ensure!(
+        c,
         ended >= deadline - 0.05,
         "stopped {:.2}s before the kept deadline",
         deadline - ended
     );
-    assert!(
+    ensure!(
+        c,
         ended - deadline < 3.0,
         "stopped {:.2}s after the kept deadline",
         ended - deadline
     );
-    tree.wait_all_gone(CMD).expect("stopped");
+    c.wait_gone(&tree, "the tree after the stop");
     let log = dog.stderr();
     let said = log.matches("lease.json is damaged").count();
-    assert!(
+    ensure!(
+        c,
         (1..=3).contains(&said),
         "said {said} times (once per distinct damage): {log}"
     );
     let journalled = events_named(&root, "damaged", "lease_unreadable").len();
-    assert_eq!(journalled, said, "journal and log disagree: {log}");
+    c.eq(
+        &journalled,
+        &said,
+        format_args!("journal and log disagree: {log}"),
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -750,10 +756,17 @@ fn a_second_watchdog_on_a_root_names_the_first_and_exits_75() {
         first.stderr()
     );
     let out = first.stop();
-    assert!(out.status.success());
+    assert!(
+        out.status.success(),
+        "the first watchdog on SIGTERM: {out:?}"
+    );
     // Once it is gone, a new one may watch the root.
     let second = Daemon::start(side.watchdog(), &[]);
-    assert!(second.stop().status.success());
+    let out = second.stop();
+    assert!(
+        out.status.success(),
+        "the second watchdog on SIGTERM: {out:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -765,6 +778,7 @@ fn a_squatter_on_a_dead_wrappers_lock_does_not_keep_the_run_from_being_cancelled
     let side = Side::new(&root, User::Root);
     for (n, marked) in [true, false].iter().enumerate() {
         let id = format!("squat-{n}");
+        let c = ctx(&root, &id);
         let run = side.start(&id, &["--lease", "1h", "--grace", "1s"], &strs(&tree()));
         let (_, tree) = pin_tree(&root, &id);
         run.kill_wrapper();
@@ -800,22 +814,20 @@ fn a_squatter_on_a_dead_wrappers_lock_does_not_keep_the_run_from_being_cancelled
             }
         });
         let (code, _, err) = side.ctl(&["cancel", &id]);
-        assert_eq!(
-            code,
-            0,
-            "cancel of a squatted run: {err}\n{}",
-            diagnostics(&root, &id)
-        );
-        tree.wait_all_gone(CMD).expect("the run's tree is stopped");
+        c.eq(&code, &0, format_args!("cancel of a squatted run: {err}"));
+        c.wait_gone(&tree, "the run's tree");
         let st = root.status(&id);
-        assert_eq!(st["state"], "cancelled", "{}", diagnostics(&root, &id));
-        assert!(!events_named(&root, &id, "lock_squatted").is_empty());
+        c.eq(&st["state"], "cancelled", "st[\"state\"]");
+        ensure!(
+            c,
+            !events_named(&root, &id, "lock_squatted").is_empty(),
+            "!events_named(&root, &id, \"lock_squatted\").is_empty()"
+        );
         if *marked {
             // flock(1) itself is the run's too (it carries the marker): both gone.
-            spin.wait_all_gone(CMD)
-                .expect("the marked squatter is stopped");
+            c.wait_gone(&spin, "the marked squatter");
         } else {
-            assert_eq!(spin.alive().len(), 2, "an outsider must not be signalled");
+            c.eq(&spin.alive().len(), &2, "an outsider must not be signalled");
             no_signal_to(&root, &id, &[spid, child]);
         }
         let _ = spin.signal(child, libc::SIGKILL);

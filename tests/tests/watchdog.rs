@@ -17,44 +17,41 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use agent_run_shared::id::RunId;
-use agent_run_shared::lease::Lease;
 use agent_run_shared::record::{Cleanup, State, Status, SCHEMA};
 use agent_run_shared::root::Root;
 use agent_run_shared::run_dir::RunDir;
-use agent_run_shared::time::{epoch_now, parse_rfc3339, rfc3339_now};
+use agent_run_shared::time::{epoch_now, rfc3339_now};
 use agent_run_shared::{procfs, sys as shared_sys};
+use agent_run_tests::ctx::T;
 use agent_run_tests::facts::{exclusive_cpu, shared_cpu};
-use agent_run_tests::Reaper;
+use agent_run_tests::hostile::{write_lease, Daemon};
+use agent_run_tests::workload::{fx, start_args};
 use agent_run_tests::{
-    describe_output, diagnostics, exit_code, fixture_bin, proc_stat, run_with_timeout,
-    session_members, wait_ready, wait_until, wait_until_dbg, Pinned, Ready, Spawned, TestRoot,
+    ctx, describe_output, ensure, fixture_bin, proc_stat, session_members, wait_ready, Ctx,
+    Detached, Pinned, Ready, Reaper, Spawned, TestRoot,
 };
 use agent_run_watchdog::{run_once, Policy};
-use serde_json::Value;
-
-/// The one generous deadline for anything that should happen "soon" (CI has 2 slow cores).
-const LONG: Duration = Duration::from_secs(30);
+use serde_json::{json, Value};
 
 /// A boot id no machine has: the record of a run from "an earlier boot".
 const FORGED_BOOT_ID: &str = "00000000-0000-0000-0000-000000000000";
 
 // ---------------------------------------------------------------------------------------------
 // CPU sharing: the thousand-run test measures stop durations, so it runs alone; every other
-// test of this file may run beside the others.
-
-// (agent_run_tests::facts::{shared_cpu, exclusive_cpu})
+// test of this file may run beside the others (agent_run_tests::facts::{shared_cpu,
+// exclusive_cpu}).
 
 // ---------------------------------------------------------------------------------------------
 // Processes the test starts itself
 
-/// The fixture with `args` in a new session (setsid in `pre_exec`), stdin and stderr on
-/// /dev/null, stdout to `stdout` (or /dev/null), and, with `run`, the run's environment marker.
+/// The fixture with `args` in a new session (the product's own spawn: setsid, clean signals, no
+/// inherited descriptor), stdin and stderr on /dev/null, stdout to `stdout` (or /dev/null), and,
+/// with `run`, the run's environment marker.
 fn spawn_in_session(args: &[&str], run: Option<(&str, &Path)>, stdout: Option<&Path>) -> Child {
     let mut cmd = Command::new(fixture_bin());
     cmd.args(args)
@@ -79,16 +76,7 @@ fn spawn_in_session(args: &[&str], run: Option<(&str, &Path)>, stdout: Option<&P
     if let Some((id, dir)) = run {
         cmd.env("AGENT_RUN_ID", id).env("AGENT_RUN_DIR", dir);
     }
-    // SAFETY: the closure runs between fork and exec and calls only setsid(2), which is
-    // async-signal-safe; it fails only for a process group leader, which a fresh child is not.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() == -1 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    shared_sys::spawn_in_new_session(&mut cmd);
     // spawn() returns once exec succeeded, so setsid has happened and the environment is the
     // fixture's.
     cmd.spawn()
@@ -183,27 +171,15 @@ fn make_run_dir(root: &TestRoot, id: &str) -> PathBuf {
     dir
 }
 
-/// The run dir at `dir`, held as agent-run holds it.
-fn run_dir_at(dir: &Path) -> RunDir {
+/// Writes `st` as the record of the run dir at `dir`, with the library's writer.
+fn write_record(dir: &Path, st: &Status) {
     let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
     let id = RunId::parse(name).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    RunDir::open(dir, id).unwrap_or_else(|e| panic!("cannot open {}: {e}", dir.display()))
-}
-
-fn write_record(dir: &Path, st: &Status) {
-    run_dir_at(dir)
+    let run_dir =
+        RunDir::open(dir, id).unwrap_or_else(|e| panic!("cannot open {}: {e}", dir.display()));
+    run_dir
         .write_status(st)
         .unwrap_or_else(|e| panic!("cannot write {}: {e}", dir.display()));
-}
-
-fn write_deadline(dir: &Path, deadline_epoch: f64, lease_s: f64) {
-    let lease = Lease {
-        deadline_epoch,
-        lease_s,
-    };
-    run_dir_at(dir)
-        .write_lease(&lease)
-        .unwrap_or_else(|e| panic!("cannot write a lease: {e}"));
 }
 
 /// A watchdog policy for in-process passes: no orphan grace, the given slack.
@@ -217,103 +193,43 @@ fn policy(slack: Duration) -> Policy {
 // ---------------------------------------------------------------------------------------------
 // Reading outcomes
 
-/// An RFC 3339 time of the record as epoch seconds; panics with diagnostics if absent.
-fn epoch_field(root: &TestRoot, id: &str, st: &Value, key: &str) -> f64 {
-    st[key].as_str().and_then(parse_rfc3339).unwrap_or_else(|| {
-        panic!(
-            "{key} is not a time: {}\n{}",
-            st[key],
-            diagnostics(root, id)
-        )
-    })
-}
-
-/// lease.json's deadline.
-fn lease_deadline(root: &TestRoot, id: &str) -> f64 {
-    let path = root.run_dir(id).join("lease.json");
-    let text = fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "cannot read {}: {e}\n{}",
-            path.display(),
-            diagnostics(root, id)
-        )
-    });
-    let v: Value = serde_json::from_str(&text)
-        .unwrap_or_else(|e| panic!("bad lease.json {text:?}: {e}\n{}", diagnostics(root, id)));
-    v["deadline_epoch"]
-        .as_f64()
-        .unwrap_or_else(|| panic!("no deadline in {text:?}\n{}", diagnostics(root, id)))
-}
-
-/// Asserts state and reason of a final record.
-fn assert_outcome(root: &TestRoot, id: &str, st: &Value, state: &str, reason: &str) {
-    assert_eq!(
-        (st["state"].as_str(), st["reason"].as_str()),
-        (Some(state), Some(reason)),
-        "run {id} should be {state} ({reason})\n{}",
-        diagnostics(root, id)
-    );
-}
-
-/// Waits until every pinned process is gone (zombies count), panicking with the survivors.
-fn assert_all_gone(root: &TestRoot, id: &str, pinned: &Pinned, timeout: Duration) -> Duration {
-    pinned.wait_all_gone(timeout).unwrap_or_else(|alive| {
-        panic!(
-            "processes of run {id} still alive after {timeout:?}: {alive:?}\n{}",
-            diagnostics(root, id)
-        )
-    })
+/// The state and reason a final record must have.
+fn outcome(state: &str, reason: &str) -> Value {
+    json!({"state": state, "reason": reason})
 }
 
 /// The cleanup of a final record.
-fn cleanup_of(root: &TestRoot, id: &str, st: &Value) -> Cleanup {
-    serde_json::from_value(st["cleanup"].clone()).unwrap_or_else(|e| {
-        panic!(
-            "run {id} has no usable cleanup ({e}): {}\n{}",
-            st["cleanup"],
-            diagnostics(root, id)
-        )
-    })
+fn cleanup_of(c: Ctx<'_>, st: &Value) -> Cleanup {
+    serde_json::from_value(st["cleanup"].clone())
+        .unwrap_or_else(|e| c.fail(format_args!("no usable cleanup ({e}): {}", st["cleanup"])))
 }
 
-/// events.jsonl of a run, or nothing when it does not exist yet.
-fn events_so_far(root: &TestRoot, id: &str) -> Vec<Value> {
-    fs::read_to_string(root.run_dir(id).join("events.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
-
-fn signal_events(root: &TestRoot, id: &str) -> Vec<Value> {
-    events_so_far(root, id)
-        .into_iter()
-        .filter(|e| e["event"] == "signal")
-        .collect()
+/// The journal's `signal` events sent by the watchdog.
+fn watchdog_signals(c: Ctx<'_>) -> Vec<Value> {
+    let signals = c.events("signal").into_iter();
+    signals.filter(|e| e["by"] == "watchdog").collect()
 }
 
 /// Prints how late the run's own lease was enforced: from lease.json's deadline to the
 /// `lease_expired` journal line and to `ended_at`. Not asserted beyond "not early".
-fn report_lateness(root: &TestRoot, id: &str, what: &str) -> (f64, f64) {
-    let st = root.status(id);
-    let deadline = lease_deadline(root, id);
-    let ended = epoch_field(root, id, &st, "ended_at");
-    let noticed = events_so_far(root, id)
-        .iter()
-        .find(|e| e["event"] == "lease_expired")
-        .and_then(|e| e["ts"].as_str().and_then(parse_rfc3339));
+fn report_lateness(c: Ctx<'_>, what: &str) -> (f64, f64) {
+    let st = c.status();
+    let deadline = c.lease_deadline();
+    let ended = c.epoch(&st, "ended_at");
+    let noticed = c.events("lease_expired").first().map(|e| c.epoch(e, "ts"));
     let noticed_ms = noticed.map_or(f64::NAN, |t| (t - deadline) * 1000.0);
     let ended_ms = (ended - deadline) * 1000.0;
     eprintln!(
-        "lease lateness [{what}] run {id}: expiry noticed {noticed_ms:+.0} ms, \
-         final record {ended_ms:+.0} ms after the deadline"
+        "lease lateness [{what}] run {}: expiry noticed {noticed_ms:+.0} ms, \
+         final record {ended_ms:+.0} ms after the deadline",
+        c.id
     );
     // Times are written with millisecond precision (truncated): allow that much.
-    assert!(
+    ensure!(
+        c,
         ended >= deadline - 0.001,
-        "run {id} ended {:.3} s before its lease deadline\n{}",
-        deadline - ended,
-        diagnostics(root, id)
+        "the run ended {:.3} s before its lease deadline",
+        deadline - ended
     );
     (noticed_ms, ended_ms)
 }
@@ -332,132 +248,29 @@ fn sleep_until_epoch(epoch: f64) -> bool {
 // ---------------------------------------------------------------------------------------------
 // The wrapper and the daemon
 
-/// `agent-run start -d ARGS... ID -- fixture TREE...`, its `ready` line and its wrapper pid,
-/// pinned (the leader, every member and the wrapper) and checked against the record.
-struct DetachedRun {
-    ready: Ready,
-    pinned: Pinned,
-    wrapper_pid: i32,
-    wrapper: Pinned,
-}
-
-fn start_detached(root: &TestRoot, id: &str, opts: &[&str], tree: &[&str]) -> DetachedRun {
-    let fixture = fixture_bin();
-    let mut cmd = root.cmd();
-    cmd.args(["start", "-d"])
-        .args(opts)
-        .args([id, "--"])
-        .arg(&fixture)
-        .args(tree);
-    let what = format!("{cmd:?}");
-    let out = run_with_timeout(&mut cmd, LONG);
-    assert_eq!(
-        exit_code(&out.status),
-        0,
-        "{}\n{}",
-        describe_output(&what, &out),
-        diagnostics(root, id)
+/// `start --detach OPTS ID -- fixture TREE`: the run (its wrapper pinned), the fixture's ready
+/// line, and the whole tree pinned.
+fn start_tree(c: Ctx<'_>, opts: &str, tree: &str) -> (Detached, Ready, Pinned) {
+    let run = c.start_running(opts, &fx(tree));
+    let (ready, pinned) = c.pin_tree();
+    c.eq(
+        ready.pid,
+        run.leader,
+        "the leader of the ready line and the detach line",
     );
-    let line: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "start -d printed no JSON line ({e})\n{}",
-            describe_output(&what, &out)
-        )
-    });
-    assert_eq!(line["state"], "running", "{}", describe_output(&what, &out));
-    let ready = wait_ready(&root.run_dir(id).join("stdout.log"), LONG);
-    let pinned = Pinned::new(&ready.all_pids());
-    let st = root.status(id);
-    let wrapper_pid = st["wrapper_pid"]
-        .as_i64()
-        .unwrap_or_else(|| panic!("no wrapper_pid\n{}", diagnostics(root, id)))
-        as i32;
-    let wrapper = Pinned::new(&[wrapper_pid]);
-    // The pidfd is open: check that it pins the recorded wrapper, not a reused pid.
-    let ticks = proc_stat(wrapper_pid).map(|s| s.4);
-    assert_eq!(
-        ticks,
-        st["wrapper_start_ticks"].as_u64(),
-        "wrapper {wrapper_pid} is not the recorded one\n{}",
-        diagnostics(root, id)
-    );
-    assert_eq!(ready.pid, st["pid"].as_i64().unwrap_or_default() as i32);
-    DetachedRun {
-        ready,
-        pinned,
-        wrapper_pid,
-        wrapper,
-    }
+    (run, ready, pinned)
 }
 
-/// The `agent-run-watchdog` daemon, with stderr captured. Killed and reaped on drop if the test
-/// did not stop it.
-struct Watchdog {
-    proc: Option<Spawned>,
+/// The `agent-run-watchdog` daemon on the test's root, watching.
+fn watchdog(root: &TestRoot, args: &[&str]) -> Daemon {
+    Daemon::start(root.watchdog_cmd(), args)
 }
 
-impl Watchdog {
-    /// Starts the daemon on the test's root and waits until it is watching.
-    fn start(root: &TestRoot, args: &[&str]) -> Watchdog {
-        let proc = Spawned::spawn(root.watchdog_cmd().args(args));
-        let dog = Watchdog { proc: Some(proc) };
-        wait_until_dbg("the watchdog to start watching", LONG, || {
-            let err = dog.stderr();
-            if err.contains("watching ") {
-                Ok(())
-            } else {
-                Err(err)
-            }
-        });
-        dog
-    }
-
-    fn stderr(&self) -> String {
-        self.proc.as_ref().map_or_else(String::new, |p| {
-            String::from_utf8_lossy(&p.stderr_so_far()).into_owned()
-        })
-    }
-
-    fn still_running(&mut self) -> bool {
-        self.proc
-            .as_mut()
-            .is_some_and(|p| matches!(p.child.try_wait(), Ok(None)))
-    }
-
-    fn signal(&self, sig: i32) {
-        if let Some(p) = &self.proc {
-            p.signal(sig);
-        }
-    }
-
-    /// SIGTERM, then wait for it to exit; panics unless it exits 0.
-    fn terminate(self, timeout: Duration) -> Output {
-        self.signal(libc::SIGTERM);
-        self.wait_exit(timeout)
-    }
-
-    /// Waits for the daemon to exit (after a SIGTERM already sent); panics unless it exits 0.
-    fn wait_exit(mut self, timeout: Duration) -> Output {
-        let proc = self.proc.take().expect("the watchdog was already stopped");
-        let what = proc.what.clone();
-        let out = proc.finish(timeout);
-        assert_eq!(
-            exit_code(&out.status),
-            0,
-            "the watchdog should exit 0 on SIGTERM\n{}",
-            describe_output(&what, &out)
-        );
-        out
-    }
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        if let Some(mut p) = self.proc.take() {
-            let _ = p.child.kill();
-            let _ = p.child.wait();
-        }
-    }
+/// SIGTERM to the daemon, which must exit 0.
+fn terminate(c: Ctx<'_>, dog: Daemon) -> std::process::Output {
+    let out = dog.stop();
+    c.code(&out, 0, "the watchdog on SIGTERM");
+    out
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -467,133 +280,96 @@ impl Drop for Watchdog {
 fn a_two_second_lease_without_renewal_cancels_the_run_and_exits_124_with_the_tree_gone() {
     let _cpu = shared_cpu();
     let root = TestRoot::new();
-    let id = "wd-lease-unrenewed";
-    let fixture = fixture_bin().display().to_string();
+    let c = ctx(&root, "wd-lease-unrenewed");
     let started = Instant::now();
-    let wrapper = Spawned::wrapper(
-        &root,
-        &[
-            "start",
-            "--lease",
-            "2s",
-            id,
-            "--",
-            &fixture,
-            "tree",
-            "--children",
-            "2",
-            "--grandchildren",
-        ],
+    let wrapper = Spawned::spawn(root.cmd().args(start_args(
+        "--lease 2s",
+        c.id,
+        &fx("tree --children 2 --grandchildren"),
+    )));
+    let (ready, pinned) = c.pin_tree();
+    c.eq(
+        ready.members.len(),
+        4,
+        format_args!("the tree's members: {ready:?}"),
     );
-    let ready = wait_ready(&root.run_dir(id).join("stdout.log"), LONG);
-    let pinned = Pinned::new(&ready.all_pids());
-    assert_eq!(ready.members.len(), 4, "{ready:?}");
-    let what = wrapper.what.clone();
-    let out = wrapper.finish(LONG);
+    let out = c.finish_within(wrapper, T, 124);
     let elapsed = started.elapsed();
-    assert_eq!(
-        exit_code(&out.status),
-        124,
-        "{}\n{}",
-        describe_output(&what, &out),
-        diagnostics(&root, id)
+    c.fields(
+        &c.status(),
+        "the record",
+        outcome("cancelled", "lease_expired"),
     );
-    let st = root.status(id);
-    assert_outcome(&root, id, &st, "cancelled", "lease_expired");
-    assert_all_gone(&root, id, &pinned, Duration::from_secs(10));
-    assert_eq!(session_members(ready.sid), Vec::<i32>::new());
-    assert!(
+    c.wait_gone_within(&pinned, Duration::from_secs(10), "the run's tree");
+    c.eq(
+        session_members(ready.sid),
+        Vec::<i32>::new(),
+        "processes left in the run's session",
+    );
+    ensure!(
+        c,
         elapsed >= Duration::from_secs(2),
         "the run ended after {elapsed:?}, before its 2 s lease\n{}",
-        diagnostics(&root, id)
+        describe_output("the wrapper", &out)
     );
-    report_lateness(&root, id, "foreground, 2 s, no renewal");
+    report_lateness(c, "foreground, 2 s, no renewal");
 }
 
 #[test]
 fn renewals_every_700_ms_keep_a_two_second_lease_alive_past_four_seconds_then_it_expires() {
     let _cpu = shared_cpu();
     let root = TestRoot::new();
-    let id = "wd-lease-renewed";
-    let fixture = fixture_bin().display().to_string();
+    let c = ctx(&root, "wd-lease-renewed");
     let started = Instant::now();
-    let wrapper = Spawned::wrapper(
-        &root,
-        &[
-            "start",
-            "--lease",
-            "2s",
-            id,
-            "--",
-            &fixture,
-            "tree",
-            "--children",
-            "2",
-            "--grandchildren",
-        ],
-    );
-    let ready = wait_ready(&root.run_dir(id).join("stdout.log"), LONG);
-    let pinned = Pinned::new(&ready.all_pids());
+    let wrapper = Spawned::spawn(root.cmd().args(start_args(
+        "--lease 2s",
+        c.id,
+        &fx("tree --children 2 --grandchildren"),
+    )));
+    let (ready, pinned) = c.pin_tree();
 
     // The scenario: a controller renewing every 0.7 s. Sleeping between renewals is the point.
     let mut renewals = 0;
     while started.elapsed() < Duration::from_millis(4300) {
         std::thread::sleep(Duration::from_millis(700));
-        let mut cmd = root.cmd();
-        cmd.args(["renew", id]);
-        let what = format!("{cmd:?}");
-        let out = run_with_timeout(&mut cmd, LONG);
-        assert_eq!(
-            exit_code(&out.status),
-            0,
-            "renewal {renewals} failed\n{}\n{}",
-            describe_output(&what, &out),
-            diagnostics(&root, id)
-        );
+        c.ctl(&["renew", c.id], 0);
         renewals += 1;
     }
     let alive_at = started.elapsed();
-    let st = root.status(id);
-    assert_eq!(
-        st["state"],
-        "running",
-        "after {alive_at:?} and {renewals} renewals the run should still be running\n{}",
-        diagnostics(&root, id)
+    c.fields(
+        &c.status(),
+        &format!("the record after {alive_at:?} and {renewals} renewals"),
+        json!({"state": "running"}),
     );
-    assert_eq!(
+    c.eq(
         pinned.alive(),
         ready.all_pids(),
-        "after {alive_at:?} and {renewals} renewals every process should be alive\n{}",
-        diagnostics(&root, id)
+        format_args!("after {alive_at:?} and {renewals} renewals every process should be alive"),
     );
-    assert!(alive_at > Duration::from_secs(4));
+    ensure!(
+        c,
+        alive_at > Duration::from_secs(4),
+        "the renewals ended after {alive_at:?}"
+    );
 
     // Renewals end: the last deadline holds.
     let renewals_ended = epoch_now();
-    let what = wrapper.what.clone();
-    let out = wrapper.finish(LONG);
-    assert_eq!(
-        exit_code(&out.status),
-        124,
-        "{}\n{}",
-        describe_output(&what, &out),
-        diagnostics(&root, id)
-    );
-    let st = root.status(id);
-    assert_outcome(&root, id, &st, "cancelled", "lease_expired");
-    assert_all_gone(&root, id, &pinned, Duration::from_secs(10));
-    let ended = epoch_field(&root, id, &st, "ended_at");
-    assert!(
+    c.finish_within(wrapper, T, 124);
+    let st = c.status();
+    c.fields(&st, "the record", outcome("cancelled", "lease_expired"));
+    c.wait_gone_within(&pinned, Duration::from_secs(10), "the run's tree");
+    let ended = c.epoch(&st, "ended_at");
+    ensure!(
+        c,
         ended >= renewals_ended + 1.0,
-        "the run ended {:.3} s after the last renewal, well before its 2 s lease\n{}",
-        ended - renewals_ended,
-        diagnostics(&root, id)
+        "the run ended {:.3} s after the last renewal, well before its 2 s lease",
+        ended - renewals_ended
     );
     eprintln!(
         "renewed lease: {renewals} renewals, alive at {alive_at:?}, ended {:.3} s after the last",
         ended - renewals_ended
     );
-    report_lateness(&root, id, "foreground, 2 s, after renewals");
+    report_lateness(c, "foreground, 2 s, after renewals");
 }
 
 #[test]
@@ -601,17 +377,18 @@ fn the_wrappers_own_lease_is_enforced_on_time_for_several_detached_runs() {
     let _cpu = shared_cpu();
     let root = TestRoot::new();
     let ids = ["wd-lateness-1", "wd-lateness-2", "wd-lateness-3"];
-    let runs: Vec<DetachedRun> = ids
+    let runs: Vec<(Detached, Ready, Pinned)> = ids
         .iter()
-        .map(|id| start_detached(&root, id, &["--lease", "1s"], &["tree", "--children", "1"]))
+        .map(|id| start_tree(ctx(&root, id), "--lease 1s", "tree --children 1"))
         .collect();
     let mut figures = Vec::new();
-    for (id, run) in ids.iter().zip(&runs) {
-        let st = root.wait_final(id, LONG);
-        assert_outcome(&root, id, &st, "cancelled", "lease_expired");
-        assert_all_gone(&root, id, &run.pinned, Duration::from_secs(10));
-        assert_all_gone(&root, id, &run.wrapper, Duration::from_secs(10));
-        figures.push(report_lateness(&root, id, "detached, 1 s"));
+    for (id, (run, _, pinned)) in ids.iter().zip(&runs) {
+        let c = ctx(&root, id);
+        let st = c.wait_final();
+        c.fields(&st, "the record", outcome("cancelled", "lease_expired"));
+        c.wait_gone_within(pinned, Duration::from_secs(10), "the run's tree");
+        c.wait_gone_within(&run.wrapper_pin, Duration::from_secs(10), "the wrapper");
+        figures.push(report_lateness(c, "detached, 1 s"));
     }
     eprintln!("lease lateness figures (noticed ms, final ms): {figures:?}");
 }
@@ -623,56 +400,52 @@ fn the_wrappers_own_lease_is_enforced_on_time_for_several_detached_runs() {
 fn after_kill_9_of_the_wrapper_the_watchdog_stops_the_leased_workload_at_the_deadline() {
     let _cpu = shared_cpu();
     let root = TestRoot::new();
-    let id = "wd-killed-wrapper-leased";
-    let dog = Watchdog::start(&root, &[]);
-    let run = start_detached(
-        &root,
-        id,
-        &["--lease", "2s"],
-        &["tree", "--children", "2", "--grandchildren"],
+    let c = ctx(&root, "wd-killed-wrapper-leased");
+    let dog = watchdog(&root, &[]);
+    let (run, ready, pinned) = start_tree(c, "--lease 2s", "tree --children 2 --grandchildren");
+    let deadline = c.lease_deadline();
+    c.signal(&run.wrapper_pin, run.wrapper, libc::SIGKILL);
+    c.wait_gone_within(
+        &run.wrapper_pin,
+        Duration::from_secs(10),
+        "the SIGKILLed wrapper",
     );
-    let deadline = lease_deadline(&root, id);
-    run.wrapper
-        .signal(run.wrapper_pid, libc::SIGKILL)
-        .unwrap_or_else(|e| panic!("cannot kill the wrapper: {e}\n{}", diagnostics(&root, id)));
-    assert_all_gone(&root, id, &run.wrapper, Duration::from_secs(10));
 
     // Shortly before the deadline, nothing of the run has been touched.
     if sleep_until_epoch(deadline - 0.3) {
-        assert_eq!(
-            run.pinned.alive(),
-            run.ready.all_pids(),
-            "the watchdog stopped the run before its lease deadline\n{}\n--- watchdog\n{}",
-            diagnostics(&root, id),
-            dog.stderr()
+        c.eq(
+            pinned.alive(),
+            ready.all_pids(),
+            format_args!(
+                "the watchdog stopped the run before its lease deadline\n--- watchdog\n{}",
+                dog.stderr()
+            ),
         );
-        assert_eq!(root.status(id)["state"], "running");
+        c.fields(&c.status(), "the record", json!({"state": "running"}));
     } else {
         eprintln!("too slow to check the run before its deadline; checking ended_at only");
     }
 
-    let st = root.wait_final(id, LONG);
-    assert_outcome(&root, id, &st, "cancelled", "lease_expired");
-    assert_all_gone(&root, id, &run.pinned, Duration::from_secs(10));
-    let ended = epoch_field(&root, id, &st, "ended_at");
-    assert!(
+    let st = c.wait_final();
+    c.fields(&st, "the record", outcome("cancelled", "lease_expired"));
+    c.wait_gone_within(&pinned, Duration::from_secs(10), "the run's tree");
+    let ended = c.epoch(&st, "ended_at");
+    ensure!(
+        c,
         ended >= deadline - 0.001,
-        "the watchdog ended the run {:.3} s before its deadline\n{}",
-        deadline - ended,
-        diagnostics(&root, id)
+        "the watchdog ended the run {:.3} s before its deadline",
+        deadline - ended
     );
-    assert!(
-        signal_events(&root, id)
-            .iter()
-            .any(|e| e["by"] == "watchdog"),
-        "the watchdog journalled no signal\n{}",
-        diagnostics(&root, id)
+    ensure!(
+        c,
+        !watchdog_signals(c).is_empty(),
+        "the watchdog journalled no signal"
     );
     eprintln!(
         "watchdog lease lateness after kill -9 of the wrapper: final record {:+.0} ms",
         (ended - deadline) * 1000.0
     );
-    dog.terminate(LONG);
+    terminate(c, dog);
 }
 
 #[test]
@@ -680,102 +453,97 @@ fn after_kill_9_of_the_wrapper_of_a_run_without_lease_the_watchdog_stops_it_afte
 {
     let _cpu = shared_cpu();
     let root = TestRoot::new();
-    let id = "wd-killed-wrapper-unleased";
-    let dog = Watchdog::start(&root, &["--orphan-grace", "2s"]);
-    let run = start_detached(
-        &root,
-        id,
-        &[],
-        &["tree", "--children", "2", "--grandchildren"],
-    );
+    let c = ctx(&root, "wd-killed-wrapper-unleased");
+    let dog = watchdog(&root, &["--orphan-grace", "2s"]);
+    let (run, ready, pinned) = start_tree(c, "", "tree --children 2 --grandchildren");
     let killed_at = epoch_now();
-    run.wrapper
-        .signal(run.wrapper_pid, libc::SIGKILL)
-        .unwrap_or_else(|e| panic!("cannot kill the wrapper: {e}\n{}", diagnostics(&root, id)));
-    assert_all_gone(&root, id, &run.wrapper, Duration::from_secs(10));
+    c.signal(&run.wrapper_pin, run.wrapper, libc::SIGKILL);
+    c.wait_gone_within(
+        &run.wrapper_pin,
+        Duration::from_secs(10),
+        "the SIGKILLed wrapper",
+    );
 
     if sleep_until_epoch(killed_at + 1.5) {
-        assert_eq!(
-            run.pinned.alive(),
-            run.ready.all_pids(),
-            "the watchdog stopped the run before the orphan grace\n{}\n--- watchdog\n{}",
-            diagnostics(&root, id),
-            dog.stderr()
+        c.eq(
+            pinned.alive(),
+            ready.all_pids(),
+            format_args!(
+                "the watchdog stopped the run before the orphan grace\n--- watchdog\n{}",
+                dog.stderr()
+            ),
         );
     }
 
-    let st = root.wait_final(id, LONG);
-    assert_outcome(&root, id, &st, "cancelled", "wrapper_lost");
-    assert_all_gone(&root, id, &run.pinned, Duration::from_secs(10));
-    let ended = epoch_field(&root, id, &st, "ended_at");
-    assert!(
+    let st = c.wait_final();
+    c.fields(&st, "the record", outcome("cancelled", "wrapper_lost"));
+    c.wait_gone_within(&pinned, Duration::from_secs(10), "the run's tree");
+    let ended = c.epoch(&st, "ended_at");
+    ensure!(
+        c,
         ended >= killed_at + 2.0 - 0.001,
-        "the run was stopped {:.3} s after its wrapper died, before the 2 s orphan grace\n{}",
-        ended - killed_at,
-        diagnostics(&root, id)
+        "the run was stopped {:.3} s after its wrapper died, before the 2 s orphan grace",
+        ended - killed_at
     );
     eprintln!(
         "orphan grace 2 s: final record {:.3} s after kill -9 of the wrapper",
         ended - killed_at
     );
-    dog.terminate(LONG);
+    terminate(c, dog);
 }
 
 #[test]
 fn a_sigstopped_wrapper_past_its_lease_is_taken_over_and_the_run_is_cancelled() {
     let _cpu = shared_cpu();
     let root = TestRoot::new();
-    let id = "wd-stopped-wrapper";
-    let dog = Watchdog::start(&root, &["--slack", "1s"]);
-    let run = start_detached(
-        &root,
-        id,
-        &["--lease", "1s", "--grace", "1s"],
-        &["tree", "--children", "1", "--grandchildren"],
+    let c = ctx(&root, "wd-stopped-wrapper");
+    let dog = watchdog(&root, &["--slack", "1s"]);
+    let (run, _, pinned) = start_tree(
+        c,
+        "--lease 1s --grace 1s",
+        "tree --children 1 --grandchildren",
     );
-    run.wrapper
-        .signal(run.wrapper_pid, libc::SIGSTOP)
-        .unwrap_or_else(|e| panic!("cannot stop the wrapper: {e}\n{}", diagnostics(&root, id)));
-    wait_until("the wrapper to be stopped", LONG, || {
-        proc_stat(run.wrapper_pid)
-            .filter(|s| s.0 == 'T')
-            .map(|_| ())
+    c.signal(&run.wrapper_pin, run.wrapper, libc::SIGSTOP);
+    c.wait("the wrapper to be stopped", || {
+        match proc_stat(run.wrapper) {
+            Some(s) if s.0 == 'T' => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
     });
-    let deadline = lease_deadline(&root, id);
-    assert_eq!(
-        root.status(id)["state"],
-        "running",
-        "the wrapper acted on its lease before it was stopped: the scenario did not happen\n{}",
-        diagnostics(&root, id)
+    let deadline = c.lease_deadline();
+    c.fields(
+        &c.status(),
+        "the record once the wrapper is stopped (else the scenario did not happen)",
+        json!({"state": "running"}),
     );
 
-    let st = root.wait_final(id, LONG);
-    assert_outcome(&root, id, &st, "cancelled", "lease_expired");
-    assert_all_gone(&root, id, &run.pinned, Duration::from_secs(10));
+    let st = c.wait_final();
+    c.fields(&st, "the record", outcome("cancelled", "lease_expired"));
+    c.wait_gone_within(&pinned, Duration::from_secs(10), "the run's tree");
     // The stuck wrapper was killed by the watchdog (the Pinned drop would kill it otherwise).
-    assert_all_gone(&root, id, &run.wrapper, Duration::from_secs(10));
-    let ended = epoch_field(&root, id, &st, "ended_at");
-    let watchdog_signals: Vec<Value> = signal_events(&root, id)
-        .into_iter()
-        .filter(|e| e["by"] == "watchdog")
-        .collect();
-    assert!(
-        !watchdog_signals.is_empty(),
-        "the watchdog journalled no signal\n{}",
-        diagnostics(&root, id)
+    c.wait_gone_within(
+        &run.wrapper_pin,
+        Duration::from_secs(10),
+        "the stuck wrapper",
+    );
+    let ended = c.epoch(&st, "ended_at");
+    ensure!(
+        c,
+        !watchdog_signals(c).is_empty(),
+        "the watchdog journalled no signal"
     );
     eprintln!(
         "stopped wrapper: lease deadline + grace 1 s + slack 1 s; final record {:.3} s after the \
          deadline",
         ended - deadline
     );
-    assert!(
+    ensure!(
+        c,
         ended >= deadline + 2.0 - 0.001,
-        "the watchdog stepped in {:.3} s after the deadline, before grace + slack\n{}",
-        ended - deadline,
-        diagnostics(&root, id)
+        "the watchdog stepped in {:.3} s after the deadline, before grace + slack",
+        ended - deadline
     );
-    dog.terminate(LONG);
+    terminate(c, dog);
 }
 
 #[test]
@@ -783,59 +551,58 @@ fn sigterm_to_the_watchdog_mid_stop_lets_the_stop_finish_then_exits_0() {
     let _cpu = shared_cpu();
     let root = TestRoot::new();
     let _r = open_root(&root);
-    let id = "wd-sigterm-mid-stop";
-    let dir = make_run_dir(&root, id);
+    let c = ctx(&root, "wd-sigterm-mid-stop");
+    let dir = make_run_dir(&root, c.id);
     let mut children = Reaper::default();
     children.push(spawn_in_session(
         &STUBBORN_TREE,
-        Some((id, &dir)),
-        Some(&dir.join("stdout.log")),
+        Some((c.id, &dir)),
+        Some(&c.file("stdout.log")),
     ));
-    let ready = wait_ready(&dir.join("stdout.log"), LONG);
-    let pinned = Pinned::new(&ready.all_pids());
-    let mut st = running_record(id, ready.pid, &procfs::boot_id());
+    let (ready, pinned) = c.pin_tree();
+    let mut st = running_record(c.id, ready.pid, &procfs::boot_id());
     st.grace_ms = Some(3000);
     write_record(&dir, &st);
-    write_deadline(&dir, epoch_now() - 0.5, 1.0);
+    write_lease(&dir, epoch_now() - 0.5, 1.0);
 
-    let mut dog = Watchdog::start(&root, &[]);
-    let stop_began = wait_until_dbg("the watchdog's stop_begin", LONG, || {
-        let events = events_so_far(&root, id);
-        events
-            .iter()
-            .find(|e| e["event"] == "stop_begin" && e["by"] == "watchdog")
-            .cloned()
-            .ok_or_else(|| format!("{} events; watchdog: {}", events.len(), dog.stderr()))
+    let mut dog = watchdog(&root, &[]);
+    let stop_began = c.wait("the watchdog's stop_begin", || {
+        let mut began = c.events_so_far("stop_begin").into_iter();
+        began
+            .find(|e| e["by"] == "watchdog")
+            .ok_or_else(|| format!("watchdog: {}", dog.stderr()))
     });
     dog.signal(libc::SIGTERM);
-    assert!(
-        dog.still_running(),
-        "the watchdog exited at SIGTERM with a stop in flight\n{}",
-        diagnostics(&root, id)
+    ensure!(
+        c,
+        dog.running(),
+        "the watchdog exited at SIGTERM with a stop in flight"
     );
-    let out = dog.wait_exit(LONG);
+    let out = dog.finish();
+    c.code(&out, 0, "the watchdog on SIGTERM");
     let exited = epoch_now();
     let err = String::from_utf8_lossy(&out.stderr);
 
     // The daemon exited after the stop: the record is final now, not later.
-    let st = root.status(id);
-    assert_outcome(&root, id, &st, "cancelled", "lease_expired");
-    assert_all_gone(&root, id, &pinned, Duration::from_secs(1));
-    let cleanup = cleanup_of(&root, id, &st);
-    assert!(
+    let st = c.status();
+    c.fields(&st, "the record", outcome("cancelled", "lease_expired"));
+    c.wait_gone_within(&pinned, Duration::from_secs(1), "the run's tree");
+    let cleanup = cleanup_of(c, &st);
+    ensure!(
+        c,
         cleanup.signals.contains(&"KILL".to_string()) && cleanup.duration_ms >= 3000,
-        "a stubborn run should be killed at its 3 s grace: {cleanup:?}\n{}",
-        diagnostics(&root, id)
+        "a stubborn run should be killed at its 3 s grace: {cleanup:?}"
     );
-    let ended = epoch_field(&root, id, &st, "ended_at");
-    assert!(
+    let ended = c.epoch(&st, "ended_at");
+    ensure!(
+        c,
         ended <= exited,
         "the record was finalised after the daemon exited"
     );
-    assert!(
+    ensure!(
+        c,
         !err.contains("still in flight"),
-        "the watchdog gave up on the stop:\n{err}\n{}",
-        diagnostics(&root, id)
+        "the watchdog gave up on the stop:\n{err}"
     );
     eprintln!(
         "SIGTERM mid-stop: stop began {}, record final at {}, daemon exited {:.3} s later",
@@ -853,40 +620,33 @@ fn a_record_from_an_earlier_boot_becomes_unknown_and_the_process_it_names_is_not
     let _cpu = shared_cpu();
     let root = TestRoot::new();
     let _r = open_root(&root);
-    let id = "wd-rebooted-binary";
-    let dir = make_run_dir(&root, id);
+    let c = ctx(&root, "wd-rebooted-binary");
+    let dir = make_run_dir(&root, c.id);
     let mut children = Reaper::default();
     // An unrelated process of this boot that happens to have the pid the old record names.
     let pid = children.push(spawn_in_session(&["sleep-ms", "60000"], None, None));
     let unrelated = Pinned::new(&[pid]);
-    let mut st = running_record(id, pid, FORGED_BOOT_ID);
+    let mut st = running_record(c.id, pid, FORGED_BOOT_ID);
     st.wrapper_pid = Some(dead_process().0);
     write_record(&dir, &st);
 
     let mut cmd = root.watchdog_cmd();
-    cmd.arg("--once");
-    let what = format!("{cmd:?}");
-    let out = run_with_timeout(&mut cmd, LONG);
-    assert_eq!(
-        exit_code(&out.status),
-        0,
-        "{}\n{}",
-        describe_output(&what, &out),
-        diagnostics(&root, id)
+    let out = agent_run_tests::run_with_timeout(cmd.arg("--once"), T);
+    c.code(&out, 0, "agent-run-watchdog --once");
+    c.fields(
+        &c.status(),
+        "the record",
+        outcome("unknown", "host_rebooted"),
     );
-    let st = root.status(id);
-    assert_outcome(&root, id, &st, "unknown", "host_rebooted");
-    assert_eq!(
+    c.eq(
         unrelated.alive(),
         vec![pid],
-        "the watchdog killed a process of this boot named by an old record\n{}",
-        diagnostics(&root, id)
+        "the watchdog killed a process of this boot named by an old record",
     );
-    assert_eq!(
-        signal_events(&root, id),
+    c.eq(
+        c.events("signal"),
         Vec::<Value>::new(),
-        "nothing may be signalled for a record of another boot\n{}",
-        diagnostics(&root, id)
+        "nothing may be signalled for a record of another boot",
     );
 }
 
@@ -897,17 +657,17 @@ fn in_process_run_once_marks_a_record_from_an_earlier_boot_unknown_without_signa
     let r = open_root(&root);
     // One old record names a live process of this boot (unrelated: the pid was reused), the
     // other names nothing alive.
-    let id = "wd-rebooted-inproc";
+    let c = ctx(&root, "wd-rebooted-inproc");
     let empty_id = "wd-rebooted-inproc-empty";
-    let dir = make_run_dir(&root, id);
+    let dir = make_run_dir(&root, c.id);
     let empty_dir = make_run_dir(&root, empty_id);
     let mut children = Reaper::default();
     let pid = children.push(spawn_in_session(&["sleep-ms", "60000"], None, None));
     let unrelated = Pinned::new(&[pid]);
-    let mut st = running_record(id, pid, FORGED_BOOT_ID);
+    let mut st = running_record(c.id, pid, FORGED_BOOT_ID);
     st.wrapper_pid = Some(dead_process().0);
     write_record(&dir, &st);
-    write_deadline(&dir, epoch_now() - 10.0, 1.0);
+    write_lease(&dir, epoch_now() - 10.0, 1.0);
     let (dead, ticks) = dead_process();
     write_record(
         &empty_dir,
@@ -916,26 +676,36 @@ fn in_process_run_once_marks_a_record_from_an_earlier_boot_unknown_without_signa
 
     let mut lines = run_once(&r, &policy(Duration::from_secs(1)));
     lines.sort();
-    assert_eq!(lines.len(), 2, "{lines:?}\n{}", diagnostics(&root, id));
-    assert!(
+    c.eq(lines.len(), 2, format_args!("the pass's lines: {lines:?}"));
+    ensure!(
+        c,
         lines.iter().all(|l| l.contains("from an earlier boot")),
-        "{lines:?}"
+        "the pass's lines: {lines:?}"
     );
-    for id in [id, empty_id] {
-        let st = root.status(id);
-        assert_outcome(&root, id, &st, "unknown", "host_rebooted");
-        assert_eq!(signal_events(&root, id), Vec::<Value>::new());
-        assert!(st["ended_at"].is_string(), "{}", diagnostics(&root, id));
+    for run in [c, ctx(&root, empty_id)] {
+        let st = run.status();
+        run.fields(&st, "the record", outcome("unknown", "host_rebooted"));
+        run.eq(run.events("signal"), Vec::<Value>::new(), "signal events");
+        ensure!(
+            run,
+            st["ended_at"].is_string(),
+            "the record has no ended_at"
+        );
     }
-    assert_eq!(unrelated.alive(), vec![pid], "{}", diagnostics(&root, id));
+    c.eq(unrelated.alive(), vec![pid], "the unrelated process");
 
     // A second pass finds nothing to do: a final record is never touched again.
-    let before = fs::read(dir.join("status.json")).unwrap();
-    assert_eq!(
+    let before = c.bytes("status.json");
+    c.eq(
         run_once(&r, &policy(Duration::from_secs(1))),
-        Vec::<String>::new()
+        Vec::<String>::new(),
+        "the lines of a second pass",
     );
-    assert_eq!(fs::read(dir.join("status.json")).unwrap(), before);
+    c.eq(
+        c.bytes("status.json"),
+        before,
+        "the record after a second pass",
+    );
 }
 
 #[test]
@@ -943,21 +713,21 @@ fn in_process_run_once_marks_an_orphan_without_processes_unknown_wrapper_lost() 
     let _cpu = shared_cpu();
     let root = TestRoot::new();
     let r = open_root(&root);
-    let id = "wd-orphan-empty-inproc";
-    let dir = make_run_dir(&root, id);
+    let c = ctx(&root, "wd-orphan-empty-inproc");
+    let dir = make_run_dir(&root, c.id);
     let (pid, ticks) = dead_process();
-    let mut st = record_with(id, pid, pid, pid, ticks, &procfs::boot_id());
+    let mut st = record_with(c.id, pid, pid, pid, ticks, &procfs::boot_id());
     st.wrapper_pid = Some(dead_process().0);
     write_record(&dir, &st);
 
     let started = Instant::now();
     let lines = run_once(&r, &policy(Duration::from_secs(1)));
     let took = started.elapsed();
-    assert_eq!(lines.len(), 1, "{lines:?}\n{}", diagnostics(&root, id));
-    let st = root.status(id);
-    assert_outcome(&root, id, &st, "unknown", "wrapper_lost");
-    assert_eq!(signal_events(&root, id), Vec::<Value>::new());
-    assert!(st["ended_at"].is_string(), "{}", diagnostics(&root, id));
+    c.eq(lines.len(), 1, format_args!("the pass's lines: {lines:?}"));
+    let st = c.status();
+    c.fields(&st, "the record", outcome("unknown", "wrapper_lost"));
+    c.eq(c.events("signal"), Vec::<Value>::new(), "signal events");
+    ensure!(c, st["ended_at"].is_string(), "the record has no ended_at");
     eprintln!("orphan without processes reconciled in {took:?}");
 }
 
@@ -966,38 +736,36 @@ fn in_process_run_once_stops_an_orphan_whose_lease_expired_and_cancels_it() {
     let _cpu = shared_cpu();
     let root = TestRoot::new();
     let r = open_root(&root);
-    let id = "wd-orphan-leased-inproc";
-    let dir = make_run_dir(&root, id);
+    let c = ctx(&root, "wd-orphan-leased-inproc");
+    let dir = make_run_dir(&root, c.id);
     let mut children = Reaper::default();
     children.push(spawn_in_session(
         &["tree", "--children", "2", "--grandchildren"],
-        Some((id, &dir)),
-        Some(&dir.join("stdout.log")),
+        Some((c.id, &dir)),
+        Some(&c.file("stdout.log")),
     ));
-    let ready = wait_ready(&dir.join("stdout.log"), LONG);
-    let pinned = Pinned::new(&ready.all_pids());
-    write_record(&dir, &running_record(id, ready.pid, &procfs::boot_id()));
-    write_deadline(&dir, epoch_now() - 0.2, 1.0);
+    let (ready, pinned) = c.pin_tree();
+    write_record(&dir, &running_record(c.id, ready.pid, &procfs::boot_id()));
+    write_lease(&dir, epoch_now() - 0.2, 1.0);
 
     let lines = run_once(&r, &policy(Duration::from_secs(1)));
-    assert_eq!(lines.len(), 1, "{lines:?}\n{}", diagnostics(&root, id));
+    c.eq(lines.len(), 1, format_args!("the pass's lines: {lines:?}"));
     // run_once waits for the stops it started: the record is final when it returns.
-    let st = root.status(id);
-    assert_outcome(&root, id, &st, "cancelled", "lease_expired");
-    assert_all_gone(&root, id, &pinned, Duration::from_secs(1));
-    let cleanup = cleanup_of(&root, id, &st);
-    assert!(
+    let st = c.status();
+    c.fields(&st, "the record", outcome("cancelled", "lease_expired"));
+    c.wait_gone_within(&pinned, Duration::from_secs(1), "the run's tree");
+    let cleanup = cleanup_of(c, &st);
+    ensure!(
+        c,
         cleanup.signals.first().map(String::as_str) == Some("TERM")
             && !cleanup.signals.contains(&"KILL".to_string()),
-        "a cooperative tree goes at TERM: {cleanup:?}\n{}",
-        diagnostics(&root, id)
+        "a cooperative tree goes at TERM: {cleanup:?}"
     );
-    assert!(
-        signal_events(&root, id)
-            .iter()
-            .all(|e| e["by"] == "watchdog"),
-        "{}",
-        diagnostics(&root, id)
+    let signals = c.events("signal");
+    ensure!(
+        c,
+        signals.iter().all(|e| e["by"] == "watchdog"),
+        "signals not by the watchdog: {signals:?}"
     );
 }
 
@@ -1006,53 +774,44 @@ fn in_process_run_once_leaves_a_live_wrapper_alone_until_lease_plus_grace_plus_s
     let _cpu = shared_cpu();
     let root = TestRoot::new();
     let r = open_root(&root);
-    let id = "wd-live-wrapper-inproc";
+    let c = ctx(&root, "wd-live-wrapper-inproc");
     // A real wrapper, alive but doing nothing (SIGSTOPped: stuck).
-    let run = start_detached(
-        &root,
-        id,
-        &["--lease", "1h", "--grace", "1s"],
-        &["tree", "--children", "1"],
-    );
-    let dir = root.run_dir(id);
-    let wrapper = run.wrapper_pid;
-    run.wrapper
-        .signal(wrapper, libc::SIGSTOP)
-        .expect("SIGSTOP the wrapper");
-    wait_until_dbg("the wrapper to be stopped", LONG, || {
-        match proc_stat(wrapper) {
-            Some(s) if s.0 == 'T' => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
+    let (run, ready, _tree) = start_tree(c, "--lease 1h --grace 1s", "tree --children 1");
+    let dir = root.run_dir(c.id);
+    let wrapper = run.wrapper;
+    c.signal(&run.wrapper_pin, wrapper, libc::SIGSTOP);
+    c.wait("the wrapper to be stopped", || match proc_stat(wrapper) {
+        Some(s) if s.0 == 'T' => Ok(()),
+        other => Err(format!("{other:?}")),
     });
     let mut everyone = vec![wrapper];
-    everyone.extend(run.ready.all_pids());
+    everyone.extend(ready.all_pids());
     let pinned = Pinned::new(&everyone);
     // Expired, but within grace (1 s) + slack (5 s): the wrapper's business.
-    write_deadline(&dir, epoch_now() - 0.5, 1.0);
+    write_lease(&dir, epoch_now() - 0.5, 1.0);
     let lines = run_once(&r, &policy(Duration::from_secs(5)));
-    assert_eq!(lines, Vec::<String>::new(), "{}", diagnostics(&root, id));
-    assert_eq!(root.status(id)["state"], "running");
-    assert_eq!(
-        pinned.alive().len(),
-        everyone.len(),
-        "{}",
-        diagnostics(&root, id)
+    c.eq(
+        lines,
+        Vec::<String>::new(),
+        "the lines of a pass within grace + slack",
     );
+    c.fields(&c.status(), "the record", json!({"state": "running"}));
+    c.all_alive(&pinned, "the wrapper and the tree within grace + slack");
 
     // Past deadline + grace + slack: the watchdog steps in, wrapper and workload.
-    write_deadline(&dir, epoch_now() - 10.0, 1.0);
+    write_lease(&dir, epoch_now() - 10.0, 1.0);
     let lines = run_once(&r, &policy(Duration::from_secs(5)));
-    assert_eq!(lines.len(), 1, "{lines:?}\n{}", diagnostics(&root, id));
-    let st = root.status(id);
-    assert_outcome(&root, id, &st, "cancelled", "lease_expired");
-    assert_all_gone(&root, id, &pinned, Duration::from_secs(5));
-    assert!(
-        signal_events(&root, id)
+    c.eq(lines.len(), 1, format_args!("the pass's lines: {lines:?}"));
+    let st = c.status();
+    c.fields(&st, "the record", outcome("cancelled", "lease_expired"));
+    c.wait_gone_within(&pinned, Duration::from_secs(5), "the wrapper and the tree");
+    let target = format!("pid:{wrapper}");
+    ensure!(
+        c,
+        c.events("signal")
             .iter()
-            .any(|e| e["target"] == format!("pid:{wrapper}").as_str()),
-        "the wrapper should be signalled, by name, in the journal\n{}",
-        diagnostics(&root, id)
+            .any(|e| e["target"] == target.as_str()),
+        "the wrapper should be signalled, by name, in the journal"
     );
 }
 
@@ -1136,31 +895,42 @@ fn populate_corrupt(root: &TestRoot, prefix: &str) -> CorruptSet {
 }
 
 /// Each skipped name is logged exactly once; the corrupt file and the foreign records are
-/// exactly as they were.
-fn assert_skipped_once(root: &TestRoot, id: &str, set: &CorruptSet, stderr: &str) {
+/// exactly as they were (`c`: the due run beside them).
+fn assert_skipped_once(c: Ctx<'_>, set: &CorruptSet, stderr: &str) {
     for name in &set.skipped {
         let n = stderr
             .lines()
             .filter(|l| l.contains(&format!("{name}: skipped")))
             .count();
-        assert_eq!(
+        c.eq(
             n,
             1,
-            "expected one 'skipped' line for {name:?}, got {n}\n--- watchdog\n{stderr}\n{}",
-            diagnostics(root, id)
+            format_args!("'skipped' lines for {name:?}\n--- watchdog\n{stderr}"),
         );
     }
-    assert_eq!(fs::read(&set.truncated.0).unwrap(), set.truncated.1);
+    let (truncated, bytes) = &set.truncated;
+    c.eq(
+        fs::read(truncated).ok().as_ref(),
+        Some(bytes),
+        format_args!("{} after the watchdog", truncated.display()),
+    );
     for dir in &set.untouched_records {
-        let text = fs::read_to_string(dir.join("status.json")).unwrap();
-        let v: Value = serde_json::from_str(&text).unwrap();
-        assert_eq!(
-            v["state"],
+        let text = fs::read_to_string(dir.join("status.json")).unwrap_or_default();
+        let v: Value = serde_json::from_str(&text).unwrap_or_default();
+        c.eq(
+            &v["state"],
             "running",
-            "the watchdog acted on {}\n--- watchdog\n{stderr}",
+            format_args!(
+                "the watchdog acted on {}\n--- watchdog\n{stderr}",
+                dir.display()
+            ),
+        );
+        ensure!(
+            c,
+            !dir.join("events.jsonl").exists(),
+            "the watchdog journalled in {}",
             dir.display()
         );
-        assert!(!dir.join("events.jsonl").exists(), "{}", dir.display());
     }
 }
 
@@ -1170,29 +940,29 @@ fn the_daemon_skips_corrupt_symlinked_and_foreign_dirs_with_one_line_each_and_st
     let root = TestRoot::new();
     let _r = open_root(&root);
     let set = populate_corrupt(&root, "wd-corrupt-daemon");
-    let id = "wd-corrupt-daemon-due";
-    let dir = make_run_dir(&root, id);
+    let c = ctx(&root, "wd-corrupt-daemon-due");
+    let dir = make_run_dir(&root, c.id);
     let mut children = Reaper::default();
     let pid = children.push(spawn_in_session(
         &["sleep-ms", "600000"],
-        Some((id, &dir)),
+        Some((c.id, &dir)),
         None,
     ));
     let pinned = Pinned::new(&[pid]);
-    write_record(&dir, &running_record(id, pid, &procfs::boot_id()));
-    write_deadline(&dir, epoch_now() - 1.0, 1.0);
+    write_record(&dir, &running_record(c.id, pid, &procfs::boot_id()));
+    write_lease(&dir, epoch_now() - 1.0, 1.0);
 
-    let mut dog = Watchdog::start(&root, &["--scan-interval", "1s"]);
+    let mut dog = watchdog(&root, &["--scan-interval", "1s"]);
     let dog_started = Instant::now();
-    let st = root.wait_final(id, LONG);
-    assert_outcome(&root, id, &st, "cancelled", "lease_expired");
-    assert_all_gone(&root, id, &pinned, Duration::from_secs(10));
+    let st = c.wait_final();
+    c.fields(&st, "the record", outcome("cancelled", "lease_expired"));
+    c.wait_gone_within(&pinned, Duration::from_secs(10), "the run's process");
     // Let the daemon rescan the corrupt dirs a few times (1 s apart): it must neither crash
     // nor log them again nor act on them. Waiting for nothing to happen takes time by nature.
     std::thread::sleep(Duration::from_millis(3500).saturating_sub(dog_started.elapsed()));
-    assert!(dog.still_running(), "the watchdog died:\n{}", dog.stderr());
-    let out = dog.terminate(LONG);
-    assert_skipped_once(&root, id, &set, &String::from_utf8_lossy(&out.stderr));
+    ensure!(c, dog.running(), "the watchdog died:\n{}", dog.stderr());
+    let out = terminate(c, dog);
+    assert_skipped_once(c, &set, &String::from_utf8_lossy(&out.stderr));
 }
 
 #[test]
@@ -1201,28 +971,23 @@ fn watchdog_once_skips_corrupt_dirs_with_one_line_each_and_reconciles_a_due_run(
     let root = TestRoot::new();
     let _r = open_root(&root);
     let set = populate_corrupt(&root, "wd-corrupt-once");
-    let id = "wd-corrupt-once-due";
-    let dir = make_run_dir(&root, id);
+    let c = ctx(&root, "wd-corrupt-once-due");
+    let dir = make_run_dir(&root, c.id);
     let (pid, ticks) = dead_process();
     write_record(
         &dir,
-        &record_with(id, pid, pid, pid, ticks, &procfs::boot_id()),
+        &record_with(c.id, pid, pid, pid, ticks, &procfs::boot_id()),
     );
 
     let mut cmd = root.watchdog_cmd();
-    cmd.arg("--once");
-    let what = format!("{cmd:?}");
-    let out = run_with_timeout(&mut cmd, LONG);
-    assert_eq!(
-        exit_code(&out.status),
-        0,
-        "{}\n{}",
-        describe_output(&what, &out),
-        diagnostics(&root, id)
+    let out = agent_run_tests::run_with_timeout(cmd.arg("--once"), T);
+    c.code(&out, 0, "agent-run-watchdog --once");
+    c.fields(
+        &c.status(),
+        "the record",
+        outcome("unknown", "wrapper_lost"),
     );
-    let st = root.status(id);
-    assert_outcome(&root, id, &st, "unknown", "wrapper_lost");
-    assert_skipped_once(&root, id, &set, &String::from_utf8_lossy(&out.stderr));
+    assert_skipped_once(c, &set, &String::from_utf8_lossy(&out.stderr));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1289,7 +1054,7 @@ fn a_thousand_run_dirs_with_two_hundred_leases_expiring_together_are_all_stopped
     }
     let mut all_pids = leaders.clone();
     for o in orphans.iter().filter(|o| o.stubborn) {
-        let ready = wait_ready(&root.run_dir(&o.id).join("stdout.log"), LONG);
+        let ready = wait_ready(&root.run_dir(&o.id).join("stdout.log"), T);
         all_pids.extend(ready.members);
     }
     let pinned = Pinned::new(&all_pids);
@@ -1304,11 +1069,11 @@ fn a_thousand_run_dirs_with_two_hundred_leases_expiring_together_are_all_stopped
     }
     let deadline = epoch_now() + 1.5;
     for o in &orphans {
-        write_deadline(&root.run_dir(&o.id), deadline, 1.5);
+        write_lease(&root.run_dir(&o.id), deadline, 1.5);
     }
 
     let started = Instant::now();
-    let dog = Watchdog::start(&root, &[]);
+    let dog = watchdog(&root, &[]);
     let scanned_by = epoch_now();
     if scanned_by < deadline - 0.2 {
         assert_eq!(
@@ -1329,7 +1094,7 @@ fn a_thousand_run_dirs_with_two_hundred_leases_expiring_together_are_all_stopped
         });
     let mut pending: Vec<&LeasedOrphan> = orphans.iter().collect();
     let mut records = BTreeMap::new();
-    wait_until_dbg("every leased record final", LONG, || {
+    agent_run_tests::wait_until_dbg("every leased record final", T, || {
         pending.retain(|o| match root.try_status(&o.id) {
             Ok(st) if st["state"] != "running" && st["state"] != "cancelling" => {
                 records.insert(o.id.clone(), st);
@@ -1348,49 +1113,49 @@ fn a_thousand_run_dirs_with_two_hundred_leases_expiring_together_are_all_stopped
     let (mut coop_max, mut stubborn_ms, mut last_end) = (0u64, Vec::new(), 0f64);
     let mut acted_ms = Vec::new();
     for o in &orphans {
+        let c = ctx(&root, &o.id);
         let st = &records[&o.id];
         // When the watchdog took the run over, relative to the deadline.
-        if let Some(t) = events_so_far(&root, &o.id)
-            .iter()
-            .find(|e| e["by"] == "watchdog")
-            .and_then(|e| e["ts"].as_str().and_then(parse_rfc3339))
-        {
+        let by_watchdog = c
+            .root
+            .events(c.id)
+            .into_iter()
+            .find(|e| e["by"] == "watchdog");
+        if let Some(t) = by_watchdog.map(|e| c.epoch(&e, "ts")) {
             acted_ms.push(((t - deadline) * 1000.0) as i64);
         }
-        assert_outcome(&root, &o.id, st, "cancelled", "lease_expired");
-        let ended = epoch_field(&root, &o.id, st, "ended_at");
-        assert!(
+        c.fields(st, "the record", outcome("cancelled", "lease_expired"));
+        let ended = c.epoch(st, "ended_at");
+        ensure!(
+            c,
             ended >= deadline - 0.001,
-            "run {} ended {:.3} s before its deadline\n{}",
-            o.id,
-            deadline - ended,
-            diagnostics(&root, &o.id)
+            "the run ended {:.3} s before its deadline",
+            deadline - ended
         );
         last_end = last_end.max(ended);
-        let cleanup = cleanup_of(&root, &o.id, st);
+        let cleanup = cleanup_of(c, st);
         if o.stubborn {
-            assert!(
+            ensure!(
+                c,
                 cleanup.signals.contains(&"KILL".to_string()) && cleanup.duration_ms >= 5000,
-                "stubborn run {} should be killed at its 2 s grace: {cleanup:?}\n{}",
-                o.id,
-                diagnostics(&root, &o.id)
+                "a stubborn run should be killed at its 5 s grace: {cleanup:?}"
             );
             stubborn_ms.push(cleanup.duration_ms);
         } else {
-            assert!(
+            ensure!(
+                c,
                 !cleanup.signals.contains(&"KILL".to_string()) && cleanup.duration_ms < 2500,
-                "cooperative run {} waited: {cleanup:?}\n{}",
-                o.id,
-                diagnostics(&root, &o.id)
+                "a cooperative run waited: {cleanup:?}"
             );
             coop_max = coop_max.max(cleanup.duration_ms);
         }
     }
     for id in &final_ids {
-        assert!(
-            !root.run_dir(id).join("events.jsonl").exists(),
-            "the watchdog acted on a final run\n{}",
-            diagnostics(&root, id)
+        let c = ctx(&root, id);
+        ensure!(
+            c,
+            !c.file("events.jsonl").exists(),
+            "the watchdog acted on a final run"
         );
     }
     let spread = last_end - deadline;
@@ -1414,7 +1179,7 @@ fn a_thousand_run_dirs_with_two_hundred_leases_expiring_together_are_all_stopped
         "the last record was final {spread:.3} s after the deadline\n--- watchdog\n{}",
         dog.stderr()
     );
-    dog.terminate(LONG);
+    terminate(ctx(&root, &orphans[0].id), dog);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1430,13 +1195,6 @@ fn fast_verdict(root: &TestRoot, name: &str) -> agent_run_watchdog::fast::Fast {
         .find(|e| e.name == name)
         .unwrap_or_else(|| panic!("{name} is not listed"));
     Pass::new(&fd).classify(e)
-}
-
-/// Replace a run's status.json (atomically, as a workload can) with `bytes`.
-fn forge_status(dir: &Path, bytes: &[u8]) {
-    let tmp = dir.join(".forged.tmp");
-    fs::write(&tmp, bytes).unwrap();
-    fs::rename(&tmp, dir.join("status.json")).unwrap();
 }
 
 #[test]
@@ -1456,11 +1214,15 @@ fn the_fast_path_settles_only_surely_final_dirs_and_hands_hostile_ones_to_the_ca
         st.run_id = id.into();
         st.to_json()
     };
+    // Each dir a workload could leave, put in place as it could (status.json replaced
+    // atomically), and what the fast path must say of it.
     let careful = |id: &str, what: &str| {
+        let c = ctx(&root, id);
         let t = Instant::now();
-        assert_eq!(fast_verdict(&root, id), Fast::Careful, "{what}");
+        c.eq(fast_verdict(&root, id), Fast::Careful, what);
         // Never a blocked open or a long read: a FIFO or a huge file costs one failed check.
-        assert!(
+        ensure!(
+            c,
             t.elapsed() < Duration::from_secs(5),
             "{what}: took {:?}",
             t.elapsed()
@@ -1468,20 +1230,21 @@ fn the_fast_path_settles_only_surely_final_dirs_and_hands_hostile_ones_to_the_ca
     };
 
     // The control: a plain final record of a dead run is final for the fast path.
-    let dir = make_run_dir(&root, "fp-final");
-    forge_status(&dir, final_json("fp-final").as_bytes());
-    assert!(matches!(
-        fast_verdict(&root, "fp-final"),
-        Fast::Final { .. }
-    ));
+    make_run_dir(&root, "fp-final");
+    let c = ctx(&root, "fp-final");
+    c.replace_status(final_json("fp-final").as_bytes());
+    ensure!(
+        c,
+        matches!(fast_verdict(&root, "fp-final"), Fast::Final { .. }),
+        "a plain final record is not final for the fast path"
+    );
 
     // status.json is a FIFO (nobody writes it), a symlink to a final record, a directory.
     let dir = make_run_dir(&root, "fp-fifo");
-    assert!(Command::new("mkfifo")
-        .arg(dir.join("status.json"))
-        .status()
-        .unwrap()
-        .success());
+    agent_run_tests::hostile::plant(
+        &dir.join("status.json"),
+        agent_run_tests::hostile::Plant::Fifo,
+    );
     careful("fp-fifo", "a FIFO as status.json");
     let dir = make_run_dir(&root, "fp-symlink");
     let elsewhere = root.dir.path().join("fp-elsewhere.json");
@@ -1493,10 +1256,10 @@ fn the_fast_path_settles_only_surely_final_dirs_and_hands_hostile_ones_to_the_ca
     careful("fp-dir", "a directory as status.json");
 
     // Oversized: a valid final record padded past what the fast path reads; and a 1 GiB file.
-    let dir = make_run_dir(&root, "fp-big");
+    make_run_dir(&root, "fp-big");
     let mut big = final_json("fp-big");
     big.push_str(&" ".repeat(MAX_FAST as usize + 1));
-    forge_status(&dir, big.as_bytes());
+    ctx(&root, "fp-big").replace_status(big.as_bytes());
     careful("fp-big", "a record larger than the fast path reads");
     let dir = make_run_dir(&root, "fp-huge");
     fs::File::create(dir.join("status.json"))
@@ -1509,72 +1272,63 @@ fn the_fast_path_settles_only_surely_final_dirs_and_hands_hostile_ones_to_the_ca
     std::os::unix::fs::symlink(root.run_dir("fp-final"), root.run_dir("fp-linkdir")).unwrap();
     careful("fp-linkdir", "a symlinked run dir");
     let dir = make_run_dir(&root, "fp-open");
-    forge_status(&dir, final_json("fp-open").as_bytes());
+    ctx(&root, "fp-open").replace_status(final_json("fp-open").as_bytes());
     fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     careful("fp-open", "a run dir open to others");
 
     // A record that claims `finished` while its wrapper lives and holds the lock, and while
     // the run's cgroup holds its processes: the truth is not final.
-    let id = "fp-live";
-    let run = start_detached(&root, id, &["--lease", "20s"], &["tree", "--children", "1"]);
-    let dir = root.run_dir(id);
-    let real = fs::read(dir.join("status.json")).unwrap();
-    let mut forged: Value = serde_json::from_slice(&real).unwrap();
-    forged["state"] = "finished".into();
-    forged["exit_code"] = 0.into();
-    forged["ended_at"] = rfc3339_now().into();
-    forge_status(
-        &dir,
-        serde_json::to_string_pretty(&forged).unwrap().as_bytes(),
-    );
+    let c = ctx(&root, "fp-live");
+    let (run, _, pinned) = start_tree(c, "--lease 20s", "tree --children 1");
+    let real = c.bytes("status.json");
+    let forge = |edit: &dyn Fn(&mut serde_json::Map<String, Value>)| {
+        c.edit_status(|st| {
+            st.insert("state".into(), "finished".into());
+            st.insert("exit_code".into(), 0.into());
+            st.insert("ended_at".into(), rfc3339_now().into());
+            edit(st);
+        })
+    };
+    forge(&|_| {});
     careful(
-        id,
+        c.id,
         "a forged `finished` with a live wrapper holding the lock",
     );
-    let in_cgroup = forged["containment"]["mode"] == "cgroup";
+    let in_cgroup = c.status()["containment"]["mode"] == "cgroup";
     if in_cgroup {
         // The lock's holder hidden (the record names pid 1 as its wrapper): the live cgroup
         // alone keeps the run from the fast path.
-        forged["wrapper_pid"] = 1.into();
-        forge_status(
-            &dir,
-            serde_json::to_string_pretty(&forged).unwrap().as_bytes(),
-        );
+        forge(&|st| {
+            st.insert("wrapper_pid".into(), 1.into());
+        });
         careful(
-            id,
+            c.id,
             "a forged `finished` with live processes in the run's cgroup",
         );
     } else {
         eprintln!("the run is not held in a cgroup here: no cgroup case");
     }
     // The real record back; the run is then cancelled the ordinary way, tree and all.
-    forge_status(&dir, &real);
-    let mut cmd = root.cmd();
-    cmd.args(["cancel", id]);
-    let out = run_with_timeout(&mut cmd, LONG);
-    assert_eq!(exit_code(&out.status), 0, "{}", diagnostics(&root, id));
-    assert_all_gone(&root, id, &run.pinned, Duration::from_secs(10));
-    assert_all_gone(&root, id, &run.wrapper, Duration::from_secs(10));
+    c.replace_status(&real);
+    c.ctl(&["cancel", c.id], 0);
+    c.wait_gone_within(&pinned, Duration::from_secs(10), "the run's tree");
+    c.wait_gone_within(&run.wrapper_pin, Duration::from_secs(10), "the wrapper");
     if in_cgroup {
         // Final for real, wrapper gone, cgroup removed: now the fast path may settle it.
-        let gone_by = Instant::now() + LONG;
-        while fast_verdict(&root, id) == Fast::Careful && Instant::now() < gone_by {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        assert!(matches!(fast_verdict(&root, id), Fast::Final { .. }));
+        c.wait(
+            "the fast path to settle the cancelled run",
+            || match fast_verdict(&root, c.id) {
+                Fast::Final { .. } => Ok(()),
+                other => Err(format!("{other:?}")),
+            },
+        );
     }
 
     // And a whole --once pass over all of it: the careful path still skips the hostile dirs
     // (one line each) and leaves the final ones alone.
     let mut cmd = root.watchdog_cmd();
-    cmd.arg("--once");
-    let out = run_with_timeout(&mut cmd, LONG);
-    assert_eq!(
-        exit_code(&out.status),
-        0,
-        "{}",
-        describe_output("--once", &out)
-    );
+    let out = agent_run_tests::run_with_timeout(cmd.arg("--once"), T);
+    c.code(&out, 0, "agent-run-watchdog --once");
     let err = String::from_utf8_lossy(&out.stderr);
     for name in [
         "fp-fifo",
@@ -1584,13 +1338,18 @@ fn the_fast_path_settles_only_surely_final_dirs_and_hands_hostile_ones_to_the_ca
         "fp-linkdir",
         "fp-open",
     ] {
-        assert_eq!(
-            err.lines()
-                .filter(|l| l.contains(&format!("{name}: skipped")))
-                .count(),
+        let lines = err
+            .lines()
+            .filter(|l| l.contains(&format!("{name}: skipped")));
+        ctx(&root, name).eq(
+            lines.count(),
             1,
-            "{name}\n{err}"
+            format_args!("'skipped' lines for {name}\n{err}"),
         );
     }
-    assert!(!err.contains("fp-final"), "{err}");
+    ensure!(
+        c,
+        !err.contains("fp-final"),
+        "the pass named fp-final:\n{err}"
+    );
 }

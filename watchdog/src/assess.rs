@@ -444,10 +444,57 @@ mod tests {
                 Some((995.0, Due::Timeout)),
                 Alive::Stuck(Due::Timeout),
             ),
+            // A deadline still ahead: watched until it + grace + slack.
+            (
+                900.0,
+                Some((995.0, Due::Lease)),
+                Alive::Watch {
+                    recheck_epoch: Some(1005.0),
+                },
+            ),
+            (
+                1004.9,
+                Some((995.0, Due::Timeout)),
+                Alive::Watch {
+                    recheck_epoch: Some(1005.0),
+                },
+            ),
+            (
+                1005.0,
+                Some((995.0, Due::Timeout)),
+                Alive::Stuck(Due::Timeout),
+            ),
         ];
         for (now, due, want) in cases {
             assert_eq!(
                 decide_alive(now, due, 5.0, &p),
+                want,
+                "now {now} due {due:?}"
+            );
+        }
+        // No grace and no slack: stuck at the deadline itself.
+        let p = Policy {
+            slack: Duration::ZERO,
+            ..policy()
+        };
+        let cases = [
+            (
+                994.5,
+                Some((995.0, Due::Lease)),
+                Alive::Watch {
+                    recheck_epoch: Some(995.0),
+                },
+            ),
+            (995.0, Some((995.0, Due::Lease)), Alive::Stuck(Due::Lease)),
+            (
+                995.0,
+                Some((995.0, Due::Timeout)),
+                Alive::Stuck(Due::Timeout),
+            ),
+        ];
+        for (now, due, want) in cases {
+            assert_eq!(
+                decide_alive(now, due, 0.0, &p),
                 want,
                 "now {now} due {due:?}"
             );
@@ -458,7 +505,6 @@ mod tests {
     #[test]
     fn an_orphan_is_stopped_at_its_first_deadline_or_the_orphan_grace() {
         let p = policy();
-        type Case = (f64, Option<(f64, Due)>, Option<f64>, bool, Due, Option<f64>);
         let cases: [Case; 9] = [
             // Due: now, whatever remains.
             (
@@ -516,12 +562,50 @@ mod tests {
             ),
             (1000.0, None, Some(970.0), false, Due::WrapperLost, None),
         ];
-        for (now, due, since, remains, why, when) in cases {
+        check_gone(&p, &cases);
+        // A known deadline decides, however long ago the wrapper went.
+        let later_deadline: [Case; 2] = [
+            (
+                1000.0,
+                Some((1010.0, Due::Timeout)),
+                Some(900.0),
+                true,
+                Due::Timeout,
+                Some(1010.0),
+            ),
+            (
+                1000.0,
+                Some((1010.0, Due::Timeout)),
+                Some(900.0),
+                false,
+                Due::Timeout,
+                None,
+            ),
+        ];
+        check_gone(&p, &later_deadline);
+        // No orphan grace: a lease-less orphan is stopped as soon as its wrapper is known gone.
+        let no_grace = Policy {
+            orphan_grace: Duration::ZERO,
+            ..policy()
+        };
+        let at_once: [Case; 3] = [
+            (1000.0, None, None, true, Due::WrapperLost, None),
+            (1000.0, None, Some(999.0), true, Due::WrapperLost, None),
+            (1000.0, None, Some(5000.0), true, Due::WrapperLost, None),
+        ];
+        check_gone(&no_grace, &at_once);
+    }
+
+    type Case = (f64, Option<(f64, Due)>, Option<f64>, bool, Due, Option<f64>);
+
+    /// Checks [`decide_gone`] against a table of (now, due, gone since, remains) -> (why, when).
+    fn check_gone(p: &Policy, cases: &[Case]) {
+        for &(now, due, since, remains, why, when) in cases {
             let scanned = Cell::new(false);
             let (action, at) = decide_gone(
                 now,
                 due,
-                &p,
+                p,
                 || since,
                 || {
                     scanned.set(true);
@@ -534,6 +618,47 @@ mod tests {
             if remains {
                 assert_eq!(scanned.get(), when.is_some(), "{now} {due:?} {since:?}");
             }
+        }
+    }
+
+    #[test]
+    fn each_action_says_what_the_watchdog_saw() {
+        let cases = [
+            (Action::HostRebooted, "from an earlier boot"),
+            (
+                Action::Orphan { why: Due::Lease },
+                "wrapper gone, lease expired",
+            ),
+            (
+                Action::Orphan { why: Due::Timeout },
+                "wrapper gone, timeout expired",
+            ),
+            (
+                Action::Orphan {
+                    why: Due::WrapperLost,
+                },
+                "wrapper gone",
+            ),
+            (
+                Action::Stuck { why: Due::Lease },
+                "wrapper stuck past its lease",
+            ),
+            (
+                Action::Stuck { why: Due::Timeout },
+                "wrapper stuck past its timeout",
+            ),
+            (Action::LostLaunch, "launch lost before its first record"),
+        ];
+        for (action, said) in cases {
+            assert_eq!(action.to_string(), said, "{action:?}");
+        }
+        let reasons = [
+            (Due::Lease, "lease_expired"),
+            (Due::Timeout, "timeout"),
+            (Due::WrapperLost, "wrapper_lost"),
+        ];
+        for (due, reason) in reasons {
+            assert_eq!(due.reason().to_string(), reason, "{due:?}");
         }
     }
 
