@@ -633,12 +633,10 @@ impl Launch {
         self.st.started_at = Some(time::rfc3339_now());
         self.started = Some(Instant::now());
         fault::point("before_running");
+        // pid == pgid (checked above): one temp file, linked as `pgid`, renamed as `pid`.
         let ids = format!("{pid}\n");
         let written = dir
-            .write_atomic(files::PID, ids.as_bytes(), false)
-            .and_then(|()| {
-                dir.write_atomic(files::PGID, format!("{}\n", stat.pgid).as_bytes(), false)
-            })
+            .write_same(&[files::PGID, files::PID], ids.as_bytes())
             .and_then(|()| {
                 transition(
                     &dir,
