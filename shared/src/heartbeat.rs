@@ -17,6 +17,33 @@
 use crate::run_dir::{files, RunDir};
 use std::time::{Duration, SystemTime};
 
+/// A heartbeat whose thread is not started yet (see [`RunDir::first_beat`]).
+#[derive(Debug)]
+pub struct Beat {
+    lock: std::fs::File,
+    path: std::path::PathBuf,
+}
+
+fn touch(f: &std::fs::File) -> std::io::Result<()> {
+    f.set_modified(SystemTime::now())
+}
+
+impl Beat {
+    /// Touch the lock file every [`INTERVAL`] from a thread, until the process exits.
+    pub fn start(self) -> crate::Result<()> {
+        let lock = self.lock;
+        std::thread::Builder::new()
+            .name("heartbeat".into())
+            .stack_size(64 * 1024)
+            .spawn(move || loop {
+                std::thread::sleep(INTERVAL);
+                let _ = touch(&lock);
+            })
+            .map_err(|e| crate::Error::io("start the heartbeat of", &self.path, e))?;
+        Ok(())
+    }
+}
+
 /// How often the wrapper touches its lock file.
 pub const INTERVAL: Duration = Duration::from_secs(1);
 /// How late a beat may be on a loaded machine and still count as on time.
@@ -27,18 +54,18 @@ impl RunDir {
     /// through a symlink) now and every [`INTERVAL`] until the process exits. The lock itself is
     /// another open file description, so this fd never holds or releases it.
     pub fn heartbeat(&self) -> crate::Result<()> {
+        self.first_beat()?.start()
+    }
+
+    /// The first beat, now, without the thread: [`Beat::start`] starts it (the wrapper does so
+    /// once its output keeper is forked, which needs a single-threaded process).
+    pub fn first_beat(&self) -> crate::Result<Beat> {
         let lock = self.open_write(files::LOCK)?;
-        let touch = |f: &std::fs::File| f.set_modified(SystemTime::now());
         touch(&lock).map_err(|e| crate::Error::io("touch", self.file(files::LOCK), e))?;
-        std::thread::Builder::new()
-            .name("heartbeat".into())
-            .stack_size(64 * 1024)
-            .spawn(move || loop {
-                std::thread::sleep(INTERVAL);
-                let _ = touch(&lock);
-            })
-            .map_err(|e| crate::Error::io("start the heartbeat of", self.path(), e))?;
-        Ok(())
+        Ok(Beat {
+            lock,
+            path: self.path().to_path_buf(),
+        })
     }
 
     /// The latest time (epoch seconds) at which the run's wrapper can have been alive, from

@@ -1,8 +1,8 @@
 //! The run's output counts: what the keeper wrote to stdout.log/stderr.log and what it dropped,
 //! the `--max-output` cap, and how the final record learns the counts.
 //!
-//! The workload writes into pipes; the keeper (agent-run re-executed in `__keep` mode, see the
-//! wrapper's `keeper.rs`) is the only writer of the logs. When its last source hits EOF it writes
+//! The workload writes into pipes; the keeper (a fork of the wrapper, `agent-run __keep DIR` in ps,
+//! see the wrapper's `keeper.rs`) is the only writer of the logs. When its last source hits EOF it writes
 //! `output.json` (0600, atomically) and exits. Whoever writes the final record calls
 //! [`collect`]: it waits a bounded time for output.json, reads it as a file the run could have
 //! planted, and otherwise falls back to the logs' sizes with `complete: false`. The workload can

@@ -176,6 +176,36 @@ impl RunDir {
         self.replace(name, durable, |f| f.write_all(bytes))
     }
 
+    /// Put the same `bytes` under every name of `names` (the `pid` and `pgid` files), each
+    /// appearing whole, from one temp file (ours: made O_EXCL): hard-linked to every name but
+    /// the last (a name that exists, which the run may have planted, is replaced atomically on
+    /// its own), then renamed onto the last. Not fsynced.
+    pub fn write_same(&self, names: &[&str], bytes: &[u8]) -> Result<()> {
+        let Some((last, first)) = names.split_last() else {
+            return Ok(());
+        };
+        let (tmp, file) = self.temp_beside(last);
+        let result = (|| {
+            let mut f = file?;
+            f.write_all(bytes)
+                .map_err(|e| Error::io("write", self.file(&tmp), e))?;
+            drop(f);
+            for name in first {
+                if rustix::fs::linkat(self.fd(), tmp.as_str(), self.fd(), *name, AtFlags::empty())
+                    .is_err()
+                {
+                    self.write_atomic(name, bytes, false)?;
+                }
+            }
+            rustix::fs::renameat(self.fd(), tmp.as_str(), self.fd(), *last)
+                .map_err(|e| Error::io("rename into place", self.file(last), e.into()))
+        })();
+        if result.is_err() {
+            self.remove_temp(&tmp);
+        }
+        result
+    }
+
     /// Replace `name` atomically with what `write` puts into a temp file beside it; fsync file
     /// and dir when `durable`. The one way a document of the run reaches disk.
     pub(crate) fn replace(

@@ -333,6 +333,95 @@ fn the_keeper_is_not_the_runs_and_ends_by_eof() {
         .any(|e| e["event"] == "keeper_done" && e["error"].is_null()), "root .events(\"out-keeper\") .iter() .any(|e| e[\"event\"] == \"keeper_done\" && e[\"error\"].is_null())");
 }
 
+/// The keeper is a fork of the wrapper without an exec: checked on /proc while it runs, it is
+/// one thread, ignores INT, HUP and TERM (SIG_IGN: no handler, no mask), names itself
+/// (`agent-run __keep DIR`, comm `agent-run-keep`), shares no descriptor with the wrapper but
+/// the pipes' read ends, and outlives INT, HUP and TERM sent to it, draining to the end.
+#[test]
+fn the_forked_keeper_ignores_int_hup_term_names_itself_and_keeps_draining() {
+    let root = TestRoot::new();
+    let go = root.dir.path().join("go");
+    let script = format!(
+        "echo before; while [ ! -e {} ]; do sleep 0.02; done; echo after",
+        go.display()
+    );
+    let w = Spawned::wrapper(&root, &["out-fork", "--", "sh", "-c", &script]);
+    wait_until_dbg("running", LONG, || {
+        let st = root.try_status("out-fork")?;
+        (st["state"] == "running")
+            .then_some(())
+            .ok_or(st.to_string())
+    });
+    let (keeper, _) = keeper_of(&root, "out-fork");
+    let status = fs::read_to_string(format!("/proc/{keeper}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_else(|| panic!("no {name} in {status}"))
+    };
+    let mask = |name: &str| u64::from_str_radix(&field(name), 16).unwrap();
+    let bit = |sig: i32| 1u64 << (sig - 1);
+    assert_eq!(field("Threads:"), "1", "{status}");
+    for sig in [libc::SIGINT, libc::SIGHUP, libc::SIGTERM, libc::SIGPIPE] {
+        assert_ne!(
+            mask("SigIgn:") & bit(sig),
+            0,
+            "signal {sig} ignored: {status}"
+        );
+    }
+    assert_eq!(mask("SigCgt:"), 0, "no handler of the wrapper's: {status}");
+    assert_eq!(mask("SigBlk:"), 0, "no mask: {status}");
+    let comm = fs::read_to_string(format!("/proc/{keeper}/comm")).unwrap();
+    assert_eq!(comm.trim_end(), "agent-run-keep");
+    let cmdline = fs::read(format!("/proc/{keeper}/cmdline")).unwrap();
+    let words: Vec<&[u8]> = cmdline
+        .split(|&b| b == 0)
+        .filter(|w| !w.is_empty())
+        .collect();
+    let dir = root.run_dir("out-fork");
+    assert_eq!(
+        words,
+        [
+            b"agent-run".as_slice(),
+            b"__keep",
+            dir.as_os_str().as_encoded_bytes()
+        ],
+        "{:?}",
+        String::from_utf8_lossy(&cmdline)
+    );
+    // No descriptor of the wrapper's but the pipes (same inode), and none is its lock.
+    let links = |p: u32| -> Vec<String> {
+        fs::read_dir(format!("/proc/{p}/fd"))
+            .unwrap()
+            .filter_map(|e| fs::read_link(e.ok()?.path()).ok())
+            .map(|p| p.display().to_string())
+            .collect()
+    };
+    let ours = links(keeper as u32);
+    let wrapper = links(w.child.id());
+    assert!(wrapper.iter().any(|p| p.ends_with("/lock")), "{wrapper:?}");
+    for p in &ours {
+        assert!(
+            p == "/dev/null" || p.starts_with("pipe:") || p.starts_with(&dir.display().to_string()),
+            "the keeper holds {p}: {ours:?}"
+        );
+        assert!(!p.ends_with("/lock"), "{ours:?}");
+    }
+    let pin = Pinned::new(&[keeper]);
+    for sig in [libc::SIGINT, libc::SIGHUP, libc::SIGTERM] {
+        pin.signal(keeper, sig).unwrap();
+    }
+    // Still draining: the run's next line reaches the log after the signals.
+    fs::write(&go, b"").unwrap();
+    let o = w.finish(LONG);
+    assert!(o.status.success(), "{}", describe_output("out-fork", &o));
+    pin.wait_all_gone(LONG).expect("the keeper ends by EOF");
+    assert_eq!(log(&root, "out-fork", "stdout.log"), b"before\nafter\n");
+    assert_eq!(root.status("out-fork")["output"]["complete"], true);
+}
+
 #[test]
 fn a_ten_gib_writer_against_a_small_cap_keeps_cap_plus_markers_and_counts_the_rest() {
     let root = TestRoot::new();

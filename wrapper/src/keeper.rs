@@ -2,11 +2,13 @@
 //!
 //! The workload writes into pipes, never into the logs: reopening `/dev/stdout` or `/dev/stderr`
 //! by path (`> /dev/stderr`, `tee /dev/stdout`) opens the same pipe, and `O_TRUNC` has nothing
-//! to truncate. The keeper is agent-run re-executed from /proc/self/exe in a hidden mode
-//! (`agent-run __keep ...`, in no help and no completion). It runs in its own session and
-//! process group, stays in the wrapper's cgroup (never the run's), carries no run marker
-//! (`AGENT_RUN_ID`, `AGENT_RUN_DIR`), holds no descriptor but its sources and logs (never the
-//! run's lock), and ignores INT, HUP, TERM and PIPE: it outlives a SIGKILLed wrapper and keeps
+//! to truncate. The keeper is a fork of the wrapper that does not exec (forked while the
+//! wrapper is still single-threaded; /proc/PID/cmdline `agent-run __keep DIR`, comm
+//! `agent-run-keep`). It runs in its own session and process group, stays in the wrapper's
+//! cgroup (never the run's), carries no marker of its run (the wrapper's own environment has
+//! none: the workload's `AGENT_RUN_ID`/`AGENT_RUN_DIR` are set only in the workload's), holds
+//! no descriptor but its sources and logs (never the run's lock; stdio on /dev/null), and
+//! ignores INT, HUP, TERM and PIPE (SIG_IGN): it outlives a SIGKILLed wrapper and keeps
 //! draining. Nobody signals it. It ends by EOF: when every writer of every source is gone (the
 //! run's processes are dead) it writes its counts to `output.json`, fsyncs the logs and exits 0.
 //!
@@ -18,11 +20,10 @@
 //!     -> anyhow::Result<Keeper>            // Keeper { identity: Identity }
 //! Stream::{Stdout, Stderr}                 // which log a source feeds (its counts' key)
 //! Policy { limit: Option<u64> /*per stream, None = unlimited*/, stop: bool /*--on-output-limit=stop*/ }
-//! keeper::main(args: &[OsString]) -> u8    // `agent-run __keep ...`, called from main.rs
 //! ```
 //!
-//! `spawn` opens each stream's log itself (hostile-safe, O_APPEND), passes sources and logs to
-//! the child by descriptor number and returns once the keeper is exec'd; the caller drops its
+//! `spawn` opens each stream's log itself (hostile-safe, O_APPEND), forks the keeper with the
+//! sources and logs as its only descriptors and returns at once; the caller drops its
 //! copies of the sources (read ends) and, right after spawning the workload, of the write ends.
 //! A source is drained with splice(2) into the log when it is a pipe, else read(2)/write(2)
 //! (a pty master: EIO is its EOF).
@@ -39,28 +40,19 @@ use crate::cancel;
 use agent_run_shared::id::RunId;
 use agent_run_shared::journal::Journal;
 use agent_run_shared::output::{Output, StreamCount, FILE as OUTPUT_FILE};
-use agent_run_shared::pid::{Identity, Pid};
+use agent_run_shared::pid::Identity;
 use agent_run_shared::run_dir::{files, RunDir};
-use agent_run_shared::{procfs, sys, ENV_RUN_DIR, ENV_RUN_ID};
+use agent_run_shared::{procfs, sys};
 use anyhow::Context;
 use serde_json::json;
-use std::ffi::OsString;
 use std::fs::File;
 use std::io::{self, Seek, SeekFrom, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
-/// The hidden subcommand word.
+/// The word the keeper's /proc/PID/cmdline carries after `agent-run` (`agent-run __keep DIR`),
+/// so `ps` and diagnostics tell it from its wrapper.
 pub const MODE: &str = "__keep";
-/// Set (to "1") in the keeper's environment only: `__keep` is also a valid run id, and
-/// `agent-run __keep -- cmd` must stay an ordinary run.
-pub const ENV_KEEPER: &str = "AGENT_RUN_KEEPER";
-
-/// Whether this process was started as a keeper.
-pub fn is_keeper(first_arg: Option<&std::ffi::OsStr>) -> bool {
-    first_arg.is_some_and(|a| a == MODE) && std::env::var_os(ENV_KEEPER).is_some_and(|v| v == "1")
-}
 
 /// Which log a source feeds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,14 +75,6 @@ impl Stream {
         match self {
             Stream::Stdout => files::STDOUT,
             Stream::Stderr => files::STDERR,
-        }
-    }
-
-    fn parse(s: &str) -> Option<Stream> {
-        match s {
-            "stdout" => Some(Stream::Stdout),
-            "stderr" => Some(Stream::Stderr),
-            _ => None,
         }
     }
 }
@@ -116,43 +100,49 @@ pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 }
 
 /// Start the keeper for the run in `dir`, draining `sources` into their logs.
+///
+/// The keeper is a fork of the wrapper without an exec ([`sys::fork_helper`]): it runs
+/// [`keep`] on the copy of our memory, so a launch pays no second program load. That is sound
+/// only while the wrapper is single-threaded: call this before any thread is started (the
+/// heartbeat and the streamer start after it, see `start.rs`), as a debug assertion checks.
 pub fn spawn(
     dir: &RunDir,
     sources: Vec<(Stream, OwnedFd)>,
     policy: &Policy,
 ) -> anyhow::Result<Keeper> {
-    let mut cmd = Command::new("/proc/self/exe");
-    cmd.arg(MODE)
-        .arg(dir.path())
-        .arg(policy.limit.map_or("none".to_string(), |l| l.to_string()))
-        .arg(if policy.stop { "stop" } else { "keep" });
+    use std::os::unix::ffi::OsStrExt;
     let mut keep = Vec::new();
     let mut held = Vec::new();
     for (stream, src) in sources {
         let log = dir.open_append(stream.log())?;
-        cmd.arg(format!(
-            "{}={},{}",
-            stream.name(),
-            src.as_raw_fd(),
-            log.as_raw_fd()
-        ));
         keep.push(src.as_raw_fd());
         keep.push(log.as_raw_fd());
-        held.push((src, log));
+        held.push((stream, src, log));
     }
-    cmd.env(ENV_KEEPER, "1")
-        .env_remove(ENV_RUN_ID)
-        .env_remove(ENV_RUN_DIR)
-        .env_remove(agent_run_shared::fault::ENV)
-        .env_remove(crate::phases::ENV)
-        .env_remove(crate::start::ENV_PASSED)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    sys::spawn_keeper(&mut cmd, keep);
-    let child = cmd.spawn().context("cannot start the output keeper")?;
-    drop(held);
-    let pid = Pid::new(child.id() as i64).expect("a child has a positive pid");
+    let null = File::options()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .context("cannot open /dev/null for the output keeper")?;
+    let path = dir.path().to_path_buf();
+    let title = [
+        b"agent-run".as_slice(),
+        MODE.as_bytes(),
+        path.as_os_str().as_bytes(),
+    ];
+    let policy = *policy;
+    let body_path = path.clone();
+    // INT, HUP and TERM are not our end (EOF is); PIPE: we write files only.
+    let ignored = [libc::SIGINT, libc::SIGHUP, libc::SIGTERM, libc::SIGPIPE];
+    let pid = sys::fork_helper(
+        &keep,
+        std::os::fd::AsFd::as_fd(&null),
+        &ignored,
+        c"agent-run-keep",
+        &title,
+        move || keep_run(body_path, policy, held),
+    )
+    .context("cannot start the output keeper")?;
     // Our unreaped child: the pid is its own until we wait for it.
     let start_ticks = procfs::stat(pid).map_or(0, |s| s.start_ticks);
     Ok(Keeper {
@@ -197,21 +187,15 @@ struct Keep {
     stopper: Option<std::thread::JoinHandle<()>>,
 }
 
-/// `agent-run __keep DIR LIMIT keep|stop STREAM=SRC,LOG...`: drain until every source is at
-/// EOF, then write output.json and exit 0.
-pub fn main(args: &[OsString]) -> u8 {
-    // Signals are not our end: EOF is. A flag handler keeps INT/HUP/TERM from killing us
-    // (SIGPIPE is already ignored by Rust's runtime; we write files only).
-    let ignored = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    for sig in [libc::SIGINT, libc::SIGHUP, libc::SIGTERM, libc::SIGPIPE] {
-        let _ = signal_hook::flag::register(sig, std::sync::Arc::clone(&ignored));
-    }
-    match run(args) {
+/// The keeper's life, in the forked child: drain until every source is at EOF, then write
+/// output.json; 0, or 70 (journalled as `keeper_failed`).
+fn keep_run(dir: PathBuf, policy: Policy, held: Vec<(Stream, OwnedFd, File)>) -> u8 {
+    match run(&dir, policy, held) {
         Ok(()) => 0,
         Err(e) => {
             // Nobody reads our stderr (/dev/null); the journal says it.
-            if let Some(dir) = args.first().and_then(|d| open_dir(Path::new(d)).ok()) {
-                if let Ok(j) = dir.journal("keeper") {
+            if let Ok(d) = open_dir(&dir) {
+                if let Ok(j) = d.journal("keeper") {
                     let _ = j.event("keeper_failed", json!({"error": format!("{e:#}")}));
                 }
             }
@@ -220,35 +204,10 @@ pub fn main(args: &[OsString]) -> u8 {
     }
 }
 
-fn run(args: &[OsString]) -> anyhow::Result<()> {
-    let bad = || anyhow::anyhow!("usage: agent-run {MODE} DIR LIMIT keep|stop STREAM=SRC,LOG...");
-    let [dir, limit, policy, streams @ ..] = args else {
-        return Err(bad());
-    };
-    let dir = PathBuf::from(dir);
-    let limit = match limit.to_str().ok_or_else(bad)? {
-        "none" => None,
-        n => Some(n.parse::<u64>().map_err(|_| bad())?),
-    };
-    let stop = policy == "stop";
+fn run(dir: &Path, policy: Policy, held: Vec<(Stream, OwnedFd, File)>) -> anyhow::Result<()> {
+    let Policy { limit, stop } = policy;
     let mut sources = Vec::new();
-    for s in streams {
-        let s = s.to_str().ok_or_else(bad)?;
-        let (name, fds) = s.split_once('=').ok_or_else(bad)?;
-        let (src, log) = fds.split_once(',').ok_or_else(bad)?;
-        let stream = Stream::parse(name).ok_or_else(bad)?;
-        let (src, log): (i32, i32) = (
-            src.parse().map_err(|_| bad())?,
-            log.parse().map_err(|_| bad())?,
-        );
-        if src <= 2 || log <= 2 || src == log {
-            return Err(bad());
-        }
-        // The wrapper passed them by number (sys::spawn_keeper); each is ours alone now.
-        let fd = take_fd(src)?;
-        let log = File::from(take_fd(log)?);
-        let _ = rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC);
-        let _ = rustix::io::fcntl_setfd(&log, rustix::io::FdFlags::CLOEXEC);
+    for (stream, fd, log) in held {
         prepare_source(&fd);
         // splice(2) refuses an O_APPEND target: the keeper is the logs' only writer, so it
         // appends by seeking to the end before each write instead (a log truncated by path is
@@ -268,8 +227,8 @@ fn run(args: &[OsString]) -> anyhow::Result<()> {
         });
     }
     let mut k = Keep {
-        journal: open_dir(&dir).and_then(|d| Ok(d.journal("keeper")?)).ok(),
-        dir,
+        journal: open_dir(dir).and_then(|d| Ok(d.journal("keeper")?)).ok(),
+        dir: dir.to_path_buf(),
         limit,
         stop,
         buf: vec![0u8; CHUNK],
@@ -279,11 +238,6 @@ fn run(args: &[OsString]) -> anyhow::Result<()> {
     };
     k.drain_all(&mut sources);
     k.finish(&mut sources)
-}
-
-/// A descriptor handed to us by number (once per number, at start).
-fn take_fd(n: i32) -> anyhow::Result<OwnedFd> {
-    sys::take_passed_fd(n).with_context(|| format!("descriptor {n} was not passed to the keeper"))
 }
 
 /// Non-blocking reads (we poll), and a bigger pipe buffer (fewer wake-ups per MB).

@@ -28,12 +28,6 @@ mod wait;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    // The output keeper (a hidden mode: in no help, no completion).
-    let mut args = std::env::args_os().skip(1);
-    if keeper::is_keeper(args.next().as_deref()) {
-        let rest: Vec<_> = args.collect();
-        return ExitCode::from(keeper::main(&rest));
-    }
     phases::init();
     let cli = match cli::parse() {
         Ok(cli) => cli,

@@ -188,6 +188,9 @@ struct Launch {
     /// Its pidfd (our unreaped child: the pid is its own): the final record waits on it, not on
     /// inotify, for the keeper's counts.
     keeper_fd: Option<OwnedFd>,
+    /// The heartbeat, first beat done, its thread not yet started: until the keeper is forked
+    /// the wrapper has one thread (see [`keeper::spawn`]).
+    beat: Option<agent_run_shared::heartbeat::Beat>,
 }
 
 impl Launch {
@@ -209,7 +212,8 @@ impl Launch {
         crate::phases::mark("lock");
         // The lock's mtime is our heartbeat: the watchdog bounds our death by it (a lease-less
         // run's orphan grace counts from there). Not being able to beat costs only that bound.
-        let _ = dir.heartbeat();
+        // Its thread starts once the keeper is forked (the fork needs a single thread).
+        let beat = dir.first_beat().ok();
         crate::phases::mark("heartbeat");
         // A `cancel` or the watchdog that found this dir without a record, and took the lock
         // before we did, has declared the launch lost: never run the command after that.
@@ -287,6 +291,7 @@ impl Launch {
             pty: None,
             keeper: None,
             keeper_fd: None,
+            beat,
         })
     }
 
@@ -339,10 +344,10 @@ impl Launch {
             Err(e) => return Ok(self.launch_failed(exit::SOFTWARE, &format!("{e:#}"))),
         };
         crate::phases::mark("lease_signals");
-        let streamer = (!args.quiet).then(|| Streamer::start(&dir));
-        crate::phases::mark("streamer");
-
-        let code = match self.spawn(args) {
+        // The streamer is a thread: it starts after the keeper's fork (in `spawn`), and loses
+        // nothing by it (it copies the logs from their start).
+        let mut streamer = None;
+        let code = match self.spawn(args, &mut streamer) {
             Ok((leader, leader_fd)) => {
                 if let Some(p) = &mut self.pty {
                     if !args.detached_child {
@@ -450,7 +455,11 @@ impl Launch {
 
     /// Spawn the workload in a new session and verify pid == pgid == sid. On failure the final
     /// record is written here and the exit code returned.
-    fn spawn(&mut self, args: &StartArgs) -> Result<(Identity, Option<std::os::fd::OwnedFd>), u8> {
+    fn spawn(
+        &mut self,
+        args: &StartArgs,
+        streamer: &mut Option<Streamer>,
+    ) -> Result<(Identity, Option<std::os::fd::OwnedFd>), u8> {
         let command = &args.command[..];
         let stdin_null = args.detach_child();
         let dir = self.dir.clone();
@@ -481,6 +490,14 @@ impl Launch {
             Err(e) => return Err(self.launch_failed(exit::SOFTWARE, &format!("{e:#}"))),
         };
         crate::phases::mark("keeper");
+        // The wrapper's threads start only now: the keeper was forked from a single thread.
+        if let Some(beat) = self.beat.take() {
+            let _ = beat.start();
+        }
+        if !args.quiet {
+            *streamer = Some(Streamer::start(&dir));
+        }
+        crate::phases::mark("threads");
         // The workload's exec, prepared before the clone: its child half only reads memory.
         let env = self.workload_env(args);
         let exec = sys::Exec::new(command, &env, args.cwd.as_deref());
@@ -616,12 +633,10 @@ impl Launch {
         self.st.started_at = Some(time::rfc3339_now());
         self.started = Some(Instant::now());
         fault::point("before_running");
+        // pid == pgid (checked above): one temp file, linked as `pgid`, renamed as `pid`.
         let ids = format!("{pid}\n");
         let written = dir
-            .write_atomic(files::PID, ids.as_bytes(), false)
-            .and_then(|()| {
-                dir.write_atomic(files::PGID, format!("{}\n", stat.pgid).as_bytes(), false)
-            })
+            .write_same(&[files::PGID, files::PID], ids.as_bytes())
             .and_then(|()| {
                 transition(
                     &dir,
@@ -654,12 +669,7 @@ impl Launch {
         let mut env: BTreeMap<OsString, OsString> = std::env::vars_os().collect();
         env.insert(ENV_RUN_ID.into(), self.dir.id().as_str().into());
         env.insert(ENV_RUN_DIR.into(), self.dir.path().as_os_str().to_owned());
-        for name in [
-            fault::ENV,
-            crate::phases::ENV,
-            ENV_PASSED,
-            keeper::ENV_KEEPER,
-        ] {
+        for name in [fault::ENV, crate::phases::ENV, ENV_PASSED] {
             env.remove(std::ffi::OsStr::new(name));
         }
         // -e after ours: the reserved names were refused when the command line was read.
