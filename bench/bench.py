@@ -514,7 +514,43 @@ def bench_launch(ctx, peers):
         r["p99_over_bare"] = r["p99"] - base["p99"]
     if shm is None:
         res["agent-run-tmpfs"] = {"skip": "no tmpfs at /dev/shm"}
+    if ar is not None:
+        res["phases"] = launch_phases(ctx, ar, true, env)
     return res
+
+
+def launch_phases(ctx, ar, true, env):
+    """Where a launch's time goes: AGENT_RUN_PHASES launches of `true`, root on the run root's
+    filesystem and on a tmpfs; per phase the median and p99 of its own time (bench/phases.py)."""
+    import phases  # bench/phases.py, beside this file
+
+    n = ctx.n(200, 20)
+    out = {}
+    roots = [("fs", ctx.fresh_root("phases"))]
+    shm = tmpfs_dir()
+    if shm is not None:
+        roots.append(("tmpfs", shm / "runs"))
+        (shm / "runs").mkdir(mode=0o700)
+    log(f"launch phases: {n} timed launches per root")
+    try:
+        for where, root in roots:
+            fd, path = tempfile.mkstemp(prefix="agent-run-phases-")
+            os.close(fd)
+            penv = dict(env, AGENT_RUN_PHASES=path)
+            try:
+                for i in range(n):
+                    spawn_wait_ns(ctx, ar.argv([true], run_id=f"p{i}", root=root), penv)
+                with open(path) as f:
+                    count, rows = phases.summarise(f)
+            finally:
+                os.unlink(path)
+            out[where] = {"n": count, "rows": rows}
+    finally:
+        for _, root in roots:
+            shutil.rmtree(root, ignore_errors=True)
+        if shm is not None:
+            shutil.rmtree(shm, ignore_errors=True)
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -1780,6 +1816,26 @@ def render(ctx, peers, command, started, elapsed):
             a(f"| {label} | {x['n']} | {fms(x['median'])} | {fms(x['p90'])} | {fms(x['p99'])} | {over} | {tgt} |")
         a("")
         a("How to time a launch: `AGENT_RUN_PHASES=/abs/file agent-run ID -- true` makes the wrapper append, at its exit, one JSON line to that file with the time at the end of each launch phase (microseconds from `main`'s entry: `parse`, `root`, `run_dir`, `lock`, ... `spawn`, `verify`, `running_record`, ... `final_record`, `exit`). `python3 bench/phases.py /abs/file` prints the median and p99 of each phase's own time over all the lines (`--markdown` for a table). Unset, the variable costs one getenv; it is never passed to the workload or the keeper. For syscall counts of one launch: `strace -f -c -o /tmp/s agent-run --root /tmp/r ID -- true`.")
+        ph = r.get("phases") or {}
+        if ph:
+            a("")
+            a("Where the time of one launch goes (`AGENT_RUN_PHASES`, each phase's own time; its own loop after the interleaved one; \"fs\" is the run root's filesystem):")
+            a("")
+            wheres = [w for w in ("fs", "tmpfs") if w in ph]
+            a("| phase | " + " | ".join(f"{w} median µs | {w} p99 µs" for w in wheres) + " |")
+            a("|---|" + "---|---|" * len(wheres))
+            names = [row[0] for row in ph[wheres[0]]["rows"]]
+            for w in wheres[1:]:
+                names += [row[0] for row in ph[w]["rows"] if row[0] not in names]
+            for name in names:
+                cells = []
+                for w in wheres:
+                    row = next((x for x in ph[w]["rows"] if x[0] == name), None)
+                    cells += [f"{row[2]:.0f}", f"{row[3]:.0f}"] if row else ["—", "—"]
+                label = f"**{name}**" if name == "total" else f"`{name}`"
+                a(f"| {label} | " + " | ".join(cells) + " |")
+            a("")
+            a("What a launch must pay by the contract: the starting record before the spawn, pid == pgid == sid verified, the keeper (every byte kept), the final record fsynced before exit (`final_record`, the fsync of status.json and of the run dir). What is left above the floor is in the table: the spawn of the workload (clone3 into its cgroup), the keeper's fork, the records, the scan for leftovers at the leader's exit (the marker scan that finds a process that left the run's cgroup and tree).")
         ti = r.get("tini", {})
         for name, where in (("agent-run", "run root's fs"), ("agent-run-tmpfs", "tmpfs")):
             x = r.get(name, {})

@@ -23,46 +23,54 @@ def q(v, p):
     return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
+def summarise(lines):
+    """(launches, [(phase, n, median µs, p99 µs)] in launch order, the total last) from the
+    JSON lines of an AGENT_RUN_PHASES file."""
+    order, own = [], {}
+    n = 0
+    for line in lines:
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        prev = 0
+        n += 1
+        for p in doc.get("phases", []):
+            name, us = p["name"], p["us"]
+            if name not in own:
+                own[name] = []
+                order.append(name)
+            own[name].append(us - prev)
+            prev = us
+        own.setdefault("total", []).append(prev)
+    if "total" in order:
+        order.remove("total")
+    order.append("total")
+    rows = []
+    for name in order:
+        v = own.get(name, [])
+        if v:
+            rows.append((name, len(v), statistics.median(v), q(v, 0.99)))
+    return n, rows
+
+
 def main(argv):
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 2
     md = "--markdown" in argv[1:]
-    order, own = [], {}
-    n = 0
     with open(argv[0]) as f:
-        for line in f:
-            try:
-                doc = json.loads(line)
-            except ValueError:
-                continue
-            prev = 0
-            n += 1
-            for p in doc.get("phases", []):
-                name, us = p["name"], p["us"]
-                if name not in own:
-                    own[name] = []
-                    order.append(name)
-                own[name].append(us - prev)
-                prev = us
-            own.setdefault("total", []).append(prev)
-    if "total" in order:
-        order.remove("total")
-    order.append("total")
+        n, rows = summarise(f)
     if md:
         print(f"| phase | n | median µs | p99 µs |")
         print("|---|---|---|---|")
     else:
         print(f"{n} launches")
-    for name in order:
-        v = own.get(name, [])
-        if not v:
-            continue
-        m, p99 = statistics.median(v), q(v, 0.99)
+    for name, count, m, p99 in rows:
         if md:
-            print(f"| {name} | {len(v)} | {m:.0f} | {p99:.0f} |")
+            print(f"| {name} | {count} | {m:.0f} | {p99:.0f} |")
         else:
-            print(f"{name:16s} n {len(v):5d}  median {m:8.0f} us  p99 {p99:8.0f} us")
+            print(f"{name:16s} n {count:5d}  median {m:8.0f} us  p99 {p99:8.0f} us")
     return 0
 
 

@@ -860,27 +860,7 @@ mod raw {
     /// signal mask, so the workload inherits no ignored signal (SIGPIPE included) and no mask.
     /// Async-signal-safe: sigaction(2) and sigprocmask(2) only.
     pub(super) fn child_reset_signals() -> io::Result<()> {
-        // The raw syscall, not glibc's signal(): glibc refuses signals 32 and 33 (its reserved
-        // SIGCANCEL and SIGSETXID) with EINVAL, so an ignored 32 would leak into the workload.
-        // A kernel `struct sigaction` that is all zeros is SIG_DFL, no flags, no restorer, an
-        // empty mask, on every architecture's layout (with or without sa_restorer).
-        let dfl = [0u64; 4];
-        for sig in 1..=64 {
-            if sig == libc::SIGKILL || sig == libc::SIGSTOP {
-                continue;
-            }
-            // SAFETY: rt_sigaction reads `dfl` (32 bytes, at least the kernel struct's size) and
-            // writes nothing (NULL old action); 8 is the kernel sigset size. Async-signal-safe.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_rt_sigaction,
-                    sig,
-                    dfl.as_ptr(),
-                    std::ptr::null_mut::<u64>(),
-                    8usize,
-                )
-            };
-        }
+        child_reset_signals_keep_mask();
         // SAFETY: an empty set built on the stack; sigprocmask is async-signal-safe.
         unsafe {
             let mut set: libc::sigset_t = std::mem::zeroed();
@@ -1184,15 +1164,19 @@ mod raw {
         Ok(())
     }
 
-    /// Every signal's action back to SIG_DFL (the raw syscall, as [`child_reset_signals`]),
-    /// leaving the mask alone.
+    /// Every signal's action back to SIG_DFL, leaving the mask alone. Async-signal-safe.
     fn child_reset_signals_keep_mask() {
+        // The raw syscall, not glibc's signal(): glibc refuses signals 32 and 33 (its reserved
+        // SIGCANCEL and SIGSETXID) with EINVAL, so an ignored 32 would leak into the workload.
+        // A kernel `struct sigaction` that is all zeros is SIG_DFL, no flags, no restorer, an
+        // empty mask, on every architecture's layout (with or without sa_restorer).
         let dfl = [0u64; 4];
         for sig in 1..=64 {
             if sig == libc::SIGKILL || sig == libc::SIGSTOP {
                 continue;
             }
-            // SAFETY: as in `child_reset_signals`.
+            // SAFETY: rt_sigaction reads `dfl` (32 bytes, at least the kernel struct's size) and
+            // writes nothing (NULL old action); 8 is the kernel sigset size. Async-signal-safe.
             unsafe {
                 libc::syscall(
                     libc::SYS_rt_sigaction,
