@@ -480,13 +480,28 @@ fn the_workload_gets_cwd_env_and_no_descriptor_above_stderr_on_both_paths() {
             assert_eq!((stat.2, stat.3), (pid, pid), "pgid, sid\n{}", diag());
             let exe = fs::read_link(format!("/proc/{pid}/exe")).unwrap();
             assert!(exe.ends_with("sleep"), "{exe:?}");
-            let mut fds: Vec<i32> = fs::read_dir(format!("/proc/{pid}/fd"))
-                .unwrap()
-                .flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse().ok())
-                .collect();
-            fds.sort_unstable();
-            assert_eq!(fds, [0, 1, 2], "{entry} pty {pty}\n{}", diag());
+            // Only 0, 1 and 2 once `sleep` is settled: right after its exec the program itself
+            // may hold a descriptor for a moment (setlocale reading the locale archive), while
+            // one it inherited would stay for good.
+            let fds_now = || {
+                let mut fds: Vec<i32> = fs::read_dir(format!("/proc/{pid}/fd"))
+                    .unwrap()
+                    .flatten()
+                    .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                    .collect();
+                fds.sort_unstable();
+                fds
+            };
+            let settled =
+                agent_run_tests::wait_until_dbg("the workload's fds to be 0, 1, 2", LONG, || {
+                    let fds = fds_now();
+                    if fds == [0, 1, 2] {
+                        Ok(fds)
+                    } else {
+                        Err(fds)
+                    }
+                });
+            assert_eq!(settled, [0, 1, 2], "{entry} pty {pty}\n{}", diag());
             let target = |fd: i32| fs::read_link(format!("/proc/{pid}/fd/{fd}")).unwrap();
             if pty {
                 let ev = root.events(&id).into_iter().find(|e| e["event"] == "pty");
