@@ -250,7 +250,7 @@ pub fn name_for(run_id: &str, run_dir_ino: u64) -> String {
 /// cgroup went is the wrapper's choice at launch (its own cgroup), so it is looked for by name,
 /// never at the path the record gives (the workload can rewrite it). Bounded: at most
 /// [`WALK_CAP`] directories are listed (a same-user subtree cannot make the walk endless).
-pub fn run_cgroups() -> std::collections::HashMap<String, PathBuf> {
+pub fn run_cgroups() -> RunCgroups {
     let mut out = std::collections::HashMap::new();
     let Some(mount) = mount() else {
         return out;
@@ -282,6 +282,9 @@ pub fn run_cgroups() -> std::collections::HashMap<String, PathBuf> {
     }
     out
 }
+
+/// The run cgroups of the cgroup2 mount by name ([`run_cgroups`]).
+pub type RunCgroups = std::collections::HashMap<String, PathBuf>;
 
 /// The most directories [`run_cgroups`] lists in one walk.
 pub const WALK_CAP: usize = 20_000;

@@ -1194,7 +1194,7 @@ fn fast_verdict(root: &TestRoot, name: &str) -> agent_run_watchdog::fast::Fast {
         .iter()
         .find(|e| e.name == name)
         .unwrap_or_else(|| panic!("{name} is not listed"));
-    Pass::new(&fd).classify(e)
+    Pass::new(&fd, &std::cell::OnceCell::new()).classify(e)
 }
 
 #[test]

@@ -55,14 +55,10 @@ pub fn act(subject: &Subject, action: Action) -> Result<String> {
                 _ => Due::WrapperLost,
             };
             // A final record is the end of it, unless (Contradicted) the run's cgroup still
-            // holds processes: then the record was forged, and the run is reopened and stopped.
-            let settled = |st: &agent_run_shared::record::Status| {
-                st.state.is_final()
-                    && (action != Action::Contradicted
-                        || dir.contradicting_cgroup(st, None).is_none())
-            };
+            // holds processes: then the record was forged, and the run is reopened and stopped
+            // (looked at once, under the lock, below).
             let mut st = dir.read_status()?;
-            if settled(&st) {
+            if st.state.is_final() && action != Action::Contradicted {
                 return Ok(format!("already {}", st.state.as_str()));
             }
             refuse_unless_whole(&st, &journal)?;
@@ -88,11 +84,11 @@ pub fn act(subject: &Subject, action: Action) -> Result<String> {
             }
             // Ours now (or squatted): what the record says now is what we finish.
             st = dir.read_status()?;
-            if settled(&st) {
-                return Ok(format!("already {}", st.state.as_str()));
-            }
             if st.state.is_final() {
-                match dir.contradicting_cgroup(&st, None) {
+                let contradicted = (action == Action::Contradicted)
+                    .then(|| dir.contradicting_cgroup(&st, None))
+                    .flatten();
+                match contradicted {
                     Some(cg) => reopen_contradicted(dir, &mut st, &cg, &journal)?,
                     None => return Ok(format!("already {}", st.state.as_str())),
                 }

@@ -111,7 +111,7 @@ impl std::fmt::Display for Action {
 #[derive(Default)]
 pub struct Looks {
     pub procs: OnceCell<Snapshot>,
-    pub cgroups: OnceCell<std::collections::HashMap<String, std::path::PathBuf>>,
+    pub cgroups: OnceCell<agent_run_shared::cgroup::RunCgroups>,
 }
 
 /// The verdict on one run dir.

@@ -95,7 +95,7 @@ pub fn run_once(root: &Root, policy: &Policy) -> Vec<String> {
     let Some((rootfd, ents)) = entries(root) else {
         return Vec::new();
     };
-    let mut pass = Pass::new(&rootfd);
+    let mut pass = Pass::new(&rootfd, &looks.cgroups);
     for e in ents {
         if let Fast::Final { .. } = pass.classify(&e) {
             continue;
@@ -383,7 +383,7 @@ impl Daemon {
         self.settled.retain(|n, _| present.contains(n));
         // One look at /proc for the whole pass, not one per run; one look at the flocks.
         let looks = Looks::default();
-        let mut pass = Pass::new(&rootfd);
+        let mut pass = Pass::new(&rootfd, &looks.cgroups);
         for e in &ents {
             let name = &e.name;
             if self.busy.contains(name) {

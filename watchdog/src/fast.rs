@@ -28,6 +28,7 @@
 //! that also rewrites `wrapper_pid` and drops `containment` (comparing the lock's inode would
 //! cost one more statx per dir): such a record is taken as final by the careful path too.
 
+use agent_run_shared::cgroup::{name_for, RunCgroups};
 use agent_run_shared::id::RunId;
 use agent_run_shared::record::{KEYS, SCHEMA};
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, ResolveFlags, StatxFlags};
@@ -95,10 +96,10 @@ pub struct Pass<'a> {
     /// The `agent-run.*` children of each cgroup parent a record named, listed once per pass;
     /// `None`: the parent could not be listed (and exists), so no cgroup counts as gone.
     cgroups: HashMap<String, Option<HashSet<String>>>,
-    /// Every run cgroup on the cgroup2 mount by name, walked once per pass on first need: a
-    /// final record whose run still has a cgroup anywhere (a forged record may name another
-    /// or none) goes to the careful path.
-    run_cgroups: std::cell::OnceCell<HashMap<String, std::path::PathBuf>>,
+    /// Every run cgroup on the cgroup2 mount by name, walked once per pass on first need (the
+    /// careful path of the same pass uses the same walk): a final record whose run still has
+    /// a cgroup anywhere (a forged record may name another or none) goes to the careful path.
+    run_cgroups: &'a std::cell::OnceCell<RunCgroups>,
     buf: Vec<u8>,
 }
 
@@ -113,13 +114,13 @@ pub enum Fast {
 }
 
 impl<'a> Pass<'a> {
-    pub fn new(root: &'a OwnedFd) -> Pass<'a> {
+    pub fn new(root: &'a OwnedFd, run_cgroups: &'a std::cell::OnceCell<RunCgroups>) -> Pass<'a> {
         Pass {
             root,
             me: rustix::process::geteuid().as_raw(),
             holders: std::cell::OnceCell::new(),
             cgroups: HashMap::new(),
-            run_cgroups: std::cell::OnceCell::new(),
+            run_cgroups,
             buf: Vec::with_capacity(4096),
         }
     }
@@ -186,7 +187,7 @@ impl<'a> Pass<'a> {
         let run_cgroups = self
             .run_cgroups
             .get_or_init(agent_run_shared::cgroup::run_cgroups);
-        if run_cgroups.contains_key(&format!("agent-run.{}.{dir_ino:x}", e.name)) {
+        if run_cgroups.contains_key(&name_for(&e.name, dir_ino)) {
             return None;
         }
         if let Some(cg) = doc.cgroup {
@@ -217,7 +218,7 @@ fn cgroup_gone(
     let Some((parent, base)) = cg.rsplit_once('/') else {
         return false;
     };
-    if base != format!("agent-run.{name}.{dir_ino:x}") || !parent.starts_with('/') {
+    if base != name_for(name, dir_ino) || !parent.starts_with('/') {
         return false;
     }
     let children = parents

@@ -187,7 +187,7 @@ pub fn cancel_one_for(
             if lock.try_lock()? {
                 // The wrapper is gone: reopen the run as the orphan it is, and finish it.
                 st = read_record(&dir)?;
-                if let Some(cg) = dir.contradicting_cgroup(&st, None) {
+                if st.state.is_final() && cg.populated() {
                     reopen_contradicted(&dir, &mut st, &cg, &journal)?;
                 }
                 if !st.state.is_final() {
