@@ -126,20 +126,22 @@ impl Delegated {
     }
 }
 
+/// Remove a cgroup and every cgroup below it, deepest first; one with processes left cannot
+/// go and stays (the test that left them failed anyway).
+pub fn remove_cgroup_tree(p: &Path) {
+    if let Ok(rd) = fs::read_dir(p) {
+        for e in rd.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+    }
+    let _ = fs::remove_dir(p);
+}
+
 impl Drop for Delegated {
     fn drop(&mut self) {
-        // Deepest first; a cgroup with processes left cannot go (and the test failed anyway).
-        fn rm(p: &Path) {
-            if let Ok(rd) = fs::read_dir(p) {
-                for e in rd.flatten() {
-                    if e.file_type().is_ok_and(|t| t.is_dir()) {
-                        rm(&e.path());
-                    }
-                }
-            }
-            let _ = fs::remove_dir(p);
-        }
-        rm(&self.path);
+        remove_cgroup_tree(&self.path);
     }
 }
 

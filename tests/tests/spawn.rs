@@ -311,17 +311,7 @@ struct RemoveCgroups(PathBuf);
 
 impl Drop for RemoveCgroups {
     fn drop(&mut self) {
-        fn rm(p: &Path) {
-            if let Ok(rd) = fs::read_dir(p) {
-                for e in rd.flatten() {
-                    if e.file_type().is_ok_and(|t| t.is_dir()) {
-                        rm(&e.path());
-                    }
-                }
-            }
-            let _ = fs::remove_dir(p);
-        }
-        rm(&self.0);
+        agent_run_tests::contain::remove_cgroup_tree(&self.0);
     }
 }
 
