@@ -1,8 +1,8 @@
 //! status.json: the run's record, and the one writer for it.
 //!
 //! Every key of the contract is present in every write (null where unknown). Records are replaced
-//! atomically through the run dir ([`RunDir::write_status`]); a final record is fsynced (file and
-//! directory) before it returns, and is never overwritten: writing over a final record is refused.
+//! atomically through the run dir ([`RunDir::write_status`]); a final record is durable (see
+//! [`RunDir::replace`]) before it returns, and is never overwritten: writing over a final record is refused.
 //! Readers get [`Error::Missing`] or [`Error::Corrupt`] for a missing or partial document and
 //! must report it as such, never guess.
 

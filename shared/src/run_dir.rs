@@ -10,8 +10,9 @@
 //! The files themselves are the workload's to rewrite. Every open carries `O_NOFOLLOW |
 //! O_NONBLOCK` and is checked to be a regular file of ours ([`RunDir::open_run_file`]); reads are
 //! capped ([`RunDir::read_run_file`]); whatever we create is mode 0600. A record reaches disk one
-//! way only, [`RunDir::write_atomic`]: a temp file beside it, the bytes, `renameat(2)` over the
-//! target, fsynced (file and dir) when `durable`.
+//! way only, [`RunDir::write_atomic`]: a temp file beside it, the bytes, exchanged with the target
+//! (`renameat2(RENAME_EXCHANGE)`, the old file unlinked) or renamed over it, durable when asked
+//! (see [`RunDir::replace`]).
 //!
 //! The module that owns a file adds its methods to [`RunDir`]: [`crate::record`] (status.json),
 //! [`crate::journal`] (events.jsonl), [`crate::lease`] (lease.json), [`crate::lock`] (lock),
@@ -206,8 +207,23 @@ impl RunDir {
         result
     }
 
-    /// Replace `name` atomically with what `write` puts into a temp file beside it; fsync file
-    /// and dir when `durable`. The one way a document of the run reaches disk.
+    /// Replace `name` atomically with what `write` puts into a temp file beside it; durable
+    /// (on disk before this returns) when `durable`. The one way a document of the run reaches
+    /// disk.
+    ///
+    /// The temp file takes the name's place by `renameat2(RENAME_EXCHANGE)`, and the old file,
+    /// now under the temp name, is unlinked: a reader sees the old document or the new one,
+    /// whole, as with a rename over it. A plain rename over an existing file costs a synchronous
+    /// block allocation (ext4's `auto_da_alloc` flushes the new file) and, where the filesystem
+    /// is mounted `discard`, a discard of the old one's block: about 4 ms a record on this
+    /// project's machines, against 0.2 ms for the exchange (whose old file, a few milliseconds
+    /// old, never got a block). Where there is nothing to exchange with, or the filesystem
+    /// cannot exchange, it is a plain rename.
+    ///
+    /// Durable: where [`sync_order`] finds the ext4 driver (or tmpfs), the file is fsynced once
+    /// after its rename, which carries the rename: a journal commit holds every change before
+    /// it, and without a journal a freshly linked inode's fsync writes its directory too
+    /// (`ext4_sync_parent`). Elsewhere the POSIX order: fsync the file, rename, fsync the dir.
     pub(crate) fn replace(
         &self,
         name: &str,
@@ -215,25 +231,47 @@ impl RunDir {
         write: impl FnOnce(&mut File) -> std::io::Result<()>,
     ) -> Result<()> {
         let (tmp, file) = self.temp_beside(name);
+        let mut installed = false;
         let result = (|| {
             let mut f = file?;
             write(&mut f).map_err(|e| Error::io("write", self.file(&tmp), e))?;
-            if durable {
+            let after = durable && sync_order(self.fd(), self.dev) == SyncOrder::After;
+            if durable && !after {
                 f.sync_all()
                     .map_err(|e| Error::io("fsync", self.file(&tmp), e))?;
             }
-            drop(f);
-            rustix::fs::renameat(self.fd(), tmp.as_str(), self.fd(), name)
-                .map_err(|e| Error::io("rename into place", self.file(name), e.into()))?;
-            if durable {
+            self.install(&tmp, name)?;
+            installed = true;
+            if after {
+                f.sync_all()
+                    .map_err(|e| Error::io("fsync", self.file(name), e))?;
+            } else if durable {
                 self.sync()?;
             }
             Ok(())
         })();
-        if result.is_err() {
+        if !installed {
             self.remove_temp(&tmp);
         }
         result
+    }
+
+    /// Put the temp file `tmp` in the place of `name`: exchanged with the file there, which is
+    /// then unlinked (see [`RunDir::replace`]), or renamed when there is none or the
+    /// filesystem cannot exchange.
+    fn install(&self, tmp: &str, name: &str) -> Result<()> {
+        use rustix::fs::RenameFlags;
+        let fd = self.fd();
+        match rustix::fs::renameat_with(fd, tmp, fd, name, RenameFlags::EXCHANGE) {
+            // The old document, whatever the run put there, now has the temp name: ours to
+            // remove (a directory it planted stays, harmless, under a name nobody reads).
+            Ok(()) => {
+                self.remove_temp(tmp);
+                Ok(())
+            }
+            Err(_) => rustix::fs::renameat(fd, tmp, fd, name)
+                .map_err(|e| Error::io("rename into place", self.file(name), e.into())),
+        }
     }
 
     /// Create `name` with `bytes` unless it exists: the bytes go to a temp file first, which is
@@ -385,6 +423,57 @@ fn check_regular(f: &File, path: &Path) -> Result<std::fs::Metadata> {
     Ok(md)
 }
 
+/// In which order a durable [`RunDir::replace`] syncs, by the filesystem of the run dir.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SyncOrder {
+    /// Rename, then one fsync of the file: the ext4 driver and tmpfs.
+    After,
+    /// fsync the file, rename, fsync the dir: every other filesystem.
+    Posix,
+}
+
+/// The [`SyncOrder`] of the filesystem of `dir` (device `dev`), found once per device and
+/// process. The ext4 driver is known by the filesystem magic (0xEF53, which ext2 and ext3
+/// share) and its /proc/fs/ext4/<device> entry, which the legacy ext2 driver does not make.
+fn sync_order(dir: BorrowedFd<'_>, dev: u64) -> SyncOrder {
+    static KNOWN: std::sync::Mutex<Vec<(u64, SyncOrder)>> = std::sync::Mutex::new(Vec::new());
+    const EXT4: i64 = 0xEF53;
+    const TMPFS: i64 = 0x0102_1994;
+    if let Some(&(_, o)) = KNOWN
+        .lock()
+        .ok()
+        .and_then(|k| k.iter().find(|(d, _)| *d == dev).copied())
+        .as_ref()
+    {
+        return o;
+    }
+    let order = match rustix::fs::fstatfs(dir).map(|s| s.f_type as i64) {
+        Ok(TMPFS) => SyncOrder::After,
+        Ok(EXT4) => {
+            let link = format!(
+                "/sys/dev/block/{}:{}",
+                rustix::fs::major(dev),
+                rustix::fs::minor(dev)
+            );
+            let ext4_driver = std::fs::read_link(link).ok().is_some_and(|target| {
+                target
+                    .file_name()
+                    .is_some_and(|name| Path::new("/proc/fs/ext4").join(name).is_dir())
+            });
+            if ext4_driver {
+                SyncOrder::After
+            } else {
+                SyncOrder::Posix
+            }
+        }
+        _ => SyncOrder::Posix,
+    };
+    if let Ok(mut k) = KNOWN.lock() {
+        k.push((dev, order));
+    }
+    order
+}
+
 /// An open() error on a run file, in the library's terms: `Missing`, `Corrupt` for what the
 /// workload could have planted (a symlink: ELOOP; a socket or a FIFO without a reader: ENXIO),
 /// `Io` otherwise.
@@ -464,6 +553,52 @@ mod tests {
         assert!(!rd.write_new("cancel.json", b"2").unwrap());
         assert_eq!(std::fs::read(d.path().join("cancel.json")).unwrap(), b"1");
         assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 2);
+    }
+
+    #[test]
+    fn a_replace_exchanges_the_file_so_readers_keep_the_old_one_and_plants_go() {
+        let (d, rd) = temp();
+        rd.write_atomic("status.json", b"old", false).unwrap();
+        let before = std::fs::metadata(d.path().join("status.json")).unwrap().ino();
+        // A reader holding the old record reads it whole after the replace.
+        let held = File::open(d.path().join("status.json")).unwrap();
+        for durable in [false, true] {
+            rd.write_atomic("status.json", b"new", durable).unwrap();
+        }
+        let after = std::fs::metadata(d.path().join("status.json")).unwrap();
+        assert_ne!(after.ino(), before, "a new inode took the name");
+        assert_eq!(std::fs::read(d.path().join("status.json")).unwrap(), b"new");
+        assert_eq!(std::io::read_to_string(&held).unwrap(), "old");
+        assert_eq!(held.metadata().unwrap().nlink(), 0, "the old file was unlinked");
+        // A symlink the run planted is swapped out and removed, its target untouched.
+        let target = d.path().join("target");
+        std::fs::write(&target, b"theirs").unwrap();
+        std::fs::remove_file(d.path().join("status.json")).unwrap();
+        std::os::unix::fs::symlink(&target, d.path().join("status.json")).unwrap();
+        rd.write_atomic("status.json", b"ours", true).unwrap();
+        let md = std::fs::symlink_metadata(d.path().join("status.json")).unwrap();
+        assert!(md.is_file(), "a regular file replaced the symlink");
+        assert_eq!(std::fs::read(&target).unwrap(), b"theirs");
+        let names: Vec<_> = std::fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names.len(), 2, "no temp file is left: {names:?}");
+    }
+
+    #[test]
+    fn the_sync_order_is_after_the_rename_only_where_the_fsync_carries_it() {
+        use std::os::fd::AsFd;
+        let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+        let f = File::open(shm.path()).unwrap();
+        let dev = f.metadata().unwrap().dev();
+        assert_eq!(sync_order(f.as_fd(), dev), SyncOrder::After, "tmpfs");
+        // /proc is neither ext4 nor tmpfs: the POSIX order.
+        let p = File::open("/proc/self").unwrap();
+        let pdev = p.metadata().unwrap().dev();
+        assert_eq!(sync_order(p.as_fd(), pdev), SyncOrder::Posix, "procfs");
+        // The cache answers per device.
+        assert_eq!(sync_order(f.as_fd(), dev), SyncOrder::After);
     }
 
     #[test]
