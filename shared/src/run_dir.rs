@@ -447,6 +447,8 @@ fn sync_order(dir: BorrowedFd<'_>, dev: u64) -> SyncOrder {
     {
         return o;
     }
+    // f_type is a c_long here, an int or unsigned elsewhere.
+    #[allow(clippy::unnecessary_cast)]
     let order = match rustix::fs::fstatfs(dir).map(|s| s.f_type as i64) {
         Ok(TMPFS) => SyncOrder::After,
         Ok(EXT4) => {
@@ -559,7 +561,9 @@ mod tests {
     fn a_replace_exchanges_the_file_so_readers_keep_the_old_one_and_plants_go() {
         let (d, rd) = temp();
         rd.write_atomic("status.json", b"old", false).unwrap();
-        let before = std::fs::metadata(d.path().join("status.json")).unwrap().ino();
+        let before = std::fs::metadata(d.path().join("status.json"))
+            .unwrap()
+            .ino();
         // A reader holding the old record reads it whole after the replace.
         let held = File::open(d.path().join("status.json")).unwrap();
         for durable in [false, true] {
@@ -569,7 +573,11 @@ mod tests {
         assert_ne!(after.ino(), before, "a new inode took the name");
         assert_eq!(std::fs::read(d.path().join("status.json")).unwrap(), b"new");
         assert_eq!(std::io::read_to_string(&held).unwrap(), "old");
-        assert_eq!(held.metadata().unwrap().nlink(), 0, "the old file was unlinked");
+        assert_eq!(
+            held.metadata().unwrap().nlink(),
+            0,
+            "the old file was unlinked"
+        );
         // A symlink the run planted is swapped out and removed, its target untouched.
         let target = d.path().join("target");
         std::fs::write(&target, b"theirs").unwrap();

@@ -276,6 +276,12 @@ pub fn spawn_in_new_session(cmd: &mut std::process::Command) {
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 /// `CLONE_PIDFD` (kernel 5.2+): a pidfd of the child, written to `clone_args.pidfd`.
 const CLONE_PIDFD: u64 = 0x1000;
+/// `CLONE_VM`: the child runs in our memory (until its exec).
+const CLONE_VM: u64 = 0x100;
+/// `CLONE_VFORK`: the calling thread sleeps until the child execs or exits.
+const CLONE_VFORK: u64 = 0x4000;
+/// The stack the vfork-style child runs [`raw::child`] on (its frames take a few KiB).
+const VFORK_STACK: usize = 64 * 1024;
 /// The shell execvp(3) hands a file to when the kernel cannot execute it (ENOEXEC).
 const BSHELL: &std::ffi::CStr = c"/bin/sh";
 /// execvp(3)'s search path when the environment has no PATH (glibc's `_CS_PATH`).
@@ -526,10 +532,14 @@ struct ChildPlan<'a> {
 /// `cgroup.procs` before its exec. Any other refusal of a clone3 into the cgroup is the
 /// cgroup's ([`SpawnError::Cgroup`]; EAGAIN and ENOMEM are [`SpawnError::Fork`]).
 ///
-/// Between the clone and the exec the child runs on a copy of our memory (fork semantics, no
-/// CLONE_VM) and calls only async-signal-safe syscalls: no allocation, no lock, no panic. A
-/// failed step is written (step and errno) to a close-on-exec pipe, then the child `_exit`s
-/// 127; the parent reads the pipe to its end: nothing means the exec succeeded.
+/// On x86_64 and aarch64 the clone is vfork-style, as posix_spawn(3) makes its child
+/// (CLONE_VM | CLONE_VFORK, on a stack of its own): the child runs in our memory while this
+/// thread sleeps until its exec or exit, so no page table is copied and no page of ours turns
+/// copy-on-write (the fork it replaces cost every later write of the wrapper a fault). Elsewhere,
+/// and in the fork fallback, it runs on a copy of our memory. Either way it calls only
+/// async-signal-safe syscalls that write nothing but its own stack: no allocation, no lock, no
+/// panic. A failed step is written (step and errno) to a close-on-exec pipe, then the child
+/// `_exit`s 127; the parent reads the pipe to its end: nothing means the exec succeeded.
 pub fn spawn_workload(
     exec: &Exec,
     io: &ChildIo<'_>,
@@ -620,10 +630,10 @@ fn clone_workload(
         )
     };
     if !force_fork {
-        let mut r = raw::clone3(cgroup, true);
+        let mut r = raw::clone3_vfork(cgroup, true, plan);
         if matches!(&r, Err(e) if e.raw_os_error() == Some(libc::EMFILE)) {
             // No descriptor left for the pidfd: the run goes on without one, as before.
-            r = raw::clone3(cgroup, false);
+            r = raw::clone3_vfork(cgroup, false, plan);
         }
         match r {
             Ok(f) => return Ok((f, cgroup.map(|_| CgroupEntry::Clone3), None)),
@@ -911,6 +921,7 @@ mod raw {
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, set, std::ptr::null_mut()) };
     }
 
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     /// clone3(2) as a fork: a new process with its own copy of our memory, SIGCHLD to us when
     /// it ends; with `cgroup`, made in that cgroup (CLONE_INTO_CGROUP); with `want_pidfd`, its
     /// pidfd with it (CLONE_PIDFD). Raw: neither libc nor rustix wraps clone3.
@@ -953,6 +964,155 @@ mod raw {
                 Ok(Forked::Parent(pid, fd))
             }
         }
+    }
+
+    /// clone3(2) as vfork(2) with a stack of its own (CLONE_VM | CLONE_VFORK, the way
+    /// posix_spawn(3) makes its child), with `cgroup` and `want_pidfd` as in [`clone3`]. The
+    /// child runs [`child`] on `plan` and never returns here; this thread sleeps until the
+    /// child has exec'd or exited, then gets its pid. Architectures without the entry below
+    /// get [`clone3`] (fork semantics).
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    pub(super) fn clone3_vfork(
+        cgroup: Option<BorrowedFd<'_>>,
+        want_pidfd: bool,
+        plan: &ChildPlan<'_>,
+    ) -> io::Result<Forked> {
+        use super::{CLONE_VFORK, CLONE_VM, VFORK_STACK};
+        // u128: 16-byte aligned, so the stack's top (base + size) is too, as both ABIs want.
+        let mut stack = vec![0u128; VFORK_STACK / 16];
+        let mut pidfd: libc::c_int = -1;
+        let mut args = CloneArgs {
+            flags: CLONE_VM | CLONE_VFORK,
+            exit_signal: libc::SIGCHLD as u64,
+            stack: stack.as_mut_ptr() as u64,
+            stack_size: VFORK_STACK as u64,
+            ..CloneArgs::default()
+        };
+        if want_pidfd {
+            args.flags |= CLONE_PIDFD;
+            args.pidfd = std::ptr::addr_of_mut!(pidfd) as u64;
+        }
+        if let Some(dir) = cgroup {
+            args.flags |= CLONE_INTO_CGROUP;
+            args.cgroup = dir.as_raw_fd() as u64;
+        }
+        let plan: *const ChildPlan<'_> = plan;
+        // SAFETY: the child starts on `stack` (the kernel sets its stack pointer to
+        // `stack + stack_size`), in our memory, and runs `vfork_entry(plan)`, which never
+        // returns: it makes only async-signal-safe syscalls (no allocation, no lock, no libc
+        // state but this thread's errno, which we do not read until the call below has
+        // returned), writes nothing but its own stack, then execs or `_exit`s. Until then this
+        // thread sleeps (CLONE_VFORK) and our other threads never touch the child's stack or
+        // the plan. Every signal is blocked (the caller's `block_all_signals`), so no handler
+        // of ours runs in the child before it resets them. The stack and `pidfd` outlive the
+        // child's use of our memory, which ends before the call returns here.
+        let r = unsafe { clone3_on_stack(&mut args, vfork_entry, plan.cast()) };
+        drop(stack);
+        match r {
+            r if r < 0 => Err(io::Error::from_raw_os_error((-r) as i32)),
+            pid => {
+                // c_long: i64 on the two architectures this entry exists for.
+                #[allow(clippy::unnecessary_cast)]
+                let pid = Pid::new(pid as i64).expect("clone3 returns the child's positive pid");
+                // SAFETY: with CLONE_PIDFD the kernel put a new descriptor, ours alone, in
+                // `pidfd` (close-on-exec).
+                let fd = (want_pidfd && pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd) });
+                Ok(Forked::Parent(pid, fd))
+            }
+        }
+    }
+
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    pub(super) fn clone3_vfork(
+        cgroup: Option<BorrowedFd<'_>>,
+        want_pidfd: bool,
+        _plan: &ChildPlan<'_>,
+    ) -> io::Result<Forked> {
+        clone3(cgroup, want_pidfd)
+    }
+
+    /// The vfork-style child's first Rust frame: the plan, then [`child`].
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    unsafe extern "C" fn vfork_entry(plan: *const libc::c_void) -> ! {
+        // SAFETY: `plan` is the `&ChildPlan` of `clone3_vfork`, alive and unchanged while the
+        // parent's thread sleeps until our exec or exit.
+        unsafe { child(&*plan.cast::<ChildPlan<'_>>()) }
+    }
+
+    /// The clone3 syscall, and in the child (which the kernel starts on the stack the args
+    /// name, every other register as the parent's) a call of `entry(arg)`. Returns the raw
+    /// result in the parent: the child's pid, or minus an errno.
+    ///
+    /// # Safety
+    /// `args` must name a stack that stays valid while the child uses it, and `entry` must
+    /// never return.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn clone3_on_stack(
+        args: *mut CloneArgs,
+        entry: unsafe extern "C" fn(*const libc::c_void) -> !,
+        arg: *const libc::c_void,
+    ) -> libc::c_long {
+        let ret: libc::c_long;
+        // SAFETY: the caller's contract. rcx and r11 are the syscall's; r12 and r13 survive
+        // it in both processes. The child clears the frame pointer, aligns its new stack and
+        // calls `entry(arg)`; `ud2` is never reached.
+        unsafe {
+            std::arch::asm!(
+                "syscall",
+                "test rax, rax",
+                "jnz 2f",
+                "xor ebp, ebp",
+                "and rsp, -16",
+                "mov rdi, r12",
+                "call r13",
+                "ud2",
+                "2:",
+                inlateout("rax") libc::SYS_clone3 => ret,
+                in("rdi") args,
+                in("rsi") std::mem::size_of::<CloneArgs>(),
+                in("r12") arg,
+                in("r13") entry,
+                lateout("rcx") _,
+                lateout("r11") _,
+                options(nostack),
+            );
+        }
+        ret
+    }
+
+    /// See the x86_64 version.
+    ///
+    /// # Safety
+    /// As there.
+    #[cfg(target_arch = "aarch64")]
+    unsafe fn clone3_on_stack(
+        args: *mut CloneArgs,
+        entry: unsafe extern "C" fn(*const libc::c_void) -> !,
+        arg: *const libc::c_void,
+    ) -> libc::c_long {
+        let ret: libc::c_long;
+        // SAFETY: the caller's contract. The kernel changes only x0 and sp; x9 and x10 hold
+        // `arg` and `entry` in both processes. The child clears the frame pointer and the link
+        // register and calls `entry(arg)`; `brk` is never reached.
+        unsafe {
+            std::arch::asm!(
+                "svc #0",
+                "cbnz x0, 2f",
+                "mov x29, xzr",
+                "mov x30, xzr",
+                "mov x0, x9",
+                "blr x10",
+                "brk #0",
+                "2:",
+                inlateout("x0") args as libc::c_long => ret,
+                in("x1") std::mem::size_of::<CloneArgs>(),
+                in("x8") libc::SYS_clone3,
+                in("x9") arg,
+                in("x10") entry,
+                options(nostack),
+            );
+        }
+        ret
     }
 
     /// fork(2), for kernels without clone3 or CLONE_INTO_CGROUP.
