@@ -380,6 +380,26 @@ impl<'a> Ctx<'a> {
         );
     }
 
+    /// Waits, to one deadline, until the wrapper that the record `st` names has exited. It
+    /// removes the run's cgroup right after writing the final record, so a check that the
+    /// cgroup is gone waits for this first. A pid that is gone, or is another process now (its
+    /// start ticks differ), has exited.
+    pub fn wait_wrapper_exit(self, st: &Value) {
+        let (Some(pid), Some(ticks)) = (
+            st["wrapper_pid"].as_i64(),
+            st["wrapper_start_ticks"].as_u64(),
+        ) else {
+            return;
+        };
+        let pid = pid as i32;
+        // Pinned first, then checked: a pidfd opened before the check that finds the wrapper's
+        // start ticks is the wrapper's.
+        let pins = Pinned::new(&[pid]);
+        if crate::alive_as(pid, ticks) {
+            self.wait_gone(&pins, "the wrapper after its final record");
+        }
+    }
+
     /// No pinned process is alive right now (zombies are dead).
     pub fn gone_now(self, pins: &Pinned, what: &str) {
         let alive: Vec<_> = pins.alive().iter().map(|&p| (p, proc_stat(p))).collect();

@@ -97,6 +97,9 @@ fn honest(root: &TestRoot, id: &str, mode: Mode, want: &str, watch: &[i32]) {
         _ => c.fail(format_args!("ended {state}, expected {want}")),
     }
     if mode == Mode::Cgroup {
+        // The wrapper removes the cgroup right after the final record (a cancel returns, and
+        // the record is read, in between).
+        c.wait_wrapper_exit(&st);
         let cg = st["containment"]["cgroup"].as_str().unwrap_or_default();
         ensure!(c, !cg.is_empty(), "no cgroup recorded: {st}");
         ensure!(
