@@ -97,11 +97,15 @@ pub fn stat(pid: Pid) -> Option<Stat> {
     parse_stat(std::str::from_utf8(&buf[..n]).ok()?)
 }
 
+/// Read a /proc file into `buf`. The kernel makes such a file whole at the first read and
+/// copies as much as fits, so a read that leaves room is all of it: the scans of every process
+/// save the read that would only say EOF.
 fn read_full(f: &mut fs::File, buf: &mut [u8]) -> Option<usize> {
     let mut n = 0;
     while n < buf.len() {
         match f.read(&mut buf[n..]) {
             Ok(0) => break,
+            Ok(k) if n == 0 && k < buf.len() => return Some(k),
             Ok(k) => n += k,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(_) => return None,
@@ -297,13 +301,47 @@ pub fn scan() -> Vec<Stat> {
 /// [`scan`], reading only processes whose pid is `min_pid` or above (the directory listing is
 /// cheap; each stat read is what a scan costs).
 pub fn scan_above(min_pid: Option<i32>) -> Vec<Stat> {
-    let stats = scan_from(min_pid.unwrap_or(0));
+    let stats = match (min_pid, min_pid.and(last_pid())) {
+        // Few pids handed out since `min`: ask for each of them instead of listing /proc (a
+        // listing generates an entry for every process: most of a short run's scan at its
+        // leader's exit).
+        (Some(min), Some(last)) if last >= min && last - min < PROBE_MAX => probe(min, last),
+        (min, _) => scan_from(min.unwrap_or(0)),
+    };
     // The pid counter may have wrapped while we read: new processes then have pids below
     // `min_pid`, and only a whole scan sees them.
     match min_pid {
         Some(min) if last_pid().is_none_or(|l| l < min) => scan_from(0),
         _ => stats,
     }
+}
+
+/// How many pids [`scan_above`] asks for one by one, at most, instead of listing /proc.
+const PROBE_MAX: i32 = 64;
+
+/// The stat of each process (thread-group leader) whose pid is in `min..=last`. /proc/TID
+/// answers for a thread too (hidden from the listing, with the thread's own stat): a pid that
+/// is not its own thread group's id is skipped, as the listing would skip it.
+fn probe(min: i32, last: i32) -> Vec<Stat> {
+    (min..=last)
+        .filter_map(|pid| {
+            let st = stat(Pid::new(pid.into())?)?;
+            (tgid_of(st.pid) == Some(pid)).then_some(st)
+        })
+        .collect()
+}
+
+/// The thread group id of task `pid` (the `Tgid:` line of /proc/PID/status).
+fn tgid_of(pid: Pid) -> Option<i32> {
+    let mut buf = [0u8; 4096];
+    let mut f = fs::File::open(format!("/proc/{pid}/status")).ok()?;
+    let n = read_full(&mut f, &mut buf)?;
+    let text = std::str::from_utf8(&buf[..n]).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 fn scan_from(min: i32) -> Vec<Stat> {
@@ -423,6 +461,51 @@ pub fn only_newer_pids(floor: Identity) -> Option<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_probe_of_new_pids_finds_processes_and_skips_threads() {
+        let me = Pid::this();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || {
+            // /proc/thread-self is `PID/task/TID`.
+            let link = fs::read_link("/proc/thread-self").unwrap();
+            let tid: i32 = link.file_name().unwrap().to_str().unwrap().parse().unwrap();
+            tid_tx.send(tid).unwrap();
+            let _ = rx.recv();
+        });
+        let tid = tid_rx.recv().unwrap();
+        assert!(
+            stat(Pid::new(tid.into()).unwrap()).is_some(),
+            "/proc/TID answers"
+        );
+        assert!(
+            probe(tid, tid).is_empty(),
+            "thread {tid} taken for a process"
+        );
+        let found: Vec<Pid> = probe(me.get(), me.get()).iter().map(|s| s.pid).collect();
+        assert_eq!(found, vec![me]);
+        // A child made now is in the probed range above it and in the listing alike.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let probed = scan_above(Some(pid));
+        assert!(
+            probed.iter().any(|s| s.pid.get() == pid),
+            "probe missed {pid}"
+        );
+        let listed = scan_from(pid);
+        assert!(
+            listed.iter().any(|s| s.pid.get() == pid),
+            "listing missed {pid}"
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+        tx.send(()).unwrap();
+        t.join().unwrap();
+    }
 
     #[test]
     fn a_child_of_ours_is_a_child_besides_any_other_pid() {
