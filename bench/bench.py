@@ -1235,6 +1235,9 @@ def lateness_run(ctx, tpl, n, kind, k, spacing, lead=None):
     touched = sum(
         1 for i in range(0, n - k, max(1, (n - k) // 50)) if (read_json(root / f"w{i:05d}" / "status.json") or {}).get("state") != "running"
     )
+    if os.environ.get("AGENT_RUN_BENCH_KEEP_JOURNALS"):
+        for rid in deadlines:
+            shutil.copy(root / rid / "events.jsonl", Path(os.environ["AGENT_RUN_BENCH_KEEP_JOURNALS"]) / f"{kind}-{n}-{rid}.jsonl")
     bad_states = [v for key, v in late.items() if key.endswith("!")]
     vals = [v for key, v in late.items() if not key.endswith("!")]
     shutil.rmtree(root, ignore_errors=True)
@@ -1379,6 +1382,9 @@ def bench_watchdog(ctx):
             (1000, "orphan-own", 100, 0.4),
             (10000, "orphan-own", 100, 0.4),
         ]
+    if os.environ.get("AGENT_RUN_BENCH_LATENESS"):
+        # For one experiment: N:KIND:K:SPACING[,...] instead of the plan above.
+        plan = [(int(n), kind, int(k), float(sp)) for n, kind, k, sp in (x.split(":") for x in os.environ["AGENT_RUN_BENCH_LATENESS"].split(","))]
     for n, kind, k, spacing in plan:
         log(f"watchdog: lease lateness, {n} pending leases ({kind} fillers), {k} expiring {spacing:g} s apart")
         res["lateness"].append(lateness_run(ctx, tpl, n, kind, k, spacing))

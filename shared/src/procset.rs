@@ -89,8 +89,13 @@ pub struct Snapshot {
 struct Index {
     by_sid: HashMap<i32, Vec<usize>>,
     by_pgid: HashMap<i32, Vec<usize>>,
-    by_marker: HashMap<(u32, Vec<u8>), Vec<usize>>,
+    /// `None` in a look shared by stops ([`Snapshot::since`]): markers are read lazily there,
+    /// only for the processes that started after a run's floor.
+    by_marker: Option<ByMarker>,
 }
+
+/// Positions in a look's stats by marker: (uid, `AGENT_RUN_ID`).
+type ByMarker = HashMap<(u32, Vec<u8>), Vec<usize>>;
 
 /// A process's run marker: its uid, `AGENT_RUN_ID` and the (dev, inode) of its `AGENT_RUN_DIR`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,11 +126,17 @@ impl Snapshot {
     /// Scan /proc now and read every live process's marker once, indexed: for a caller that
     /// asks about many runs at once (the watchdog's pass over thousands of run dirs).
     pub fn take_indexed() -> Snapshot {
+        Snapshot::take_with_index(true)
+    }
+
+    /// Scan /proc now, indexed by session and group (and with `markers`, by every live
+    /// process's marker, each read now).
+    fn take_with_index(markers: bool) -> Snapshot {
         let mut snap = Snapshot::take();
         let mut index = Index {
             by_sid: HashMap::new(),
             by_pgid: HashMap::new(),
-            by_marker: HashMap::new(),
+            by_marker: markers.then(HashMap::new),
         };
         for (i, st) in snap.stats.iter().enumerate() {
             if st.is_dead() {
@@ -133,12 +144,10 @@ impl Snapshot {
             }
             index.by_sid.entry(st.sid).or_default().push(i);
             index.by_pgid.entry(st.pgid).or_default().push(i);
-            if let Some(m) = snap.marker(st.pid) {
-                index
-                    .by_marker
-                    .entry((m.uid, m.run_id))
-                    .or_default()
-                    .push(i);
+            if let Some(by_marker) = index.by_marker.as_mut() {
+                if let Some(m) = snap.marker(st.pid) {
+                    by_marker.entry((m.uid, m.run_id)).or_default().push(i);
+                }
             }
         }
         snap.index = Some(index);
@@ -202,11 +211,12 @@ impl Snapshot {
             let began = Instant::now();
             st.scanning = true;
             drop(st);
-            // Shared by several stops: the whole table, every marker read once now, indexed,
-            // so each stop's lookups cost the size of its run. Alone: only the pids the run
-            // can have.
+            // Shared by several stops: the whole table, indexed by session and group; a
+            // marker is read (once, for every stop sharing the look) only for a process that
+            // started after some stop's run: reading every environment of a big table costs
+            // more than the stops themselves. Alone: only the pids the run can have.
             let (snap, m) = if contended {
-                (Snapshot::take_indexed(), None)
+                (Snapshot::take_with_index(false), None)
             } else {
                 (Snapshot::take_above(min_pid), min_pid)
             };
@@ -363,8 +373,13 @@ fn candidates<'s>(snap: &'s Snapshot, scope: &RunScope, depth: Depth) -> Vec<&'s
     picked.extend(index.by_sid.get(&leader).unwrap_or(&none));
     picked.extend(index.by_pgid.get(&leader).unwrap_or(&none));
     if depth == Depth::WithMarker {
+        let Some(by_marker) = &index.by_marker else {
+            // No marker index: every process, of which the caller reads the markers of those
+            // that started after the run (the older ones are excluded before any read).
+            return snap.stats.iter().collect();
+        };
         let key = (scope.uid, scope.run_id.as_bytes().to_vec());
-        picked.extend(index.by_marker.get(&key).unwrap_or(&none));
+        picked.extend(by_marker.get(&key).unwrap_or(&none));
     }
     picked.sort_unstable();
     picked.dedup();
