@@ -154,6 +154,9 @@ pub fn spawn(
 const CHUNK: usize = 1 << 20;
 /// The most a stream is drained in one turn before the other gets its turn.
 const TURN: u64 = 8 << 20;
+/// Bytes appended to a log between two starts of its writeback: the disk writes while the
+/// workload runs, and the fsync at EOF waits for the last few MiB, not the whole log.
+const WRITEBACK: u64 = 8 << 20;
 /// The free space kept on the logs' filesystem: 1% of it, at least 1 MiB, at most 64 MiB.
 fn reserve_of(total: u64) -> u64 {
     (total / 100).clamp(1 << 20, 64 << 20)
@@ -170,6 +173,8 @@ struct Source {
     ring: Ring,
     eof: bool,
     splice: bool,
+    /// Bytes appended since the last start of the log's writeback.
+    unflushed: u64,
 }
 
 /// The keeper's state across its sources.
@@ -224,6 +229,7 @@ fn run(dir: &Path, policy: Policy, held: Vec<(Stream, OwnedFd, File)>) -> anyhow
             ring,
             eof: false,
             splice,
+            unflushed: 0,
         });
     }
     let mut k = Keep {
@@ -294,6 +300,12 @@ impl Keep {
                             src.written += n as u64;
                             self.since_check += n as u64;
                             moved += n as u64;
+                            src.unflushed += n as u64;
+                            if src.unflushed >= WRITEBACK {
+                                src.unflushed = 0;
+                                // Best effort: without it the final fsync does all the work.
+                                let _ = sys::start_writeback(std::os::fd::AsFd::as_fd(&src.log));
+                            }
                             if self.since_check >= self.check_every {
                                 return;
                             }
