@@ -26,7 +26,9 @@
 //! sources and logs as its only descriptors and returns at once; the caller drops its
 //! copies of the sources (read ends) and, right after spawning the workload, of the write ends.
 //! A source is drained with splice(2) into the log when it is a pipe, else read(2)/write(2)
-//! (a pty master: EIO is its EOF).
+//! (a pty master: EIO is its EOF). Every 8 MiB appended to a log it starts that log's
+//! writeback (sync_file_range, asynchronous): the fsync at EOF, before output.json, then waits
+//! for the last pages instead of a whole gigabyte the page cache was still holding.
 //!
 //! At the cap (`--max-output`, per stream) the keeper writes one marker line into that log,
 //! keeps draining, counts what it drops and keeps the most recent `min(cap/8, 1 MiB)` bytes in
