@@ -753,3 +753,169 @@ fn a_log_truncated_by_path_is_followed_again_from_its_start() {
     );
     ensure!(c, err.contains("stdout.log shrank"), "{err}");
 }
+
+/// `seq 1 n`'s output: every line differs, so a byte lost, doubled or moved shows.
+fn seq_bytes(n: u32) -> Vec<u8> {
+    (1..=n)
+        .flat_map(|i| format!("{i}\n").into_bytes())
+        .collect()
+}
+
+/// How `got` differs from `want`, for a message (not megabytes of both).
+fn first_difference(got: &[u8], want: &[u8]) -> String {
+    let at = got.iter().zip(want).position(|(a, b)| a != b);
+    format!(
+        "{} bytes, want {}; first difference at {:?}",
+        got.len(),
+        want.len(),
+        at.or((got.len() != want.len()).then(|| got.len().min(want.len())))
+    )
+}
+
+/// About 11 MB: several of the streamer's turns and of the keeper's writeback starts.
+const SEQ: u32 = 1_500_000;
+
+#[test]
+fn a_large_output_streams_every_byte_once_in_order_to_a_pipe_a_file_and_an_appended_file() {
+    let root = TestRoot::new();
+    let want = seq_bytes(SEQ);
+    let n = SEQ.to_string();
+    // A pipe read as the bytes come (sendfile into the pipe).
+    let id = "out-big-pipe";
+    let c = ctx(&root, id);
+    let o = run(&root, &[id, "--", "seq", "1", &n]);
+    ensure!(c, o.status.success(), "{}", describe_output(id, &o));
+    ensure!(
+        c,
+        o.stdout == want,
+        "{}",
+        first_difference(&o.stdout, &want)
+    );
+    every_byte_once(c, id, &want, b"");
+    // A regular file (sendfile's in-kernel copy), and one opened O_APPEND, which sendfile
+    // refuses (EINVAL): the read/write copy carries it, after what the file held.
+    for (id, before) in [("out-big-file", &b""[..]), ("out-big-append", b"before\n")] {
+        let c = ctx(&root, id);
+        let path = root.dir.path().join(format!("{id}.txt"));
+        fs::write(&path, before).unwrap();
+        let sink = fs::OpenOptions::new()
+            .append(!before.is_empty())
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let mut child = root
+            .cmd()
+            .args([id, "--", "seq", "1", &n])
+            .stdout(sink)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let status = agent_run_tests::wait_child(&mut child, LONG);
+        ensure!(c, status.success(), "{id}: {status:?}");
+        let got = fs::read(&path).unwrap();
+        let whole = [before, &want[..]].concat();
+        ensure!(c, got == whole, "{id}: {}", first_difference(&got, &whole));
+        every_byte_once(c, id, &want, b"");
+    }
+}
+
+#[test]
+fn a_stalled_reader_on_a_non_blocking_pipe_stalls_only_the_stream_and_gets_every_byte() {
+    use std::io::Read;
+    let root = TestRoot::new();
+    let id = "out-stalled";
+    let c = ctx(&root, id);
+    let want = seq_bytes(SEQ);
+    let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();
+    // The caller's pipe is non-blocking (shared file description): a full pipe says EAGAIN
+    // to the streamer, which must wait for room, not drop the sink or spin.
+    let fl = rustix::fs::fcntl_getfl(&w).unwrap();
+    rustix::fs::fcntl_setfl(&w, fl | rustix::fs::OFlags::NONBLOCK).unwrap();
+    let mut child = root
+        .cmd()
+        .args([id, "--", "seq", "1", &SEQ.to_string()])
+        .stdout(w)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Nobody reads: the workload and the keeper still finish and the record is final (the
+    // stream is no part of the run), with the pipe full.
+    let st = root.wait_final(id, LONG);
+    c.eq(
+        (&st["state"], &st["exit_code"]),
+        (&Value::from("finished"), &Value::from(0)),
+        "state",
+    );
+    c.eq(c.bytes("stdout.log"), &want[..], "stdout.log");
+    // Now read it all: every byte, once, in order, then EOF when the wrapper exits.
+    let mut got = Vec::new();
+    fs::File::from(r).read_to_end(&mut got).unwrap();
+    let status = agent_run_tests::wait_child(&mut child, LONG);
+    ensure!(c, status.success(), "{status:?}");
+    ensure!(c, got == want, "{}", first_difference(&got, &want));
+    every_byte_once(c, id, &want, b"");
+}
+
+/// The wake-ups (voluntary and involuntary context switches) of the thread of `pid` named
+/// `name`, from /proc/PID/task/TID/status.
+fn thread_switches(pid: u32, name: &str) -> Option<u64> {
+    for t in fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+        let comm = fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() != name {
+            continue;
+        }
+        let status = fs::read_to_string(t.path().join("status")).ok()?;
+        let n = status
+            .lines()
+            .filter(|l| l.contains("ctxt_switches:"))
+            .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
+            .sum();
+        return Some(n);
+    }
+    None
+}
+
+#[test]
+fn the_streamer_sleeps_while_the_run_is_quiet_and_wakes_when_its_log_grows() {
+    let root = TestRoot::new();
+    let id = "out-idle";
+    let c = ctx(&root, id);
+    let fifo = root.dir.path().join("out-idle.go");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let script = format!("echo ready; read x < '{}'; echo after", fifo.display());
+    let run = Spawned::wrapper(&root, &[id, "--", "sh", "-c", &script]);
+    let pid = run.child.id();
+    wait_until_dbg("`ready` streamed", LONG, || {
+        let out = run.stdout_so_far();
+        if out == b"ready\n" {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out).into_owned())
+        }
+    });
+    let before = thread_switches(pid, "agent-run-strm").expect("the streaming thread is named");
+    // A window in which the run writes nothing (it waits on the FIFO): a streamer that polls
+    // on a timer wakes a dozen times in it, one that waits on inotify not at all.
+    std::thread::sleep(Duration::from_secs(1));
+    let idle = thread_switches(pid, "agent-run-strm").expect("the streaming thread") - before;
+    fs::write(&fifo, b"go\n").unwrap();
+    wait_until_dbg("`after` streamed", LONG, || {
+        let out = run.stdout_so_far();
+        if out == b"ready\nafter\n" {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out).into_owned())
+        }
+    });
+    let o = run.finish(LONG);
+    ensure!(c, o.status.success(), "{}", describe_output(id, &o));
+    ensure!(
+        c,
+        idle <= 2,
+        "the streaming thread woke {idle} times in 1 s of silence"
+    );
+}

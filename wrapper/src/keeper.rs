@@ -26,7 +26,9 @@
 //! sources and logs as its only descriptors and returns at once; the caller drops its
 //! copies of the sources (read ends) and, right after spawning the workload, of the write ends.
 //! A source is drained with splice(2) into the log when it is a pipe, else read(2)/write(2)
-//! (a pty master: EIO is its EOF).
+//! (a pty master: EIO is its EOF). Every 8 MiB appended to a log it starts that log's
+//! writeback (sync_file_range, asynchronous): the fsync at EOF, before output.json, then waits
+//! for the last pages instead of a whole gigabyte the page cache was still holding.
 //!
 //! At the cap (`--max-output`, per stream) the keeper writes one marker line into that log,
 //! keeps draining, counts what it drops and keeps the most recent `min(cap/8, 1 MiB)` bytes in
@@ -154,6 +156,9 @@ pub fn spawn(
 const CHUNK: usize = 1 << 20;
 /// The most a stream is drained in one turn before the other gets its turn.
 const TURN: u64 = 8 << 20;
+/// Bytes appended to a log between two starts of its writeback: the disk writes while the
+/// workload runs, and the fsync at EOF waits for the last few MiB, not the whole log.
+const WRITEBACK: u64 = 8 << 20;
 /// The free space kept on the logs' filesystem: 1% of it, at least 1 MiB, at most 64 MiB.
 fn reserve_of(total: u64) -> u64 {
     (total / 100).clamp(1 << 20, 64 << 20)
@@ -170,6 +175,8 @@ struct Source {
     ring: Ring,
     eof: bool,
     splice: bool,
+    /// Bytes appended since the last start of the log's writeback.
+    unflushed: u64,
 }
 
 /// The keeper's state across its sources.
@@ -224,6 +231,7 @@ fn run(dir: &Path, policy: Policy, held: Vec<(Stream, OwnedFd, File)>) -> anyhow
             ring,
             eof: false,
             splice,
+            unflushed: 0,
         });
     }
     let mut k = Keep {
@@ -294,6 +302,12 @@ impl Keep {
                             src.written += n as u64;
                             self.since_check += n as u64;
                             moved += n as u64;
+                            src.unflushed += n as u64;
+                            if src.unflushed >= WRITEBACK {
+                                src.unflushed = 0;
+                                // Best effort: without it the final fsync does all the work.
+                                let _ = sys::start_writeback(std::os::fd::AsFd::as_fd(&src.log));
+                            }
                             if self.since_check >= self.check_every {
                                 return;
                             }

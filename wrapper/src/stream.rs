@@ -8,28 +8,60 @@
 //! on it. The wrapper runs it on its own thread, so a stalled reader never blocks the event loop.
 
 use agent_run_shared::run_dir::{files, RunDir};
+use agent_run_shared::sys::Inotify;
+use rustix::event::{poll, PollFd, PollFlags};
+use rustix::io::Errno;
 use std::fs::File;
-use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::os::fd::AsFd;
+use std::io::{self, Read, Seek, SeekFrom};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-/// How soon a follower looks again after it copied bytes.
+/// Without inotify: how soon a follower looks again after it copied bytes.
 pub const FOLLOW_FAST: Duration = Duration::from_millis(5);
-/// The longest an idle follower waits between looks: output reaches the stream within this.
+/// Without inotify: the longest an idle follower waits between looks.
 pub const FOLLOW_SLOW: Duration = Duration::from_millis(80);
+/// The streaming thread's name (its comm).
+pub const THREAD_NAME: &str = "agent-run-strm";
+/// The most one pump moves before the other log gets its turn.
+const TURN: u64 = 8 << 20;
+/// Bytes asked of one sendfile(2) (a pipe takes what fits in it, a file all of it).
+const SEND: usize = 4 << 20;
+/// The read/write copy's buffer, allocated only when sendfile cannot serve the sink.
+const BUF: usize = 128 << 10;
 
 /// One log being followed into one sink.
+///
+/// The copy is sendfile(2) from the log at our offset: a pipe sink gets references to the log's
+/// page-cache pages (no copy through our memory), a file sink an in-kernel copy. A sink the
+/// kernel cannot splice into (EINVAL), or any error of sendfile, hands over to pread/write for
+/// good, which also tells a broken sink (dropped) from a failed read (tried again later).
 pub struct Tail {
     dir: RunDir,
     name: &'static str,
     src: Option<File>,
     sink: Option<File>,
+    /// Empty until the read/write copy needs it.
     buf: Vec<u8>,
+    /// sendfile(2) still serves this sink.
+    zero_copy: bool,
     /// Bytes read from the log so far (the offset in it).
     pub copied: u64,
+}
+
+/// What one copy did.
+enum Copy {
+    Moved(usize),
+    /// Interrupted, or the sink was full and has room now: go again.
+    Again,
+    /// Nothing past our offset.
+    End,
+    /// The log could not be read.
+    SrcFailed,
+    /// The sink is gone (EPIPE, EIO).
+    SinkGone,
 }
 
 impl Tail {
@@ -40,7 +72,8 @@ impl Tail {
             name,
             src: None,
             sink,
-            buf: vec![0u8; 128 * 1024],
+            buf: Vec::new(),
+            zero_copy: true,
             copied: 0,
         }
     }
@@ -51,62 +84,115 @@ impl Tail {
         self
     }
 
-    /// Copy everything new. Returns whether any byte moved.
-    pub fn pump(&mut self) -> bool {
+    /// The log, opened on first use. Never through a symlink planted in the run dir, never
+    /// blocking on a planted FIFO.
+    fn source(&mut self) -> Option<&File> {
         if self.src.is_none() {
-            // Never follow a symlink planted in the run dir, never block on a planted FIFO.
             self.src = self.dir.open_run_file(self.name).ok().map(|(f, _)| f);
-            if let Some(f) = &mut self.src {
-                if f.seek(SeekFrom::Start(self.copied)).is_err() {
-                    self.src = None;
-                }
-            }
         }
-        let (Some(src), Some(_)) = (&mut self.src, &self.sink) else {
+        self.src.as_ref()
+    }
+
+    /// Copy everything new (up to one turn). Returns whether any byte moved.
+    pub fn pump(&mut self) -> bool {
+        if self.sink.is_none() || self.source().is_none() {
             return false;
-        };
-        let mut moved = false;
-        loop {
-            let n = match src.read(&mut self.buf) {
-                Ok(0) => {
+        }
+        let mut moved = 0u64;
+        while moved < TURN {
+            match self.copy_some() {
+                Copy::Moved(n) => {
+                    moved += n as u64;
+                    self.copied += n as u64;
+                }
+                Copy::Again => {}
+                Copy::End => {
                     // The keeper only appends; a log shorter than what we copied was truncated
                     // by path (the run can do that). Start again from its beginning, and say so,
-                    // rather than wait forever past its end.
-                    let len = src.metadata().map_or(self.copied, |m| m.len());
+                    // rather than wait forever past its end. (Pages already handed to a pipe
+                    // sink show what the log holds when the reader reads them: only a run that
+                    // truncates its own log can make that differ from what it held here.)
+                    let len = self
+                        .src
+                        .as_ref()
+                        .and_then(|f| f.metadata().ok())
+                        .map_or(self.copied, |m| m.len());
                     if len < self.copied {
                         crate::human::say(&format!(
                             "{} shrank from {} to {len} bytes (truncated by the run); following it from its start",
                             self.name, self.copied
                         ));
                         self.copied = 0;
-                        if src.seek(SeekFrom::Start(0)).is_err() {
-                            self.src = None;
-                            return moved;
-                        }
                         continue;
                     }
-                    return moved;
+                    return moved > 0;
                 }
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => return moved,
-            };
-            moved = true;
-            self.copied += n as u64;
-            if let Some(sink) = &mut self.sink {
-                if sink.write_all(&self.buf[..n]).is_err() {
+                Copy::SrcFailed => return moved > 0,
+                Copy::SinkGone => {
                     // The reader is gone (EPIPE, EIO): stop streaming, never stop the run.
                     self.sink = None;
-                    return moved;
+                    return moved > 0;
                 }
             }
         }
+        true
+    }
+
+    /// One sendfile, or one pread and its write, from our offset.
+    fn copy_some(&mut self) -> Copy {
+        let (Some(src), Some(sink)) = (&self.src, &self.sink) else {
+            return Copy::End;
+        };
+        if self.zero_copy {
+            let mut at = self.copied;
+            match rustix::fs::sendfile(sink, src, Some(&mut at), SEND) {
+                Ok(0) => return Copy::End,
+                Ok(n) => return Copy::Moved(n),
+                Err(Errno::INTR) => return Copy::Again,
+                Err(Errno::AGAIN) => {
+                    wait_writable(sink);
+                    return Copy::Again;
+                }
+                // EINVAL, ENOSYS (a tty, a socket or a filesystem sendfile cannot serve), EPIPE,
+                // EIO: the plain copy takes over and says which side failed.
+                Err(_) => self.zero_copy = false,
+            }
+        }
+        if self.buf.is_empty() {
+            self.buf = vec![0u8; BUF];
+        }
+        let n = loop {
+            match rustix::io::pread(src, &mut self.buf[..], self.copied) {
+                Ok(0) => return Copy::End,
+                Ok(n) => break n,
+                Err(Errno::INTR) => {}
+                Err(_) => return Copy::SrcFailed,
+            }
+        };
+        let mut done = 0;
+        while done < n {
+            match rustix::io::write(sink, &self.buf[done..n]) {
+                Ok(0) => return Copy::SinkGone,
+                Ok(k) => done += k,
+                Err(Errno::INTR) => {}
+                Err(Errno::AGAIN) => wait_writable(sink),
+                Err(_) => return Copy::SinkGone,
+            }
+        }
+        Copy::Moved(n)
     }
 
     /// Whether the sink still accepts bytes.
     pub fn open(&self) -> bool {
         self.sink.is_some()
     }
+}
+
+/// Block until a non-blocking sink (a descriptor the caller shares with us and set O_NONBLOCK)
+/// has room, or fails: the next write says which.
+fn wait_writable(sink: &File) {
+    let mut fds = [PollFd::new(sink, PollFlags::OUT)];
+    while let Err(Errno::INTR) = poll(&mut fds, None) {}
 }
 
 /// A duplicate of this process's stdout (or stderr) as an unbuffered file.
@@ -120,49 +206,113 @@ pub fn std_sink(stderr: bool) -> Option<File> {
 }
 
 /// The wrapper's streaming thread.
+///
+/// It sleeps in poll(2) on an inotify watch of the two logs it holds open (IN_MODIFY: the
+/// keeper appended, or the run truncated one) and on a pipe whose write end [`Streamer::finish`]
+/// closes. An idle run costs it no wake-up at all; a busy one wakes it once per batch of
+/// appends (the kernel merges the events it has not read). Without inotify (no instance or
+/// watch left to this user) it falls back to looking on a timer.
 pub struct Streamer {
     done: Arc<AtomicBool>,
+    /// Closed by `finish`: the thread's poll wakes.
+    wake: Option<OwnedFd>,
     handle: JoinHandle<()>,
 }
 
 impl Streamer {
-    /// Start copying the run dir's logs to our stdout and stderr.
+    /// Start copying the run dir's logs to our stdout and stderr. Call before the workload
+    /// exists: the logs are opened here, so they are the keeper's, not files the run put in
+    /// their place.
     pub fn start(dir: &RunDir) -> Streamer {
         let done = Arc::new(AtomicBool::new(false));
         let mut out = Tail::new(dir, files::STDOUT, std_sink(false));
         let mut err = Tail::new(dir, files::STDERR, std_sink(true));
+        let ino = watch(&mut [&mut out, &mut err]);
+        let (wake_r, wake) = match rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC) {
+            Ok((r, w)) => (Some(r), Some(w)),
+            Err(_) => (None, None),
+        };
         let flag = Arc::clone(&done);
-        let handle = thread::spawn(move || {
-            // Look again soon after output, then back off while the workload is quiet: a busy
-            // run streams promptly, an idle one costs a dozen wake-ups a second.
-            let mut interval = FOLLOW_FAST;
-            loop {
-                // Read `done` before pumping: once it is set every writer is gone, so one more
-                // pass that moves nothing means everything was copied.
-                let finishing = flag.load(Ordering::SeqCst);
-                let moved = out.pump() | err.pump();
-                if finishing && !moved {
-                    break;
-                }
-                if !out.open() && !err.open() {
-                    break;
-                }
-                if moved {
-                    interval = FOLLOW_FAST;
-                } else {
-                    thread::park_timeout(interval);
+        // Named, so its wake-ups can be told from the other threads' (/proc/PID/task/*/comm).
+        let thread = thread::Builder::new().name(THREAD_NAME.into());
+        let handle = thread
+            .spawn(move || {
+                let mut interval = FOLLOW_FAST;
+                loop {
+                    // Read `done` before pumping: once it is set every writer is gone, so one more
+                    // pass that moves nothing means everything was copied. Events are read before
+                    // the pump too: an append after the pump's last look wakes the next poll.
+                    let finishing = flag.load(Ordering::SeqCst);
+                    if let Some(i) = &ino {
+                        i.drain();
+                    }
+                    let moved = out.pump() | err.pump();
+                    if finishing && !moved {
+                        break;
+                    }
+                    if !out.open() && !err.open() {
+                        break;
+                    }
+                    if moved {
+                        interval = FOLLOW_FAST;
+                        continue;
+                    }
+                    let timeout = match (&ino, &wake_r) {
+                        (Some(_), Some(_)) => None,
+                        _ => Some(interval),
+                    };
+                    if wait(ino.as_ref(), wake_r.as_ref(), timeout) {
+                        // The write end is closed: by `finish`, which set `done` first, or by a
+                        // Streamer dropped without it. Either way no more waiting.
+                        flag.store(true, Ordering::SeqCst);
+                    }
                     interval = (interval * 2).min(FOLLOW_SLOW);
                 }
-            }
-        });
-        Streamer { done, handle }
+            })
+            .expect("cannot start the streaming thread");
+        Streamer { done, wake, handle }
     }
 
     /// Copy what is left and stop. Call once the workload can write no more.
-    pub fn finish(self) {
+    pub fn finish(mut self) {
         self.done.store(true, Ordering::SeqCst);
-        self.handle.thread().unpark();
+        drop(self.wake.take());
         let _ = self.handle.join();
+    }
+}
+
+/// An inotify instance watching each tail's log (opened now), or None when one cannot be had.
+fn watch(tails: &mut [&mut Tail]) -> Option<Inotify> {
+    for t in tails.iter_mut() {
+        t.source();
+    }
+    let ino = Inotify::new().ok()?;
+    for t in tails.iter() {
+        let src = t.src.as_ref()?;
+        ino.add_watch_fd(src.as_fd(), Inotify::MODIFIED).ok()?;
+    }
+    Some(ino)
+}
+
+/// Sleep in poll until inotify has an event, `wake` is closed or `timeout` passes. Returns
+/// whether `wake` was closed.
+fn wait(ino: Option<&Inotify>, wake: Option<&OwnedFd>, timeout: Option<Duration>) -> bool {
+    let mut fds = Vec::with_capacity(2);
+    if let Some(w) = wake {
+        fds.push(PollFd::new(w, PollFlags::IN));
+    }
+    if let Some(i) = ino {
+        fds.push(PollFd::new(i, PollFlags::IN));
+    }
+    let ts = timeout.and_then(|t| rustix::event::Timespec::try_from(t).ok());
+    match poll(&mut fds, ts.as_ref()) {
+        Ok(_) => wake.is_some() && !fds[0].revents().is_empty(),
+        Err(Errno::INTR) => false,
+        // Cannot wait (ENOMEM): look again a little later rather than spin.
+        Err(_) => {
+            thread::sleep(FOLLOW_SLOW);
+            false
+        }
     }
 }
 
