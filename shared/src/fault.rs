@@ -24,6 +24,10 @@ pub const POINTS: &[&str] = &[
 /// CLONE_INTO_CGROUP, so tests reach that path on any kernel. Read with [`armed`].
 pub const SPAWN_BY_FORK: &str = "spawn_by_fork";
 
+/// A knob: with `AGENT_RUN_FAULT=slow_log_fsync` the output keeper sleeps 3 s before it fsyncs
+/// the logs at EOF, as on a disk slower than the wrapper's bare wait for the counts. Read with
+/// [`armed`].
+pub const SLOW_LOG_FSYNC: &str = "slow_log_fsync";
 /// The environment variable that names the point to die at (or the knob to turn).
 pub const ENV: &str = "AGENT_RUN_FAULT";
 

@@ -579,6 +579,49 @@ fn a_run_named_like_the_keeper_mode_is_an_ordinary_run() {
     );
 }
 
+#[test]
+fn a_log_slow_to_fsync_still_gets_its_counts_into_the_final_record() {
+    // The keeper fsyncs the logs at EOF and then writes output.json; the wrapper waits for it
+    // before its final record. With a disk slower than the wrapper's bare wait (2 s: the knob
+    // makes the keeper sleep 5 s before its fsync), the wait must allow for the bytes logged,
+    // or the record goes out `complete: false` and the counts are guessed from the log sizes.
+    let root = TestRoot::new();
+    let c = ctx(&root, "slow-fsync");
+    let bytes: u64 = 128 << 20;
+    let o = run_with_timeout(
+        root.cmd().env("AGENT_RUN_FAULT", "slow_log_fsync").args([
+            "--quiet",
+            "slow-fsync",
+            "--",
+            "head",
+            "-c",
+            &bytes.to_string(),
+            "/dev/zero",
+        ]),
+        LONG,
+    );
+    ensure!(
+        c,
+        o.status.success(),
+        "{}",
+        describe_output("slow-fsync", &o)
+    );
+    let st = root.status("slow-fsync");
+    c.eq(
+        &st["output"]["complete"],
+        true,
+        "st[\"output\"][\"complete\"]",
+    );
+    c.eq(counts(&st, "stdout"), (bytes, 0), "stdout written, dropped");
+    c.eq(
+        fs::metadata(root.run_dir("slow-fsync").join("stdout.log"))
+            .map(|m| m.len())
+            .ok(),
+        Some(bytes),
+        "stdout.log size",
+    );
+}
+
 /// A small tmpfs mounted as the run root, unmounted on drop.
 struct Tmpfs(PathBuf);
 

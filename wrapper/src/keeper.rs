@@ -467,6 +467,9 @@ impl Keep {
             // Durable before the counts appear. A log we never wrote costs no fsync (a new empty
             // file's would be a journal commit for nothing: most of a short run's end).
             if s.written > 0 || s.capped.is_some() {
+                if agent_run_shared::fault::armed(agent_run_shared::fault::SLOW_LOG_FSYNC) {
+                    std::thread::sleep(std::time::Duration::from_secs(5));
+                }
                 let _ = s.log.sync_data();
             }
         }

@@ -704,17 +704,30 @@ impl Launch {
         report
     }
 
-    /// Before a final record: give the keeper up to [`agent_run_shared::output::WAIT`] to drain
-    /// and exit (it writes output.json just before), so `finalize` finds its counts at once.
-    fn wait_keeper(&self) {
-        if let Some(fd) = &self.keeper_fd {
-            let mut fds = [sys::PollFd {
-                fd: fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            }];
-            let _ = sys::poll(&mut fds, Some(agent_run_shared::output::WAIT));
+    /// Before a final record: give the keeper time to drain and exit (it writes output.json
+    /// just before), so `finalize` finds its counts at once. [`agent_run_shared::output::WAIT`],
+    /// and when nothing of the run survives (every writer of its pipes is gone, so the keeper is
+    /// only draining and fsyncing the logs) also the time the logs' fsync may take on a slow
+    /// disk: a second per [`FSYNC_RATE`] bytes logged, at most [`KEEPER_WAIT_MAX`]. A 1 GiB log
+    /// took longer to fsync here than the bare wait, and its record went out `complete: false`.
+    fn wait_keeper(&self, survivors: bool) {
+        let Some(fd) = &self.keeper_fd else { return };
+        let mut wait = agent_run_shared::output::WAIT;
+        if !survivors {
+            let logged: u64 = [files::STDOUT, files::STDERR]
+                .iter()
+                .filter_map(|f| self.dir.open_run_file(f).ok())
+                .map(|(_, md)| md.len())
+                .sum();
+            wait += Duration::from_secs(logged / FSYNC_RATE);
+            wait = wait.min(KEEPER_WAIT_MAX);
         }
+        let mut fds = [sys::PollFd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        let _ = sys::poll(&mut fds, Some(wait));
     }
 
     fn launch_failed(&mut self, code: u8, msg: &str) -> u8 {
@@ -722,7 +735,7 @@ impl Launch {
         self.st.error = Some(msg.replace('\n', " "));
         // The leader never exited: `exit_code` stays null; the launch's own code is recorded.
         self.st.launch_exit_code = Some(code as i32);
-        self.wait_keeper();
+        self.wait_keeper(false);
         if let Err(e) = finalize(
             &self.dir,
             &mut self.st,
@@ -818,7 +831,7 @@ impl Launch {
             self.st.resources = Some(cg.resources());
         }
         crate::phases::mark("resources");
-        self.wait_keeper();
+        self.wait_keeper(report.as_ref().is_some_and(|r| !r.survivors.is_empty()));
         crate::phases::mark("keeper_wait");
         let written = finalize(
             &dir,
@@ -852,6 +865,12 @@ impl Launch {
         Ok(exit::for_record(&self.st).unwrap_or(exit::SOFTWARE))
     }
 }
+
+/// The slowest log fsync [`Launch::wait_keeper`] allows for: 20 MB/s (this project's disk
+/// under contention wrote 250 MB/s).
+const FSYNC_RATE: u64 = 20_000_000;
+/// The longest [`Launch::wait_keeper`] waits for a keeper that is only fsyncing.
+const KEEPER_WAIT_MAX: Duration = Duration::from_secs(60);
 
 /// How many lines of stderr a `--quiet` run that failed prints.
 const FAILURE_TAIL: usize = 10;
