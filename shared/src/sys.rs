@@ -548,7 +548,7 @@ struct ChildPlan<'a> {
 /// `cgroup.procs` before its exec. Any other refusal of a clone3 into the cgroup is the
 /// cgroup's ([`SpawnError::Cgroup`]; EAGAIN and ENOMEM are [`SpawnError::Fork`]).
 ///
-/// On x86_64 and aarch64 the clone is vfork-style, as posix_spawn(3) makes its child
+/// On x86_64 the clone is vfork-style, as posix_spawn(3) makes its child
 /// (CLONE_VM | CLONE_VFORK, on a stack of its own): the child runs in our memory while this
 /// thread sleeps until its exec or exit, so no page table is copied and no page of ours turns
 /// copy-on-write (the fork it replaces cost every later write of the wrapper a fault). Elsewhere,
@@ -951,7 +951,7 @@ mod raw {
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, set, std::ptr::null_mut()) };
     }
 
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    #[cfg(not(target_arch = "x86_64"))]
     /// clone3(2) as a fork: a new process with its own copy of our memory, SIGCHLD to us when
     /// it ends; with `cgroup`, made in that cgroup (CLONE_INTO_CGROUP); with `want_pidfd`, its
     /// pidfd with it (CLONE_PIDFD). Raw: neither libc nor rustix wraps clone3.
@@ -1000,8 +1000,9 @@ mod raw {
     /// posix_spawn(3) makes its child), with `cgroup` and `want_pidfd` as in [`clone3`]. The
     /// child runs [`child`] on `plan` and never returns here; this thread sleeps until the
     /// child has exec'd or exited, then gets its pid. Architectures without the entry below
-    /// get [`clone3`] (fork semantics).
-    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    /// get [`clone3`] (fork semantics): the entry is a few lines of assembly, written and
+    /// tested for x86_64 only.
+    #[cfg(target_arch = "x86_64")]
     pub(super) fn clone3_vfork(
         cgroup: Option<BorrowedFd<'_>>,
         want_pidfd: bool,
@@ -1041,7 +1042,7 @@ mod raw {
         match r {
             r if r < 0 => Err(io::Error::from_raw_os_error((-r) as i32)),
             pid => {
-                // c_long: i64 on the two architectures this entry exists for.
+                // c_long: i64 on x86_64, the architecture this entry exists for.
                 #[allow(clippy::unnecessary_cast)]
                 let pid = Pid::new(pid as i64).expect("clone3 returns the child's positive pid");
                 // SAFETY: with CLONE_PIDFD the kernel put a new descriptor, ours alone, in
@@ -1052,7 +1053,7 @@ mod raw {
         }
     }
 
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    #[cfg(not(target_arch = "x86_64"))]
     pub(super) fn clone3_vfork(
         cgroup: Option<BorrowedFd<'_>>,
         want_pidfd: bool,
@@ -1062,7 +1063,7 @@ mod raw {
     }
 
     /// The vfork-style child's first Rust frame: the plan, then [`child`].
-    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    #[cfg(target_arch = "x86_64")]
     unsafe extern "C" fn vfork_entry(plan: *const libc::c_void) -> ! {
         // SAFETY: `plan` is the `&ChildPlan` of `clone3_vfork`, alive and unchanged while the
         // parent's thread sleeps until our exec or exit.
@@ -1104,41 +1105,6 @@ mod raw {
                 in("r13") entry,
                 lateout("rcx") _,
                 lateout("r11") _,
-                options(nostack),
-            );
-        }
-        ret
-    }
-
-    /// See the x86_64 version.
-    ///
-    /// # Safety
-    /// As there.
-    #[cfg(target_arch = "aarch64")]
-    unsafe fn clone3_on_stack(
-        args: *mut CloneArgs,
-        entry: unsafe extern "C" fn(*const libc::c_void) -> !,
-        arg: *const libc::c_void,
-    ) -> libc::c_long {
-        let ret: libc::c_long;
-        // SAFETY: the caller's contract. The kernel changes only x0 and sp; x9 and x10 hold
-        // `arg` and `entry` in both processes. The child clears the frame pointer and the link
-        // register and calls `entry(arg)`; `brk` is never reached.
-        unsafe {
-            std::arch::asm!(
-                "svc #0",
-                "cbnz x0, 2f",
-                "mov x29, xzr",
-                "mov x30, xzr",
-                "mov x0, x9",
-                "blr x10",
-                "brk #0",
-                "2:",
-                inlateout("x0") args as libc::c_long => ret,
-                in("x1") std::mem::size_of::<CloneArgs>(),
-                in("x8") libc::SYS_clone3,
-                in("x9") arg,
-                in("x10") entry,
                 options(nostack),
             );
         }
