@@ -130,12 +130,6 @@ impl RunDir {
         self.fd.as_fd()
     }
 
-    fn openat(&self, name: &str, flags: OFlags) -> std::io::Result<File> {
-        rustix::fs::openat(self.fd(), name, flags | OFlags::CLOEXEC, PRIVATE)
-            .map(File::from)
-            .map_err(std::io::Error::from)
-    }
-
     /// `lstat` of one file of the run dir; `None` when there is none (or it cannot be read).
     pub fn stat_file(&self, name: &str) -> Option<FileStat> {
         let st = rustix::fs::statat(self.fd(), name, AtFlags::SYMLINK_NOFOLLOW).ok()?;
@@ -156,15 +150,7 @@ impl RunDir {
     /// A fresh temp file beside `name` (`O_EXCL | O_NOFOLLOW`, mode 0600), unique to this
     /// process and call, so the rename or link that follows is atomic within the directory.
     fn temp_beside(&self, name: &str) -> (String, Result<File>) {
-        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let tmp = format!(".{name}.{}.{n}.tmp", std::process::id());
-        let f = self
-            .openat(
-                &tmp,
-                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW,
-            )
-            .map_err(|e| Error::io("create", self.file(&tmp), e));
-        (tmp, f)
+        temp_at(self.fd(), &self.path, name)
     }
 
     fn remove_temp(&self, tmp: &str) {
@@ -214,26 +200,7 @@ impl RunDir {
         durable: bool,
         write: impl FnOnce(&mut File) -> std::io::Result<()>,
     ) -> Result<()> {
-        let (tmp, file) = self.temp_beside(name);
-        let result = (|| {
-            let mut f = file?;
-            write(&mut f).map_err(|e| Error::io("write", self.file(&tmp), e))?;
-            if durable {
-                f.sync_all()
-                    .map_err(|e| Error::io("fsync", self.file(&tmp), e))?;
-            }
-            drop(f);
-            rustix::fs::renameat(self.fd(), tmp.as_str(), self.fd(), name)
-                .map_err(|e| Error::io("rename into place", self.file(name), e.into()))?;
-            if durable {
-                self.sync()?;
-            }
-            Ok(())
-        })();
-        if result.is_err() {
-            self.remove_temp(&tmp);
-        }
-        result
+        replace_at(self.fd(), &self.path, name, durable, write)
     }
 
     /// Create `name` with `bytes` unless it exists: the bytes go to a temp file first, which is
@@ -258,9 +225,7 @@ impl RunDir {
 
     /// fsync the directory, so a rename in it is durable.
     pub fn sync(&self) -> Result<()> {
-        self.openat(".", OFlags::RDONLY | OFlags::DIRECTORY)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| Error::io("fsync directory", &self.path, e))
+        sync_at(self.fd(), &self.path)
     }
 
     /// Open `name` with `flags` plus the hostile flags, and check it is a regular file of ours:
@@ -301,6 +266,63 @@ impl RunDir {
     pub fn read_run_file(&self, name: &str, cap: u64) -> Result<Vec<u8>> {
         read_capped_at(self.fd(), &self.path, name, cap)
     }
+}
+
+/// A fresh temp file beside `name` in the directory `dirfd` (at `dir`, for messages): see
+/// [`RunDir::temp_beside`].
+fn temp_at(dirfd: BorrowedFd<'_>, dir: &Path, name: &str) -> (String, Result<File>) {
+    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let tmp = format!(".{name}.{}.{n}.tmp", std::process::id());
+    let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW;
+    let f = rustix::fs::openat(dirfd, tmp.as_str(), flags | OFlags::CLOEXEC, PRIVATE)
+        .map(File::from)
+        .map_err(|e| Error::io("create", dir.join(&tmp), e.into()));
+    (tmp, f)
+}
+
+fn sync_at(dirfd: BorrowedFd<'_>, dir: &Path) -> Result<()> {
+    rustix::fs::openat(
+        dirfd,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map(File::from)
+    .map_err(std::io::Error::from)
+    .and_then(|d| d.sync_all())
+    .map_err(|e| Error::io("fsync directory", dir, e))
+}
+
+/// [`RunDir::replace`] in the directory `dirfd` (at `dir`, for messages): a temp file beside
+/// `name`, what `write` puts in it, `renameat(2)` over `name`, fsync of file and dir when
+/// `durable`. The one atomic writer, for the run dirs and the root's own files alike.
+pub(crate) fn replace_at(
+    dirfd: BorrowedFd<'_>,
+    dir: &Path,
+    name: &str,
+    durable: bool,
+    write: impl FnOnce(&mut File) -> std::io::Result<()>,
+) -> Result<()> {
+    let (tmp, file) = temp_at(dirfd, dir, name);
+    let result = (|| {
+        let mut f = file?;
+        write(&mut f).map_err(|e| Error::io("write", dir.join(&tmp), e))?;
+        if durable {
+            f.sync_all()
+                .map_err(|e| Error::io("fsync", dir.join(&tmp), e))?;
+        }
+        drop(f);
+        rustix::fs::renameat(dirfd, tmp.as_str(), dirfd, name)
+            .map_err(|e| Error::io("rename into place", dir.join(name), e.into()))?;
+        if durable {
+            sync_at(dirfd, dir)?;
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = rustix::fs::unlinkat(dirfd, tmp.as_str(), AtFlags::empty());
+    }
+    result
 }
 
 /// Open the directory at `path` as a descriptor for `*at` calls (`O_PATH | O_DIRECTORY |
