@@ -1285,7 +1285,8 @@ def watchdog_events(d):
 
 
 def once_cpu(ctx, root, reps):
-    """CPU (user+sys ms) and wall of `agent-run-watchdog --once` over root, median of reps."""
+    """CPU (user+sys ms) and wall of `agent-run-watchdog --once` over root, median of reps (the
+    first writes the settled ledger `.watchdog.settled`; the median is of passes that read it)."""
     cpu, wall = [], []
     for _ in range(reps):
         t0 = time.perf_counter_ns()
@@ -1499,7 +1500,7 @@ def bench_scale(ctx):
         have = n
         res.setdefault("fixture_s", {})[n] = time.monotonic() - t
         wd = [str(ctx.watchdog), "--root", str(root), "--once"]
-        spawn_rusage(ctx, wd)  # warm the caches: every figure is a warm pass
+        spawn_rusage(ctx, wd)  # warm the caches (and write the settled ledger): every figure is a warm pass
         res["once"][n] = rusage_median(ctx, wd, ctx.n(5 if n < 100000 else 3, 3), "agent-run-watchdog --once")
         log(f"scale: --once over {n:,}: {res['once'][n]['cpu_ms']:.0f} ms CPU")
         if n in list_sizes:
@@ -2099,7 +2100,7 @@ def render(ctx, peers, command, started, elapsed):
         r = R["scale"]
         a("## 7. Scale: 1,000 / 10,000 / 100,000 run dirs, and 1,000 live runs")
         a("")
-        a("Final run dirs are copies of one run dir agent-run wrote (`bench/fixtures.py`: status.json with the run id and cgroup name rewritten, events.jsonl, stdout.log, stderr.log, lock, pid, pgid). CPU is user + sys of the process (`wait4` rusage), peak RSS its `ru_maxrss`; every figure is a warm pass (one unmeasured pass first), median of the repeats. \"growth\" is the CPU ratio to the size 10x smaller (linear: 10x).")
+        a("Final run dirs are copies of one run dir agent-run wrote (`bench/fixtures.py`: status.json with the run id and cgroup name rewritten, events.jsonl, stdout.log, stderr.log, lock, pid, pgid). CPU is user + sys of the process (`wait4` rusage), peak RSS its `ru_maxrss`; every figure is a warm pass (one unmeasured pass first, which also writes the settled ledger `.watchdog.settled` that the measured `--once` passes read: an unchanged final record costs them two `statx`, not a read), median of the repeats. \"growth\" is the CPU ratio to the size 10x smaller (linear: 10x).")
         a("")
         a("### One `agent-run-watchdog --once` pass over final run dirs")
         a("")

@@ -241,7 +241,16 @@ fn check_under(mount: &Path, path: &Path) -> std::result::Result<(), String> {
 /// The name of a run's cgroup: `agent-run.<run-id>.<run dir inode in hex>`, so two roots with
 /// the same run id never share one, and a recorded path can be checked against the run.
 pub fn name_for(run_id: &str, run_dir_ino: u64) -> String {
-    format!("{PREFIX}{run_id}.{run_dir_ino:x}")
+    let mut out = String::with_capacity(PREFIX.len() + run_id.len() + 17);
+    write_name_for(&mut out, run_id, run_dir_ino);
+    out
+}
+
+/// [`name_for`] into `out` (cleared first): a pass names 100,000 cgroups with one buffer.
+pub fn write_name_for(out: &mut String, run_id: &str, run_dir_ino: u64) {
+    use std::fmt::Write;
+    out.clear();
+    let _ = write!(out, "{PREFIX}{run_id}.{run_dir_ino:x}");
 }
 
 /// Every run cgroup on the cgroup2 mount, by name (`agent-run.<run-id>.<dir inode, hex>`):

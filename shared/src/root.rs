@@ -91,6 +91,15 @@ impl Root {
         .map(|(f, _)| f)
     }
 
+    /// Replace the root's own file `name` atomically with `bytes` (a temp file beside it,
+    /// renamed over it; not fsynced: the watchdog's settled file, a cache).
+    pub fn write_atomic(&self, name: &str, bytes: &[u8]) -> Result<()> {
+        use std::io::Write;
+        crate::run_dir::replace_at(self.fd.as_fd(), &self.path, name, false, |f| {
+            f.write_all(bytes)
+        })
+    }
+
     /// The root's path.
     pub fn path(&self) -> &Path {
         &self.path

@@ -131,12 +131,6 @@ impl RunDir {
         self.fd.as_fd()
     }
 
-    fn openat(&self, name: &str, flags: OFlags) -> std::io::Result<File> {
-        rustix::fs::openat(self.fd(), name, flags | OFlags::CLOEXEC, PRIVATE)
-            .map(File::from)
-            .map_err(std::io::Error::from)
-    }
-
     /// `lstat` of one file of the run dir; `None` when there is none (or it cannot be read).
     pub fn stat_file(&self, name: &str) -> Option<FileStat> {
         let st = rustix::fs::statat(self.fd(), name, AtFlags::SYMLINK_NOFOLLOW).ok()?;
@@ -157,15 +151,7 @@ impl RunDir {
     /// A fresh temp file beside `name` (`O_EXCL | O_NOFOLLOW`, mode 0600), unique to this
     /// process and call, so the rename or link that follows is atomic within the directory.
     fn temp_beside(&self, name: &str) -> (String, Result<File>) {
-        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let tmp = format!(".{name}.{}.{n}.tmp", std::process::id());
-        let f = self
-            .openat(
-                &tmp,
-                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW,
-            )
-            .map_err(|e| Error::io("create", self.file(&tmp), e));
-        (tmp, f)
+        temp_at(self.fd(), &self.path, name)
     }
 
     fn remove_temp(&self, tmp: &str) {
@@ -230,48 +216,7 @@ impl RunDir {
         durable: bool,
         write: impl FnOnce(&mut File) -> std::io::Result<()>,
     ) -> Result<()> {
-        let (tmp, file) = self.temp_beside(name);
-        let mut installed = false;
-        let result = (|| {
-            let mut f = file?;
-            write(&mut f).map_err(|e| Error::io("write", self.file(&tmp), e))?;
-            let after = durable && sync_order(self.fd(), self.dev) == SyncOrder::After;
-            if durable && !after {
-                f.sync_all()
-                    .map_err(|e| Error::io("fsync", self.file(&tmp), e))?;
-            }
-            self.install(&tmp, name)?;
-            installed = true;
-            if after {
-                f.sync_all()
-                    .map_err(|e| Error::io("fsync", self.file(name), e))?;
-            } else if durable {
-                self.sync()?;
-            }
-            Ok(())
-        })();
-        if !installed {
-            self.remove_temp(&tmp);
-        }
-        result
-    }
-
-    /// Put the temp file `tmp` in the place of `name`: exchanged with the file there, which is
-    /// then unlinked (see [`RunDir::replace`]), or renamed when there is none or the
-    /// filesystem cannot exchange.
-    fn install(&self, tmp: &str, name: &str) -> Result<()> {
-        use rustix::fs::RenameFlags;
-        let fd = self.fd();
-        match rustix::fs::renameat_with(fd, tmp, fd, name, RenameFlags::EXCHANGE) {
-            // The old document, whatever the run put there, now has the temp name: ours to
-            // remove (a directory it planted stays, harmless, under a name nobody reads).
-            Ok(()) => {
-                self.remove_temp(tmp);
-                Ok(())
-            }
-            Err(_) => rustix::fs::renameat(fd, tmp, fd, name)
-                .map_err(|e| Error::io("rename into place", self.file(name), e.into())),
-        }
+        replace_at(self.fd(), &self.path, name, durable, write)
     }
 
     /// Create `name` with `bytes` unless it exists: the bytes go to a temp file first, which is
@@ -296,9 +241,7 @@ impl RunDir {
 
     /// fsync the directory, so a rename in it is durable.
     pub fn sync(&self) -> Result<()> {
-        self.openat(".", OFlags::RDONLY | OFlags::DIRECTORY)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| Error::io("fsync directory", &self.path, e))
+        sync_at(self.fd(), &self.path)
     }
 
     /// Open `name` with `flags` plus the hostile flags, and check it is a regular file of ours:
@@ -338,6 +281,85 @@ impl RunDir {
     /// so a 1 GiB file planted as status.json costs one fstat.
     pub fn read_run_file(&self, name: &str, cap: u64) -> Result<Vec<u8>> {
         read_capped_at(self.fd(), &self.path, name, cap)
+    }
+}
+
+/// A fresh temp file beside `name` in the directory `dirfd` (at `dir`, for messages): see
+/// [`RunDir::temp_beside`].
+fn temp_at(dirfd: BorrowedFd<'_>, dir: &Path, name: &str) -> (String, Result<File>) {
+    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let tmp = format!(".{name}.{}.{n}.tmp", std::process::id());
+    let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW;
+    let f = rustix::fs::openat(dirfd, tmp.as_str(), flags | OFlags::CLOEXEC, PRIVATE)
+        .map(File::from)
+        .map_err(|e| Error::io("create", dir.join(&tmp), e.into()));
+    (tmp, f)
+}
+
+fn sync_at(dirfd: BorrowedFd<'_>, dir: &Path) -> Result<()> {
+    rustix::fs::openat(
+        dirfd,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map(File::from)
+    .map_err(std::io::Error::from)
+    .and_then(|d| d.sync_all())
+    .map_err(|e| Error::io("fsync directory", dir, e))
+}
+
+/// [`RunDir::replace`] in the directory `dirfd` (at `dir`, for messages): a temp file beside
+/// `name`, what `write` puts in it, exchanged into the place of `name` ([`install_at`]), durable
+/// when `durable` (in the [`SyncOrder`] of the filesystem). The one atomic writer, for the run
+/// dirs and the root's own files alike.
+pub(crate) fn replace_at(
+    dirfd: BorrowedFd<'_>,
+    dir: &Path,
+    name: &str,
+    durable: bool,
+    write: impl FnOnce(&mut File) -> std::io::Result<()>,
+) -> Result<()> {
+    let (tmp, file) = temp_at(dirfd, dir, name);
+    let mut installed = false;
+    let result = (|| {
+        let mut f = file?;
+        write(&mut f).map_err(|e| Error::io("write", dir.join(&tmp), e))?;
+        let after = durable && sync_order(dirfd) == SyncOrder::After;
+        if durable && !after {
+            f.sync_all()
+                .map_err(|e| Error::io("fsync", dir.join(&tmp), e))?;
+        }
+        install_at(dirfd, dir, &tmp, name)?;
+        installed = true;
+        if after {
+            f.sync_all()
+                .map_err(|e| Error::io("fsync", dir.join(name), e))?;
+        } else if durable {
+            sync_at(dirfd, dir)?;
+        }
+        Ok(())
+    })();
+    if !installed {
+        let _ = rustix::fs::unlinkat(dirfd, tmp.as_str(), AtFlags::empty());
+    }
+    result
+}
+
+/// Put the temp file `tmp` in the place of `name`: exchanged with the file there, which is
+/// then unlinked (see [`RunDir::replace`]), or renamed when there is none or the filesystem
+/// cannot exchange.
+fn install_at(dirfd: BorrowedFd<'_>, dir: &Path, tmp: &str, name: &str) -> Result<()> {
+    use rustix::fs::RenameFlags;
+    match rustix::fs::renameat_with(dirfd, tmp, dirfd, name, RenameFlags::EXCHANGE) {
+        // The old document, whatever was put there, now has the temp name: ours to remove
+        // (a directory planted there stays, harmless, under a name nobody reads).
+        Ok(()) => {
+            let _ = rustix::fs::unlinkat(dirfd, tmp, AtFlags::empty());
+            Ok(())
+        }
+        Err(_) => rustix::fs::renameat(dirfd, tmp, dirfd, name)
+            .map_err(|e| Error::io("rename into place", dir.join(name), e.into())),
     }
 }
 
@@ -432,10 +454,12 @@ enum SyncOrder {
     Posix,
 }
 
-/// The [`SyncOrder`] of the filesystem of `dir` (device `dev`), found once per device and
-/// process. The ext4 driver is known by the filesystem magic (0xEF53, which ext2 and ext3
+/// The [`SyncOrder`] of the filesystem of `dir`, found once per device and process. The ext4 driver is known by the filesystem magic (0xEF53, which ext2 and ext3
 /// share) and its /proc/fs/ext4/<device> entry, which the legacy ext2 driver does not make.
-fn sync_order(dir: BorrowedFd<'_>, dev: u64) -> SyncOrder {
+fn sync_order(dir: BorrowedFd<'_>) -> SyncOrder {
+    let Ok(dev) = rustix::fs::fstat(dir).map(|st| st.st_dev) else {
+        return SyncOrder::Posix;
+    };
     static KNOWN: std::sync::Mutex<Vec<(u64, SyncOrder)>> = std::sync::Mutex::new(Vec::new());
     const EXT4: i64 = 0xEF53;
     const TMPFS: i64 = 0x0102_1994;
@@ -599,14 +623,12 @@ mod tests {
         use std::os::fd::AsFd;
         let shm = tempfile::tempdir_in("/dev/shm").unwrap();
         let f = File::open(shm.path()).unwrap();
-        let dev = f.metadata().unwrap().dev();
-        assert_eq!(sync_order(f.as_fd(), dev), SyncOrder::After, "tmpfs");
+        assert_eq!(sync_order(f.as_fd()), SyncOrder::After, "tmpfs");
         // /proc is neither ext4 nor tmpfs: the POSIX order.
         let p = File::open("/proc/self").unwrap();
-        let pdev = p.metadata().unwrap().dev();
-        assert_eq!(sync_order(p.as_fd(), pdev), SyncOrder::Posix, "procfs");
+        assert_eq!(sync_order(p.as_fd()), SyncOrder::Posix, "procfs");
         // The cache answers per device.
-        assert_eq!(sync_order(f.as_fd(), dev), SyncOrder::After);
+        assert_eq!(sync_order(f.as_fd()), SyncOrder::After);
     }
 
     #[test]

@@ -1194,7 +1194,7 @@ fn fast_verdict(root: &TestRoot, name: &str) -> agent_run_watchdog::fast::Fast {
         .iter()
         .find(|e| e.name == name)
         .unwrap_or_else(|| panic!("{name} is not listed"));
-    Pass::new(&fd, &std::cell::OnceCell::new()).classify(e)
+    Pass::new(fd).classify(e, &std::cell::OnceCell::new())
 }
 
 #[test]
@@ -1352,4 +1352,192 @@ fn the_fast_path_settles_only_surely_final_dirs_and_hands_hostile_ones_to_the_ca
         !err.contains("fp-final"),
         "the pass named fp-final:\n{err}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// A full pass works in slices: a deadline that falls due during it is served between two
+
+/// The CPU time (user + system) `pid` has used, from /proc/PID/stat (clock ticks, 100 Hz).
+fn cpu_ticks(pid: i32) -> u64 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).expect("the daemon's stat");
+    let rest = &stat[stat.rfind(')').expect("stat has a comm") + 2..];
+    let f: Vec<&str> = rest.split_ascii_whitespace().collect();
+    // Fields 14 and 15 of stat(5), counted from the state (field 3) here.
+    f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime")
+}
+
+/// Waits until the daemon's CPU time stops growing (a full pass is over: an idle daemon sleeps
+/// in epoll_wait), and returns how much CPU it used since `from` ticks.
+fn wait_for_the_pass_to_end(pid: i32, from: u64) -> Duration {
+    let mut last = (cpu_ticks(pid), Instant::now());
+    let give_up = Instant::now() + T;
+    loop {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = cpu_ticks(pid);
+        if now != last.0 {
+            last = (now, Instant::now());
+        } else if last.1.elapsed() >= Duration::from_millis(300) {
+            return Duration::from_millis((now - from) * 10);
+        }
+        assert!(Instant::now() < give_up, "the daemon never went idle");
+    }
+}
+
+/// Fillers whose every pass goes the careful way and ends in a skip (their records name a
+/// live process that is not agent-run as their wrapper), so that one full pass takes most of
+/// a second or more, and a daemon whose passes the test starts with SIGHUP (the periodic one is
+/// an hour away). The length of a pass is measured first (the daemon's CPU time over one);
+/// then, three times, an orphan's lease is made to fall due in the middle of a pass. Each must
+/// be enforced within a quarter of a pass of its deadline, where a pass that served nothing
+/// until its end would be late by half a pass.
+#[test]
+fn a_lease_that_falls_due_during_a_long_rescan_is_enforced_without_waiting_for_its_end() {
+    let _cpu = exclusive_cpu();
+    let root = TestRoot::new();
+    let _r = open_root(&root);
+    let boot = procfs::boot_id();
+    let mut children = Reaper::default();
+
+    let stranger = children.push(spawn_in_session(&["sleep-ms", "600000"], None, None));
+    let (_, _, spgid, ssid, sticks) = proc_stat(stranger).expect("the stranger has a /proc entry");
+    const FILLERS: usize = 4000;
+    for i in 0..FILLERS {
+        let id = format!("wd-slice-fill-{i:04}");
+        let dir = make_run_dir(&root, &id);
+        let mut st = record_with(&id, stranger, spgid, ssid, sticks, &boot);
+        st.wrapper_pid = Some(stranger);
+        st.wrapper_start_ticks = Some(sticks);
+        write_record(&dir, &st);
+    }
+    let mut orphans = Vec::new();
+    for i in 0..3 {
+        let id = format!("wd-slice-m{i}");
+        let dir = make_run_dir(&root, &id);
+        let pid = children.push(spawn_in_session(
+            &["sleep-ms", "600000"],
+            Some((&id, &dir)),
+            None,
+        ));
+        let st = running_record(&id, pid, &boot);
+        write_record(&dir, &st);
+        write_lease(&dir, epoch_now() + 3600.0, 3600.0);
+        orphans.push((id, pid));
+    }
+    let pinned = Pinned::new(&orphans.iter().map(|o| o.1).collect::<Vec<_>>());
+
+    let dog = watchdog(&root, &["--scan-interval", "1h"]);
+    let dpid = dog.pid();
+    wait_for_the_pass_to_end(dpid, cpu_ticks(dpid));
+    let from = cpu_ticks(dpid);
+    dog.signal(libc::SIGHUP);
+    let pass = wait_for_the_pass_to_end(dpid, from);
+    assert_eq!(pinned.alive().len(), 3, "a pass stopped a run");
+    assert!(
+        pass >= Duration::from_millis(600),
+        "one pass over {FILLERS} fillers took only {pass:?} of CPU: too short to test that a \
+         deadline does not wait for a pass; make more fillers"
+    );
+
+    let mut late = Vec::new();
+    for (id, _) in &orphans {
+        // The deadline falls in the middle of the pass SIGHUP starts.
+        let dl = epoch_now() + 0.5 + pass.as_secs_f64() / 2.0;
+        write_lease(&root.run_dir(id), dl, 1.0);
+        sleep_until_epoch(dl - pass.as_secs_f64() / 2.0);
+        let from = cpu_ticks(dpid);
+        dog.signal(libc::SIGHUP);
+        let st = agent_run_tests::wait_until_dbg("the orphan's record final", T, || {
+            match root.try_status(id) {
+                Ok(st) if st["state"] != "running" && st["state"] != "cancelling" => Ok(st),
+                other => Err(other.map(|s| s["state"].clone())),
+            }
+        });
+        let c = ctx(&root, id);
+        c.fields(&st, "the record", outcome("cancelled", "lease_expired"));
+        late.push(c.epoch(&st, "ended_at") - dl);
+        wait_for_the_pass_to_end(dpid, from);
+    }
+    eprintln!(
+        "one pass over {FILLERS} fillers: {pass:?} of CPU; the leases enforced {:?} s after \
+         their deadlines",
+        late.iter()
+            .map(|l| (l * 1000.0).round() / 1000.0)
+            .collect::<Vec<_>>()
+    );
+    let bound = pass.as_secs_f64() / 4.0;
+    for (l, (id, _)) in late.iter().zip(&orphans) {
+        assert!(
+            *l >= -0.001 && *l < bound,
+            "run {id} ended {l:.3} s after its deadline, which fell in the middle of a pass of \
+             {pass:?}\n--- watchdog\n{}",
+            dog.stderr()
+        );
+    }
+    terminate(ctx(&root, &orphans[0].0), dog);
+}
+
+/// A settled run is kept under its status.json's inode and change time, which no call sets to
+/// a chosen value: a record rewritten in place with its mtime put back is read again by the
+/// next full pass (here the one SIGHUP starts), and the orphan it now describes is stopped.
+#[test]
+fn a_settled_record_rewritten_in_place_with_its_mtime_put_back_is_read_again_by_the_next_pass() {
+    let _cpu = shared_cpu();
+    let root = TestRoot::new();
+    let _r = open_root(&root);
+    let boot = procfs::boot_id();
+    let mut children = Reaper::default();
+    let id = "wd-settled-rewrite";
+    let dir = make_run_dir(&root, id);
+    let pid = children.push(spawn_in_session(
+        &["sleep-ms", "600000"],
+        Some((id, &dir)),
+        None,
+    ));
+    let pinned = Pinned::new(&[pid]);
+    let running = running_record(id, pid, &boot);
+    let mut done = running.clone();
+    done.state = State::Finished;
+    done.exit_code = Some(0);
+    done.ended_at = Some(rfc3339_now());
+    write_record(&dir, &done);
+
+    let dog = watchdog(&root, &[]);
+    let c = ctx(&root, id);
+    let status = dir.join("status.json");
+    let before = fs::metadata(&status).expect("status.json");
+    // The workload's rewrite, in place: a running record, a lease that expired, mtime as before.
+    write_lease(&dir, epoch_now() - 1.0, 1.0);
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&status)
+        .expect("open status.json in place");
+    io::Write::write_all(&mut &f, running.to_json().as_bytes()).expect("rewrite in place");
+    f.set_modified(before.modified().expect("mtime"))
+        .expect("put the mtime back");
+    drop(f);
+    let after = fs::metadata(&status).expect("status.json");
+    {
+        use std::os::unix::fs::MetadataExt;
+        c.eq(
+            (after.ino(), after.mtime(), after.mtime_nsec()),
+            (before.ino(), before.mtime(), before.mtime_nsec()),
+            "status.json's inode and mtime after the rewrite",
+        );
+    }
+    dog.signal(libc::SIGHUP);
+    pinned
+        .wait_all_gone(Duration::from_secs(30))
+        .unwrap_or_else(|alive| {
+            panic!(
+                "the orphan was not stopped after SIGHUP: {alive:?} alive\n--- watchdog\n{}",
+                dog.stderr()
+            )
+        });
+    let st = agent_run_tests::wait_until_dbg("the record final", T, || match root.try_status(id) {
+        Ok(st) if st["state"] != "running" && st["state"] != "cancelling" => Ok(st),
+        other => Err(other.map(|s| s["state"].clone())),
+    });
+    c.fields(&st, "the record", outcome("cancelled", "lease_expired"));
+    terminate(c, dog);
 }

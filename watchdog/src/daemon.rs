@@ -3,7 +3,8 @@
 
 use crate::act::act;
 use crate::assess::{assess, delay_until, Action, Looks, Policy, Seen, Subject, Verdict};
-use crate::fast::{self, Entry, Fast, Pass};
+use crate::fast::{self, Entry, Fast, Pass, Settled};
+use crate::ledger::Ledger;
 use crate::notify::Notifier;
 use agent_run_shared::root::Root;
 use agent_run_shared::run_dir::files;
@@ -95,9 +96,11 @@ pub fn run_once(root: &Root, policy: &Policy) -> Vec<String> {
     let Some((rootfd, ents)) = entries(root) else {
         return Vec::new();
     };
-    let mut pass = Pass::new(&rootfd, &looks.cgroups);
+    // The ledger of the last pass: the final records it read are not read again while their
+    // status.json is unchanged (crate::ledger).
+    let mut pass = Pass::new(rootfd).with_ledger(Ledger::load(root));
     for e in ents {
-        if let Fast::Final { .. } = pass.classify(&e) {
+        if let Fast::Final(_) = pass.classify(&e, &looks.cgroups) {
             continue;
         }
         let name = e.name;
@@ -112,6 +115,11 @@ pub fn run_once(root: &Root, policy: &Policy) -> Vec<String> {
                 journal_once(root, &name, &why);
             }
             _ => {}
+        }
+    }
+    if let Some(ledger) = pass.into_ledger() {
+        if let Err(e) = ledger.store(root) {
+            log(&format!("cannot keep the settled ledger: {e}"));
         }
     }
     handles
@@ -141,23 +149,6 @@ fn entries(root: &Root) -> Option<(OwnedFd, Vec<Entry>)> {
             None
         }
     }
-}
-
-/// status.json's (mtime in ns, inode) by a path relative to the root's fd: the key a settled
-/// run is kept under.
-fn settled_key(rootfd: &OwnedFd, name: &str) -> Option<(i64, u64)> {
-    use rustix::fs::{statx, AtFlags, StatxFlags};
-    let s = statx(
-        rootfd,
-        format!("{name}/{}", files::STATUS),
-        AtFlags::SYMLINK_NOFOLLOW,
-        StatxFlags::MTIME | StatxFlags::INO,
-    )
-    .ok()?;
-    Some((
-        s.stx_mtime.tv_sec * 1_000_000_000 + i64::from(s.stx_mtime.tv_nsec),
-        s.stx_ino,
-    ))
 }
 
 /// Journal why a run dir is skipped, when it is a run dir we may write to (a skipped dir may be
@@ -196,8 +187,8 @@ struct Daemon {
     ino: Inotify,
     root_wd: i32,
     runs: HashMap<String, Tracked>,
-    /// Final runs by status.json (mtime, inode): not parsed again until it changes.
-    settled: HashMap<String, (i64, u64)>,
+    /// Final runs by status.json's (inode, change time): not parsed again until it changes.
+    settled: HashMap<String, Settled>,
     /// Why each skipped run was skipped, so each reason is said once. Skipped runs are not
     /// settled: every full scan (and SIGHUP) looks at them again.
     skipped: HashMap<String, String>,
@@ -212,7 +203,24 @@ struct Daemon {
     threads: Vec<thread::JoinHandle<()>>,
     /// The last look at /proc outside a full pass, and when it was taken.
     snapshot: Option<(Instant, Looks)>,
+    /// The full pass in progress, if any.
+    rescan: Option<Rescan>,
 }
+
+/// A full pass in progress: the entries listed when it began, worked through in slices of at
+/// most [`SLICE`], between which the loop serves the deadlines that fell due and the events
+/// that came (a pass over 10,000 dirs that need the careful path takes seconds; a deadline
+/// must not wait for it). One look at /proc and one cgroup walk serve the whole pass, as when
+/// it ran in one go.
+struct Rescan {
+    pass: Pass,
+    looks: Looks,
+    ents: std::vec::IntoIter<Entry>,
+}
+
+/// How long one slice of a full pass works before the loop looks at the clock's deadlines and
+/// the events again: the most a due deadline waits behind a pass (plus one run's look).
+const SLICE: Duration = Duration::from_millis(5);
 
 /// How long one look at /proc may serve events outside a full pass (it only decides whether a
 /// not-yet-due orphan still has processes; the stop itself always looks afresh).
@@ -285,11 +293,13 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         done_rx,
         threads: Vec::new(),
         snapshot: None,
+        rescan: None,
     };
     let notifier = Notifier::from_env();
     // Said (and READY sent) once the first full pass has looked at every run dir: whoever waits
     // for the line knows every run's record and lease as they were then has been read.
-    d.scan();
+    d.begin_scan();
+    while !d.scan_slice(None) {}
     log(&format!(
         "watching {} (rescan every {:?}, orphan grace {:?}, open-file limit {limit})",
         d.root.path().display(),
@@ -309,9 +319,17 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         if let Some(p) = next_ping {
             deadline = deadline.min(p);
         }
-        let tokens = d
-            .epoll
-            .wait(Some(deadline.saturating_duration_since(now)))?;
+        // A pass in progress only looks at what is ready, and goes on with its next slice; while
+        // stops are in flight it gives them the CPU for a slice's time between two slices (a
+        // stop's duration is a lease's lateness; the pass is only the backstop).
+        let wait = match &d.rescan {
+            Some(_) if d.inflight.load(Ordering::SeqCst) > 0 => {
+                SLICE.min(deadline.saturating_duration_since(now))
+            }
+            Some(_) => Duration::ZERO,
+            None => deadline.saturating_duration_since(now),
+        };
+        let tokens = d.epoll.wait(Some(wait))?;
         for t in tokens {
             match t {
                 TOKEN_SIGNALS => {
@@ -337,13 +355,14 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         }
         if flags.hup.swap(false, Ordering::SeqCst) {
             log("SIGHUP: rescanning");
-            d.scan();
-            next_scan = Instant::now() + d.opts.scan_interval;
+            d.begin_scan();
         }
         d.collect_done();
         d.run_due();
-        if Instant::now() >= next_scan {
-            d.scan();
+        if d.rescan.is_none() && Instant::now() >= next_scan {
+            d.begin_scan();
+        }
+        if d.rescan.is_some() && d.scan_slice(Some(SLICE)) {
             next_scan = Instant::now() + d.opts.scan_interval;
         }
         if let (Some(p), Some(every)) = (next_ping, notifier.ping_every) {
@@ -365,8 +384,11 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
 }
 
 impl Daemon {
-    /// Full pass over the root: the backstop for anything an event missed.
-    fn scan(&mut self) {
+    /// Begin a full pass over the root, the backstop for anything an event missed (one in
+    /// progress is dropped: the new one lists the root afresh). [`Daemon::scan_slice`] works
+    /// it through.
+    fn begin_scan(&mut self) {
+        self.rescan = None;
         let Some((rootfd, ents)) = entries(&self.root) else {
             return;
         };
@@ -382,28 +404,53 @@ impl Daemon {
         }
         self.settled.retain(|n, _| present.contains(n));
         // One look at /proc for the whole pass, not one per run; one look at the flocks.
-        let looks = Looks::default();
-        let mut pass = Pass::new(&rootfd, &looks.cgroups);
-        for e in &ents {
+        self.rescan = Some(Rescan {
+            pass: Pass::new(rootfd),
+            looks: Looks::default(),
+            ents: ents.into_iter(),
+        });
+    }
+
+    /// Work on the pass in progress for about `budget` (`None`: to its end). True when the
+    /// pass is over (or there was none).
+    fn scan_slice(&mut self, budget: Option<Duration>) -> bool {
+        let Some(mut r) = self.rescan.take() else {
+            return true;
+        };
+        let started = Instant::now();
+        let mut since_clock = 0u32;
+        while let Some(e) = r.ents.next() {
             let name = &e.name;
             if self.busy.contains(name) {
                 continue;
             }
             // Settled and unchanged: one statx. Final for sure: settled without the careful
-            // path. Anything else: the careful path.
-            if let Some(k) = self.settled.get(name) {
-                if settled_key(&rootfd, name).as_ref() == Some(k) {
-                    continue;
-                }
-            }
-            if let Fast::Final { mtime_ns, ino } = pass.classify(e) {
+            // path. Anything else: the careful path (the costly one: the clock is read after
+            // each, and every 64 cheap ones).
+            since_clock += 1;
+            if self
+                .settled
+                .get(name)
+                .is_some_and(|k| Settled::of(r.pass.root(), name).as_ref() == Some(k))
+            {
+                // unchanged
+            } else if let Fast::Final(k) = r.pass.classify(&e, &r.looks.cgroups) {
                 self.forget(name);
                 self.skipped.remove(name);
-                self.settled.insert(name.clone(), (mtime_ns, ino));
-                continue;
+                self.settled.insert(name.clone(), k);
+            } else {
+                self.evaluate_with(name, &r.looks, true);
+                since_clock = 64;
             }
-            self.evaluate_with(name, &looks, true);
+            if since_clock >= 64 {
+                since_clock = 0;
+                if budget.is_some_and(|b| started.elapsed() >= b) {
+                    self.rescan = Some(r);
+                    return false;
+                }
+            }
         }
+        true
     }
 
     fn on_inotify(&mut self) {
@@ -411,7 +458,7 @@ impl Daemon {
         for ev in self.ino.read_events() {
             if ev.mask & libc::IN_Q_OVERFLOW != 0 {
                 log("inotify queue overflow: rescanning");
-                self.scan();
+                self.begin_scan();
                 return;
             }
             if ev.wd == self.root_wd {
@@ -453,9 +500,12 @@ impl Daemon {
             return;
         }
         let dir = self.root.path().join(name);
-        let key = std::fs::metadata(dir.join(files::STATUS))
+        let key = std::fs::symlink_metadata(dir.join(files::STATUS))
             .ok()
-            .map(|m| (m.mtime_nsec() + m.mtime() * 1_000_000_000, m.ino()));
+            .map(|m| Settled {
+                ctime_ns: m.ctime_nsec() + m.ctime() * 1_000_000_000,
+                ino: m.ino(),
+            });
         if key.is_some() && self.settled.get(name) == key.as_ref() {
             return;
         }

@@ -9,6 +9,9 @@
 //!
 //! - the entry is a directory (`d_type`), its name a valid run id, and `statx` relative to the
 //!   root's fd says it is ours, mode without group/other bits: the careful path's own checks;
+//! - the record's facts come from the pass's ledger ([`crate::ledger`], `--once` only) while
+//!   `statx` says status.json is still the regular file of ours they were read from (inode,
+//!   size, change time); otherwise it is read:
 //! - `openat2(root, "ID/status.json", O_NOFOLLOW|O_NONBLOCK, RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS)`:
 //!   no symlink anywhere on the way, never a blocked open; `fstat`: a regular file of ours, at
 //!   most [`MAX_FAST`] bytes; one `read` of `st_size + 1` bytes that must return exactly the size;
@@ -28,7 +31,8 @@
 //! that also rewrites `wrapper_pid` and drops `containment` (comparing the lock's inode would
 //! cost one more statx per dir): such a record is taken as final by the careful path too.
 
-use agent_run_shared::cgroup::{name_for, RunCgroups};
+use crate::ledger::{Carry, Known, Ledger, RACY};
+use agent_run_shared::cgroup::{name_for, write_name_for, RunCgroups};
 use agent_run_shared::id::RunId;
 use agent_run_shared::record::{KEYS, SCHEMA};
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, ResolveFlags, StatxFlags};
@@ -36,6 +40,15 @@ use rustix::io::Errno;
 use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
 use std::path::Path;
+use std::rc::Rc;
+
+/// Now minus [`RACY`], in ns since the epoch.
+fn racy_before_ns() -> i64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(now.saturating_sub(RACY).as_nanos()).unwrap_or(i64::MAX)
+}
 
 /// The largest status.json the fast path reads (a record is about 1 KiB; argv can make it
 /// larger, and then the careful path reads it).
@@ -86,8 +99,8 @@ pub fn open_root(path: &Path) -> std::io::Result<OwnedFd> {
 
 /// What one pass knows about the host, gathered once: who we are, the flocks held on the
 /// root's filesystem, the cgroup parents opened so far.
-pub struct Pass<'a> {
-    root: &'a OwnedFd,
+pub struct Pass {
+    root: OwnedFd,
     me: u32,
     /// The pids holding a flock, read on first need (a pass over runs that are not final never
     /// reads /proc/locks); the inner `None`: it could not be read whole, so every wrapper counts
@@ -96,47 +109,98 @@ pub struct Pass<'a> {
     /// The `agent-run.*` children of each cgroup parent a record named, listed once per pass;
     /// `None`: the parent could not be listed (and exists), so no cgroup counts as gone.
     cgroups: HashMap<String, Option<HashSet<String>>>,
-    /// Every run cgroup on the cgroup2 mount by name, walked once per pass on first need (the
-    /// careful path of the same pass uses the same walk): a final record whose run still has
-    /// a cgroup anywhere (a forged record may name another or none) goes to the careful path.
-    run_cgroups: &'a std::cell::OnceCell<RunCgroups>,
     buf: Vec<u8>,
+    /// The ledger the pass started from, and what it learns for the next one.
+    /// `None` in a pass without a ledger (the daemon's: it settles runs in memory).
+    carry: Option<Carry>,
+    /// Change times after this (ns since the epoch) are too recent to enter the ledger.
+    racy_before_ns: i64,
+    /// The cgroup parents of the ledger entries, each once.
+    parents: Vec<Rc<str>>,
+    /// Buffers for a run's cgroup name and its status.json's path.
+    cgroup_name: String,
+    path: String,
+}
+
+/// What a settled run is kept under: status.json's inode and inode change time. The change time
+/// is the kernel's: every write, rename into place, chmod or `utimensat` sets it to the present,
+/// and no call sets it to a chosen value (mtime can be set back, so it is not the key).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Settled {
+    pub ctime_ns: i64,
+    pub ino: u64,
+}
+
+impl Settled {
+    /// The key of `ID/status.json` relative to the root's fd now (one `statx`, never
+    /// following a symlink at the file itself).
+    pub fn of(root: &OwnedFd, name: &str) -> Option<Settled> {
+        let s = rfs::statx(
+            root,
+            format!("{name}/status.json"),
+            AtFlags::SYMLINK_NOFOLLOW,
+            StatxFlags::CTIME | StatxFlags::INO,
+        )
+        .ok()?;
+        Some(Settled {
+            ctime_ns: s.stx_ctime.tv_sec * 1_000_000_000 + i64::from(s.stx_ctime.tv_nsec),
+            ino: s.stx_ino,
+        })
+    }
 }
 
 /// The fast path's answer about one run dir.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fast {
-    /// Final, nothing to do; status.json's (mtime in ns, inode), the key the daemon settles
-    /// it under.
-    Final { mtime_ns: i64, ino: u64 },
+    /// Final, nothing to do; status.json's key ([`Settled`]), which the daemon settles it
+    /// under.
+    Final(Settled),
     /// Not sure: the careful path decides.
     Careful,
 }
 
-impl<'a> Pass<'a> {
-    pub fn new(root: &'a OwnedFd, run_cgroups: &'a std::cell::OnceCell<RunCgroups>) -> Pass<'a> {
+impl Pass {
+    /// A pass over the root open at `root` ([`open_root`]).
+    pub fn new(root: OwnedFd) -> Pass {
         Pass {
             root,
             me: rustix::process::geteuid().as_raw(),
             holders: std::cell::OnceCell::new(),
             cgroups: HashMap::new(),
-            run_cgroups,
             buf: Vec::with_capacity(4096),
+            carry: None,
+            racy_before_ns: racy_before_ns(),
+            parents: Vec::new(),
+            cgroup_name: String::with_capacity(64),
+            path: String::with_capacity(64),
         }
     }
 
-    /// Whether the run dir `e` is final for sure ([`Fast::Final`]) or needs the careful path.
-    pub fn classify(&mut self, e: &Entry) -> Fast {
-        self.final_key(e).unwrap_or(Fast::Careful)
+    /// The root this pass lists.
+    pub fn root(&self) -> &OwnedFd {
+        &self.root
     }
 
-    fn final_key(&mut self, e: &Entry) -> Option<Fast> {
-        if e.is_dir != Some(true) || RunId::parse(&e.name).is_err() {
+    /// Whether the run dir `e` is final for sure ([`Fast::Final`]) or needs the careful path.
+    /// `run_cgroups` is every run cgroup on the cgroup2 mount by name, walked once per pass on
+    /// first need (the careful path of the same pass uses the same walk): a final record whose
+    /// run still has a cgroup anywhere (a forged record may name another or none) goes to the
+    /// careful path.
+    pub fn classify(&mut self, e: &Entry, run_cgroups: &std::cell::OnceCell<RunCgroups>) -> Fast {
+        self.final_key(e, run_cgroups).unwrap_or(Fast::Careful)
+    }
+
+    fn final_key(
+        &mut self,
+        e: &Entry,
+        run_cgroups: &std::cell::OnceCell<RunCgroups>,
+    ) -> Option<Fast> {
+        if e.is_dir != Some(true) || !RunId::is_valid(&e.name) {
             return None;
         }
         // The careful path's run dir checks: ours, a directory, mode without group/other bits.
         let d = rfs::statx(
-            self.root,
+            &self.root,
             e.name.as_str(),
             AtFlags::SYMLINK_NOFOLLOW,
             StatxFlags::TYPE | StatxFlags::MODE | StatxFlags::UID | StatxFlags::INO,
@@ -149,9 +213,70 @@ impl<'a> Pass<'a> {
             return None;
         }
         let dir_ino = d.stx_ino;
+        // The record's facts: from the ledger while its status.json is the one they were read
+        // from, else read afresh.
+        let carried = match self.carry.as_mut().and_then(|c| c.find(&e.name)) {
+            Some((i, k))
+                if k.dir_ino == dir_ino
+                    && unchanged(&self.root, &mut self.path, self.me, &e.name, k) =>
+            {
+                Some((i, k.wrapper_pid, k.cgroup_parent.clone()))
+            }
+            _ => None,
+        };
+        let (fresh, wrapper_pid, cgroup_parent) = match carried {
+            Some((i, w, c)) => (Err(i), w, c),
+            None => {
+                let k = self.read_facts(&e.name, dir_ino)?;
+                let (w, c) = (k.wrapper_pid, k.cgroup_parent.clone());
+                (Ok(k), w, c)
+            }
+        };
+        // A wrapper holds its run's lock for its whole life, itself: its pid in /proc/locks
+        // means it may be alive (it writes its final record a moment before it exits).
+        match (self.holders.get_or_init(flock_holders), wrapper_pid) {
+            (None, _) => return None,
+            (Some(h), Some(pid)) if h.contains(&pid) => return None,
+            _ => {}
+        }
+        write_name_for(&mut self.cgroup_name, &e.name, dir_ino);
+        let base = self.cgroup_name.as_str();
+        let run_cgroups = run_cgroups.get_or_init(agent_run_shared::cgroup::run_cgroups);
+        if run_cgroups.contains_key(base) {
+            return None;
+        }
+        if let Some(parent) = &cgroup_parent {
+            if !cgroup_gone(&mut self.cgroups, parent, base) {
+                return None;
+            }
+        }
+        let key = match fresh {
+            Ok(k) => {
+                let key = k.status;
+                if let Some(c) = &mut self.carry {
+                    c.learn(e.name.clone(), k);
+                }
+                key
+            }
+            Err(i) => {
+                let c = self.carry.as_mut().expect("an entry comes from the ledger");
+                c.keep(i);
+                c.status_of(i)
+            }
+        };
+        Some(Fast::Final(key))
+    }
+
+    /// Open, read and scan `ID/status.json`: the facts of a final record, `None` for anything
+    /// else (not final, not a regular file of ours, too big, not what the careful path would
+    /// read the same way, a cgroup that is not this run's).
+    fn read_facts(&mut self, name: &str, dir_ino: u64) -> Option<Known> {
+        self.path.clear();
+        self.path.push_str(name);
+        self.path.push_str("/status.json");
         let fd = rfs::openat2(
-            self.root,
-            format!("{}/status.json", e.name),
+            &self.root,
+            self.path.as_str(),
             OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
             Mode::empty(),
             ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
@@ -177,50 +302,96 @@ impl<'a> Pass<'a> {
         if !doc.is_final() {
             return None;
         }
-        // A wrapper holds its run's lock for its whole life, itself: its pid in /proc/locks
-        // means it may be alive (it writes its final record a moment before it exits).
-        match (self.holders.get_or_init(flock_holders), doc.wrapper_pid) {
-            (None, _) => return None,
-            (Some(h), Some(pid)) if h.contains(&pid) => return None,
-            _ => {}
-        }
-        let run_cgroups = self
-            .run_cgroups
-            .get_or_init(agent_run_shared::cgroup::run_cgroups);
-        if run_cgroups.contains_key(&name_for(&e.name, dir_ino)) {
-            return None;
-        }
-        if let Some(cg) = doc.cgroup {
-            if !cgroup_gone(&mut self.cgroups, &e.name, dir_ino, cg) {
-                return None;
+        let cgroup_parent = match doc.cgroup {
+            // This run's cgroup (`agent-run.<id>.<dir inode, hex>`) under an absolute parent;
+            // any other name is not this run's, and the careful path says what it is.
+            Some(cg) => {
+                let (parent, base) = cg.rsplit_once('/')?;
+                if base != name_for(name, dir_ino) || !parent.starts_with('/') {
+                    return None;
+                }
+                Some(intern(&mut self.parents, parent))
             }
-        } else if doc.cgroup_mode {
             // Held in a cgroup that the record does not name: let the careful path say so.
-            return None;
+            None if doc.cgroup_mode => return None,
+            None => None,
+        };
+        let ctime_ns = st.st_ctime * 1_000_000_000 + st.st_ctime_nsec as i64;
+        let known = Known {
+            dir_ino,
+            status: Settled {
+                ctime_ns,
+                ino: st.st_ino,
+            },
+            size: size as u64,
+            wrapper_pid: doc.wrapper_pid,
+            cgroup_parent,
+        };
+        Some(known)
+    }
+
+    /// Start from the root's ledger ([`Ledger::load`]): the records it holds are not read again
+    /// while unchanged.
+    pub fn with_ledger(mut self, ledger: Ledger) -> Pass {
+        for (_, k) in &ledger.entries {
+            if let Some(p) = &k.cgroup_parent {
+                if !self.parents.iter().any(|q| q == p) {
+                    self.parents.push(Rc::clone(p));
+                }
+            }
         }
-        Some(Fast::Final {
-            mtime_ns: st.st_mtime * 1_000_000_000 + st.st_mtime_nsec as i64,
-            ino: st.st_ino,
-        })
+        self.carry = Some(Carry::new(ledger));
+        self
+    }
+
+    /// The ledger for the next pass: every dir this pass found final for sure, except records
+    /// changed within [`RACY`] (a rewrite in the same clock tick could keep their change
+    /// time); `None` when it is the ledger the pass started from (nothing to write).
+    pub fn into_ledger(self) -> Option<Ledger> {
+        self.carry?.into_ledger(self.racy_before_ns)
     }
 }
 
-/// Whether the cgroup the record names is this run's (`agent-run.<id>.<dir inode, hex>`) and
-/// gone. A name that is not this run's, or a cgroup that exists: not gone. Each parent is
+/// Whether `ID/status.json` is still the regular file of ours the ledger entry `k` was read
+/// from: same inode, size and change time (one `statx`; `path` is a buffer).
+fn unchanged(root: &OwnedFd, path: &mut String, me: u32, name: &str, k: &Known) -> bool {
+    path.clear();
+    path.push_str(name);
+    path.push_str("/status.json");
+    rfs::statx(
+        root,
+        path.as_str(),
+        AtFlags::SYMLINK_NOFOLLOW,
+        StatxFlags::TYPE | StatxFlags::UID | StatxFlags::INO | StatxFlags::SIZE | StatxFlags::CTIME,
+    )
+    .is_ok_and(|s| {
+        FileType::from_raw_mode(s.stx_mode.into()) == FileType::RegularFile
+            && s.stx_uid == me
+            && s.stx_ino == k.status.ino
+            && s.stx_size == k.size
+            && s.stx_ctime.tv_sec * 1_000_000_000 + i64::from(s.stx_ctime.tv_nsec)
+                == k.status.ctime_ns
+    })
+}
+
+/// The one `Rc` of a cgroup parent among `parents` (a root's records name one or two).
+fn intern(parents: &mut Vec<Rc<str>>, parent: &str) -> Rc<str> {
+    if let Some(p) = parents.iter().find(|p| &***p == parent) {
+        return Rc::clone(p);
+    }
+    let p: Rc<str> = Rc::from(parent);
+    parents.push(Rc::clone(&p));
+    p
+}
+
+/// Whether the cgroup `base` (this run's name) is gone from `parent`. Each parent is
 /// listed once per pass: a cgroup made after that belongs to a run launched after it, whose
 /// record is not final.
 fn cgroup_gone(
     parents: &mut HashMap<String, Option<HashSet<String>>>,
-    name: &str,
-    dir_ino: u64,
-    cg: &str,
+    parent: &str,
+    base: &str,
 ) -> bool {
-    let Some((parent, base)) = cg.rsplit_once('/') else {
-        return false;
-    };
-    if base != name_for(name, dir_ino) || !parent.starts_with('/') {
-        return false;
-    }
     let children = parents
         .entry(parent.to_string())
         .or_insert_with(|| list_cgroups(parent));
@@ -753,5 +924,161 @@ mod tests {
             1,
         );
         assert!(scan(deep.as_bytes()).is_none());
+    }
+
+    /// A root with one run dir `r1` whose status.json is `json`, and a pass over it from
+    /// `ledger` that enters even a record changed a moment ago (the test waits out the clock
+    /// tick instead of the racy window).
+    struct Scratch {
+        _tmp: tempfile::TempDir,
+        root: std::path::PathBuf,
+    }
+
+    impl Scratch {
+        fn new(json: &str) -> Scratch {
+            use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+            let tmp = tempfile::tempdir().unwrap();
+            let root = tmp.path().join("root");
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&root)
+                .unwrap();
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(root.join("r1"))
+                .unwrap();
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(root.join("r1/status.json"))
+                .unwrap();
+            std::io::Write::write_all(&mut f, json.as_bytes()).unwrap();
+            Scratch { _tmp: tmp, root }
+        }
+
+        fn status(&self) -> std::path::PathBuf {
+            self.root.join("r1/status.json")
+        }
+
+        fn pass(&self, ledger: Ledger) -> (Fast, Pass) {
+            let fd = open_root(&self.root).unwrap();
+            let ents = entries(&fd).unwrap();
+            let mut p = Pass::new(fd).with_ledger(ledger);
+            p.racy_before_ns = i64::MAX;
+            let e = ents.iter().find(|e| e.name == "r1").expect("r1 is listed");
+            (p.classify(e, &std::cell::OnceCell::new()), p)
+        }
+    }
+
+    /// The change time of a file made now, once it is past `t` (on a filesystem with coarse
+    /// timestamps, a write in the same tick as `t` could carry `t` itself).
+    fn wait_for_a_later_ctime(dir: &Path, t: i64) {
+        use std::os::unix::fs::MetadataExt;
+        let probe = dir.join("probe");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            std::fs::write(&probe, b"x").unwrap();
+            let m = std::fs::metadata(&probe).unwrap();
+            if m.ctime() * 1_000_000_000 + m.ctime_nsec() > t {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the clock did not tick"
+            );
+        }
+    }
+
+    fn ctime_ns(path: &Path) -> i64 {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::symlink_metadata(path).unwrap();
+        m.ctime() * 1_000_000_000 + m.ctime_nsec()
+    }
+
+    #[test]
+    fn a_ledger_entry_serves_while_its_record_is_unchanged_and_a_rewrite_in_place_is_seen() {
+        use std::os::unix::fs::MetadataExt;
+        let done = record(State::Finished).to_json();
+        let s = Scratch::new(&done);
+        let (first, p) = s.pass(Ledger::default());
+        assert!(matches!(first, Fast::Final(_)), "{first:?}");
+        let ledger = p.into_ledger().expect("the new final dir is entered");
+        assert_eq!(ledger.entries.len(), 1);
+        assert_eq!(ledger.entries[0].0, "r1");
+
+        // Unchanged: the ledger serves, the same key comes out, nothing to write.
+        let (again, p) = s.pass(ledger.clone());
+        assert_eq!(again, first);
+        assert_eq!(p.carry.as_ref().unwrap().kept(), 1);
+        assert!(p.into_ledger().is_none());
+
+        // Rewritten in place: the same inode and size, the mtime put back. The change time
+        // tells.
+        let before = std::fs::metadata(s.status()).unwrap();
+        wait_for_a_later_ctime(&s.root, ctime_ns(&s.status()));
+        let running = done.replacen("\"finished\"", "\"running\" ", 1);
+        assert_eq!(running.len(), done.len());
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(s.status())
+            .unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, running.as_bytes(), 0).unwrap();
+        f.set_modified(before.modified().unwrap()).unwrap();
+        drop(f);
+        let after = std::fs::metadata(s.status()).unwrap();
+        assert_eq!(
+            (after.ino(), after.len(), after.mtime(), after.mtime_nsec()),
+            (
+                before.ino(),
+                before.len(),
+                before.mtime(),
+                before.mtime_nsec()
+            )
+        );
+        let (changed, p) = s.pass(ledger);
+        assert_eq!(
+            changed,
+            Fast::Careful,
+            "the rewritten record was taken as final"
+        );
+        assert_eq!(p.carry.as_ref().unwrap().kept(), 0);
+        let next = p.into_ledger().expect("the entry is dropped");
+        assert!(next.entries.is_empty());
+    }
+
+    /// The ledger is the workload's to rewrite: what it says is a record's claim, and the
+    /// kernel's facts are checked for it as for a record read afresh.
+    #[test]
+    fn a_forged_ledger_entry_does_not_hide_a_wrapper_that_holds_a_lock() {
+        use std::os::fd::AsFd;
+        let s = Scratch::new(&record(State::Finished).to_json());
+        let (_, p) = s.pass(Ledger::default());
+        let mut ledger = p.into_ledger().unwrap();
+        let lock = std::fs::File::create(s.root.join("held")).unwrap();
+        assert!(agent_run_shared::sys::try_lock_exclusive(lock.as_fd()).unwrap());
+        ledger.entries[0].1.wrapper_pid = Some(std::process::id() as i32);
+        let (f, p) = s.pass(ledger.clone());
+        assert_eq!(f, Fast::Careful);
+        assert_eq!(p.carry.as_ref().unwrap().kept(), 0);
+        // A stale inode or change time is no entry either.
+        drop(lock);
+        for forge in [
+            |k: &mut Known| k.status.ino += 1,
+            |k: &mut Known| k.status.ctime_ns -= 1,
+            |k: &mut Known| k.size += 1,
+            |k: &mut Known| k.dir_ino += 1,
+        ] {
+            let mut l = ledger.clone();
+            l.entries[0].1.wrapper_pid = None;
+            forge(&mut l.entries[0].1);
+            let (f, p) = s.pass(l);
+            assert!(matches!(f, Fast::Final(_)), "read afresh: {f:?}");
+            assert_eq!(
+                p.carry.as_ref().unwrap().kept(),
+                0,
+                "a forged entry was kept"
+            );
+        }
     }
 }

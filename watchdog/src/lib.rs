@@ -13,6 +13,7 @@ pub mod act;
 pub mod assess;
 pub mod daemon;
 pub mod fast;
+pub mod ledger;
 pub mod notify;
 
 pub use assess::{Action, Policy, Seen, Verdict};
