@@ -1671,11 +1671,21 @@ mod tests {
 
     #[test]
     fn a_file_the_kernel_cannot_execute_is_run_by_sh_as_execvp_does() {
-        use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let script = dir.path().join("no-shebang");
-        std::fs::write(&script, "echo \"sh ran $0 $*\"\n").unwrap();
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        // Written by a child process, never through a descriptor of ours: a fork by another
+        // test thread while we held one open for writing would keep the file open for writing
+        // in that child until its exec, and our exec of the script would fail ETXTBSY.
+        let made = std::process::Command::new("/bin/sh")
+            .args([
+                "-c",
+                "printf '%s\\n' 'echo \"sh ran $0 $*\"' > \"$1\" && chmod 755 \"$1\"",
+                "sh",
+            ])
+            .arg(&script)
+            .status()
+            .unwrap();
+        assert!(made.success(), "writing {}", script.display());
         let path = format!("/nonexistent:{}", dir.path().display());
         for argv in [vec![script.to_str().unwrap(), "a", "b"], vec!["no-shebang"]] {
             let (spawned, out) = spawn_capture(&argv, &[("PATH", &path)], None, false);
