@@ -91,8 +91,9 @@ impl Root {
         .map(|(f, _)| f)
     }
 
-    /// Replace the root's own file `name` atomically with `bytes` (a temp file beside it,
-    /// renamed over it; not fsynced: the watchdog's settled file, a cache).
+    /// Replace the root's own file `name` atomically with `bytes`, by the one atomic writer
+    /// (`run_dir::replace_at`: a temp file exchanged into place); not fsynced: the watchdog's
+    /// settled file, a cache.
     pub fn write_atomic(&self, name: &str, bytes: &[u8]) -> Result<()> {
         use std::io::Write;
         crate::run_dir::replace_at(self.fd.as_fd(), &self.path, name, false, |f| {

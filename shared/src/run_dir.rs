@@ -454,8 +454,9 @@ enum SyncOrder {
     Posix,
 }
 
-/// The [`SyncOrder`] of the filesystem of `dir`, found once per device and process. The ext4 driver is known by the filesystem magic (0xEF53, which ext2 and ext3
-/// share) and its /proc/fs/ext4/<device> entry, which the legacy ext2 driver does not make.
+/// The [`SyncOrder`] of the filesystem of `dir`, found once per device and process. The ext4
+/// driver is known by the filesystem magic (0xEF53, which ext2 and ext3 share) and its
+/// /proc/fs/ext4/<device> entry, which the legacy ext2 driver does not make.
 fn sync_order(dir: BorrowedFd<'_>) -> SyncOrder {
     let Ok(dev) = rustix::fs::fstat(dir).map(|st| st.st_dev) else {
         return SyncOrder::Posix;
@@ -463,12 +464,8 @@ fn sync_order(dir: BorrowedFd<'_>) -> SyncOrder {
     static KNOWN: std::sync::Mutex<Vec<(u64, SyncOrder)>> = std::sync::Mutex::new(Vec::new());
     const EXT4: i64 = 0xEF53;
     const TMPFS: i64 = 0x0102_1994;
-    if let Some(&(_, o)) = KNOWN
-        .lock()
-        .ok()
-        .and_then(|k| k.iter().find(|(d, _)| *d == dev).copied())
-        .as_ref()
-    {
+    let known = |k: &[(u64, SyncOrder)]| k.iter().find(|(d, _)| *d == dev).map(|&(_, o)| o);
+    if let Some(o) = KNOWN.lock().ok().and_then(|k| known(&k)) {
         return o;
     }
     // f_type is a c_long here, an int or unsigned elsewhere.

@@ -951,24 +951,43 @@ mod raw {
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, set, std::ptr::null_mut()) };
     }
 
-    #[cfg(not(target_arch = "x86_64"))]
-    /// clone3(2) as a fork: a new process with its own copy of our memory, SIGCHLD to us when
-    /// it ends; with `cgroup`, made in that cgroup (CLONE_INTO_CGROUP); with `want_pidfd`, its
-    /// pidfd with it (CLONE_PIDFD). Raw: neither libc nor rustix wraps clone3.
-    pub(super) fn clone3(cgroup: Option<BorrowedFd<'_>>, want_pidfd: bool) -> io::Result<Forked> {
-        let mut pidfd: libc::c_int = -1;
+    /// The `clone_args` both clones start from: SIGCHLD to us when the child ends; with
+    /// `pidfd`, the child's pidfd written there (CLONE_PIDFD); with `cgroup`, the child made in
+    /// that cgroup (CLONE_INTO_CGROUP).
+    fn clone_args(cgroup: Option<BorrowedFd<'_>>, pidfd: Option<&mut libc::c_int>) -> CloneArgs {
         let mut args = CloneArgs {
             exit_signal: libc::SIGCHLD as u64,
             ..CloneArgs::default()
         };
-        if want_pidfd {
+        if let Some(p) = pidfd {
             args.flags |= CLONE_PIDFD;
-            args.pidfd = std::ptr::addr_of_mut!(pidfd) as u64;
+            args.pidfd = std::ptr::from_mut(p) as u64;
         }
         if let Some(dir) = cgroup {
             args.flags |= CLONE_INTO_CGROUP;
             args.cgroup = dir.as_raw_fd() as u64;
         }
+        args
+    }
+
+    /// The parent's side of a clone that returned the positive `pid`, with the pidfd the
+    /// kernel wrote to `pidfd` when one was asked for.
+    fn parent_of(pid: i64, want_pidfd: bool, pidfd: libc::c_int) -> Forked {
+        let pid = Pid::new(pid).expect("clone3 returns the child's positive pid");
+        // SAFETY: with CLONE_PIDFD the kernel put a new descriptor, ours alone, in `pidfd`
+        // (close-on-exec).
+        let fd = (want_pidfd && pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd) });
+        Forked::Parent(pid, fd)
+    }
+
+    /// clone3(2) as a fork: a new process with its own copy of our memory, SIGCHLD to us when
+    /// it ends; with `cgroup`, made in that cgroup (CLONE_INTO_CGROUP); with `want_pidfd`, its
+    /// pidfd with it (CLONE_PIDFD). Raw: neither libc nor rustix wraps clone3. The spawn on
+    /// architectures without the vfork-style entry; built (and unit-tested) everywhere.
+    #[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+    pub(super) fn clone3(cgroup: Option<BorrowedFd<'_>>, want_pidfd: bool) -> io::Result<Forked> {
+        let mut pidfd: libc::c_int = -1;
+        let mut args = clone_args(cgroup, want_pidfd.then_some(&mut pidfd));
         // SAFETY: fork semantics. Without CLONE_VM and with no stack given (0), the child runs
         // on its own copy of our memory and of this very stack, as after fork(2), and returns
         // 0 from here; the kernel reads `args` (its size passed) and writes only the pidfd
@@ -986,13 +1005,7 @@ mod raw {
         match r {
             r if r < 0 => Err(io::Error::last_os_error()),
             0 => Ok(Forked::Child),
-            pid => {
-                let pid = Pid::new(pid).expect("clone3 returns the child's positive pid");
-                // SAFETY: with CLONE_PIDFD the kernel put a new descriptor, ours alone, in
-                // `pidfd` (close-on-exec).
-                let fd = (want_pidfd && pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd) });
-                Ok(Forked::Parent(pid, fd))
-            }
+            pid => Ok(parent_of(pid, want_pidfd, pidfd)),
         }
     }
 
@@ -1012,21 +1025,10 @@ mod raw {
         // u128: 16-byte aligned, so the stack's top (base + size) is too, as both ABIs want.
         let mut stack = vec![0u128; VFORK_STACK / 16];
         let mut pidfd: libc::c_int = -1;
-        let mut args = CloneArgs {
-            flags: CLONE_VM | CLONE_VFORK,
-            exit_signal: libc::SIGCHLD as u64,
-            stack: stack.as_mut_ptr() as u64,
-            stack_size: VFORK_STACK as u64,
-            ..CloneArgs::default()
-        };
-        if want_pidfd {
-            args.flags |= CLONE_PIDFD;
-            args.pidfd = std::ptr::addr_of_mut!(pidfd) as u64;
-        }
-        if let Some(dir) = cgroup {
-            args.flags |= CLONE_INTO_CGROUP;
-            args.cgroup = dir.as_raw_fd() as u64;
-        }
+        let mut args = clone_args(cgroup, want_pidfd.then_some(&mut pidfd));
+        args.flags |= CLONE_VM | CLONE_VFORK;
+        args.stack = stack.as_mut_ptr() as u64;
+        args.stack_size = VFORK_STACK as u64;
         let plan: *const ChildPlan<'_> = plan;
         // SAFETY: the child starts on `stack` (the kernel sets its stack pointer to
         // `stack + stack_size`), in our memory, and runs `vfork_entry(plan)`, which never
@@ -1041,15 +1043,9 @@ mod raw {
         drop(stack);
         match r {
             r if r < 0 => Err(io::Error::from_raw_os_error((-r) as i32)),
-            pid => {
-                // c_long: i64 on x86_64, the architecture this entry exists for.
-                #[allow(clippy::unnecessary_cast)]
-                let pid = Pid::new(pid as i64).expect("clone3 returns the child's positive pid");
-                // SAFETY: with CLONE_PIDFD the kernel put a new descriptor, ours alone, in
-                // `pidfd` (close-on-exec).
-                let fd = (want_pidfd && pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd) });
-                Ok(Forked::Parent(pid, fd))
-            }
+            // c_long: i64 on x86_64, the architecture this entry exists for.
+            #[allow(clippy::unnecessary_cast)]
+            pid => Ok(parent_of(pid as i64, want_pidfd, pidfd)),
         }
     }
 
@@ -1665,6 +1661,19 @@ mod tests {
                     other => panic!("{argv:?}: {other:?}"),
                 }
                 assert_eq!(out, "", "{argv:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_fork_semantics_clone3_makes_a_child_with_its_pidfd() {
+        // The spawn of the architectures without the vfork-style entry, run here too.
+        match raw::clone3(None, true).unwrap() {
+            // SAFETY: the child of a multi-threaded process: _exit(2) at once, nothing else.
+            Forked::Child => unsafe { libc::_exit(7) },
+            Forked::Parent(pid, fd) => {
+                assert!(fd.is_some(), "no pidfd for {pid}");
+                assert_eq!(reap(pid), WaitStatus::Exited(7));
             }
         }
     }
