@@ -712,6 +712,15 @@ impl Launch {
     /// took longer to fsync here than the bare wait, and its record went out `complete: false`.
     fn wait_keeper(&self, survivors: bool) {
         let Some(fd) = &self.keeper_fd else { return };
+        let mut fds = [sys::PollFd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        // Gone already (a short run's usual case): no look at the logs' sizes.
+        if sys::poll(&mut fds, Some(Duration::ZERO)).unwrap_or(0) > 0 {
+            return;
+        }
         let mut wait = agent_run_shared::output::WAIT;
         if !survivors {
             let logged: u64 = [files::STDOUT, files::STDERR]
@@ -722,11 +731,6 @@ impl Launch {
             wait += Duration::from_secs(logged / FSYNC_RATE);
             wait = wait.min(KEEPER_WAIT_MAX);
         }
-        let mut fds = [sys::PollFd {
-            fd: fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
         let _ = sys::poll(&mut fds, Some(wait));
     }
 
