@@ -298,15 +298,19 @@ pub fn scan() -> Vec<Stat> {
     scan_above(None)
 }
 
-/// [`scan`], reading only processes whose pid is `min_pid` or above (the directory listing is
-/// cheap; each stat read is what a scan costs).
+/// [`scan`], reading only processes whose pid is `min_pid` or above and no higher than the last
+/// pid handed out when the listing ends (the directory listing is cheap; each stat read is what
+/// a scan costs). For a caller that knows the pid counter has not wrapped since `min_pid` was
+/// handed out ([`only_newer_pids`], [`no_wrap_within`]): every process newer than that has a
+/// pid in that range, and a pid above it is an older process (from before the last wrap).
 pub fn scan_above(min_pid: Option<i32>) -> Vec<Stat> {
     let stats = match (min_pid, min_pid.and(last_pid())) {
         // Few pids handed out since `min`: ask for each of them instead of listing /proc (a
         // listing generates an entry for every process: most of a short run's scan at its
         // leader's exit).
         (Some(min), Some(last)) if last >= min && last - min < PROBE_MAX => probe(min, last),
-        (min, _) => scan_from(min.unwrap_or(0)),
+        (Some(min), Some(_)) => scan_range(min),
+        (_, _) => scan_from(0),
     };
     // The pid counter may have wrapped while we read: new processes then have pids below
     // `min_pid`, and only a whole scan sees them.
@@ -345,18 +349,32 @@ fn tgid_of(pid: Pid) -> Option<i32> {
 }
 
 fn scan_from(min: i32) -> Vec<Stat> {
+    listed_pids()
+        .into_iter()
+        .filter(|&pid| pid >= min)
+        .filter_map(|pid| stat(Pid::new(pid.into())?))
+        .collect()
+}
+
+/// The processes listed in /proc with a pid from `min` up to the last pid handed out once the
+/// listing is done: a process that began before the listing has a pid at or below that.
+fn scan_range(min: i32) -> Vec<Stat> {
+    let listed = listed_pids();
+    let last = last_pid().unwrap_or(i32::MAX);
+    listed
+        .into_iter()
+        .filter(|&pid| pid >= min && pid <= last)
+        .filter_map(|pid| stat(Pid::new(pid.into())?))
+        .collect()
+}
+
+/// The pids /proc lists (thread-group leaders).
+fn listed_pids() -> Vec<i32> {
     let Ok(dir) = fs::read_dir("/proc") else {
         return Vec::new();
     };
-    dir.filter_map(|e| {
-        let e = e.ok()?;
-        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-        if pid < min {
-            return None;
-        }
-        stat(Pid::new(pid.into())?)
-    })
-    .collect()
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect()
 }
 
 /// The children lists of each thread of `/proc/<who>` (`/proc/<who>/task/TID/children`): an
@@ -424,34 +442,58 @@ pub fn now_ticks() -> u64 {
 /// what fork(2) achieves (tens of thousands a second on a big host).
 const MAX_FORKS_PER_SEC: f64 = 100_000.0;
 
-/// Processes that started after `floor` have pids from `floor.pid` up when the pid counter has
-/// not wrapped since: the last pid handed out is still above it, and too little time has passed
-/// for a whole cycle of the free pids at [`MAX_FORKS_PER_SEC`] (the allocator skips pids in
-/// use, so on a crowded host a cycle is as short as the free pids are few). Then a scan for
-/// them need not read the older pids at all. `Some(floor.pid)` when that holds, else `None`
-/// (scan everything).
-pub fn only_newer_pids(floor: Identity) -> Option<i32> {
-    static PID_MAX: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    let pid_max = *PID_MAX.get_or_init(|| {
-        fs::read_to_string("/proc/sys/kernel/pid_max")
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(32768.0)
-    });
-    // /proc/loadavg: `0.10 0.20 0.30 2/183 4242`: every task holds a pid.
-    let tasks: f64 = fs::read_to_string("/proc/loadavg")
+/// Pids below this are never handed out again once the counter wraps (the kernel's
+/// RESERVED_PIDS).
+const RESERVED_PIDS: f64 = 300.0;
+
+/// The live tasks (threads included) on the host: `/proc/loadavg`'s `2/183` field. Every task
+/// holds a pid.
+pub fn tasks() -> Option<u64> {
+    fs::read_to_string("/proc/loadavg")
         .ok()?
         .split_whitespace()
         .nth(3)?
         .split('/')
         .nth(1)?
         .parse()
-        .ok()?;
-    let free = (pid_max - tasks).max(0.0);
+        .ok()
+}
+
+fn pid_max() -> f64 {
+    static PID_MAX: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *PID_MAX.get_or_init(|| {
+        fs::read_to_string("/proc/sys/kernel/pid_max")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(32768.0)
+    })
+}
+
+/// Whether the pid counter cannot have come around since a moment `age_secs` ago, when `tasks`
+/// tasks were alive and `held` more pids were held by a process group or session whose leader
+/// was gone. Coming around means handing out, or stepping over, every pid from
+/// [`RESERVED_PIDS`] to pid_max once; the counter steps over only pids in use, and a pid in use
+/// that it did not hand out since that moment was in use at it (a task, or a group's or
+/// session's id). So it hands out at least `pid_max - 300 - tasks - held` pids first, at no more
+/// than [`MAX_FORKS_PER_SEC`]. With the counter at or above where it was then
+/// ([`last_pid`]), it has not wrapped at all, so every process that began since has a pid
+/// above the last one handed out then.
+pub fn no_wrap_within(age_secs: f64, tasks: u64, held: u64) -> bool {
+    let free = (pid_max() - RESERVED_PIDS - tasks as f64 - held as f64).max(0.0);
+    age_secs < free / MAX_FORKS_PER_SEC
+}
+
+/// Processes that started after `floor` have pids from `floor.pid` up when the pid counter has
+/// not wrapped since: the last pid handed out is still above it, and too little time has passed
+/// for a whole cycle of the free pids ([`no_wrap_within`]; the tasks alive now stand for those
+/// alive then). Then a scan for them need not read the older pids at all. `Some(floor.pid)`
+/// when that holds, else `None` (scan everything).
+pub fn only_newer_pids(floor: Identity) -> Option<i32> {
+    let tasks = tasks()?;
     let tps = crate::sys::clock_ticks_per_sec() as f64;
     // One tick of margin: start times are rounded down to ticks.
     let age = (now_ticks().saturating_sub(floor.start_ticks) + 1) as f64 / tps;
-    if age >= free / MAX_FORKS_PER_SEC {
+    if !no_wrap_within(age, tasks, 0) {
         return None;
     }
     let last = last_pid()?;

@@ -84,6 +84,46 @@ pub struct Snapshot {
     /// For [`Snapshot::take_indexed`]: positions in `stats` by session, by group and by marker,
     /// so a lookup costs the size of the run, not of the process table.
     index: Option<Index>,
+    /// The lowest pid this look read (`None`: every pid).
+    min_pid: Option<i32>,
+    /// Of a look at every pid: the pid counter and the live tasks just before the listing,
+    /// and when (CLOCK_BOOTTIME seconds), for [`Snapshot::pid_floor`].
+    mark: Option<Mark>,
+    /// When the look was done (CLOCK_BOOTTIME seconds).
+    finished: f64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Mark {
+    at: f64,
+    last_pid: i32,
+    tasks: u64,
+}
+
+/// From a look at every pid: the pids that processes begun since can have, as long as the pid
+/// counter cannot have come around ([`procfs::no_wrap_within`]). A stop takes it from its first
+/// look, so that its later looks read only the pids handed out since, not the whole table.
+#[derive(Debug, Clone, Copy)]
+pub struct PidFloor {
+    /// The last pid handed out before the look began: every process begun since has a pid
+    /// from here up (this one is read again, at no harm).
+    pub pid: i32,
+    at: f64,
+    tasks: u64,
+    held: u64,
+}
+
+impl PidFloor {
+    /// Whether the floor still holds at `when` (CLOCK_BOOTTIME seconds): no wrap of the pid
+    /// counter is possible since the look it came from began.
+    pub fn holds_at(&self, when: f64) -> bool {
+        procfs::no_wrap_within(when - self.at, self.tasks, self.held)
+    }
+
+    /// [`PidFloor::holds_at`] now.
+    pub fn holds_now(&self) -> bool {
+        self.holds_at(crate::sys::boottime_secs())
+    }
 }
 
 struct Index {
@@ -113,6 +153,22 @@ impl Snapshot {
 
     /// Scan /proc now, reading only pids above `min_pid` (see [`procfs::only_newer_pids`]).
     pub fn take_above(min_pid: Option<i32>) -> Snapshot {
+        // Of a whole scan, where the pid counter stood before it (two small reads beside the
+        // listing of every process): the floor of a stop's later looks.
+        let mark = match min_pid {
+            Some(_) => None,
+            None => {
+                let at = crate::sys::boottime_secs();
+                match (procfs::last_pid(), procfs::tasks()) {
+                    (Some(last_pid), Some(tasks)) => Some(Mark {
+                        at,
+                        last_pid,
+                        tasks,
+                    }),
+                    _ => None,
+                }
+            }
+        };
         let stats = procfs::scan_above(min_pid);
         let parent = stats.iter().map(|s| (s.pid.get(), s.ppid)).collect();
         Snapshot {
@@ -120,7 +176,33 @@ impl Snapshot {
             parent,
             markers: Mutex::default(),
             index: None,
+            min_pid,
+            mark,
+            finished: crate::sys::boottime_secs(),
         }
+    }
+
+    /// The lowest pid this look read (`None`: every pid).
+    pub fn min_pid(&self) -> Option<i32> {
+        self.min_pid
+    }
+
+    /// When this look was done (CLOCK_BOOTTIME seconds).
+    pub fn finished(&self) -> f64 {
+        self.finished
+    }
+
+    /// Of a look at every pid, the [`PidFloor`] of the looks after it. Counts the pids held
+    /// by a process group or session alone (its leader gone, a member alive): the pid counter
+    /// steps over those too.
+    pub fn pid_floor(&self) -> Option<PidFloor> {
+        let mark = self.mark?;
+        Some(PidFloor {
+            pid: mark.last_pid,
+            at: mark.at,
+            tasks: mark.tasks,
+            held: held_ids(&self.stats).len() as u64,
+        })
     }
 
     /// Scan /proc now and read every live process's marker once, indexed: for a caller that
@@ -132,7 +214,12 @@ impl Snapshot {
     /// Scan /proc now, indexed by session and group (and with `markers`, by every live
     /// process's marker, each read now).
     fn take_with_index(markers: bool) -> Snapshot {
-        let mut snap = Snapshot::take();
+        Snapshot::take_indexed_above(None, markers)
+    }
+
+    /// [`Snapshot::take_with_index`] over the pids from `min_pid` up.
+    fn take_indexed_above(min_pid: Option<i32>, markers: bool) -> Snapshot {
+        let mut snap = Snapshot::take_above(min_pid);
         let mut index = Index {
             by_sid: HashMap::new(),
             by_pgid: HashMap::new(),
@@ -190,6 +277,12 @@ impl Snapshot {
                     return Arc::clone(snap);
                 }
             }
+            // The last look of every pid, when a narrower one came after it.
+            if let Some((began, snap)) = &st.last_full {
+                if *began >= since {
+                    return Arc::clone(snap);
+                }
+            }
             if st.scanning {
                 // A look is being taken: wait for it (no second scan beside it), then see
                 // whether it serves.
@@ -211,19 +304,23 @@ impl Snapshot {
             let began = Instant::now();
             st.scanning = true;
             drop(st);
-            // Shared by several stops: the whole table, indexed by session and group; a
-            // marker is read (once, for every stop sharing the look) only for a process that
-            // started after some stop's run: reading every environment of a big table costs
-            // more than the stops themselves. Alone: only the pids the run can have.
-            let (snap, m) = if contended {
-                (Snapshot::take_with_index(false), None)
+            // Shared by several stops: indexed by session and group; a marker is read (once,
+            // for every stop sharing the look) only for a process that started after some
+            // stop's run: reading every environment of a big table costs more than the stops
+            // themselves. Only the pids the asking stop's members can have: a look of every
+            // pid comes when a stop asks for one.
+            let snap = if contended {
+                Snapshot::take_indexed_above(min_pid, false)
             } else {
-                (Snapshot::take_above(min_pid), min_pid)
+                Snapshot::take_above(min_pid)
             };
             let snap = Arc::new(snap);
             let mut g = lock.lock().unwrap_or_else(|e| e.into_inner());
             g.scanning = false;
-            g.last = Some((began, m, Arc::clone(&snap)));
+            if min_pid.is_none() {
+                g.last_full = Some((began, Arc::clone(&snap)));
+            }
+            g.last = Some((began, min_pid, Arc::clone(&snap)));
             done.notify_all();
             return snap;
         }
@@ -234,12 +331,15 @@ impl Snapshot {
 struct Shared {
     /// When it began, the lowest pid it read (None: all), the look.
     last: Option<(Instant, Option<i32>, Arc<Snapshot>)>,
+    /// The last look of every pid (when it began), kept while narrower ones follow it.
+    last_full: Option<(Instant, Arc<Snapshot>)>,
     scanning: bool,
 }
 
 static SHARED: (Mutex<Shared>, Condvar) = (
     Mutex::new(Shared {
         last: None,
+        last_full: None,
         scanning: false,
     }),
     Condvar::new(),
@@ -247,6 +347,17 @@ static SHARED: (Mutex<Shared>, Condvar) = (
 
 /// The shortest time between two looks at /proc while several stops share them.
 pub const CONTENDED_INTERVAL: std::time::Duration = std::time::Duration::from_millis(25);
+
+/// The process group and session ids of `stats` that are no process's pid: held by the group
+/// or session alone, its leader gone (a pid the kernel's counter steps over as if in use).
+fn held_ids(stats: &[Stat]) -> HashSet<i32> {
+    let tgids: HashSet<i32> = stats.iter().map(|s| s.pid.get()).collect();
+    stats
+        .iter()
+        .flat_map(|s| [s.pgid, s.sid])
+        .filter(|id| *id > 0 && !tgids.contains(id))
+        .collect()
+}
 
 /// Stops running in this process (see [`Snapshot::since`]).
 pub static ACTIVE_STOPS: AtomicUsize = AtomicUsize::new(0);
@@ -290,11 +401,15 @@ pub fn discover_in(
     // by a kernel fact: the child of the live wrapper we descend from, or carrying the run's
     // marker. A record's leader that is neither (the record was rewritten to name another
     // session leader) lends its session and group nothing.
+    // A look that read only newer pids (a stop's later looks) asks the kernel for the leader.
+    let leader_stat = match snap.stats.iter().find(|s| s.pid == leader.pid) {
+        Some(s) => Some(*s),
+        None if snap.min_pid.is_some_and(|m| leader_pid < m) => procfs::stat(leader.pid),
+        None => None,
+    };
     let leader_trusted = !scope.marker_only
-        && snap
-            .stats
-            .iter()
-            .find(|s| s.pid == leader.pid && s.start_ticks == leader.start_ticks)
+        && leader_stat
+            .filter(|s| s.start_ticks == leader.start_ticks)
             .is_some_and(|s| {
                 scope.wrapper.is_some_and(|w| s.ppid == w.get()) || has_marker(snap, s.pid, scope)
             });
@@ -423,6 +538,43 @@ fn descends_from(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_group_and_session_whose_leader_is_gone_hold_their_pid() {
+        // `setsid sh -c 'sleep & exit'`: the shell leads a session and a group and exits; the
+        // sleep keeps both ids, which no process has as its pid.
+        let mut sh = std::process::Command::new("setsid")
+            .args(["sh", "-c", "sleep 30 >/dev/null & echo $!"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = String::new();
+        use std::io::Read;
+        sh.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+        let sleep: i32 = out.trim().parse().unwrap();
+        let sleep_pid = Pid::new(sleep.into()).unwrap();
+        sh.wait().unwrap();
+        let snap = Snapshot::take();
+        let st = procfs::stat(sleep_pid).unwrap();
+        assert_ne!(st.sid, sleep, "sleep leads no session");
+        let held = held_ids(&snap.stats);
+        // The shell was `setsid`'s child or setsid itself (it forks when it leads a group):
+        // either way the session's id is no live process's pid.
+        assert!(held.contains(&st.sid), "{} not held: {held:?}", st.sid);
+        assert!(!held.contains(&sleep));
+        let floor = snap.pid_floor().expect("a look of every pid has a floor");
+        assert!(floor.held >= 1);
+        assert!(floor.holds_now(), "a look just taken holds");
+        assert!(
+            !floor.holds_at(floor.at + 3600.0),
+            "an hour of forks can wrap"
+        );
+        assert!(Snapshot::take_above(Some(floor.pid)).pid_floor().is_none());
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_raw(sleep).unwrap(),
+            rustix::process::Signal::KILL,
+        );
+    }
 
     #[test]
     fn ancestry_is_followed_and_memoised() {

@@ -31,6 +31,7 @@ use crate::sys;
 use serde_json::json;
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How soon a stop looks again when the run's processes vanish before they can be pinned.
@@ -124,6 +125,10 @@ struct Stopper<'a> {
     seen_last: Vec<Stat>,
     /// When the last look was asked for.
     last_look: Option<Instant>,
+    /// Of a run held by scanning alone (no wrapper, no cgroup): the pids its processes begun
+    /// since the first look can have, while the pid counter cannot have come around, and that
+    /// look (its processes of older pids are the run's only ones there).
+    floor: Option<(crate::procset::PidFloor, Arc<Snapshot>)>,
 }
 
 /// Stop the run's processes: TERM, HUP, KILL on deadlines, until none is left or `confirm` has
@@ -165,6 +170,7 @@ fn stop_run_inner(
         events: scope.cgroup.as_ref().and_then(|c| c.events_fd()),
         seen_last: Vec::new(),
         last_look: None,
+        floor: None,
     };
     let hup_at = s.t0 + timings.hup_after;
     let mut kill_at = s.t0 + timings.grace;
@@ -189,6 +195,12 @@ fn stop_run_inner(
         s.t0.checked_sub(FIRST_LOOK_AGE).unwrap_or(s.t0),
         scope.newer_than(),
     );
+    // Held by scanning alone, every later look would read the whole table again (a quiet
+    // look needs two in a row): from a first look of every pid, they read only the pids
+    // handed out since, while no wrap of the pid counter is possible.
+    if scope.wrapper.is_none() && scope.cgroup.is_none() {
+        s.floor = snap.pid_floor().map(|f| (f, Arc::clone(&snap)));
+    }
     let mut first = s.adopt_in(&snap, Depth::Tree);
     s.signal(&first, Level::Term);
     if depth == Depth::WithMarker {
@@ -281,10 +293,18 @@ fn stop_run_inner(
         .collect();
     // By scanning alone, after the wrapper is gone: a process of the user that started after
     // the run and hides its environment may be the run's. It is not signalled, but named.
-    if scope.wrapper.is_none() && scope.cgroup.is_none() {
-        // The last look serves (it began after the last member was seen gone).
-        let snap = Snapshot::since(s.last_look.unwrap_or(s.t0), scope.newer_than());
-        for p in crate::procset::unverifiable(scope, &snap) {
+    // (Root reads every environment: nothing is hidden from it, and no look is needed.)
+    if scope.wrapper.is_none() && scope.cgroup.is_none() && sys::geteuid() != 0 {
+        // The last look serves (it began after the last member was seen gone); one of only
+        // the newer pids, with the first look for the older ones.
+        let snap = s.look(s.last_look.unwrap_or(s.t0));
+        let mut hidden = crate::procset::unverifiable(scope, &snap);
+        if let (Some(_), Some((_, first))) = (snap.min_pid(), &s.floor) {
+            hidden.extend(crate::procset::unverifiable(scope, first));
+            hidden.sort();
+            hidden.dedup();
+        }
+        for p in hidden {
             if !s.members.contains_key(&p) && !s.report.survivors.contains(&p) {
                 s.journal_event(
                     "unverified",
@@ -401,7 +421,27 @@ impl Stopper<'_> {
     fn adopt(&mut self, depth: Depth) -> Vec<Pid> {
         let now = Instant::now();
         self.last_look = Some(now);
-        self.adopt_in(&Snapshot::since(now, self.scope.newer_than()), depth)
+        let snap = self.look(now);
+        self.adopt_in(&snap, depth)
+    }
+
+    /// A look at /proc that began no earlier than `since`: of the pids the run's processes can
+    /// have (newer than its leader, or than the stop's first look, while no wrap of the pid
+    /// counter is possible since), or of every pid.
+    fn look(&self, since: Instant) -> Arc<Snapshot> {
+        if let Some(min) = self.scope.newer_than() {
+            return Snapshot::since(since, Some(min));
+        }
+        let Some((floor, _)) = self.floor.as_ref().filter(|(f, _)| f.holds_now()) else {
+            return Snapshot::since(since, None);
+        };
+        let snap = Snapshot::since(since, Some(floor.pid));
+        // The floor must hold until the look's last read of the pid counter, not only when
+        // it was asked for.
+        match snap.min_pid() {
+            Some(_) if !floor.holds_at(snap.finished()) => Snapshot::since(since, None),
+            _ => snap,
+        }
     }
 
     /// [`Stopper::adopt`] over a given look at /proc.

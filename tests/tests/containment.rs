@@ -549,6 +549,48 @@ fn a_fork_loop_during_the_stop_is_stopped_or_named_in_both_modes() {
     }
 }
 
+/// Orphaned (the wrapper killed), a procfs stop looks at /proc again and again: after its first
+/// look of every pid, only at the pids handed out since (while the pid counter cannot have
+/// come around). A fork loop that ignores TERM and HUP makes new processes all through the
+/// stop, each in a session of its own (no signal to the loop's group reaches it): each must be
+/// found by those narrower looks, or it outlives a run called cancelled.
+#[test]
+fn a_fork_loop_after_kill_9_of_the_wrapper_is_stopped_or_named_in_both_modes() {
+    for mode in MODES {
+        if !has_cgroup2(mode) {
+            continue;
+        }
+        let root = TestRoot::new();
+        let id = format!("orphanloop-{mode:?}").to_lowercase();
+        let c = ctx(&root, &id);
+        let run = start(
+            &root,
+            &id,
+            mode,
+            // A short grace: the whole stop fits in the time the narrower looks may be used
+            // (a third of a second here: pid_max 32,768 at up to 100,000 forks a second).
+            &["--grace", "100ms"],
+            &[&fixture_path(), "fork-loop", "setsid"],
+        );
+        ensure!(
+            c,
+            eventually(CMD, || marked(&run.dir).len() >= 20),
+            "eventually(CMD, || marked(&run.dir).len() >= 20)"
+        );
+        run.kill_wrapper();
+        let before = marked(&run.dir).len();
+        ensure!(
+            c,
+            eventually(CMD, || marked(&run.dir).len() > before + 5),
+            "the loop goes on forking without its wrapper"
+        );
+        let (code, _, err) = outcome(root.cmd().args(["cancel", &id]));
+        ensure!(c, code == 0, "{err}");
+        honest(&root, &id, mode, "cancelled", &[run.leader]);
+        sweep(&run.dir, &[]);
+    }
+}
+
 #[test]
 fn stopping_an_outer_run_stops_a_nested_run_and_its_cgroup_in_both_modes() {
     for mode in MODES {

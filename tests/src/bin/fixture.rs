@@ -97,10 +97,11 @@ fn run(args: &[String]) -> Result<i32, Failure> {
             no_more(rest)?;
             nondumpable_daemon()
         }
-        "fork-loop" => {
-            no_more(rest)?;
-            fork_loop()
-        }
+        "fork-loop" => match rest {
+            [] => fork_loop(false),
+            [s] if s == "setsid" => fork_loop(true),
+            _ => Err(usage("fork-loop takes nothing or `setsid`")),
+        },
         "sleep-ms" => {
             let [ms] = rest else {
                 return Err(usage("sleep-ms takes one MS"));
@@ -749,14 +750,19 @@ fn nondumpable_daemon() -> Result<i32, Failure> {
 }
 
 /// TERM and HUP ignored; forks a child every 2 ms (children ignore them too and sleep), up to
-/// 2000 children: a stop meets new members all the time until KILL.
-fn fork_loop() -> Result<i32, Failure> {
+/// 2000 children: a stop meets new members all the time until KILL. With `setsid`, each child
+/// starts a session of its own: no signal to the loop's group reaches it, only one to itself.
+fn fork_loop(setsid: bool) -> Result<i32, Failure> {
     set_disposition(libc::SIGTERM, Mode::Ignore)?;
     set_disposition(libc::SIGHUP, Mode::Ignore)?;
     let me = std::process::id();
     println!("ready pid={me} pgid={me} sid={me} members=");
     for _ in 0..2000 {
         if let Forked::Child = fork()? {
+            if setsid {
+                // SAFETY: setsid(2) has no preconditions.
+                unsafe { libc::setsid() };
+            }
             park();
         }
         std::thread::sleep(Duration::from_millis(2));
