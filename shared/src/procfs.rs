@@ -349,21 +349,21 @@ fn tgid_of(pid: Pid) -> Option<i32> {
 }
 
 fn scan_from(min: i32) -> Vec<Stat> {
-    listed_pids()
-        .into_iter()
-        .filter(|&pid| pid >= min)
-        .filter_map(|pid| stat(Pid::new(pid.into())?))
-        .collect()
+    stat_listed(listed_pids(), min, i32::MAX)
 }
 
 /// The processes listed in /proc with a pid from `min` up to the last pid handed out once the
 /// listing is done: a process that began before the listing has a pid at or below that.
 fn scan_range(min: i32) -> Vec<Stat> {
     let listed = listed_pids();
-    let last = last_pid().unwrap_or(i32::MAX);
+    stat_listed(listed, min, last_pid().unwrap_or(i32::MAX))
+}
+
+/// The stat of each listed pid in `min..=max`.
+fn stat_listed(listed: Vec<i32>, min: i32, max: i32) -> Vec<Stat> {
     listed
         .into_iter()
-        .filter(|&pid| pid >= min && pid <= last)
+        .filter(|&pid| pid >= min && pid <= max)
         .filter_map(|pid| stat(Pid::new(pid.into())?))
         .collect()
 }

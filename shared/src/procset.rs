@@ -91,6 +91,8 @@ pub struct Snapshot {
     mark: Option<Mark>,
     /// When the look was done (CLOCK_BOOTTIME seconds).
     finished: f64,
+    /// [`Snapshot::pid_floor`], worked out once for every stop that shares this look.
+    floor: std::sync::OnceLock<Option<PidFloor>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -179,6 +181,7 @@ impl Snapshot {
             min_pid,
             mark,
             finished: crate::sys::boottime_secs(),
+            floor: std::sync::OnceLock::new(),
         }
     }
 
@@ -196,12 +199,14 @@ impl Snapshot {
     /// by a process group or session alone (its leader gone, a member alive): the pid counter
     /// steps over those too.
     pub fn pid_floor(&self) -> Option<PidFloor> {
-        let mark = self.mark?;
-        Some(PidFloor {
-            pid: mark.last_pid,
-            at: mark.at,
-            tasks: mark.tasks,
-            held: held_ids(&self.stats).len() as u64,
+        *self.floor.get_or_init(|| {
+            let mark = self.mark?;
+            Some(PidFloor {
+                pid: mark.last_pid,
+                at: mark.at,
+                tasks: mark.tasks,
+                held: held_ids(&self.stats).len() as u64,
+            })
         })
     }
 
