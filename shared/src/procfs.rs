@@ -411,6 +411,42 @@ pub fn children_of(pid: Pid) -> Vec<Pid> {
     out
 }
 
+/// Every process below `root` in the process tree (its children, theirs, and so on), each with
+/// its stat, from the kernel's children lists: what a look at every pid would find descending
+/// from `root`, for the cost of the tree, not of the process table. `None` when `root`'s own
+/// lists cannot be read (a kernel without CONFIG_PROC_CHILDREN): the caller scans instead.
+///
+/// A list names pids: a child that exits, and whose pid is reused, between the list and its
+/// stat is read as whatever has the pid now. Callers decide membership from the stats' own
+/// `ppid` chain, as over a scan; the walk goes below a process only when its stat names the
+/// parent whose list it came from. A process forked, or reparented, after the list it belongs
+/// in was read is missed by this look, as by a scan that read its pid's slot first.
+pub fn tree_below(root: Pid) -> Option<Vec<Stat>> {
+    let mut queue: Vec<(Pid, i32)> = Vec::new();
+    for list in children_lists(&root.to_string())? {
+        queue.extend(parse_children(&list.ok()?).map(|c| (c, root.get())));
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    while let Some((pid, parent)) = queue.pop() {
+        if !seen.insert(pid) {
+            continue;
+        }
+        let Some(st) = stat(pid) else { continue };
+        out.push(st);
+        if st.ppid != parent {
+            continue;
+        }
+        if let Some(lists) = children_lists(&pid.to_string()) {
+            for list in lists.flatten() {
+                queue.extend(parse_children(&list).map(|c| (c, pid.get())));
+            }
+        }
+    }
+    out.sort_unstable_by_key(|s| s.pid);
+    Some(out)
+}
+
 /// Whether this process has a child other than `skip`, from the kernel's list of each of our
 /// threads' children (`/proc/self/task/TID/children`); `None` when it cannot be read. The
 /// wrapper asks at the leader's exit: its keeper is no leftover, any other child is (a
@@ -562,6 +598,44 @@ mod tests {
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(!children_of(Pid::this()).contains(&pid));
+    }
+
+    #[test]
+    fn the_tree_below_us_holds_a_grandchild_by_its_own_parent_link_and_not_our_parent() {
+        // sh forks sleep and waits: the sleep is our grandchild, found through sh's list.
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 60 & echo $!; wait"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let sh = Pid::new(child.id().into()).unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let sleep = Pid::new(line.trim().parse::<i64>().unwrap()).unwrap();
+        let tree = tree_below(Pid::this()).expect("children lists are readable here");
+        let of = |p: Pid| tree.iter().find(|s| s.pid == p).copied();
+        // A fork is in its parent's list before it execs; the echo came after the fork.
+        let sh_stat = of(sh).expect("our child is in the tree");
+        let sleep_stat = of(sleep).expect("our grandchild is in the tree");
+        assert_eq!(sh_stat.ppid, std::process::id() as i32);
+        assert_eq!(sleep_stat.ppid, sh.get());
+        assert!(
+            tree.windows(2).all(|w| w[0].pid < w[1].pid),
+            "sorted, no pid twice"
+        );
+        // Only what is below us: not our parent, not pid 1, not ourselves.
+        let me = Pid::this();
+        assert!(tree.iter().all(|s| s.pid != me && s.pid.get() != 1));
+        assert!(tree.iter().all(|s| s.pid.get() != stat(me).unwrap().ppid));
+        let sleep_fd = crate::sys::pidfd_open(sleep).unwrap();
+        crate::sys::pidfd_send_signal(std::os::fd::AsFd::as_fd(&sleep_fd), libc::SIGKILL, false)
+            .unwrap();
+        child.wait().unwrap();
+        assert!(tree_below(Pid::this()).unwrap().iter().all(|s| s.pid != sh));
     }
 
     #[test]

@@ -185,6 +185,25 @@ impl Snapshot {
         }
     }
 
+    /// A look at the tree below `root` only ([`procfs::tree_below`]): inside the wrapper, a
+    /// child subreaper whose tree holds every process the run forked, a stop's looks that
+    /// need no marker read the tree instead of every pid. `None` when the kernel's children
+    /// lists cannot be read. Never shared with other stops: it is no look at every pid.
+    pub fn of_tree(root: Pid) -> Option<Snapshot> {
+        let stats = procfs::tree_below(root)?;
+        let parent = stats.iter().map(|s| (s.pid.get(), s.ppid)).collect();
+        Some(Snapshot {
+            stats,
+            parent,
+            markers: Mutex::default(),
+            index: None,
+            min_pid: None,
+            mark: None,
+            finished: crate::sys::boottime_secs(),
+            floor: std::sync::OnceLock::new(),
+        })
+    }
+
     /// The lowest pid this look read (`None`: every pid).
     pub fn min_pid(&self) -> Option<i32> {
         self.min_pid

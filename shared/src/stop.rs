@@ -191,10 +191,14 @@ fn stop_run_inner(
     // since is found by the later looks (the stop ends only on a look that began after its
     // last known member was gone), and the TERMs of many stops at once (a cancel of many runs,
     // leases expiring together) go out without a scan each.
-    let snap = Snapshot::since(
-        s.t0.checked_sub(FIRST_LOOK_AGE).unwrap_or(s.t0),
-        scope.newer_than(),
-    );
+    // Inside the wrapper, a look of its tree does (see [`Stopper::tree_look`]).
+    let snap = match s.tree_look(depth) {
+        Some(tree) => tree,
+        None => Snapshot::since(
+            s.t0.checked_sub(FIRST_LOOK_AGE).unwrap_or(s.t0),
+            scope.newer_than(),
+        ),
+    };
     // Held by scanning alone, every later look would read the whole table again (a quiet
     // look needs two in a row): from a first look of every pid, they read only the pids
     // handed out since, while no wrap of the pid counter is possible.
@@ -421,8 +425,29 @@ impl Stopper<'_> {
     fn adopt(&mut self, depth: Depth) -> Vec<Pid> {
         let now = Instant::now();
         self.last_look = Some(now);
-        let snap = self.look(now);
+        let snap = match self.tree_look(depth) {
+            Some(tree) => tree,
+            None => self.look(now),
+        };
         self.adopt_in(&snap, depth)
+    }
+
+    /// Inside the wrapper, for a look that reads no marker: the wrapper's tree alone, from the
+    /// kernel's children lists, not every pid. The wrapper is a child subreaper that has lived
+    /// since before the workload began, so every process the run forked is in its tree while it
+    /// lives: an orphan is reparented to the nearest subreaper above it, which is the wrapper
+    /// or a process of the run. The leader's group and session are in it too: a session is
+    /// joined only by being forked in it (setsid makes a new one, setpgid moves only within
+    /// one), and the leader's began with the leader. The cgroup's members are read from the
+    /// cgroup as before. What the tree cannot hold, a process of someone else's that carries
+    /// the run's marker, is what the looks with the marker are for: they still read every pid
+    /// (the last look, when every known member is gone, is one). With 1,000 runs stopping at
+    /// once, each wrapper's looks read a few processes instead of 3,000.
+    fn tree_look(&self, depth: Depth) -> Option<Arc<Snapshot>> {
+        if depth != Depth::Tree || self.scope.wrapper != Some(Pid::this()) {
+            return None;
+        }
+        Snapshot::of_tree(Pid::this()).map(Arc::new)
     }
 
     /// A look at /proc that began no earlier than `since`: of the pids the run's processes can
