@@ -211,7 +211,11 @@ pub fn live_wrapper(dir: &RunDir, st: &Status) -> Wrapper {
         {
             return Wrapper::Mismatch(why);
         }
-        if exits_within(&fd, EXITING) || procfs::stat(pid).is_none_or(|s| s.is_dead()) {
+        // The kernel's PF_EXITING says so outright (it is set before the memory and the
+        // descriptors go); a wrapper that has let go of its lock and is not yet exiting gets
+        // a moment to.
+        let exiting = |pid| procfs::stat(pid).is_none_or(|s| s.is_dead() || s.is_exiting());
+        if exiting(pid) || exits_within(&fd, EXITING) || exiting(pid) {
             return Wrapper::Gone;
         }
         if let Some(why) = unconfirmed() {
