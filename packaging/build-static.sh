@@ -12,6 +12,15 @@
 # without that flag. Nothing in agent-run needs NSS (it reads /etc/passwd
 # itself), so either build runs on any host with the same architecture.
 #
+# With valgrind and python3 there, agent-run is linked twice: the first link is
+# traced through two real runs (callgrind, every executed instruction), and the
+# second puts the functions those runs executed together at the start of .text
+# (packaging/layout/order.py writes lld's symbol order; wrapper/build.rs passes
+# it). A run then maps about 600 KiB of the wrapper's text instead of nearly
+# all 1.8 MiB: the kernel maps file pages 64 KiB around each fault, and the
+# launch path touched every window. AGENT_RUN_LAYOUT=off skips it, =on makes a
+# failure of it fatal (default: auto, a warning and the compiler's order).
+#
 # Then it strips both binaries, checks that they are static, runs a real run
 # with an empty environment, and prints their sizes.
 set -euo pipefail
@@ -32,13 +41,62 @@ if command -v rustup >/dev/null && rustup target list --installed 2>/dev/null | 
     target=$musl
     flavour="musl ($musl)"
     say "linking against musl: $musl"
-    "${build[@]}" --target "$target"
+    build_static() { "${build[@]}" --target "$target"; }
 else
     target=$gnu
     flavour="glibc, statically linked ($gnu, +crt-static)"
     say "no $musl target installed: linking glibc statically ($gnu, +crt-static)"
-    RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-C target-feature=+crt-static" \
-        "${build[@]}" --target "$target"
+    build_static() {
+        RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-C target-feature=+crt-static" \
+            "${build[@]}" --target "$target"
+    }
+fi
+
+# The code layout (see the top). The order file is emptied first: the first link keeps the
+# compiler's order and is the one traced; the second link has the same symbols (the order
+# changes where the linker puts functions, not what is compiled).
+layout_mode=${AGENT_RUN_LAYOUT:-auto}
+case $layout_mode in auto | on | off) ;; *) die "AGENT_RUN_LAYOUT is '$layout_mode': auto, on or off" ;; esac
+layout=$PWD/target/static-layout
+layout_note="compiler's order"
+layout_fail() {
+    [[ $layout_mode == on ]] && die "layout: $*"
+    say "layout: $*; keeping the compiler's order (AGENT_RUN_LAYOUT=off skips this step)"
+    : >"$layout/agent-run.order"
+    build_static
+}
+if [[ $layout_mode != off ]] && command -v valgrind >/dev/null && command -v python3 >/dev/null; then
+    mkdir -p "$layout"
+    rm -f "$layout"/cg.*
+    : >"$layout/agent-run.order"
+    export AGENT_RUN_LAYOUT_DIR=$layout
+    build_static
+    traced="target/$target/release/agent-run"
+    lroot=$(mktemp -d)
+    vg=(valgrind -q --tool=callgrind --dump-instr=yes --compress-pos=no --compress-strings=no
+        "--callgrind-out-file=$layout/cg.%p")
+    # What a run does: a quiet one past two heartbeats, and one that streams both outputs.
+    if "${vg[@]}" "$traced" --root "$lroot/runs" --quiet layout-quiet -- sleep 2.5 >/dev/null 2>"$lroot/vg.err" \
+        && "${vg[@]}" "$traced" --root "$lroot/runs" layout-stream -- sh -c 'echo out; echo err >&2; sleep 1.5' \
+            >/dev/null 2>>"$lroot/vg.err" \
+        && python3 packaging/layout/order.py "$layout/agent-run.map" "$layout/agent-run.order.new" "$layout"/cg.* >&2; then
+        mv "$layout/agent-run.order.new" "$layout/agent-run.order"
+        build_static
+        if python3 packaging/layout/order.py --check "$layout/agent-run.map" "$layout/agent-run.order" >&2; then
+            layout_note="launch code first ($(wc -l <"$layout/agent-run.order") functions traced)"
+        else
+            layout_fail "the second link did not put the traced functions first"
+        fi
+    else
+        tail -5 "$lroot/vg.err" >&2 || true
+        layout_fail "tracing the first link failed"
+    fi
+    rm -rf "$lroot" "$layout"/cg.*
+else
+    [[ $layout_mode == on ]] && die "layout: AGENT_RUN_LAYOUT=on needs valgrind and python3"
+    [[ $layout_mode == off ]] || say "layout: no valgrind (or python3): keeping the compiler's order"
+    if [[ -n ${AGENT_RUN_LAYOUT_DIR:-} ]]; then unset AGENT_RUN_LAYOUT_DIR; fi
+    build_static
 fi
 
 out=target/static
@@ -72,7 +130,7 @@ env -i "$out/agent-run" --root "$tmp/runs" status static-smoke >/dev/null 2>&1 \
 env -i timeout 60 "$out/agent-run-watchdog" --root "$tmp/runs" --once \
     || die "the static agent-run-watchdog --once failed under env -i (exit $?)"
 
-say "built with $flavour"
+say "built with $flavour; agent-run's text: $layout_note"
 for b in "${bins[@]}"; do
     bytes=$(stat -c %s "$out/$b")
     printf '%-32s %9d bytes  %6d KiB  static, stripped\n' "$out/$b" "$bytes" $(((bytes + 1023) / 1024))
