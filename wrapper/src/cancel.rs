@@ -161,6 +161,7 @@ pub fn cancel_one_for(
     let mut signalled_at: Option<Instant> = None;
     let mut party_since: Option<Instant> = None;
     let mut recheck = RECHECK;
+    let mut relooked = false;
     let refuse = |why: String| -> anyhow::Error {
         let _ = journal.event("refused", json!({"why": why}));
         crate::error::Exit(
@@ -223,9 +224,14 @@ pub fn cancel_one_for(
                 // looks like this until it exits (agent-run without the lock, or no
                 // executable on its way out), and on a loaded host that can outlast the
                 // moment `lock_holder` gives it: a record that is final now, or a lock that
-                // can be taken now, settles it on the next turn. Anything else is refused.
-                let now_final = dir.read_status().is_ok_and(|now| now.state.is_final());
-                if now_final || lock.try_lock()? {
+                // can be taken now, settles it on the next turn. Once: a record that a
+                // workload flips between final and not cannot keep this looping. Anything else
+                // is refused.
+                if !relooked
+                    && (dir.read_status().is_ok_and(|now| now.state.is_final())
+                        || lock.try_lock()?)
+                {
+                    relooked = true;
                     continue;
                 }
                 return Err(refuse(why));
@@ -347,9 +353,10 @@ const PARTY_SILENT: Duration = Duration::from_secs(2);
 const RECHECK: Duration = Duration::from_millis(20);
 
 /// The recheck doubles after each look, up to this: a look verifies the wrapper again (its
-/// stat, executable and descriptors), and one cancel of 1,000 runs waits on 128 of them at a
-/// time; at 20 ms each, the looks alone took more CPU than the stops on a 2-core host. The
-/// wrapper's exit still wakes the wait at once (its pidfd).
+/// stat, executable and descriptors), and one cancel of many runs waits on 128 of them at a
+/// time, for as long as their stops take (tens of seconds for 1,000 runs on 2 cores): at a
+/// steady 20 ms that is 6,400 looks a second. The wrapper's exit still wakes the wait at once
+/// (its pidfd); a record gone final while the wrapper lingers is seen within 320 ms.
 const RECHECK_MAX: Duration = Duration::from_millis(320);
 
 /// Wait for the wrapper's exit, or `timeout`.
