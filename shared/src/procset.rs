@@ -171,7 +171,11 @@ impl Snapshot {
                 }
             }
         };
-        let stats = procfs::scan_above(min_pid);
+        Snapshot::of_stats(procfs::scan_above(min_pid), min_pid, mark)
+    }
+
+    /// A look made of `stats`, done now.
+    fn of_stats(stats: Vec<Stat>, min_pid: Option<i32>, mark: Option<Mark>) -> Snapshot {
         let parent = stats.iter().map(|s| (s.pid.get(), s.ppid)).collect();
         Snapshot {
             stats,
@@ -190,18 +194,7 @@ impl Snapshot {
     /// need no marker read the tree instead of every pid. `None` when the kernel's children
     /// lists cannot be read. Never shared with other stops: it is no look at every pid.
     pub fn of_tree(root: Pid) -> Option<Snapshot> {
-        let stats = procfs::tree_below(root)?;
-        let parent = stats.iter().map(|s| (s.pid.get(), s.ppid)).collect();
-        Some(Snapshot {
-            stats,
-            parent,
-            markers: Mutex::default(),
-            index: None,
-            min_pid: None,
-            mark: None,
-            finished: crate::sys::boottime_secs(),
-            floor: std::sync::OnceLock::new(),
-        })
+        Some(Snapshot::of_stats(procfs::tree_below(root)?, None, None))
     }
 
     /// The lowest pid this look read (`None`: every pid).

@@ -219,6 +219,13 @@ pub fn live_wrapper(dir: &RunDir, st: &Status) -> Wrapper {
             return Wrapper::Gone;
         }
         if let Some(why) = unconfirmed() {
+            // On a loaded host a wrapper can linger longer than that between its final record
+            // and its exit (agent-run, the lock let go): a record that is final by now was
+            // written by it. Gone signals nothing either; the caller looks at the lock and the
+            // record again (a record forged final says no more than it did before the look).
+            if dir.read_status().is_ok_and(|now| now.state.is_final()) {
+                return Wrapper::Gone;
+            }
             return Wrapper::Mismatch(why);
         }
     }

@@ -161,7 +161,6 @@ pub fn cancel_one_for(
     let mut signalled_at: Option<Instant> = None;
     let mut party_since: Option<Instant> = None;
     let mut recheck = RECHECK;
-    let mut relooked = false;
     let refuse = |why: String| -> anyhow::Error {
         let _ = journal.event("refused", json!({"why": why}));
         crate::error::Exit(
@@ -219,23 +218,7 @@ pub fn cancel_one_for(
         let mut wrapper: Option<VerifiedWrapper> = None;
         match holder {
             LockHolder::Wrapper(w) => wrapper = Some(w),
-            LockHolder::Mismatch(why) => {
-                // A wrapper that has just written its final record and let go of its lock
-                // looks like this until it exits (agent-run without the lock, or no
-                // executable on its way out), and on a loaded host that can outlast the
-                // moment `lock_holder` gives it: a record that is final now, or a lock that
-                // can be taken now, settles it on the next turn. Once: a record that a
-                // workload flips between final and not cannot keep this looping. Anything else
-                // is refused.
-                if !relooked
-                    && (dir.read_status().is_ok_and(|now| now.state.is_final())
-                        || lock.try_lock()?)
-                {
-                    relooked = true;
-                    continue;
-                }
-                return Err(refuse(why));
-            }
+            LockHolder::Mismatch(why) => return Err(refuse(why)),
             // Another canceller or the watchdog is finishing the run: wait for its record. A
             // party that took the lock says `cancelling` at once; a record that still does not
             // after PARTY_SILENT names a wrapper that is not the process holding the lock (the
