@@ -537,14 +537,20 @@ def launch_phases(ctx, ar, true, env):
             fd, path = tempfile.mkstemp(prefix="agent-run-phases-")
             os.close(fd)
             penv = dict(env, AGENT_RUN_PHASES=path)
+            spans = []
             try:
                 for i in range(n):
+                    t0 = time.monotonic_ns() // 1000
                     spawn_wait_ns(ctx, ar.argv([true], run_id=f"p{i}", root=root), penv)
+                    spans.append((t0, time.monotonic_ns() // 1000))
                 with open(path) as f:
-                    count, rows = phases.summarise(f)
+                    lines = f.readlines()
+                count, rows = phases.summarise(lines)
+                keeper = phases.summarise_helpers(lines)
+                outside = phases.outside_main(lines, spans)
             finally:
                 os.unlink(path)
-            out[where] = {"n": count, "rows": rows}
+            out[where] = {"n": count, "rows": rows, "keeper": keeper, "outside": outside}
     finally:
         for _, root in roots:
             shutil.rmtree(root, ignore_errors=True)
@@ -1848,7 +1854,7 @@ def render(ctx, peers, command, started, elapsed):
             over = "—" if name == "bare" else f"{fms(x['over_bare'])} / {fms(x.get('p99_over_bare'))}"
             a(f"| {label} | {x['n']} | {fms(x['median'])} | {fms(x['p90'])} | {fms(x['p99'])} | {over} | {tgt} |")
         a("")
-        a("How to time a launch: `AGENT_RUN_PHASES=/abs/file agent-run ID -- true` makes the wrapper append, at its exit, one JSON line to that file with the time at the end of each launch phase (microseconds from `main`'s entry: `parse`, `root`, `run_dir`, `lock`, ... `spawn`, `verify`, `running_record`, ... `final_record`, `exit`). `python3 bench/phases.py /abs/file` prints the median and p99 of each phase's own time over all the lines (`--markdown` for a table). Unset, the variable costs one getenv; it is never passed to the workload or the keeper. For syscall counts of one launch: `strace -f -c -o /tmp/s agent-run --root /tmp/r ID -- true`.")
+        a("How to time a launch: `AGENT_RUN_PHASES=/abs/file agent-run ID -- true` makes the wrapper append, at its exit, one JSON line to that file with the time at the end of each launch phase (microseconds from `main`'s entry: `parse`, `root`, `run_dir`, `lock`, ... `spawn`, `verify`, `running_record`, ... `final_record`, `exit`). The line also carries `zero_monotonic_us`, CLOCK_MONOTONIC at `main`'s entry, so a harness that notes the same clock around its spawn and wait sees the time before `main` and after the exit; the keeper, forked from the wrapper, appends a line of its own (`"role": "keeper"`) on the same clock. `python3 bench/phases.py /abs/file` prints the median and p99 of each phase's own time over all the lines (`--markdown` for a table), then the keeper's marks. Unset, the variable costs one getenv; it is never passed to the workload. For syscall counts of one launch: `strace -f -c -o /tmp/s agent-run --root /tmp/r ID -- true`.")
         ph = r.get("phases") or {}
         if ph:
             a("")
@@ -1867,8 +1873,34 @@ def render(ctx, peers, command, started, elapsed):
                     cells += [f"{row[2]:.0f}", f"{row[3]:.0f}"] if row else ["—", "—"]
                 label = f"**{name}**" if name == "total" else f"`{name}`"
                 a(f"| {label} | " + " | ".join(cells) + " |")
+            outs = [(w, ph[w].get("outside")) for w in wheres if ph[w].get("outside")]
+            if outs:
+                a("")
+                a("Around `main` (the harness notes CLOCK_MONOTONIC at its `posix_spawn` and after its `waitpid`; the line gives the clock at `main`'s entry): \"before main\" is the harness's spawn, the exec of the static binary and the runtime's start; \"after exit\" is the exit of the wrapper's process (its teardown) until the harness's wait returns:")
+                a("")
+                a("| span | " + " | ".join(f"{w} median µs | {w} p99 µs" for w, _ in outs) + " |")
+                a("|---|" + "---|---|" * len(outs))
+                for key, label in (("before_main", "before main"), ("main", "main (the phases above)"), ("after_exit", "after exit"), ("wall", "**wall**")):
+                    cells = []
+                    for _, o in outs:
+                        v = o.get(key)
+                        cells += [f"{v[0]:.0f}", f"{v[1]:.0f}"] if v else ["—", "—"]
+                    a(f"| {label} | " + " | ".join(cells) + " |")
+            ks = [(w, ph[w].get("keeper")) for w in wheres if ph[w].get("keeper")]
+            if ks:
+                a("")
+                a("The keeper's own line (its marks on the wrapper's clock, µs since the wrapper's `main`; it is forked in `keeper`): forked, ready (sources and journal set up), EOF (the workload's last writer gone), exit (logs synced, output.json written):")
+                a("")
+                a("| keeper mark | " + " | ".join(f"{w} median µs | {w} p99 µs" for w, _ in ks) + " |")
+                a("|---|" + "---|---|" * len(ks))
+                for name in [row[0] for row in ks[0][1]]:
+                    cells = []
+                    for _, rows in ks:
+                        row = next((x for x in rows if x[0] == name), None)
+                        cells += [f"{row[2]:.0f}", f"{row[3]:.0f}"] if row else ["—", "—"]
+                    a(f"| `{name}` | " + " | ".join(cells) + " |")
             a("")
-            a("What a launch must pay by the contract: the starting record before the spawn, pid == pgid == sid verified, the keeper (every byte kept), the final record durable before exit (`final_record`: one fsync of status.json after it is exchanged into place, on the ext4 driver; on this machine's root, ext4 without a journal mounted `discard`, that fsync is a device flush). What the design adds above that floor, each in the table: the run's cgroup (`cgroup_parent` reads /proc/self/mountinfo, `cgroup` and `cgroup_rm` make and remove it), the keeper's fork (`keeper`), the heartbeat thread (`threads`), the records and the journal, the scan for leftovers at the leader's exit (`leftovers`: the pids handed out since the leader, one by one when they are few, for a process that left the run's cgroup and tree), and the parse of `start`'s options. Already removed: the rename over the old record (a synchronous block allocation and, on a `discard` mount, a discard: ~4 ms a record here; now an exchange and an unlink), the second flush of the final record (the dir's fsync, where the file's fsync carries the rename), the copy of the wrapper's page tables at the spawn (a vfork-style clone3), clap's build of every subcommand, and the listing of /proc at the leader's exit.")
+            a("What a launch must pay by the contract: the starting record before the spawn, pid == pgid == sid verified, the keeper (every byte kept), the final record durable before exit (`final_record`: one fsync of status.json after it is exchanged into place, on the ext4 driver; on this machine's root, ext4 without a journal mounted `discard`, that fsync is a device flush). What the design adds above that floor, each in the table: the run's cgroup (`cgroup_parent` reads /proc/self/mountinfo, `cgroup` and `cgroup_rm` make and remove it), the keeper's fork (`keeper`), the records and the journal, the scan for leftovers at the leader's exit (`leftovers`: the pids handed out since the leader, one by one when they are few, for a process that left the run's cgroup and tree), and the parse of `start`'s options. Already removed: the rename over the old record (a synchronous block allocation and, on a `discard` mount, a discard: ~4 ms a record here; now an exchange and an unlink), the second flush of the final record (the dir's fsync, where the file's fsync carries the rename), the copy of the wrapper's page tables at the spawn (a vfork-style clone3), clap's build of every subcommand, the listing of /proc at the leader's exit, and the heartbeat's thread for a run over within 250 ms (it starts then, if the run lasts: `threads`).")
         ti = r.get("tini", {})
         for name, where in (("agent-run", "run root's fs"), ("agent-run-tmpfs", "tmpfs")):
             x = r.get(name, {})

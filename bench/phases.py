@@ -7,6 +7,8 @@ Each line of FILE is one wrapper's `{"pid": N, "phases": [{"name": ..., "us": ..
 microseconds from `main`'s entry at the end of each phase. A phase's own time is its mark minus
 the one before (the first counts from `main`). Prints, per phase in launch order, the median and
 p99 of its own time over every line that has it, and the same for the total (the `exit` mark).
+Then the keeper's lines (`"role": "keeper"`): when it was forked, ready, saw EOF and exited, as
+times since the wrapper's `main` (its clock), to set beside the wrapper's cumulative marks.
 """
 import json
 import statistics
@@ -33,6 +35,8 @@ def summarise(lines):
             doc = json.loads(line)
         except ValueError:
             continue
+        if doc.get("role", "wrapper") != "wrapper":
+            continue  # a helper's line (the keeper's): see summarise_helpers
         prev = 0
         n += 1
         for p in doc.get("phases", []):
@@ -54,6 +58,51 @@ def summarise(lines):
     return n, rows
 
 
+def summarise_helpers(lines, role="keeper"):
+    """[(mark, n, median µs, p99 µs)] of a helper's lines (`"role": role`): each mark is the
+    time since the wrapper's `main` (the helper is forked from it and keeps its clock), not a
+    phase's own time, so it lines up with the wrapper's cumulative marks."""
+    order, at = [], {}
+    for line in lines:
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if doc.get("role") != role:
+            continue
+        for p in doc.get("phases", []):
+            if p["name"] not in at:
+                at[p["name"]] = []
+                order.append(p["name"])
+            at[p["name"]].append(p["us"])
+    return [(k, len(at[k]), statistics.median(at[k]), q(at[k], 0.99)) for k in order]
+
+
+def outside_main(lines, spans):
+    """{"before_main", "main", "after_exit", "wall": (median µs, p99 µs)} from the wrapper's
+    lines (in launch order) and the harness's (monotonic µs at the spawn, after the wait) for
+    each launch, or {} when the lines carry no `zero_monotonic_us` (older binaries)."""
+    docs = []
+    for line in lines:
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if doc.get("role", "wrapper") == "wrapper":
+            docs.append(doc)
+    if len(docs) != len(spans) or not all(d.get("zero_monotonic_us") for d in docs):
+        return {}
+    parts = {"before_main": [], "main": [], "after_exit": [], "wall": []}
+    for doc, (t0, t1) in zip(docs, spans):
+        zero = doc["zero_monotonic_us"]
+        end = doc["phases"][-1]["us"] if doc.get("phases") else 0
+        parts["before_main"].append(zero - t0)
+        parts["main"].append(end)
+        parts["after_exit"].append(t1 - (zero + end))
+        parts["wall"].append(t1 - t0)
+    return {k: (statistics.median(v), q(v, 0.99)) for k, v in parts.items()}
+
+
 def main(argv):
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
@@ -71,6 +120,18 @@ def main(argv):
             print(f"| {name} | {count} | {m:.0f} | {p99:.0f} |")
         else:
             print(f"{name:16s} n {count:5d}  median {m:8.0f} us  p99 {p99:8.0f} us")
+    with open(argv[0]) as f:
+        helpers = summarise_helpers(f)
+    if helpers:
+        print("\nthe keeper's marks, µs since the wrapper's main:" if not md else "")
+        if md:
+            print("| keeper mark | n | median µs | p99 µs |")
+            print("|---|---|---|---|")
+        for name, count, m, p99 in helpers:
+            if md:
+                print(f"| {name} | {count} | {m:.0f} | {p99:.0f} |")
+            else:
+                print(f"{name:16s} n {count:5d}  median {m:8.0f} us  p99 {p99:8.0f} us")
     return 0
 
 

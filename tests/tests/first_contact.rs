@@ -902,6 +902,44 @@ fn watchdog_once_stops_an_orphan_past_its_orphan_grace() {
 // =============================================================================================
 // remote: fast failures and a host without agent-run
 
+/// The wrapper's heartbeat, the lock's mtime, goes on beating about every second while a run
+/// lasts, though its thread starts only some time after the launch (issue 17: a run that is
+/// over by then, most short commands, makes no thread for it). A late start that never came
+/// would leave the first beat alone, and a watchdog counting an orphan's grace from it.
+#[test]
+fn a_lasting_run_beats_every_second_after_the_late_start_of_its_heartbeat() {
+    let root = TestRoot::new();
+    let _sweep = Sweep(&root);
+    let id = "fc-beat";
+    let c = ctx(&root, id);
+    ar(&root, &["-d", id, "--", "sleep", "60"], 0);
+    let lock = root.run_dir(id).join("lock");
+    let mtime = || fs::metadata(&lock).and_then(|m| m.modified()).ok();
+    let beat_after = |after: SystemTime| {
+        wait_until_dbg("the next heartbeat (the lock's mtime)", T, || {
+            match mtime() {
+                Some(m) if m > after => Ok(m),
+                seen => {
+                    std::thread::sleep(Duration::from_millis(20));
+                    Err(seen)
+                }
+            }
+        })
+    };
+    let first = mtime().expect("the lock exists once -d returns");
+    let second = beat_after(first);
+    let third = beat_after(second);
+    let gap = third.duration_since(second).unwrap_or_default();
+    ensure!(
+        c,
+        gap >= Duration::from_millis(500) && gap <= Duration::from_secs(5),
+        "two beats {gap:?} apart, not about a second"
+    );
+    ar(&root, &["cancel", id], 0);
+    let st = root.wait_final(id, T);
+    c.eq(&st["state"], "cancelled", "st[\"state\"]");
+}
+
 /// `agent-run remote` against our own sshd on loopback, with the host's run root under `root`.
 fn remote_cmd(srv: &SshServer, root: &TestRoot, xdg: &Path, bin: &Path, args: &[&str]) -> Command {
     let mut cmd = Command::new(agent_run_bin());

@@ -197,6 +197,14 @@ struct Keep {
 /// The keeper's life, in the forked child: drain until every source is at EOF, then write
 /// output.json; 0, or 70 (journalled as `keeper_failed`).
 fn keep_run(dir: PathBuf, policy: Policy, held: Vec<(Stream, OwnedFd, File)>) -> u8 {
+    crate::phases::forked("keeper");
+    crate::phases::mark("keeper_forked");
+    let code = keep_run_inner(dir, policy, held);
+    crate::phases::flush();
+    code
+}
+
+fn keep_run_inner(dir: PathBuf, policy: Policy, held: Vec<(Stream, OwnedFd, File)>) -> u8 {
     match run(&dir, policy, held) {
         Ok(()) => 0,
         Err(e) => {
@@ -244,7 +252,9 @@ fn run(dir: &Path, policy: Policy, held: Vec<(Stream, OwnedFd, File)>) -> anyhow
         check_every: 4 << 20,
         stopper: None,
     };
+    crate::phases::mark("keeper_ready");
     k.drain_all(&mut sources);
+    crate::phases::mark("keeper_eof");
     k.finish(&mut sources)
 }
 

@@ -189,8 +189,9 @@ struct Launch {
     /// inotify, for the keeper's counts.
     keeper_fd: Option<OwnedFd>,
     /// The heartbeat, first beat done, its thread not yet started: until the keeper is forked
-    /// the wrapper has one thread (see [`keeper::spawn`]).
-    beat: Option<agent_run_shared::heartbeat::Beat>,
+    /// the wrapper has one thread (see [`keeper::spawn`]), and a short run never starts it
+    /// (see [`supervise::BEAT_DEFER`]).
+    beat: supervise::LateBeat,
 }
 
 impl Launch {
@@ -291,7 +292,7 @@ impl Launch {
             pty: None,
             keeper: None,
             keeper_fd: None,
-            beat,
+            beat: supervise::LateBeat::new(beat),
         })
     }
 
@@ -375,6 +376,7 @@ impl Launch {
                     &mut self.st,
                     &scope,
                     self.pty.as_mut(),
+                    &mut self.beat,
                 );
                 crate::phases::mark("supervise");
                 if let Some(p) = &mut self.pty {
@@ -491,9 +493,7 @@ impl Launch {
         };
         crate::phases::mark("keeper");
         // The wrapper's threads start only now: the keeper was forked from a single thread.
-        if let Some(beat) = self.beat.take() {
-            let _ = beat.start();
-        }
+        // The heartbeat's starts later, if the run lasts (`supervise::LateBeat`).
         if !args.quiet {
             *streamer = Some(Streamer::start(&dir));
         }
@@ -697,7 +697,8 @@ impl Launch {
 
     /// Stop a workload that was spawned but must not run on (it failed its checks, or its
     /// record could not be written), through the shared routine, and reap it.
-    fn stop_spawned(&self, pid: Pid, reason: &str) -> agent_run_shared::stop::Report {
+    fn stop_spawned(&mut self, pid: Pid, reason: &str) -> agent_run_shared::stop::Report {
+        self.beat.start();
         let scope = self.scope();
         let report = stop_run(&scope, &self.timings, reason, Some(&self.journal), None);
         reap::reap_all(Some(pid));
@@ -710,7 +711,7 @@ impl Launch {
     /// only draining and fsyncing the logs) also the time the logs' fsync may take on a slow
     /// disk: a second per [`FSYNC_RATE`] bytes logged, at most [`KEEPER_WAIT_MAX`]. A 1 GiB log
     /// took longer to fsync here than the bare wait, and its record went out `complete: false`.
-    fn wait_keeper(&self, survivors: bool) {
+    fn wait_keeper(&mut self, survivors: bool) {
         let Some(fd) = &self.keeper_fd else { return };
         let mut fds = [sys::PollFd {
             fd: fd.as_raw_fd(),
@@ -731,7 +732,14 @@ impl Launch {
             wait += Duration::from_secs(logged / FSYNC_RATE);
             wait = wait.min(KEEPER_WAIT_MAX);
         }
-        let _ = sys::poll(&mut fds, Some(wait));
+        // A wait past the heartbeat's due time beats, as every long wait of the wrapper does.
+        let t0 = Instant::now();
+        let first = wait.min(supervise::BEAT_DEFER);
+        if sys::poll(&mut fds, Some(first)).unwrap_or(0) > 0 || first == wait {
+            return;
+        }
+        self.beat.start();
+        let _ = sys::poll(&mut fds, Some(wait.saturating_sub(t0.elapsed())));
     }
 
     fn launch_failed(&mut self, code: u8, msg: &str) -> u8 {
@@ -808,6 +816,7 @@ impl Launch {
                     || !discover(&scope, Depth::WithMarker, &HashSet::new()).is_empty();
                 crate::phases::mark("leftovers");
                 let report = leftovers.then(|| {
+                    self.beat.start();
                     let r = stop(&mut self.st, "leader_exited");
                     reap::reap_all(None);
                     r
@@ -817,6 +826,7 @@ impl Launch {
             Outcome::Stop(reason) => {
                 // Said before the TERM goes out (a dead stderr is no reason to wait).
                 human::say(&stop_message(self.dir.id().as_str(), &reason, limits));
+                self.beat.start();
                 let report = stop(&mut self.st, &reason);
                 let (ws, _) = reap::reap_all(Some(leader.pid));
                 // The stop may have reaped the leader itself (it reaps the dead children it

@@ -51,6 +51,49 @@ pub struct Limits {
     pub on_disconnect: Option<OnDisconnect>,
 }
 
+/// How long after the launch the heartbeat's thread starts: a run over by then (most short
+/// commands) never makes a thread for it. The first beat is done at launch and the next is due
+/// a second later, so the watchdog sees the same beats either way.
+pub const BEAT_DEFER: Duration = Duration::from_millis(250);
+
+/// The heartbeat, its first beat done and its thread not started yet (see [`BEAT_DEFER`]).
+/// It is started when due, and at once before anything that may block the wrapper for longer
+/// (a stop, a suspension, a wait for the keeper).
+pub struct LateBeat {
+    beat: Option<agent_run_shared::heartbeat::Beat>,
+    at: Instant,
+}
+
+impl LateBeat {
+    pub fn new(beat: Option<agent_run_shared::heartbeat::Beat>) -> LateBeat {
+        LateBeat {
+            beat,
+            at: Instant::now() + BEAT_DEFER,
+        }
+    }
+
+    /// How long until the thread is due, while it is not started.
+    fn due_in(&self, now: Instant) -> Option<Duration> {
+        self.beat
+            .as_ref()
+            .map(|_| self.at.saturating_duration_since(now))
+    }
+
+    fn start_if_due(&mut self, now: Instant) {
+        if now >= self.at {
+            self.start();
+        }
+    }
+
+    /// Start the thread now, if it is not running yet. Not being able to beat costs only the
+    /// bound the watchdog takes from the beats.
+    pub fn start(&mut self) {
+        if let Some(b) = self.beat.take() {
+            let _ = b.start();
+        }
+    }
+}
+
 /// Supervise until the leader exits or a stop is requested. `st` is the run's record (the
 /// wrapper holds the lock: it may write it), `scope` its process set (for Ctrl-Z).
 #[allow(clippy::too_many_arguments)]
@@ -64,6 +107,7 @@ pub fn supervise(
     st: &mut Status,
     scope: &RunScope,
     mut pty: Option<&mut PtyRun>,
+    beat: &mut LateBeat,
 ) -> Outcome {
     // The deadline the wrapper wrote at launch, so a lease.json damaged before the first read
     // still cannot turn the leased run into one that runs forever.
@@ -77,6 +121,7 @@ pub fn supervise(
     // this kernel, a launch's whole budget.)
     loop {
         let now = Instant::now();
+        beat.start_if_due(now);
         let lease_left = lease.remaining(dir, journal);
         if lease_left.is_some_and(|l| l <= 0.0) {
             let _ = journal.event("lease_expired", json!({}));
@@ -101,6 +146,7 @@ pub fn supervise(
                 .as_ref()
                 .and_then(|c| c.grace_until)
                 .map(|g| g.saturating_duration_since(now)),
+            beat.due_in(now),
         ]
         .into_iter()
         .flatten()
@@ -142,6 +188,7 @@ pub fn supervise(
             }
         }
         if signals.take_tstp() {
+            beat.start();
             if let Some(p) = pty.as_deref_mut() {
                 p.suspend();
             }
