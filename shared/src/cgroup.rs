@@ -23,7 +23,7 @@
 
 use crate::error::{Error, Result};
 use std::fs::{self, File, OpenOptions};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
 use std::sync::OnceLock;
@@ -82,7 +82,7 @@ pub fn mount() -> Option<&'static Path> {
     static MOUNT: OnceLock<Option<PathBuf>> = OnceLock::new();
     MOUNT
         .get_or_init(|| {
-            let text = fs::read_to_string("/proc/self/mountinfo").ok()?;
+            let text = crate::procfs::read_kernel_file("/proc/self/mountinfo").ok()?;
             text.lines().find_map(parse_mountinfo_line)
         })
         .as_deref()
@@ -122,7 +122,7 @@ fn unescape_octal(s: &str) -> String {
 /// This process's own cgroup directory on the cgroup2 mount (the `0::` line).
 pub fn own() -> Option<PathBuf> {
     let mount = mount()?;
-    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
+    let text = crate::procfs::read_kernel_file("/proc/self/cgroup").ok()?;
     let rel = text.lines().find_map(|l| l.strip_prefix("0::"))?;
     let rel = rel
         .trim_end()
@@ -392,10 +392,8 @@ impl RunCgroup {
     /// Whether any process of the subtree is alive (`cgroup.events`: `populated 1`). A
     /// cgroup that is gone is empty.
     pub fn populated(&self) -> bool {
-        let mut s = String::new();
-        match File::open(self.path.join("cgroup.events")).and_then(|mut f| f.read_to_string(&mut s))
-        {
-            Ok(_) => s.lines().any(|l| l.trim() == "populated 1"),
+        match crate::procfs::read_kernel_file(self.path.join("cgroup.events")) {
+            Ok(s) => s.lines().any(|l| l.trim() == "populated 1"),
             Err(_) => false,
         }
     }
@@ -424,7 +422,7 @@ impl RunCgroup {
     /// The CPU the run used and its peak memory where the memory controller is there.
     pub fn resources(&self) -> Resources {
         let mut r = Resources::default();
-        if let Ok(text) = fs::read_to_string(self.path.join("cpu.stat")) {
+        if let Ok(text) = crate::procfs::read_kernel_file(self.path.join("cpu.stat")) {
             for line in text.lines() {
                 let mut f = line.split_whitespace();
                 let (Some(k), Some(v)) = (f.next(), f.next().and_then(|v| v.parse().ok())) else {
@@ -438,7 +436,7 @@ impl RunCgroup {
                 }
             }
         }
-        r.memory_peak_bytes = fs::read_to_string(self.path.join("memory.peak"))
+        r.memory_peak_bytes = crate::procfs::read_kernel_file(self.path.join("memory.peak"))
             .ok()
             .and_then(|s| s.trim().parse().ok());
         r
@@ -452,7 +450,7 @@ impl RunCgroup {
 }
 
 fn collect_members(dir: &Path, out: &mut Vec<crate::pid::Pid>, depth: usize) {
-    if let Ok(text) = fs::read_to_string(dir.join("cgroup.procs")) {
+    if let Ok(text) = crate::procfs::read_kernel_file(dir.join("cgroup.procs")) {
         out.extend(
             text.lines()
                 .filter_map(|l| l.trim().parse::<i64>().ok())

@@ -33,7 +33,7 @@ pub fn has(feature: &str) -> bool {
 /// [`crate::cgroup::choose_parent`]). Reads only; creates nothing.
 pub fn probe_cgroup() -> Value {
     let mount = crate::cgroup::mount();
-    let own = std::fs::read_to_string("/proc/self/cgroup")
+    let own = crate::procfs::read_kernel_file("/proc/self/cgroup")
         .ok()
         .and_then(|t| {
             t.lines()

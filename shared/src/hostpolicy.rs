@@ -11,7 +11,7 @@ use std::path::Path;
 
 /// Warnings about host policies for a run launched by this process.
 pub fn launch_warnings(user: &str) -> Vec<String> {
-    let cgroup = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let cgroup = crate::procfs::read_kernel_file("/proc/self/cgroup").unwrap_or_default();
     warnings_for(Path::new("/"), &cgroup, user)
 }
 

@@ -97,6 +97,30 @@ pub fn stat(pid: Pid) -> Option<Stat> {
     parse_stat(std::str::from_utf8(&buf[..n]).ok()?)
 }
 
+/// A file the kernel makes as it is read (/proc, /sys, the cgroup2 mount), whole, as text.
+/// Plain reads into a 4 KiB buffer that grows, until EOF: `fs::read_to_string` first asks
+/// for the size (statx says 0 for such files) and then starts with 32-byte probe reads, six
+/// to nine syscalls for a file this reads in three or four. A file that is not UTF-8 is
+/// `InvalidData`, as there.
+pub fn read_kernel_file(path: impl AsRef<std::path::Path>) -> std::io::Result<String> {
+    let mut f = fs::File::open(path)?;
+    let mut buf = vec![0u8; 4096];
+    let mut n = 0;
+    loop {
+        if n == buf.len() {
+            buf.resize(buf.len() * 2, 0);
+        }
+        match f.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(n);
+    String::from_utf8(buf).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
 /// Read a /proc file into `buf`. The kernel makes such a file whole at the first read and
 /// copies as much as fits, so a read that leaves room is all of it: the scans of every process
 /// save the read that would only say EOF.
@@ -131,7 +155,7 @@ impl SigDispositions {
 
 /// Read SigIgn/SigCgt/SigBlk of a process. `None` when it is gone.
 pub fn sig_dispositions(pid: Pid) -> Option<SigDispositions> {
-    let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let text = read_kernel_file(format!("/proc/{pid}/status")).ok()?;
     let mut d = SigDispositions::default();
     for line in text.lines() {
         let hex = |v: &str| u64::from_str_radix(v.trim(), 16).unwrap_or(0);
@@ -211,7 +235,7 @@ pub fn uid_of(pid: Pid) -> Option<u32> {
 /// holder look again ([`flock_holders_of_held`]); to confirm one process, ask its own fdinfo
 /// ([`holds_flock`]).
 pub fn flock_holders(dev: u64, ino: u64) -> Vec<i32> {
-    let Ok(text) = fs::read_to_string("/proc/locks") else {
+    let Ok(text) = read_kernel_file("/proc/locks") else {
         return Vec::new();
     };
     let (maj, min) = (libc::major(dev) as u64, libc::minor(dev) as u64);
@@ -287,7 +311,7 @@ pub fn epoch_to_ticks(epoch: f64) -> u64 {
 
 /// This boot's id (/proc/sys/kernel/random/boot_id), trimmed.
 pub fn boot_id() -> String {
-    fs::read_to_string("/proc/sys/kernel/random/boot_id")
+    read_kernel_file("/proc/sys/kernel/random/boot_id")
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
 }
@@ -385,7 +409,7 @@ fn children_lists(who: &str) -> Option<impl Iterator<Item = std::io::Result<Stri
     Some(
         tasks
             .flatten()
-            .map(|t| fs::read_to_string(t.path().join("children"))),
+            .map(|t| read_kernel_file(t.path().join("children"))),
     )
 }
 
@@ -462,7 +486,7 @@ pub fn children_besides(skip: Pid) -> Option<bool> {
 
 /// The last pid the kernel handed out in this pid namespace (/proc/sys/kernel/ns_last_pid).
 pub fn last_pid() -> Option<i32> {
-    fs::read_to_string("/proc/sys/kernel/ns_last_pid")
+    read_kernel_file("/proc/sys/kernel/ns_last_pid")
         .ok()?
         .trim()
         .parse()
@@ -485,7 +509,7 @@ const RESERVED_PIDS: f64 = 300.0;
 /// The live tasks (threads included) on the host: `/proc/loadavg`'s `2/183` field. Every task
 /// holds a pid.
 pub fn tasks() -> Option<u64> {
-    fs::read_to_string("/proc/loadavg")
+    read_kernel_file("/proc/loadavg")
         .ok()?
         .split_whitespace()
         .nth(3)?
@@ -498,7 +522,7 @@ pub fn tasks() -> Option<u64> {
 fn pid_max() -> f64 {
     static PID_MAX: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
     *PID_MAX.get_or_init(|| {
-        fs::read_to_string("/proc/sys/kernel/pid_max")
+        read_kernel_file("/proc/sys/kernel/pid_max")
             .ok()
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(32768.0)

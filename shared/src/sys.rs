@@ -21,7 +21,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use raw::{child_cloexec_from_3, child_reset_signals};
-pub use raw::{default_sigpipe, pidfd_send_signal};
+pub use raw::{default_sigpipe, pidfd_send_signal, runtime_start};
 
 // ---- processes ----------------------------------------------------------------------------
 
@@ -1346,7 +1346,7 @@ mod raw {
     /// show them. Cut to fit; the rest of the range is zeroed. Nothing happens when the range
     /// cannot be read.
     fn set_title(words: &[&[u8]]) {
-        let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        let Ok(stat) = crate::procfs::read_kernel_file("/proc/self/stat") else {
             return;
         };
         // Fields after the command name, which is in parentheses and may hold anything.
@@ -1379,6 +1379,30 @@ mod raw {
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), start as *mut u8, len) };
     }
 
+    /// What Rust's runtime start does before `main` that agent-run needs, for a binary that
+    /// starts at its own C `main`: descriptors 0, 1 and 2 open (on /dev/null when closed), and
+    /// SIGPIPE ignored.
+    pub fn runtime_start() {
+        let mut fds = [0, 1, 2].map(|fd| libc::pollfd {
+            fd,
+            events: 0,
+            revents: 0,
+        });
+        // SAFETY: poll(2) reads and writes the three entries of an array on our stack; open(2)
+        // reads a NUL-terminated literal; signal(2) installs SIG_IGN and touches no memory of
+        // ours. Called first in `main`: no descriptor is in use by Rust code yet.
+        unsafe {
+            if libc::poll(fds.as_mut_ptr(), 3, 0) >= 0 {
+                for f in &fds {
+                    if f.revents & libc::POLLNVAL != 0 {
+                        libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+                    }
+                }
+            }
+            libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        }
+    }
+
     /// Restore SIGPIPE's default action (Rust's runtime ignores it), so a command whose output
     /// goes to a closed pipe (`agent-run list | head`) ends quietly like any Unix filter. Not
     /// for the supervising wrapper: a dropped SSH channel must never kill it. Raw: rustix's
@@ -1394,7 +1418,7 @@ mod raw {
 /// Whether this process has exactly one thread (`Threads:` of /proc/self/status): what
 /// [`fork_helper`] requires of its caller. `None` when it cannot be read.
 pub fn single_threaded() -> Option<bool> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let status = crate::procfs::read_kernel_file("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("Threads:"))?;
     Some(line["Threads:".len()..].trim() == "1")
 }

@@ -1429,6 +1429,39 @@ fn start_leaky(cmd: &mut Command) {
     }
 }
 
+/// A wrapper started with descriptors 0, 1 and 2 closed has them on /dev/null before it opens
+/// anything (it starts at its own C `main`, and does what Rust's runtime start did): the
+/// workload's stdin, the wrapper's own, is /dev/null, never a file of the run dir that took the
+/// lowest free number. Without it, fd 0 would be the first file the wrapper opened.
+#[test]
+fn a_wrapper_started_with_fds_0_1_2_closed_gives_its_workload_dev_null_for_stdin() {
+    let root = TestRoot::new();
+    let id = "closed-std";
+    let c = ctx(&root, id);
+    let mut cmd = root.cmd();
+    cmd.args(["--quiet", id, "--", "sh", "-c", "readlink /proc/self/fd/0"]);
+    // SAFETY: close(2) is async-signal-safe; nothing is allocated between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            for fd in 0..3 {
+                libc::close(fd);
+            }
+            Ok(())
+        });
+    }
+    let out = run_with_timeout(&mut cmd, T);
+    ensure!(
+        c,
+        out.status.code() == Some(0),
+        "{}",
+        describe_output("agent-run with 0-2 closed", &out)
+    );
+    let st = root.status(id);
+    c.fields(&st, "the record", outcome("finished", None));
+    let seen = fs::read_to_string(root.run_dir(id).join("stdout.log")).unwrap_or_default();
+    c.eq(&seen.trim_end(), &"/dev/null", "the workload's fd 0");
+}
+
 #[test]
 fn no_fd_mask_or_ignored_signal_of_the_wrapper_leaks_into_the_workload() {
     // The control: started directly, the fixture does report what it inherited.

@@ -429,7 +429,7 @@ fn list_cgroups(parent: &str) -> Option<HashSet<String>> {
 fn flock_holders() -> Option<HashSet<i32>> {
     let mut out = HashSet::new();
     for _ in 0..2 {
-        let text = std::fs::read_to_string("/proc/locks").ok()?;
+        let text = agent_run_shared::procfs::read_kernel_file("/proc/locks").ok()?;
         for line in text.lines() {
             // "1: FLOCK  ADVISORY  WRITE 15672 fe:00:5341426 0 EOF"; waiters ("->") hold nothing.
             let mut f = line.split_ascii_whitespace().skip(1);
