@@ -470,6 +470,14 @@ fn collect_members(dir: &Path, out: &mut Vec<crate::pid::Pid>, depth: usize) {
 }
 
 fn remove_tree(dir: &Path, depth: usize) -> std::io::Result<()> {
+    // Most runs make no cgroup of their own: one rmdir, no listing. A cgroup with cgroups below
+    // it is EBUSY (as is one that holds a process): then the ones below go first.
+    match fs::remove_dir(dir) {
+        Ok(()) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.raw_os_error() != Some(libc::EBUSY) => return Err(e),
+        Err(_) => {}
+    }
     if depth < 64 {
         if let Ok(rd) = fs::read_dir(dir) {
             for e in rd.filter_map(|e| e.ok()) {
