@@ -253,6 +253,17 @@ fn register_signals() -> std::io::Result<Flags> {
     Ok(f)
 }
 
+/// Which record a run dir holds: its status.json's inode and change time (None: none yet).
+/// A new record is a new inode (it is exchanged or renamed into place).
+fn status_key(dir: &std::path::Path) -> Option<Settled> {
+    std::fs::symlink_metadata(dir.join(files::STATUS))
+        .ok()
+        .map(|m| Settled {
+            ctime_ns: m.ctime_nsec() + m.ctime() * 1_000_000_000,
+            ino: m.ino(),
+        })
+}
+
 /// Run the daemon until SIGTERM/SIGINT. Returns after the stops in flight finished (bounded).
 pub fn run(opts: Options) -> anyhow::Result<()> {
     let root = Root::open(&opts.root, true)?;
@@ -500,12 +511,7 @@ impl Daemon {
             return;
         }
         let dir = self.root.path().join(name);
-        let key = std::fs::symlink_metadata(dir.join(files::STATUS))
-            .ok()
-            .map(|m| Settled {
-                ctime_ns: m.ctime_nsec() + m.ctime() * 1_000_000_000,
-                ino: m.ino(),
-            });
+        let key = status_key(&dir);
         if key.is_some() && self.settled.get(name) == key.as_ref() {
             return;
         }
@@ -528,6 +534,10 @@ impl Daemon {
         if !matches!(verdict, Verdict::Skip(_)) {
             self.skipped.remove(name);
         }
+        // A record replaced between the look above and the dir's new watch made no event we
+        // can see (a launch's `running` record right after its `starting` one, the first
+        // naming no deadline): such a run is looked at again at once, now watched.
+        let mut missed = false;
         match verdict {
             Verdict::Done => {
                 self.forget(name);
@@ -549,7 +559,7 @@ impl Daemon {
                 wrapper,
                 recheck_epoch,
             } => {
-                self.track_dir(name);
+                missed = self.track_dir(name) && status_key(&dir) != key;
                 let t = self.runs.entry(name.to_string()).or_default();
                 t.orphan_since = None;
                 if t.wrapper.is_none() {
@@ -567,7 +577,7 @@ impl Daemon {
                 }
             }
             Verdict::Later { act_epoch, .. } => {
-                self.track_dir(name);
+                missed = self.track_dir(name) && status_key(&dir) != key;
                 self.drop_wrapper(name);
                 let t = self.runs.entry(name.to_string()).or_default();
                 t.orphan_since.get_or_insert_with(epoch_now);
@@ -582,6 +592,10 @@ impl Daemon {
                     self.spawn_action(name, s, action);
                 }
             }
+        }
+        if missed {
+            // Watched now: this second look adds no watch, so it makes no third.
+            self.evaluate_with(name, looks, whole_pass);
         }
     }
 
@@ -662,7 +676,8 @@ impl Daemon {
         }
     }
 
-    fn track_dir(&mut self, name: &str) {
+    /// Watch a run dir's record and lease; true when the watch is new.
+    fn track_dir(&mut self, name: &str) -> bool {
         let t = self.runs.entry(name.to_string()).or_default();
         if t.wd.is_none() {
             let dir = self.root.path().join(name);
@@ -672,8 +687,10 @@ impl Daemon {
             {
                 t.wd = Some(wd);
                 self.wd_names.insert(wd, name.to_string());
+                return true;
             }
         }
+        false
     }
 
     fn drop_wrapper(&mut self, name: &str) {
