@@ -1592,7 +1592,9 @@ def live_runs(ctx, n):
     log(f"scale: one cancel of {n} ids")
     t_sig = time.time()
     t0 = time.perf_counter_ns()
-    r = subprocess.run([str(ctx.agent_run), "--root", str(root), "cancel", *ids], env=ctx.procs.env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # --wait sized to the batch: the default (a run's grace + 5 s) bounds one run's stop, and
+    # 1,000 stops at once on two cores take longer; the figure is the time to the last record.
+    r = subprocess.run([str(ctx.agent_run), "--root", str(root), "cancel", "--wait", f"{max(60, n)}s", *ids], env=ctx.procs.env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     cancel_ms = (time.perf_counter_ns() - t0) / 1e6
     ended, pending = final_times(root, ids)
     out["cancel"] = {

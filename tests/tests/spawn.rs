@@ -577,19 +577,50 @@ fn the_workload_gets_cwd_env_and_no_descriptor_above_stderr_on_both_paths() {
                 .unwrap_or_else(|p| panic!("{p:?} outlived the run\n{}", diag()));
         }
     }
-    // The wrapper timed its launches (the variable reached the wrapper, not the workload).
+    // The wrapper timed its launches (the variable reached the wrapper, not the workload), and
+    // each keeper, its fork, appended a line of its own on the wrapper's clock.
     let phases = fs::read_to_string(root.dir.path().join("phases")).unwrap_or_default();
-    assert_eq!(phases.lines().count(), 4, "{phases}");
-    for line in phases.lines() {
-        let doc: Value = serde_json::from_str(line).unwrap();
-        let names: Vec<&str> = doc["phases"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|p| p["name"].as_str())
-            .collect();
-        for want in ["parse", "spawn", "running_record", "final_record", "exit"] {
-            assert!(names.contains(&want), "{want} not in {names:?}");
+    let docs: Vec<Value> = phases
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let of = |role: &str| -> Vec<&Value> { docs.iter().filter(|d| d["role"] == role).collect() };
+    assert_eq!(of("wrapper").len(), 4, "{phases}");
+    assert_eq!(of("keeper").len(), 4, "{phases}");
+    assert_eq!(docs.len(), 8, "{phases}");
+    for (role, wanted) in [
+        (
+            "wrapper",
+            &["parse", "spawn", "running_record", "final_record", "exit"][..],
+        ),
+        (
+            "keeper",
+            &["keeper_forked", "keeper_ready", "keeper_eof", "exit"][..],
+        ),
+    ] {
+        for doc in of(role) {
+            let names: Vec<&str> = doc["phases"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|p| p["name"].as_str())
+                .collect();
+            for want in wanted {
+                assert!(names.contains(want), "{role}: {want} not in {names:?}");
+            }
+            assert!(
+                doc["zero_monotonic_us"].as_u64().is_some_and(|z| z > 0),
+                "{doc}"
+            );
         }
+    }
+    // A keeper's line shares its wrapper's zero: the keeper is forked, not started anew.
+    for k in of("keeper") {
+        assert!(
+            of("wrapper")
+                .iter()
+                .any(|w| w["zero_monotonic_us"] == k["zero_monotonic_us"]),
+            "{k}"
+        );
     }
 }
