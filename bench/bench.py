@@ -1649,6 +1649,19 @@ def live_runs(ctx, n):
 # --------------------------------------------------------------------------------------------
 
 
+def where_table(a, head, cols, rows):
+    """A markdown table of a median and a p99 (µs) per column: `cols` is [(where, data)] ("fs",
+    "tmpfs"), `rows` is [(label, get)] with get(data) -> (median, p99) or None (a dash)."""
+    a(f"| {head} | " + " | ".join(f"{w} median µs | {w} p99 µs" for w, _ in cols) + " |")
+    a("|---|" + "---|---|" * len(cols))
+    for label, get in rows:
+        cells = []
+        for _, data in cols:
+            v = get(data)
+            cells += [f"{v[0]:.0f}", f"{v[1]:.0f}"] if v else ["—", "—"]
+        a(f"| {label} | " + " | ".join(cells) + " |")
+
+
 def create_cost_us(base):
     """Median µs to create an empty file in a fresh subdirectory of `base` (what a launch does
     about ten times), or None when base is not writable."""
@@ -1863,44 +1876,29 @@ def render(ctx, peers, command, started, elapsed):
             a("Where the time of one launch goes (`AGENT_RUN_PHASES`, each phase's own time; its own loop after the interleaved one; \"fs\" is the run root's filesystem):")
             a("")
             wheres = [w for w in ("fs", "tmpfs") if w in ph]
-            a("| phase | " + " | ".join(f"{w} median µs | {w} p99 µs" for w in wheres) + " |")
-            a("|---|" + "---|---|" * len(wheres))
             names = [row[0] for row in ph[wheres[0]]["rows"]]
             for w in wheres[1:]:
                 names += [row[0] for row in ph[w]["rows"] if row[0] not in names]
-            for name in names:
-                cells = []
-                for w in wheres:
-                    row = next((x for x in ph[w]["rows"] if x[0] == name), None)
-                    cells += [f"{row[2]:.0f}", f"{row[3]:.0f}"] if row else ["—", "—"]
-                label = f"**{name}**" if name == "total" else f"`{name}`"
-                a(f"| {label} | " + " | ".join(cells) + " |")
+
+            def row_of(rows, name):
+                row = next((x for x in rows if x[0] == name), None)
+                return (row[2], row[3]) if row else None
+
+            where_table(a, "phase", [(w, ph[w]["rows"]) for w in wheres],
+                        [(f"**{n}**" if n == "total" else f"`{n}`", lambda rows, n=n: row_of(rows, n)) for n in names])
             outs = [(w, ph[w].get("outside")) for w in wheres if ph[w].get("outside")]
             if outs:
                 a("")
                 a("Around `main` (the harness notes CLOCK_MONOTONIC at its `posix_spawn` and after its `waitpid`; the line gives the clock at `main`'s entry): \"before main\" is the harness's spawn, the exec of the static binary and the runtime's start; \"after exit\" is the exit of the wrapper's process (its teardown) until the harness's wait returns:")
                 a("")
-                a("| span | " + " | ".join(f"{w} median µs | {w} p99 µs" for w, _ in outs) + " |")
-                a("|---|" + "---|---|" * len(outs))
-                for key, label in (("before_main", "before main"), ("main", "main (the phases above)"), ("after_exit", "after exit"), ("wall", "**wall**")):
-                    cells = []
-                    for _, o in outs:
-                        v = o.get(key)
-                        cells += [f"{v[0]:.0f}", f"{v[1]:.0f}"] if v else ["—", "—"]
-                    a(f"| {label} | " + " | ".join(cells) + " |")
+                spans = (("before_main", "before main"), ("main", "main (the phases above)"), ("after_exit", "after exit"), ("wall", "**wall**"))
+                where_table(a, "span", outs, [(label, lambda o, k=k: o.get(k)) for k, label in spans])
             ks = [(w, ph[w].get("keeper")) for w in wheres if ph[w].get("keeper")]
             if ks:
                 a("")
                 a("The keeper's own line (its marks on the wrapper's clock, µs since the wrapper's `main`; it is forked in `keeper`): forked, ready (sources and journal set up), EOF (the workload's last writer gone), exit (logs synced, output.json written):")
                 a("")
-                a("| keeper mark | " + " | ".join(f"{w} median µs | {w} p99 µs" for w, _ in ks) + " |")
-                a("|---|" + "---|---|" * len(ks))
-                for name in [row[0] for row in ks[0][1]]:
-                    cells = []
-                    for _, rows in ks:
-                        row = next((x for x in rows if x[0] == name), None)
-                        cells += [f"{row[2]:.0f}", f"{row[3]:.0f}"] if row else ["—", "—"]
-                    a(f"| `{name}` | " + " | ".join(cells) + " |")
+                where_table(a, "keeper mark", ks, [(f"`{n}`", lambda rows, n=n: row_of(rows, n)) for n in [row[0] for row in ks[0][1]]])
             a("")
             a("What a launch must pay by the contract: the starting record before the spawn, pid == pgid == sid verified, the keeper (every byte kept), the final record durable before exit (`final_record`: one fsync of status.json after it is exchanged into place, on the ext4 driver; on this machine's root, ext4 without a journal mounted `discard`, that fsync is a device flush). What the design adds above that floor, each in the table: the run's cgroup (`cgroup_parent` reads /proc/self/mountinfo, `cgroup` and `cgroup_rm` make and remove it), the keeper's fork (`keeper`), the records and the journal, the scan for leftovers at the leader's exit (`leftovers`: the pids handed out since the leader, one by one when they are few, for a process that left the run's cgroup and tree), and the parse of `start`'s options. Already removed: the rename over the old record (a synchronous block allocation and, on a `discard` mount, a discard: ~4 ms a record here; now an exchange and an unlink), the second flush of the final record (the dir's fsync, where the file's fsync carries the rename), the copy of the wrapper's page tables at the spawn (a vfork-style clone3), clap's build of every subcommand, the listing of /proc at the leader's exit, and the heartbeat's thread for a run over within 250 ms (it starts then, if the run lasts: `threads`).")
         ti = r.get("tini", {})

@@ -98,26 +98,12 @@ pub fn stat(pid: Pid) -> Option<Stat> {
 }
 
 /// A file the kernel makes as it is read (/proc, /sys, the cgroup2 mount), whole, as text.
-/// Plain reads into a 4 KiB buffer that grows, until EOF: `fs::read_to_string` first asks
-/// for the size (statx says 0 for such files) and then starts with 32-byte probe reads, six
-/// to nine syscalls for a file this reads in three or four. A file that is not UTF-8 is
-/// `InvalidData`, as there.
+/// Plain reads into a 4 KiB buffer that grows, until EOF (the run dir's reader, uncapped):
+/// `fs::read_to_string` first asks for the size (statx says 0 for such files) and then starts
+/// with 32-byte probe reads, six to nine syscalls for a file this reads in three or four. A
+/// file that is not UTF-8 is `InvalidData`, as there.
 pub fn read_kernel_file(path: impl AsRef<std::path::Path>) -> std::io::Result<String> {
-    let mut f = fs::File::open(path)?;
-    let mut buf = vec![0u8; 4096];
-    let mut n = 0;
-    loop {
-        if n == buf.len() {
-            buf.resize(buf.len() * 2, 0);
-        }
-        match f.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    buf.truncate(n);
+    let buf = crate::run_dir::read_capped(&mut fs::File::open(path)?, u64::MAX)?;
     String::from_utf8(buf).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
@@ -563,6 +549,25 @@ pub fn only_newer_pids(floor: Identity) -> Option<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kernel_file_is_read_whole_past_the_first_buffer_and_text_only() {
+        // A small /proc file in one read, and a file four times the first buffer whole.
+        let status = read_kernel_file("/proc/self/status").unwrap();
+        assert!(
+            status.contains(&format!("Pid:\t{}\n", std::process::id())),
+            "{status}"
+        );
+        let d = tempfile::tempdir().unwrap();
+        let big: String = (0..2000).map(|i| format!("line {i:05}\n")).collect();
+        assert!(big.len() > 4 * 4096);
+        std::fs::write(d.path().join("big"), &big).unwrap();
+        assert_eq!(read_kernel_file(d.path().join("big")).unwrap(), big);
+        std::fs::write(d.path().join("bin"), [0xff, 0xfe]).unwrap();
+        let e = read_kernel_file(d.path().join("bin")).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+        assert!(read_kernel_file(d.path().join("none")).is_err());
+    }
 
     #[test]
     fn a_probe_of_new_pids_finds_processes_and_skips_threads() {

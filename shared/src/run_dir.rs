@@ -520,7 +520,7 @@ fn open_error(path: &Path, e: std::io::Error) -> Error {
 /// Read up to `cap + 1` bytes: plain `read(2)` calls into a growing buffer, without the size
 /// probe and seek that `read_to_string` adds (two syscalls per record, 10,000 records per
 /// rescan).
-fn read_capped(f: &mut File, cap: u64) -> std::io::Result<Vec<u8>> {
+pub(crate) fn read_capped(f: &mut File, cap: u64) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     let limit = usize::try_from(cap).unwrap_or(usize::MAX).saturating_add(1);
     let mut buf = vec![0u8; 4096.min(limit)];

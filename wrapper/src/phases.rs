@@ -5,9 +5,9 @@
 //! file: `{"pid": N, "zero_monotonic_us": T, "phases": [{"name": "root", "us": 41}, ...]}`
 //! (cumulative: a phase took its `us` minus the one before; T is CLOCK_MONOTONIC at the zero,
 //! for a harness that notes the same clock around its spawn and wait). The keeper, a fork of the
-//! wrapper, appends a line of its own, `"role": "keeper"`, with its marks on the same clock. docs/benchmarks.md says how to read it. Unset, the normal case,
-//! it costs one getenv at start and one relaxed atomic load per mark. The variable is never
-//! passed to the workload or the keeper.
+//! wrapper, appends a line of its own, `"role": "keeper"`, with its marks on the same clock.
+//! docs/benchmarks.md says how to read it. Unset, the normal case, it costs one getenv at start
+//! and one relaxed atomic load per mark. The variable is never passed to the workload.
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
