@@ -1400,15 +1400,23 @@ fn a_lease_that_falls_due_during_a_long_rescan_is_enforced_without_waiting_for_i
 
     let stranger = children.push(spawn_in_session(&["sleep-ms", "600000"], None, None));
     let (_, _, spgid, ssid, sticks) = proc_stat(stranger).expect("the stranger has a /proc entry");
-    const FILLERS: usize = 4000;
-    for i in 0..FILLERS {
-        let id = format!("wd-slice-fill-{i:04}");
-        let dir = make_run_dir(&root, &id);
-        let mut st = record_with(&id, stranger, spgid, ssid, sticks, &boot);
-        st.wrapper_pid = Some(stranger);
-        st.wrapper_start_ticks = Some(sticks);
-        write_record(&dir, &st);
-    }
+    // Fillers are added until one pass takes PASS_AT_LEAST of CPU: how many that needs depends
+    // on the machine and on how lean a pass is (a leaner pass once made 4,000 too few).
+    const FIRST_FILLERS: usize = 4000;
+    const MAX_FILLERS: usize = 24_000;
+    const PASS_AT_LEAST: Duration = Duration::from_millis(600);
+    let add_fillers = |from: usize, to: usize| {
+        for i in from..to {
+            let id = format!("wd-slice-fill-{i:05}");
+            let dir = make_run_dir(&root, &id);
+            let mut st = record_with(&id, stranger, spgid, ssid, sticks, &boot);
+            st.wrapper_pid = Some(stranger);
+            st.wrapper_start_ticks = Some(sticks);
+            write_record(&dir, &st);
+        }
+    };
+    let mut fillers = FIRST_FILLERS;
+    add_fillers(0, fillers);
     let mut orphans = Vec::new();
     for i in 0..3 {
         let id = format!("wd-slice-m{i}");
@@ -1428,15 +1436,29 @@ fn a_lease_that_falls_due_during_a_long_rescan_is_enforced_without_waiting_for_i
     let dog = watchdog(&root, &["--scan-interval", "1h"]);
     let dpid = dog.pid();
     wait_for_the_pass_to_end(dpid, cpu_ticks(dpid));
-    let from = cpu_ticks(dpid);
-    dog.signal(libc::SIGHUP);
-    let pass = wait_for_the_pass_to_end(dpid, from);
-    assert_eq!(pinned.alive().len(), 3, "a pass stopped a run");
-    assert!(
-        pass >= Duration::from_millis(600),
-        "one pass over {FILLERS} fillers took only {pass:?} of CPU: too short to test that a \
-         deadline does not wait for a pass; make more fillers"
-    );
+    let pass = loop {
+        let from = cpu_ticks(dpid);
+        dog.signal(libc::SIGHUP);
+        let pass = wait_for_the_pass_to_end(dpid, from);
+        assert_eq!(pinned.alive().len(), 3, "a pass stopped a run");
+        if pass >= PASS_AT_LEAST {
+            break pass;
+        }
+        assert!(
+            fillers < MAX_FILLERS,
+            "one pass over {fillers} fillers took only {pass:?} of CPU: too short to test that \
+             a deadline does not wait for a pass"
+        );
+        // Enough more for a pass of about 1.5 times the least (a pass costs about as much per
+        // filler), and the daemon idle again before the next measure.
+        let want = (fillers as f64 * 1.5 * PASS_AT_LEAST.as_secs_f64()
+            / pass.as_secs_f64().max(0.05))
+        .ceil() as usize;
+        let next = want.clamp(fillers + 1000, MAX_FILLERS);
+        add_fillers(fillers, next);
+        fillers = next;
+        wait_for_the_pass_to_end(dpid, cpu_ticks(dpid));
+    };
 
     let mut late = Vec::new();
     for (id, _) in &orphans {
@@ -1458,7 +1480,7 @@ fn a_lease_that_falls_due_during_a_long_rescan_is_enforced_without_waiting_for_i
         wait_for_the_pass_to_end(dpid, from);
     }
     eprintln!(
-        "one pass over {FILLERS} fillers: {pass:?} of CPU; the leases enforced {:?} s after \
+        "one pass over {fillers} fillers: {pass:?} of CPU; the leases enforced {:?} s after \
          their deadlines",
         late.iter()
             .map(|l| (l * 1000.0).round() / 1000.0)
