@@ -422,6 +422,31 @@ impl<'a> Ctx<'a> {
         })
     }
 
+    /// Waits until the cgroup the final record `st` names is removed (whoever wrote the record
+    /// removes it right after: the wrapper, or the watchdog that took over). A record that names
+    /// no cgroup fails: a run on this host is contained by one.
+    pub fn wait_cgroup_removed(self, st: &Value, what: &str) {
+        let Some(cg) = st["containment"]["cgroup"]
+            .as_str()
+            .filter(|c| !c.is_empty())
+        else {
+            self.fail(format_args!("{what}: the record names no cgroup: {st}"))
+        };
+        let cg = std::path::Path::new(cg);
+        self.wait(
+            &format!("{what}: the run's cgroup {} removed", cg.display()),
+            || {
+                if cg.exists() {
+                    let procs =
+                        std::fs::read_to_string(cg.join("cgroup.procs")).unwrap_or_default();
+                    Err(format!("still there, cgroup.procs {procs:?}"))
+                } else {
+                    Ok(())
+                }
+            },
+        );
+    }
+
     /// No live process is left in the run's session.
     pub fn session_empty(self, sid: i32) {
         self.eq(

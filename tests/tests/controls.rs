@@ -308,6 +308,8 @@ fn a_stopped_wrapper_past_its_timeout_is_taken_over_by_the_watchdog() {
     );
     run.assert_gone(&root, "after the watchdog's takeover");
     c.wait_gone(&run.wrapper_pin, "run.wrapper pin");
+    // The killed wrapper cannot remove the run's cgroup: the watchdog does.
+    c.wait_cgroup_removed(&st, "after the watchdog's takeover");
     let deadline = epoch(&st, "started_at") + 1.5;
     let late = epoch(&st, "ended_at") - deadline;
     ensure!(

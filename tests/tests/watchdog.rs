@@ -526,6 +526,7 @@ fn a_sigstopped_wrapper_past_its_lease_is_taken_over_and_the_run_is_cancelled() 
         Duration::from_secs(10),
         "the stuck wrapper",
     );
+    c.wait_cgroup_removed(&st, "after the takeover from the stuck wrapper");
     let ended = c.epoch(&st, "ended_at");
     ensure!(
         c,
@@ -805,6 +806,7 @@ fn in_process_run_once_leaves_a_live_wrapper_alone_until_lease_plus_grace_plus_s
     let st = c.status();
     c.fields(&st, "the record", outcome("cancelled", "lease_expired"));
     c.wait_gone_within(&pinned, Duration::from_secs(5), "the wrapper and the tree");
+    c.wait_cgroup_removed(&st, "after the pass that took over");
     let target = format!("pid:{wrapper}");
     ensure!(
         c,

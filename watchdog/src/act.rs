@@ -5,7 +5,8 @@
 use crate::assess::{Action, Due, Subject};
 use agent_run_shared::journal::Journal;
 use agent_run_shared::lifecycle::{
-    finalize, record_lost_launch, reopen_contradicted, stop_orphaned, timings_of, transition,
+    finalize, record_lost_launch, remove_cgroup, reopen_contradicted, stop_orphaned, timings_of,
+    transition,
 };
 use agent_run_shared::lock::RunLock;
 use agent_run_shared::procset::RunScope;
@@ -190,6 +191,9 @@ fn stuck(subject: &Subject, journal: &Journal, lock: &RunLock, why: Due) -> Resu
     }
     st.exit_code = None;
     st.term_signal = None;
+    if let Some(cg) = &scope.cgroup {
+        st.resources = Some(cg.resources());
+    }
     finalize(
         dir,
         &mut st,
@@ -198,6 +202,11 @@ fn stuck(subject: &Subject, journal: &Journal, lock: &RunLock, why: Due) -> Resu
         Some(&report),
         Some(journal),
     )?;
+    // The killed wrapper cannot remove the run's cgroup any more: as for an orphan, it goes
+    // after the final record (a cgroup a process is left in is journalled and left).
+    if let Some(cg) = &scope.cgroup {
+        remove_cgroup(cg, journal);
+    }
     Ok(format!(
         "{} ({}), wrapper killed, signalled {}",
         st.state.as_str(),
