@@ -267,6 +267,8 @@ impl Fleet {
             .env("ANSIBLE_HOME", d.join("home"))
             .env("ANSIBLE_NOCOLOR", "1")
             .env("ANSIBLE_FORCE_COLOR", "0")
+            // A play that hangs is sent SIGABRT before SIGKILL (Spawned::finish): its stack.
+            .env("PYTHONFAULTHANDLER", "1")
             .env("AGENTRUN_TEST_RESULTS", &results)
             .env_remove("AGENT_RUN_ROOT")
             .stdin(Stdio::null())

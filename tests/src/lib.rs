@@ -1036,11 +1036,43 @@ impl Spawned {
         let status = match wait_deadline(&mut self.child, timeout) {
             Ok(Some(status)) => status,
             Ok(None) => {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
+                // What it and its descendants were doing, for the failure: state and wchan of
+                // each, then SIGABRT (a Python run with PYTHONFAULTHANDLER=1 prints every
+                // thread's stack on stderr), then SIGKILL.
+                let tree: Vec<String> = std::iter::once(self.child.id() as i32)
+                    .chain(descendants(self.child.id() as i32))
+                    .map(|p| {
+                        let wchan =
+                            fs::read_to_string(format!("/proc/{p}/wchan")).unwrap_or_default();
+                        let cmd = fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+                        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+                        format!(
+                            "{p} {:?} wchan {wchan}: {}",
+                            proc_stat(p),
+                            cmd.chars().take(160).collect::<String>()
+                        )
+                    })
+                    .collect();
+                let _ = sys::kill(self.child.id() as i32, libc::SIGABRT);
+                if !matches!(
+                    wait_deadline(&mut self.child, Duration::from_secs(3)),
+                    Ok(Some(_))
+                ) {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                }
+                // The stack reaches the drain thread through the pipe (which descendants may
+                // still hold open): give it a moment.
+                let until = Instant::now() + Duration::from_secs(1);
+                while self.stderr.1.as_ref().is_some_and(|h| !h.is_finished())
+                    && Instant::now() < until
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
                 panic!(
-                    "{} still running after {timeout:?}; killed it\n--- stdout\n{}\n--- stderr\n{}",
+                    "{} still running after {timeout:?}; killed it (SIGABRT, then SIGKILL)\n--- its processes then\n{}\n--- stdout\n{}\n--- stderr\n{}",
                     self.what,
+                    tree.join("\n"),
                     String::from_utf8_lossy(&self.stdout_so_far()),
                     String::from_utf8_lossy(&self.stderr_so_far())
                 );
