@@ -989,12 +989,17 @@ pub struct Spawned {
     pub what: String,
     stdout: (Captured, Option<JoinHandle<()>>),
     stderr: (Captured, Option<JoinHandle<()>>),
+    /// Python with PYTHONFAULTHANDLER=1: on timeout, SIGABRT first (it prints its stacks).
+    python_stacks: bool,
 }
 
 impl Spawned {
     /// Spawns `cmd` with stdout and stderr piped and drained.
     pub fn spawn(cmd: &mut Command) -> Spawned {
         let what = format!("{cmd:?}");
+        let python_stacks = cmd
+            .get_envs()
+            .any(|(k, v)| k == "PYTHONFAULTHANDLER" && v.is_some_and(|v| !v.is_empty()));
         let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -1007,6 +1012,7 @@ impl Spawned {
             what,
             stdout,
             stderr,
+            python_stacks,
         }
     }
 
@@ -1037,8 +1043,8 @@ impl Spawned {
             Ok(Some(status)) => status,
             Ok(None) => {
                 // What it and its descendants were doing, for the failure: state and wchan of
-                // each, then SIGABRT (a Python run with PYTHONFAULTHANDLER=1 prints every
-                // thread's stack on stderr), then SIGKILL.
+                // each; then, for Python with PYTHONFAULTHANDLER=1, SIGABRT (it prints every
+                // thread's stack on stderr); then SIGKILL.
                 let tree: Vec<String> = std::iter::once(self.child.id() as i32)
                     .chain(descendants(self.child.id() as i32))
                     .map(|p| {
@@ -1053,11 +1059,15 @@ impl Spawned {
                         )
                     })
                     .collect();
-                let _ = sys::kill(self.child.id() as i32, libc::SIGABRT);
-                if !matches!(
-                    wait_deadline(&mut self.child, Duration::from_secs(3)),
-                    Ok(Some(_))
-                ) {
+                if self.python_stacks {
+                    let _ = sys::kill(self.child.id() as i32, libc::SIGABRT);
+                }
+                if !self.python_stacks
+                    || !matches!(
+                        wait_deadline(&mut self.child, Duration::from_secs(3)),
+                        Ok(Some(_))
+                    )
+                {
                     let _ = self.child.kill();
                     let _ = self.child.wait();
                 }
@@ -1070,7 +1080,7 @@ impl Spawned {
                     std::thread::sleep(Duration::from_millis(20));
                 }
                 panic!(
-                    "{} still running after {timeout:?}; killed it (SIGABRT, then SIGKILL)\n--- its processes then\n{}\n--- stdout\n{}\n--- stderr\n{}",
+                    "{} still running after {timeout:?}; killed it\n--- its processes then\n{}\n--- stdout\n{}\n--- stderr\n{}",
                     self.what,
                     tree.join("\n"),
                     String::from_utf8_lossy(&self.stdout_so_far()),
