@@ -546,8 +546,10 @@ impl Daemon {
                 }
             }
             Verdict::Skip(why) => {
-                // Not settled: the next full scan, an event on the dir or SIGHUP looks again
-                // (a run dir whose mode is fixed is enforced at once).
+                // Not settled: the next full scan or SIGHUP looks again. Its watch goes with
+                // it, so a change inside the dir (a record repaired) waits for that scan; the
+                // root's events are seen at once (a run dir whose mode or owner is fixed, the
+                // dir removed or made again).
                 self.forget(name);
                 if self.skipped.get(name) != Some(&why) {
                     log(&format!("{name}: skipped: {why}"));
