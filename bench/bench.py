@@ -1205,9 +1205,14 @@ def lateness_run(ctx, tpl, n, kind, k, spacing, lead=None):
         now = time.time()
         for rid in [r for r in pending if deadlines[r] <= now + 0.002]:
             try:
-                ino = os.stat(root / rid / "status.json").st_ino
+                sb = os.stat(root / rid / "status.json")
             except OSError:
                 continue
+            # Not the inode alone: a record is exchanged into place and the old file unlinked,
+            # so `running` -> `cancelling` -> final can hand the final record the inode the
+            # `running` one had (ext4 reuses a freed inode at once), and a poll that saw
+            # `running` and then missed `cancelling` would wait for a change it already had.
+            ino = (sb.st_ino, sb.st_ctime_ns, sb.st_size)
             if seen_ino.get(rid) == ino:
                 continue
             seen_ino[rid] = ino
@@ -1226,6 +1231,10 @@ def lateness_run(ctx, tpl, n, kind, k, spacing, lead=None):
             if st.get("state") != "cancelled" or st.get("reason") != "lease_expired":
                 late[rid + "!"] = f"{st.get('state')}/{st.get('reason')}"
         time.sleep(0.001)
+    # What a run still pending holds (a harness that missed a final record must say so).
+    pending_states = sorted(
+        f"{rid}: {(read_json(root / rid / 'status.json') or {}).get('state')}" for rid in pending
+    )
     c_end = cpu_ns(p.pid)
     hwm = (read_status(p.pid) or {}).get("VmHWM")
     tasks = int(Path("/proc/loadavg").read_text().split()[3].split("/")[1])
@@ -1264,6 +1273,7 @@ def lateness_run(ctx, tpl, n, kind, k, spacing, lead=None):
         "act_to_stop_end": summary(stop_ms),
         "stop_end_to_final": summary(final_ms),
         "not_final": len(pending),
+        "pending_states": pending_states,
         "load": [load_start, loadavg()],
         "pid_max": int(Path("/proc/sys/kernel/pid_max").read_text()),
         "tasks": tasks,
@@ -2103,6 +2113,8 @@ def render(ctx, peers, command, started, elapsed):
             for x in lat:
                 s, sa = x["lateness"], x["act_lateness"]
                 bad = f" ({', '.join(x['bad_states'])})" if x["bad_states"] else ""
+                if x.get("not_final") and x.get("pending_states"):
+                    bad += f" (at the end: {', '.join(x['pending_states'])})"
                 s1, s2 = x.get("act_to_stop_end", {}), x.get("stop_end_to_final", {})
                 a(f"| {x['n']:,} | {x['kind']} | {x['k']}, {x['spacing_s']:g} s, {x['window_s']:.0f} s | {x['ready_s'] * 1000:.0f} ms | {fms(x['ready_cpu_ms'])} ms | {fms(s['median'])} / {fms(s['p99'])} / {fms(s['max'])} | {fms(sa['median'])} / {fms(sa['p99'])} | {fms(s1.get('median'))} / {fms(s1.get('max'))} | {fms(s2.get('median'))} / {fms(s2.get('max'))} | {x['not_final']}{bad} | {fms(x['run_cpu_ms'])} ms | {(x['hwm_kb'] or 0) / 1024:.1f} MiB | {' → '.join(x.get('load', ['?']))} |")
             a("")
