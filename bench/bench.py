@@ -1199,7 +1199,7 @@ def lateness_run(ctx, tpl, n, kind, k, spacing, lead=None):
     # Poll, every millisecond, only the runs whose deadline has passed (a stat each), so the
     # time the final record appears is known to ~1 ms without loading the machine. `ended_at`
     # is stamped before the record is written and fsynced; "seen" is when it is there.
-    seen_ino = {}
+    seen_key = {}
     ended_late = {}
     while pending and time.time() < give_up:
         now = time.time()
@@ -1212,10 +1212,10 @@ def lateness_run(ctx, tpl, n, kind, k, spacing, lead=None):
             # so `running` -> `cancelling` -> final can hand the final record the inode the
             # `running` one had (ext4 reuses a freed inode at once), and a poll that saw
             # `running` and then missed `cancelling` would wait for a change it already had.
-            ino = (sb.st_ino, sb.st_ctime_ns, sb.st_size)
-            if seen_ino.get(rid) == ino:
+            key = (sb.st_ino, sb.st_ctime_ns, sb.st_size)
+            if seen_key.get(rid) == key:
                 continue
-            seen_ino[rid] = ino
+            seen_key[rid] = key
             st = read_json(root / rid / "status.json")
             if not (st and st.get("state") in ("cancelled", "unknown", "finished")):
                 continue
