@@ -478,18 +478,21 @@ def bench_launch(ctx, peers):
     env = ctx.procs.env()
     root = ctx.fresh_root("launch")
     shm = tmpfs_dir()
-    series = [(p, p.name, root) for p in peers if p.available]
+    series = [(p, p.name, root, {}) for p in peers if p.available]
     ar = next((p for p in peers if p.name == "agent-run" and p.available), None)
+    if ar is not None:
+        # The default mode, as `ssh host agent-run ID -- cmd` runs it: the output streamed.
+        series.append((ar, "agent-run-stream", root, {"quiet": False}))
     if ar is not None and shm is not None:
-        series.append((ar, "agent-run-tmpfs", shm / "runs"))
+        series.append((ar, "agent-run-tmpfs", shm / "runs", {}))
         (shm / "runs").mkdir(mode=0o700)
-    times = {name: [] for _, name, _ in series}
-    bad = {name: 0 for _, name, _ in series}
+    times = {name: [] for _, name, _, _ in series}
+    bad = {name: 0 for _, name, _, _ in series}
     log(f"launch: {n} runs of `true` per wrapper" + ("" if shm else " (no tmpfs for the second agent-run series)"))
     try:
         for i in range(warm + n):
-            for p, name, r in series:
-                argv = p.argv([true], run_id=f"l{i}-{name}", root=r)
+            for p, name, r, o in series:
+                argv = p.argv([true], run_id=f"l{i}-{name}", root=r, **o)
                 ns, code = spawn_wait_ns(ctx, argv, env)
                 if code != 0:
                     bad[name] += 1
@@ -503,11 +506,11 @@ def bench_launch(ctx, peers):
     for p in peers:
         if not p.available:
             res[p.name] = {"skip": p.why}
-    for _, name, _ in series:
+    for _, name, _, _ in series:
         res[name] = summary(times[name])
         res[name]["nonzero_exits"] = bad[name]
     base = res["bare"]
-    for _, name, _ in series:
+    for _, name, _, _ in series:
         r = res[name]
         r["over_bare"] = r["median"] - base["median"]
         r["p90_over_bare"] = r["p90"] - base["p90"]
@@ -1861,13 +1864,13 @@ def render(ctx, peers, command, started, elapsed):
         r = R["launch"]
         a("## 1. Launch overhead: `true` through each wrapper")
         a("")
-        a("Wall time from `posix_spawn` to `waitpid` returning, stdio on /dev/null. agent-run runs with `--quiet` and a fresh run id each time (it creates the run dir, writes three records, fsyncs the final one).")
+        a("Wall time from `posix_spawn` to `waitpid` returning, stdio on /dev/null. agent-run runs with `--quiet` and a fresh run id each time (it creates the run dir, writes three records, fsyncs the final one); the streaming row runs it without `--quiet`, as `ssh host agent-run ID -- cmd` does (its streaming thread copies the logs to stdout).")
         a("")
         a("Every wrapper is measured in the same rounds, one launch each per round (interleaved), so a load spike hits them alike. agent-run runs twice per round: with its root on the run root's filesystem, and on a tmpfs (/dev/shm), where its fsyncs and file creations cost next to nothing.")
         a("")
         a("| wrapper | n | median ms | p90 ms | p99 ms | over bare: median / p99 | target |")
         a("|---|---|---|---|---|---|---|")
-        rows = [(p.name, p.label) for p in peers] + [("agent-run-tmpfs", "agent-run, root on tmpfs")]
+        rows = [(p.name, p.label) for p in peers] + [("agent-run-stream", "agent-run, streaming (no `--quiet`)"), ("agent-run-tmpfs", "agent-run, root on tmpfs")]
         for name, label in rows:
             x = r.get(name)
             if x is None:
@@ -1912,7 +1915,7 @@ def render(ctx, peers, command, started, elapsed):
             a("")
             a("What a launch must pay by the contract: the starting record before the spawn, pid == pgid == sid verified, the keeper (every byte kept), the final record durable before exit (`final_record`: one fsync of status.json after it is exchanged into place, on the ext4 driver; on this machine's root, ext4 without a journal mounted `discard`, that fsync is a device flush). What the design adds above that floor, each in the table: the run's cgroup (`cgroup_parent` reads /proc/self/mountinfo, `cgroup` and `cgroup_rm` make and remove it), the keeper's fork (`keeper`), the records and the journal, the scan for leftovers at the leader's exit (`leftovers`: the pids handed out since the leader, one by one when they are few, for a process that left the run's cgroup and tree), and the parse of `start`'s options. Already removed: the rename over the old record (a synchronous block allocation and, on a `discard` mount, a discard: ~4 ms a record here; now an exchange and an unlink), the second flush of the final record (the dir's fsync, where the file's fsync carries the rename), the copy of the wrapper's page tables at the spawn (a vfork-style clone3), clap's build of every subcommand, the listing of /proc at the leader's exit, and the heartbeat's thread for a run over within 250 ms (it starts then, if the run lasts: `threads`).")
         ti = r.get("tini", {})
-        for name, where in (("agent-run", "run root's fs"), ("agent-run-tmpfs", "tmpfs")):
+        for name, where in (("agent-run", "run root's fs"), ("agent-run-stream", "run root's fs, streaming"), ("agent-run-tmpfs", "tmpfs")):
             x = r.get(name, {})
             if "over_bare" not in x:
                 continue

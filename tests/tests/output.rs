@@ -290,27 +290,51 @@ fn the_keeper_is_not_the_runs_and_ends_by_eof() {
             .any(|v| v.starts_with(b"AGENT_RUN_ID=") || v.starts_with(b"AGENT_RUN_DIR=")),
         "the keeper carries no run marker"
     );
-    // Its descriptors: stdio on /dev/null, the two pipes, the two logs; never the lock.
-    let fds: Vec<String> = fs::read_dir(format!("/proc/{keeper}/fd"))
+    // Its descriptors: stdio on /dev/null, the two pipes' read ends, the write end of the
+    // streamer's wake-up pipe (non-blocking: a stalled streamer never blocks it), the two logs;
+    // never the lock.
+    let fds: Vec<(String, u32)> = fs::read_dir(format!("/proc/{keeper}/fd"))
         .unwrap()
-        .filter_map(|e| fs::read_link(e.ok()?.path()).ok())
-        .map(|p| p.display().to_string())
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let link = fs::read_link(e.path()).ok()?.display().to_string();
+            let info = fs::read_to_string(format!(
+                "/proc/{keeper}/fdinfo/{}",
+                e.file_name().to_string_lossy()
+            ))
+            .ok()?;
+            let flags = info
+                .lines()
+                .find_map(|l| l.strip_prefix("flags:"))
+                .and_then(|f| u32::from_str_radix(f.trim(), 8).ok())?;
+            Some((link, flags))
+        })
         .collect();
-    ensure!(c, !fds.iter().any(|p| p.ends_with("/lock")), "{fds:?}");
-    c.eq(
-        &fds.iter().filter(|p| p.starts_with("pipe:")).count(),
-        &2,
-        format_args!("{fds:?}"),
+    let accmode = |f: u32| f & libc::O_ACCMODE as u32;
+    ensure!(c, !fds.iter().any(|(p, _)| p.ends_with("/lock")), "{fds:?}");
+    let pipes = |mode: i32| {
+        fds.iter()
+            .filter(|(p, f)| p.starts_with("pipe:") && accmode(*f) == mode as u32)
+            .count()
+    };
+    c.eq(&pipes(libc::O_RDONLY), &2, format_args!("{fds:?}"));
+    c.eq(&pipes(libc::O_WRONLY), &1, format_args!("{fds:?}"));
+    ensure!(
+        c,
+        fds.iter().any(|(p, f)| p.starts_with("pipe:")
+            && accmode(*f) == libc::O_WRONLY as u32
+            && f & libc::O_NONBLOCK as u32 != 0),
+        "the wake-up pipe is non-blocking: {fds:?}"
     );
     c.eq(
-        &fds.iter().filter(|p| p.ends_with(".log")).count(),
+        &fds.iter().filter(|(p, _)| p.ends_with(".log")).count(),
         &2,
         format_args!("{fds:?}"),
     );
     c.eq(
         &fds.len(),
-        &(3 + 4 + 1),
-        format_args!("stdio, 4 passed, the journal: {fds:?}"),
+        &(3 + 5 + 1),
+        format_args!("stdio, 5 passed, the journal: {fds:?}"),
     );
     let pin = Pinned::new(&[keeper]);
     fs::write(&go, b"").unwrap();
@@ -941,8 +965,22 @@ fn the_streamer_sleeps_while_the_run_is_quiet_and_wakes_when_its_log_grows() {
         }
     });
     let before = thread_switches(pid, "agent-run-strm").expect("the streaming thread is named");
+    // It waits on the keeper's wake-up pipe, not on inotify: closing an inotify instance waits
+    // for an SRCU grace period in the kernel, which the wrapper's exit would pay (ms a run).
+    let inotify: Vec<String> = fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| fs::read_link(e.path()).ok())
+        .map(|l| l.to_string_lossy().into_owned())
+        .filter(|l| l.contains("inotify"))
+        .collect();
+    ensure!(
+        c,
+        inotify.is_empty(),
+        "the wrapper holds inotify instances: {inotify:?}"
+    );
     // A window in which the run writes nothing (it waits on the FIFO): a streamer that polls
-    // on a timer wakes a dozen times in it, one that waits on inotify not at all.
+    // on a timer wakes a dozen times in it, one that waits on the keeper's pipe not at all.
     std::thread::sleep(Duration::from_secs(1));
     let idle = thread_switches(pid, "agent-run-strm").expect("the streaming thread") - before;
     fs::write(&fifo, b"go\n").unwrap();

@@ -16,7 +16,8 @@
 //!
 //! ```text
 //! keeper::pipe() -> io::Result<(OwnedFd /*read*/, OwnedFd /*write*/)>  // O_CLOEXEC both
-//! keeper::spawn(dir: &RunDir, sources: Vec<(Stream, OwnedFd)>, policy: &Policy)
+//! keeper::spawn(dir: &RunDir, sources: Vec<(Stream, OwnedFd)>, policy: &Policy,
+//!               notify: Option<OwnedFd> /*write end of a non-blocking pipe*/)
 //!     -> anyhow::Result<Keeper>            // Keeper { identity: Identity }
 //! Stream::{Stdout, Stderr}                 // which log a source feeds (its counts' key)
 //! Policy { limit: Option<u64> /*per stream, None = unlimited*/, stop: bool /*--on-output-limit=stop*/ }
@@ -29,6 +30,12 @@
 //! (a pty master: EIO is its EOF). Every 8 MiB appended to a log it starts that log's
 //! writeback (sync_file_range, asynchronous): the fsync at EOF, before output.json, then waits
 //! for the last pages instead of a whole gigabyte the page cache was still holding.
+//!
+//! `notify`, when given, is how the wrapper's streaming thread learns of new bytes: after each
+//! round of appends the keeper writes one byte into it (non-blocking: a full pipe already holds
+//! a wake-up, so EAGAIN is ignored), and its exit closes it (the streamer reads EOF). Not
+//! inotify: closing an inotify instance waits for an SRCU grace period in the kernel
+//! (fsnotify_destroy_group), 2 to 20 ms here, and the wrapper would pay it at every exit.
 //!
 //! At the cap (`--max-output`, per stream) the keeper writes one marker line into that log,
 //! keeps draining, counts what it drops and keeps the most recent `min(cap/8, 1 MiB)` bytes in
@@ -101,6 +108,14 @@ pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(io::Error::from)
 }
 
+/// The streamer's wake-up pipe, both ends close-on-exec and non-blocking: `(read, write)`.
+/// The keeper writes into it after each round of appends (it must never block on a streamer
+/// that stalls); the streamer drains it before each look at the logs.
+pub fn wake_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    use rustix::pipe::PipeFlags;
+    rustix::pipe::pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK).map_err(io::Error::from)
+}
+
 /// Start the keeper for the run in `dir`, draining `sources` into their logs.
 ///
 /// The keeper is a fork of the wrapper without an exec ([`sys::fork_helper`]): it runs
@@ -111,6 +126,7 @@ pub fn spawn(
     dir: &RunDir,
     sources: Vec<(Stream, OwnedFd)>,
     policy: &Policy,
+    notify: Option<OwnedFd>,
 ) -> anyhow::Result<Keeper> {
     use std::os::unix::ffi::OsStrExt;
     let mut keep = Vec::new();
@@ -121,6 +137,7 @@ pub fn spawn(
         keep.push(log.as_raw_fd());
         held.push((stream, src, log));
     }
+    keep.extend(notify.as_ref().map(AsRawFd::as_raw_fd));
     let null = File::options()
         .read(true)
         .write(true)
@@ -142,7 +159,7 @@ pub fn spawn(
         &ignored,
         c"agent-run-keep",
         &title,
-        move || keep_run(body_path, policy, held),
+        move || keep_run(body_path, policy, held, notify),
     )
     .context("cannot start the output keeper")?;
     // Our unreaped child: the pid is its own until we wait for it.
@@ -192,20 +209,34 @@ struct Keep {
     since_check: u64,
     check_every: u64,
     stopper: Option<std::thread::JoinHandle<()>>,
+    /// The streamer's wake-up pipe (write end, non-blocking), and whether bytes were appended
+    /// since the last byte written into it.
+    notify: Option<OwnedFd>,
+    appended: bool,
 }
 
 /// The keeper's life, in the forked child: drain until every source is at EOF, then write
 /// output.json; 0, or 70 (journalled as `keeper_failed`).
-fn keep_run(dir: PathBuf, policy: Policy, held: Vec<(Stream, OwnedFd, File)>) -> u8 {
+fn keep_run(
+    dir: PathBuf,
+    policy: Policy,
+    held: Vec<(Stream, OwnedFd, File)>,
+    notify: Option<OwnedFd>,
+) -> u8 {
     crate::phases::forked("keeper");
     crate::phases::mark("keeper_forked");
-    let code = keep_run_inner(dir, policy, held);
+    let code = keep_run_inner(dir, policy, held, notify);
     crate::phases::flush();
     code
 }
 
-fn keep_run_inner(dir: PathBuf, policy: Policy, held: Vec<(Stream, OwnedFd, File)>) -> u8 {
-    match run(&dir, policy, held) {
+fn keep_run_inner(
+    dir: PathBuf,
+    policy: Policy,
+    held: Vec<(Stream, OwnedFd, File)>,
+    notify: Option<OwnedFd>,
+) -> u8 {
+    match run(&dir, policy, held, notify) {
         Ok(()) => 0,
         Err(e) => {
             // Nobody reads our stderr (/dev/null); the journal says it.
@@ -219,7 +250,12 @@ fn keep_run_inner(dir: PathBuf, policy: Policy, held: Vec<(Stream, OwnedFd, File
     }
 }
 
-fn run(dir: &Path, policy: Policy, held: Vec<(Stream, OwnedFd, File)>) -> anyhow::Result<()> {
+fn run(
+    dir: &Path,
+    policy: Policy,
+    held: Vec<(Stream, OwnedFd, File)>,
+    notify: Option<OwnedFd>,
+) -> anyhow::Result<()> {
     let Policy { limit, stop } = policy;
     let mut sources = Vec::new();
     for (stream, fd, log) in held {
@@ -251,6 +287,8 @@ fn run(dir: &Path, policy: Policy, held: Vec<(Stream, OwnedFd, File)>) -> anyhow
         since_check: u64::MAX / 2,
         check_every: 4 << 20,
         stopper: None,
+        notify,
+        appended: false,
     };
     crate::phases::mark("keeper_ready");
     k.drain_all(&mut sources);
@@ -294,6 +332,19 @@ impl Keep {
             if self.since_check >= self.check_every {
                 self.check_disk(sources);
             }
+            self.tell();
+        }
+    }
+
+    /// Wake the streamer when this round appended: one byte into its pipe. A full pipe holds
+    /// a wake-up already (EAGAIN), and a streamer gone (EPIPE: SIGPIPE is ignored here) wants
+    /// none; either way nothing waits.
+    fn tell(&mut self) {
+        if !std::mem::take(&mut self.appended) {
+            return;
+        }
+        if let Some(fd) = &self.notify {
+            let _ = rustix::io::write(fd, b"+");
         }
     }
 
@@ -309,6 +360,7 @@ impl Keep {
                     let want = room.min(CHUNK as u64) as usize;
                     match self.write_some(src, want) {
                         Step::Moved(n) => {
+                            self.appended |= n > 0;
                             src.written += n as u64;
                             self.since_check += n as u64;
                             moved += n as u64;
@@ -328,6 +380,7 @@ impl Keep {
                             return;
                         }
                         Step::Full(done, lost) => {
+                            self.appended |= done > 0;
                             src.written += done as u64;
                             src.dropped += lost as u64;
                             self.cap(src, "disk_full");
@@ -421,6 +474,7 @@ impl Keep {
         };
         let _ = src.log.seek(SeekFrom::End(0));
         let _ = src.log.write_all(line.as_bytes());
+        self.appended = true;
         if let Some(j) = &self.journal {
             let _ = j.event(
                 "output_capped",

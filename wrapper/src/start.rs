@@ -416,6 +416,7 @@ impl Launch {
         &mut self,
         args: &StartArgs,
         pty_master: Option<OwnedFd>,
+        notify: Option<OwnedFd>,
     ) -> anyhow::Result<Option<(OwnedFd, OwnedFd)>> {
         let (sources, ends) = match pty_master {
             Some(m) => {
@@ -440,7 +441,7 @@ impl Launch {
             limit,
             stop: args.on_output_limit == "stop",
         };
-        let k = keeper::spawn(&self.dir, sources, &policy)?;
+        let k = keeper::spawn(&self.dir, sources, &policy, notify)?;
         self.keeper = Some(k.identity);
         self.keeper_fd = sys::pidfd_open(k.identity.pid).ok();
         self.st.output = Some(agent_run_shared::output::Output::pending(
@@ -487,7 +488,12 @@ impl Launch {
         };
         // Pipes, drained by the keeper: reopening /dev/stdout by path opens the pipe again,
         // never the log (no O_TRUNC of the log, no offset past the streamer's).
-        let ends = match self.start_keeper(args, master) {
+        // The streamer's wake-up, written by the keeper (none: it looks on a timer).
+        let (notify_r, notify_w) = match args.quiet {
+            true => (None, None),
+            false => keeper::wake_pipe().ok().unzip(),
+        };
+        let ends = match self.start_keeper(args, master, notify_w) {
             Ok(ends) => ends,
             Err(e) => return Err(self.launch_failed(exit::SOFTWARE, &format!("{e:#}"))),
         };
@@ -495,7 +501,7 @@ impl Launch {
         // The wrapper's threads start only now: the keeper was forked from a single thread.
         // The heartbeat's starts later, if the run lasts (`supervise::LateBeat`).
         if !args.quiet {
-            *streamer = Some(Streamer::start(&dir));
+            *streamer = Some(Streamer::start(&dir, notify_r));
         }
         crate::phases::mark("threads");
         // The workload's exec, prepared before the clone: its child half only reads memory.

@@ -8,7 +8,6 @@
 //! on it. The wrapper runs it on its own thread, so a stalled reader never blocks the event loop.
 
 use agent_run_shared::run_dir::{files, RunDir};
-use agent_run_shared::sys::Inotify;
 use rustix::event::{poll, PollFd, PollFlags};
 use rustix::io::Errno;
 use std::fs::File;
@@ -19,9 +18,10 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-/// Without inotify: how soon a follower looks again after it copied bytes.
+/// Without a wake-up (inotify for `attach`/`logs -f`, the keeper's pipe for the wrapper): how
+/// soon a follower looks again after it copied bytes.
 pub const FOLLOW_FAST: Duration = Duration::from_millis(5);
-/// Without inotify: the longest an idle follower waits between looks.
+/// Without a wake-up: the longest an idle follower waits between looks.
 pub const FOLLOW_SLOW: Duration = Duration::from_millis(80);
 /// The streaming thread's name (its comm).
 pub const THREAD_NAME: &str = "agent-run-strm";
@@ -207,11 +207,12 @@ pub fn std_sink(stderr: bool) -> Option<File> {
 
 /// The wrapper's streaming thread.
 ///
-/// It sleeps in poll(2) on an inotify watch of the two logs it holds open (IN_MODIFY: the
-/// keeper appended, or the run truncated one) and on a pipe whose write end [`Streamer::finish`]
-/// closes. An idle run costs it no wake-up at all; a busy one wakes it once per batch of
-/// appends (the kernel merges the events it has not read). Without inotify (no instance or
-/// watch left to this user) it falls back to looking on a timer.
+/// It sleeps in poll(2) on two pipes: the keeper's wake-up pipe (one byte after each round of
+/// appends to the logs, EOF when the keeper exits; see [`crate::keeper`]) and one whose write
+/// end [`Streamer::finish`] closes. An idle run costs it no wake-up at all; a busy one wakes it
+/// once per round of the keeper's. Not inotify: closing an inotify instance waits in the kernel
+/// for an SRCU grace period (2 to 20 ms here), which every run's exit would pay. Without the
+/// keeper's pipe (none could be made) it looks on a timer.
 pub struct Streamer {
     done: Arc<AtomicBool>,
     /// Closed by `finish`: the thread's poll wakes.
@@ -222,12 +223,13 @@ pub struct Streamer {
 impl Streamer {
     /// Start copying the run dir's logs to our stdout and stderr. Call before the workload
     /// exists: the logs are opened here, so they are the keeper's, not files the run put in
-    /// their place.
-    pub fn start(dir: &RunDir) -> Streamer {
+    /// their place. `notify` is the read end of the keeper's wake-up pipe (non-blocking).
+    pub fn start(dir: &RunDir, notify: Option<OwnedFd>) -> Streamer {
         let done = Arc::new(AtomicBool::new(false));
         let mut out = Tail::new(dir, files::STDOUT, std_sink(false));
         let mut err = Tail::new(dir, files::STDERR, std_sink(true));
-        let ino = watch(&mut [&mut out, &mut err]);
+        out.source();
+        err.source();
         let (wake_r, wake) = match rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC) {
             Ok((r, w)) => (Some(r), Some(w)),
             Err(_) => (None, None),
@@ -237,14 +239,19 @@ impl Streamer {
         let thread = thread::Builder::new().name(THREAD_NAME.into());
         let handle = thread
             .spawn(move || {
+                let mut notify = notify;
+                // Without the keeper's pipe, or without our own, nothing wakes us for sure.
+                let timed = notify.is_none() || wake_r.is_none();
                 let mut interval = FOLLOW_FAST;
                 loop {
                     // Read `done` before pumping: once it is set every writer is gone, so one more
-                    // pass that moves nothing means everything was copied. Events are read before
-                    // the pump too: an append after the pump's last look wakes the next poll.
+                    // pass that moves nothing means everything was copied. The keeper's bytes are
+                    // read before the pump too: an append after the pump's last look wakes the
+                    // next poll.
                     let finishing = flag.load(Ordering::SeqCst);
-                    if let Some(i) = &ino {
-                        i.drain();
+                    if notify.as_ref().is_some_and(keeper_gone) {
+                        // No more wake-ups from it: the keeper has exited.
+                        notify = None;
                     }
                     let moved = out.pump() | err.pump();
                     if finishing && !moved {
@@ -257,11 +264,8 @@ impl Streamer {
                         interval = FOLLOW_FAST;
                         continue;
                     }
-                    let timeout = match (&ino, &wake_r) {
-                        (Some(_), Some(_)) => None,
-                        _ => Some(interval),
-                    };
-                    if wait(ino.as_ref(), wake_r.as_ref(), timeout) {
+                    let timeout = timed.then_some(interval);
+                    if wait(notify.as_ref(), wake_r.as_ref(), timeout) {
                         // The write end is closed: by `finish`, which set `done` first, or by a
                         // Streamer dropped without it. Either way no more waiting.
                         flag.store(true, Ordering::SeqCst);
@@ -281,28 +285,29 @@ impl Streamer {
     }
 }
 
-/// An inotify instance watching each tail's log (opened now), or None when one cannot be had.
-fn watch(tails: &mut [&mut Tail]) -> Option<Inotify> {
-    for t in tails.iter_mut() {
-        t.source();
+/// Read every wake-up byte the keeper's pipe holds (non-blocking). True at its EOF (the
+/// keeper has exited) or on an error: no more wake-ups come from it.
+fn keeper_gone(notify: &OwnedFd) -> bool {
+    let mut buf = [0u8; 256];
+    loop {
+        match rustix::io::read(notify, &mut buf) {
+            Ok(0) => return true,
+            Ok(_) | Err(Errno::INTR) => {}
+            Err(Errno::AGAIN) => return false,
+            Err(_) => return true,
+        }
     }
-    let ino = Inotify::new().ok()?;
-    for t in tails.iter() {
-        let src = t.src.as_ref()?;
-        ino.add_watch_fd(src.as_fd(), Inotify::MODIFIED).ok()?;
-    }
-    Some(ino)
 }
 
-/// Sleep in poll until inotify has an event, `wake` is closed or `timeout` passes. Returns
-/// whether `wake` was closed.
-fn wait(ino: Option<&Inotify>, wake: Option<&OwnedFd>, timeout: Option<Duration>) -> bool {
+/// Sleep in poll until the keeper's pipe has a byte (or its EOF: the loop's [`keeper_gone`]
+/// reads them), `wake` is closed or `timeout` passes. Returns whether `wake` was closed.
+fn wait(notify: Option<&OwnedFd>, wake: Option<&OwnedFd>, timeout: Option<Duration>) -> bool {
     let mut fds = Vec::with_capacity(2);
     if let Some(w) = wake {
         fds.push(PollFd::new(w, PollFlags::IN));
     }
-    if let Some(i) = ino {
-        fds.push(PollFd::new(i, PollFlags::IN));
+    if let Some(n) = notify {
+        fds.push(PollFd::new(n, PollFlags::IN));
     }
     let ts = timeout.and_then(|t| rustix::event::Timespec::try_from(t).ok());
     match poll(&mut fds, ts.as_ref()) {
