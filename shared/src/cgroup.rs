@@ -122,13 +122,22 @@ fn unescape_octal(s: &str) -> String {
 /// This process's own cgroup directory on the cgroup2 mount (the `0::` line).
 pub fn own() -> Option<PathBuf> {
     let mount = mount()?;
-    let text = crate::procfs::read_kernel_file("/proc/self/cgroup").ok()?;
+    let text = self_cgroup_text()?;
     let rel = text.lines().find_map(|l| l.strip_prefix("0::"))?;
     let rel = rel
         .trim_end()
         .strip_suffix(" (deleted)")
         .unwrap_or(rel.trim_end());
     Some(mount.join(rel.trim_start_matches('/')))
+}
+
+/// /proc/self/cgroup, read once per process: a launch asks for it twice (the run's parent, and
+/// the host policy's look for a login session scope), and the wrapper is not moved between
+/// the two. Long-lived processes (the watchdog) do not use it.
+pub fn self_cgroup_text() -> Option<&'static str> {
+    static TEXT: OnceLock<Option<String>> = OnceLock::new();
+    TEXT.get_or_init(|| crate::procfs::read_kernel_file("/proc/self/cgroup").ok())
+        .as_deref()
 }
 
 /// Where a run's cgroup goes, or why there is none.

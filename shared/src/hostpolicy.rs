@@ -11,8 +11,8 @@ use std::path::Path;
 
 /// Warnings about host policies for a run launched by this process.
 pub fn launch_warnings(user: &str) -> Vec<String> {
-    let cgroup = crate::procfs::read_kernel_file("/proc/self/cgroup").unwrap_or_default();
-    warnings_for(Path::new("/"), &cgroup, user)
+    let cgroup = crate::cgroup::self_cgroup_text().unwrap_or_default();
+    warnings_for(Path::new("/"), cgroup, user)
 }
 
 /// The same, with the config tree under `prefix` and the cgroup text given (for tests).
