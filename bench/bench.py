@@ -488,6 +488,9 @@ def bench_launch(ctx, peers):
         (shm / "runs").mkdir(mode=0o700)
     times = {name: [] for _, name, _, _ in series}
     bad = {name: 0 for _, name, _, _ in series}
+    # The disk's state now (it changes with what ran before: a build's writeback, a GiB log):
+    # file creations alone, and with an fsync after each directory's files, as launches do.
+    probe = {"create_us": create_cost_us(root.parent), "create_fsync_us": create_cost_us(root.parent, fsync=True)}
     log(f"launch: {n} runs of `true` per wrapper" + ("" if shm else " (no tmpfs for the second agent-run series)"))
     try:
         for i in range(warm + n):
@@ -517,6 +520,7 @@ def bench_launch(ctx, peers):
         r["p99_over_bare"] = r["p99"] - base["p99"]
     if shm is None:
         res["agent-run-tmpfs"] = {"skip": "no tmpfs at /dev/shm"}
+    res["disk_probe"] = probe
     if ar is not None:
         res["phases"] = launch_phases(ctx, ar, true, env)
     return res
@@ -1675,9 +1679,11 @@ def where_table(a, head, cols, rows):
         a(f"| {label} | " + " | ".join(cells) + " |")
 
 
-def create_cost_us(base):
+def create_cost_us(base, fsync=False):
     """Median µs to create an empty file in a fresh subdirectory of `base` (what a launch does
-    about ten times), or None when base is not writable."""
+    about ten times), or None when base is not writable. With `fsync`, the last file of each
+    subdirectory gets 300 bytes and an fsync, as back-to-back launches do (their final
+    records): on this VM's disk that can make every creation after it several times slower."""
     try:
         d = Path(tempfile.mkdtemp(prefix=".create-probe-", dir=base))
     except OSError:
@@ -1691,6 +1697,9 @@ def create_cost_us(base):
                 t = time.perf_counter_ns()
                 fd = os.open(sub / f"f{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 v.append((time.perf_counter_ns() - t) / 1e3)
+                if fsync and i == 2:
+                    os.write(fd, b"x" * 300)
+                    os.fsync(fd)
                 os.close(fd)
     finally:
         shutil.rmtree(d, ignore_errors=True)
@@ -1866,7 +1875,11 @@ def render(ctx, peers, command, started, elapsed):
         a("")
         a("Wall time from `posix_spawn` to `waitpid` returning, stdio on /dev/null. agent-run runs with `--quiet` and a fresh run id each time (it creates the run dir, writes three records, fsyncs the final one); the streaming row runs it without `--quiet`, as `ssh host agent-run ID -- cmd` does (its streaming thread copies the logs to stdout).")
         a("")
-        a("Every wrapper is measured in the same rounds, one launch each per round (interleaved), so a load spike hits them alike. agent-run runs twice per round: with its root on the run root's filesystem, and on a tmpfs (/dev/shm), where its fsyncs and file creations cost next to nothing.")
+        a("Every wrapper is measured in the same rounds, one launch each per round (interleaved), so a load spike hits them alike. agent-run runs three times per round: with its root on the run root's filesystem (quiet and streaming), and on a tmpfs (/dev/shm), where its fsyncs and file creations cost next to nothing.")
+        dp = r.get("disk_probe") or {}
+        if dp.get("create_us") is not None:
+            a("")
+            a(f"The run root's disk just before this scenario: a file creation took {fms(dp['create_us'] / 1000, 3)} ms (median), and {fms((dp.get('create_fsync_us') or 0) / 1000, 3)} ms with an fsync after each directory's three files, as back-to-back launches do. A launch creates about ten files: on this VM both have ranged from under 0.05 ms to 1.1 ms between runs of the same binary (the host's disk after a build or a GiB of logs), and the ext4 rows move with it.")
         a("")
         a("| wrapper | n | median ms | p90 ms | p99 ms | over bare: median / p99 | target |")
         a("|---|---|---|---|---|---|---|")
