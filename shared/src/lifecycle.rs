@@ -109,6 +109,18 @@ impl RunDir {
     /// wrapper is dead, so only processes carrying the run's marker and started after it match.
     /// `None` when neither is recorded.
     pub fn scope(&self, st: &Status, wrapper: Option<Pid>) -> Option<RunScope> {
+        self.scope_held(st, wrapper, self.recorded_cgroup(st).ok().flatten())
+    }
+
+    /// The same for the wrapper, which made the run's cgroup and holds it: `cgroup` is that one
+    /// (what its record names), not looked up and checked again from the record's path (two
+    /// statx on the cgroup filesystem, each time the wrapper builds its scope).
+    pub fn scope_held(
+        &self,
+        st: &Status,
+        wrapper: Option<Pid>,
+        cgroup: Option<RunCgroup>,
+    ) -> Option<RunScope> {
         let (leader, marker_only) = match st.leader() {
             Some(leader) => (leader, false),
             None => (st.wrapper()?, true),
@@ -131,7 +143,7 @@ impl RunDir {
             run_dir: Some(self.identity()),
             marker_only,
             floor_ticks: floor,
-            cgroup: self.recorded_cgroup(st).ok().flatten(),
+            cgroup,
             exclude: Vec::new(),
         })
     }

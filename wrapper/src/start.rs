@@ -402,7 +402,7 @@ impl Launch {
     fn scope(&self) -> RunScope {
         let mut scope = self
             .dir
-            .scope(&self.st, Some(Pid::this()))
+            .scope_held(&self.st, Some(Pid::this()), self.cgroup.clone())
             .expect("a launched run has a scope");
         scope.exclude.extend(self.keeper);
         scope
