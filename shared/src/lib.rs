@@ -25,6 +25,7 @@ pub mod lifecycle;
 pub mod lock;
 pub mod output;
 pub mod pid;
+pub mod pid_counter;
 pub mod procfs;
 pub mod procset;
 pub mod pty;

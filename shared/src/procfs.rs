@@ -486,11 +486,11 @@ pub fn now_ticks() -> u64 {
 
 /// The fastest rate at which any machine hands out pids, for [`only_newer_pids`]: far above
 /// what fork(2) achieves (tens of thousands a second on a big host).
-const MAX_FORKS_PER_SEC: f64 = 100_000.0;
+pub(crate) const MAX_FORKS_PER_SEC: f64 = 100_000.0;
 
 /// Pids below this are never handed out again once the counter wraps (the kernel's
 /// RESERVED_PIDS).
-const RESERVED_PIDS: f64 = 300.0;
+pub(crate) const RESERVED_PIDS: f64 = 300.0;
 
 /// The live tasks (threads included) on the host: `/proc/loadavg`'s `2/183` field. Every task
 /// holds a pid.
@@ -505,7 +505,7 @@ pub fn tasks() -> Option<u64> {
         .ok()
 }
 
-fn pid_max() -> f64 {
+pub(crate) fn pid_max() -> f64 {
     static PID_MAX: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
     *PID_MAX.get_or_init(|| {
         read_kernel_file("/proc/sys/kernel/pid_max")

@@ -15,6 +15,7 @@
 //! This module never signals; [`crate::stop`] verifies each member again through a pidfd.
 
 use crate::pid::{Identity, Pid};
+use crate::pid_counter;
 use crate::procfs::{self, Stat};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -100,6 +101,8 @@ struct Mark {
     at: f64,
     last_pid: i32,
     tasks: u64,
+    /// Where the followed pid counter stood ([`crate::pid_counter`]).
+    chain: Option<pid_counter::ChainMark>,
 }
 
 /// From a look at every pid: the pids that processes begun since can have, as long as the pid
@@ -113,13 +116,19 @@ pub struct PidFloor {
     at: f64,
     tasks: u64,
     held: u64,
+    chain: Option<pid_counter::ChainMark>,
 }
 
 impl PidFloor {
-    /// Whether the floor still holds at `when` (CLOCK_BOOTTIME seconds): no wrap of the pid
-    /// counter is possible since the look it came from began.
+    /// Whether the floor still holds at `when` (CLOCK_BOOTTIME seconds, not later than now): no
+    /// wrap of the pid counter is possible since the look it came from began, by the time bound
+    /// alone, or, in a process that follows the counter, by how far it moved since
+    /// ([`pid_counter::holds`], read now).
     pub fn holds_at(&self, when: f64) -> bool {
         procfs::no_wrap_within(when - self.at, self.tasks, self.held)
+            || self
+                .chain
+                .is_some_and(|c| when <= crate::sys::boottime_secs() && pid_counter::holds(c))
     }
 
     /// [`PidFloor::holds_at`] now.
@@ -159,19 +168,27 @@ impl Snapshot {
         // listing of every process): the floor of a stop's later looks.
         let mark = match min_pid {
             Some(_) => None,
-            None => {
-                let at = crate::sys::boottime_secs();
-                match (procfs::last_pid(), procfs::tasks()) {
-                    (Some(last_pid), Some(tasks)) => Some(Mark {
-                        at,
-                        last_pid,
-                        tasks,
-                    }),
-                    _ => None,
-                }
-            }
+            None => pid_counter::read().map(|r| Mark {
+                at: r.at,
+                last_pid: r.last_pid,
+                tasks: r.tasks,
+                chain: r.chain,
+            }),
         };
-        Snapshot::of_stats(procfs::scan_above(min_pid), min_pid, mark)
+        let snap = Snapshot::of_stats(procfs::scan_above(min_pid), min_pid, mark);
+        // On a followed counter, the look's count of pids in use tightens the chain's bound,
+        // and the look becomes the base of later ones (see [`Snapshot::since`]).
+        if let (Some(m), Some(floor)) = (mark.and_then(|m| m.chain), snap.pid_floor()) {
+            pid_counter::seed(m, floor.tasks + floor.held);
+            let mut g = SHARED.0.lock().unwrap_or_else(|e| e.into_inner());
+            if g.base.as_ref().is_none_or(|b| b.floor.at <= floor.at) {
+                g.base = Some(Base {
+                    stats: Arc::new(snap.stats.clone()),
+                    floor,
+                });
+            }
+        }
+        snap
     }
 
     /// A look made of `stats`, done now.
@@ -197,6 +214,11 @@ impl Snapshot {
         Some(Snapshot::of_stats(procfs::tree_below(root)?, None, None))
     }
 
+    /// The stat this look holds for `pid`, if it holds one.
+    pub fn stat_of(&self, pid: Pid) -> Option<&Stat> {
+        self.stats.iter().find(|s| s.pid == pid)
+    }
+
     /// The lowest pid this look read (`None`: every pid).
     pub fn min_pid(&self) -> Option<i32> {
         self.min_pid
@@ -218,6 +240,7 @@ impl Snapshot {
                 at: mark.at,
                 tasks: mark.tasks,
                 held: held_ids(&self.stats).len() as u64,
+                chain: mark.chain,
             })
         })
     }
@@ -237,6 +260,14 @@ impl Snapshot {
     /// [`Snapshot::take_with_index`] over the pids from `min_pid` up.
     fn take_indexed_above(min_pid: Option<i32>, markers: bool) -> Snapshot {
         let mut snap = Snapshot::take_above(min_pid);
+        snap.build_index(markers);
+        snap
+    }
+
+    /// Index this look by session and group (and with `markers`, by every live process's
+    /// marker, each read now).
+    fn build_index(&mut self, markers: bool) {
+        let snap = self;
         let mut index = Index {
             by_sid: HashMap::new(),
             by_pgid: HashMap::new(),
@@ -255,7 +286,46 @@ impl Snapshot {
             }
         }
         snap.index = Some(index);
-        snap
+    }
+
+    /// A look of every pid made of the base (the last look of every pid, on a followed pid
+    /// counter) and a fresh read of the pids handed out since its mark: every process begun
+    /// since the base has one of those ([`PidFloor`]), and one of the base's older processes
+    /// can leave the run but not join it (a session is joined only by being forked in it,
+    /// setpgid moves only within one, a process never moves under the wrapper), so its stat
+    /// from the base serves. Markers are read afresh. What a stop does with a member it names
+    /// goes through its pidfd and start time, so one gone since the base is only skipped.
+    /// `None` when the floor does not hold or too many pids were handed out since (then a new
+    /// look of every pid is the cheaper one, and the next base).
+    fn composite(base: &Base, indexed: bool) -> Option<Snapshot> {
+        let floor = base.floor;
+        let top = procfs::last_pid()?;
+        if top < floor.pid || top - floor.pid > COMPOSITE_SPAN || !floor.holds_now() {
+            return None;
+        }
+        let fresh = procfs::scan_above(Some(floor.pid));
+        // The floor must hold past the fresh read's last look at the counter.
+        if procfs::last_pid().is_none_or(|l| l < floor.pid) || !floor.holds_now() {
+            return None;
+        }
+        let fresh_pids: HashSet<i32> = fresh.iter().map(|s| s.pid.get()).collect();
+        let mut stats = fresh;
+        stats.extend(
+            base.stats
+                .iter()
+                .filter(|s| {
+                    let pid = s.pid.get();
+                    (pid < floor.pid || pid > top) && !fresh_pids.contains(&pid)
+                })
+                .copied(),
+        );
+        stats.sort_unstable_by_key(|s| s.pid);
+        let mut snap = Snapshot::of_stats(stats, None, None);
+        let _ = snap.floor.set(Some(floor));
+        if indexed {
+            snap.build_index(false);
+        }
+        Some(snap)
     }
 
     fn marker(&self, pid: Pid) -> Option<Marker> {
@@ -320,16 +390,20 @@ impl Snapshot {
             }
             let began = Instant::now();
             st.scanning = true;
+            let base = st.base.clone().filter(|_| min_pid.is_none());
             drop(st);
             // Shared by several stops: indexed by session and group; a marker is read (once,
             // for every stop sharing the look) only for a process that started after some
             // stop's run: reading every environment of a big table costs more than the stops
             // themselves. Only the pids the asking stop's members can have: a look of every
             // pid comes when a stop asks for one.
-            let snap = if contended {
-                Snapshot::take_indexed_above(min_pid, false)
-            } else {
-                Snapshot::take_above(min_pid)
+            // On a followed pid counter, a look of every pid is the last one's older pids
+            // and a fresh read of the newer ones, while the counter cannot have come around.
+            let composite = base.and_then(|b| Snapshot::composite(&b, contended));
+            let snap = match composite {
+                Some(snap) => snap,
+                None if contended => Snapshot::take_indexed_above(min_pid, false),
+                None => Snapshot::take_above(min_pid),
             };
             let snap = Arc::new(snap);
             let mut g = lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -351,6 +425,15 @@ struct Shared {
     /// The last look of every pid (when it began), kept while narrower ones follow it.
     last_full: Option<(Instant, Arc<Snapshot>)>,
     scanning: bool,
+    /// The last look of every pid on a followed pid counter (see [`Snapshot::composite`]).
+    base: Option<Base>,
+}
+
+/// A look of every pid whose older pids later looks can reuse.
+#[derive(Clone)]
+struct Base {
+    stats: Arc<Vec<Stat>>,
+    floor: PidFloor,
 }
 
 static SHARED: (Mutex<Shared>, Condvar) = (
@@ -358,9 +441,14 @@ static SHARED: (Mutex<Shared>, Condvar) = (
         last: None,
         last_full: None,
         scanning: false,
+        base: None,
     }),
     Condvar::new(),
 );
+
+/// The most pids handed out since the base that a composite look reads afresh
+/// ([`Snapshot::composite`]); past that, a new look of every pid.
+const COMPOSITE_SPAN: i32 = 4096;
 
 /// The shortest time between two looks at /proc while several stops share them.
 pub const CONTENDED_INTERVAL: std::time::Duration = std::time::Duration::from_millis(25);

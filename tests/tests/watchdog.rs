@@ -1565,3 +1565,73 @@ fn a_settled_record_rewritten_in_place_with_its_mtime_put_back_is_read_again_by_
     c.fields(&st, "the record", outcome("cancelled", "lease_expired"));
     terminate(c, dog);
 }
+
+/// A run held by scanning alone (`--cgroup off`), its wrapper killed -9: a process the workload
+/// forks into a session of its own after the watchdog took the orphan in (and with it a look of
+/// every pid, the base of its later looks: safety CS-80) is stopped with the rest at the lease.
+/// The watchdog follows the pid counter, so the stop's first look is that base's older pids
+/// and a fresh read of the pids handed out since: the escapee is one of those. The second of
+/// wait before the gate opens only makes that path the likely one; the verdict holds either
+/// way.
+#[test]
+fn an_escapee_forked_after_the_watchdog_took_the_orphan_in_is_stopped_at_the_lease_in_procfs_mode()
+{
+    use agent_run_tests::contain::{marked, sweep, SweepOnDrop};
+    let _cpu = shared_cpu();
+    let root = TestRoot::new();
+    let id = "wd-late-escapee";
+    let c = ctx(&root, id);
+    let dog = watchdog(&root, &[]);
+    let gate = root.dir.path().join("gate");
+    let esc_file = root.dir.path().join("escapee.pid");
+    let made = Command::new("mkfifo").arg(&gate).status().expect("mkfifo");
+    ensure!(c, made.success(), "mkfifo {}", gate.display());
+    let script = format!(
+        "read x < '{}'; setsid sleep 300 & echo $! > '{}'; wait",
+        gate.display(),
+        esc_file.display()
+    );
+    let run = agent_run_tests::hostile::Detached::start(
+        &root,
+        root.cmd(),
+        id,
+        &["--cgroup", "off", "--lease", "4s"],
+        &["sh", "-c", &script],
+    );
+    let _sweep = SweepOnDrop(run.dir.clone());
+    let deadline = c.lease_deadline();
+    run.kill_wrapper();
+    std::thread::sleep(Duration::from_secs(1));
+    fs::write(&gate, "go\n").expect("open the gate");
+    let esc: i32 =
+        agent_run_tests::wait_until_dbg("the escapee's pid", Duration::from_secs(10), || {
+            fs::read_to_string(&esc_file)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .ok_or("not yet")
+        });
+    let pin = Pinned::new(&[esc]);
+    let st = proc_stat(esc).expect("the escapee lives");
+    ensure!(c, st.3 == esc, "the escapee leads its own session: {st:?}");
+    ensure!(
+        c,
+        marked(&run.dir).contains(&esc),
+        "the escapee carries the run's marker"
+    );
+    ensure!(
+        c,
+        epoch_now() < deadline,
+        "too slow: the escapee was forked after the lease's deadline"
+    );
+    let fin = c.wait_final();
+    c.fields(&fin, "the record", outcome("cancelled", "lease_expired"));
+    c.wait_gone_within(&pin, Duration::from_secs(10), "the escapee");
+    ensure!(
+        c,
+        marked(&run.dir).is_empty(),
+        "cancelled while {:?} of the run live",
+        marked(&run.dir)
+    );
+    sweep(&run.dir, &[]);
+    terminate(c, dog);
+}

@@ -269,6 +269,9 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     let root = Root::open(&opts.root, true)?;
     let _root_lock = lock_root(&root)?;
     let limit = sys::raise_nofile_limit();
+    // Follow the pid counter: the stops of runs held by scanning alone then read only the pids
+    // handed out since the last look of every pid, however long ago it was taken.
+    agent_run_shared::pid_counter::follow();
     let flags = register_signals()?;
     let epoll = Epoll::new()?;
     let ino = Inotify::new()?;
