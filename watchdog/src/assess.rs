@@ -112,6 +112,10 @@ impl std::fmt::Display for Action {
 pub struct Looks {
     pub procs: OnceCell<Snapshot>,
     pub cgroups: OnceCell<agent_run_shared::cgroup::RunCgroups>,
+    /// The look at /proc is the caller's to take (the daemon's pass takes it on a thread of its
+    /// own, so that a look of a big process table does not hold up the deadlines): a run that
+    /// needs it before it is there gets [`Verdict::NeedsLook`].
+    pub deferred: bool,
 }
 
 /// The verdict on one run dir.
@@ -129,6 +133,9 @@ pub enum Verdict {
     Later { act_epoch: f64, action: Action },
     /// Act now.
     Now(Action),
+    /// The decision needs the look at /proc, which is not there yet ([`Looks::deferred`]):
+    /// assess the run again once it is.
+    NeedsLook,
 }
 
 /// What the daemon remembers of a run between looks.
@@ -226,18 +233,24 @@ pub fn assess(
         };
         return (verdict, subject);
     }
-    let snapshot = || {
-        looks.procs.get_or_init(if whole_pass {
+    let snapshot = || -> Option<&Snapshot> {
+        if looks.deferred {
+            return looks.procs.get();
+        }
+        Some(looks.procs.get_or_init(if whole_pass {
             Snapshot::take_indexed
         } else {
             Snapshot::take
-        })
+        }))
     };
     if st.boot_id != procfs::boot_id() {
         // Pids from another boot name this boot's processes: signal nothing. Unless processes
         // carrying this run's marker are alive: then the run is of this boot and the record
         // was rewritten.
-        if marked_alive(&dir, &st, snapshot()) {
+        let Some(snap) = snapshot() else {
+            return (Verdict::NeedsLook, None);
+        };
+        if marked_alive(&dir, &st, snap) {
             return (
                 Verdict::Skip(format!(
                     "the record says boot {:?}, but processes carrying this run's marker are alive: the record was rewritten",
@@ -287,10 +300,11 @@ pub fn assess(
                     .reduce(f64::min)
             };
             // One /proc scan, only when the decision needs it.
-            let remains = || remains(&dir, &st, snapshot());
+            let remains = || snapshot().map(|snap| remains(&dir, &st, snap));
             match decide_gone(now, due, policy, gone_since, remains) {
-                (action, None) => Verdict::Now(action),
-                (action, Some(act_epoch)) => Verdict::Later { act_epoch, action },
+                None => Verdict::NeedsLook,
+                Some((action, None)) => Verdict::Now(action),
+                Some((action, Some(act_epoch))) => Verdict::Later { act_epoch, action },
             }
         }
     };
@@ -346,17 +360,17 @@ pub fn decide_gone(
     due: Option<(f64, Due)>,
     policy: &Policy,
     gone_since: impl FnOnce() -> Option<f64>,
-    remains: impl FnOnce() -> bool,
-) -> (Action, Option<f64>) {
+    remains: impl FnOnce() -> Option<bool>,
+) -> Option<(Action, Option<f64>)> {
     let (act_epoch, why) = due.unwrap_or_else(|| {
         let since = gone_since().map_or(now, |s| s.min(now));
         (since + policy.orphan_grace.as_secs_f64(), Due::WrapperLost)
     });
     let action = Action::Orphan { why };
-    if now >= act_epoch || !remains() {
-        (action, None)
+    if now >= act_epoch || !remains()? {
+        Some((action, None))
     } else {
-        (action, Some(act_epoch))
+        Some((action, Some(act_epoch)))
     }
 }
 
@@ -609,9 +623,10 @@ mod tests {
                 || since,
                 || {
                     scanned.set(true);
-                    remains
+                    Some(remains)
                 },
-            );
+            )
+            .expect("a look was given");
             assert_eq!(action, Action::Orphan { why }, "{now} {due:?} {since:?}");
             assert_eq!(at, when, "{now} {due:?} {since:?} remains {remains}");
             // The /proc scan is made only when the stop is not due yet by its time.
@@ -673,8 +688,23 @@ mod tests {
                 asked.set(true);
                 None
             },
-            || true,
+            || Some(true),
         );
         assert!(!asked.get());
+    }
+
+    #[test]
+    fn a_decision_that_needs_the_look_before_it_is_there_waits_for_it() {
+        let p = policy();
+        // Not due yet: whether anything remains decides, and the look is not there.
+        assert_eq!(
+            decide_gone(1000.0, Some((2000.0, Due::Lease)), &p, || None, || None),
+            None
+        );
+        // Due: no look needed.
+        assert_eq!(
+            decide_gone(3000.0, Some((2000.0, Due::Lease)), &p, || None, || None),
+            Some((Action::Orphan { why: Due::Lease }, None))
+        );
     }
 }

@@ -216,6 +216,19 @@ struct Rescan {
     pass: Pass,
     looks: Looks,
     ents: std::vec::IntoIter<Entry>,
+    /// The pass's look at /proc, being taken on a thread of its own (`Looks::deferred`): a look
+    /// of a big process table (10,000 processes: their stats and markers, about half a second
+    /// here) would hold every deadline due meanwhile behind it.
+    look: Option<mpsc::Receiver<agent_run_shared::procset::Snapshot>>,
+    /// The entry that asked for the look, assessed again once it is there.
+    retry: Option<Entry>,
+}
+
+impl Rescan {
+    /// Whether the pass waits for its look (the loop then sleeps between two slices).
+    fn waiting(&self) -> bool {
+        self.look.is_some()
+    }
 }
 
 /// How long one slice of a full pass works before the loop looks at the clock's deadlines and
@@ -337,7 +350,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         // stops are in flight it gives them the CPU for a slice's time between two slices (a
         // stop's duration is a lease's lateness; the pass is only the backstop).
         let wait = match &d.rescan {
-            Some(_) if d.inflight.load(Ordering::SeqCst) > 0 => {
+            Some(r) if r.waiting() || d.inflight.load(Ordering::SeqCst) > 0 => {
                 SLICE.min(deadline.saturating_duration_since(now))
             }
             Some(_) => Duration::ZERO,
@@ -420,8 +433,13 @@ impl Daemon {
         // One look at /proc for the whole pass, not one per run; one look at the flocks.
         self.rescan = Some(Rescan {
             pass: Pass::new(rootfd),
-            looks: Looks::default(),
+            looks: Looks {
+                deferred: true,
+                ..Looks::default()
+            },
             ents: ents.into_iter(),
+            look: None,
+            retry: None,
         });
     }
 
@@ -431,9 +449,31 @@ impl Daemon {
         let Some(mut r) = self.rescan.take() else {
             return true;
         };
+        if let Some(rx) = &r.look {
+            // To the end: wait for the look (the first pass, before READY).
+            let got = match budget {
+                None => rx.recv().map_err(|_| mpsc::TryRecvError::Disconnected),
+                Some(_) => rx.try_recv(),
+            };
+            match got {
+                Ok(snap) => {
+                    let _ = r.looks.procs.set(snap);
+                    r.look = None;
+                }
+                Err(mpsc::TryRecvError::Empty) => {
+                    self.rescan = Some(r);
+                    return false;
+                }
+                // The thread is gone without a look: take it here.
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    r.looks.deferred = false;
+                    r.look = None;
+                }
+            }
+        }
         let started = Instant::now();
         let mut since_clock = 0u32;
-        while let Some(e) = r.ents.next() {
+        while let Some(e) = r.retry.take().or_else(|| r.ents.next()) {
             let name = &e.name;
             if self.busy.contains(name) {
                 continue;
@@ -453,7 +493,25 @@ impl Daemon {
                 self.skipped.remove(name);
                 self.settled.insert(name.clone(), k);
             } else {
-                self.evaluate_with(name, &r.looks, true);
+                if self.evaluate_with(name, &r.looks, true) {
+                    // The run needs the pass's look: take it on its own thread, and go on with
+                    // the pass (this run first) once it is there.
+                    let (tx, rx) = mpsc::channel();
+                    let spawned =
+                        thread::Builder::new()
+                            .name("pass-look".into())
+                            .spawn(move || {
+                                let _ =
+                                    tx.send(agent_run_shared::procset::Snapshot::take_indexed());
+                            });
+                    match spawned {
+                        Ok(_) => r.look = Some(rx),
+                        Err(_) => r.looks.deferred = false,
+                    }
+                    r.retry = Some(e);
+                    self.rescan = Some(r);
+                    return false;
+                }
                 since_clock = 64;
             }
             if since_clock >= 64 {
@@ -509,14 +567,16 @@ impl Daemon {
         self.snapshot = Some((taken, looks));
     }
 
-    fn evaluate_with(&mut self, name: &str, looks: &Looks, whole_pass: bool) {
+    /// Assess `name` and act on the verdict. True when the verdict needs the look at /proc
+    /// that `looks` defers and does not have yet (nothing was done).
+    fn evaluate_with(&mut self, name: &str, looks: &Looks, whole_pass: bool) -> bool {
         if self.busy.contains(name) {
-            return;
+            return false;
         }
         let dir = self.root.path().join(name);
         let key = status_key(&dir);
         if key.is_some() && self.settled.get(name) == key.as_ref() {
-            return;
+            return false;
         }
         let seen = Seen {
             orphan_since: self.runs.get(name).and_then(|t| t.orphan_since),
@@ -531,6 +591,9 @@ impl Daemon {
             looks,
             whole_pass,
         );
+        if matches!(verdict, Verdict::NeedsLook) {
+            return true;
+        }
         if let Some(s) = &subject {
             self.note_lease(name, s);
         }
@@ -597,11 +660,14 @@ impl Daemon {
                     self.spawn_action(name, s, action);
                 }
             }
+            // Returned above.
+            Verdict::NeedsLook => {}
         }
         if missed {
             // Watched now: this second look adds no watch, so it makes no third.
-            self.evaluate_with(name, looks, whole_pass);
+            return self.evaluate_with(name, looks, whole_pass);
         }
+        false
     }
 
     /// Remember the last valid lease deadline; say once that lease.json is damaged.
