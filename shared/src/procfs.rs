@@ -365,8 +365,63 @@ fn scan_from(min: i32) -> Vec<Stat> {
 /// The processes listed in /proc with a pid from `min` up to the last pid handed out once the
 /// listing is done: a process that began before the listing has a pid at or below that.
 fn scan_range(min: i32) -> Vec<Stat> {
-    let listed = listed_pids();
+    let listed = listed_pids_from(min);
     stat_listed(listed, min, last_pid().unwrap_or(i32::MAX))
+}
+
+/// The directory offset at which /proc lists the process of pid 0 (the kernel's TGID_OFFSET:
+/// FIRST_PROCESS_ENTRY, 256, then `self` and `thread-self`): its listing of processes goes up
+/// by pid, and a seek to this plus a pid starts it at the first process from that pid up.
+const TGID_OFFSET: i64 = 258;
+
+/// The pids /proc lists from `min` up: a seek of the listing straight to `min`, so a look at
+/// the few pids handed out since a floor does not generate an entry for every process of a big
+/// table (10,000 entries cost about 15 ms here). Where the seek does not land where it should
+/// (checked once, on this process's own pid: [`seek_lands_on_pids`]), the whole listing.
+fn listed_pids_from(min: i32) -> Vec<i32> {
+    if min <= 1 || !seek_lands_on_pids() {
+        return listed_pids();
+    }
+    match listed_from_offset(TGID_OFFSET + i64::from(min)) {
+        Some(pids) => pids,
+        None => listed_pids(),
+    }
+}
+
+/// The pids /proc lists from directory offset `at` on; `None` when /proc cannot be read.
+fn listed_from_offset(at: i64) -> Option<Vec<i32>> {
+    use rustix::fs::{Mode, OFlags};
+    let fd = rustix::fs::open(
+        "/proc",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    let mut dir = rustix::fs::Dir::new(fd).ok()?;
+    dir.seek(at).ok()?;
+    let mut out = Vec::new();
+    while let Some(e) = dir.read() {
+        let e = e.ok()?;
+        if let Some(pid) = e.file_name().to_str().ok().and_then(|n| n.parse().ok()) {
+            out.push(pid);
+        }
+    }
+    Some(out)
+}
+
+/// Whether a seek of /proc's listing to [`TGID_OFFSET`] plus a pid starts at that pid: a
+/// listing seeked to this process's pid begins with it, and one seeked past it does not hold it.
+fn seek_lands_on_pids() -> bool {
+    static LANDS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *LANDS.get_or_init(|| {
+        let me = std::process::id() as i32;
+        let at = listed_from_offset(TGID_OFFSET + i64::from(me));
+        let past = listed_from_offset(TGID_OFFSET + i64::from(me) + 1);
+        matches!((at, past), (Some(a), Some(p))
+            if a.first() == Some(&me)
+                && a.iter().all(|&x| x >= me)
+                && p.iter().all(|&x| x > me))
+    })
 }
 
 /// The stat of each listed pid in `min..=max`.
@@ -567,6 +622,42 @@ mod tests {
         let e = read_kernel_file(d.path().join("bin")).unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
         assert!(read_kernel_file(d.path().join("none")).is_err());
+    }
+
+    #[test]
+    fn a_listing_from_a_pid_starts_at_it_and_holds_every_process_from_it_up() {
+        assert!(
+            seek_lands_on_pids(),
+            "this kernel's /proc listing seeks by pid"
+        );
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let me = std::process::id() as i32;
+        let from_child = listed_pids_from(pid);
+        let past_child = listed_pids_from(pid + 1);
+        let from_me = listed_pids_from(me);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(
+            from_child.first(),
+            Some(&pid),
+            "{:?}",
+            &from_child[..from_child.len().min(5)]
+        );
+        assert!(from_child.iter().all(|&p| p >= pid));
+        assert!(past_child.iter().all(|&p| p > pid));
+        assert_eq!(from_me.first(), Some(&me));
+        if me < pid {
+            assert!(
+                from_me.contains(&pid),
+                "the child is listed from this process's pid up"
+            );
+        }
+        // Below pid 2, the whole listing.
+        assert!(listed_pids_from(1).contains(&1) || !listed_pids().contains(&1));
     }
 
     #[test]
