@@ -271,17 +271,22 @@ mod tests {
         assert_eq!(distance(32000, 1000, 32768, 300), 768 + 700);
     }
 
-    #[test]
-    fn a_reading_later_than_the_bound_ends_the_chain_and_moves_are_summed() {
-        let cycle = 32468;
-        let mut c = Chain {
+    /// A chain at pid 5000, at 100 s, with 10,000 pids in use.
+    fn chain_at_5000(unseeded: Option<u64>) -> Chain {
+        Chain {
             epoch: 1,
             pid: 5000,
             at: 100.0,
             moved: 0,
             in_use: 10_000,
-            unseeded: None,
-        };
+            unseeded,
+        }
+    }
+
+    #[test]
+    fn a_reading_later_than_the_bound_ends_the_chain_and_moves_are_summed() {
+        let cycle = 32468;
+        let mut c = chain_at_5000(None);
         // 22,468 free pids at 100,000 a second: 224.68 ms.
         assert!(c.advance(5100, 100.1, 100.2, cycle));
         assert_eq!((c.moved, c.in_use, c.pid), (100, 10_100, 5100));
@@ -297,14 +302,7 @@ mod tests {
     #[test]
     fn an_unseeded_chain_notes_the_most_pids_in_use_its_gaps_allow() {
         let cycle = 32468;
-        let mut c = Chain {
-            epoch: 1,
-            pid: 5000,
-            at: 100.0,
-            moved: 0,
-            in_use: 10_000,
-            unseeded: Some(u64::MAX),
-        };
+        let mut c = chain_at_5000(Some(u64::MAX));
         // 125 ms: 12,500 pids could be handed out; 19,967 in use at most leave room.
         assert!(c.advance(5100, 100.125, 100.125, cycle));
         assert_eq!(c.unseeded, Some(cycle - 12_500 - 1));

@@ -1568,10 +1568,10 @@ fn a_settled_record_rewritten_in_place_with_its_mtime_put_back_is_read_again_by_
 
 /// A run held by scanning alone (`--cgroup off`), its wrapper killed -9: a process the workload
 /// forks into a session of its own after the watchdog took the orphan in (and with it a look of
-/// every pid, the base of its later looks: safety CS-80) is stopped with the rest at the lease.
+/// every pid, the base of its later looks: safety CS-82) is stopped with the rest at the lease.
 /// The watchdog follows the pid counter, so the stop's first look is that base's older pids
-/// and a fresh read of the pids handed out since: the escapee is one of those. The second of
-/// wait before the gate opens only makes that path the likely one; the verdict holds either
+/// and a fresh read of the pids handed out since: the escapee is one of those. The second the
+/// test waits before the gate opens only makes that path the likely one; the verdict holds either
 /// way.
 #[test]
 fn an_escapee_forked_after_the_watchdog_took_the_orphan_in_is_stopped_at_the_lease_in_procfs_mode()
