@@ -19,8 +19,11 @@
 //!
 //! One thread of the process that asks for it ([`follow`], the watchdog) reads the counter at a
 //! quarter of the bound; a reading late past the bound (the thread was not scheduled, the
-//! process stopped) ends the chain, and the next look of every pid starts a new one. Processes
-//! that do not follow (the wrapper, the control commands) keep the time bound alone.
+//! process stopped) ends the chain, and the next look of every pid starts a new one. The
+//! readings cost a few µs each, one a second with the 64-bit default pid_max and about
+//! twelve with 32,768; a chain no look has used for five minutes lapses, and the thread then
+//! sleeps until a look of every pid starts another. Processes that do not follow (the wrapper,
+//! the control commands) keep the time bound alone.
 
 use crate::procfs;
 use std::sync::{Condvar, Mutex, OnceLock};
@@ -63,7 +66,15 @@ struct Chain {
     /// Until the look that began the chain says how many pids were in use at its start
     /// ([`seed`]): the most that count may be for every gap so far to have been short enough.
     unseeded: Option<u64>,
+    /// When a look last used the chain (CLOCK_BOOTTIME seconds): one unused for [`LAPSE`]
+    /// ends, and its thread sleeps until a look of every pid begins another.
+    used: f64,
 }
+
+/// How long a chain no look uses is kept read: a daemon that holds runs by scanning looks at
+/// every pid on each periodic pass (30 s by default) and keeps it; one that holds none stops
+/// waking for it.
+const LAPSE: f64 = 300.0;
 
 struct State {
     chain: Option<Chain>,
@@ -175,9 +186,29 @@ fn sampler() {
             .wait_timeout(st, pause)
             .unwrap_or_else(|e| e.into_inner());
         st = g;
-        if st.chain.is_some() {
-            read_locked(&mut st);
-        }
+        tick(&mut st);
+    }
+}
+
+/// One reading of the sampler: the chain goes on, or ends when the reading is late or no look
+/// has used the chain for [`LAPSE`].
+fn tick(st: &mut State) {
+    if st.chain.is_none() {
+        return;
+    }
+    let _ = read_locked(st);
+    if st
+        .chain
+        .is_some_and(|c| crate::sys::boottime_secs() - c.used > LAPSE)
+    {
+        st.chain = None;
+    }
+}
+
+/// Note that a look uses the chain now.
+fn touch(st: &mut State) {
+    if let Some(c) = st.chain.as_mut() {
+        c.used = crate::sys::boottime_secs();
     }
 }
 
@@ -187,6 +218,7 @@ pub fn read() -> Option<Reading> {
     let mut st = STATE.lock().unwrap_or_else(|e| e.into_inner());
     let (last_pid, at) = read_locked(&mut st)?;
     let tasks = procfs::tasks()?;
+    touch(&mut st);
     let chain = following().then(|| {
         let (c, start) = match st.chain {
             Some(c) => (c, false),
@@ -200,6 +232,7 @@ pub fn read() -> Option<Reading> {
                     // Until the look says: the tasks alone, for the pace of the readings.
                     in_use: tasks,
                     unseeded: Some(u64::MAX),
+                    used: at,
                 };
                 st.chain = Some(c);
                 WAKE.notify_all();
@@ -226,6 +259,7 @@ pub fn read() -> Option<Reading> {
 /// tightens to it, plus what was handed out since.
 pub fn seed(mark: ChainMark, in_use: u64) {
     let mut st = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    touch(&mut st);
     let Some(c) = st.chain.as_mut().filter(|c| c.epoch == mark.epoch) else {
         return;
     };
@@ -253,6 +287,7 @@ pub fn holds(mark: ChainMark) -> bool {
     if read_locked(&mut st).is_none() {
         return false;
     }
+    touch(&mut st);
     st.chain.is_some_and(|c| {
         c.unseeded.is_none() && c.epoch == mark.epoch && c.moved - mark.moved < cycle()
     })
@@ -280,6 +315,7 @@ mod tests {
             moved: 0,
             in_use: 10_000,
             unseeded,
+            used: 100.0,
         }
     }
 
@@ -325,6 +361,17 @@ mod tests {
         // starts another chain.
         STATE.lock().unwrap().chain = None;
         assert!(!holds(mark));
+        read().and_then(|r| r.chain).expect("a new chain");
+        // A reading of the thread keeps a chain a look used lately, and ends one unused for
+        // LAPSE.
+        tick(&mut STATE.lock().unwrap());
+        assert!(STATE.lock().unwrap().chain.is_some());
+        STATE.lock().unwrap().chain.as_mut().unwrap().used -= LAPSE + 1.0;
+        tick(&mut STATE.lock().unwrap());
+        assert!(
+            STATE.lock().unwrap().chain.is_none(),
+            "an unused chain lapses"
+        );
         let again = read().and_then(|r| r.chain).expect("a new chain");
         assert_ne!(again.epoch, mark.epoch);
         assert!(
