@@ -283,14 +283,19 @@ pub fn seed(mark: ChainMark, in_use: u64) {
 /// unbroken chain: every pid handed out since is then in the cyclic range after the mark's pid
 /// (above it, while the counter is still at or above it).
 pub fn holds(mark: ChainMark) -> bool {
+    counter_if_holds(mark).is_some()
+}
+
+/// [`holds`], with the counter it read: the last pid handed out now, when the mark holds.
+pub fn counter_if_holds(mark: ChainMark) -> Option<i32> {
     let mut st = STATE.lock().unwrap_or_else(|e| e.into_inner());
-    if read_locked(&mut st).is_none() {
-        return false;
-    }
+    let (pid, _) = read_locked(&mut st)?;
     touch(&mut st);
-    st.chain.is_some_and(|c| {
-        c.unseeded.is_none() && c.epoch == mark.epoch && c.moved - mark.moved < cycle()
-    })
+    st.chain
+        .is_some_and(|c| {
+            c.unseeded.is_none() && c.epoch == mark.epoch && c.moved - mark.moved < cycle()
+        })
+        .then_some(pid)
 }
 
 #[cfg(test)]

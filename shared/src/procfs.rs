@@ -382,14 +382,12 @@ fn listed_pids_from(min: i32) -> Vec<i32> {
     if min <= 1 || !seek_lands_on_pids() {
         return listed_pids();
     }
-    match listed_from_offset(TGID_OFFSET + i64::from(min)) {
-        Some(pids) => pids,
-        None => listed_pids(),
-    }
+    listed_from_offset(Some(TGID_OFFSET + i64::from(min))).unwrap_or_else(listed_pids)
 }
 
-/// The pids /proc lists from directory offset `at` on; `None` when /proc cannot be read.
-fn listed_from_offset(at: i64) -> Option<Vec<i32>> {
+/// The pids /proc lists (from directory offset `at` on, or all); `None` when /proc cannot be
+/// read.
+fn listed_from_offset(at: Option<i64>) -> Option<Vec<i32>> {
     use rustix::fs::{Mode, OFlags};
     let fd = rustix::fs::open(
         "/proc",
@@ -398,7 +396,9 @@ fn listed_from_offset(at: i64) -> Option<Vec<i32>> {
     )
     .ok()?;
     let mut dir = rustix::fs::Dir::new(fd).ok()?;
-    dir.seek(at).ok()?;
+    if let Some(at) = at {
+        dir.seek(at).ok()?;
+    }
     let mut out = Vec::new();
     while let Some(e) = dir.read() {
         let e = e.ok()?;
@@ -415,8 +415,8 @@ fn seek_lands_on_pids() -> bool {
     static LANDS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *LANDS.get_or_init(|| {
         let me = std::process::id() as i32;
-        let at = listed_from_offset(TGID_OFFSET + i64::from(me));
-        let past = listed_from_offset(TGID_OFFSET + i64::from(me) + 1);
+        let at = listed_from_offset(Some(TGID_OFFSET + i64::from(me)));
+        let past = listed_from_offset(Some(TGID_OFFSET + i64::from(me) + 1));
         matches!((at, past), (Some(a), Some(p))
             if a.first() == Some(&me)
                 && a.iter().all(|&x| x >= me)
@@ -435,11 +435,7 @@ fn stat_listed(listed: Vec<i32>, min: i32, max: i32) -> Vec<Stat> {
 
 /// The pids /proc lists (thread-group leaders).
 fn listed_pids() -> Vec<i32> {
-    let Ok(dir) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect()
+    listed_from_offset(None).unwrap_or_default()
 }
 
 /// The children lists of each thread of `/proc/<who>` (`/proc/<who>/task/TID/children`): an

@@ -125,10 +125,26 @@ impl PidFloor {
     /// alone, or, in a process that follows the counter, by how far it moved since
     /// ([`pid_counter::holds`], read now).
     pub fn holds_at(&self, when: f64) -> bool {
-        procfs::no_wrap_within(when - self.at, self.tasks, self.held)
+        self.holds_by_time(when)
             || self
                 .chain
                 .is_some_and(|c| when <= crate::sys::boottime_secs() && pid_counter::holds(c))
+    }
+
+    /// The last pid handed out now, when the floor holds now and the counter is still at or
+    /// above it: every process begun since the floor's look has a pid from the floor up to
+    /// this one. One read of the counter where the chain holds it.
+    pub fn top_now(&self) -> Option<i32> {
+        let top = match self.chain.and_then(pid_counter::counter_if_holds) {
+            Some(top) => top,
+            None if self.holds_by_time(crate::sys::boottime_secs()) => procfs::last_pid()?,
+            None => return None,
+        };
+        (top >= self.pid).then_some(top)
+    }
+
+    fn holds_by_time(&self, when: f64) -> bool {
+        procfs::no_wrap_within(when - self.at, self.tasks, self.held)
     }
 
     /// [`PidFloor::holds_at`] now.
@@ -299,15 +315,13 @@ impl Snapshot {
     /// look of every pid is the cheaper one, and the next base).
     fn composite(base: &Base, indexed: bool) -> Option<Snapshot> {
         let floor = base.floor;
-        let top = procfs::last_pid()?;
-        if top < floor.pid || top - floor.pid > COMPOSITE_SPAN || !floor.holds_now() {
+        let top = floor.top_now()?;
+        if top - floor.pid > COMPOSITE_SPAN {
             return None;
         }
         let fresh = procfs::scan_above(Some(floor.pid));
         // The floor must hold past the fresh read's last look at the counter.
-        if procfs::last_pid().is_none_or(|l| l < floor.pid) || !floor.holds_now() {
-            return None;
-        }
+        floor.top_now()?;
         let fresh_pids: HashSet<i32> = fresh.iter().map(|s| s.pid.get()).collect();
         let mut stats = fresh;
         stats.extend(

@@ -547,11 +547,7 @@ fn interactive_shell_is_hung_up_at_once(id: &str, shell: &[&str], timings: &[&st
     let stderr_log = c.file("stderr.log");
     c.wait("the shell's prompt on stderr, the shell asleep", || {
         let err = std::fs::read(&stderr_log).map_err(|e| e.to_string())?;
-        let state = std::fs::read_to_string(format!("/proc/{leader}/stat"))
-            .map_err(|e| e.to_string())?
-            .rsplit_once(") ")
-            .map(|(_, rest)| rest.chars().next().unwrap_or('?'))
-            .unwrap_or('?');
+        let state = proc_stat(leader).map_or('?', |s| s.0);
         if (err.ends_with(b"$ ") || err.ends_with(b"# ")) && state == 'S' {
             Ok(())
         } else {

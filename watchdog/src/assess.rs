@@ -118,6 +118,18 @@ pub struct Looks {
     pub deferred: bool,
 }
 
+impl Looks {
+    /// The look at /proc a pass (`whole_pass`: indexed, every marker read once, for thousands
+    /// of lookups) or a single event (plain: markers read lazily) takes.
+    pub fn take_procs(whole_pass: bool) -> Snapshot {
+        if whole_pass {
+            Snapshot::take_indexed()
+        } else {
+            Snapshot::take()
+        }
+    }
+}
+
 /// The verdict on one run dir.
 pub enum Verdict {
     /// Final, or not a run: nothing to do.
@@ -237,11 +249,7 @@ pub fn assess(
         if looks.deferred {
             return looks.procs.get();
         }
-        Some(looks.procs.get_or_init(if whole_pass {
-            Snapshot::take_indexed
-        } else {
-            Snapshot::take
-        }))
+        Some(looks.procs.get_or_init(|| Looks::take_procs(whole_pass)))
     };
     if st.boot_id != procfs::boot_id() {
         // Pids from another boot name this boot's processes: signal nothing. Unless processes

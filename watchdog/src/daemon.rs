@@ -501,8 +501,7 @@ impl Daemon {
                         thread::Builder::new()
                             .name("pass-look".into())
                             .spawn(move || {
-                                let _ =
-                                    tx.send(agent_run_shared::procset::Snapshot::take_indexed());
+                                let _ = tx.send(Looks::take_procs(true));
                             });
                     match spawned {
                         Ok(_) => r.look = Some(rx),
