@@ -9,6 +9,7 @@ the one before (the first counts from `main`). Prints, per phase in launch order
 p99 of its own time over every line that has it, and the same for the total (the `exit` mark).
 Then the keeper's lines (`"role": "keeper"`): when it was forked, ready, saw EOF and exited, as
 times since the wrapper's `main` (its clock), to set beside the wrapper's cumulative marks.
+Last, each process's own CPU at its exit (the `cpu` object: user and system µs, minor faults).
 """
 import json
 import statistics
@@ -78,6 +79,28 @@ def summarise_helpers(lines, role="keeper"):
     return [(k, len(at[k]), statistics.median(at[k]), q(at[k], 0.99)) for k in order]
 
 
+def summarise_cpu(lines):
+    """{role: [(field, n, median, p99)]} of the `cpu` object each line carries (the process's
+    own user and system µs and minor faults at its exit, from getrusage), or {} for lines
+    without one (older binaries)."""
+    at = {}
+    for line in lines:
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        cpu = doc.get("cpu")
+        if not cpu:
+            continue
+        role = doc.get("role", "wrapper")
+        for k in ("user_us", "sys_us", "minflt"):
+            at.setdefault(role, {}).setdefault(k, []).append(cpu.get(k, 0))
+    return {
+        role: [(k, len(v), statistics.median(v), q(v, 0.99)) for k, v in fields.items()]
+        for role, fields in at.items()
+    }
+
+
 def outside_main(lines, spans):
     """{"before_main", "main", "after_exit", "wall": (median µs, p99 µs)} from the wrapper's
     lines (in launch order) and the harness's (monotonic µs at the spawn, after the wait) for
@@ -132,6 +155,21 @@ def main(argv):
                 print(f"| {name} | {count} | {m:.0f} | {p99:.0f} |")
             else:
                 print(f"{name:16s} n {count:5d}  median {m:8.0f} us  p99 {p99:8.0f} us")
+    with open(argv[0]) as f:
+        cpu = summarise_cpu(f)
+    if cpu:
+        print("\neach process's own CPU at its exit (getrusage):" if not md else "")
+        if md:
+            print("| process | user µs median / p99 | system µs median / p99 | minor faults median |")
+            print("|---|---|---|---|")
+        for role, fields in cpu.items():
+            f = {k: (m, p99) for k, _, m, p99 in fields}
+            if md:
+                print(f"| {role} | {f['user_us'][0]:.0f} / {f['user_us'][1]:.0f} "
+                      f"| {f['sys_us'][0]:.0f} / {f['sys_us'][1]:.0f} | {f['minflt'][0]:.0f} |")
+            else:
+                print(f"{role:16s} user median {f['user_us'][0]:6.0f} us  sys median "
+                      f"{f['sys_us'][0]:6.0f} us  minflt median {f['minflt'][0]:4.0f}")
     return 0
 
 

@@ -5,8 +5,9 @@
 #
 #   bash packaging/build-static.sh
 #
-# With the musl target installed (`rustup target add <arch>-unknown-linux-musl`)
-# it builds against musl. Otherwise it links glibc statically
+# It builds against musl, fetching the target with rustup when it is missing
+# (`rustup target add <arch>-unknown-linux-musl`; AGENT_RUN_MUSL=off skips both). Where the
+# target cannot be had it links glibc statically
 # (-C target-feature=+crt-static), with an explicit --target so that build
 # scripts and proc-macros, which must be dynamic, are built for the host
 # without that flag. Nothing in agent-run needs NSS (it reads /etc/passwd
@@ -37,11 +38,33 @@ musl="$arch-unknown-linux-musl"
 gnu="$arch-unknown-linux-gnu"
 
 build=(cargo build --release --locked -p agent-run -p agent-run-watchdog)
-if command -v rustup >/dev/null && rustup target list --installed 2>/dev/null | grep -qx "$musl"; then
+# musl is worth a fetch: glibc's static start asks the CPU about 43 CPUID questions (its
+# cache sizes and features), each a trap to the hypervisor in a VM: ~0.25 ms of every launch
+# on the machines docs/benchmarks.md was measured on; musl's start asks none. Where the
+# target cannot be had (no network to rustup's server), the glibc build below is the same
+# program. AGENT_RUN_MUSL=off never fetches nor uses it.
+musl_mode=${AGENT_RUN_MUSL:-auto}
+case $musl_mode in auto | off) ;; *) die "AGENT_RUN_MUSL is '$musl_mode': auto or off" ;; esac
+have_musl() { command -v rustup >/dev/null && rustup target list --installed 2>/dev/null | grep -qx "$musl"; }
+if [[ $musl_mode == auto ]] && command -v rustup >/dev/null && ! have_musl; then
+    say "fetching the $musl target (rustup target add, at most 120 s)"
+    timeout 120 rustup target add "$musl" >&2 || say "could not fetch $musl: building with glibc"
+fi
+if [[ $musl_mode == auto ]] && have_musl; then
     target=$musl
     flavour="musl ($musl)"
     say "linking against musl: $musl"
-    build_static() { "${build[@]}" --target "$target"; }
+    # Linked by the toolchain's own lld (rust-lld behind its gcc-ld shim), as the gnu target
+    # is by default: the code layout below passes lld's --symbol-ordering-file, which the
+    # system's GNU ld does not know.
+    gcc_ld="$(rustc --print sysroot)/lib/rustlib/$host/bin/gcc-ld"
+    musl_flags=()
+    if [[ -x $gcc_ld/ld.lld ]]; then
+        musl_flags=(-C link-arg=-fuse-ld=lld "-C" "link-arg=-B$gcc_ld")
+    fi
+    build_static() {
+        RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }${musl_flags[*]}" "${build[@]}" --target "$target"
+    }
 else
     target=$gnu
     flavour="glibc, statically linked ($gnu, +crt-static)"

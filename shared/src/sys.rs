@@ -20,8 +20,8 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::time::Duration;
 
+pub use raw::{args_os, default_sigpipe, pidfd_send_signal, runtime_start, self_cpu};
 use raw::{child_cloexec_from_3, child_reset_signals};
-pub use raw::{default_sigpipe, pidfd_send_signal, runtime_start};
 
 // ---- processes ----------------------------------------------------------------------------
 
@@ -274,14 +274,27 @@ fn child_setsid() -> io::Result<()> {
 /// and close_range.
 pub fn spawn_in_new_session(cmd: &mut std::process::Command) {
     use std::os::unix::process::CommandExt;
+    let signals = nondefault_signals();
     // SAFETY: the closure runs in the forked child before exec; it allocates nothing, takes no
     // lock and calls only the async-signal-safe syscalls above (signal-safety(7)).
     unsafe {
         cmd.pre_exec(move || {
-            child_reset_signals()?;
+            child_reset_signals(signals)?;
             child_setsid()?;
             child_cloexec_from_3()
         });
+    }
+}
+
+/// The signals whose action is not the default in this process, as a set (bit N-1 for signal
+/// N): SigIgn | SigCgt of /proc/self/status, read once, where a child about to exec (or the
+/// keeper) resets only those instead of all 64 (the workload's child does it while the wrapper
+/// waits for its exec: ~60 syscalls fewer on the launch's path). Every signal when the file
+/// cannot be read.
+pub fn nondefault_signals() -> u64 {
+    match crate::procfs::sig_dispositions(Pid::this()) {
+        Some(d) => d.ignored | d.caught,
+        None => u64::MAX,
     }
 }
 
@@ -531,6 +544,8 @@ struct ChildPlan<'a> {
     procs: Option<RawFd>,
     /// The write end of the report pipe (close-on-exec).
     report: RawFd,
+    /// The signals whose action the child resets ([`nondefault_signals`]).
+    signals: u64,
 }
 
 /// Spawn the workload: a new process, in the run's cgroup from its first instruction when
@@ -575,6 +590,7 @@ pub fn spawn_workload(
         ctty: io.ctty.map(raw),
         procs: None,
         report: report_w.as_raw_fd(),
+        signals: nondefault_signals(),
     };
     // Every signal stays blocked from before the clone until the child has reset their
     // actions: no handler of ours ever runs in the child (signal-hook's would write to the
@@ -896,11 +912,12 @@ mod raw {
         Ok(())
     }
 
-    /// In a forked child before exec: reset every signal to its default action and empty the
-    /// signal mask, so the workload inherits no ignored signal (SIGPIPE included) and no mask.
-    /// Async-signal-safe: sigaction(2) and sigprocmask(2) only.
-    pub(super) fn child_reset_signals() -> io::Result<()> {
-        child_reset_signals_keep_mask();
+    /// In a forked child before exec: reset every signal of `set` (bit N-1 for signal N: the
+    /// parent's non-default ones, [`super::nondefault_signals`]) to its default action and empty
+    /// the signal mask, so the workload inherits no ignored signal (SIGPIPE included), no
+    /// handler and no mask. Async-signal-safe: sigaction(2) and sigprocmask(2) only.
+    pub(super) fn child_reset_signals(set: u64) -> io::Result<()> {
+        child_reset_signals_keep_mask(set);
         // SAFETY: an empty set built on the stack; sigprocmask is async-signal-safe.
         unsafe {
             let mut set: libc::sigset_t = std::mem::zeroed();
@@ -1184,7 +1201,7 @@ mod raw {
                 return (ChildStep::Cwd, errno());
             }
         }
-        if let Err(e) = child_reset_signals() {
+        if let Err(e) = child_reset_signals(plan.signals) {
             return (ChildStep::Signals, os(e));
         }
         if let Err(e) = super::child_setsid() {
@@ -1250,6 +1267,7 @@ mod raw {
     pub(super) fn helper_setup(
         keep: &[RawFd],
         null: RawFd,
+        signals: u64,
         ignore: &[i32],
         name: &std::ffi::CStr,
         title: &[&[u8]],
@@ -1264,7 +1282,7 @@ mod raw {
         close_all_but(keep)?;
         // Every action back to its default (the parent's handlers are not ours), then the
         // ignored ones, then the mask emptied.
-        child_reset_signals_keep_mask();
+        child_reset_signals_keep_mask(signals);
         for &sig in ignore {
             // SAFETY: installing SIG_IGN touches no memory of ours.
             unsafe { libc::signal(sig, libc::SIG_IGN) };
@@ -1321,15 +1339,16 @@ mod raw {
         Ok(())
     }
 
-    /// Every signal's action back to SIG_DFL, leaving the mask alone. Async-signal-safe.
-    fn child_reset_signals_keep_mask() {
+    /// The action of every signal of `set` (bit N-1 for signal N) back to SIG_DFL, leaving the
+    /// mask alone. Async-signal-safe.
+    fn child_reset_signals_keep_mask(set: u64) {
         // The raw syscall, not glibc's signal(): glibc refuses signals 32 and 33 (its reserved
         // SIGCANCEL and SIGSETXID) with EINVAL, so an ignored 32 would leak into the workload.
         // A kernel `struct sigaction` that is all zeros is SIG_DFL, no flags, no restorer, an
         // empty mask, on every architecture's layout (with or without sa_restorer).
         let dfl = [0u64; 4];
         for sig in 1..=64 {
-            if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            if sig == libc::SIGKILL || sig == libc::SIGSTOP || set & (1u64 << (sig - 1)) == 0 {
                 continue;
             }
             // SAFETY: rt_sigaction reads `dfl` (32 bytes, at least the kernel struct's size) and
@@ -1384,10 +1403,48 @@ mod raw {
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), start as *mut u8, len) };
     }
 
+    /// The command line that [`runtime_start`] was given, owned (the keeper's title later
+    /// overwrites the argument area).
+    static ARGS: std::sync::OnceLock<Vec<std::ffi::OsString>> = std::sync::OnceLock::new();
+
+    /// The process's arguments: those `main` handed to [`runtime_start`], else std's (a binary
+    /// with Rust's own start, the tests). std fills its copy from the C library's init only
+    /// with glibc; under musl a binary that starts at its own C `main` has nothing there.
+    pub fn args_os() -> Vec<std::ffi::OsString> {
+        match ARGS.get() {
+            Some(a) => a.clone(),
+            None => std::env::args_os().collect(),
+        }
+    }
+
     /// What Rust's runtime start does before `main` that agent-run needs, for a binary that
-    /// starts at its own C `main`: descriptors 0, 1 and 2 open (on /dev/null when closed), and
-    /// SIGPIPE ignored.
-    pub fn runtime_start() {
+    /// starts at its own C `main`: descriptors 0, 1 and 2 open (on /dev/null when closed),
+    /// SIGPIPE ignored, and the arguments kept for [`args_os`] (`argc` strings at `argv`, as
+    /// the C library passes them to `main`).
+    ///
+    /// # Safety
+    ///
+    /// `argv` is null or holds `argc` pointers to NUL-terminated strings that stay valid while
+    /// this runs: the arguments the C library passed to `main`.
+    pub unsafe fn runtime_start(argc: std::ffi::c_int, argv: *const *const std::ffi::c_char) {
+        use std::os::unix::ffi::OsStrExt;
+        let mut args = Vec::with_capacity(usize::try_from(argc).unwrap_or(0));
+        if !argv.is_null() {
+            for i in 0..usize::try_from(argc).unwrap_or(0) {
+                // SAFETY: the caller's contract: `argc` valid pointers at `argv`, each to a
+                // NUL-terminated string (the C library's arguments to `main`, on the initial
+                // stack, which nothing has written to yet).
+                let arg = unsafe {
+                    let p = *argv.add(i);
+                    if p.is_null() {
+                        break;
+                    }
+                    std::ffi::CStr::from_ptr(p)
+                };
+                args.push(std::ffi::OsStr::from_bytes(arg.to_bytes()).to_owned());
+            }
+        }
+        let _ = ARGS.set(args);
         let mut fds = [0, 1, 2].map(|fd| libc::pollfd {
             fd,
             events: 0,
@@ -1408,6 +1465,19 @@ mod raw {
         }
     }
 
+    /// This process's own CPU so far: user and system microseconds, and minor page faults
+    /// (getrusage(2), RUSAGE_SELF); zeros when it fails. For the launch phases' report.
+    pub fn self_cpu() -> (u64, u64, u64) {
+        // SAFETY: getrusage(2) writes one `rusage` into the zeroed value on our stack.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: as above: the pointer is to that value, alive for the call.
+        if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+            return (0, 0, 0);
+        }
+        let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+        (us(ru.ru_utime), us(ru.ru_stime), ru.ru_minflt as u64)
+    }
+
     /// Restore SIGPIPE's default action (Rust's runtime ignores it), so a command whose output
     /// goes to a closed pipe (`agent-run list | head`) ends quietly like any Unix filter. Not
     /// for the supervising wrapper: a dropped SSH channel must never kill it. Raw: rustix's
@@ -1415,6 +1485,73 @@ mod raw {
     pub fn default_sigpipe() {
         // SAFETY: installing SIG_DFL for SIGPIPE touches no memory of ours.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
+}
+
+// --- heap ---
+
+/// The global allocator of the static binaries under musl: blocks under [`HEAP_LARGE`] from a
+/// dlmalloc heap, which keeps the memory it got (musl's mallocng maps and unmaps pages as a
+/// launch allocates and frees: ~60 mmap/munmap calls and their page faults), larger ones from
+/// the C library, which maps them (so a zeroed one is fresh pages nobody touches: the keeper's
+/// buffers are megabytes a short run never writes). Each block goes back to the allocator it
+/// came from: `dealloc` and `realloc` get the layout it was allocated with.
+#[cfg(target_env = "musl")]
+pub struct Heap;
+
+/// The size from which [`Heap`] hands a block to the C library.
+#[cfg(target_env = "musl")]
+pub const HEAP_LARGE: usize = 128 << 10;
+
+#[cfg(target_env = "musl")]
+static SMALL: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
+
+// SAFETY: every method forwards to one of two sound allocators, chosen by the block's size,
+// which `GlobalAlloc` guarantees is the same at `dealloc` (and `realloc`'s old layout) as it was
+// at the allocation; a `realloc` across the threshold allocates in the other one, copies the
+// smaller of the two sizes and frees the old block in its own.
+#[cfg(target_env = "musl")]
+unsafe impl std::alloc::GlobalAlloc for Heap {
+    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+        if l.size() >= HEAP_LARGE {
+            std::alloc::System.alloc(l)
+        } else {
+            SMALL.alloc(l)
+        }
+    }
+
+    unsafe fn alloc_zeroed(&self, l: std::alloc::Layout) -> *mut u8 {
+        if l.size() >= HEAP_LARGE {
+            std::alloc::System.alloc_zeroed(l)
+        } else {
+            SMALL.alloc_zeroed(l)
+        }
+    }
+
+    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
+        if l.size() >= HEAP_LARGE {
+            std::alloc::System.dealloc(p, l)
+        } else {
+            SMALL.dealloc(p, l)
+        }
+    }
+
+    unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, new: usize) -> *mut u8 {
+        match (l.size() >= HEAP_LARGE, new >= HEAP_LARGE) {
+            (true, true) => std::alloc::System.realloc(p, l, new),
+            (false, false) => SMALL.realloc(p, l, new),
+            _ => {
+                // SAFETY (of the layout): `realloc`'s caller guarantees `new`, rounded up to
+                // the alignment, does not overflow isize.
+                let nl = std::alloc::Layout::from_size_align_unchecked(new, l.align());
+                let q = self.alloc(nl);
+                if !q.is_null() {
+                    std::ptr::copy_nonoverlapping(p, q, l.size().min(new));
+                    self.dealloc(p, l);
+                }
+                q
+            }
+        }
     }
 }
 
@@ -1458,13 +1595,14 @@ pub fn fork_helper<F: FnOnce() -> u8>(
     );
     // Every signal stays blocked from before the fork until the child has reset the actions:
     // no handler of the parent's (signal-hook's, writing to the parent's pipe) runs in it.
+    let signals = nondefault_signals();
     let old_mask = raw::block_all_signals();
-    // SAFETY: fork(2) through glibc (its atfork handlers reset malloc and the thread's cached
-    // state); the caller is single-threaded, so the child's copy of every lock is unheld and it
-    // may run any code.
+    // SAFETY: fork(2) through the C library (glibc's atfork handlers reset malloc and the
+    // thread's cached state; musl's fork does as much for its own); the caller is
+    // single-threaded, so the child's copy of every lock is unheld and it may run any code.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
-        let code = match raw::helper_setup(keep, null.as_raw_fd(), ignore, name, title) {
+        let code = match raw::helper_setup(keep, null.as_raw_fd(), signals, ignore, name, title) {
             Ok(()) => body(),
             Err(_) => 70,
         };

@@ -83,7 +83,11 @@ pub fn flush() {
         .collect();
     let zero = ZERO_MONO_US.load(Ordering::Relaxed);
     let role = ROLE.get().copied().unwrap_or("wrapper");
-    let line = serde_json::json!({"pid": std::process::id(), "role": role, "zero_monotonic_us": zero, "phases": phases})
+    // This process's own CPU at its exit (a fork starts from zero): where a launch's time goes
+    // when both cores are busy.
+    let (user, sys, minflt) = agent_run_shared::sys::self_cpu();
+    let cpu = serde_json::json!({"user_us": user, "sys_us": sys, "minflt": minflt});
+    let line = serde_json::json!({"pid": std::process::id(), "role": role, "zero_monotonic_us": zero, "cpu": cpu, "phases": phases})
         .to_string()
         + "\n";
     if let Ok(mut f) = std::fs::OpenOptions::new()

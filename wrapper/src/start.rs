@@ -131,7 +131,7 @@ pub fn start(root: Option<&Path>, mut args: StartArgs) -> anyhow::Result<u8> {
         if let Some(scope) = cgroup::user_scope_command(args.run_id.as_str()) {
             let mut cmd = scope;
             cmd.arg(std::env::current_exe()?)
-                .args(std::env::args_os().skip(1))
+                .args(agent_run_shared::sys::args_os().into_iter().skip(1))
                 .env(cgroup::ENV_IN_SCOPE, "1");
             use std::os::unix::process::CommandExt;
             // exec: the caller keeps talking to the same process (its pid, its signals).
@@ -468,9 +468,15 @@ impl Launch {
         let dir = self.dir.clone();
         // --pty: the slave is the workload's stdin, stdout, stderr and controlling terminal;
         // the keeper drains the master into stdout.log, the wrapper keeps a duplicate.
+        // The caller's terminal is asked for its size only for a pty (three ioctls otherwise
+        // spent on every launch).
         let size = args
             .pty_size
-            .or_else(|| (!args.detached_child).then(pty::caller_size).flatten())
+            .or_else(|| {
+                (args.pty && !args.detached_child)
+                    .then(pty::caller_size)
+                    .flatten()
+            })
             .unwrap_or(pty::DEFAULT_SIZE);
         let opened = match args.pty.then(|| Pty::open(size)).transpose() {
             Ok(p) => p,
