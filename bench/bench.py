@@ -555,9 +555,10 @@ def launch_phases(ctx, ar, true, env):
                 count, rows = phases.summarise(lines)
                 keeper = phases.summarise_helpers(lines)
                 outside = phases.outside_main(lines, spans)
+                cpu = phases.summarise_cpu(lines)
             finally:
                 os.unlink(path)
-            out[where] = {"n": count, "rows": rows, "keeper": keeper, "outside": outside}
+            out[where] = {"n": count, "rows": rows, "keeper": keeper, "outside": outside, "cpu": cpu}
     finally:
         for _, root in roots:
             shutil.rmtree(root, ignore_errors=True)
@@ -1925,8 +1926,26 @@ def render(ctx, peers, command, started, elapsed):
                 a("The keeper's own line (its marks on the wrapper's clock, µs since the wrapper's `main`; it is forked in `keeper`): forked, ready (sources and journal set up), EOF (the workload's last writer gone), exit (logs synced, output.json written):")
                 a("")
                 where_table(a, "keeper mark", ks, [(f"`{n}`", lambda rows, n=n: row_of(rows, n)) for n in [row[0] for row in ks[0][1]]])
+            cs = [(w, ph[w].get("cpu")) for w in wheres if ph[w].get("cpu")]
+            if cs:
+                a("")
+                a("Each process's own CPU, at its exit (getrusage: user + system µs; the kernel's split of the two is by ticks, so only the sum is exact; and its minor page faults). Two cores run three processes at a launch (the wrapper, the keeper, the workload), so the CPU of each is time the others may wait for:")
+                a("")
+
+                def field_of(fields, role, k):
+                    f = {name: (m, p99) for name, _, m, p99 in fields.get(role, [])}
+                    return f.get(k)
+
+                where_table(a, "process", cs, [
+                    ("wrapper: CPU µs", lambda c: field_of(c, "wrapper", "cpu_us")),
+                    ("wrapper: minor faults", lambda c: field_of(c, "wrapper", "minflt")),
+                    ("keeper: CPU µs", lambda c: field_of(c, "keeper", "cpu_us")),
+                    ("keeper: minor faults", lambda c: field_of(c, "keeper", "minflt")),
+                ])
             a("")
-            a("What a launch must pay by the contract: the starting record before the spawn, pid == pgid == sid verified, the keeper (every byte kept), the final record durable before exit (`final_record`: one fsync of status.json after it is exchanged into place, on the ext4 driver; on this machine's root, ext4 without a journal mounted `discard`, that fsync is a device flush). What the design adds above that floor, each in the table: the run's cgroup (`cgroup_parent` reads /proc/self/mountinfo, `cgroup` and `cgroup_rm` make and remove it), the keeper's fork (`keeper`), the records and the journal, the scan for leftovers at the leader's exit (`leftovers`: the pids handed out since the leader, one by one when they are few, for a process that left the run's cgroup and tree), and the parse of `start`'s options. Already removed: the rename over the old record (a synchronous block allocation and, on a `discard` mount, a discard: ~4 ms a record here; now an exchange and an unlink), the second flush of the final record (the dir's fsync, where the file's fsync carries the rename), the copy of the wrapper's page tables at the spawn (a vfork-style clone3), clap's build of every subcommand, the listing of /proc at the leader's exit, and the heartbeat's thread for a run over within 250 ms (it starts then, if the run lasts: `threads`).")
+            a("Before `main`, a static glibc binary pays its C library's start: about 43 CPUID instructions (its cache sizes and features), each a trap to the hypervisor in a VM, 3.6 to 5.4 µs each on this machine: ~0.25 ms, which a dynamic `tini` and `true` pay too (in ld.so). The shipped build links musl, whose start asks none (`build-static.sh`), and allocates from a dlmalloc heap (musl's own allocator mapped and unmapped memory ~60 times a launch). The ext4 rows also move with the filesystem's recent deletions: this machine's root has no journal, and there ext4's inode allocator skips every inode deleted in the last 60 s (360 s while its inode table block is dirty), reading each one's on-disk copy, at every file creation: after a bulk delete (a test suite's run roots, the scale scenario's 100,000 dirs) a file creation took 1.1 ms here instead of 0.02 ms, for minutes. The disk probe above shows the state this scenario met.")
+            a("")
+            a("What a launch must pay by the contract: the starting record before the spawn, pid == pgid == sid verified, the keeper (every byte kept), the final record durable before exit (`final_record`: one fsync of status.json after it is exchanged into place, on the ext4 driver; on this machine's root, ext4 without a journal mounted `discard`, that fsync is a device flush). What the design adds above that floor, each in the table: the run's cgroup (`cgroup_parent` reads /proc/self/mountinfo, `cgroup` and `cgroup_rm` make and remove it), the keeper's fork (`keeper`), the records and the journal, the scan for leftovers at the leader's exit (`leftovers`: the pids handed out since the leader, one by one when they are few, for a process that left the run's cgroup and tree), and the parse of `start`'s options. Already removed: glibc's CPUID-heavy start (musl), musl's mmap-per-allocation heap (dlmalloc), the reset of all 64 signal actions in the workload's clone child and in the keeper (only those not at their default, read from /proc/self/status: ~60 syscalls fewer while the wrapper waits for the exec), the rename over the old record (a synchronous block allocation and, on a `discard` mount, a discard: ~4 ms a record here; now an exchange and an unlink), the second flush of the final record (the dir's fsync, where the file's fsync carries the rename), the copy of the wrapper's page tables at the spawn (a vfork-style clone3), clap's build of every subcommand, the listing of /proc at the leader's exit, and the heartbeat's thread for a run over within 250 ms (it starts then, if the run lasts: `threads`).")
         ti = r.get("tini", {})
         for name, where in (("agent-run", "run root's fs"), ("agent-run-stream", "run root's fs, streaming"), ("agent-run-tmpfs", "tmpfs")):
             x = r.get(name, {})
