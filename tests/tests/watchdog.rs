@@ -1603,13 +1603,22 @@ fn an_escapee_forked_after_the_watchdog_took_the_orphan_in_is_stopped_at_the_lea
     run.kill_wrapper();
     std::thread::sleep(Duration::from_secs(1));
     fs::write(&gate, "go\n").expect("open the gate");
-    let esc: i32 =
-        agent_run_tests::wait_until_dbg("the escapee's pid", Duration::from_secs(10), || {
-            fs::read_to_string(&esc_file)
+    // The shell writes `$!` as soon as it has forked, before the child has run setsid(1): wait
+    // for the session too, not only for the pid.
+    let esc: i32 = agent_run_tests::wait_until_dbg(
+        "the escapee's pid and its own session",
+        Duration::from_secs(10),
+        || {
+            let esc: i32 = fs::read_to_string(&esc_file)
                 .ok()
                 .and_then(|s| s.trim().parse().ok())
-                .ok_or("not yet")
-        });
+                .ok_or("no pid yet".to_string())?;
+            match proc_stat(esc) {
+                Some(st) if st.3 == esc => Ok(esc),
+                st => Err(format!("{esc} not yet in its own session: {st:?}")),
+            }
+        },
+    );
     let pin = Pinned::new(&[esc]);
     let st = proc_stat(esc).expect("the escapee lives");
     ensure!(c, st.3 == esc, "the escapee leads its own session: {st:?}");
