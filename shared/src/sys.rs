@@ -287,10 +287,11 @@ pub fn spawn_in_new_session(cmd: &mut std::process::Command) {
 }
 
 /// The signals whose action is not the default in this process, as a set (bit N-1 for signal
-/// N): SigIgn | SigCgt of /proc/self/status, read once, where a child about to exec (or the
-/// keeper) resets only those instead of all 64 (the workload's child does it while the wrapper
-/// waits for its exec: ~60 syscalls fewer on the launch's path). Every signal when the file
-/// cannot be read.
+/// N): SigIgn | SigCgt of /proc/self/status, where a child about to exec (or the keeper)
+/// resets only those instead of all 64 (the workload's child does it while the wrapper waits
+/// for its exec: ~60 syscalls fewer on the launch's path). A launch reads it once, after its
+/// last handler is in place, for the keeper and the workload ([`ChildIo::reset_signals`]).
+/// Every signal when the file cannot be read.
 pub fn nondefault_signals() -> u64 {
     match crate::procfs::sig_dispositions(Pid::this()) {
         Some(d) => d.ignored | d.caught,
@@ -419,6 +420,10 @@ pub struct ChildIo<'a> {
     pub stderr: BorrowedFd<'a>,
     /// `--pty`: the slave, made the new session's controlling terminal.
     pub ctty: Option<BorrowedFd<'a>>,
+    /// The signals the child resets to their default action: [`nondefault_signals`], read by
+    /// the caller after its last change of a signal's action (a launch reads it once for the
+    /// keeper and the workload).
+    pub reset_signals: u64,
 }
 
 /// Everything the workload's exec needs, prepared before the clone so that the child only
@@ -590,7 +595,7 @@ pub fn spawn_workload(
         ctty: io.ctty.map(raw),
         procs: None,
         report: report_w.as_raw_fd(),
-        signals: nondefault_signals(),
+        signals: io.reset_signals,
     };
     // Every signal stays blocked from before the clone until the child has reset their
     // actions: no handler of ours ever runs in the child (signal-hook's would write to the
@@ -1575,7 +1580,9 @@ pub fn single_threaded() -> Option<bool> {
 /// argument strings in place, cut to fit, the rest of them zeroed). Then it runs `body` and
 /// `_exit`s with its code (no atexit handler, no flush of buffers copied from the parent). In
 /// the parent `body` is dropped unrun (so what it owns is closed there) and the child's pid
-/// returned.
+/// returned. `reset` is the set of signals whose action is not the default here
+/// ([`nondefault_signals`], read after the caller's last change of one): the child resets
+/// those.
 ///
 /// The caller must be single-threaded (checked in debug builds): the child of a fork runs
 /// ordinary Rust code (allocations, locks, threads of its own), which is sound only when no
@@ -1584,6 +1591,7 @@ pub fn fork_helper<F: FnOnce() -> u8>(
     keep: &[RawFd],
     null: BorrowedFd<'_>,
     ignore: &[i32],
+    reset: u64,
     name: &std::ffi::CStr,
     title: &[&[u8]],
     body: F,
@@ -1595,7 +1603,7 @@ pub fn fork_helper<F: FnOnce() -> u8>(
     );
     // Every signal stays blocked from before the fork until the child has reset the actions:
     // no handler of the parent's (signal-hook's, writing to the parent's pipe) runs in it.
-    let signals = nondefault_signals();
+    let signals = reset;
     let old_mask = raw::block_all_signals();
     // SAFETY: fork(2) through the C library (glibc's atfork handlers reset malloc and the
     // thread's cached state; musl's fork does as much for its own); the caller is
@@ -1732,6 +1740,7 @@ mod tests {
             stdout: w.as_fd(),
             stderr: w.as_fd(),
             ctty: None,
+            reset_signals: nondefault_signals(),
         };
         let spawned = spawn_workload(&exec, &io, None, force_fork);
         drop(w);

@@ -17,7 +17,8 @@
 //! ```text
 //! keeper::pipe() -> io::Result<(OwnedFd /*read*/, OwnedFd /*write*/)>  // O_CLOEXEC both
 //! keeper::spawn(dir: &RunDir, sources: Vec<(Stream, OwnedFd)>, policy: &Policy,
-//!               notify: Option<OwnedFd> /*write end of a non-blocking pipe*/)
+//!               notify: Option<OwnedFd> /*write end of a non-blocking pipe*/,
+//!               reset_signals: u64 /*sys::nondefault_signals(), after the last handler*/)
 //!     -> anyhow::Result<Keeper>            // Keeper { identity: Identity }
 //! Stream::{Stdout, Stderr}                 // which log a source feeds (its counts' key)
 //! Policy { limit: Option<u64> /*per stream, None = unlimited*/, stop: bool /*--on-output-limit=stop*/ }
@@ -127,6 +128,7 @@ pub fn spawn(
     sources: Vec<(Stream, OwnedFd)>,
     policy: &Policy,
     notify: Option<OwnedFd>,
+    reset_signals: u64,
 ) -> anyhow::Result<Keeper> {
     use std::os::unix::ffi::OsStrExt;
     let mut keep = Vec::new();
@@ -157,6 +159,7 @@ pub fn spawn(
         &keep,
         std::os::fd::AsFd::as_fd(&null),
         &ignored,
+        reset_signals,
         c"agent-run-keep",
         &title,
         move || keep_run(body_path, policy, held, notify),

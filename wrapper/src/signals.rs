@@ -4,7 +4,7 @@
 
 use agent_run_shared::stop::{Escalation, Sig};
 use std::io::{self, Read};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, IntoRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -12,7 +12,10 @@ use std::sync::Arc;
 /// The wrapper's signal state.
 pub struct Signals {
     read: UnixStream,
-    write: UnixStream,
+    /// The write end every handler wakes. Never closed: the handlers outlive any value of
+    /// ours, so its number is never reused for another file. One descriptor for all of them
+    /// (signal-hook's `pipe::register` takes one of its own per signal: a dup each).
+    wake: RawFd,
     term: Arc<AtomicBool>,
     int: Arc<AtomicBool>,
     hup: Arc<AtomicBool>,
@@ -31,7 +34,7 @@ impl Signals {
         write.set_nonblocking(true)?;
         let s = Signals {
             read,
-            write: write.try_clone()?,
+            wake: write.into_raw_fd(),
             term: Arc::default(),
             int: Arc::default(),
             hup: Arc::default(),
@@ -48,26 +51,28 @@ impl Signals {
             (libc::SIGUSR1, &s.usr1),
         ] {
             // The flag first, then the wake-up: the loop never wakes to an unset flag.
-            signal_hook::flag::register(sig, Arc::clone(flag))?;
-            signal_hook::low_level::pipe::register(sig, write.try_clone()?)?;
+            s.catch(sig, flag)?;
         }
         Ok(s)
+    }
+
+    /// `sig` sets `flag`, then wakes the loop.
+    fn catch(&self, sig: libc::c_int, flag: &Arc<AtomicBool>) -> io::Result<()> {
+        signal_hook::flag::register(sig, Arc::clone(flag))?;
+        signal_hook::low_level::pipe::register_raw(sig, self.wake)?;
+        Ok(())
     }
 
     /// Catch TSTP too (Ctrl-Z): the supervising wrapper suspends the whole run, then itself,
     /// instead of stopping alone.
     pub fn catch_tstp(&self) -> io::Result<()> {
-        signal_hook::flag::register(libc::SIGTSTP, Arc::clone(&self.tstp))?;
-        signal_hook::low_level::pipe::register(libc::SIGTSTP, self.write.try_clone()?)?;
-        Ok(())
+        self.catch(libc::SIGTSTP, &self.tstp)
     }
 
     /// Catch WINCH too (`--pty` with a caller's terminal): the wrapper copies the terminal's
     /// new size to the workload's pty.
     pub fn catch_winch(&self) -> io::Result<()> {
-        signal_hook::flag::register(libc::SIGWINCH, Arc::clone(&self.winch))?;
-        signal_hook::low_level::pipe::register(libc::SIGWINCH, self.write.try_clone()?)?;
-        Ok(())
+        self.catch(libc::SIGWINCH, &self.winch)
     }
 
     /// Whether the caller's terminal changed size (SIGWINCH) since the last call.

@@ -417,6 +417,7 @@ impl Launch {
         args: &StartArgs,
         pty_master: Option<OwnedFd>,
         notify: Option<OwnedFd>,
+        reset_signals: u64,
     ) -> anyhow::Result<Option<(OwnedFd, OwnedFd)>> {
         let (sources, ends) = match pty_master {
             Some(m) => {
@@ -441,7 +442,7 @@ impl Launch {
             limit,
             stop: args.on_output_limit == "stop",
         };
-        let k = keeper::spawn(&self.dir, sources, &policy, notify)?;
+        let k = keeper::spawn(&self.dir, sources, &policy, notify, reset_signals)?;
         self.keeper = Some(k.identity);
         self.keeper_fd = sys::pidfd_open(k.identity.pid).ok();
         self.st.output = Some(agent_run_shared::output::Output::pending(
@@ -499,7 +500,9 @@ impl Launch {
             true => (None, None),
             false => keeper::wake_pipe().ok().unzip(),
         };
-        let ends = match self.start_keeper(args, master, notify_w) {
+        // The signals the keeper and the workload reset: every handler is in place by now.
+        let reset_signals = sys::nondefault_signals();
+        let ends = match self.start_keeper(args, master, notify_w, reset_signals) {
             Ok(ends) => ends,
             Err(e) => return Err(self.launch_failed(exit::SOFTWARE, &format!("{e:#}"))),
         };
@@ -542,6 +545,7 @@ impl Launch {
                 stdout: out.as_fd(),
                 stderr: err.as_fd(),
                 ctty: None,
+                reset_signals,
             },
             (None, None) => unreachable!("without a pty the keeper drains two pipes"),
             (Some(p), _) => sys::ChildIo {
@@ -549,6 +553,7 @@ impl Launch {
                 stdout: p.slave.as_fd(),
                 stderr: p.slave.as_fd(),
                 ctty: Some(p.slave.as_fd()),
+                reset_signals,
             },
         };
         crate::phases::mark("spawn_prep");
@@ -823,9 +828,19 @@ impl Launch {
                 // The leader's exit ends the run; whatever of the run remains is stopped by the
                 // same routine as a cancel: our children (double-forked daemons come back to
                 // us), the cgroup's members, and processes elsewhere that carry the marker.
+                // A cgroup just seen unpopulated has no member to list: the marker look runs
+                // without it (no second read of the cgroup's files on every launch).
                 let leftovers = children_left
                     || scope.cgroup.as_ref().is_some_and(|c| c.populated())
-                    || !discover(&scope, Depth::WithMarker, &HashSet::new()).is_empty();
+                    || !discover(
+                        &RunScope {
+                            cgroup: None,
+                            ..scope.clone()
+                        },
+                        Depth::WithMarker,
+                        &HashSet::new(),
+                    )
+                    .is_empty();
                 crate::phases::mark("leftovers");
                 let report = leftovers.then(|| {
                     self.beat.start();
