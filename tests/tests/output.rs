@@ -292,31 +292,42 @@ fn the_keeper_is_not_the_runs_and_ends_by_eof() {
     );
     // Its descriptors: stdio on /dev/null, the two pipes' read ends, the write end of the
     // streamer's wake-up pipe (non-blocking: a stalled streamer never blocks it), the two logs;
-    // never the lock.
-    let fds: Vec<(String, u32)> = fs::read_dir(format!("/proc/{keeper}/fd"))
-        .unwrap()
-        .filter_map(|e| {
-            let e = e.ok()?;
-            let link = fs::read_link(e.path()).ok()?.display().to_string();
-            let info = fs::read_to_string(format!(
-                "/proc/{keeper}/fdinfo/{}",
-                e.file_name().to_string_lossy()
-            ))
-            .ok()?;
-            let flags = info
-                .lines()
-                .find_map(|l| l.strip_prefix("flags:"))
-                .and_then(|f| u32::from_str_radix(f.trim(), 8).ok())?;
-            Some((link, flags))
-        })
-        .collect();
+    // never the lock. It sets up once the workload has exec'd (until then it holds a third read
+    // end, the wrapper's "go" pipe, and no journal): the set is read once it is draining.
+    let keeper_fds = || -> Vec<(String, u32)> {
+        fs::read_dir(format!("/proc/{keeper}/fd"))
+            .unwrap()
+            .filter_map(|e| {
+                let e = e.ok()?;
+                let link = fs::read_link(e.path()).ok()?.display().to_string();
+                let info = fs::read_to_string(format!(
+                    "/proc/{keeper}/fdinfo/{}",
+                    e.file_name().to_string_lossy()
+                ))
+                .ok()?;
+                let flags = info
+                    .lines()
+                    .find_map(|l| l.strip_prefix("flags:"))
+                    .and_then(|f| u32::from_str_radix(f.trim(), 8).ok())?;
+                Some((link, flags))
+            })
+            .collect()
+    };
     let accmode = |f: u32| f & libc::O_ACCMODE as u32;
-    ensure!(c, !fds.iter().any(|(p, _)| p.ends_with("/lock")), "{fds:?}");
-    let pipes = |mode: i32| {
+    let count_pipes = |fds: &[(String, u32)], mode: i32| {
         fds.iter()
             .filter(|(p, f)| p.starts_with("pipe:") && accmode(*f) == mode as u32)
             .count()
     };
+    let fds = wait_until_dbg("the keeper to drain", LONG, || {
+        let fds = keeper_fds();
+        let journal = fds.iter().any(|(p, _)| p.ends_with("/events.jsonl"));
+        (journal && count_pipes(&fds, libc::O_RDONLY) == 2)
+            .then_some(fds.clone())
+            .ok_or(fds)
+    });
+    ensure!(c, !fds.iter().any(|(p, _)| p.ends_with("/lock")), "{fds:?}");
+    let pipes = |mode: i32| count_pipes(&fds, mode);
     c.eq(&pipes(libc::O_RDONLY), &2, format_args!("{fds:?}"));
     c.eq(&pipes(libc::O_WRONLY), &1, format_args!("{fds:?}"));
     ensure!(

@@ -418,6 +418,7 @@ impl Launch {
         pty_master: Option<OwnedFd>,
         notify: Option<OwnedFd>,
         reset_signals: u64,
+        go: Option<OwnedFd>,
     ) -> anyhow::Result<Option<(OwnedFd, OwnedFd)>> {
         let (sources, ends) = match pty_master {
             Some(m) => {
@@ -442,7 +443,7 @@ impl Launch {
             limit,
             stop: args.on_output_limit == "stop",
         };
-        let k = keeper::spawn(&self.dir, sources, &policy, notify, reset_signals)?;
+        let k = keeper::spawn(&self.dir, sources, &policy, notify, reset_signals, go)?;
         self.keeper = Some(k.identity);
         self.keeper_fd = sys::pidfd_open(k.identity.pid).ok();
         self.st.output = Some(agent_run_shared::output::Output::pending(
@@ -502,7 +503,10 @@ impl Launch {
         };
         // The signals the keeper and the workload reset: every handler is in place by now.
         let reset_signals = sys::nondefault_signals();
-        let ends = match self.start_keeper(args, master, notify_w, reset_signals) {
+        // The keeper waits for the workload's exec before its own start (see keeper::spawn):
+        // `go_w` goes right after the spawn, and with it on every path that returns early.
+        let (go_r, go_w) = keeper::pipe().ok().unzip();
+        let ends = match self.start_keeper(args, master, notify_w, reset_signals, go_r) {
             Ok(ends) => ends,
             Err(e) => return Err(self.launch_failed(exit::SOFTWARE, &format!("{e:#}"))),
         };
@@ -561,6 +565,7 @@ impl Launch {
             let dir = cgroup_dir.as_ref().map(|d| d.as_fd());
             sys::spawn_workload(&exec, &io, dir, fault::armed(fault::SPAWN_BY_FORK))
         });
+        drop(go_w);
         crate::phases::mark("spawn");
         // Every slave descriptor of ours goes now, and our copies of the pipes' write ends:
         // the keeper's EOF is the workload's last writer, and while we held a slave the master
