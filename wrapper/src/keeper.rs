@@ -127,8 +127,9 @@ pub fn wake_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 ///
 /// With `go` (the read end of a pipe whose write end the caller holds), the keeper waits for
 /// its EOF before it sets anything up: the caller drops the write end once the workload has
-/// exec'd, and the keeper's start no longer competes with that exec for a CPU (on two cores
-/// the exec then waited behind it: ~0.1 ms of a launch's median, more of its p99).
+/// exec'd and its `running` record is written (or the launch fails), and the keeper's start no
+/// longer competes for a CPU with that exec and those steps (on two cores they waited behind
+/// it: ~0.2 ms of a launch's median, more of its p99).
 pub fn spawn(
     dir: &RunDir,
     sources: Vec<(Stream, OwnedFd)>,
@@ -247,9 +248,9 @@ fn keep_run(
 }
 
 /// Wait until every writer of `go` is gone (EOF), or the pipe fails: the wrapper holds it until
-/// the workload's exec, so that exec never waits for a CPU behind our own start. Nothing is lost
-/// meanwhile: the workload's first 64 KiB wait in the pipes, and past that it blocks, as it
-/// would on a slow reader.
+/// the workload has exec'd and is recorded running (see [`spawn`]). Nothing is lost meanwhile:
+/// the workload's first 64 KiB wait in the pipes, and past that it blocks, as it would on a
+/// slow reader; a wrapper that dies lets the keeper go (the kernel closes its end).
 fn wait_for_go(go: &OwnedFd) {
     let mut b = [0u8; 8];
     loop {

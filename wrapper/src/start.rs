@@ -188,6 +188,11 @@ struct Launch {
     /// Its pidfd (our unreaped child: the pid is its own): the final record waits on it, not on
     /// inotify, for the keeper's counts.
     keeper_fd: Option<OwnedFd>,
+    /// The write end of the keeper's go pipe (see [`keeper::spawn`]): held from the keeper's
+    /// fork until the workload has exec'd and its `running` record is written (or the launch
+    /// fails, or anything waits for the keeper), so the keeper's start never competes for a CPU
+    /// with the exec and the wrapper's own steps after it. Dropped, the keeper starts.
+    keeper_go: Option<OwnedFd>,
     /// The heartbeat, first beat done, its thread not yet started: until the keeper is forked
     /// the wrapper has one thread (see [`keeper::spawn`]), and a short run never starts it
     /// (see [`supervise::BEAT_DEFER`]).
@@ -292,6 +297,7 @@ impl Launch {
             pty: None,
             keeper: None,
             keeper_fd: None,
+            keeper_go: None,
             beat: supervise::LateBeat::new(beat),
         })
     }
@@ -350,6 +356,8 @@ impl Launch {
         let mut streamer = None;
         let code = match self.spawn(args, &mut streamer) {
             Ok((leader, leader_fd)) => {
+                // The run is recorded running: the keeper starts now (see `keeper_go`).
+                self.keeper_go = None;
                 if let Some(p) = &mut self.pty {
                     if !args.detached_child {
                         if let Err(e) = p.copy_stdin() {
@@ -503,13 +511,14 @@ impl Launch {
         };
         // The signals the keeper and the workload reset: every handler is in place by now.
         let reset_signals = sys::nondefault_signals();
-        // The keeper waits for the workload's exec before its own start (see keeper::spawn):
-        // `go_w` goes right after the spawn, and with it on every path that returns early.
+        // The keeper waits for the workload's exec and the `running` record before its own
+        // start (see `keeper_go`).
         let (go_r, go_w) = keeper::pipe().ok().unzip();
         let ends = match self.start_keeper(args, master, notify_w, reset_signals, go_r) {
             Ok(ends) => ends,
             Err(e) => return Err(self.launch_failed(exit::SOFTWARE, &format!("{e:#}"))),
         };
+        self.keeper_go = go_w;
         crate::phases::mark("keeper");
         // The wrapper's threads start only now: the keeper was forked from a single thread.
         // The heartbeat's starts later, if the run lasts (`supervise::LateBeat`).
@@ -565,7 +574,6 @@ impl Launch {
             let dir = cgroup_dir.as_ref().map(|d| d.as_fd());
             sys::spawn_workload(&exec, &io, dir, fault::armed(fault::SPAWN_BY_FORK))
         });
-        drop(go_w);
         crate::phases::mark("spawn");
         // Every slave descriptor of ours goes now, and our copies of the pipes' write ends:
         // the keeper's EOF is the workload's last writer, and while we held a slave the master
@@ -734,6 +742,8 @@ impl Launch {
     /// disk: a second per [`FSYNC_RATE`] bytes logged, at most [`KEEPER_WAIT_MAX`]. A 1 GiB log
     /// took longer to fsync here than the bare wait, and its record went out `complete: false`.
     fn wait_keeper(&mut self, survivors: bool) {
+        // A keeper still waiting for its go would never finish.
+        self.keeper_go = None;
         let Some(fd) = &self.keeper_fd else { return };
         let mut fds = [sys::PollFd {
             fd: fd.as_raw_fd(),
