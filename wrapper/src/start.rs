@@ -189,9 +189,10 @@ struct Launch {
     /// inotify, for the keeper's counts.
     keeper_fd: Option<OwnedFd>,
     /// The write end of the keeper's go pipe (see [`keeper::spawn`]): held from the keeper's
-    /// fork until the workload has exec'd and its `running` record is written (or the launch
-    /// fails, or anything waits for the keeper), so the keeper's start never competes for a CPU
-    /// with the exec and the wrapper's own steps after it. Dropped, the keeper starts.
+    /// fork until the workload has exec'd, its `running` record is written and the wrapper is
+    /// about to sleep in the supervision (or the launch fails, or anything waits for the
+    /// keeper), so the keeper's start never competes for a CPU with the exec and the wrapper's
+    /// own steps after it. Dropped, the keeper starts.
     keeper_go: Option<OwnedFd>,
     /// The heartbeat, first beat done, its thread not yet started: until the keeper is forked
     /// the wrapper has one thread (see [`keeper::spawn`]), and a short run never starts it
@@ -356,8 +357,6 @@ impl Launch {
         let mut streamer = None;
         let code = match self.spawn(args, &mut streamer) {
             Ok((leader, leader_fd)) => {
-                // The run is recorded running: the keeper starts now (see `keeper_go`).
-                self.keeper_go = None;
                 if let Some(p) = &mut self.pty {
                     if !args.detached_child {
                         if let Err(e) = p.copy_stdin() {
@@ -374,6 +373,9 @@ impl Launch {
                 };
                 let scope = self.scope();
                 crate::phases::mark("scope");
+                // The run is recorded running and we are about to sleep in the supervision's
+                // poll: the keeper starts now (see `keeper_go`), where it takes no CPU from us.
+                self.keeper_go = None;
                 let outcome = supervise::supervise(
                     &self.dir,
                     &self.journal,
