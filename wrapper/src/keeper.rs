@@ -16,7 +16,9 @@
 //!
 //! ```text
 //! keeper::pipe() -> io::Result<(OwnedFd /*read*/, OwnedFd /*write*/)>  // O_CLOEXEC both
-//! keeper::spawn(dir: &RunDir, sources: Vec<(Stream, OwnedFd)>, policy: &Policy,
+//! keeper::open_logs(dir: &RunDir, sources: Vec<(Stream, OwnedFd)>)
+//!     -> anyhow::Result<Vec<(Stream, OwnedFd, File)>>   // each source with its log, opened now
+//! keeper::spawn(dir: &RunDir, held: Vec<(Stream, OwnedFd, File)>, policy: &Policy,
 //!               notify: Option<OwnedFd> /*write end of a non-blocking pipe*/,
 //!               reset_signals: u64 /*sys::nondefault_signals(), after the last handler*/,
 //!               go: Option<OwnedFd> /*read end: the keeper starts at its EOF*/)
@@ -118,21 +120,39 @@ pub fn wake_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     rustix::pipe::pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK).map_err(io::Error::from)
 }
 
-/// Start the keeper for the run in `dir`, draining `sources` into their logs.
+/// Each source with its log, created (or opened) now: [`spawn`]'s `held`. The wrapper opens
+/// them before the workload's spawn and forks the keeper after it: the logs are ours from
+/// before the workload exists, never files it put in their place.
+pub fn open_logs(
+    dir: &RunDir,
+    sources: Vec<(Stream, OwnedFd)>,
+) -> anyhow::Result<Vec<(Stream, OwnedFd, File)>> {
+    let mut held = Vec::new();
+    for (stream, src) in sources {
+        let log = dir.open_append(stream.log())?;
+        held.push((stream, src, log));
+    }
+    Ok(held)
+}
+
+/// Start the keeper for the run in `dir`, draining each source of `held` into its log
+/// ([`open_logs`]).
 ///
 /// The keeper is a fork of the wrapper without an exec ([`sys::fork_helper`]): it runs
 /// [`keep`] on the copy of our memory, so a launch pays no second program load. That is sound
 /// only while the wrapper is single-threaded: call this before any thread is started (the
 /// heartbeat and the streamer start after it, see `start.rs`), as a debug assertion checks.
+/// The wrapper forks it right after the workload's spawn, where the fork's copy of its page
+/// tables runs beside the workload's exec instead of before it.
 ///
 /// With `go` (the read end of a pipe whose write end the caller holds), the keeper waits for
-/// its EOF before it sets anything up: the caller drops the write end once the workload has
-/// exec'd and its `running` record is written (or the launch fails), and the keeper's start no
-/// longer competes for a CPU with that exec and those steps (on two cores they waited behind
-/// it: ~0.2 ms of a launch's median, more of its p99).
+/// its EOF before it sets anything up: the caller drops the write end once the workload is
+/// recorded running and the wrapper is about to sleep (or the launch fails), and the keeper's
+/// start no longer competes for a CPU with the workload's exec and the wrapper's last steps
+/// (on two cores they waited behind it).
 pub fn spawn(
     dir: &RunDir,
-    sources: Vec<(Stream, OwnedFd)>,
+    held: Vec<(Stream, OwnedFd, File)>,
     policy: &Policy,
     notify: Option<OwnedFd>,
     reset_signals: u64,
@@ -140,12 +160,9 @@ pub fn spawn(
 ) -> anyhow::Result<Keeper> {
     use std::os::unix::ffi::OsStrExt;
     let mut keep = Vec::new();
-    let mut held = Vec::new();
-    for (stream, src) in sources {
-        let log = dir.open_append(stream.log())?;
+    for (_, src, log) in &held {
         keep.push(src.as_raw_fd());
         keep.push(log.as_raw_fd());
-        held.push((stream, src, log));
     }
     keep.extend(notify.as_ref().map(AsRawFd::as_raw_fd));
     keep.extend(go.as_ref().map(AsRawFd::as_raw_fd));

@@ -87,6 +87,19 @@ fn decode_env(s: &std::ffi::OsStr) -> anyhow::Result<Vec<(OsString, OsString)>> 
     Ok(out)
 }
 
+/// What [`Launch::fork_keeper`] hands the keeper: its sources (pipes' read ends or the pty's
+/// master), the streamer's wake-up (write end), the signals to reset, the go pipe (read end),
+/// and what it does at the cap.
+struct PendingKeeper {
+    /// Each source with its log, opened before the spawn ([`keeper::open_logs`]).
+    held: Vec<(keeper::Stream, OwnedFd, std::fs::File)>,
+    notify: Option<OwnedFd>,
+    reset_signals: u64,
+    go: Option<OwnedFd>,
+    policy: keeper::Policy,
+    pty: bool,
+}
+
 /// `agent-run start`.
 pub fn start(root: Option<&Path>, mut args: StartArgs) -> anyhow::Result<u8> {
     let id = RunId::parse(&args.run_id)?;
@@ -194,6 +207,9 @@ struct Launch {
     /// keeper), so the keeper's start never competes for a CPU with the exec and the wrapper's
     /// own steps after it. Dropped, the keeper starts.
     keeper_go: Option<OwnedFd>,
+    /// The keeper's sources and descriptors, between their making (before the spawn) and its
+    /// fork (after the spawn, see [`Launch::fork_keeper`]).
+    pending_keeper: Option<PendingKeeper>,
     /// The heartbeat, first beat done, its thread not yet started: until the keeper is forked
     /// the wrapper has one thread (see [`keeper::spawn`]), and a short run never starts it
     /// (see [`supervise::BEAT_DEFER`]).
@@ -299,6 +315,7 @@ impl Launch {
             keeper: None,
             keeper_fd: None,
             keeper_go: None,
+            pending_keeper: None,
             beat: supervise::LateBeat::new(beat),
         })
     }
@@ -418,11 +435,11 @@ impl Launch {
         scope
     }
 
-    /// The pipes and the keeper that drains them into the logs: the workload's stdout and
-    /// stderr (the write ends).
-    /// With `--pty` the keeper's one source is the pty's master (`pty_master`), copied to
-    /// stdout.log, and there are no pipes (None).
-    fn start_keeper(
+    /// The pipes the keeper will drain into the logs: the workload's stdout and stderr (the
+    /// write ends), the read ends kept for [`Launch::fork_keeper`]. With `--pty` the keeper's
+    /// one source is the pty's master (`pty_master`), copied to stdout.log, and there are no
+    /// pipes (None).
+    fn prepare_keeper(
         &mut self,
         args: &StartArgs,
         pty_master: Option<OwnedFd>,
@@ -448,12 +465,40 @@ impl Launch {
                 )
             }
         };
-        let limit = args.max_output.and_then(|m| m.0);
-        let policy = keeper::Policy {
-            limit,
-            stop: args.on_output_limit == "stop",
+        // The logs are created now, before the workload exists: ours, never files it planted.
+        let held = keeper::open_logs(&self.dir, sources)?;
+        self.pending_keeper = Some(PendingKeeper {
+            held,
+            notify,
+            reset_signals,
+            go,
+            policy: keeper::Policy {
+                limit: args.max_output.and_then(|m| m.0),
+                stop: args.on_output_limit == "stop",
+            },
+            pty: args.pty,
+        });
+        Ok(ends)
+    }
+
+    /// Fork the keeper of [`Launch::prepare_keeper`]'s sources. After the workload's spawn: a
+    /// fork copies the wrapper's page tables, and there that cost runs beside the workload's
+    /// exec instead of before it. The workload's first 64 KiB wait in the pipes meanwhile.
+    fn fork_keeper(&mut self) -> anyhow::Result<()> {
+        let Some(PendingKeeper {
+            held,
+            notify,
+            reset_signals,
+            go,
+            policy,
+            pty,
+        }) = self.pending_keeper.take()
+        else {
+            return Ok(());
         };
-        let k = keeper::spawn(&self.dir, sources, &policy, notify, reset_signals, go)?;
+        let limit = policy.limit;
+        let on_limit = if policy.stop { "stop" } else { "keep" };
+        let k = keeper::spawn(&self.dir, held, &policy, notify, reset_signals, go)?;
         self.keeper = Some(k.identity);
         self.keeper_fd = sys::pidfd_open(k.identity.pid).ok();
         self.st.output = Some(agent_run_shared::output::Output::pending(
@@ -463,9 +508,9 @@ impl Launch {
         let _ = self.journal.event(
             "keeper_started",
             json!({"pid": k.identity.pid.get(), "start_ticks": k.identity.start_ticks,
-                   "limit": limit, "on_limit": args.on_output_limit, "pty": args.pty}),
+                   "limit": limit, "on_limit": on_limit, "pty": pty}),
         );
-        Ok(ends)
+        Ok(())
     }
 
     /// Spawn the workload in a new session and verify pid == pgid == sid. On failure the final
@@ -516,18 +561,15 @@ impl Launch {
         // The keeper waits for the workload's exec and the `running` record before its own
         // start (see `keeper_go`).
         let (go_r, go_w) = keeper::pipe().ok().unzip();
-        let ends = match self.start_keeper(args, master, notify_w, reset_signals, go_r) {
+        let ends = match self.prepare_keeper(args, master, notify_w, reset_signals, go_r) {
             Ok(ends) => ends,
             Err(e) => return Err(self.launch_failed(exit::SOFTWARE, &format!("{e:#}"))),
         };
         self.keeper_go = go_w;
-        crate::phases::mark("keeper");
-        // The wrapper's threads start only now: the keeper was forked from a single thread.
-        // The heartbeat's starts later, if the run lasts (`supervise::LateBeat`).
-        if !args.quiet {
-            *streamer = Some(Streamer::start(&dir, notify_r));
-        }
-        crate::phases::mark("threads");
+        // The streamer's logs, opened before the workload exists (its thread starts after the
+        // keeper's fork).
+        let logs = (!args.quiet).then(|| Streamer::open(&dir));
+        crate::phases::mark("keeper_prep");
         // The workload's exec, prepared before the clone: its child half only reads memory.
         let env = self.workload_env(args);
         let exec = sys::Exec::new(command, &env, args.cwd.as_deref());
@@ -581,6 +623,16 @@ impl Launch {
         // the keeper's EOF is the workload's last writer, and while we held a slave the master
         // would never read EOF (EIO) nor the session get a hangup.
         drop((ends, null, cgroup_dir));
+        // The keeper, whatever the spawn's outcome (a failed launch has its counts too). Still
+        // single-threaded: the vfork-style child has exec'd or exited.
+        let keeper = self.fork_keeper();
+        crate::phases::mark("keeper");
+        // The wrapper's threads start only now: the keeper was forked from a single thread.
+        // The heartbeat's starts later, if the run lasts (`supervise::LateBeat`).
+        if let (Some(logs), true) = (logs, keeper.is_ok()) {
+            *streamer = Some(logs.start(notify_r));
+        }
+        crate::phases::mark("threads");
         let master = opened.map(|p| {
             let Pty { master, name, .. } = p;
             (master, name)
@@ -649,6 +701,13 @@ impl Launch {
         };
         let leader = stat.identity();
         crate::phases::mark("verify");
+        if let Err(e) = keeper {
+            // A workload whose output nobody would drain: stopped before it runs on.
+            self.st.set_leader(leader);
+            let report = self.stop_spawned(pid, "launch_failed");
+            self.st.cleanup = Some(report.to_cleanup());
+            return Err(self.launch_failed(exit::SOFTWARE, &format!("{e:#}")));
+        }
         if stat.pgid != pid.get() || stat.sid != pid.get() {
             let msg = format!(
                 "workload pid {pid} is not its own session and group leader (pgid {}, sid {})",
@@ -781,6 +840,13 @@ impl Launch {
         self.st.error = Some(msg.replace('\n', " "));
         // The leader never exited: `exit_code` stays null; the launch's own code is recorded.
         self.st.launch_exit_code = Some(code as i32);
+        // A launch that failed before the keeper's fork (still single-threaded then) has its
+        // zero counts too, as every run has.
+        if self.pending_keeper.is_some() {
+            if let Err(e) = self.fork_keeper() {
+                human::say(&format!("{e:#}"));
+            }
+        }
         self.wait_keeper(false);
         if let Err(e) = finalize(
             &self.dir,

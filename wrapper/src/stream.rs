@@ -221,15 +221,31 @@ pub struct Streamer {
 }
 
 impl Streamer {
-    /// Start copying the run dir's logs to our stdout and stderr. Call before the workload
+    /// Open the run dir's logs for copying to our stdout and stderr. Call before the workload
     /// exists: the logs are opened here, so they are the keeper's, not files the run put in
-    /// their place. `notify` is the read end of the keeper's wake-up pipe (non-blocking).
-    pub fn start(dir: &RunDir, notify: Option<OwnedFd>) -> Streamer {
-        let done = Arc::new(AtomicBool::new(false));
+    /// their place. The copying starts with [`OpenedLogs::start`] (a thread: after the
+    /// keeper's fork, which needs a single-threaded process).
+    pub fn open(dir: &RunDir) -> OpenedLogs {
         let mut out = Tail::new(dir, files::STDOUT, std_sink(false));
         let mut err = Tail::new(dir, files::STDERR, std_sink(true));
         out.source();
         err.source();
+        OpenedLogs { out, err }
+    }
+}
+
+/// The logs a streamer copies, opened ([`Streamer::open`]), its thread not yet started.
+pub struct OpenedLogs {
+    out: Tail,
+    err: Tail,
+}
+
+impl OpenedLogs {
+    /// Start copying, in a thread. `notify` is the read end of the keeper's wake-up pipe
+    /// (non-blocking).
+    pub fn start(self, notify: Option<OwnedFd>) -> Streamer {
+        let OpenedLogs { mut out, mut err } = self;
+        let done = Arc::new(AtomicBool::new(false));
         let (wake_r, wake) = match rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC) {
             Ok((r, w)) => (Some(r), Some(w)),
             Err(_) => (None, None),
@@ -276,7 +292,9 @@ impl Streamer {
             .expect("cannot start the streaming thread");
         Streamer { done, wake, handle }
     }
+}
 
+impl Streamer {
     /// Copy what is left and stop. Call once the workload can write no more.
     pub fn finish(mut self) {
         self.done.store(true, Ordering::SeqCst);
