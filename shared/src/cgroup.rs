@@ -469,11 +469,9 @@ fn collect_members(dir: &Path, out: &mut Vec<crate::pid::Pid>, depth: usize) {
     if depth > 64 {
         return;
     }
-    if let Ok(rd) = fs::read_dir(dir) {
-        for e in rd.filter_map(|e| e.ok()) {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                collect_members(&e.path(), out, depth + 1);
-            }
+    for (name, is_dir) in crate::procfs::dir_entries(dir).unwrap_or_default() {
+        if is_dir {
+            collect_members(&dir.join(name), out, depth + 1);
         }
     }
 }
@@ -488,11 +486,9 @@ fn remove_tree(dir: &Path, depth: usize) -> std::io::Result<()> {
         Err(_) => {}
     }
     if depth < 64 {
-        if let Ok(rd) = fs::read_dir(dir) {
-            for e in rd.filter_map(|e| e.ok()) {
-                if e.file_type().is_ok_and(|t| t.is_dir()) {
-                    let _ = remove_tree(&e.path(), depth + 1);
-                }
+        for (name, is_dir) in crate::procfs::dir_entries(dir).unwrap_or_default() {
+            if is_dir {
+                let _ = remove_tree(&dir.join(name), depth + 1);
             }
         }
     }

@@ -264,7 +264,14 @@ fn the_keeper_is_not_the_runs_and_ends_by_eof() {
     });
     let (keeper, _) = keeper_of(&root, "out-keeper");
     let leader = st["pid"].as_i64().unwrap() as i32;
-    let (_, ppid, pgid, sid, _) = proc_stat(keeper).expect("the keeper lives");
+    // Its session is its first step, which may still be ahead of it when the run is recorded
+    // running (it is forked after the spawn, and kept off the wrapper's CPU until its go).
+    let (_, ppid, pgid, sid, _) = wait_until_dbg("the keeper's own session", LONG, || {
+        match proc_stat(keeper) {
+            Some(s) if s.3 == keeper => Ok(s),
+            s => Err(format!("{s:?}")),
+        }
+    });
     c.eq(&(pgid, sid), &(keeper, keeper), "its own session and group");
     ensure!(c, sid != leader, "sid != leader: both {:?}", sid);
     c.eq(&ppid, &(w.child.id() as i32), "the wrapper's child");
@@ -388,6 +395,23 @@ fn the_forked_keeper_ignores_int_hup_term_names_itself_and_keeps_draining() {
             .ok_or(st.to_string())
     });
     let (keeper, _) = keeper_of(&root, "out-fork");
+    // Forked after the spawn and kept off the wrapper's CPU until its go, the keeper may not
+    // have run its first steps yet when the run is recorded running: its title is the last of
+    // them (after its signals and its name).
+    let dir = root.run_dir("out-fork");
+    let title = [
+        b"agent-run".as_slice(),
+        b"__keep",
+        dir.as_os_str().as_encoded_bytes(),
+    ]
+    .join(&0u8);
+    wait_until_dbg("the keeper's first steps", LONG, || {
+        let cmdline = fs::read(format!("/proc/{keeper}/cmdline")).unwrap_or_default();
+        cmdline
+            .starts_with(&title)
+            .then_some(())
+            .ok_or(String::from_utf8_lossy(&cmdline).into_owned())
+    });
     let status = fs::read_to_string(format!("/proc/{keeper}/status")).unwrap();
     let field = |name: &str| {
         status
@@ -415,7 +439,6 @@ fn the_forked_keeper_ignores_int_hup_term_names_itself_and_keeps_draining() {
         .split(|&b| b == 0)
         .filter(|w| !w.is_empty())
         .collect();
-    let dir = root.run_dir("out-fork");
     assert_eq!(
         words,
         [

@@ -504,13 +504,19 @@ fn pinned_keeper(root: &TestRoot, id: &str) -> (i32, Pinned) {
     let c = ctx(root, id);
     let k = keeper_pid(root, id).unwrap_or_else(|| c.fail("no keeper_started"));
     let pinned = Pinned::new(&[k]);
-    let cmdline = std::fs::read(format!("/proc/{k}/cmdline")).unwrap_or_default();
-    ensure!(
-        c,
-        cmdline.split(|&b| b == 0).any(|w| w == b"__keep"),
-        "pid {k} is not the keeper: {:?}",
-        String::from_utf8_lossy(&cmdline)
-    );
+    // Forked after the spawn, the keeper names itself in its first steps, which may still be
+    // ahead of it when the run is recorded running.
+    c.wait("the keeper to name itself", || {
+        let cmdline = std::fs::read(format!("/proc/{k}/cmdline")).unwrap_or_default();
+        if cmdline.split(|&b| b == 0).any(|w| w == b"__keep") {
+            Ok(())
+        } else {
+            Err(format!(
+                "pid {k} is not (yet) the keeper: {:?}",
+                String::from_utf8_lossy(&cmdline)
+            ))
+        }
+    });
     (k, pinned)
 }
 

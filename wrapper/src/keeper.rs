@@ -105,6 +105,20 @@ pub struct Policy {
 #[derive(Debug, Clone, Copy)]
 pub struct Keeper {
     pub identity: Identity,
+    /// Kept off the wrapper's CPU until its go ([`sys::keep_off_this_cpu`]): the wrapper gives
+    /// it every CPU back when it lets it go ([`let_go`]).
+    pub moved: bool,
+}
+
+/// At the keeper's go: every CPU the wrapper may use is the keeper's again (the keeper does
+/// the same once it runs, but queued behind another task on the one CPU it had, it could wait
+/// there while ours falls idle).
+pub fn let_go(k: &Keeper) {
+    if k.moved {
+        if let Some(cpus) = sys::cpus_allowed() {
+            sys::set_cpus_of(k.identity.pid, &cpus);
+        }
+    }
 }
 
 /// A pipe, both ends close-on-exec: `(read, write)`.
@@ -179,6 +193,14 @@ pub fn spawn(
     ];
     let policy = *policy;
     let body_path = path.clone();
+    // Where we may run: the keeper puts it back at its go (see `sys::keep_off_this_cpu`).
+    let cpus = if go.is_some() {
+        sys::cpus_allowed()
+    } else {
+        None
+    };
+    let child_cpus = cpus;
+    let held_go = go.is_some();
     // INT, HUP and TERM are not our end (EOF is); PIPE: we write files only.
     let ignored = [libc::SIGINT, libc::SIGHUP, libc::SIGTERM, libc::SIGPIPE];
     let pid = sys::fork_helper(
@@ -188,13 +210,21 @@ pub fn spawn(
         reset_signals,
         c"agent-run-keep",
         &title,
-        move || keep_run(body_path, policy, held, notify, go),
+        move || keep_run(body_path, policy, held, notify, go.map(|g| (g, child_cpus))),
     )
     .context("cannot start the output keeper")?;
+    // Forked behind us on our CPU, the keeper would wait there for all we do next while the
+    // workload's CPU falls idle at its exit: it waits for its go elsewhere (its first steps
+    // run there too), and takes our CPUs back at the go.
+    let moved = match (held_go, &cpus) {
+        (true, Some(cpus)) => sys::keep_off_this_cpu(pid, cpus),
+        _ => false,
+    };
     // Our unreaped child: the pid is its own until we wait for it.
     let start_ticks = procfs::stat(pid).map_or(0, |s| s.start_ticks);
     Ok(Keeper {
         identity: Identity { pid, start_ticks },
+        moved,
     })
 }
 
@@ -251,12 +281,16 @@ fn keep_run(
     policy: Policy,
     held: Vec<(Stream, OwnedFd, File)>,
     notify: Option<OwnedFd>,
-    go: Option<OwnedFd>,
+    go: Option<(OwnedFd, Option<rustix::thread::CpuSet>)>,
 ) -> u8 {
     crate::phases::forked("keeper");
     crate::phases::mark("keeper_forked");
-    if let Some(go) = go {
+    if let Some((go, cpus)) = go {
         wait_for_go(&go);
+        // The wrapper's CPUs again (it kept us off its own until now).
+        if let Some(cpus) = &cpus {
+            sys::run_on(cpus);
+        }
         crate::phases::mark("keeper_go");
     }
     let code = keep_run_inner(dir, policy, held, notify);

@@ -198,6 +198,8 @@ struct Launch {
     pty: Option<PtyRun>,
     /// The output keeper, once started: never the run's, never signalled.
     keeper: Option<Identity>,
+    /// Whether the keeper was kept off our CPU until its go ([`keeper::Keeper::moved`]).
+    keeper_moved: bool,
     /// Its pidfd (our unreaped child: the pid is its own): the final record waits on it, not on
     /// inotify, for the keeper's counts.
     keeper_fd: Option<OwnedFd>,
@@ -313,6 +315,7 @@ impl Launch {
             cgroup_failure,
             pty: None,
             keeper: None,
+            keeper_moved: false,
             keeper_fd: None,
             keeper_go: None,
             pending_keeper: None,
@@ -392,7 +395,7 @@ impl Launch {
                 crate::phases::mark("scope");
                 // The run is recorded running and we are about to sleep in the supervision's
                 // poll: the keeper starts now (see `keeper_go`), where it takes no CPU from us.
-                self.keeper_go = None;
+                self.release_keeper();
                 let outcome = supervise::supervise(
                     &self.dir,
                     &self.journal,
@@ -500,6 +503,7 @@ impl Launch {
         let on_limit = if policy.stop { "stop" } else { "keep" };
         let k = keeper::spawn(&self.dir, held, &policy, notify, reset_signals, go)?;
         self.keeper = Some(k.identity);
+        self.keeper_moved = k.moved;
         self.keeper_fd = sys::pidfd_open(k.identity.pid).ok();
         self.st.output = Some(agent_run_shared::output::Output::pending(
             limit,
@@ -802,9 +806,22 @@ impl Launch {
     /// only draining and fsyncing the logs) also the time the logs' fsync may take on a slow
     /// disk: a second per [`FSYNC_RATE`] bytes logged, at most [`KEEPER_WAIT_MAX`]. A 1 GiB log
     /// took longer to fsync here than the bare wait, and its record went out `complete: false`.
+    /// The keeper's go (see `keeper_go`), with every CPU of ours for it again. Once.
+    fn release_keeper(&mut self) {
+        if let Some(go) = self.keeper_go.take() {
+            if let Some(identity) = self.keeper {
+                keeper::let_go(&keeper::Keeper {
+                    identity,
+                    moved: self.keeper_moved,
+                });
+            }
+            drop(go);
+        }
+    }
+
     fn wait_keeper(&mut self, survivors: bool) {
         // A keeper still waiting for its go would never finish.
-        self.keeper_go = None;
+        self.release_keeper();
         let Some(fd) = &self.keeper_fd else { return };
         let mut fds = [sys::PollFd {
             fd: fd.as_raw_fd(),
