@@ -366,7 +366,7 @@ fn run(
         dir: dir.to_path_buf(),
         limit,
         stop,
-        buf: vec![0u8; CHUNK],
+        buf: Vec::new(),
         since_check: u64::MAX / 2,
         check_every: 4 << 20,
         stopper: None,
@@ -473,6 +473,7 @@ impl Keep {
                 }
             }
             // Past the cap (or exactly at it): read, count, keep the most recent bytes.
+            self.ensure_buf();
             let n = match read_some(&src.fd, &mut self.buf) {
                 Step::Moved(n) => n,
                 Step::Again | Step::Full(..) => return,
@@ -489,6 +490,14 @@ impl Keep {
             if src.capped == Some("max_output") {
                 src.ring.push(&self.buf[..n]);
             }
+        }
+    }
+
+    /// The copy buffer, allocated at its first use: a keeper that only splices (pipes into a
+    /// log, every run without --pty under its cap) never maps it.
+    fn ensure_buf(&mut self) {
+        if self.buf.is_empty() {
+            self.buf = vec![0u8; CHUNK];
         }
     }
 
@@ -516,6 +525,8 @@ impl Keep {
                 Err(_) => src.splice = false,
             }
         }
+        self.ensure_buf();
+        let want = want.min(self.buf.len());
         let n = match read_some(&src.fd, &mut self.buf[..want]) {
             Step::Moved(n) => n,
             other => return other,
@@ -663,7 +674,9 @@ impl Keep {
 /// The last `cap` bytes pushed: a fixed buffer written with memcpy (no per-byte work, so a
 /// 10 GB stream past the cap costs its reads).
 struct Ring {
+    /// `cap` bytes from the first push on (a stream that never passes its cap never maps it).
     buf: Vec<u8>,
+    cap: usize,
     /// Where the next byte goes.
     at: usize,
     len: usize,
@@ -672,16 +685,20 @@ struct Ring {
 impl Ring {
     fn new(cap: usize) -> Ring {
         Ring {
-            buf: vec![0; cap],
+            buf: Vec::new(),
+            cap,
             at: 0,
             len: 0,
         }
     }
 
     fn push(&mut self, bytes: &[u8]) {
-        let cap = self.buf.len();
+        let cap = self.cap;
         if cap == 0 {
             return;
+        }
+        if self.buf.is_empty() {
+            self.buf = vec![0; cap];
         }
         let bytes = &bytes[bytes.len().saturating_sub(cap)..];
         let first = bytes.len().min(cap - self.at);
@@ -702,7 +719,7 @@ impl Ring {
 
     /// The bytes in two parts, older first.
     fn halves(&self) -> (&[u8], &[u8]) {
-        let cap = self.buf.len();
+        let cap = self.cap;
         if self.len < cap {
             (&self.buf[..self.len], &[])
         } else {
