@@ -96,8 +96,8 @@ pub fn cpus_allowed() -> Option<rustix::thread::CpuSet> {
 /// on, within `allowed` (ours): a fork places the child on its parent's CPU when every CPU is
 /// busy, and there it waits for the parent, which goes on working, while another CPU falls
 /// idle without taking it (the idle CPU's quick balance skips a runqueue this busy). Nothing
-/// when `allowed` has no other CPU. The helper puts `allowed` back itself ([`run_on`]) once it
-/// has work. Returns whether the helper was moved.
+/// when `allowed` has no other CPU. The caller gives `allowed` back ([`set_cpus_of`]) once the
+/// helper has work. Returns whether the helper was moved.
 pub fn keep_off_this_cpu(pid: Pid, allowed: &rustix::thread::CpuSet) -> bool {
     let cpu = rustix::thread::sched_getcpu();
     if cpu >= rustix::thread::CpuSet::MAX_CPU || !allowed.is_set(cpu) || allowed.count() < 2 {
@@ -108,14 +108,8 @@ pub fn keep_off_this_cpu(pid: Pid, allowed: &rustix::thread::CpuSet) -> bool {
     rustix::thread::sched_setaffinity(Some(rustix_pid(pid)), &others).is_ok()
 }
 
-/// Let this thread run on the CPUs of `allowed` (sched_setaffinity(2)); errors are ignored
-/// (it then runs where it was allowed to).
-pub fn run_on(allowed: &rustix::thread::CpuSet) {
-    let _ = rustix::thread::sched_setaffinity(None, allowed);
-}
-
-/// Let our helper `pid` run on the CPUs of `allowed` (its own [`run_on`], from outside);
-/// errors are ignored.
+/// Let our helper `pid` run on the CPUs of `allowed` (sched_setaffinity(2)); errors are
+/// ignored (it then runs where it was allowed to).
 pub fn set_cpus_of(pid: Pid, allowed: &rustix::thread::CpuSet) {
     let _ = rustix::thread::sched_setaffinity(Some(rustix_pid(pid)), allowed);
 }

@@ -105,20 +105,10 @@ pub struct Policy {
 #[derive(Debug, Clone, Copy)]
 pub struct Keeper {
     pub identity: Identity,
-    /// Kept off the wrapper's CPU until its go ([`sys::keep_off_this_cpu`]): the wrapper gives
-    /// it every CPU back when it lets it go ([`let_go`]).
-    pub moved: bool,
-}
-
-/// At the keeper's go: every CPU the wrapper may use is the keeper's again (the keeper does
-/// the same once it runs, but queued behind another task on the one CPU it had, it could wait
-/// there while ours falls idle).
-pub fn let_go(k: &Keeper) {
-    if k.moved {
-        if let Some(cpus) = sys::cpus_allowed() {
-            sys::set_cpus_of(k.identity.pid, &cpus);
-        }
-    }
+    /// When it was kept off the wrapper's CPU until its go ([`sys::keep_off_this_cpu`]): the
+    /// CPUs the wrapper gives it back as it lets it go ([`sys::set_cpus_of`]). A keeper whose
+    /// wrapper died first keeps the others, one CPU fewer: it drains on one at a time anyway.
+    pub cpus: Option<rustix::thread::CpuSet>,
 }
 
 /// A pipe, both ends close-on-exec: `(read, write)`.
@@ -193,13 +183,6 @@ pub fn spawn(
     ];
     let policy = *policy;
     let body_path = path.clone();
-    // Where we may run: the keeper puts it back at its go (see `sys::keep_off_this_cpu`).
-    let cpus = if go.is_some() {
-        sys::cpus_allowed()
-    } else {
-        None
-    };
-    let child_cpus = cpus;
     let held_go = go.is_some();
     // INT, HUP and TERM are not our end (EOF is); PIPE: we write files only.
     let ignored = [libc::SIGINT, libc::SIGHUP, libc::SIGTERM, libc::SIGPIPE];
@@ -210,21 +193,18 @@ pub fn spawn(
         reset_signals,
         c"agent-run-keep",
         &title,
-        move || keep_run(body_path, policy, held, notify, go.map(|g| (g, child_cpus))),
+        move || keep_run(body_path, policy, held, notify, go),
     )
     .context("cannot start the output keeper")?;
     // Forked behind us on our CPU, the keeper would wait there for all we do next while the
     // workload's CPU falls idle at its exit: it waits for its go elsewhere (its first steps
-    // run there too), and takes our CPUs back at the go.
-    let moved = match (held_go, &cpus) {
-        (true, Some(cpus)) => sys::keep_off_this_cpu(pid, cpus),
-        _ => false,
-    };
+    // run there too), and the wrapper gives it our CPUs back at the go.
+    let cpus = sys::cpus_allowed().filter(|cpus| held_go && sys::keep_off_this_cpu(pid, cpus));
     // Our unreaped child: the pid is its own until we wait for it.
     let start_ticks = procfs::stat(pid).map_or(0, |s| s.start_ticks);
     Ok(Keeper {
         identity: Identity { pid, start_ticks },
-        moved,
+        cpus,
     })
 }
 
@@ -281,16 +261,12 @@ fn keep_run(
     policy: Policy,
     held: Vec<(Stream, OwnedFd, File)>,
     notify: Option<OwnedFd>,
-    go: Option<(OwnedFd, Option<rustix::thread::CpuSet>)>,
+    go: Option<OwnedFd>,
 ) -> u8 {
     crate::phases::forked("keeper");
     crate::phases::mark("keeper_forked");
-    if let Some((go, cpus)) = go {
+    if let Some(go) = go {
         wait_for_go(&go);
-        // The wrapper's CPUs again (it kept us off its own until now).
-        if let Some(cpus) = &cpus {
-            sys::run_on(cpus);
-        }
         crate::phases::mark("keeper_go");
     }
     let code = keep_run_inner(dir, policy, held, notify);

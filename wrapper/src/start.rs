@@ -198,8 +198,8 @@ struct Launch {
     pty: Option<PtyRun>,
     /// The output keeper, once started: never the run's, never signalled.
     keeper: Option<Identity>,
-    /// Whether the keeper was kept off our CPU until its go ([`keeper::Keeper::moved`]).
-    keeper_moved: bool,
+    /// The CPUs to give the keeper back at its go ([`keeper::Keeper::cpus`]).
+    keeper_cpus: Option<rustix::thread::CpuSet>,
     /// Its pidfd (our unreaped child: the pid is its own): the final record waits on it, not on
     /// inotify, for the keeper's counts.
     keeper_fd: Option<OwnedFd>,
@@ -315,7 +315,7 @@ impl Launch {
             cgroup_failure,
             pty: None,
             keeper: None,
-            keeper_moved: false,
+            keeper_cpus: None,
             keeper_fd: None,
             keeper_go: None,
             pending_keeper: None,
@@ -503,7 +503,7 @@ impl Launch {
         let on_limit = if policy.stop { "stop" } else { "keep" };
         let k = keeper::spawn(&self.dir, held, &policy, notify, reset_signals, go)?;
         self.keeper = Some(k.identity);
-        self.keeper_moved = k.moved;
+        self.keeper_cpus = k.cpus;
         self.keeper_fd = sys::pidfd_open(k.identity.pid).ok();
         self.st.output = Some(agent_run_shared::output::Output::pending(
             limit,
@@ -800,25 +800,22 @@ impl Launch {
         report
     }
 
+    /// The keeper's go (see `keeper_go`), with every CPU of ours for it again. Once.
+    fn release_keeper(&mut self) {
+        if let Some(go) = self.keeper_go.take() {
+            if let (Some(k), Some(cpus)) = (self.keeper, &self.keeper_cpus) {
+                sys::set_cpus_of(k.pid, cpus);
+            }
+            drop(go);
+        }
+    }
+
     /// Before a final record: give the keeper time to drain and exit (it writes output.json
     /// just before), so `finalize` finds its counts at once. [`agent_run_shared::output::WAIT`],
     /// and when nothing of the run survives (every writer of its pipes is gone, so the keeper is
     /// only draining and fsyncing the logs) also the time the logs' fsync may take on a slow
     /// disk: a second per [`FSYNC_RATE`] bytes logged, at most [`KEEPER_WAIT_MAX`]. A 1 GiB log
     /// took longer to fsync here than the bare wait, and its record went out `complete: false`.
-    /// The keeper's go (see `keeper_go`), with every CPU of ours for it again. Once.
-    fn release_keeper(&mut self) {
-        if let Some(go) = self.keeper_go.take() {
-            if let Some(identity) = self.keeper {
-                keeper::let_go(&keeper::Keeper {
-                    identity,
-                    moved: self.keeper_moved,
-                });
-            }
-            drop(go);
-        }
-    }
-
     fn wait_keeper(&mut self, survivors: bool) {
         // A keeper still waiting for its go would never finish.
         self.release_keeper();
@@ -859,10 +856,8 @@ impl Launch {
         self.st.launch_exit_code = Some(code as i32);
         // A launch that failed before the keeper's fork (still single-threaded then) has its
         // zero counts too, as every run has.
-        if self.pending_keeper.is_some() {
-            if let Err(e) = self.fork_keeper() {
-                human::say(&format!("{e:#}"));
-            }
+        if let Err(e) = self.fork_keeper() {
+            human::say(&format!("{e:#}"));
         }
         self.wait_keeper(false);
         if let Err(e) = finalize(

@@ -232,6 +232,13 @@ impl Streamer {
         err.source();
         OpenedLogs { out, err }
     }
+
+    /// Copy what is left and stop. Call once the workload can write no more.
+    pub fn finish(mut self) {
+        self.done.store(true, Ordering::SeqCst);
+        drop(self.wake.take());
+        let _ = self.handle.join();
+    }
 }
 
 /// The logs a streamer copies, opened ([`Streamer::open`]), its thread not yet started.
@@ -291,15 +298,6 @@ impl OpenedLogs {
             })
             .expect("cannot start the streaming thread");
         Streamer { done, wake, handle }
-    }
-}
-
-impl Streamer {
-    /// Copy what is left and stop. Call once the workload can write no more.
-    pub fn finish(mut self) {
-        self.done.store(true, Ordering::SeqCst);
-        drop(self.wake.take());
-        let _ = self.handle.join();
     }
 }
 
