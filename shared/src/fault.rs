@@ -28,6 +28,11 @@ pub const SPAWN_BY_FORK: &str = "spawn_by_fork";
 /// the logs at EOF, as on a disk slower than the wrapper's bare wait for the counts. Read with
 /// [`armed`].
 pub const SLOW_LOG_FSYNC: &str = "slow_log_fsync";
+/// A knob: with `AGENT_RUN_FAULT=keeper_fork_fails` the output keeper's fork (made right after
+/// the workload's spawn) fails, as under a fork bomb that took the last pid, so tests reach the
+/// path that stops a spawned workload nobody would drain. Read with [`armed`].
+pub const KEEPER_FORK_FAILS: &str = "keeper_fork_fails";
+
 /// The environment variable that names the point to die at (or the knob to turn).
 pub const ENV: &str = "AGENT_RUN_FAULT";
 

@@ -637,14 +637,22 @@ pub fn spawn_workload(
     raw::set_signal_mask(&old_mask);
     // Our copies of the child's ends: its exec (or its exit) closes the last ones.
     drop(report_w);
-    let (pid, pidfd, cgroup_entry) = match made {
-        Ok((Forked::Parent(pid, pidfd), entry, procs)) => {
+    let (pid, pidfd, cgroup_entry, vforked) = match made {
+        Ok((Forked::Parent(pid, pidfd), entry, procs, vforked)) => {
             drop(procs);
-            (pid, pidfd, entry)
+            (pid, pidfd, entry, vforked)
         }
         Ok((Forked::Child, ..)) => unreachable!("the child never returns from `raw::child`"),
         Err(e) => return Err(e),
     };
+    // After a vfork-style clone the child has exec'd or exited: its report is in the pipe, whole,
+    // or there is none, and the pipe is read without waiting. Its EOF is not waited for then:
+    // the exec'd workload, running by now, can open a write end of it through /proc/PID/fd,
+    // and would hold the launch (and, with its output not yet drained, itself) forever.
+    if vforked {
+        // It cannot fail on a pipe of ours; if it did, the read would wait for the EOF as before.
+        let _ = rustix::fs::fcntl_setfl(&report_r, rustix::fs::OFlags::NONBLOCK);
+    }
     match read_report(&report_r) {
         None => Ok(Spawned {
             pid,
@@ -673,9 +681,10 @@ enum Forked {
     Parent(Pid, Option<OwnedFd>),
 }
 
-/// What [`clone_workload`] made: the side we are on, how the child enters its cgroup, and
-/// the parent's copy of `cgroup.procs` (the fork fallback), to close once the clone is done.
-type Made = (Forked, Option<CgroupEntry>, Option<OwnedFd>);
+/// What [`clone_workload`] made: the side we are on, how the child enters its cgroup, the
+/// parent's copy of `cgroup.procs` (the fork fallback), to close once the clone is done, and
+/// whether the clone was vfork-style (the parent resumed only once the child exec'd or exited).
+type Made = (Forked, Option<CgroupEntry>, Option<OwnedFd>, bool);
 
 /// Make the workload's process: clone3 into the cgroup, else (old kernels, `force_fork`)
 /// fork, with the child writing `cgroup.procs` (`plan.procs`).
@@ -700,7 +709,10 @@ fn clone_workload(
             r = raw::clone3_vfork(cgroup, false, plan);
         }
         match r {
-            Ok(f) => return Ok((f, cgroup.map(|_| CgroupEntry::Clone3), None)),
+            Ok(f) => {
+                let vforked = cfg!(target_arch = "x86_64");
+                return Ok((f, cgroup.map(|_| CgroupEntry::Clone3), None, vforked));
+            }
             Err(e) if old_kernel(&e) => {}
             Err(e) if cgroup.is_none() => return Err(SpawnError::Fork(e)),
             Err(e) => {
@@ -725,11 +737,12 @@ fn clone_workload(
     };
     plan.procs = procs.as_ref().map(|f| f.as_raw_fd());
     let forked = raw::fork().map_err(SpawnError::Fork)?;
-    Ok((forked, cgroup.map(|_| CgroupEntry::Write), procs))
+    Ok((forked, cgroup.map(|_| CgroupEntry::Write), procs, false))
 }
 
-/// Read the child's report to the end of the pipe: `None` when it closed without a word (the
-/// exec succeeded, or the child died before it could say anything).
+/// Read the child's report to the end of the pipe (or, non-blocking, to what it holds now):
+/// `None` when it closed without a word (the exec succeeded, or the child died before it could
+/// say anything).
 fn read_report(fd: &OwnedFd) -> Option<(ChildStep, i32)> {
     let mut buf = [0u8; 8];
     let mut n = 0;

@@ -1034,3 +1034,66 @@ fn the_streamer_sleeps_while_the_run_is_quiet_and_wakes_when_its_log_grows() {
         "the streaming thread woke {idle} times in 1 s of silence"
     );
 }
+
+/// The keeper is forked right after the workload's spawn. When that fork fails (a fork bomb
+/// can take the last pid in that moment; here a test knob refuses it), the spawned workload,
+/// whose output nobody would drain, is stopped by the shared routine before it runs on: the
+/// launch fails with 70, the record says `launch_failed`, and nothing of the run's session or
+/// cgroup is left in the process table.
+#[test]
+fn a_keeper_that_cannot_be_forked_after_the_spawn_stops_the_workload_and_fails_the_launch() {
+    let root = TestRoot::new();
+    let c = ctx(&root, "no-keeper");
+    let o = run_with_timeout(
+        root.cmd()
+            .env("AGENT_RUN_FAULT", "keeper_fork_fails")
+            .args([
+                "--quiet",
+                "--grace",
+                "2s",
+                "no-keeper",
+                "--",
+                "sh",
+                "-c",
+                "sleep 300 & sleep 300 & wait",
+            ]),
+        LONG,
+    );
+    c.eq(
+        &o.status.code(),
+        &Some(70),
+        format_args!("{}", describe_output("no-keeper", &o)),
+    );
+    let st = root.status("no-keeper");
+    c.eq(&st["state"], "launch_failed", "st[\"state\"]");
+    let leader = st["pid"].as_i64().map(|p| p as i32);
+    ensure!(
+        c,
+        leader.is_some(),
+        "the record names the spawned leader: {st}"
+    );
+    let (leader, ticks) = (leader.unwrap(), st["start_ticks"].as_u64());
+    ensure!(
+        c,
+        ticks.is_some(),
+        "the record names the leader's start: {st}"
+    );
+    ensure!(
+        c,
+        !agent_run_tests::alive_as(leader, ticks.unwrap()),
+        "the leader {leader} outlived a failed launch"
+    );
+    ensure!(
+        c,
+        root.events("no-keeper")
+            .iter()
+            .any(|e| e["event"] == "signal" && e["reason"] == "launch_failed"),
+        "the stop is journalled: {:?}",
+        root.events("no-keeper")
+    );
+    let left = agent_run_tests::session_members(leader);
+    ensure!(c, left.is_empty(), "the run's session still holds {left:?}");
+    if let Some(cg) = st["containment"]["cgroup"].as_str() {
+        ensure!(c, !Path::new(cg).exists(), "the run's cgroup {cg} is left");
+    }
+}

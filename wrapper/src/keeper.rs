@@ -21,7 +21,7 @@
 //! keeper::spawn(dir: &RunDir, held: Vec<(Stream, OwnedFd, File)>, policy: &Policy,
 //!               notify: Option<OwnedFd> /*write end of a non-blocking pipe*/,
 //!               reset_signals: u64 /*sys::nondefault_signals(), after the last handler*/,
-//!               go: Option<OwnedFd> /*read end: the keeper starts at its EOF*/)
+//!               go: Option<OwnedFd> /*read end: the keeper starts at a byte or EOF*/)
 //!     -> anyhow::Result<Keeper>            // Keeper { identity: Identity }
 //! Stream::{Stdout, Stderr}                 // which log a source feeds (its counts' key)
 //! Policy { limit: Option<u64> /*per stream, None = unlimited*/, stop: bool /*--on-output-limit=stop*/ }
@@ -149,9 +149,10 @@ pub fn open_logs(
 /// The wrapper forks it right after the workload's spawn, where the fork's copy of its page
 /// tables runs beside the workload's exec instead of before it.
 ///
-/// With `go` (the read end of a pipe whose write end the caller holds), the keeper waits for
-/// its EOF before it sets anything up: the caller drops the write end once the workload is
-/// recorded running and the wrapper is about to sleep (or the launch fails), and the keeper's
+/// With `go` (the read end of a pipe whose write end the caller holds), the keeper waits for a
+/// byte or the EOF before it sets anything up: the caller writes one and drops the write end
+/// once the workload is recorded running and the wrapper is about to sleep (or drops it when
+/// the launch fails), and the keeper's
 /// start no longer competes for a CPU with the workload's exec and the wrapper's last steps
 /// (on two cores they waited behind it).
 pub fn spawn(
@@ -274,19 +275,15 @@ fn keep_run(
     code
 }
 
-/// Wait until every writer of `go` is gone (EOF), or the pipe fails: the wrapper holds it until
-/// the workload has exec'd and is recorded running (see [`spawn`]). Nothing is lost meanwhile:
-/// the workload's first 64 KiB wait in the pipes, and past that it blocks, as it would on a
-/// slow reader; a wrapper that dies lets the keeper go (the kernel closes its end).
+/// Wait for the go: a byte the wrapper writes into `go` once the workload has exec'd and is
+/// recorded running (see [`spawn`]), or the pipe's EOF (a wrapper that died, or dropped its
+/// end on a failed launch), or an error. A byte, not only the EOF: a workload that opened the
+/// wrapper's write end through /proc (same user) would otherwise hold the keeper back. Nothing
+/// is lost meanwhile: the workload's first 64 KiB wait in the pipes, and past that it blocks,
+/// as it would on a slow reader.
 fn wait_for_go(go: &OwnedFd) {
-    let mut b = [0u8; 8];
-    loop {
-        match rustix::io::read(go, &mut b) {
-            Ok(0) => return,
-            Ok(_) | Err(rustix::io::Errno::INTR) => continue,
-            Err(_) => return,
-        }
-    }
+    let mut b = [0u8; 1];
+    while let Err(rustix::io::Errno::INTR) = rustix::io::read(go, &mut b) {}
 }
 
 fn keep_run_inner(

@@ -207,7 +207,7 @@ struct Launch {
     /// fork until the workload has exec'd, its `running` record is written and the wrapper is
     /// about to sleep in the supervision (or the launch fails, or anything waits for the
     /// keeper), so the keeper's start never competes for a CPU with the exec and the wrapper's
-    /// own steps after it. Dropped, the keeper starts.
+    /// own steps after it. A byte written into it, or its drop, starts the keeper.
     keeper_go: Option<OwnedFd>,
     /// The keeper's sources and descriptors, between their making (before the spawn) and its
     /// fork (after the spawn, see [`Launch::fork_keeper`]).
@@ -499,6 +499,11 @@ impl Launch {
         else {
             return Ok(());
         };
+        if fault::armed(fault::KEEPER_FORK_FAILS) {
+            anyhow::bail!(
+                "cannot start the output keeper: fork refused (the keeper_fork_fails knob)"
+            );
+        }
         let limit = policy.limit;
         let on_limit = if policy.stop { "stop" } else { "keep" };
         let k = keeper::spawn(&self.dir, held, &policy, notify, reset_signals, go)?;
@@ -806,6 +811,8 @@ impl Launch {
             if let (Some(k), Some(cpus)) = (self.keeper, &self.keeper_cpus) {
                 sys::set_cpus_of(k.pid, cpus);
             }
+            // A byte, then our end closed: either one lets the keeper go (see keeper.rs).
+            let _ = rustix::io::write(&go, b"g");
             drop(go);
         }
     }
