@@ -44,8 +44,9 @@
 //! At the cap (`--max-output`, per stream) the keeper writes one marker line into that log,
 //! keeps draining, counts what it drops and keeps the most recent `min(cap/8, 1 MiB)` bytes in
 //! memory, appended after a second marker at EOF. Before the free space of the logs'
-//! filesystem falls below a reserve (checked every few MB) it stops writing the same way
-//! (`disk reserve`), so a full disk never takes the records of other runs. With `stop`, the
+//! filesystem falls below a reserve (looked at after every quarter of it written, at most
+//! 4 MiB, and no splice runs past a look) it stops writing the same way (`disk reserve`), so a
+//! full disk never takes the records of other runs. With `stop`, the
 //! first cap asks for the run's stop (reason `output_limit`) through `cancel`'s own code, on a
 //! thread, while draining goes on.
 
@@ -413,7 +414,15 @@ impl Keep {
                     .limit
                     .map_or(u64::MAX, |l| l.saturating_sub(src.written));
                 if room > 0 {
-                    let want = room.min(CHUNK as u64) as usize;
+                    // Never past the next look at the disk: one splice can move a whole pipe
+                    // (1 MiB), the reserve on a small filesystem, and the look that would have
+                    // stopped it came after (a 40 MiB tmpfs filled to the last block). The
+                    // first chunk goes before the first look, as it always did.
+                    let to_check = match self.check_every.checked_sub(self.since_check) {
+                        Some(n) if n > 0 => n,
+                        _ => CHUNK as u64,
+                    };
+                    let want = room.min(CHUNK as u64).min(to_check) as usize;
                     match self.write_some(src, want) {
                         Step::Moved(n) => {
                             self.appended |= n > 0;
