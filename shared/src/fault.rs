@@ -33,6 +33,12 @@ pub const SLOW_LOG_FSYNC: &str = "slow_log_fsync";
 /// path that stops a spawned workload nobody would drain. Read with [`armed`].
 pub const KEEPER_FORK_FAILS: &str = "keeper_fork_fails";
 
+/// A knob: with `AGENT_RUN_FAULT=hold_spawn_report` the wrapper keeps its write end of the
+/// spawn's report pipe open until something is in the pipe (at most 10 s), so a test workload
+/// that opens it through /proc/PPID/fd, as a hostile one can in the moment after its exec,
+/// always finds it. Read with [`armed`].
+pub const HOLD_SPAWN_REPORT: &str = "hold_spawn_report";
+
 /// The environment variable that names the point to die at (or the knob to turn).
 pub const ENV: &str = "AGENT_RUN_FAULT";
 
@@ -50,13 +56,16 @@ pub fn point(name: &str) {
     let _ = name;
 }
 
-/// Whether `AGENT_RUN_FAULT` names this point (always false in release builds).
+/// Whether `AGENT_RUN_FAULT` names this point, alone or in a comma-separated list (a point
+/// and knobs; always false in release builds).
 #[inline]
 pub fn armed(name: &str) -> bool {
     #[cfg(debug_assertions)]
     {
         static WANT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-        WANT.get_or_init(|| std::env::var(ENV).ok()).as_deref() == Some(name)
+        WANT.get_or_init(|| std::env::var(ENV).ok())
+            .as_deref()
+            .is_some_and(|want| want.split(',').any(|w| w == name))
     }
     #[cfg(not(debug_assertions))]
     {

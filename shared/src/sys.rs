@@ -425,6 +425,9 @@ pub struct Spawned {
     pub pidfd: Option<OwnedFd>,
     /// How it entered the run's cgroup; `None` without one.
     pub cgroup_entry: Option<CgroupEntry>,
+    /// A report in the pipe that the child did not write (it exec'd: see
+    /// [`spawn_workload`]), as it read: step and errno. For the journal only.
+    pub report_ignored: Option<(ChildStep, i32)>,
 }
 
 /// Why the workload's spawn failed. A child that was made has been reaped.
@@ -602,7 +605,9 @@ struct ChildPlan<'a> {
 /// and in the fork fallback, it runs on a copy of our memory. Either way it calls only
 /// async-signal-safe syscalls that write nothing but its own stack: no allocation, no lock, no
 /// panic. A failed step is written (step and errno) to a close-on-exec pipe, then the child
-/// `_exit`s 127; the parent reads the pipe to its end: nothing means the exec succeeded.
+/// `_exit`s 127; the parent reads the pipe (see the body for how long it waits): nothing means
+/// the exec succeeded, and so does a report after which the child did not end as a child that
+/// reported does ([`Spawned::report_ignored`]): the exec'd workload wrote it.
 pub fn spawn_workload(
     exec: &Exec,
     io: &ChildIo<'_>,
@@ -635,8 +640,6 @@ pub fn spawn_workload(
         unsafe { raw::child(&plan) }
     }
     raw::set_signal_mask(&old_mask);
-    // Our copies of the child's ends: its exec (or its exit) closes the last ones.
-    drop(report_w);
     let (pid, pidfd, cgroup_entry, vforked) = match made {
         Ok((Forked::Parent(pid, pidfd), entry, procs, vforked)) => {
             drop(procs);
@@ -645,19 +648,40 @@ pub fn spawn_workload(
         Ok((Forked::Child, ..)) => unreachable!("the child never returns from `raw::child`"),
         Err(e) => return Err(e),
     };
+    if crate::fault::armed(crate::fault::HOLD_SPAWN_REPORT) {
+        // Tests: our write end stays open until something is in the pipe (at most 10 s), so a
+        // workload that opens it through /proc/PPID/fd always finds it.
+        let mut fds = [PollFd {
+            fd: report_r.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        let _ = poll(&mut fds, Some(Duration::from_secs(10)));
+    }
+    // Our copies of the child's ends: its exec (or its exit) closes the last ones.
+    drop(report_w);
     // After a vfork-style clone the child has exec'd or exited: its report is in the pipe, whole,
     // or there is none, and the pipe is read without waiting. Its EOF is not waited for then:
     // the exec'd workload, running by now, can open a write end of it through /proc/PID/fd,
-    // and would hold the launch (and, with its output not yet drained, itself) forever.
-    if vforked {
-        // It cannot fail on a pipe of ours; if it did, the read would wait for the EOF as before.
-        let _ = rustix::fs::fcntl_setfl(&report_r, rustix::fs::OFlags::NONBLOCK);
-    }
-    match read_report(&report_r) {
+    // and would hold the launch (and, with its output not yet drained, itself) forever. After a
+    // fork the EOF (the exec) is waited for, at most [`REPORT_WAIT`], for the same reason.
+    let wait = if vforked { Duration::ZERO } else { REPORT_WAIT };
+    let report = read_report(&report_r, wait);
+    match report {
         None => Ok(Spawned {
             pid,
             pidfd,
             cgroup_entry,
+            report_ignored: None,
+        }),
+        // Bytes in the pipe are the child's report only if the child then ended as a child
+        // that reported does; else the exec'd workload wrote them (see [`ended_as_reported`]),
+        // and it is supervised as any workload, its bytes only journalled.
+        Some((step, errno)) if !ended_as_reported(pid, pidfd.as_ref(), cgroup) => Ok(Spawned {
+            pid,
+            pidfd,
+            cgroup_entry,
+            report_ignored: Some((step, errno)),
         }),
         Some((step, errno)) => {
             // The child `_exit`s right after its report: reap it, so a launch that never ran
@@ -673,6 +697,78 @@ pub fn spawn_workload(
             })
         }
     }
+}
+
+/// After a fork, the longest the parent waits for the report pipe's EOF (the child's exec or
+/// exit, microseconds away); past it the child is taken as spawned. Only a workload that opened
+/// the pipe's write end through /proc/PPID/fd before our copy was closed makes it count.
+const REPORT_WAIT: Duration = Duration::from_secs(10);
+
+/// The longest a child that reported a failed step is waited for to end: it `_exit`s right
+/// after its report, so this only counts for a report the child did not write.
+const REPORTED_END_WAIT: Duration = Duration::from_secs(5);
+
+/// Whether the child that a report came from (as far as the pipe tells) ended as one that
+/// reported does: exited 127 within [`REPORTED_END_WAIT`], and nothing alive in its cgroup (or,
+/// without one, in its session), since it never reached its exec. An exec'd workload of the
+/// same user can open the pipe's write end through /proc/PPID/fd and write a report of its own;
+/// taken for the child's, the launch would fail while the workload and what it forked ran on,
+/// and the reap would wait for its exit. Without a pidfd (kernels before 5.3) the report is
+/// believed, as it was.
+fn ended_as_reported(pid: Pid, pidfd: Option<&OwnedFd>, cgroup: Option<BorrowedFd<'_>>) -> bool {
+    let opened;
+    let fd = match pidfd {
+        Some(fd) => fd,
+        None => match pidfd_open(pid) {
+            Ok(fd) => {
+                opened = fd;
+                &opened
+            }
+            Err(_) => return true,
+        },
+    };
+    let mut fds = [PollFd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    let deadline = std::time::Instant::now() + REPORTED_END_WAIT;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match poll(&mut fds, Some(left)) {
+            Ok(0) if left.is_zero() => return false,
+            Ok(0) => continue, // EINTR
+            Ok(_) => break,
+            Err(_) => return false,
+        }
+    }
+    use rustix::process::{WaitId, WaitIdOptions};
+    let opts = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
+    let exited_127 = matches!(
+        rustix::process::waitid(WaitId::Pid(rustix_pid(pid)), opts),
+        Ok(Some(st)) if st.exited() && st.exit_status() == Some(127)
+    );
+    if !exited_127 {
+        return false;
+    }
+    match cgroup {
+        Some(dir) => cgroup_empty(dir),
+        None => !crate::procfs::scan()
+            .iter()
+            .any(|s| s.sid == pid.get() && s.pid != pid),
+    }
+}
+
+/// Whether the cgroup at `dir` says `populated 0` (false when it cannot be read).
+fn cgroup_empty(dir: BorrowedFd<'_>) -> bool {
+    use std::io::Read;
+    let flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC;
+    let Ok(fd) = rustix::fs::openat(dir, "cgroup.events", flags, rustix::fs::Mode::empty()) else {
+        return false;
+    };
+    let mut text = String::new();
+    let read = std::fs::File::from(fd).take(4096).read_to_string(&mut text);
+    read.is_ok() && text.lines().any(|l| l.trim() == "populated 0")
 }
 
 /// Which side of a clone we are on.
@@ -740,10 +836,13 @@ fn clone_workload(
     Ok((forked, cgroup.map(|_| CgroupEntry::Write), procs, false))
 }
 
-/// Read the child's report to the end of the pipe (or, non-blocking, to what it holds now):
-/// `None` when it closed without a word (the exec succeeded, or the child died before it could
-/// say anything).
-fn read_report(fd: &OwnedFd) -> Option<(ChildStep, i32)> {
+/// Read the child's report: to the end of the pipe, waiting at most `wait` in all for more
+/// (zero: only what it holds now). `None` when it closed without a word (the exec succeeded, or
+/// the child died before it could say anything) or said less than a report.
+fn read_report(fd: &OwnedFd, wait: Duration) -> Option<(ChildStep, i32)> {
+    // It cannot fail on a pipe of ours; if it did, the reads would wait for the EOF as before.
+    let _ = rustix::fs::fcntl_setfl(fd, rustix::fs::OFlags::NONBLOCK);
+    let deadline = std::time::Instant::now() + wait;
     let mut buf = [0u8; 8];
     let mut n = 0;
     while n < buf.len() {
@@ -751,6 +850,18 @@ fn read_report(fd: &OwnedFd) -> Option<(ChildStep, i32)> {
             Ok(0) => break,
             Ok(k) => n += k,
             Err(rustix::io::Errno::INTR) => continue,
+            Err(rustix::io::Errno::AGAIN) => {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                let mut fds = [PollFd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                }];
+                let _ = poll(&mut fds, Some(left));
+            }
             Err(_) => break,
         }
     }

@@ -624,3 +624,113 @@ fn the_workload_gets_cwd_env_and_no_descriptor_above_stderr_on_both_paths() {
         );
     }
 }
+
+/// A hostile workload opens a write end of every pipe its wrapper holds, through
+/// /proc/PPID/fd (same user, in the moment after its exec, which `hold_spawn_report` keeps
+/// open), and writes into each a whole spawn report (`exec` failed, ENOENT), or half of one,
+/// then writes 256 KiB while it holds them. Neither is taken for the child's: the launch does
+/// not wait for the held pipe's EOF (it deadlocked: the workload blocked on its output, which
+/// nobody drained yet) nor fail, the workload runs, every byte is kept, and the journal names the
+/// report it ignored. Then one that forges a report, forks and exits 127 as a failed child does:
+/// its fork, alive in the run, shows the exec happened; the run is supervised like any other
+/// (no `launch_failed`), and the fork is stopped. On both spawn paths.
+#[test]
+fn a_workload_that_forges_or_holds_the_spawn_report_neither_hangs_nor_fails_the_launch() {
+    const BYTES: usize = 256 * 1024;
+    let root = TestRoot::new();
+    let fixture = agent_run_tests::fixture_bin().display().to_string();
+    let spew: Vec<u8> = (0..BYTES)
+        .map(|k| b"0123456789abcdefghijklmnopqrstuvwxyz\n"[k % 37])
+        .collect();
+    for (entry, knob) in PATHS {
+        let knobs = match knob {
+            Some(k) => format!("{k},hold_spawn_report"),
+            None => "hold_spawn_report".to_string(),
+        };
+        for forge in ["8", "4"] {
+            let id = format!("forge{forge}-{entry}");
+            let args = [
+                "--quiet",
+                id.as_str(),
+                "--",
+                fixture.as_str(),
+                "grab-parent-pipes",
+                forge,
+                "spew",
+                "262144",
+            ];
+            let mut cmd = ar(&root, None, &args);
+            let (code, _, err) = outcome(cmd.env("AGENT_RUN_FAULT", &knobs));
+            let diag = || format!("{id}: {err}\n{}", diagnostics(&root, &id));
+            assert_eq!(code, 0, "{}", diag());
+            let st = root.status(&id);
+            assert_eq!(st["state"], "finished", "{}", diag());
+            assert_eq!(st["exit_code"], 0, "{}", diag());
+            assert_eq!(st["output"]["stdout"]["written"], BYTES, "{}", diag());
+            let log = fs::read(root.run_dir(&id).join("stdout.log")).unwrap_or_default();
+            assert!(log == spew, "{id}: stdout.log holds {} bytes", log.len());
+            let errlog = fs::read_to_string(root.run_dir(&id).join("stderr.log")).unwrap();
+            let grabbed: usize = errlog
+                .strip_prefix("grabbed ")
+                .and_then(|r| r.split(' ').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("{id}: no count in stderr.log {errlog:?}"));
+            assert!(grabbed >= 1, "{id}: the workload held no pipe of ours");
+            let ignored = &spawn_event(&root, &id)["report_ignored"];
+            if forge == "8" {
+                assert_eq!(ignored["step"], "Exec", "{}", diag());
+                assert_eq!(ignored["errno"], libc::ENOENT, "{}", diag());
+            } else {
+                assert!(ignored.is_null(), "{}", diag());
+            }
+        }
+        let id = format!("orphan-{entry}");
+        let args = [
+            "--quiet",
+            "--grace",
+            "2s",
+            id.as_str(),
+            "--",
+            fixture.as_str(),
+            "grab-parent-pipes",
+            "8",
+            "orphan-exit-127",
+        ];
+        let mut cmd = ar(&root, None, &args);
+        let (code, _, err) = outcome(cmd.env("AGENT_RUN_FAULT", &knobs));
+        let diag = || format!("{id}: {err}\n{}", diagnostics(&root, &id));
+        let st = root.status(&id);
+        assert_ne!(st["state"], "launch_failed", "{}", diag());
+        assert_ne!(st["launch_exit_code"], 127, "{}", diag());
+        assert_eq!(st["exit_code"], 127, "{}", diag());
+        let orphan: i32 = stdout_log(&root, &id)
+            .trim()
+            .strip_prefix("orphan pid=")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("{}", diag()));
+        let leader = st["pid"].as_i64().unwrap_or_else(|| panic!("{}", diag())) as i32;
+        // The fork kept the leader's session (the fixture never leaves it): none of it is left.
+        let left = agent_run_tests::session_members(leader);
+        assert!(
+            left.is_empty(),
+            "{id}: the run's session still holds {left:?} (the fork: {orphan}), exit {code}\n{}",
+            diag()
+        );
+        if let Some(cg) = st["containment"]["cgroup"].as_str() {
+            assert!(!Path::new(cg).exists(), "cgroup {cg} left\n{}", diag());
+        }
+        // Stopped by the shared routine, as the run's own: journalled and in the record.
+        assert!(
+            root.events(&id)
+                .iter()
+                .any(|e| e["event"] == "signal" && e["pid"] == orphan),
+            "{id}: no signal journalled for the fork {orphan}\n{}",
+            diag()
+        );
+        let signalled = st["cleanup"]["signalled"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert!(signalled.contains(&orphan.into()), "{}", diag());
+    }
+}

@@ -753,11 +753,13 @@ impl Launch {
             self.stop_spawned(pid, "record_failed");
             return Err(exit::SOFTWARE);
         }
-        let _ = self.journal.event(
-            "spawn",
-            json!({"pid": pid.get(), "pgid": stat.pgid, "sid": stat.sid, "start_ticks": leader.start_ticks,
-                   "cgroup_entry": child.cgroup_entry.map(sys::CgroupEntry::as_str)}),
-        );
+        let mut spawn = json!({"pid": pid.get(), "pgid": stat.pgid, "sid": stat.sid, "start_ticks": leader.start_ticks,
+                   "cgroup_entry": child.cgroup_entry.map(sys::CgroupEntry::as_str)});
+        if let Some((step, errno)) = child.report_ignored {
+            // Bytes the exec'd workload wrote into the spawn's report pipe (through /proc).
+            spawn["report_ignored"] = json!({"step": format!("{step:?}"), "errno": errno});
+        }
+        let _ = self.journal.event("spawn", spawn);
         crate::phases::mark("journal_spawn");
         Ok((leader, pidfd))
     }

@@ -26,6 +26,7 @@ const USAGE: &str = "usage: fixture tree [--children N] [--grandchildren] [--esc
        fixture env | exit CODE | signal SIGNUM | sleep-ms MS | count FILE
        fixture spew BYTES [--stderr-bytes N] [--chunk N]
        fixture zombie-leader | hopper | nondumpable-daemon | fork-loop
+       fixture grab-parent-pipes FORGE_BYTES (spew BYTES | orphan-exit-127)
 MODE is default, ignore, log-exit or log-stay";
 
 /// Byte i of a `spew` stream is `PATTERN[i % PATTERN.len()]`.
@@ -102,6 +103,7 @@ fn run(args: &[String]) -> Result<i32, Failure> {
             [s] if s == "setsid" => fork_loop(true),
             _ => Err(usage("fork-loop takes nothing or `setsid`")),
         },
+        "grab-parent-pipes" => grab_parent_pipes(rest),
         "sleep-ms" => {
             let [ms] = rest else {
                 return Err(usage("sleep-ms takes one MS"));
@@ -768,4 +770,86 @@ fn fork_loop(setsid: bool) -> Result<i32, Failure> {
         std::thread::sleep(Duration::from_millis(2));
     }
     park()
+}
+
+/// The hostile workload of a same-user attack on its wrapper: open a write end of every pipe
+/// the parent holds (through /proc/PPID/fd, as anyone of the same user may while the parent is
+/// dumpable), except the pipes of our own stdout and stderr, and write FORGE_BYTES bytes into
+/// each, once per pipe (8: a whole spawn report, step 8 (the exec) errno ENOENT; 4: half of one). Those ends stay open
+/// while the fixture goes on: `spew BYTES` writes BYTES pattern bytes to stdout (as `spew`) and
+/// exits 0; `orphan-exit-127` forks a child that sleeps 300 s, prints `orphan pid=PID` and
+/// exits 127, as a child whose exec failed does. Prints `grabbed N pipes` on stderr.
+fn grab_parent_pipes(args: &[String]) -> Result<i32, Failure> {
+    let (forge, then) = match args {
+        [forge, then @ ..] => (number::<usize>("forge bytes", forge)?, then),
+        _ => return Err(usage("grab-parent-pipes takes FORGE_BYTES and what then")),
+    };
+    if forge > 8 {
+        return Err(usage("FORGE_BYTES is at most 8"));
+    }
+    let link = |p: &str| {
+        std::fs::read_link(p)
+            .ok()
+            .map(|l| l.to_string_lossy().into_owned())
+    };
+    let own: Vec<String> = ["/proc/self/fd/1", "/proc/self/fd/2"]
+        .iter()
+        .filter_map(|p| link(p))
+        .collect();
+    let ppid = std::os::unix::process::parent_id();
+    let dir = format!("/proc/{ppid}/fd");
+    let entries =
+        std::fs::read_dir(&dir).map_err(|e| runtime(format!("cannot list {dir}: {e}")))?;
+    let report: [u8; 8] = [8, 0, 0, 0, libc::ENOENT as u8, 0, 0, 0];
+    let mut held = Vec::new();
+    let mut seen = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Some(target) = link(&path.to_string_lossy()) else {
+            continue;
+        };
+        // Each pipe once (the parent may hold both its ends).
+        if !target.starts_with("pipe:") || own.contains(&target) || seen.contains(&target) {
+            continue;
+        }
+        seen.push(target);
+        let Ok(mut f) = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&path)
+        else {
+            continue;
+        };
+        let _ = f.write(&report[..forge]);
+        held.push(f);
+    }
+    eprintln!("grabbed {} pipes", held.len());
+    let code = match then {
+        [mode, bytes] if mode == "spew" => {
+            spew(std::slice::from_ref(bytes))?;
+            0
+        }
+        [mode] if mode == "orphan-exit-127" => {
+            // SAFETY (fixture): fork from a single-threaded process; the child only sleeps.
+            match unsafe { libc::fork() } {
+                0 => {
+                    std::thread::sleep(Duration::from_secs(300));
+                    unsafe { libc::_exit(0) }
+                }
+                -1 => return Err(runtime("cannot fork")),
+                pid => {
+                    println!("orphan pid={pid}");
+                    let _ = std::io::stdout().flush();
+                    127
+                }
+            }
+        }
+        _ => {
+            return Err(usage(
+                "grab-parent-pipes then: spew BYTES | orphan-exit-127",
+            ))
+        }
+    };
+    drop(held);
+    Ok(code)
 }
