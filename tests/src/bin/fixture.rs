@@ -800,6 +800,9 @@ fn grab_parent_pipes(args: &[String]) -> Result<i32, Failure> {
     let dir = format!("/proc/{ppid}/fd");
     let entries =
         std::fs::read_dir(&dir).map_err(|e| runtime(format!("cannot list {dir}: {e}")))?;
+    // The parent may hold pipes it inherited whose readers are gone (a CI runner's): a write
+    // there is EPIPE, not our death.
+    set_disposition(libc::SIGPIPE, Mode::Ignore)?;
     let report: [u8; 8] = [8, 0, 0, 0, libc::ENOENT as u8, 0, 0, 0];
     let mut held = Vec::new();
     let mut seen = Vec::new();
