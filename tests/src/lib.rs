@@ -272,12 +272,21 @@ fn cgroups_named(names: &[String]) -> Vec<PathBuf> {
 /// Removes the cgroups of the runs below `dir` once their processes are gone, and returns those
 /// still there after `wait`, with what is in them.
 pub(crate) fn remove_run_cgroups(dir: &Path, wait: Duration) -> Vec<String> {
+    remove_run_cgroups_killing(dir, wait, false)
+}
+
+/// [`remove_run_cgroups`], with whatever is still in each cgroup killed first (`cgroup.kill`:
+/// by the kernel's membership, never by name) when `kill`.
+pub(crate) fn remove_run_cgroups_killing(dir: &Path, wait: Duration, kill: bool) -> Vec<String> {
     let names = run_cgroup_names(dir);
     if names.is_empty() {
         return Vec::new();
     }
     let mut left = Vec::new();
     for cg in cgroups_named(&names) {
+        if kill {
+            let _ = fs::write(cg.join("cgroup.kill"), "1");
+        }
         // The tests' pins SIGKILL their processes as they drop, just before: wait for the kernel
         // to say the cgroup is empty (a zombie does not count), then remove it.
         let removed = poll_until(wait, || {
@@ -304,9 +313,17 @@ impl Drop for TestRoot {
     /// cgroup named for one of the run dirs below this root's temporary dir ([`run_cgroup_names`],
     /// so a test's second root counts too), once it is empty. One that cannot be removed fails
     /// the test (unless it is failing already): a test leaves no cgroup behind.
+    ///
+    /// A failing test stops where it failed, often before its own cleanup (a wait for a ready
+    /// line that timed out leaves the run's tree up): then whatever is left in its runs'
+    /// cgroups is killed first, so no process of it outlives the test. A passing test that left
+    /// one fails, and its leftovers are killed too.
     fn drop(&mut self) {
-        let left = remove_run_cgroups(self.dir.path(), Duration::from_secs(10));
-        if !left.is_empty() && !std::thread::panicking() {
+        let failing = std::thread::panicking();
+        let wait = Duration::from_secs(10);
+        let left = remove_run_cgroups_killing(self.dir.path(), wait, failing);
+        if !left.is_empty() && !failing {
+            remove_run_cgroups_killing(self.dir.path(), wait, true);
             panic!("the test left cgroups of its runs behind: {left:#?}");
         }
     }
@@ -1186,6 +1203,42 @@ mod tests {
 
         let left = remove_run_cgroups(root.dir.path(), Duration::from_secs(10));
         assert_eq!(left, Vec::<String>::new(), "an empty cgroup is removed");
+        assert!(!cg.exists(), "{} is still there", cg.display());
+    }
+
+    #[test]
+    fn a_failing_test_kills_what_is_left_in_its_runs_cgroups() {
+        use std::os::unix::process::ExitStatusExt;
+        let Some(mount) = contain::cgroup2_mount().filter(|m| agent_run_shared::sys::writable(m))
+        else {
+            eprintln!("no writable cgroup2 mount on this host: nothing to check");
+            return;
+        };
+        let root = TestRoot::new();
+        let dir = root.root().join("cg-fail");
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("status.json"), br#"{"run_id": "cg-fail"}"#).unwrap();
+        let ino = fs::metadata(&dir).unwrap().ino();
+        let cg = mount.join(format!("agent-run.cg-fail.{ino:x}"));
+        fs::create_dir(&cg).unwrap();
+        let mut child = Command::new(fixture_bin())
+            .args(["sleep-ms", "60000"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let ticks = proc_stat(pid).expect("the sleeper's stat").4;
+        fs::write(cg.join("cgroup.procs"), pid.to_string()).unwrap();
+        // The root drops while the test fails: the sleeper dies with it, by its cgroup.
+        let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let _root = root;
+            // An unwind as a failing assertion's, without the panic message.
+            std::panic::resume_unwind(Box::new("a failing test"));
+        }));
+        assert!(failed.is_err());
+        let status = child.wait().unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+        assert!(!alive_as(pid, ticks));
         assert!(!cg.exists(), "{} is still there", cg.display());
     }
 
