@@ -628,7 +628,8 @@ fn the_workload_gets_cwd_env_and_no_descriptor_above_stderr_on_both_paths() {
 /// A hostile workload opens a write end of every pipe its wrapper holds, through
 /// /proc/PPID/fd (same user, in the moment after its exec, which `hold_spawn_report` keeps
 /// open), and writes into each a whole spawn report (`exec` failed, ENOENT), or half of one,
-/// then writes 256 KiB while it holds them. Neither is taken for the child's: the launch does
+/// or fills each with reports (the keeper's go among them: the wrapper's byte there must not
+/// block), then writes 256 KiB while it holds them. None is taken for the child's: the launch does
 /// not wait for the held pipe's EOF (it deadlocked: the workload blocked on its output, which
 /// nobody drained yet) nor fail, the workload runs, every byte is kept, and the journal names the
 /// report it ignored. Then one that forges a report, forks and exits 127 as a failed child does:
@@ -647,7 +648,7 @@ fn a_workload_that_forges_or_holds_the_spawn_report_neither_hangs_nor_fails_the_
             Some(k) => format!("{k},hold_spawn_report"),
             None => "hold_spawn_report".to_string(),
         };
-        for forge in ["8", "4"] {
+        for forge in ["8", "4", "fill"] {
             let id = format!("forge{forge}-{entry}");
             let args = [
                 "--quiet",
@@ -677,7 +678,7 @@ fn a_workload_that_forges_or_holds_the_spawn_report_neither_hangs_nor_fails_the_
                 .unwrap_or_else(|| panic!("{id}: no count in stderr.log {errlog:?}"));
             assert!(grabbed >= 1, "{id}: the workload held no pipe of ours");
             let ignored = &spawn_event(&root, &id)["report_ignored"];
-            if forge == "8" {
+            if forge != "4" {
                 assert_eq!(ignored["step"], "Exec", "{}", diag());
                 assert_eq!(ignored["errno"], libc::ENOENT, "{}", diag());
             } else {
@@ -733,4 +734,62 @@ fn a_workload_that_forges_or_holds_the_spawn_report_neither_hangs_nor_fails_the_
             .unwrap_or_default();
         assert!(signalled.contains(&orphan.into()), "{}", diag());
     }
+}
+
+/// The workload fills every pipe its wrapper holds (through /proc/PPID/fd) and holds a read end
+/// of each, never read, then sleeps: the keeper's go pipe among them, whose own reader (the
+/// keeper) read its one byte and left. The wrapper's go byte must not block on it (TERM does
+/// not interrupt a blocking write under SA_RESTART: the wrapper hung there, the run unstoppable
+/// by `cancel`, until the workload let go): TERM to the wrapper stops the run, recorded
+/// `cancelled` with nothing of it left.
+#[test]
+fn a_workload_that_fills_and_holds_its_wrappers_pipes_cannot_hang_the_wrapper() {
+    let root = TestRoot::new();
+    let fixture = agent_run_tests::fixture_bin().display().to_string();
+    let id = "fill-hold";
+    let w = Spawned::spawn(
+        ar(
+            &root,
+            None,
+            &[
+                "--quiet",
+                "--grace",
+                "2s",
+                id,
+                "--",
+                &fixture,
+                "grab-parent-pipes",
+                "fill",
+                "hold",
+            ],
+        )
+        .env("AGENT_RUN_FAULT", "hold_spawn_report"),
+    );
+    let leader = wait_run(&root, id, "the fixture holding the pipes", LONG, || {
+        let st = root.try_status(id)?;
+        let held = fs::read_to_string(root.run_dir(id).join("stderr.log")).unwrap_or_default();
+        match (st["state"].as_str(), st["pid"].as_i64()) {
+            (Some("running"), Some(pid)) if held.contains("holding") => Ok(pid as i32),
+            _ => Err(format!("{} / {held:?}", st["state"])),
+        }
+    });
+    let ticks = proc_stat(leader).expect("the leader's stat").4;
+    let pin = Pinned::new(&[leader]);
+    // The wrapper is past its go byte once it sleeps in its supervision: TERM then stops the run.
+    let _ = agent_run_tests::sys::kill(w.child.id() as i32, libc::SIGTERM);
+    let out = w.finish(LONG);
+    let _ = pin.signal(leader, libc::SIGKILL);
+    let diag = || {
+        let out = agent_run_tests::describe_output(id, &out);
+        format!("{out}\n{}", diagnostics(&root, id))
+    };
+    let st = root.status(id);
+    assert_eq!(st["state"], "cancelled", "{}", diag());
+    assert!(!agent_run_tests::alive_as(leader, ticks), "{}", diag());
+    let left = agent_run_tests::session_members(leader);
+    assert!(
+        left.is_empty(),
+        "the run's session holds {left:?}\n{}",
+        diag()
+    );
 }

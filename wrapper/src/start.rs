@@ -570,6 +570,11 @@ impl Launch {
         // The keeper waits for the workload's exec and the `running` record before its own
         // start (see `keeper_go`).
         let (go_r, go_w) = keeper::pipe().ok().unzip();
+        // Our end never blocks: the workload can open the pipe's write end through /proc and
+        // fill it, and a full pipe holds the go already.
+        if let Some(w) = &go_w {
+            let _ = rustix::fs::fcntl_setfl(w, rustix::fs::OFlags::NONBLOCK);
+        }
         let ends = match self.prepare_keeper(args, master, notify_w, reset_signals, go_r) {
             Ok(ends) => ends,
             Err(e) => return Err(self.launch_failed(exit::SOFTWARE, &format!("{e:#}"))),
@@ -813,7 +818,8 @@ impl Launch {
             if let (Some(k), Some(cpus)) = (self.keeper, &self.keeper_cpus) {
                 sys::set_cpus_of(k.pid, cpus);
             }
-            // A byte, then our end closed: either one lets the keeper go (see keeper.rs).
+            // A byte, then our end closed: either one lets the keeper go (see keeper.rs). A
+            // full pipe (EAGAIN: the workload filled it through /proc) has let it go already.
             let _ = rustix::io::write(&go, b"g");
             drop(go);
         }

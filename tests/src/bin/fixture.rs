@@ -26,7 +26,7 @@ const USAGE: &str = "usage: fixture tree [--children N] [--grandchildren] [--esc
        fixture env | exit CODE | signal SIGNUM | sleep-ms MS | count FILE
        fixture spew BYTES [--stderr-bytes N] [--chunk N]
        fixture zombie-leader | hopper | nondumpable-daemon | fork-loop
-       fixture grab-parent-pipes FORGE_BYTES (spew BYTES | orphan-exit-127)
+       fixture grab-parent-pipes (FORGE_BYTES | fill) (spew BYTES | hold | orphan-exit-127)
 MODE is default, ignore, log-exit or log-stay";
 
 /// Byte i of a `spew` stream is `PATTERN[i % PATTERN.len()]`.
@@ -775,17 +775,20 @@ fn fork_loop(setsid: bool) -> Result<i32, Failure> {
 /// The hostile workload of a same-user attack on its wrapper: open a write end of every pipe
 /// the parent holds (through /proc/PPID/fd, as anyone of the same user may while the parent is
 /// dumpable), except the pipes of our own stdout and stderr, and write FORGE_BYTES bytes into
-/// each, once per pipe (8: a whole spawn report, step 8 (the exec) errno ENOENT; 4: half of one). Those ends stay open
+/// each, once per pipe (8: a whole spawn report, step 8 (the exec) errno ENOENT; 4: half of one;
+/// `fill`: whole reports until the pipe is full, holding a read end of each too, never read). Those ends stay open
 /// while the fixture goes on: `spew BYTES` writes BYTES pattern bytes to stdout (as `spew`) and
-/// exits 0; `orphan-exit-127` forks a child that sleeps 300 s, prints `orphan pid=PID` and
+/// exits 0; `hold` sleeps 300 s (prints `holding` on stderr first); `orphan-exit-127` forks a child that sleeps 300 s, prints `orphan pid=PID` and
 /// exits 127, as a child whose exec failed does. Prints `grabbed N pipes` on stderr.
 fn grab_parent_pipes(args: &[String]) -> Result<i32, Failure> {
-    let (forge, then) = match args {
-        [forge, then @ ..] => (number::<usize>("forge bytes", forge)?, then),
+    // `fill`: as many report copies as each pipe takes, until it is full.
+    let (forge, fill, then) = match args {
+        [forge, then @ ..] if forge == "fill" => (8, true, then),
+        [forge, then @ ..] => (number::<usize>("forge bytes", forge)?, false, then),
         _ => return Err(usage("grab-parent-pipes takes FORGE_BYTES and what then")),
     };
     if forge > 8 {
-        return Err(usage("FORGE_BYTES is at most 8"));
+        return Err(usage("FORGE_BYTES is at most 8 (or `fill`)"));
     }
     let link = |p: &str| {
         std::fs::read_link(p)
@@ -824,12 +827,35 @@ fn grab_parent_pipes(args: &[String]) -> Result<i32, Failure> {
             continue;
         };
         let _ = f.write(&report[..forge]);
+        // Non-blocking: full at EAGAIN (a pipe without readers says EPIPE at once). A read end
+        // of ours, never read, keeps it full after its own reader has gone.
+        if fill {
+            if let Ok(r) = OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&path)
+            {
+                held.push(r);
+            }
+            // At most 1 MiB (the largest pipe here): a pipe someone drains never fills.
+            for _ in 0..(1 << 17) {
+                if f.write(&report).is_err() {
+                    break;
+                }
+            }
+        }
         held.push(f);
     }
     eprintln!("grabbed {} pipes", held.len());
     let code = match then {
         [mode, bytes] if mode == "spew" => {
             spew(std::slice::from_ref(bytes))?;
+            0
+        }
+        [mode] if mode == "hold" => {
+            // Holds every end it opened until it is stopped.
+            eprintln!("holding");
+            std::thread::sleep(Duration::from_secs(300));
             0
         }
         [mode] if mode == "orphan-exit-127" => {
