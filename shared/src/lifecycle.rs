@@ -108,8 +108,15 @@ impl RunDir {
     /// wrapper died between spawn and `running`) falls back to the wrapper's identity: the
     /// wrapper is dead, so only processes carrying the run's marker and started after it match.
     /// `None` when neither is recorded.
+    ///
+    /// With a live wrapper (a takeover from a stuck one) its descendants are the run's, but for
+    /// its output keeper ([`crate::procfs::keeper_of`]), which is excluded: nobody signals it.
     pub fn scope(&self, st: &Status, wrapper: Option<Pid>) -> Option<RunScope> {
-        self.scope_held(st, wrapper, self.recorded_cgroup(st).ok().flatten())
+        let mut scope = self.scope_held(st, wrapper, self.recorded_cgroup(st).ok().flatten())?;
+        scope
+            .exclude
+            .extend(wrapper.and_then(crate::procfs::keeper_of));
+        Some(scope)
     }
 
     /// The same for the wrapper, which made the run's cgroup and holds it: `cgroup` is that one

@@ -511,6 +511,39 @@ pub fn children_of(pid: Pid) -> Vec<Pid> {
     out
 }
 
+/// The output keeper of the live wrapper `wrapper`, known by kernel facts alone (never by the
+/// journal's `keeper_started`, which the run can rewrite): the one child of the wrapper that
+/// runs the wrapper's own executable (the keeper is forked, never exec'd), is named
+/// `agent-run-keep`, leads a session of its own and is in the wrapper's cgroup (never the
+/// run's). A stop that takes the wrapper's descendants excludes it: it is not the run's, and it
+/// ends by EOF when the run's last writer is gone. None when no child, or more than one, fits
+/// (then nothing is excluded, as before), or the wrapper cannot be read.
+pub fn keeper_of(wrapper: Pid) -> Option<Identity> {
+    let exe = |p: Pid| {
+        fs::metadata(format!("/proc/{p}/exe"))
+            .ok()
+            .map(|m| (m.dev(), m.ino()))
+    };
+    let cgroup = |p: Pid| {
+        read_kernel_file(format!("/proc/{p}/cgroup"))
+            .ok()
+            .and_then(|t| t.lines().find(|l| l.starts_with("0::")).map(str::to_owned))
+    };
+    let (w_exe, w_cgroup) = (exe(wrapper)?, cgroup(wrapper)?);
+    let mut fits = children_of(wrapper).into_iter().filter_map(|c| {
+        let st = stat(c)?;
+        let comm = read_kernel_file(format!("/proc/{c}/comm")).ok()?;
+        let fits = st.ppid == wrapper.get()
+            && st.sid == c.get()
+            && comm.trim_end() == "agent-run-keep"
+            && exe(c)? == w_exe
+            && cgroup(c)? == w_cgroup;
+        fits.then(|| st.identity())
+    });
+    let keeper = fits.next()?;
+    fits.next().is_none().then_some(keeper)
+}
+
 /// Every process below `root` in the process tree (its children, theirs, and so on), each with
 /// its stat, from the kernel's children lists: what a look at every pid would find descending
 /// from `root`, for the cost of the tree, not of the process table. `None` when `root`'s own

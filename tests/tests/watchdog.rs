@@ -533,6 +533,20 @@ fn a_sigstopped_wrapper_past_its_lease_is_taken_over_and_the_run_is_cancelled() 
         !watchdog_signals(c).is_empty(),
         "the watchdog journalled no signal"
     );
+    // The wrapper's descendants are the run's, but for its output keeper: nobody signals it
+    // (it ends by EOF). The takeover once sent it TERM, HUP and KILL, losing what it held.
+    let keeper = c.events("keeper_started").first().map(|e| e["pid"].clone());
+    ensure!(c, keeper.is_some(), "no keeper_started event");
+    let keeper = keeper.unwrap();
+    let at_keeper: Vec<Value> = watchdog_signals(c)
+        .into_iter()
+        .filter(|e| e["pid"] == keeper)
+        .collect();
+    ensure!(
+        c,
+        at_keeper.is_empty(),
+        "the watchdog signalled the keeper {keeper}: {at_keeper:?}"
+    );
     eprintln!(
         "stopped wrapper: lease deadline + grace 1 s + slack 1 s; final record {:.3} s after the \
          deadline",
