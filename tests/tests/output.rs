@@ -1097,3 +1097,47 @@ fn a_keeper_that_cannot_be_forked_after_the_spawn_stops_the_workload_and_fails_t
         ensure!(c, !Path::new(cg).exists(), "the run's cgroup {cg} is left");
     }
 }
+
+/// The run can make its log any size for free (`truncate -s`, a sparse file): the wrapper's
+/// live copy stops at what the keeper can have written under the cap (the cap, the kept tail,
+/// the markers), with a note, instead of streaming the run's 64 MiB (it streamed gigabytes,
+/// past the cap, long after the final record). The record is the keeper's: nothing written.
+#[test]
+fn a_log_the_run_extends_itself_is_not_streamed_past_what_the_keeper_can_have_written() {
+    let root = TestRoot::new();
+    let c = ctx(&root, "out-sparse");
+    let o = run(
+        &root,
+        &[
+            "--max-output",
+            "1M",
+            "out-sparse",
+            "--",
+            "sh",
+            "-c",
+            "truncate -s 64M \"$AGENT_RUN_DIR/stdout.log\"",
+        ],
+    );
+    ensure!(
+        c,
+        o.status.success(),
+        "{}",
+        describe_output("out-sparse", &o)
+    );
+    let most = 1_048_576 + 131_072 + 65_536;
+    ensure!(
+        c,
+        o.stdout.len() <= most,
+        "streamed {} bytes of a log the keeper wrote nothing into (at most {most})",
+        o.stdout.len()
+    );
+    ensure!(
+        c,
+        String::from_utf8_lossy(&o.stderr).contains("more than the keeper can have written"),
+        "no note: {}",
+        describe_output("out-sparse", &o)
+    );
+    let st = root.status("out-sparse");
+    c.eq(&st["state"], "finished", format_args!("{st}"));
+    c.eq(&st["output"]["stdout"]["written"], 0, format_args!("{st}"));
+}

@@ -217,6 +217,15 @@ const TURN: u64 = 8 << 20;
 /// Bytes appended to a log between two starts of its writeback: the disk writes while the
 /// workload runs, and the fsync at EOF waits for the last few MiB, not the whole log.
 const WRITEBACK: u64 = 8 << 20;
+/// The most the keeper writes into one log under a cap of `limit` bytes: the bytes up to the
+/// cap, the kept tail (at most `limit / 8`, at most 1 MiB) and room for the markers. What a
+/// follower of the log ([`crate::stream`]) copies at most.
+pub fn most_logged(limit: u64) -> u64 {
+    limit
+        .saturating_add((limit / 8).min(1 << 20))
+        .saturating_add(64 << 10)
+}
+
 /// The free space kept on the logs' filesystem: 1% of it, at least 1 MiB, at most 64 MiB.
 fn reserve_of(total: u64) -> u64 {
     (total / 100).clamp(1 << 20, 64 << 20)

@@ -582,7 +582,8 @@ impl Launch {
         self.keeper_go = go_w;
         // The streamer's logs, opened before the workload exists (its thread starts after the
         // keeper's fork).
-        let logs = (!args.quiet).then(|| Streamer::open(&dir));
+        let bound = args.max_output.and_then(|m| m.0).map(keeper::most_logged);
+        let logs = (!args.quiet).then(|| Streamer::open(&dir, bound));
         crate::phases::mark("keeper_prep");
         // The workload's exec, prepared before the clone: its child half only reads memory.
         let env = self.workload_env(args);

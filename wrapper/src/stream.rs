@@ -49,6 +49,13 @@ pub struct Tail {
     zero_copy: bool,
     /// Bytes read from the log so far (the offset in it).
     pub copied: u64,
+    /// The most this follower copies in all, restarts after a truncation included (`None`:
+    /// no bound): what the keeper can write into the log at most. The log is the run's to
+    /// extend for free (`truncate -s 50G`, a sparse file), and the wrapper streamed all of it,
+    /// past the cap, long after the final record.
+    bound: Option<u64>,
+    /// Bytes copied in all.
+    total: u64,
 }
 
 /// What one copy did.
@@ -75,7 +82,21 @@ impl Tail {
             buf: Vec::new(),
             zero_copy: true,
             copied: 0,
+            bound: None,
+            total: 0,
         }
+    }
+
+    /// Copy at most `bound` bytes in all (see [`Tail::bound`]); `None`: no bound.
+    pub fn bounded(mut self, bound: Option<u64>) -> Tail {
+        self.bound = bound;
+        self
+    }
+
+    /// What the bound leaves to copy (`u64::MAX` without one).
+    fn left(&self) -> u64 {
+        self.bound
+            .map_or(u64::MAX, |b| b.saturating_sub(self.total))
     }
 
     /// Start from `offset` instead of the beginning.
@@ -100,10 +121,22 @@ impl Tail {
         }
         let mut moved = 0u64;
         while moved < TURN {
+            if self.left() == 0 {
+                // Past what the keeper can have written: the rest is not the run's output.
+                if self.bound.is_some() && self.sink.is_some() {
+                    crate::human::say(&format!(
+                        "{} holds more than the keeper can have written ({} bytes); the rest is not streamed",
+                        self.name, self.total
+                    ));
+                }
+                self.sink = None;
+                return moved > 0;
+            }
             match self.copy_some() {
                 Copy::Moved(n) => {
                     moved += n as u64;
                     self.copied += n as u64;
+                    self.total += n as u64;
                 }
                 Copy::Again => {}
                 Copy::End => {
@@ -140,12 +173,14 @@ impl Tail {
 
     /// One sendfile, or one pread and its write, from our offset.
     fn copy_some(&mut self) -> Copy {
+        let left = self.left();
         let (Some(src), Some(sink)) = (&self.src, &self.sink) else {
             return Copy::End;
         };
         if self.zero_copy {
             let mut at = self.copied;
-            match rustix::fs::sendfile(sink, src, Some(&mut at), SEND) {
+            let want = (SEND as u64).min(left) as usize;
+            match rustix::fs::sendfile(sink, src, Some(&mut at), want) {
                 Ok(0) => return Copy::End,
                 Ok(n) => return Copy::Moved(n),
                 Err(Errno::INTR) => return Copy::Again,
@@ -161,8 +196,9 @@ impl Tail {
         if self.buf.is_empty() {
             self.buf = vec![0u8; BUF];
         }
+        let want = (BUF as u64).min(left) as usize;
         let n = loop {
-            match rustix::io::pread(src, &mut self.buf[..], self.copied) {
+            match rustix::io::pread(src, &mut self.buf[..want], self.copied) {
                 Ok(0) => return Copy::End,
                 Ok(n) => break n,
                 Err(Errno::INTR) => {}
@@ -225,9 +261,12 @@ impl Streamer {
     /// exists: the logs are opened here, so they are the keeper's, not files the run put in
     /// their place. The copying starts with [`OpenedLogs::start`] (a thread: after the
     /// keeper's fork, which needs a single-threaded process).
-    pub fn open(dir: &RunDir) -> OpenedLogs {
-        let mut out = Tail::new(dir, files::STDOUT, std_sink(false));
-        let mut err = Tail::new(dir, files::STDERR, std_sink(true));
+    ///
+    /// `bound`: the most the keeper can write into one log (its cap with the markers and the
+    /// kept tail; `None` without a cap): no more of either log is streamed.
+    pub fn open(dir: &RunDir, bound: Option<u64>) -> OpenedLogs {
+        let mut out = Tail::new(dir, files::STDOUT, std_sink(false)).bounded(bound);
+        let mut err = Tail::new(dir, files::STDERR, std_sink(true)).bounded(bound);
         out.source();
         err.source();
         OpenedLogs { out, err }
