@@ -259,12 +259,17 @@ pub fn remove_cgroup(cg: &RunCgroup, journal: &Journal) {
     }
 }
 
-/// The stop timings a record was started with (the defaults where it does not say).
+/// The stop timings a record was started with (the defaults where it does not say), each at
+/// most [`crate::stop::MAX_GRACE`]: the run can rewrite its record, and no launch asks for more.
 pub fn timings_of(st: &Status) -> Timings {
     let d = Timings::default();
+    let max = crate::stop::MAX_GRACE;
     Timings {
-        hup_after: st.hup_after_ms.map_or(d.hup_after, Duration::from_millis),
-        grace: st.grace_ms.map_or(d.grace, Duration::from_millis),
+        hup_after: st
+            .hup_after_ms
+            .map_or(d.hup_after, Duration::from_millis)
+            .min(max),
+        grace: st.grace_ms.map_or(d.grace, Duration::from_millis).min(max),
         confirm: d.confirm,
     }
 }
@@ -330,4 +335,24 @@ pub fn record_lost_launch(dir: &RunDir, journal: &Journal) -> Result<Status> {
         Some(journal),
     )?;
     Ok(st)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_records_grace_and_hup_step_are_honoured_up_to_the_most_a_launch_may_ask() {
+        let mut st = crate::record::tests::sample();
+        st.grace_ms = Some(3_600_000);
+        st.hup_after_ms = Some(3_600_000);
+        let t = timings_of(&st);
+        assert_eq!(t.grace, crate::stop::MAX_GRACE);
+        assert_eq!(t.hup_after, crate::stop::MAX_GRACE);
+        st.grace_ms = Some(7_000);
+        st.hup_after_ms = None;
+        let t = timings_of(&st);
+        assert_eq!(t.grace, Duration::from_secs(7));
+        assert_eq!(t.hup_after, Timings::default().hup_after);
+    }
 }

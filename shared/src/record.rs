@@ -432,7 +432,7 @@ pub fn parse_status(s: &str) -> std::result::Result<Status, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) fn sample() -> Status {

@@ -40,6 +40,11 @@ const CHASE_STEP: Duration = Duration::from_millis(2);
 /// How old a look at /proc may be for a stop's first pass.
 const FIRST_LOOK_AGE: Duration = Duration::from_millis(250);
 
+/// The longest grace a run may ask for (`--grace`), and the most that anyone reading a record
+/// (`cancel`, the watchdog) honours: the run can rewrite its record's `grace_ms`, and a forged
+/// hour held a takeover's KILL, and the watchdog's other runs, for that hour.
+pub const MAX_GRACE: Duration = Duration::from_secs(300);
+
 /// The escalation timings of a stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timings {

@@ -1733,6 +1733,42 @@ fn a_missing_command_exits_64_and_runs_nothing() {
     }
 }
 
+/// A grace above 5 minutes is refused before anything is created: `cancel` and the watchdog
+/// honour a record's grace only up to that (the run can rewrite its record), so a launch may
+/// not ask for more; 5 minutes itself is accepted.
+#[test]
+fn a_grace_above_five_minutes_exits_64_and_runs_nothing() {
+    let root = TestRoot::new();
+    let c = ctx(&root, "long-grace");
+    let marker = root.dir.path().join("ran");
+    let out = c.run(&[
+        "--grace",
+        "301s",
+        "long-grace",
+        "--",
+        &fixture_path(),
+        "count",
+        path_str(&marker),
+    ]);
+    let what = "agent-run --grace 301s";
+    c.code(&out, 64, &refusal(&root, what, &out));
+    ensure!(
+        c,
+        String::from_utf8_lossy(&out.stderr).contains("at most 300s"),
+        "{}",
+        refusal(&root, what, &out)
+    );
+    ensure!(c, !marker.exists(), "the command ran");
+    ensure!(
+        c,
+        entries(&root.root()).is_empty(),
+        "{what} created a run\n{}",
+        refusal(&root, what, &out)
+    );
+    let out = c.run(&["--quiet", "--grace", "5m", "long-grace-ok", "--", "true"]);
+    c.code(&out, 0, &refusal(&root, "agent-run --grace 5m", &out));
+}
+
 /// Runs `fixture count` under `root` as `id` and asserts exit 78, stderr naming `named`, and
 /// that the command never ran and `untouched` stayed empty.
 fn assert_refused_as_unsafe(root: &TestRoot, id: &str, named: &Path, untouched: &Path) {

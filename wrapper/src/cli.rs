@@ -70,8 +70,8 @@ pub struct StartArgs {
     /// Stop the run unless it is renewed within DUR (e.g. 90, 90s, 5m, 2h)
     #[arg(long, value_name = "DUR", value_parser = lease_dur)]
     pub lease: Option<Duration>,
-    /// TERM -> KILL grace
-    #[arg(long, value_name = "DUR", default_value = "5s", value_parser = dur("--grace"))]
+    /// TERM -> KILL grace (at most 5m)
+    #[arg(long, value_name = "DUR", default_value = "5s", value_parser = grace_dur)]
     pub grace: Duration,
     /// TERM -> HUP step (0 disables every HUP)
     #[arg(long, value_name = "DUR", default_value = "500ms", value_parser = dur("--hup-after"))]
@@ -203,8 +203,8 @@ pub struct RemoteArgs {
     /// The lease; renewed every third of it while the run is active
     #[arg(long, value_name = "DUR", default_value = "60s", value_parser = lease_dur)]
     pub lease: Duration,
-    /// TERM -> KILL grace on the host
-    #[arg(long, value_name = "DUR", value_parser = dur("--grace"))]
+    /// TERM -> KILL grace on the host (at most 5m)
+    #[arg(long, value_name = "DUR", value_parser = grace_dur)]
     pub grace: Option<Duration>,
     /// Stop the run DUR after it started on the host, whatever happens to this controller
     /// (renewals do not extend it; exit 124)
@@ -382,6 +382,19 @@ pub struct GcArgs {
 
 fn dur(what: &'static str) -> impl Fn(&str) -> Result<Duration, String> + Clone {
     move |s| parse_duration(what, s).map_err(|e| e.to_string())
+}
+
+/// `--grace`: at most [`agent_run_shared::stop::MAX_GRACE`], the most `cancel` and the watchdog
+/// honour from a record (which the run can rewrite).
+fn grace_dur(s: &str) -> Result<Duration, String> {
+    let max = agent_run_shared::stop::MAX_GRACE;
+    match parse_duration("--grace", s) {
+        Ok(d) if d > max => Err(format!(
+            "invalid --grace {s:?}: at most {}s (what cancel and the watchdog honour)",
+            max.as_secs()
+        )),
+        r => r.map_err(|e| e.to_string()),
+    }
 }
 
 /// A duration that must be more than zero (a zero timeout or lease would stop the run at once).
@@ -721,7 +734,7 @@ fn parse_start_by_hand(args: &[OsString]) -> Option<Cli> {
                 match name {
                     "--root" => root = Some(PathBuf::from(value)),
                     "--lease" => s.lease = Some(lease_dur(value).ok()?),
-                    "--grace" => s.grace = dur("--grace")(value).ok()?,
+                    "--grace" => s.grace = grace_dur(value).ok()?,
                     "--hup-after" => s.hup_after = dur("--hup-after")(value).ok()?,
                     "--cgroup" => s.cgroup = Some(value.to_string()),
                     "--timeout" => s.timeout = Some(positive_dur("--timeout")(value).ok()?),
