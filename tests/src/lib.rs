@@ -1170,29 +1170,43 @@ pub fn processes_with_env(name: &str, keep: impl Fn(&[u8]) -> bool) -> Vec<i32> 
 mod tests {
     use super::*;
 
+    /// The cgroup2 mount, when this test may make cgroups in it (else it says so: skipped).
+    fn writable_cgroup2() -> Option<PathBuf> {
+        let mount = contain::cgroup2_mount().filter(|m| agent_run_shared::sys::writable(m));
+        if mount.is_none() {
+            eprintln!("no writable cgroup2 mount on this host: nothing to check");
+        }
+        mount
+    }
+
+    /// A run dir `dir` for `id` (its record names the id), the cgroup agent-run would name for
+    /// it, and a fixture sleeping 60 s moved into that cgroup.
+    fn sleeper_in_run_cgroup(mount: &Path, dir: &Path, id: &str) -> (PathBuf, Child) {
+        fs::create_dir_all(dir).unwrap();
+        fs::write(dir.join("status.json"), format!(r#"{{"run_id": "{id}"}}"#)).unwrap();
+        let ino = fs::metadata(dir).unwrap().ino();
+        let cg = mount.join(format!("agent-run.{id}.{ino:x}"));
+        fs::create_dir(&cg).unwrap();
+        let child = Command::new(fixture_bin())
+            .args(["sleep-ms", "60000"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        fs::write(cg.join("cgroup.procs"), child.id().to_string()).unwrap();
+        (cg, child)
+    }
+
     #[test]
     fn the_cgroup_of_a_run_below_a_test_root_is_removed_once_empty_and_reported_while_not() {
-        let Some(mount) = contain::cgroup2_mount().filter(|m| agent_run_shared::sys::writable(m))
-        else {
-            eprintln!("no writable cgroup2 mount on this host: nothing to check");
+        let Some(mount) = writable_cgroup2() else {
             return;
         };
         let root = TestRoot::new();
         // A run dir moved out of the run root, as a test that swaps a run dir leaves it: found
         // by the run_id of its record.
-        let dir = root.dir.path().join("moved");
-        fs::create_dir(&dir).unwrap();
-        fs::write(dir.join("status.json"), br#"{"run_id": "cg-left"}"#).unwrap();
-        let ino = fs::metadata(&dir).unwrap().ino();
-        let cg = mount.join(format!("agent-run.cg-left.{ino:x}"));
-        fs::create_dir(&cg).unwrap();
-        let mut child = Command::new(fixture_bin())
-            .args(["sleep-ms", "60000"])
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
+        let (cg, mut child) =
+            sleeper_in_run_cgroup(&mount, &root.dir.path().join("moved"), "cg-left");
         let pin = Pinned::new(&[child.id() as i32]);
-        fs::write(cg.join("cgroup.procs"), child.id().to_string()).unwrap();
 
         let left = remove_run_cgroups(root.dir.path(), Duration::from_millis(200));
         let _ = pin.signal(child.id() as i32, libc::SIGKILL);
@@ -1209,26 +1223,14 @@ mod tests {
     #[test]
     fn a_failing_test_kills_what_is_left_in_its_runs_cgroups() {
         use std::os::unix::process::ExitStatusExt;
-        let Some(mount) = contain::cgroup2_mount().filter(|m| agent_run_shared::sys::writable(m))
-        else {
-            eprintln!("no writable cgroup2 mount on this host: nothing to check");
+        let Some(mount) = writable_cgroup2() else {
             return;
         };
         let root = TestRoot::new();
-        let dir = root.root().join("cg-fail");
-        fs::create_dir_all(&dir).unwrap();
-        fs::write(dir.join("status.json"), br#"{"run_id": "cg-fail"}"#).unwrap();
-        let ino = fs::metadata(&dir).unwrap().ino();
-        let cg = mount.join(format!("agent-run.cg-fail.{ino:x}"));
-        fs::create_dir(&cg).unwrap();
-        let mut child = Command::new(fixture_bin())
-            .args(["sleep-ms", "60000"])
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
+        let (cg, mut child) =
+            sleeper_in_run_cgroup(&mount, &root.root().join("cg-fail"), "cg-fail");
         let pid = child.id() as i32;
         let ticks = proc_stat(pid).expect("the sleeper's stat").4;
-        fs::write(cg.join("cgroup.procs"), pid.to_string()).unwrap();
         // The root drops while the test fails: the sleeper dies with it, by its cgroup.
         let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
             let _root = root;
