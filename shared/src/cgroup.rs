@@ -402,7 +402,7 @@ impl RunCgroup {
     /// cgroup that is gone is empty.
     pub fn populated(&self) -> bool {
         match crate::procfs::read_kernel_file(self.path.join("cgroup.events")) {
-            Ok(s) => s.lines().any(|l| l.trim() == "populated 1"),
+            Ok(s) => events_populated(&s) == Some(true),
             Err(_) => false,
         }
     }
@@ -505,6 +505,15 @@ pub struct Resources {
     pub cpu_user_usec: Option<u64>,
     pub cpu_system_usec: Option<u64>,
     pub memory_peak_bytes: Option<u64>,
+}
+
+/// What the text of a `cgroup.events` says of `populated`: `None` when it has no such line.
+pub(crate) fn events_populated(events: &str) -> Option<bool> {
+    events.lines().find_map(|l| match l.trim() {
+        "populated 1" => Some(true),
+        "populated 0" => Some(false),
+        _ => None,
+    })
 }
 
 #[cfg(test)]

@@ -17,8 +17,8 @@ use rustix::process::{Resource, Rlimit, Signal, WaitOptions};
 use std::ffi::CString;
 use std::io;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::time::Duration;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
 
 pub use raw::{args_os, default_sigpipe, pidfd_send_signal, runtime_start, self_cpu};
 use raw::{child_cloexec_from_3, child_reset_signals};
@@ -651,12 +651,7 @@ pub fn spawn_workload(
     if crate::fault::armed(crate::fault::HOLD_SPAWN_REPORT) {
         // Tests: our write end stays open until something is in the pipe (at most 10 s), so a
         // workload that opens it through /proc/PPID/fd always finds it.
-        let mut fds = [PollFd {
-            fd: report_r.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        let _ = poll(&mut fds, Some(Duration::from_secs(10)));
+        readable_by(report_r.as_fd(), Instant::now() + Duration::from_secs(10));
     }
     // Our copies of the child's ends: its exec (or its exit) closes the last ones.
     drop(report_w);
@@ -727,20 +722,8 @@ fn ended_as_reported(pid: Pid, pidfd: Option<&OwnedFd>, cgroup: Option<BorrowedF
             Err(_) => return true,
         },
     };
-    let mut fds = [PollFd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    }];
-    let deadline = std::time::Instant::now() + REPORTED_END_WAIT;
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        match poll(&mut fds, Some(left)) {
-            Ok(0) if left.is_zero() => return false,
-            Ok(0) => continue, // EINTR
-            Ok(_) => break,
-            Err(_) => return false,
-        }
+    if !readable_by(fd.as_fd(), Instant::now() + REPORTED_END_WAIT) {
+        return false;
     }
     use rustix::process::{WaitId, WaitIdOptions};
     let opts = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
@@ -768,7 +751,26 @@ fn cgroup_empty(dir: BorrowedFd<'_>) -> bool {
     };
     let mut text = String::new();
     let read = std::fs::File::from(fd).take(4096).read_to_string(&mut text);
-    read.is_ok() && text.lines().any(|l| l.trim() == "populated 0")
+    read.is_ok() && crate::cgroup::events_populated(&text) == Some(false)
+}
+
+/// Wait until `fd` is readable (or at its EOF, or in error), at most until `deadline`, through
+/// interruptions. Whether it is.
+fn readable_by(fd: BorrowedFd<'_>, deadline: Instant) -> bool {
+    let mut fds = [PollFd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match poll(&mut fds, Some(left)) {
+            Ok(0) if left.is_zero() => return false,
+            Ok(0) => {} // EINTR
+            Ok(_) => return true,
+            Err(_) => return false,
+        }
+    }
 }
 
 /// Which side of a clone we are on.
@@ -842,7 +844,7 @@ fn clone_workload(
 fn read_report(fd: &OwnedFd, wait: Duration) -> Option<(ChildStep, i32)> {
     // It cannot fail on a pipe of ours; if it did, the reads would wait for the EOF as before.
     let _ = rustix::fs::fcntl_setfl(fd, rustix::fs::OFlags::NONBLOCK);
-    let deadline = std::time::Instant::now() + wait;
+    let deadline = Instant::now() + wait;
     let mut buf = [0u8; 8];
     let mut n = 0;
     while n < buf.len() {
@@ -850,18 +852,7 @@ fn read_report(fd: &OwnedFd, wait: Duration) -> Option<(ChildStep, i32)> {
             Ok(0) => break,
             Ok(k) => n += k,
             Err(rustix::io::Errno::INTR) => continue,
-            Err(rustix::io::Errno::AGAIN) => {
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                let mut fds = [PollFd {
-                    fd: fd.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                }];
-                let _ = poll(&mut fds, Some(left));
-            }
+            Err(rustix::io::Errno::AGAIN) if readable_by(fd.as_fd(), deadline) => {}
             Err(_) => break,
         }
     }
