@@ -163,6 +163,7 @@ pub fn spawn(
     notify: Option<OwnedFd>,
     reset_signals: u64,
     go: Option<OwnedFd>,
+    done: Option<OwnedFd>,
 ) -> anyhow::Result<Keeper> {
     use std::os::unix::ffi::OsStrExt;
     let mut keep = Vec::new();
@@ -172,6 +173,7 @@ pub fn spawn(
     }
     keep.extend(notify.as_ref().map(AsRawFd::as_raw_fd));
     keep.extend(go.as_ref().map(AsRawFd::as_raw_fd));
+    keep.extend(done.as_ref().map(AsRawFd::as_raw_fd));
     let null = File::options()
         .read(true)
         .write(true)
@@ -195,7 +197,7 @@ pub fn spawn(
         reset_signals,
         c"agent-run-keep",
         &title,
-        move || keep_run(body_path, policy, held, notify, go),
+        move || keep_run(body_path, policy, held, notify, go, done),
     )
     .context("cannot start the output keeper")?;
     // Forked behind us on our CPU, the keeper would wait there for all we do next while the
@@ -266,13 +268,21 @@ struct Keep {
 }
 
 /// The keeper's life, in the forked child: drain until every source is at EOF, then write
-/// output.json; 0, or 70 (journalled as `keeper_failed`).
+/// output.json; 0, or 70 (journalled as `keeper_failed`). `done` is the only write end of a
+/// pipe whose read end the wrapper watches: it is closed here once output.json is in place
+/// (or the keeper failed) and nothing more is written, and its EOF lets the wrapper's final
+/// record go out while this process is still being torn down (a fork of the wrapper: its
+/// exit took ~0.1 ms here, which the record waited for). A kernel fact: the keeper never
+/// writes into the pipe, and only the close of every write end makes the EOF; a workload that
+/// opened another write end through /proc can delay it (the wrapper then waits for the exit),
+/// never hasten it.
 fn keep_run(
     dir: PathBuf,
     policy: Policy,
     held: Vec<(Stream, OwnedFd, File)>,
     notify: Option<OwnedFd>,
     go: Option<OwnedFd>,
+    done: Option<OwnedFd>,
 ) -> u8 {
     crate::phases::forked("keeper");
     crate::phases::mark("keeper_forked");
@@ -281,6 +291,10 @@ fn keep_run(
         crate::phases::mark("keeper_go");
     }
     let code = keep_run_inner(dir, policy, held, notify);
+    drop(done);
+    if agent_run_shared::fault::armed(agent_run_shared::fault::SLOW_KEEPER_EXIT) {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
     crate::phases::flush();
     code
 }

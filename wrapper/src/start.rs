@@ -203,6 +203,13 @@ struct Launch {
     /// Its pidfd (our unreaped child: the pid is its own): the final record waits on it, not on
     /// inotify, for the keeper's counts.
     keeper_fd: Option<OwnedFd>,
+    /// The read end (non-blocking) of the keeper's done pipe: at EOF once the keeper has
+    /// written output.json (see `keeper::keep_run`). None once given up on (bytes in it: not
+    /// the keeper's).
+    keeper_done: Option<OwnedFd>,
+    /// The keeper said it was done, and its exit has not been seen yet: the wrapper waits for
+    /// that exit (briefly: it is only being torn down) before its own.
+    keeper_exiting: bool,
     /// The write end of the keeper's go pipe (see [`keeper::spawn`]): held from the keeper's
     /// fork until the workload has exec'd, its `running` record is written and the wrapper is
     /// about to sleep in the supervision (or the launch fails, or anything waits for the
@@ -317,6 +324,8 @@ impl Launch {
             keeper: None,
             keeper_cpus: None,
             keeper_fd: None,
+            keeper_done: None,
+            keeper_exiting: false,
             keeper_go: None,
             pending_keeper: None,
             beat: supervise::LateBeat::new(beat),
@@ -506,10 +515,16 @@ impl Launch {
         }
         let limit = policy.limit;
         let on_limit = if policy.stop { "stop" } else { "keep" };
-        let k = keeper::spawn(&self.dir, held, &policy, notify, reset_signals, go)?;
+        // Made after the workload's spawn: it never held either end.
+        let (done_r, done_w) = keeper::pipe().ok().unzip();
+        if let Some(r) = &done_r {
+            let _ = rustix::fs::fcntl_setfl(r, rustix::fs::OFlags::NONBLOCK);
+        }
+        let k = keeper::spawn(&self.dir, held, &policy, notify, reset_signals, go, done_w)?;
         self.keeper = Some(k.identity);
         self.keeper_cpus = k.cpus;
         self.keeper_fd = sys::pidfd_open(k.identity.pid).ok();
+        self.keeper_done = done_r;
         self.st.output = Some(agent_run_shared::output::Output::pending(
             limit,
             policy.stop,
@@ -835,14 +850,11 @@ impl Launch {
     fn wait_keeper(&mut self, survivors: bool) {
         // A keeper still waiting for its go would never finish.
         self.release_keeper();
-        let Some(fd) = &self.keeper_fd else { return };
-        let mut fds = [sys::PollFd {
-            fd: fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        // Gone already (a short run's usual case): no look at the logs' sizes.
-        if sys::poll(&mut fds, Some(Duration::ZERO)).unwrap_or(0) > 0 {
+        if self.keeper_fd.is_none() {
+            return;
+        }
+        // Done already (a short run's usual case): no look at the logs' sizes.
+        if self.keeper_finished(Duration::ZERO) {
             return;
         }
         let mut wait = agent_run_shared::output::WAIT;
@@ -858,11 +870,77 @@ impl Launch {
         // A wait past the heartbeat's due time beats, as every long wait of the wrapper does.
         let t0 = Instant::now();
         let first = wait.min(supervise::BEAT_DEFER);
-        if sys::poll(&mut fds, Some(first)).unwrap_or(0) > 0 || first == wait {
+        if self.keeper_finished(first) || first == wait {
             return;
         }
         self.beat.start();
-        let _ = sys::poll(&mut fds, Some(wait.saturating_sub(t0.elapsed())));
+        self.keeper_finished(wait.saturating_sub(t0.elapsed()));
+    }
+
+    /// Whether the keeper is done within `timeout`: its done pipe at EOF (output.json is in
+    /// place, see `keeper::keep_run`) or the keeper gone (its pidfd). Bytes in the pipe are
+    /// not the keeper's (it writes none): someone opened the pipe through /proc; it is
+    /// watched no more, and the keeper's exit decides.
+    fn keeper_finished(&mut self, timeout: Duration) -> bool {
+        let Some(pidfd) = &self.keeper_fd else {
+            return true;
+        };
+        let deadline = Instant::now() + timeout;
+        loop {
+            let fd = |fd: &OwnedFd| sys::PollFd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let mut fds = [fd(pidfd), fd(self.keeper_done.as_ref().unwrap_or(pidfd))];
+            let n = if self.keeper_done.is_some() { 2 } else { 1 };
+            let left = deadline.saturating_duration_since(Instant::now());
+            let _ = sys::poll(&mut fds[..n], Some(left));
+            if fds[0].revents != 0 {
+                self.keeper_exiting = false;
+                return true;
+            }
+            if n == 2 && fds[1].revents != 0 {
+                if let Some(done) = &self.keeper_done {
+                    match rustix::io::read(done, &mut [0u8; 16]) {
+                        Ok(0) => {
+                            self.keeper_exiting = true;
+                            return true;
+                        }
+                        Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}
+                        _ => self.keeper_done = None,
+                    }
+                }
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+        }
+    }
+
+    /// After the final record: a keeper that said it was done is only being torn down; its
+    /// exit is waited for (at most [`KEEPER_EXIT_MAX`]) so that nothing of the launch outlives
+    /// the wrapper, as before the done pipe.
+    fn await_keeper_exit(&mut self) {
+        if !std::mem::take(&mut self.keeper_exiting) {
+            return;
+        }
+        if let Some(pidfd) = &self.keeper_fd {
+            let mut fds = [sys::PollFd {
+                fd: pidfd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            let deadline = Instant::now() + KEEPER_EXIT_MAX;
+            while sys::poll(
+                &mut fds,
+                Some(deadline.saturating_duration_since(Instant::now())),
+            )
+            .unwrap_or(0)
+                == 0
+                && Instant::now() < deadline
+            {}
+        }
     }
 
     fn launch_failed(&mut self, code: u8, msg: &str) -> u8 {
@@ -889,6 +967,7 @@ impl Launch {
         if let Some(cg) = &self.cgroup {
             agent_run_shared::lifecycle::remove_cgroup(cg, &self.journal);
         }
+        self.await_keeper_exit();
         code
     }
 
@@ -1000,6 +1079,8 @@ impl Launch {
             agent_run_shared::lifecycle::remove_cgroup(cg, &self.journal);
         }
         crate::phases::mark("cgroup_rm");
+        self.await_keeper_exit();
+        crate::phases::mark("keeper_exit");
         if let Err(e) = written {
             let left = report.as_ref().map_or(0, |r| r.survivors.len());
             return fail(
@@ -1023,6 +1104,8 @@ impl Launch {
 const FSYNC_RATE: u64 = 20_000_000;
 /// The longest [`Launch::wait_keeper`] waits for a keeper that is only fsyncing.
 const KEEPER_WAIT_MAX: Duration = Duration::from_secs(60);
+/// The longest [`Launch::await_keeper_exit`] waits for a keeper that said it was done.
+const KEEPER_EXIT_MAX: Duration = Duration::from_secs(2);
 
 /// How many lines of stderr a `--quiet` run that failed prints.
 const FAILURE_TAIL: usize = 10;
