@@ -472,7 +472,7 @@ def tmpfs_dir():
 def bench_launch(ctx, peers):
     """Every wrapper interleaved, one launch each per round, so a load spike hits them alike;
     agent-run twice: its root on the run root's filesystem (ext4 here) and on a tmpfs."""
-    n = ctx.n(300, 30)
+    n = ctx.n(1000, 30)
     warm = 5
     true = which_abs("true")
     env = ctx.procs.env()
@@ -486,18 +486,24 @@ def bench_launch(ctx, peers):
     if ar is not None and shm is not None:
         series.append((ar, "agent-run-tmpfs", shm / "runs", {}))
         (shm / "runs").mkdir(mode=0o700)
+        # The same without the run's cgroup (procfs mode): what the containment costs a launch.
+        series.append((ar, "agent-run-tmpfs-nocg", shm / "runs-nocg", {"env": {"AGENT_RUN_CGROUP": "off"}}))
+        (shm / "runs-nocg").mkdir(mode=0o700)
     times = {name: [] for _, name, _, _ in series}
     bad = {name: 0 for _, name, _, _ in series}
     # The disk's state now (it changes with what ran before: a build's writeback, a GiB log):
     # file creations alone, and with an fsync after each directory's files, as launches do.
     probe = {"create_us": create_cost_us(root.parent), "create_fsync_us": create_cost_us(root.parent, fsync=True)}
+    noise = noise_probe(ctx.n(5.0, 1.0))
     log(f"launch: {n} runs of `true` per wrapper" + ("" if shm else " (no tmpfs for the second agent-run series)"))
     phases = None
     try:
         for i in range(warm + n):
             for p, name, r, o in series:
+                o = dict(o)
+                extra = o.pop("env", None)
                 argv = p.argv([true], run_id=f"l{i}-{name}", root=r, **o)
-                ns, code = spawn_wait_ns(ctx, argv, env)
+                ns, code = spawn_wait_ns(ctx, argv, dict(env, **extra) if extra else env)
                 if code != 0:
                     bad[name] += 1
                 if i >= warm:
@@ -526,6 +532,7 @@ def bench_launch(ctx, peers):
     if shm is None:
         res["agent-run-tmpfs"] = {"skip": "no tmpfs at /dev/shm"}
     res["disk_probe"] = probe
+    res["noise"] = noise
     if phases is not None:
         res["phases"] = phases
     return res
@@ -538,17 +545,20 @@ def launch_phases(ctx, ar, true, env):
 
     n = ctx.n(200, 20)
     out = {}
-    roots = [("fs", ctx.fresh_root("phases"))]
+    roots = [("fs", ctx.fresh_root("phases"), {})]
     shm = tmpfs_dir()
     if shm is not None:
-        roots.append(("tmpfs", shm / "runs"))
+        roots.append(("tmpfs", shm / "runs", {}))
         (shm / "runs").mkdir(mode=0o700)
+        # Without the run's cgroup: the phases it adds, side by side.
+        roots.append(("tmpfs, no cgroup", shm / "runs-nocg", {"AGENT_RUN_CGROUP": "off"}))
+        (shm / "runs-nocg").mkdir(mode=0o700)
     log(f"launch phases: {n} timed launches per root")
     try:
-        for where, root in roots:
+        for where, root, extra in roots:
             fd, path = tempfile.mkstemp(prefix="agent-run-phases-")
             os.close(fd)
-            penv = dict(env, AGENT_RUN_PHASES=path)
+            penv = dict(env, AGENT_RUN_PHASES=path, **extra)
             spans = []
             try:
                 for i in range(n):
@@ -565,7 +575,7 @@ def launch_phases(ctx, ar, true, env):
                 os.unlink(path)
             out[where] = {"n": count, "rows": rows, "keeper": keeper, "outside": outside, "cpu": cpu}
     finally:
-        for _, root in roots:
+        for _, root, _ in roots:
             shutil.rmtree(root, ignore_errors=True)
         if shm is not None:
             shutil.rmtree(shm, ignore_errors=True)
@@ -1712,6 +1722,59 @@ def create_cost_us(base, fsync=False):
     return statistics.median(v)
 
 
+NOISE_PROBE = r"""
+import os, sys, time
+os.sched_setaffinity(0, {int(sys.argv[1])})
+secs = float(sys.argv[2])
+now = time.perf_counter_ns
+end = now() + int(secs * 1e9)
+last = now()
+g05 = g1 = 0
+worst = 0
+while True:
+    t = now()
+    g = t - last
+    last = t
+    if g > 500_000:
+        g05 += 1
+        if g > 1_000_000:
+            g1 += 1
+        worst = max(worst, g)
+    if t > end:
+        break
+print(g05, g1, worst)
+"""
+
+
+def noise_probe(secs):
+    """How often this machine takes a CPU away for more than 0.5 ms and 1 ms: a busy loop on
+    each CPU at once (pinned), noting every gap between two readings of the clock. On an idle
+    VM such gaps are the host's (or the guest kernel's own threads'); a launch of ~2 ms that
+    meets one is a tail launch whatever runs in it. None where it cannot run."""
+    cpus = sorted(os.sched_getaffinity(0))
+    procs = []
+    try:
+        for c in cpus:
+            procs.append(subprocess.Popen([sys.executable, "-c", NOISE_PROBE, str(c), str(secs)], stdout=subprocess.PIPE, text=True))
+        out = [p.communicate(timeout=secs + 30)[0].split() for p in procs]
+    except (OSError, subprocess.TimeoutExpired):
+        for p in procs:
+            p.kill()
+            p.wait()
+        return None
+    if any(len(o) != 3 or p.returncode != 0 for o, p in zip(out, procs)):
+        return None
+    g05 = sum(int(o[0]) for o in out)
+    g1 = sum(int(o[1]) for o in out)
+    return {
+        "secs": secs,
+        "cpus": len(cpus),
+        "gaps_over_0_5ms_per_cpu_s": g05 / secs / len(cpus),
+        "gaps_over_1ms_per_cpu_s": g1 / secs / len(cpus),
+        "max_gap_ms": max(int(o[2]) for o in out) / 1e6,
+    }
+
+
 def loadavg():
     try:
         return " ".join(open("/proc/loadavg").read().split()[:3])
@@ -1889,7 +1952,7 @@ def render(ctx, peers, command, started, elapsed):
         a("")
         a("| wrapper | n | median ms | p90 ms | p99 ms | over bare: median / p99 | target |")
         a("|---|---|---|---|---|---|---|")
-        rows = [(p.name, p.label) for p in peers] + [("agent-run-stream", "agent-run, streaming (no `--quiet`)"), ("agent-run-tmpfs", "agent-run, root on tmpfs")]
+        rows = [(p.name, p.label) for p in peers] + [("agent-run-stream", "agent-run, streaming (no `--quiet`)"), ("agent-run-tmpfs", "agent-run, root on tmpfs"), ("agent-run-tmpfs-nocg", "agent-run, root on tmpfs, `AGENT_RUN_CGROUP=off` (no run cgroup: not a target, the price of the containment)")]
         for name, label in rows:
             x = r.get(name)
             if x is None:
@@ -1897,17 +1960,25 @@ def render(ctx, peers, command, started, elapsed):
             if "skip" in x:
                 a(f"| {label} | — | {x['skip']} | | | | |")
                 continue
-            tgt = TARGETS["launch"] if name.startswith("agent-run") else ""
+            tgt = TARGETS["launch"] if name.startswith("agent-run") and not name.endswith("-nocg") else ""
             over = "—" if name == "bare" else f"{fms(x['over_bare'])} / {fms(x.get('p99_over_bare'))}"
             a(f"| {label} | {x['n']} | {fms(x['median'])} | {fms(x['p90'])} | {fms(x['p99'])} | {over} | {tgt} |")
+        cg, nocg = r.get("agent-run-tmpfs", {}), r.get("agent-run-tmpfs-nocg", {})
+        if "median" in cg and "median" in nocg:
+            a("")
+            a(f"The run's cgroup, side by side on tmpfs: it costs {fms(cg['median'] - nocg['median'])} ms of the median and {fms(cg['p99'] - nocg['p99'])} ms of the p99 (the row without it runs in the procfs mode, which the contract keeps for hosts without a usable cgroup2). Its parts, in the phase table below: finding the cgroup2 mount (/proc/self/mountinfo: the kernel formats every mount, ~60 µs in a fresh process here) and the wrapper's own cgroup, making and removing the directory, the clone into it (a css_set made for the new cgroup, linked to each of this hybrid host's ten hierarchies) and the workload's exit from it, and reading its cpu.stat for the record; the kernel also frees what the cgroup used later, in its own threads (RCU callbacks and workqueues), which may be part of the p99's difference (not measured apart). This is the [containment] design's price, and tini pays none of it.")
+        nz = r.get("noise")
+        if nz:
+            a("")
+            a(f"This machine's own noise, measured just before the scenario: a busy loop pinned to each of its {nz['cpus']} CPUs for {nz['secs']:g} s saw {nz['gaps_over_0_5ms_per_cpu_s']:.1f} gaps over 0.5 ms and {nz['gaps_over_1ms_per_cpu_s']:.1f} over 1 ms per CPU-second (the longest {fms(nz['max_gap_ms'])} ms): the CPU taken away by the host or by the guest kernel's own threads. A launch that meets one is one of the slowest; how often that happens grows with the launch's length and with the number of processes it waits for (agent-run: the wrapper, the workload, the keeper), so the p99s above are this noise's more than the wrapper's.")
         a("")
         a("How to time a launch: `AGENT_RUN_PHASES=/abs/file agent-run ID -- true` makes the wrapper append, at its exit, one JSON line to that file with the time at the end of each launch phase (microseconds from `main`'s entry: `parse`, `root`, `run_dir`, `lock`, ... `spawn`, `verify`, `running_record`, ... `final_record`, `exit`). The line also carries `zero_monotonic_us`, CLOCK_MONOTONIC at `main`'s entry, so a harness that notes the same clock around its spawn and wait sees the time before `main` and after the exit; the keeper, forked from the wrapper, appends a line of its own (`\"role\": \"keeper\"`) on the same clock. `python3 bench/phases.py /abs/file` prints the median and p99 of each phase's own time over all the lines (`--markdown` for a table), then the keeper's marks. Unset, the variable costs one getenv; it is never passed to the workload. For syscall counts of one launch: `strace -f -c -o /tmp/s agent-run --root /tmp/r ID -- true`.")
         ph = r.get("phases") or {}
         if ph:
             a("")
-            a("Where the time of one launch goes (`AGENT_RUN_PHASES`, each phase's own time; its own loop after the interleaved one; \"fs\" is the run root's filesystem):")
+            a("Where the time of one launch goes (`AGENT_RUN_PHASES`, each phase's own time; its own loop after the interleaved one; \"fs\" is the run root's filesystem; \"tmpfs, no cgroup\" runs with `AGENT_RUN_CGROUP=off`, to show the phases the run's cgroup adds):")
             a("")
-            wheres = [w for w in ("fs", "tmpfs") if w in ph]
+            wheres = [w for w in ("fs", "tmpfs", "tmpfs, no cgroup") if w in ph]
             names = [row[0] for row in ph[wheres[0]]["rows"]]
             for w in wheres[1:]:
                 names += [row[0] for row in ph[w]["rows"] if row[0] not in names]
