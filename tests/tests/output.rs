@@ -57,6 +57,18 @@ fn counts(st: &Value, stream: &str) -> (u64, u64) {
     )
 }
 
+/// The final record carries the keeper's own counts (`complete`), stdout's as `stdout`.
+fn keepers_counts(root: &TestRoot, id: &str, stdout: (u64, u64)) {
+    let c = ctx(root, id);
+    let st = root.status(id);
+    c.eq(
+        &st["output"]["complete"],
+        true,
+        "st[\"output\"][\"complete\"]",
+    );
+    c.eq(counts(&st, "stdout"), stdout, "stdout written, dropped");
+}
+
 /// The keeper's identity from the journal's `keeper_started`.
 fn keeper_of(root: &TestRoot, id: &str) -> (i32, u64) {
     let c = ctx(root, id);
@@ -702,13 +714,7 @@ fn the_final_record_goes_out_at_the_keepers_done_and_the_wrapper_exits_after_the
         !agent_run_tests::alive_as(pid, ticks),
         format_args!("the keeper {pid} outlived the wrapper"),
     );
-    let st = root.status(id);
-    c.eq(
-        &st["output"]["complete"],
-        true,
-        "st[\"output\"][\"complete\"]",
-    );
-    c.eq(counts(&st, "stdout"), (3, 0), "stdout written, dropped");
+    keepers_counts(&root, id, (3, 0));
     // Written at the done, about a second before the wrapper's exit (not after the keeper's).
     let written = fs::metadata(root.run_dir(id).join("status.json"))
         .and_then(|m| m.modified())
@@ -751,17 +757,7 @@ fn bytes_forged_into_the_keepers_done_pipe_do_not_send_the_final_record_out_earl
         first.starts_with("grabbed ") && first != "grabbed 0 pipes",
         format_args!("the workload grabbed no pipe of its wrapper: {first:?}"),
     );
-    let st = root.status(id);
-    c.eq(
-        &st["output"]["complete"],
-        true,
-        "st[\"output\"][\"complete\"]",
-    );
-    c.eq(
-        counts(&st, "stdout"),
-        (bytes + first.len() as u64 + 1, 0),
-        "stdout written, dropped",
-    );
+    keepers_counts(&root, id, (bytes + first.len() as u64 + 1, 0));
 }
 
 /// A small tmpfs mounted as the run root, unmounted on drop.
