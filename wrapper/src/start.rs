@@ -895,7 +895,10 @@ impl Launch {
             let mut fds = [fd(pidfd), fd(self.keeper_done.as_ref().unwrap_or(pidfd))];
             let n = if self.keeper_done.is_some() { 2 } else { 1 };
             let left = deadline.saturating_duration_since(Instant::now());
-            let _ = sys::poll(&mut fds[..n], Some(left));
+            // EINTR is zero ready: a look again. Another error ends the wait, as before.
+            if sys::poll(&mut fds[..n], Some(left)).is_err() {
+                return false;
+            }
             if fds[0].revents != 0 {
                 self.keeper_exiting = false;
                 return true;
@@ -932,14 +935,15 @@ impl Launch {
                 revents: 0,
             }];
             let deadline = Instant::now() + KEEPER_EXIT_MAX;
-            while sys::poll(
+            // Until the exit, the deadline or an error (EINTR is zero ready: a look again).
+            while let Ok(0) = sys::poll(
                 &mut fds,
                 Some(deadline.saturating_duration_since(Instant::now())),
-            )
-            .unwrap_or(0)
-                == 0
-                && Instant::now() < deadline
-            {}
+            ) {
+                if Instant::now() >= deadline {
+                    break;
+                }
+            }
         }
     }
 
