@@ -755,8 +755,8 @@ fn cgroup_empty(dir: BorrowedFd<'_>) -> bool {
 }
 
 /// Wait until `fd` is readable (or at its EOF, or in error), at most until `deadline`, through
-/// interruptions. Whether it is.
-fn readable_by(fd: BorrowedFd<'_>, deadline: Instant) -> bool {
+/// interruptions. Whether it is (false also when poll itself fails).
+pub fn readable_by(fd: BorrowedFd<'_>, deadline: Instant) -> bool {
     let mut fds = [PollFd {
         fd: fd.as_raw_fd(),
         events: libc::POLLIN,

@@ -117,9 +117,10 @@ pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(io::Error::from)
 }
 
-/// The streamer's wake-up pipe, both ends close-on-exec and non-blocking: `(read, write)`.
-/// The keeper writes into it after each round of appends (it must never block on a streamer
-/// that stalls); the streamer drains it before each look at the logs.
+/// A pipe with both ends close-on-exec and non-blocking: `(read, write)`. The streamer's
+/// wake-up pipe: the keeper writes into it after each round of appends (it must never block on
+/// a streamer that stalls); the streamer drains it before each look at the logs. Also the
+/// keeper's done pipe (see [`keep_run`]): never written, its read end polled by the wrapper.
 pub fn wake_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     use rustix::pipe::PipeFlags;
     rustix::pipe::pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK).map_err(io::Error::from)

@@ -516,10 +516,7 @@ impl Launch {
         let limit = policy.limit;
         let on_limit = if policy.stop { "stop" } else { "keep" };
         // Made after the workload's spawn: it never held either end.
-        let (done_r, done_w) = keeper::pipe().ok().unzip();
-        if let Some(r) = &done_r {
-            let _ = rustix::fs::fcntl_setfl(r, rustix::fs::OFlags::NONBLOCK);
-        }
+        let (done_r, done_w) = keeper::wake_pipe().ok().unzip();
         let k = keeper::spawn(&self.dir, held, &policy, notify, reset_signals, go, done_w)?;
         self.keeper = Some(k.identity);
         self.keeper_cpus = k.cpus;
@@ -850,10 +847,7 @@ impl Launch {
     fn wait_keeper(&mut self, survivors: bool) {
         // A keeper still waiting for its go would never finish.
         self.release_keeper();
-        if self.keeper_fd.is_none() {
-            return;
-        }
-        // Done already (a short run's usual case): no look at the logs' sizes.
+        // Done already (a short run's usual case), or no keeper: no look at the logs' sizes.
         if self.keeper_finished(Duration::ZERO) {
             return;
         }
@@ -929,21 +923,7 @@ impl Launch {
             return;
         }
         if let Some(pidfd) = &self.keeper_fd {
-            let mut fds = [sys::PollFd {
-                fd: pidfd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            }];
-            let deadline = Instant::now() + KEEPER_EXIT_MAX;
-            // Until the exit, the deadline or an error (EINTR is zero ready: a look again).
-            while let Ok(0) = sys::poll(
-                &mut fds,
-                Some(deadline.saturating_duration_since(Instant::now())),
-            ) {
-                if Instant::now() >= deadline {
-                    break;
-                }
-            }
+            sys::readable_by(pidfd.as_fd(), Instant::now() + KEEPER_EXIT_MAX);
         }
     }
 
