@@ -339,10 +339,34 @@ const PROBE_MAX: i32 = 64;
 fn probe(min: i32, last: i32) -> Vec<Stat> {
     (min..=last)
         .filter_map(|pid| {
-            let st = stat(Pid::new(pid.into())?)?;
-            (tgid_of(st.pid) == Some(pid)).then_some(st)
+            let pid = Pid::new(pid.into())?;
+            match is_group_leader(pid) {
+                Some(false) => None,
+                Some(true) => stat(pid),
+                None => stat(pid).filter(|st| tgid_of(st.pid) == Some(pid.get())),
+            }
         })
         .collect()
+}
+
+/// Whether `pid` is a live (or zombie) thread group's id, by pidfd_open(2): it refuses a
+/// thread that does not lead its group (EINVAL; ENOENT since Linux 6.9's PIDFD_THREAD) and a
+/// pid no task holds (ESRCH). One syscall
+/// instead of the kernel formatting /proc/PID/status. `None` when the kernel cannot say
+/// (no pidfd_open, out of descriptors): the caller reads the `Tgid:` line.
+fn is_group_leader(pid: Pid) -> Option<bool> {
+    match crate::sys::pidfd_open(pid) {
+        Ok(_) => Some(true),
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EINVAL | libc::ENOENT | libc::ESRCH)
+            ) =>
+        {
+            Some(false)
+        }
+        Err(_) => None,
+    }
 }
 
 /// The thread group id of task `pid` (the `Tgid:` line of /proc/PID/status).
@@ -749,8 +773,33 @@ mod tests {
             probe(tid, tid).is_empty(),
             "thread {tid} taken for a process"
         );
+        // The kernel's answer, not the fallback's: pidfd_open refuses the thread.
+        assert_eq!(is_group_leader(Pid::new(tid.into()).unwrap()), Some(false));
+        assert_eq!(is_group_leader(me), Some(true));
         let found: Vec<Pid> = probe(me.get(), me.get()).iter().map(|s| s.pid).collect();
         assert_eq!(found, vec![me]);
+        // An unreaped child is a process until its parent waits for it, as in the listing.
+        let mut zombie = std::process::Command::new("true").spawn().unwrap();
+        let zpid = Pid::new(zombie.id().into()).unwrap();
+        // Its pidfd turns readable at its exit (it is a zombie then).
+        let pidfd = crate::sys::pidfd_open(zpid).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        assert!(
+            crate::sys::readable_by(std::os::fd::AsFd::as_fd(&pidfd), deadline),
+            "{zpid} did not exit"
+        );
+        assert!(
+            stat(zpid).is_some_and(|s| s.is_dead()),
+            "{zpid} is a zombie"
+        );
+        assert_eq!(is_group_leader(zpid), Some(true));
+        assert!(probe(zpid.get(), zpid.get()).iter().any(|s| s.pid == zpid));
+        zombie.wait().unwrap();
+        assert_eq!(
+            is_group_leader(zpid),
+            Some(false),
+            "a reaped pid is no process"
+        );
         // A child made now is in the probed range above it and in the listing alike.
         let mut child = std::process::Command::new("sleep")
             .arg("30")
