@@ -1542,8 +1542,8 @@ def bench_scale(ctx):
 
     res = {"once": {}, "list": {}, "daemon": {}, "live": {}}
     files = fixtures.template(ctx.agent_run, env=ctx.procs.env())
-    sizes = [1000, 10000, 100000] if not ctx.quick else [200, 2000]
-    list_sizes = [10000, 100000] if not ctx.quick else [2000]
+    sizes = [1000, 10000, 100000] if not ctx.quick else [100, 1000]
+    list_sizes = [10000, 100000] if not ctx.quick else [1000]
     roots = {}
     have = 0
     root = ctx.fresh_root("scale")
