@@ -350,10 +350,10 @@ fn probe(min: i32, last: i32) -> Vec<Stat> {
 }
 
 /// Whether `pid` is a live (or zombie) thread group's id, by pidfd_open(2): it refuses a
-/// thread that does not lead its group (EINVAL; ENOENT since Linux 6.9's PIDFD_THREAD) and a
-/// pid no task holds (ESRCH). One syscall
-/// instead of the kernel formatting /proc/PID/status. `None` when the kernel cannot say
-/// (no pidfd_open, out of descriptors): the caller reads the `Tgid:` line.
+/// thread that does not lead its group (EINVAL on older kernels, ENOENT on newer ones: 6.18
+/// here) and a pid no task holds (ESRCH). One syscall instead of the kernel formatting
+/// /proc/PID/status. `None` when the kernel cannot say (no pidfd_open, out of descriptors,
+/// a limit the workload lowered through prlimit(2)): the caller reads the `Tgid:` line.
 fn is_group_leader(pid: Pid) -> Option<bool> {
     match crate::sys::pidfd_open(pid) {
         Ok(_) => Some(true),
