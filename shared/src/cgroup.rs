@@ -119,15 +119,19 @@ fn unescape_octal(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The cgroup v2 path in the text of a /proc/PID/cgroup (its `0::` line), as the kernel wrote
+/// it (a removed cgroup keeps its ` (deleted)` suffix).
+pub fn v2_path(text: &str) -> Option<&str> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::trim_end)
+}
+
 /// This process's own cgroup directory on the cgroup2 mount (the `0::` line).
 pub fn own() -> Option<PathBuf> {
     let mount = mount()?;
-    let text = self_cgroup_text()?;
-    let rel = text.lines().find_map(|l| l.strip_prefix("0::"))?;
-    let rel = rel
-        .trim_end()
-        .strip_suffix(" (deleted)")
-        .unwrap_or(rel.trim_end());
+    let rel = v2_path(self_cgroup_text()?)?;
+    let rel = rel.strip_suffix(" (deleted)").unwrap_or(rel);
     Some(mount.join(rel.trim_start_matches('/')))
 }
 
@@ -519,6 +523,14 @@ pub(crate) fn events_populated(events: &str) -> Option<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_v2_path_is_the_0_line_of_a_cgroup_file() {
+        let hybrid = "9:name=systemd:/\n8:pids:/user.slice\n0::/user.slice/x.scope\n";
+        assert_eq!(v2_path(hybrid), Some("/user.slice/x.scope"));
+        assert_eq!(v2_path("0::/gone (deleted)\n"), Some("/gone (deleted)"));
+        assert_eq!(v2_path("8:pids:/\n"), None);
+    }
 
     #[test]
     fn mountinfo_lines_name_the_cgroup2_mount() {

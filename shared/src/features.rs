@@ -33,13 +33,9 @@ pub fn has(feature: &str) -> bool {
 /// [`crate::cgroup::choose_parent`]). Reads only; creates nothing.
 pub fn probe_cgroup() -> Value {
     let mount = crate::cgroup::mount();
-    let own = crate::procfs::read_kernel_file("/proc/self/cgroup")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("0::"))
-                .map(|p| p.trim().to_string())
-        });
+    let own = crate::cgroup::self_cgroup_text()
+        .and_then(crate::cgroup::v2_path)
+        .map(str::to_string);
     let (parent, why) = match crate::cgroup::choose_parent(None) {
         Ok(crate::cgroup::Parent::Dir { path, .. }) => (Some(path), None),
         Ok(crate::cgroup::Parent::Procfs(why)) => (None, Some(why)),

@@ -551,7 +551,7 @@ pub fn keeper_of(wrapper: Pid) -> Option<Identity> {
     let cgroup = |p: Pid| {
         read_kernel_file(format!("/proc/{p}/cgroup"))
             .ok()
-            .and_then(|t| t.lines().find(|l| l.starts_with("0::")).map(str::to_owned))
+            .and_then(|t| crate::cgroup::v2_path(&t).map(str::to_owned))
     };
     let (w_exe, w_cgroup) = (exe(wrapper)?, cgroup(wrapper)?);
     let mut fits = children_of(wrapper).into_iter().filter_map(|c| {
