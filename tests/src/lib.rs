@@ -788,6 +788,11 @@ impl Pinned {
         let mut pending: Vec<&(i32, Option<OwnedFd>)> =
             self.procs.iter().filter(|(_, fd)| fd.is_some()).collect();
         loop {
+            // Before the poll: with nothing pending (every pid gone at the pin) a poll of no
+            // descriptors would sleep out the whole timeout.
+            if pending.is_empty() {
+                return Ok(start.elapsed());
+            }
             let remaining = timeout.saturating_sub(start.elapsed());
             let fds: Vec<_> = pending
                 .iter()
@@ -799,7 +804,7 @@ impl Pinned {
             let mut gone = gone.into_iter();
             pending.retain(|_| !gone.next().unwrap_or(false));
             if pending.is_empty() {
-                return Ok(start.elapsed());
+                continue;
             }
             if remaining.is_zero() {
                 return Err(pending.iter().map(|(pid, _)| *pid).collect());
@@ -1194,6 +1199,21 @@ mod tests {
             .unwrap();
         fs::write(cg.join("cgroup.procs"), child.id().to_string()).unwrap();
         (cg, child)
+    }
+
+    #[test]
+    fn waiting_for_pids_gone_before_the_pin_returns_at_once() {
+        let mut child = Command::new(fixture_bin())
+            .args(["sleep-ms", "0"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        child.wait().unwrap();
+        // Reaped: nothing to pin (its pid could be anyone's by now, never ours to wait on).
+        let pin = Pinned::new(&[pid]);
+        let took = pin.wait_all_gone(Duration::from_secs(60)).unwrap();
+        assert!(took < Duration::from_secs(5), "waited {took:?} for nothing");
     }
 
     #[test]
