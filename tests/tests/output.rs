@@ -7,6 +7,7 @@
 //! The keeper is never the run's (session, cgroup, marker) and ends by EOF, never by a signal.
 //! Run ids start with `out-`.
 
+use agent_run_tests::facts::epoch_of;
 use agent_run_tests::{
     ctx, describe_output, ensure, proc_stat, run_with_timeout, wait_until_dbg, Ctx, Pinned,
     Spawned, TestRoot,
@@ -565,8 +566,12 @@ fn on_output_limit_stop_ends_the_run_cancelled_output_limit_with_nothing_left() 
     let root = TestRoot::new();
     let c = ctx(&root, "out-stop");
     let pids = root.dir.path().join("pids");
+    // The writer ignores TERM and HUP, so it writes all of its 4 MiB whatever the stop's
+    // speed, and the counts are exact: the cap, the kept tail (cap/8), and the rest dropped.
+    // KILL comes only at the grace (5 s); the writer is done in milliseconds. Its shell and
+    // the sleeper die by the TERM.
     let script = format!(
-        "sleep 600 & echo $$ $! > {}; while :; do head -c 1M /dev/zero; done",
+        "sleep 600 & echo $$ $! > {}; (trap '' TERM HUP; exec head -c 4M /dev/zero); wait",
         pids.display()
     );
     let o = run(
@@ -601,7 +606,11 @@ fn on_output_limit_stop_ends_the_run_cancelled_output_limit_with_nothing_left() 
     );
     let (written, dropped) = counts(&st, "stdout");
     c.eq(&written, &((2 << 20) + (2 << 20) / 8), "written");
-    ensure!(c, dropped > 0, "dropped > 0");
+    c.eq(
+        &dropped,
+        &((4 << 20) - (2 << 20) - (2 << 20) / 8),
+        "dropped: the writer's 4 MiB less the written",
+    );
     for p in fs::read_to_string(&pids).unwrap().split_whitespace() {
         let p: i32 = p.parse().unwrap();
         ensure!(
@@ -634,6 +643,22 @@ fn on_output_limit_stop_ends_the_run_cancelled_output_limit_with_nothing_left() 
     ensure!(c, ev
         .iter()
         .any(|e| e["event"] == "keeper_done" && e["by_pid"] == keeper && e["error"].is_null()), "ev .iter() .any(|e| e[\"event\"] == \"keeper_done\" && e[\"by_pid\"] == keeper && e[\"error\"].is_null())");
+    // The keeper asks and goes on: the final record does not wait out the wrapper's keeper
+    // wait (2 s), as it did while the keeper's stop thread waited for that record.
+    let at = |what: &str| {
+        ev.iter()
+            .find(|e| e["event"] == what)
+            .and_then(|e| epoch_of(e["ts"].as_str()?))
+    };
+    let (asked, ended) = (
+        at("stop_requested"),
+        epoch_of(st["ended_at"].as_str().unwrap()),
+    );
+    ensure!(
+        c,
+        matches!((asked, ended), (Some(a), Some(e)) if e - a < 1.5),
+        "the stop asked at {asked:?} ended at {ended:?}: held up by the keeper's wait"
+    );
 }
 
 #[test]

@@ -111,17 +111,31 @@ pub fn cancel_one(
     run_id: &str,
     wait: Option<Duration>,
 ) -> anyhow::Result<(RunDir, Status)> {
-    cancel_one_for(root, run_id, wait, "cancel", "cancel_request")
+    cancel_one_for(root, run_id, wait, "cancel", "cancel_request", Until::Final)
+}
+
+/// When [`cancel_one_for`] returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Until {
+    /// With the run's final record (`agent-run cancel`).
+    Final,
+    /// Once the stop is asked for: a live wrapper signalled, or another party's request found
+    /// (cancel.json was there); a takeover still runs to its final record. The returned record
+    /// may then be the live one. The output keeper asks this way: the wrapper's final record
+    /// waits for the keeper's done, so a keeper that waited for that record would hold it up.
+    Asked,
 }
 
 /// [`cancel_one`] on behalf of `by` (the journal's and cancel.json's source) with the stop's
-/// `reason`: the output keeper's `--on-output-limit=stop` asks with "output_limit".
+/// `reason`: the output keeper's `--on-output-limit=stop` asks with "output_limit", and
+/// [`Until::Asked`].
 pub fn cancel_one_for(
     root: Option<&Path>,
     run_id: &str,
     wait: Option<Duration>,
     by: &'static str,
     reason: &str,
+    until: Until,
 ) -> anyhow::Result<(RunDir, Status)> {
     let dir = open_run(root, run_id)?;
     let journal = dir.journal(by)?;
@@ -275,6 +289,9 @@ pub fn cancel_one_for(
                 signalled_at = Some(Instant::now());
             } else if signalled_at.is_none() {
                 signalled_at = Some(Instant::now());
+            }
+            if until == Until::Asked {
+                return Ok((dir.clone(), st));
             }
         }
         let now = Instant::now();

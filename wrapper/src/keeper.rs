@@ -668,8 +668,11 @@ impl Keep {
                 json!({"stdout": out.stdout, "stderr": out.stderr, "error": written.as_ref().err().map(|e| e.to_string())}),
             );
         }
-        // A stop we asked for finishes the run (its final record waits for output.json,
-        // which is there now): never exit under it.
+        // A stop we asked for is asked before our done: the thread returns once the wrapper
+        // is signalled (`Until::Asked`, milliseconds), never waiting for the final record,
+        // which waits for our done. Waiting for it held every such stop up by the wrapper's
+        // whole keeper wait (2 s). A takeover (the wrapper gone) runs to its end: nobody
+        // waits for our done then.
         if let Some(t) = self.stopper.take() {
             let _ = t.join();
         }
@@ -763,7 +766,8 @@ fn open_dir(path: &Path) -> anyhow::Result<RunDir> {
 }
 
 /// Ask for the run's stop with reason `output_limit`, as `agent-run cancel` does (cancel.json
-/// and a TERM to a live wrapper; the takeover when it is gone), on a thread.
+/// and a TERM to a live wrapper; the takeover when it is gone), on a thread that returns once
+/// the stop is asked for ([`cancel::Until::Asked`]), not with the final record.
 fn request_stop(dir: &Path) -> std::thread::JoinHandle<()> {
     let Ok(dir) = open_dir(dir) else {
         return std::thread::spawn(|| {});
@@ -773,7 +777,8 @@ fn request_stop(dir: &Path) -> std::thread::JoinHandle<()> {
             return;
         };
         let id = dir.id().as_str();
-        let r = cancel::cancel_one_for(Some(root), id, None, "keeper", "output_limit");
+        let until = cancel::Until::Asked;
+        let r = cancel::cancel_one_for(Some(root), id, None, "keeper", "output_limit", until);
         if let Err(e) = r {
             if let Ok(j) = dir.journal("keeper") {
                 let _ = j.event("stop_request_failed", json!({"error": format!("{e:#}")}));
