@@ -661,6 +661,56 @@ fn on_output_limit_stop_ends_the_run_cancelled_output_limit_with_nothing_left() 
     );
 }
 
+/// The run plants a cancel.json before its cap: the keeper's request finds one there, and it
+/// still signals its wrapper (a second later, the record still saying running) instead of
+/// taking the planted file for a stop under way. Without that, the run would go on to its own
+/// end (`finished`, 30 s later).
+#[test]
+fn a_planted_cancel_request_does_not_turn_off_the_output_limit_stop() {
+    let root = TestRoot::new();
+    let c = ctx(&root, "out-planted");
+    let pids = root.dir.path().join("pids");
+    let script = format!(
+        "printf x > \"$AGENT_RUN_DIR/cancel.json\"; echo $$ > {}; head -c 3M /dev/zero; exec sleep 30",
+        pids.display()
+    );
+    let o = run(
+        &root,
+        &[
+            "--quiet",
+            "--max-output",
+            "2M",
+            "--on-output-limit=stop",
+            "out-planted",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    let st = root.status("out-planted");
+    c.eq(
+        &st["state"].as_str(),
+        &Some("cancelled"),
+        format_args!("{st}\n{}", describe_output("out-planted", &o)),
+    );
+    c.eq(&o.status.code(), &Some(143), "the exit code");
+    let ev = root.events("out-planted");
+    ensure!(
+        c,
+        ev.iter().any(|e| e["event"] == "signal"
+            && e["by"] == "keeper"
+            && e["reason"] == "output_limit"),
+        "the keeper signalled its wrapper: {ev:?}"
+    );
+    let leader: i32 = fs::read_to_string(&pids).unwrap().trim().parse().unwrap();
+    ensure!(
+        c,
+        proc_stat(leader).is_none_or(|s| s.0 == 'Z'),
+        "the run's leader {leader} is left"
+    );
+}
+
 #[test]
 fn a_run_named_like_the_keeper_mode_is_an_ordinary_run() {
     let root = TestRoot::new();

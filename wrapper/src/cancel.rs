@@ -119,9 +119,10 @@ pub fn cancel_one(
 pub enum Until {
     /// With the run's final record (`agent-run cancel`).
     Final,
-    /// Once the stop is asked for: a live wrapper signalled, or another party's request found
-    /// (cancel.json was there); a takeover still runs to its final record. The returned record
-    /// may then be the live one. The output keeper asks this way: the wrapper's final record
+    /// Once the stop is asked for: a live wrapper signalled (by us, or a second later when a
+    /// cancel.json was there but the record still says running), or its record saying
+    /// `cancelling`; a takeover still runs to its final record. The returned record may then
+    /// be the live one. The output keeper asks this way: the wrapper's final record
     /// waits for the keeper's done, so a keeper that waited for that record would hold it up.
     Asked,
 }
@@ -280,6 +281,7 @@ pub fn cancel_one_for(
             let stale = st.state == State::Running
                 && contradicted.is_none()
                 && signalled_at.is_some_and(|t| t.elapsed() > Duration::from_secs(1));
+            let mut asked = false;
             if created || stale {
                 signal_wrapper(w, Sig::Term, reason, None, &journal)?;
                 // A stopped wrapper (SIGSTOP, a debugger let go) cannot act on the TERM: let it.
@@ -287,10 +289,14 @@ pub fn cancel_one_for(
                     signal_wrapper(w, Sig::Cont, reason, None, &journal)?;
                 }
                 signalled_at = Some(Instant::now());
+                asked = true;
             } else if signalled_at.is_none() {
                 signalled_at = Some(Instant::now());
             }
-            if until == Until::Asked {
+            // Asked: we signalled, or the wrapper says it is stopping. A cancel.json that was
+            // there (the run can plant one) is not a stop: the look goes on, and the stale
+            // signal above comes a second later while the record still says running.
+            if until == Until::Asked && (asked || st.state == State::Cancelling) {
                 return Ok((dir.clone(), st));
             }
         }
