@@ -137,6 +137,25 @@ impl SigDispositions {
     pub fn ignores(&self, sig: i32) -> bool {
         sig > 0 && sig <= 64 && self.ignored & (1u64 << (sig - 1)) != 0
     }
+
+    /// Whether signal `sig` is in the (main thread's) mask.
+    pub fn blocks(&self, sig: i32) -> bool {
+        sig > 0 && sig <= 64 && self.blocked & (1u64 << (sig - 1)) != 0
+    }
+
+    /// Whether the mask says "stopping its run" ([`crate::sys::mark_stopping`]): the mark
+    /// blocked while TERM is not (the wrapper blocks every signal, for a moment, around its
+    /// clones; it never blocks TERM otherwise).
+    pub fn marks_stopping(&self) -> bool {
+        self.blocks(crate::sys::STOPPING_MARK) && !self.blocks(libc::SIGTERM)
+    }
+}
+
+/// Whether the wrapper `pid` is stopping its run, by its main thread's signal mask (see
+/// [`crate::sys::mark_stopping`]): a kernel fact, where the record's `cancelling` is a file
+/// the run can write. `false` when it is gone or unreadable.
+pub fn marks_stopping(pid: Pid) -> bool {
+    sig_dispositions(pid).is_some_and(|d| d.marks_stopping())
 }
 
 /// Read SigIgn/SigCgt/SigBlk of a process. `None` when it is gone.
@@ -696,6 +715,25 @@ pub fn only_newer_pids(floor: Identity) -> Option<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mask_says_stopping_with_urg_blocked_and_term_not() {
+        let mask = |sigs: &[i32]| SigDispositions {
+            blocked: sigs.iter().map(|s| 1u64 << (s - 1)).sum(),
+            ..Default::default()
+        };
+        assert!(mask(&[libc::SIGURG]).marks_stopping());
+        assert!(mask(&[libc::SIGURG, libc::SIGUSR1]).marks_stopping());
+        // Every signal blocked: a wrapper around its clones, not a stop.
+        assert!(!SigDispositions {
+            blocked: u64::MAX,
+            ..Default::default()
+        }
+        .marks_stopping());
+        assert!(!mask(&[libc::SIGURG, libc::SIGTERM]).marks_stopping());
+        assert!(!mask(&[]).marks_stopping());
+        assert!(!mask(&[libc::SIGTERM]).marks_stopping());
+    }
 
     #[test]
     fn a_kernel_file_is_read_whole_past_the_first_buffer_and_text_only() {

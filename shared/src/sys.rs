@@ -1024,6 +1024,25 @@ impl Epoll {
 // ---- raw: what rustix does not offer ------------------------------------------------------
 
 /// The calls rustix has no function for, as raw syscalls with their safety arguments.
+/// The signal whose block in a wrapper's main thread says, as a kernel fact, that the wrapper is
+/// stopping its run: /proc/PID/status shows the main thread's mask (`SigBlk`), and no other
+/// process can change it (ptrace aside). `cancel` reads it instead of the record's `cancelling`,
+/// which the run can write. URG: ignored by default, never used by agent-run, so a URG sent
+/// meanwhile to another of the wrapper's threads does nothing.
+pub const STOPPING_MARK: libc::c_int = libc::SIGURG;
+
+/// Say, in this thread's signal mask, that this wrapper is stopping its run (the main thread,
+/// at the stop's start; never undone: a stop is the run's end). See [`STOPPING_MARK`].
+pub fn mark_stopping() {
+    raw::mask_signal(STOPPING_MARK, true);
+}
+
+/// Take [`STOPPING_MARK`] out of this thread's mask: a mask is inherited across exec, so a
+/// caller that blocked URG must not make a new wrapper look as if it were stopping.
+pub fn clear_stopping_mark() {
+    raw::mask_signal(STOPPING_MARK, false);
+}
+
 mod raw {
     use super::{
         ChildPlan, ChildStep, CloneArgs, Exec, Forked, BSHELL, CLONE_INTO_CGROUP, CLONE_PIDFD,
@@ -1106,6 +1125,23 @@ mod raw {
             libc::sigfillset(&mut all);
             libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
             old
+        }
+    }
+
+    /// Add `sig` to (`block`) or take it out of this thread's signal mask.
+    pub(super) fn mask_signal(sig: libc::c_int, block: bool) {
+        // SAFETY: the set lives on our stack; sigemptyset(3), sigaddset(3) and
+        // pthread_sigmask(3) only write it and this thread's mask.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, sig);
+            let how = if block {
+                libc::SIG_BLOCK
+            } else {
+                libc::SIG_UNBLOCK
+            };
+            libc::pthread_sigmask(how, &set, std::ptr::null_mut());
         }
     }
 

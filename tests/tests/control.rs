@@ -23,6 +23,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use agent_run_tests::ctx::{ctx, Ctx, CMD};
+use agent_run_tests::ensure;
 use agent_run_tests::facts::*;
 use agent_run_tests::workload::*;
 use agent_run_tests::{
@@ -590,6 +591,111 @@ fn ten_concurrent_cancels_stop_the_run_once_and_every_caller_prints_the_same_rec
         );
     }
     c.wait_gone(&run.wrapper_pin, "the wrapper");
+}
+
+/// The record's `state` with `from` replaced by `to`, written over status.json as the run
+/// could (same user, a plain rewrite).
+fn forge_state(c: Ctx, from: &str, to: &str) {
+    let path = c.root.run_dir(c.id).join("status.json");
+    let text = fs::read_to_string(&path).unwrap();
+    let forged = text.replace(
+        &format!("\"state\": \"{from}\""),
+        &format!("\"state\": \"{to}\""),
+    );
+    ensure!(c, forged != text, "no {from:?} state in {text}");
+    fs::write(&path, forged).unwrap();
+}
+
+/// Whether `pid`'s main thread blocks signal `sig` (/proc/PID/status `SigBlk`).
+fn blocks(pid: i32, sig: i32) -> bool {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let mask = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigBlk:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    mask & (1 << (sig - 1)) != 0
+}
+
+/// The run plants a cancel.json and rewrites its record to `cancelling`, so that every cancel
+/// finds a request (not its own) and a record that says the stop is under way. `cancel` asks
+/// the kernel instead (the wrapper's signal mask says whether it is stopping): a second later
+/// it signals the wrapper, and the run ends cancelled with nothing left.
+#[test]
+fn a_run_that_plants_cancel_json_and_forges_cancelling_is_still_stopped_by_cancel() {
+    let root = TestRoot::new();
+    let c = ctx(&root, "forged-cancelling");
+    let run = c.start_running("", &fx("tree --children 2"));
+    let (_, tree) = c.pin_tree();
+    fs::write(root.run_dir(c.id).join("cancel.json"), "{}").unwrap();
+    forge_state(c, "running", "cancelling");
+    ensure!(
+        c,
+        !blocks(run.wrapper, libc::SIGURG),
+        "the wrapper says it is stopping before any stop"
+    );
+    let out = c.ctl(&["cancel", "--wait", "20s", c.id], 0);
+    c.gone_now(&tree, "right after cancel returned");
+    let printed = c.parse(&out, "cancel");
+    c.fields(&printed, "cancel's output", json!({"state": "cancelled"}));
+    c.fields(&c.status(), "status.json", json!({"state": "cancelled"}));
+    let terms = c
+        .events("signal")
+        .into_iter()
+        .filter(|e| e["by"] == "cancel" && e["signal"] == "TERM")
+        .count();
+    c.eq(terms, 1, "TERMs from cancel to the wrapper");
+    c.wait_gone(&run.wrapper_pin, "the wrapper after cancel");
+}
+
+/// The other way round: during a stop's grace the run rewrites its record back to `running`,
+/// so that a second cancel would take the first for one whose caller died before signalling,
+/// and TERM the wrapper again, which means KILL now. The wrapper's signal mask says it is
+/// stopping (URG blocked, TERM not), so the second cancel only waits, and the grace holds.
+#[test]
+fn a_record_forged_back_to_running_mid_stop_does_not_make_a_second_cancel_cut_the_grace() {
+    let root = TestRoot::new();
+    let c = ctx(&root, "forged-running");
+    let log = root.dir.path().join("worker.log");
+    let tree_opts = "--children 1 --leader-term ignore --member-term ignore";
+    let run = c.start_running("--grace 3s --hup-after 0", &logged_tree(tree_opts, &log));
+    let (_, tree) = c.pin_tree();
+    ensure!(
+        c,
+        !blocks(run.wrapper, libc::SIGURG),
+        "the wrapper says it is stopping before any stop"
+    );
+    // The first cancel starts the stop and returns at once (exit 75: still cancelling).
+    let t0 = Instant::now();
+    c.ctl(&["cancel", "--wait", "0s", c.id], 75);
+    c.wait("the wrapper's mask to say it is stopping", || {
+        (blocks(run.wrapper, libc::SIGURG) && !blocks(run.wrapper, libc::SIGTERM))
+            .then_some(())
+            .ok_or("not yet".to_string())
+    });
+    forge_state(c, "cancelling", "running");
+    let out = c.ctl(&["cancel", "--wait", "30s", c.id], 0);
+    let took = t0.elapsed();
+    c.gone_now(&tree, "right after the second cancel returned");
+    let printed = c.parse(&out, "cancel");
+    c.fields(&printed, "cancel's output", json!({"state": "cancelled"}));
+    let terms = c
+        .events("signal")
+        .into_iter()
+        .filter(|e| e["by"] == "cancel" && e["signal"] == "TERM")
+        .count();
+    c.eq(terms, 1, "TERMs from the cancels to the wrapper");
+    c.eq(
+        c.events("stop_escalated").len(),
+        0,
+        "a second TERM cut the grace short",
+    );
+    ensure!(
+        c,
+        took >= Duration::from_millis(2900),
+        "the stop ended after {took:?}, within the 3 s grace: it was cut short"
+    );
+    c.wait_gone(&run.wrapper_pin, "the wrapper after cancel");
 }
 
 #[test]

@@ -120,9 +120,9 @@ pub enum Until {
     /// With the run's final record (`agent-run cancel`).
     Final,
     /// Once the stop is asked for: a live wrapper signalled (by us, or a second later when a
-    /// cancel.json was there but the record still says running), or its record saying
-    /// `cancelling`; a takeover still runs to its final record. The returned record may then
-    /// be the live one. The output keeper asks this way: the wrapper's final record
+    /// cancel.json was there but the wrapper is not stopping), or the wrapper stopping (its
+    /// signal mask says so, `procfs::marks_stopping`); a takeover still runs to its final
+    /// record. The returned record may then be the live one. The output keeper asks this way: the wrapper's final record
     /// waits for the keeper's done, so a keeper that waited for that record would hold it up.
     Asked,
 }
@@ -276,11 +276,14 @@ pub fn cancel_one_for(
                 true
             });
             // Exactly one caller signals: a second TERM would cut the grace short. If the
-            // creator of cancel.json died before signalling, the wrapper is still `running` a
-            // second later: signal it then.
-            let stale = st.state == State::Running
-                && contradicted.is_none()
-                && signalled_at.is_some_and(|t| t.elapsed() > Duration::from_secs(1));
+            // creator of cancel.json died before signalling (or the run planted the file), the
+            // wrapper is still not stopping a second later: signal it then. Whether it is
+            // stopping is a kernel fact (its main thread's signal mask, sys::mark_stopping),
+            // not the record's `cancelling`, which the run can write along with a cancel.json
+            // of its own to keep every cancel from signalling.
+            let stale = contradicted.is_none()
+                && signalled_at.is_some_and(|t| t.elapsed() > Duration::from_secs(1))
+                && !procfs::marks_stopping(w.pid());
             let mut asked = false;
             if created || stale {
                 signal_wrapper(w, Sig::Term, reason, None, &journal)?;
@@ -293,10 +296,10 @@ pub fn cancel_one_for(
             } else if signalled_at.is_none() {
                 signalled_at = Some(Instant::now());
             }
-            // Asked: we signalled, or the wrapper says it is stopping. A cancel.json that was
-            // there (the run can plant one) is not a stop: the look goes on, and the stale
-            // signal above comes a second later while the record still says running.
-            if until == Until::Asked && (asked || st.state == State::Cancelling) {
+            // Asked: we signalled, or the wrapper is stopping. A cancel.json that was there
+            // (the run can plant one) is not a stop: the look goes on, and the stale signal
+            // above comes a second later unless the wrapper is stopping by then.
+            if until == Until::Asked && (asked || procfs::marks_stopping(w.pid())) {
                 return Ok((dir.clone(), st));
             }
         }

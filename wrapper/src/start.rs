@@ -365,6 +365,8 @@ impl Launch {
                 None => None,
             };
             sys::set_child_subreaper().context("cannot become a child subreaper")?;
+            // An inherited mask must not say "stopping" before we are (see sys::mark_stopping).
+            sys::clear_stopping_mark();
             let signals = Signals::register().context("cannot register signal handlers")?;
             signals
                 .catch_tstp()
@@ -969,6 +971,9 @@ impl Launch {
         // The stop comes first: a record that cannot be written (a full disk) is reported, but
         // never keeps the run's processes alive.
         let mut stop = |st: &mut Status, reason: &str| {
+            // First, the kernel fact a `cancel` trusts over the record (which the run can
+            // write): this wrapper is stopping, so a TERM now would cut the grace short.
+            sys::mark_stopping();
             if let Err(e) = transition(
                 &dir,
                 st,
