@@ -606,6 +606,14 @@ fn forge_state(c: Ctx, from: &str, to: &str) {
     fs::write(&path, forged).unwrap();
 }
 
+/// How many TERMs `cancel` sent (its journal lines: `by` cancel, to the wrapper).
+fn terms_from_cancel(c: Ctx) -> usize {
+    let signals = c.events("signal").into_iter();
+    signals
+        .filter(|e| e["by"] == "cancel" && e["signal"] == "TERM")
+        .count()
+}
+
 /// Whether `pid`'s main thread blocks signal `sig` (/proc/PID/status `SigBlk`).
 fn blocks(pid: i32, sig: i32) -> bool {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -639,11 +647,7 @@ fn a_run_that_plants_cancel_json_and_forges_cancelling_is_still_stopped_by_cance
     let printed = c.parse(&out, "cancel");
     c.fields(&printed, "cancel's output", json!({"state": "cancelled"}));
     c.fields(&c.status(), "status.json", json!({"state": "cancelled"}));
-    let terms = c
-        .events("signal")
-        .into_iter()
-        .filter(|e| e["by"] == "cancel" && e["signal"] == "TERM")
-        .count();
+    let terms = terms_from_cancel(c);
     c.eq(terms, 1, "TERMs from cancel to the wrapper");
     c.wait_gone(&run.wrapper_pin, "the wrapper after cancel");
 }
@@ -679,11 +683,7 @@ fn a_record_forged_back_to_running_mid_stop_does_not_make_a_second_cancel_cut_th
     c.gone_now(&tree, "right after the second cancel returned");
     let printed = c.parse(&out, "cancel");
     c.fields(&printed, "cancel's output", json!({"state": "cancelled"}));
-    let terms = c
-        .events("signal")
-        .into_iter()
-        .filter(|e| e["by"] == "cancel" && e["signal"] == "TERM")
-        .count();
+    let terms = terms_from_cancel(c);
     c.eq(terms, 1, "TERMs from the cancels to the wrapper");
     c.eq(
         c.events("stop_escalated").len(),

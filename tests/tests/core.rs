@@ -465,11 +465,13 @@ fn term_to_the_wrapper_stops_the_seed_articles_bash_worker_and_its_grandchild() 
     fs::write(&script, SEED_WORKER_SH).unwrap();
     fs::create_dir(&work).unwrap();
     // Run through bash rather than exec'ing the fresh file: another test thread forking while
-    // the file was open for writing would make exec fail with ETXTBSY.
+    // the file was open for writing would make exec fail with ETXTBSY. The HUP step comes late:
+    // the worker's TERM trap forks `date` and `ps` to log its line, which took over the default
+    // 500 ms on CI's loaded cores, and bash then ran the HUP trap, whose `exit` came first.
     let mut run = Run::start(
         &root,
         "seed-worker",
-        &[],
+        &["--hup-after", "10s"],
         &["bash", path_str(&script), path_str(&work)],
     );
     let c = run.c;

@@ -561,6 +561,16 @@ fn a_ten_gib_writer_against_a_small_cap_keeps_cap_plus_markers_and_counts_the_re
     );
 }
 
+/// `--quiet --max-output 2M --on-output-limit=stop ID -- sh -c SCRIPT`, to its end.
+fn run_capped_at_2m_with_stop(root: &TestRoot, id: &str, script: &str) -> Output {
+    let opts = ["--quiet", "--max-output", "2M", "--on-output-limit=stop"];
+    let args: Vec<&str> = opts
+        .into_iter()
+        .chain([id, "--", "sh", "-c", script])
+        .collect();
+    run(root, &args)
+}
+
 #[test]
 fn on_output_limit_stop_ends_the_run_cancelled_output_limit_with_nothing_left() {
     let root = TestRoot::new();
@@ -574,20 +584,7 @@ fn on_output_limit_stop_ends_the_run_cancelled_output_limit_with_nothing_left() 
         "sleep 600 & echo $$ $! > {}; (trap '' TERM HUP; exec head -c 4M /dev/zero); wait",
         pids.display()
     );
-    let o = run(
-        &root,
-        &[
-            "--quiet",
-            "--max-output",
-            "2M",
-            "--on-output-limit=stop",
-            "out-stop",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ],
-    );
+    let o = run_capped_at_2m_with_stop(&root, "out-stop", &script);
     c.eq(
         &o.status.code(),
         &Some(143),
@@ -674,20 +671,7 @@ fn a_planted_cancel_request_does_not_turn_off_the_output_limit_stop() {
         "printf x > \"$AGENT_RUN_DIR/cancel.json\"; echo $$ > {}; head -c 3M /dev/zero; exec sleep 30",
         pids.display()
     );
-    let o = run(
-        &root,
-        &[
-            "--quiet",
-            "--max-output",
-            "2M",
-            "--on-output-limit=stop",
-            "out-planted",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ],
-    );
+    let o = run_capped_at_2m_with_stop(&root, "out-planted", &script);
     let st = root.status("out-planted");
     c.eq(
         &st["state"].as_str(),
