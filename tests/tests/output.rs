@@ -695,6 +695,53 @@ fn a_planted_cancel_request_does_not_turn_off_the_output_limit_stop() {
     );
 }
 
+/// The run SIGSTOPs its keeper (its pid is in the journal), writes a line into the pipe, and
+/// exits. Its wrapper finds the keeper stopped when it waits for the counts and sends it CONT,
+/// its only signal ever: the line is in the log, the record complete, and the keeper gone.
+/// Without it, the record waited 2 s, said `complete: false`, and the keeper stayed stopped.
+#[test]
+fn a_keeper_the_run_stopped_is_continued_by_its_wrapper_and_nothing_is_lost() {
+    let root = TestRoot::new();
+    let c = ctx(&root, "out-stopped");
+    // The keeper is forked after the workload's spawn: its journal line may come after the
+    // workload's start.
+    let script = r#"until grep -q '"keeper_started"' "$AGENT_RUN_DIR/events.jsonl"; do sleep 0.01; done; k=$(sed -n 's/.*"event":"keeper_started".*"pid":\([0-9]*\).*/\1/p' "$AGENT_RUN_DIR/events.jsonl"); kill -STOP "$k" && echo "stopped $k" >&2; echo hello"#;
+    let o = run(&root, &["--quiet", "out-stopped", "--", "sh", "-c", script]);
+    let (keeper, _) = keeper_of(&root, "out-stopped");
+    let pin = Pinned::new(&[keeper]);
+    c.eq(
+        &o.status.code(),
+        &Some(0),
+        format_args!("{}", describe_output("out-stopped", &o)),
+    );
+    c.eq(
+        log(&root, "out-stopped", "stderr.log"),
+        format!("stopped {keeper}\n").into_bytes(),
+        "the run stopped its keeper",
+    );
+    c.eq(
+        log(&root, "out-stopped", "stdout.log"),
+        b"hello\n".to_vec(),
+        "stdout.log",
+    );
+    let st = root.status("out-stopped");
+    c.eq(&st["output"]["complete"], true, format_args!("{st}"));
+    let ev = root.events("out-stopped");
+    let to_keeper: Vec<&Value> = ev
+        .iter()
+        .filter(|e| e["event"] == "signal" && e["target"] == format!("pid:{keeper}"))
+        .collect();
+    ensure!(
+        c,
+        to_keeper.len() == 1
+            && to_keeper[0]["signal"] == "CONT"
+            && to_keeper[0]["reason"] == "keeper_stopped"
+            && to_keeper[0]["by"] == "wrapper",
+        "the keeper's signals: {to_keeper:?}"
+    );
+    c.wait_gone_within(&pin, LONG, "the keeper");
+}
+
 #[test]
 fn a_run_named_like_the_keeper_mode_is_an_ordinary_run() {
     let root = TestRoot::new();

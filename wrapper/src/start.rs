@@ -853,6 +853,7 @@ impl Launch {
         if self.keeper_finished(Duration::ZERO) {
             return;
         }
+        self.continue_stopped_keeper();
         let mut wait = agent_run_shared::output::WAIT;
         if !survivors {
             let logged: u64 = [files::STDOUT, files::STDERR]
@@ -871,6 +872,29 @@ impl Launch {
         }
         self.beat.start();
         self.keeper_finished(wait.saturating_sub(t0.elapsed()));
+    }
+
+    /// The run can SIGSTOP the keeper (same user): then it drains nothing, the record would
+    /// wait out its wait and say `complete: false`, and the keeper would stay stopped after us,
+    /// forever. Its wrapper, and only it, sends it CONT, through the pidfd of its own child
+    /// (no pid is looked up), and says so in the journal; nothing ever sends it another signal.
+    fn continue_stopped_keeper(&self) {
+        let (Some(k), Some(fd)) = (self.keeper, &self.keeper_fd) else {
+            return;
+        };
+        if !procfs::stat(k.pid).is_some_and(|s| s.is_stopped()) {
+            return;
+        }
+        let r = sys::pidfd_send_signal(fd.as_fd(), libc::SIGCONT, false);
+        let _ = self.journal.event(
+            "signal",
+            json!({
+                "target": format!("pid:{}", k.pid),
+                "signal": "CONT",
+                "reason": "keeper_stopped",
+                "error": r.err().map(|e| e.to_string()),
+            }),
+        );
     }
 
     /// Whether the keeper is done within `timeout`: its done pipe at EOF (output.json is in
