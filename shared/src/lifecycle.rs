@@ -67,7 +67,7 @@ pub fn finalize(
     }
     // The keeper's counts: it writes them once every writer of its pipes is gone, which the
     // stop has just made true (bounded: a survivor holding a pipe costs the wait, not the record).
-    if let Some(pending) = st.output.as_ref().filter(|o| !o.complete) {
+    if let Some(pending) = st.output.as_ref().filter(|o| !o.complete && !o.settled) {
         st.output = Some(crate::output::collect(dir, pending, crate::output::WAIT));
     }
     st.ended_at = Some(crate::time::rfc3339_now());

@@ -50,6 +50,10 @@ pub struct Output {
     pub on_limit: Option<String>,
     /// The keeper's own final counts (true), or the logs' sizes as found (false).
     pub complete: bool,
+    /// Not in the record: these counts are what there will be (the keeper is gone), so the
+    /// final record's writer takes them as they are instead of waiting for output.json.
+    #[serde(skip)]
+    pub settled: bool,
 }
 
 impl Output {
@@ -61,6 +65,7 @@ impl Output {
             limit,
             on_limit: Some(if stop { "stop" } else { "keep" }.into()),
             complete: false,
+            settled: false,
         }
     }
 }

@@ -175,6 +175,31 @@ pub fn sig_dispositions(pid: Pid) -> Option<SigDispositions> {
     Some(d)
 }
 
+/// Whether `pid` is stopped (`State:` T or t) or about to be: a stop signal (STOP, TSTP, TTIN,
+/// TTOU) pending for it (`SigPnd`/`ShdPnd`), as a SIGSTOP sent to a process that has not run
+/// since is. From /proc/PID/status; `false` when it is gone.
+pub fn stopped_or_stopping(pid: Pid) -> bool {
+    let Ok(text) = read_kernel_file(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    let stops: u64 = [libc::SIGSTOP, libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU]
+        .iter()
+        .map(|s| 1u64 << (s - 1))
+        .sum();
+    text.lines().any(|line| {
+        if let Some(v) = line.strip_prefix("State:") {
+            matches!(v.trim_start().as_bytes().first(), Some(b'T' | b't'))
+        } else if let Some(v) = line
+            .strip_prefix("SigPnd:")
+            .or_else(|| line.strip_prefix("ShdPnd:"))
+        {
+            u64::from_str_radix(v.trim(), 16).is_ok_and(|m| m & stops != 0)
+        } else {
+            false
+        }
+    })
+}
+
 /// The values of the given variables in a process's environment (/proc/PID/environ), in the
 /// order asked; `None` for a variable that is not set. Empty when the process is gone or its
 /// environment is unreadable (another user's, or a kernel thread).
@@ -715,6 +740,32 @@ pub fn only_newer_pids(floor: Identity) -> Option<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stop_signal_is_seen_from_the_moment_it_is_sent() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .expect("sleep runs");
+        let pid = Pid::new(i64::from(child.id())).unwrap();
+        assert!(!stopped_or_stopping(pid), "a sleeping process");
+        // No wait: a stop not yet acted on is pending, one acted on is state T.
+        assert_eq!(send(pid, libc::SIGSTOP), 0);
+        assert!(stopped_or_stopping(pid), "right after SIGSTOP");
+        assert_eq!(send(pid, libc::SIGKILL), 0);
+        child.wait().unwrap();
+        assert!(!stopped_or_stopping(pid), "reaped");
+    }
+
+    /// kill(2), through rustix.
+    fn send(pid: Pid, sig: i32) -> i32 {
+        let p = rustix::process::Pid::from_raw(pid.get()).unwrap();
+        let sig = rustix::process::Signal::from_named_raw(sig).unwrap();
+        match rustix::process::kill_process(p, sig) {
+            Ok(()) => 0,
+            Err(e) => e.raw_os_error(),
+        }
+    }
 
     #[test]
     fn a_mask_says_stopping_with_urg_blocked_and_term_not() {

@@ -695,6 +695,46 @@ fn a_planted_cancel_request_does_not_turn_off_the_output_limit_stop() {
     );
 }
 
+/// Shell that sets `$k` to the keeper's pid from the run's journal. The keeper is forked after
+/// the workload's spawn: its journal line may come after the workload's start.
+const FIND_KEEPER: &str = r#"until grep -q '"keeper_started"' "$AGENT_RUN_DIR/events.jsonl"; do sleep 0.01; done; k=$(sed -n 's/.*"event":"keeper_started".*"pid":\([0-9]*\).*/\1/p' "$AGENT_RUN_DIR/events.jsonl")"#;
+
+/// The run SIGKILLs its keeper and writes on. Its wrapper says so (`keeper_lost`), and the
+/// record, `complete: false`, goes out at once: before, it waited 2 s for counts that a dead
+/// keeper never writes, and the journal did not say why they were missing.
+#[test]
+fn a_keeper_the_run_killed_is_journalled_lost_and_the_record_does_not_wait_for_it() {
+    let root = TestRoot::new();
+    let c = ctx(&root, "out-killed");
+    let script = format!(
+        r#"{FIND_KEEPER}; kill -KILL "$k"; echo "$k" > "$AGENT_RUN_DIR/../killed"; echo lost"#
+    );
+    let o = run(&root, &["--quiet", "out-killed", "--", "sh", "-c", &script]);
+    let killed: i32 = fs::read_to_string(root.run_dir("out-killed").join("../killed"))
+        .unwrap_or_default()
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| c.fail(describe_output("out-killed", &o)));
+    let (keeper, _) = keeper_of(&root, "out-killed");
+    c.eq(killed, keeper, "the pid the run killed is its keeper");
+    let st = root.status("out-killed");
+    c.eq(&st["output"]["complete"], false, format_args!("{st}"));
+    let ev = root.events("out-killed");
+    ensure!(
+        c,
+        ev.iter()
+            .any(|e| e["event"] == "keeper_lost" && e["by"] == "wrapper" && e["pid"] == keeper),
+        "no keeper_lost line: {ev:?}"
+    );
+    let at = |k: &str| epoch_of(st[k].as_str().unwrap_or_default());
+    let (started, ended) = (at("started_at"), at("ended_at"));
+    ensure!(
+        c,
+        matches!((started, ended), (Some(s), Some(e)) if e - s < 1.5),
+        "started at {started:?}, ended at {ended:?}: the record waited for the dead keeper"
+    );
+}
+
 /// The run SIGSTOPs its keeper (its pid is in the journal), writes a line into the pipe, and
 /// exits. Its wrapper finds the keeper stopped when it waits for the counts and sends it CONT,
 /// its only signal ever: the line is in the log, the record complete, and the keeper gone.
@@ -703,10 +743,11 @@ fn a_planted_cancel_request_does_not_turn_off_the_output_limit_stop() {
 fn a_keeper_the_run_stopped_is_continued_by_its_wrapper_and_nothing_is_lost() {
     let root = TestRoot::new();
     let c = ctx(&root, "out-stopped");
-    // The keeper is forked after the workload's spawn: its journal line may come after the
-    // workload's start.
-    let script = r#"until grep -q '"keeper_started"' "$AGENT_RUN_DIR/events.jsonl"; do sleep 0.01; done; k=$(sed -n 's/.*"event":"keeper_started".*"pid":\([0-9]*\).*/\1/p' "$AGENT_RUN_DIR/events.jsonl"); kill -STOP "$k" && echo "stopped $k" >&2; echo hello"#;
-    let o = run(&root, &["--quiet", "out-stopped", "--", "sh", "-c", script]);
+    let script = format!(r#"{FIND_KEEPER}; kill -STOP "$k" && echo "stopped $k" >&2; echo hello"#);
+    let o = run(
+        &root,
+        &["--quiet", "out-stopped", "--", "sh", "-c", &script],
+    );
     let (keeper, _) = keeper_of(&root, "out-stopped");
     let pin = Pinned::new(&[keeper]);
     c.eq(

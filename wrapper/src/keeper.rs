@@ -658,6 +658,7 @@ impl Keep {
             limit: self.limit,
             on_limit: Some(if self.stop { "stop" } else { "keep" }.into()),
             complete: true,
+            settled: false,
         };
         let bytes = serde_json::to_vec(&out).expect("counts serialize");
         // Not fsynced itself: the final record that copies these counts is.

@@ -851,9 +851,9 @@ impl Launch {
         self.release_keeper();
         // Done already (a short run's usual case), or no keeper: no look at the logs' sizes.
         if self.keeper_finished(Duration::ZERO) {
+            self.note_keeper_lost();
             return;
         }
-        self.continue_stopped_keeper();
         let mut wait = agent_run_shared::output::WAIT;
         if !survivors {
             let logged: u64 = [files::STDOUT, files::STDERR]
@@ -867,11 +867,55 @@ impl Launch {
         // A wait past the heartbeat's due time beats, as every long wait of the wrapper does.
         let t0 = Instant::now();
         let first = wait.min(supervise::BEAT_DEFER);
-        if self.keeper_finished(first) || first == wait {
+        if !(self.keeper_running_finished(first) || first == wait) {
+            self.beat.start();
+            self.keeper_running_finished(wait.saturating_sub(t0.elapsed()));
+        }
+        self.note_keeper_lost();
+    }
+
+    /// [`Launch::keeper_finished`] within `timeout`, looking whether the run has stopped the
+    /// keeper (then it gets CONT: [`Launch::continue_stopped_keeper`]) after the first 10 ms
+    /// and then every [`KEEPER_STOP_LOOK`]: a keeper that only drains is done before the first
+    /// look, so a launch pays no read of its /proc status.
+    fn keeper_running_finished(&mut self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut slice = Duration::from_millis(10);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if self.keeper_finished(left.min(slice)) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            self.continue_stopped_keeper();
+            slice = KEEPER_STOP_LOOK;
+        }
+    }
+
+    /// A keeper that is gone without its counts (the run killed it, or it failed) will never
+    /// write them: say so in the journal (`keeper_lost`), and take the logs' sizes now
+    /// (`complete: false`) instead of letting `finalize` wait for output.json in vain.
+    fn note_keeper_lost(&mut self) {
+        let (Some(k), Some(fd)) = (self.keeper, &self.keeper_fd) else {
+            return;
+        };
+        if !sys::readable_by(fd.as_fd(), Instant::now()) {
             return;
         }
-        self.beat.start();
-        self.keeper_finished(wait.saturating_sub(t0.elapsed()));
+        let pending = self.st.output.as_ref().filter(|o| !o.complete);
+        let Some(pending) = pending else { return };
+        let mut out = agent_run_shared::output::collect(&self.dir, pending, Duration::ZERO);
+        out.settled = true;
+        // A pty run's keeper that died mid-run was journalled then, as the stop's reason.
+        if !out.complete && self.st.reason.as_deref() != Some("keeper_lost") {
+            let _ = self.journal.event(
+                "keeper_lost",
+                json!({"pid": k.pid.get(), "why": "the output keeper exited without its counts (output.json)"}),
+            );
+        }
+        self.st.output = Some(out);
     }
 
     /// The run can SIGSTOP the keeper (same user): then it drains nothing, the record would
@@ -882,7 +926,7 @@ impl Launch {
         let (Some(k), Some(fd)) = (self.keeper, &self.keeper_fd) else {
             return;
         };
-        if !procfs::stat(k.pid).is_some_and(|s| s.is_stopped()) {
+        if !procfs::stopped_or_stopping(k.pid) {
             return;
         }
         let r = sys::pidfd_send_signal(fd.as_fd(), libc::SIGCONT, false);
@@ -1117,6 +1161,8 @@ impl Launch {
 const FSYNC_RATE: u64 = 20_000_000;
 /// The longest [`Launch::wait_keeper`] waits for a keeper that is only fsyncing.
 const KEEPER_WAIT_MAX: Duration = Duration::from_secs(60);
+/// How often a wait for the keeper looks whether the run has stopped it (SIGSTOP).
+const KEEPER_STOP_LOOK: Duration = Duration::from_millis(100);
 /// The longest [`Launch::await_keeper_exit`] waits for a keeper that said it was done.
 const KEEPER_EXIT_MAX: Duration = Duration::from_secs(2);
 
