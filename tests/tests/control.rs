@@ -631,12 +631,33 @@ fn blocks(pid: i32, sig: i32) -> bool {
 /// it signals the wrapper, and the run ends cancelled with nothing left.
 #[test]
 fn a_run_that_plants_cancel_json_and_forges_cancelling_is_still_stopped_by_cancel() {
+    planted_request_and_forged_state_do_not_keep_cancel_from_stopping_the_run(
+        "forged-cancelling",
+        "cancelling",
+    );
+}
+
+/// The same with a forged final record (`finished`): its cgroup contradicts it, and the
+/// wrapper, which holds the lock, is the one to finish the run; cancel signals it a second
+/// later, as the wrapper is not stopping.
+#[test]
+fn a_run_that_plants_cancel_json_and_forges_a_final_record_is_still_stopped_by_cancel() {
+    planted_request_and_forged_state_do_not_keep_cancel_from_stopping_the_run(
+        "forged-finished",
+        "finished",
+    );
+}
+
+fn planted_request_and_forged_state_do_not_keep_cancel_from_stopping_the_run(
+    id: &str,
+    forged: &str,
+) {
     let root = TestRoot::new();
-    let c = ctx(&root, "forged-cancelling");
+    let c = ctx(&root, id);
     let run = c.start_running("", &fx("tree --children 2"));
     let (_, tree) = c.pin_tree();
     fs::write(root.run_dir(c.id).join("cancel.json"), "{}").unwrap();
-    forge_state(c, "running", "cancelling");
+    forge_state(c, "running", forged);
     ensure!(
         c,
         !blocks(run.wrapper, libc::SIGURG),

@@ -281,8 +281,9 @@ pub fn cancel_one_for(
             // stopping is a kernel fact (its main thread's signal mask, sys::mark_stopping),
             // not the record's `cancelling`, which the run can write along with a cancel.json
             // of its own to keep every cancel from signalling.
-            let stale = contradicted.is_none()
-                && signalled_at.is_some_and(|t| t.elapsed() > Duration::from_secs(1))
+            // A record contradicted by its cgroup (a final one the run wrote while it runs on)
+            // says nothing either: the mask decides there too.
+            let stale = signalled_at.is_some_and(|t| t.elapsed() > Duration::from_secs(1))
                 && !procfs::marks_stopping(w.pid());
             let mut asked = false;
             if created || stale {
