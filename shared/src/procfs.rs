@@ -177,7 +177,9 @@ pub fn sig_dispositions(pid: Pid) -> Option<SigDispositions> {
 
 /// Whether `pid` is stopped (`State:` T or t) or about to be: a stop signal (STOP, TSTP, TTIN,
 /// TTOU) pending for it (`SigPnd`/`ShdPnd`), as a SIGSTOP sent to a process that has not run
-/// since is. From /proc/PID/status; `false` when it is gone.
+/// since is. For a moment between the two (the signal taken, the stop not yet made) neither
+/// shows: a caller that must not miss a stop looks again. From /proc/PID/status; `false` when
+/// it is gone.
 pub fn stopped_or_stopping(pid: Pid) -> bool {
     let Ok(text) = read_kernel_file(format!("/proc/{pid}/status")) else {
         return false;
@@ -742,16 +744,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_stop_signal_is_seen_from_the_moment_it_is_sent() {
+    fn a_stopped_process_is_seen_and_a_continued_one_is_not() {
         let mut child = std::process::Command::new("sleep")
             .arg("60")
             .spawn()
             .expect("sleep runs");
         let pid = Pid::new(i64::from(child.id())).unwrap();
         assert!(!stopped_or_stopping(pid), "a sleeping process");
-        // No wait: a stop not yet acted on is pending, one acted on is state T.
+        // Pending, then state T; for a moment between the two (the signal taken, the stop not
+        // yet made) neither shows, which is why callers look again.
+        let within = |want: bool| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while stopped_or_stopping(pid) != want {
+                assert!(std::time::Instant::now() < deadline, "not {want} in 10 s");
+                std::thread::yield_now();
+            }
+        };
         assert_eq!(send(pid, libc::SIGSTOP), 0);
-        assert!(stopped_or_stopping(pid), "right after SIGSTOP");
+        within(true);
+        assert_eq!(send(pid, libc::SIGCONT), 0);
+        within(false);
         assert_eq!(send(pid, libc::SIGKILL), 0);
         child.wait().unwrap();
         assert!(!stopped_or_stopping(pid), "reaped");
