@@ -658,6 +658,15 @@ fn planted_request_and_forged_state_do_not_keep_cancel_from_stopping_the_run(
     let (_, tree) = c.pin_tree();
     fs::write(root.run_dir(c.id).join("cancel.json"), "{}").unwrap();
     forge_state(c, "running", forged);
+    if forged == "cancelling" {
+        // status says what the kernel says of the record's word.
+        let v = c.json(&["status", "--json", c.id]);
+        c.eq(
+            &v["note"],
+            "but its wrapper is not stopping the run: the record was rewritten",
+            format_args!("{v}"),
+        );
+    }
     ensure!(
         c,
         !blocks(run.wrapper, libc::SIGURG),
@@ -699,6 +708,12 @@ fn a_record_forged_back_to_running_mid_stop_does_not_make_a_second_cancel_cut_th
             .ok_or("not yet".to_string())
     });
     forge_state(c, "cancelling", "running");
+    let v = c.json(&["status", "--json", c.id]);
+    c.eq(
+        &v["note"],
+        "its wrapper is stopping the run",
+        format_args!("{v}"),
+    );
     let out = c.ctl(&["cancel", "--wait", "30s", c.id], 0);
     let took = t0.elapsed();
     c.gone_now(&tree, "right after the second cancel returned");

@@ -153,6 +153,12 @@ fn short_note(n: &str) -> &str {
     if n == crate::runs::CONTRADICTED {
         return "cgroup not empty";
     }
+    if n == crate::runs::NOT_STOPPING {
+        return "not stopping";
+    }
+    if n == crate::runs::STOPPING {
+        return "stopping";
+    }
     n.strip_suffix(", not reconciled").unwrap_or(n)
 }
 

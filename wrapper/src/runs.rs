@@ -7,7 +7,7 @@ use crate::error::fail;
 use agent_run_shared::exit;
 use agent_run_shared::id::RunId;
 use agent_run_shared::procfs;
-use agent_run_shared::record::Status;
+use agent_run_shared::record::{State, Status};
 use agent_run_shared::root::{resolve_root, Root};
 use agent_run_shared::run_dir::RunDir;
 use agent_run_shared::sys::Inotify;
@@ -111,7 +111,13 @@ pub fn note(dir: &RunDir, st: &Status) -> Option<&'static str> {
         return Some("host rebooted");
     }
     match live_wrapper(dir, st) {
-        Wrapper::Alive(_) => None,
+        // Whether the wrapper is stopping is a kernel fact (its signal mask, which it sets
+        // before it writes `cancelling`); the record's word is the run's to write.
+        Wrapper::Alive(w) => match (st.state, procfs::marks_stopping(w.pid())) {
+            (State::Cancelling, false) => Some(NOT_STOPPING),
+            (State::Starting | State::Running, true) => Some(STOPPING),
+            _ => None,
+        },
         Wrapper::Gone => Some("wrapper gone, not reconciled"),
         Wrapper::Mismatch(_) => Some("record names a process that is not its wrapper"),
     }
@@ -119,6 +125,10 @@ pub fn note(dir: &RunDir, st: &Status) -> Option<&'static str> {
 
 /// The note on a final record whose run's cgroup still holds processes.
 pub const CONTRADICTED: &str = "but its cgroup holds processes: the record was rewritten";
+/// The note on a `cancelling` record whose live wrapper is not stopping the run.
+pub const NOT_STOPPING: &str = "but its wrapper is not stopping the run: the record was rewritten";
+/// The note on a `running` record whose live wrapper is stopping the run.
+pub const STOPPING: &str = "its wrapper is stopping the run";
 
 /// The run cgroups on the cgroup2 mount, walked once per process (`list` asks for every run).
 fn run_cgroups() -> &'static std::collections::HashMap<String, std::path::PathBuf> {
