@@ -322,10 +322,67 @@ impl Drop for TestRoot {
         let failing = std::thread::panicking();
         let wait = Duration::from_secs(10);
         let left = remove_run_cgroups_killing(self.dir.path(), wait, failing);
+        // A run's keeper ends by EOF once the run's last process is gone, and then writes
+        // output.json: one still draining when the directory is removed puts a run dir back
+        // with that one file in it, left in /tmp. Wait for them (then kill, by pidfd, what
+        // the deadline leaves).
+        wait_for_keepers_below(self.dir.path(), wait);
         if !left.is_empty() && !failing {
             remove_run_cgroups_killing(self.dir.path(), wait, true);
             panic!("the test left cgroups of its runs behind: {left:#?}");
         }
+    }
+}
+
+/// The keepers of the runs below `dir` (a run root or two, their run dirs) that still live:
+/// (pid, start ticks) from each run's `keeper_started` journal line, kept only while that pid
+/// runs with those start ticks.
+fn live_keepers_below(dir: &Path) -> Vec<(i32, u64)> {
+    let subdirs = |d: &Path| -> Vec<PathBuf> {
+        fs::read_dir(d)
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.path())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut out = Vec::new();
+    for root in subdirs(dir) {
+        for run in subdirs(&root) {
+            let Ok(text) = fs::read_to_string(run.join("events.jsonl")) else {
+                continue;
+            };
+            let started = text
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .find(|e| e["event"] == "keeper_started");
+            if let Some(e) = started {
+                if let (Some(pid), Some(ticks)) = (e["pid"].as_i64(), e["start_ticks"].as_u64()) {
+                    if alive_as(pid as i32, ticks) {
+                        out.push((pid as i32, ticks));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Wait, to one deadline, until the live keepers of the runs below `dir` are gone; SIGKILL
+/// (by pidfd) those the deadline leaves. Each is pinned, then checked again: a pid that is
+/// another process by then is let go unpinned (a pin's drop would kill it).
+fn wait_for_keepers_below(dir: &Path, wait: Duration) {
+    let deadline = Instant::now() + wait;
+    for (pid, ticks) in live_keepers_below(dir) {
+        let pin = Pinned::new(&[pid]);
+        if !alive_as(pid, ticks) {
+            std::mem::forget(pin);
+            continue;
+        }
+        // Still alive at the deadline: the pin's drop kills it.
+        let _ = pin.wait_all_gone(deadline.saturating_duration_since(Instant::now()));
     }
 }
 
