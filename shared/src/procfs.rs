@@ -124,12 +124,17 @@ fn read_full(f: &mut fs::File, buf: &mut [u8]) -> Option<usize> {
     Some(n)
 }
 
-/// Signal dispositions from /proc/PID/status (`SigIgn`, `SigCgt` bitmasks, bit N-1 = signal N).
+/// Signal facts from /proc/PID/status (`SigIgn`, `SigCgt`, `SigBlk`, `SigPnd` | `ShdPnd`
+/// bitmasks, bit N-1 = signal N; and whether `State:` is T or t).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SigDispositions {
     pub ignored: u64,
     pub caught: u64,
     pub blocked: u64,
+    /// Pending for the thread or its process.
+    pub pending: u64,
+    /// Stopped by a signal or a tracer.
+    pub stopped: bool,
 }
 
 impl SigDispositions {
@@ -170,6 +175,13 @@ pub fn sig_dispositions(pid: Pid) -> Option<SigDispositions> {
             d.caught = hex(v);
         } else if let Some(v) = line.strip_prefix("SigBlk:") {
             d.blocked = hex(v);
+        } else if let Some(v) = line
+            .strip_prefix("SigPnd:")
+            .or_else(|| line.strip_prefix("ShdPnd:"))
+        {
+            d.pending |= hex(v);
+        } else if let Some(v) = line.strip_prefix("State:") {
+            d.stopped = matches!(v.trim_start().as_bytes().first(), Some(b'T' | b't'));
         }
     }
     Some(d)
@@ -181,25 +193,11 @@ pub fn sig_dispositions(pid: Pid) -> Option<SigDispositions> {
 /// shows: a caller that must not miss a stop looks again. From /proc/PID/status; `false` when
 /// it is gone.
 pub fn stopped_or_stopping(pid: Pid) -> bool {
-    let Ok(text) = read_kernel_file(format!("/proc/{pid}/status")) else {
-        return false;
-    };
     let stops: u64 = [libc::SIGSTOP, libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU]
         .iter()
         .map(|s| 1u64 << (s - 1))
         .sum();
-    text.lines().any(|line| {
-        if let Some(v) = line.strip_prefix("State:") {
-            matches!(v.trim_start().as_bytes().first(), Some(b'T' | b't'))
-        } else if let Some(v) = line
-            .strip_prefix("SigPnd:")
-            .or_else(|| line.strip_prefix("ShdPnd:"))
-        {
-            u64::from_str_radix(v.trim(), 16).is_ok_and(|m| m & stops != 0)
-        } else {
-            false
-        }
-    })
+    sig_dispositions(pid).is_some_and(|d| d.stopped || d.pending & stops != 0)
 }
 
 /// The values of the given variables in a process's environment (/proc/PID/environ), in the

@@ -1021,9 +1021,6 @@ impl Epoll {
     }
 }
 
-// ---- raw: what rustix does not offer ------------------------------------------------------
-
-/// The calls rustix has no function for, as raw syscalls with their safety arguments.
 /// The signal whose block in a wrapper's main thread says, as a kernel fact, that the wrapper is
 /// stopping its run: /proc/PID/status shows the main thread's mask (`SigBlk`), and no other
 /// process can change it (ptrace aside). `cancel` reads it instead of the record's `cancelling`,
@@ -1043,6 +1040,9 @@ pub fn clear_stopping_mark() {
     raw::mask_signal(STOPPING_MARK, false);
 }
 
+// ---- raw: what rustix does not offer ------------------------------------------------------
+
+/// The calls rustix has no function for, as raw syscalls with their safety arguments.
 mod raw {
     use super::{
         ChildPlan, ChildStep, CloneArgs, Exec, Forked, BSHELL, CLONE_INTO_CGROUP, CLONE_PIDFD,

@@ -293,31 +293,7 @@ impl Fleet {
     /// run's `keeper_started` journal event (the keeper is a run's own helper, in a session of
     /// its own: no record names it).
     pub fn keepers(&self, host: &Host) -> Vec<(i64, u64)> {
-        let mut out = Vec::new();
-        let Ok(entries) = fs::read_dir(&host.root) else {
-            return out;
-        };
-        for e in entries.flatten() {
-            if e.file_name().to_string_lossy().starts_with('.') {
-                continue;
-            }
-            let Ok(text) = read_run_file(&e.path().join("events.jsonl")) else {
-                continue;
-            };
-            for line in String::from_utf8_lossy(&text).lines() {
-                let Ok(ev) = serde_json::from_str::<Value>(line) else {
-                    continue;
-                };
-                if ev["event"] == "keeper_started" {
-                    if let (Some(pid), Some(ticks)) =
-                        (ev["pid"].as_i64(), ev["start_ticks"].as_u64())
-                    {
-                        out.push((pid, ticks));
-                    }
-                }
-            }
-        }
-        out
+        crate::keepers_in_root(&host.root)
     }
 
     /// Every record (status.json) under `host`'s run root, by run id.

@@ -334,40 +334,45 @@ impl Drop for TestRoot {
     }
 }
 
-/// The keepers of the runs below `dir` (a run root or two, their run dirs) that still live:
-/// (pid, start ticks) from each run's `keeper_started` journal line, kept only while that pid
-/// runs with those start ticks.
-fn live_keepers_below(dir: &Path) -> Vec<(i32, u64)> {
-    let subdirs = |d: &Path| -> Vec<PathBuf> {
-        fs::read_dir(d)
-            .map(|rd| {
-                rd.filter_map(|e| e.ok())
-                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                    .map(|e| e.path())
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
+/// The output keepers of the runs in the run root `root`: (pid, start ticks) from each run's
+/// `keeper_started` journal event (the keeper is a run's own helper, in a session of its own:
+/// no record names it). Alive or not.
+pub fn keepers_in_root(root: &Path) -> Vec<(i64, u64)> {
     let mut out = Vec::new();
-    for root in subdirs(dir) {
-        for run in subdirs(&root) {
-            let Ok(text) = fs::read_to_string(run.join("events.jsonl")) else {
+    let Ok(entries) = fs::read_dir(root) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        if e.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        let Ok(text) = read_run_file(&e.path().join("events.jsonl")) else {
+            continue;
+        };
+        for line in String::from_utf8_lossy(&text).lines() {
+            let Ok(ev) = serde_json::from_str::<serde_json::Value>(line) else {
                 continue;
             };
-            let started = text
-                .lines()
-                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-                .find(|e| e["event"] == "keeper_started");
-            if let Some(e) = started {
-                if let (Some(pid), Some(ticks)) = (e["pid"].as_i64(), e["start_ticks"].as_u64()) {
-                    if alive_as(pid as i32, ticks) {
-                        out.push((pid as i32, ticks));
-                    }
+            if ev["event"] == "keeper_started" {
+                if let (Some(pid), Some(ticks)) = (ev["pid"].as_i64(), ev["start_ticks"].as_u64()) {
+                    out.push((pid, ticks));
                 }
             }
         }
     }
     out
+}
+
+/// The keepers of the runs below `dir` (each run root in it) that still live: those of
+/// [`keepers_in_root`] whose pid runs with the recorded start ticks.
+fn live_keepers_below(dir: &Path) -> Vec<(i32, u64)> {
+    let roots = fs::read_dir(dir).into_iter().flatten().flatten();
+    roots
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .flat_map(|e| keepers_in_root(&e.path()))
+        .map(|(pid, ticks)| (pid as i32, ticks))
+        .filter(|&(pid, ticks)| alive_as(pid, ticks))
+        .collect()
 }
 
 /// Wait, to one deadline, until the live keepers of the runs below `dir` are gone; SIGKILL

@@ -122,8 +122,9 @@ pub enum Until {
     /// Once the stop is asked for: a live wrapper signalled (by us, or a second later when a
     /// cancel.json was there but the wrapper is not stopping), or the wrapper stopping (its
     /// signal mask says so, `procfs::marks_stopping`); a takeover still runs to its final
-    /// record. The returned record may then be the live one. The output keeper asks this way: the wrapper's final record
-    /// waits for the keeper's done, so a keeper that waited for that record would hold it up.
+    /// record. The returned record may then be the live one. The output keeper asks this
+    /// way: the wrapper's final record waits for the keeper's done, so a keeper that waited
+    /// for that record would hold it up.
     Asked,
 }
 
@@ -279,10 +280,9 @@ pub fn cancel_one_for(
             // creator of cancel.json died before signalling (or the run planted the file), the
             // wrapper is still not stopping a second later: signal it then. Whether it is
             // stopping is a kernel fact (its main thread's signal mask, sys::mark_stopping),
-            // not the record's `cancelling`, which the run can write along with a cancel.json
-            // of its own to keep every cancel from signalling.
-            // A record contradicted by its cgroup (a final one the run wrote while it runs on)
-            // says nothing either: the mask decides there too.
+            // not the record's state (`cancelling`, or a final one its cgroup contradicts),
+            // which the run can write along with a cancel.json of its own to keep every
+            // cancel from signalling.
             let stale = signalled_at.is_some_and(|t| t.elapsed() > Duration::from_secs(1))
                 && !procfs::marks_stopping(w.pid());
             let mut asked = false;

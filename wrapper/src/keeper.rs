@@ -10,8 +10,9 @@
 //! no descriptor but its sources and logs (never the run's lock; stdio on /dev/null), and
 //! ignores INT, HUP, TERM and PIPE (SIG_IGN): it outlives a SIGKILLed wrapper and keeps
 //! draining. Nothing stops it; its one signal is a CONT from its wrapper if the run has
-//! SIGSTOPped it (`Launch::continue_stopped_keeper`). It ends by EOF: when every writer of every source is gone (the
-//! run's processes are dead) it writes its counts to `output.json`, fsyncs the logs and exits 0.
+//! SIGSTOPped it (`Launch::continue_stopped_keeper`). It ends by EOF: when every writer of
+//! every source is gone (the run's processes are dead) it writes its counts to
+//! `output.json`, fsyncs the logs and exits 0.
 //!
 //! Interface (kept stable for the `--pty` work, which passes a pty master as a source):
 //!

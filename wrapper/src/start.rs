@@ -901,7 +901,8 @@ impl Launch {
         let (Some(k), Some(fd)) = (self.keeper, &self.keeper_fd) else {
             return;
         };
-        if !sys::readable_by(fd.as_fd(), Instant::now()) {
+        // It said done (output.json is in place): nothing to look at, no syscall.
+        if self.keeper_exiting || !sys::readable_by(fd.as_fd(), Instant::now()) {
             return;
         }
         let pending = self.st.output.as_ref().filter(|o| !o.complete);
