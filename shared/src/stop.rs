@@ -40,6 +40,12 @@ const CHASE_STEP: Duration = Duration::from_millis(2);
 /// How old a look at /proc may be for a stop's first pass.
 const FIRST_LOOK_AGE: Duration = Duration::from_millis(250);
 
+/// How soon `cgroup.kill` is written again while the cgroup is still populated after KILL.
+const KILL_AGAIN: Duration = Duration::from_millis(10);
+
+/// How many times `cgroup.kill` is written in one stop, at most.
+const KILL_AGAIN_MAX: u32 = 100;
+
 /// The longest grace a run may ask for (`--grace`), and the most that anyone reading a record
 /// (`cancel`, the watchdog) honours: the run can rewrite its record's `grace_ms`, and a forged
 /// hour held a takeover's KILL, and the watchdog's other runs, for that hour.
@@ -134,6 +140,10 @@ struct Stopper<'a> {
     /// since the first look can have, while the pid counter cannot have come around, and that
     /// look (its processes of older pids are the run's only ones there).
     floor: Option<(crate::procset::PidFloor, Arc<Snapshot>)>,
+    /// When `cgroup.kill` was last written, and how often: after the KILL step it is written
+    /// again while the cgroup is still populated (a process moved in after the kill), at most
+    /// every [`KILL_AGAIN`], up to [`KILL_AGAIN_MAX`] times.
+    cgroup_killed: Option<(Instant, u32)>,
 }
 
 /// Stop the run's processes: TERM, HUP, KILL on deadlines, until none is left or `confirm` has
@@ -176,6 +186,7 @@ fn stop_run_inner(
         seen_last: Vec::new(),
         last_look: None,
         floor: None,
+        cgroup_killed: None,
     };
     let hup_at = s.t0 + timings.hup_after;
     let mut kill_at = s.t0 + timings.grace;
@@ -225,6 +236,9 @@ fn stop_run_inner(
     // Looks in a row that found nothing of the run (procfs: two are needed to call it done).
     let mut quiet_looks = 0;
     loop {
+        if level == Level::Kill {
+            s.kill_cgroup_again();
+        }
         if s.live().is_empty() {
             // Everything we know of is gone: look once more, deeper, before calling it done.
             let late = s.adopt(Depth::WithMarker);
@@ -295,10 +309,12 @@ fn stop_run_inner(
         }
     }
 
+    // Only what is alive at the end: a member whose exit the wait did not see yet (a pid
+    // hopper's generation that exited a moment ago) is not a survivor.
     s.report.survivors = s
         .live()
         .into_iter()
-        .filter(|p| procfs::stat(*p).is_some_and(|st| !st.is_dead()))
+        .filter(|p| s.member_alive(*p))
         .collect();
     // By scanning alone, after the wrapper is gone: a process of the user that started after
     // the run and hides its environment may be the run's. It is not signalled, but named.
@@ -564,11 +580,41 @@ impl Stopper<'_> {
         }
     }
 
+    /// Inside the wrapper (a child subreaper), reap every child that has ended, at every wake
+    /// of the stop: a pid hopper leaves a zombie child of ours at each hop (thousands in a
+    /// stop's grace), and only its parent can take them off the process table. The leader's
+    /// status is kept in the report.
+    fn reap_dead_children(&mut self) {
+        if self.scope.wrapper != Some(Pid::this()) {
+            return;
+        }
+        if let (Some(ws), _) = crate::reap::reap_all(Some(self.scope.leader.pid)) {
+            self.report.leader_exit = Some(ws);
+        }
+    }
+
+    /// `cgroup.kill` again, if the cgroup is still populated and the last write is at least
+    /// [`KILL_AGAIN`] old (bounded by [`KILL_AGAIN_MAX`]).
+    fn kill_cgroup_again(&mut self) {
+        let Some(cg) = &self.scope.cgroup else {
+            return;
+        };
+        let due = match self.cgroup_killed {
+            Some((at, n)) => at.elapsed() >= KILL_AGAIN && n < KILL_AGAIN_MAX,
+            None => true,
+        };
+        if due && cg.populated() {
+            self.kill_cgroup();
+        }
+    }
+
     /// `cgroup.kill` on the run's cgroup (journalled like every signal).
     fn kill_cgroup(&mut self) {
         let Some(cg) = &self.scope.cgroup else {
             return;
         };
+        let n = self.cgroup_killed.map_or(0, |(_, n)| n);
+        self.cgroup_killed = Some((Instant::now(), n + 1));
         let r = cg.kill();
         if r.is_ok() && !self.report.signals.contains(&Sig::Kill) {
             self.report.signals.push(Sig::Kill);
@@ -591,8 +637,14 @@ impl Stopper<'_> {
             .collect()
     }
 
-    /// Send the signals of `level` to `targets` (live members only).
+    /// Send the signals of `level` to `targets` (live members only). KILL to a run held in a
+    /// cgroup also writes `cgroup.kill`, whether or not any member is known: the processes a
+    /// look has not pinned yet (a pid hopper's newest generation, a process moved in from
+    /// outside) are the cgroup's all the same.
     fn signal(&mut self, targets: &[Pid], level: Level) {
+        if level == Level::Kill {
+            self.kill_cgroup();
+        }
         let targets: Vec<Pid> = targets
             .iter()
             .copied()
@@ -612,10 +664,6 @@ impl Stopper<'_> {
             Level::Hup => return,
             Level::Kill => Sig::Kill,
         };
-        // KILL to a run held in a cgroup goes to the whole subtree at once, new forks included.
-        if level == Level::Kill {
-            self.kill_cgroup();
-        }
         // The group, in one call through the leader's pidfd: it also reaches members forked
         // since the scan. Members outside the group get their own signal below.
         let leader = self.scope.leader.pid;
@@ -728,6 +776,7 @@ impl Stopper<'_> {
         if sys::poll(&mut fds, Some(timeout)).is_err() {
             std::thread::yield_now();
         }
+        self.reap_dead_children();
         for (i, p) in polled.iter().enumerate() {
             if fds[i].revents != 0 {
                 self.mark_gone(*p);
@@ -756,6 +805,26 @@ impl Stopper<'_> {
         match (esc, esc_index) {
             (Some(e), Some(i)) if fds[i].revents != 0 => e.kill_now(),
             _ => false,
+        }
+    }
+
+    /// Whether a member is alive now: its pidfd not readable (any thread of it alive), or
+    /// without one, its pid still its own and not dead.
+    fn member_alive(&self, p: Pid) -> bool {
+        let Some(m) = self.members.get(&p) else {
+            return false;
+        };
+        match &m.fd {
+            Some(fd) => {
+                let mut fds = [sys::PollFd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                }];
+                sys::poll(&mut fds, Some(Duration::ZERO)).is_ok_and(|n| n == 0)
+            }
+            None => procfs::stat(p)
+                .is_some_and(|st| st.start_ticks == m.stat.start_ticks && !st.is_dead()),
         }
     }
 
