@@ -305,6 +305,66 @@ pub fn run_cgroups() -> RunCgroups {
     out
 }
 
+/// The run's cgroup, found by its name (`agent-run.<run-id>.<run dir inode>`) whatever the
+/// record says: at `hint` (the path a record names) when that is the run's, else in `found` (a
+/// walk a caller already made), else by one walk of the whole cgroup2 mount ([`run_cgroups`]).
+/// The record can name no cgroup, another one, or say the run is held by procfs: none of that
+/// hides the cgroup the wrapper made. `None` when the run has none (or it was removed).
+pub fn find_run_cgroup_with(
+    dir: &crate::run_dir::RunDir,
+    hint: Option<&Path>,
+    found: Option<&RunCgroups>,
+) -> Option<RunCgroup> {
+    let id = dir.id().as_str();
+    let ino = dir.identity().1;
+    if let Some(Ok(Some(cg))) = hint.map(|h| RunCgroup::verify(h, id, ino)) {
+        return Some(cg);
+    }
+    let name = name_for(id, ino);
+    let walked;
+    let found = match found {
+        Some(f) => f,
+        None => {
+            walked = run_cgroups();
+            &walked
+        }
+    };
+    RunCgroup::verify(found.get(&name)?, id, ino).ok().flatten()
+}
+
+/// [`find_run_cgroup_with`] with the record's path as the hint, walking the mount if needed.
+pub fn find_run_cgroup(dir: &crate::run_dir::RunDir) -> Option<RunCgroup> {
+    let hint = dir
+        .read_status()
+        .ok()
+        .and_then(|st| st.containment.and_then(|c| c.cgroup).map(PathBuf::from));
+    find_run_cgroup_with(dir, hint.as_deref(), None)
+}
+
+/// Thaw the cgroup at `path` and every ancestor of it on the mount that is frozen itself
+/// (`cgroup.freeze` reads 1: a frozen ancestor freezes everything below it). Returns each
+/// cgroup written, with the error where the write failed (one not ours to write).
+pub fn thaw_all(path: &Path) -> Vec<(PathBuf, Option<String>)> {
+    let Some(mount) = mount() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let mut at = Some(path);
+    while let Some(p) = at.filter(|p| p.starts_with(mount)) {
+        let frozen =
+            crate::procfs::read_kernel_file(p.join("cgroup.freeze")).is_ok_and(|s| s.trim() == "1");
+        if frozen {
+            let r = OpenOptions::new()
+                .write(true)
+                .open(p.join("cgroup.freeze"))
+                .and_then(|mut f| f.write_all(b"0"));
+            out.push((p.to_path_buf(), r.err().map(|e| e.to_string())));
+        }
+        at = p.parent();
+    }
+    out
+}
+
 /// The run cgroups of the cgroup2 mount by name ([`run_cgroups`]).
 pub type RunCgroups = std::collections::HashMap<String, PathBuf>;
 

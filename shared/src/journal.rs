@@ -2,7 +2,12 @@
 //!
 //! One JSON object a line, `{"ts": RFC3339, "event": NAME, "by": ROLE, "by_pid": PID, ...}`,
 //! written with one `write(2)` on an `O_APPEND` descriptor so lines from the wrapper, `cancel` and
-//! the watchdog never interleave. Journal failures never stop a stop: callers log and go on.
+//! the watchdog never interleave.
+//!
+//! The journal is diagnostics: it never stops a stop. Opening it cannot fail (a journal the
+//! workload replaced with a directory, a FIFO or a symlink, or made unwritable, is a journal
+//! that writes nothing and says why: [`Journal::broken`]), and a failed write is the writer's
+//! to ignore.
 
 use crate::error::{Error, Result};
 use crate::run_dir::{files, RunDir};
@@ -14,25 +19,41 @@ use std::path::PathBuf;
 /// An open journal.
 #[derive(Debug)]
 pub struct Journal {
-    file: File,
+    /// The file, or why it could not be opened.
+    file: std::result::Result<File, String>,
     path: PathBuf,
     by: &'static str,
 }
 
 impl RunDir {
     /// Open (creating) the run's journal; `by` names the writer ("wrapper", "cancel", ...).
-    pub fn journal(&self, by: &'static str) -> Result<Journal> {
-        Ok(Journal {
-            file: self.open_append(files::EVENTS)?,
+    /// Never fails: see [`Journal::broken`].
+    pub fn journal(&self, by: &'static str) -> Journal {
+        Journal {
+            file: self.open_append(files::EVENTS).map_err(|e| e.to_string()),
             path: self.file(files::EVENTS),
             by,
-        })
+        }
     }
 }
 
 impl Journal {
+    /// Why this journal writes nothing (its file could not be opened), if it does not.
+    pub fn broken(&self) -> Option<&str> {
+        self.file.as_ref().err().map(String::as_str)
+    }
+
     /// Append one event with the given fields.
     pub fn event(&self, event: &str, fields: Value) -> Result<()> {
+        let file = match &self.file {
+            Ok(f) => f,
+            Err(why) => {
+                return Err(Error::Corrupt {
+                    path: self.path.clone(),
+                    why: why.clone(),
+                })
+            }
+        };
         let mut m = Map::new();
         m.insert("ts".into(), Value::String(crate::time::rfc3339_now()));
         m.insert("event".into(), Value::String(event.into()));
@@ -48,8 +69,8 @@ impl Journal {
         // holds whole lines only.
         let bytes = line.as_bytes();
         let short = |n: usize| {
-            if let Ok(md) = self.file.metadata() {
-                let _ = self.file.set_len(md.len().saturating_sub(n as u64));
+            if let Ok(md) = file.metadata() {
+                let _ = file.set_len(md.len().saturating_sub(n as u64));
             }
             Error::io(
                 "append to",
@@ -58,7 +79,7 @@ impl Journal {
             )
         };
         loop {
-            match (&self.file).write(bytes) {
+            match (&*file).write(bytes) {
                 Ok(n) if n == bytes.len() => return Ok(()),
                 Ok(n) => return Err(short(n)),
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,

@@ -40,8 +40,10 @@ pub mod spec;
 pub mod stop;
 pub mod suspend;
 pub mod sys;
+pub mod takeover;
 pub mod time;
 pub mod users;
+pub mod verdict;
 pub mod wrapper;
 
 pub use error::{Error, Result};

@@ -65,6 +65,11 @@ pub fn finalize(
     if let Some(r) = report.filter(|r| !r.signals.is_empty() || !r.survivors.is_empty()) {
         st.cleanup = Some(r.to_cleanup());
     }
+    if survivors {
+        st.proof = None;
+    } else if st.proof.is_none() {
+        st.proof = report.and_then(|r| r.proof);
+    }
     // The keeper's counts: it writes them once every writer of its pipes is gone, which the
     // stop has just made true (bounded: a survivor holding a pipe costs the wait, not the record).
     if let Some(pending) = st.output.as_ref().filter(|o| !o.complete && !o.settled) {

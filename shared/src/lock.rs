@@ -1,11 +1,18 @@
-//! The run's lock file, `<run dir>/lock`.
+//! The run's lock: an exclusive `flock(2)` the wrapper holds for its whole life.
 //!
-//! The wrapper holds an exclusive `flock` on it for its whole life. Whoever else takes that lock
-//! knows the wrapper is gone and becomes the one party allowed to write the final record. Who
-//! holds a lock we could not take is the kernel's to say (/proc/locks, by the file's inode),
-//! never the run dir's: see [`crate::wrapper::LockHolder`].
+//! It is held on two inodes. The run dir itself is the one that decides: the workload can
+//! delete, replace or chmod every file in its run dir, but it cannot give the dir another inode
+//! (the run's cgroup is named for that inode too). The `lock` file is the contract's: its mtime
+//! is the wrapper's heartbeat, and wrappers before this version hold only it. Whoever takes the
+//! lock knows the wrapper is gone and becomes the one party that finishes the run.
+//!
+//! Who holds a lock we could not take is the kernel's to say (/proc/locks, by inode), never the
+//! run dir's: see [`crate::wrapper::holder`]. A `lock` file the workload replaced (a directory,
+//! a FIFO, a file it chmodded to 000) is named in [`RunLock::damage`] and the dir's lock decides
+//! alone; nothing about that file can keep a stop from going on.
 
 use crate::error::{Error, Result};
+use crate::pid::Pid;
 use crate::procfs;
 use crate::run_dir::{files, RunDir};
 use crate::sys;
@@ -13,50 +20,188 @@ use std::fs::File;
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 
-/// The run's lock file, opened (not yet locked).
+/// The run's lock, opened (not yet taken).
 pub struct RunLock {
-    file: File,
-    dev: u64,
-    ino: u64,
+    /// The run dir, opened for reading (a flock needs a real descriptor, not an `O_PATH` one).
+    dir: Option<File>,
+    dir_id: (u64, u64),
+    /// `lock`, when it is a regular file of ours that could be opened.
+    file: Option<(File, (u64, u64))>,
+    /// What is wrong with the run dir or `lock`, for the journal and the caller's output.
+    pub damage: Vec<String>,
+}
+
+/// Whether a lock could be taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Taken {
+    /// Ours now: the dir's lock, and `lock`'s when that file is usable.
+    Yes,
+    /// Someone holds the dir's lock: a wrapper of this version, or a party finishing the run.
+    Dir,
+    /// The dir's lock was free but `lock` is held (a wrapper of an earlier version, or a
+    /// process squatting on the file): the dir's lock was let go again; the caller asks who
+    /// holds the file ([`crate::wrapper::holder`]).
+    File,
 }
 
 impl RunDir {
-    /// Open (creating, 0600, never through a symlink, never a planted FIFO) the run's lock
-    /// file; not yet locked.
-    pub fn lock(&self) -> Result<RunLock> {
-        let file = self.open_rw_create(files::LOCK)?;
-        let md = file
-            .metadata()
-            .map_err(|e| Error::io("inspect", self.file(files::LOCK), e))?;
-        Ok(RunLock {
+    /// Open the run's lock: the dir, and `lock` (created 0600 when missing, never through a
+    /// symlink, never a planted FIFO). Never fails: what cannot be opened is named in
+    /// [`RunLock::damage`].
+    pub fn lock(&self) -> RunLock {
+        let mut damage = Vec::new();
+        let dir = match self.open_self() {
+            Ok(f) => Some(f),
+            Err(e) => {
+                damage.push(format!("cannot open the run dir to lock it: {e}"));
+                None
+            }
+        };
+        let file = match self.open_rw_create(files::LOCK) {
+            Ok(f) => match f.metadata() {
+                Ok(md) => Some((f, (md.dev(), md.ino()))),
+                Err(e) => {
+                    damage.push(format!(
+                        "cannot inspect {}: {e}",
+                        self.file(files::LOCK).display()
+                    ));
+                    None
+                }
+            },
+            Err(e) => {
+                damage.push(e.to_string());
+                None
+            }
+        };
+        RunLock {
+            dir,
+            dir_id: self.identity(),
             file,
-            dev: md.dev(),
-            ino: md.ino(),
-        })
+            damage,
+        }
     }
 }
 
 impl RunLock {
-    /// Take the lock without blocking. `false`: someone (the wrapper, another canceller, the
-    /// watchdog) holds it.
-    pub fn try_lock(&self) -> Result<bool> {
-        sys::try_lock_exclusive(self.file.as_fd()).map_err(|e| Error::io("lock", "lock file", e))
+    /// Take the lock without blocking: the dir's, then `lock`'s (when the file is usable).
+    pub fn try_lock(&self) -> Result<Taken> {
+        let Some(dir) = &self.dir else {
+            // Without the dir's descriptor only the file can be locked: it decides alone.
+            return match &self.file {
+                Some((f, _)) if lock(f)? => Ok(Taken::Yes),
+                Some(_) => Ok(Taken::File),
+                None => Err(Error::io(
+                    "lock",
+                    "run dir",
+                    std::io::Error::from_raw_os_error(libc::EACCES),
+                )),
+            };
+        };
+        if !lock(dir)? {
+            return Ok(Taken::Dir);
+        }
+        match &self.file {
+            Some((f, _)) if !lock(f)? => {
+                let _ = sys::unlock(dir.as_fd());
+                Ok(Taken::File)
+            }
+            _ => Ok(Taken::Yes),
+        }
     }
 
-    /// Who holds the lock, by the kernel's account (/proc/locks); for a lock this process
-    /// could not take, so it is held by someone.
-    pub fn holders(&self) -> Vec<i32> {
-        procfs::flock_holders_of_held(self.dev, self.ino)
+    /// Take the dir's lock alone (for a caller that found `lock` held by a squatter).
+    pub fn lock_dir_only(&self) -> Result<bool> {
+        match &self.dir {
+            Some(d) => lock(d),
+            None => Ok(false),
+        }
     }
 
-    /// The lock file's (device, inode).
-    pub fn identity(&self) -> (u64, u64) {
-        (self.dev, self.ino)
+    /// The inodes this lock is held on, as opened.
+    pub fn ids(&self) -> LockIds {
+        LockIds {
+            dir: self.dir_id,
+            file: self.file.as_ref().map(|(_, id)| *id),
+        }
     }
+}
+
+/// The inodes a run's lock is held on: the run dir's, and `lock`'s when it is a regular file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockIds {
+    pub dir: (u64, u64),
+    pub file: Option<(u64, u64)>,
+}
+
+impl LockIds {
+    /// The holders of each, by the kernel's account: from `table` when given (one read of
+    /// /proc/locks for many runs), else from a fresh read. (dir's, file's.)
+    pub fn holders(&self, table: Option<&procfs::LockTable>) -> (Vec<Pid>, Vec<Pid>) {
+        let fresh;
+        let table = match table {
+            Some(t) => t,
+            None => {
+                fresh = procfs::LockTable::read();
+                &fresh
+            }
+        };
+        let dir = pids(table.holders(self.dir.0, self.dir.1));
+        let file = self
+            .file
+            .map(|(d, i)| pids(table.holders(d, i)))
+            .unwrap_or_default();
+        (dir, file)
+    }
+}
+
+impl RunDir {
+    /// The inodes of the run's lock without opening anything: the dir's, and `lock`'s by
+    /// `lstat` (none when it is not a regular file).
+    pub fn lock_ids(&self) -> LockIds {
+        LockIds {
+            dir: self.identity(),
+            file: self
+                .stat_file(files::LOCK)
+                .filter(|m| m.regular)
+                .map(|m| (m.dev, m.ino)),
+        }
+    }
+}
+
+fn lock(f: &File) -> Result<bool> {
+    sys::try_lock_exclusive(f.as_fd()).map_err(|e| Error::io("lock", "run dir", e))
+}
+
+fn pids(raw: Vec<i32>) -> Vec<Pid> {
+    raw.into_iter().filter_map(|p| Pid::new(p.into())).collect()
 }
 
 /// The executables that may hold a run's lock: the wrapper, and the parties that take a run
 /// over (`agent-run cancel`, the watchdog).
 pub fn is_agent_run_exe(name: &str) -> bool {
     name == "agent-run" || name == "agent-run-watchdog"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dir_lock_decides_and_a_damaged_lock_file_is_named() {
+        let (d, rd) = crate::run_dir::temp();
+        let first = rd.lock();
+        assert!(first.damage.is_empty(), "{:?}", first.damage);
+        assert_eq!(first.try_lock().unwrap(), Taken::Yes);
+        // A second opener (another description) cannot take it.
+        assert_eq!(rd.lock().try_lock().unwrap(), Taken::Dir);
+        // The workload replaces `lock` with a directory: the dir's lock still decides.
+        std::fs::remove_file(d.path().join("lock")).unwrap();
+        std::fs::create_dir(d.path().join("lock")).unwrap();
+        let second = rd.lock();
+        assert_eq!(second.damage.len(), 1, "{:?}", second.damage);
+        assert_eq!(second.try_lock().unwrap(), Taken::Dir);
+        drop(first);
+        assert_eq!(second.try_lock().unwrap(), Taken::Yes);
+        assert_eq!(second.ids().holders(None).0, vec![Pid::this()]);
+    }
 }

@@ -163,6 +163,13 @@ pub fn marks_stopping(pid: Pid) -> bool {
     sig_dispositions(pid).is_some_and(|d| d.marks_stopping())
 }
 
+/// Whether the wrapper `pid` wrote its run's final record itself, by its main thread's signal
+/// mask (see [`crate::sys::mark_final`]). `false` when it is gone or unreadable.
+pub fn marks_final(pid: Pid) -> bool {
+    sig_dispositions(pid)
+        .is_some_and(|d| d.blocks(crate::sys::FINAL_MARK) && !d.blocks(libc::SIGTERM))
+}
+
 /// Read SigIgn/SigCgt/SigBlk of a process. `None` when it is gone.
 pub fn sig_dispositions(pid: Pid) -> Option<SigDispositions> {
     let text = read_kernel_file(format!("/proc/{pid}/status")).ok()?;
@@ -251,9 +258,61 @@ fn live_thread_environ(pid: Pid) -> Option<Vec<u8>> {
         })
 }
 
+/// The real uid of a process, from the `Uid:` line of /proc/PID/status (readable whatever the
+/// process's dumpable flag; /proc/PID of a non-dumpable process belongs to root). `None` when
+/// it is gone.
+pub fn real_uid(pid: Pid) -> Option<u32> {
+    let text = read_kernel_file(format!("/proc/{pid}/status")).ok()?;
+    let line = text.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+    line.split_ascii_whitespace().next()?.parse().ok()
+}
+
+/// A process's command name (/proc/PID/comm, trimmed): readable for every process, whatever
+/// its dumpable flag. A process can set its own, so it only ever narrows a choice the kernel's
+/// other facts made.
+pub fn comm(pid: Pid) -> Option<String> {
+    read_kernel_file(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|s| s.trim_end_matches('\n').to_string())
+}
+
+/// The cgroup v2 path of a process (the `0::` line of /proc/PID/cgroup), relative to the
+/// cgroup2 mount (`/` for its root). `None` when it is gone or has none.
+pub fn cgroup_of(pid: Pid) -> Option<String> {
+    let text = read_kernel_file(format!("/proc/{pid}/cgroup")).ok()?;
+    crate::cgroup::v2_path(&text).map(str::to_string)
+}
+
 /// The owner uid of a process (owner of /proc/PID). `None` when it is gone.
 pub fn uid_of(pid: Pid) -> Option<u32> {
     fs::metadata(format!("/proc/{pid}")).ok().map(|m| m.uid())
+}
+
+/// /proc/locks read once: the flock holders of every locked inode, for a caller that asks
+/// about many runs (`list`, `gc`, a watchdog pass). A lock taken or let go after the read is
+/// not in it.
+#[derive(Debug, Default, Clone)]
+pub struct LockTable {
+    held: std::collections::HashMap<(u64, u64, u64), Vec<i32>>,
+}
+
+impl LockTable {
+    /// Read /proc/locks.
+    pub fn read() -> LockTable {
+        let mut held: std::collections::HashMap<(u64, u64, u64), Vec<i32>> = Default::default();
+        if let Ok(text) = read_kernel_file("/proc/locks") {
+            for (maj, min, ino, pid) in text.lines().filter_map(parse_lock_line) {
+                held.entry((maj, min, ino)).or_default().push(pid);
+            }
+        }
+        LockTable { held }
+    }
+
+    /// The pids holding a flock on (device, inode).
+    pub fn holders(&self, dev: u64, ino: u64) -> Vec<i32> {
+        let key = (libc::major(dev) as u64, libc::minor(dev) as u64, ino);
+        self.held.get(&key).cloned().unwrap_or_default()
+    }
 }
 
 /// The pids holding a `flock(2)` on the file (device, inode), from /proc/locks: the kernel's own

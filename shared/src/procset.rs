@@ -588,7 +588,7 @@ pub fn unverifiable(scope: &RunScope, snap: &Snapshot) -> Vec<Pid> {
             !s.is_dead()
                 && s.start_ticks >= scope.floor_ticks
                 && s.pid != Pid::this()
-                && procfs::uid_of(s.pid) == Some(scope.uid)
+                && procfs::real_uid(s.pid) == Some(scope.uid)
                 && procfs::environ_unreadable(s.pid)
         })
         .map(|s| s.pid)

@@ -31,6 +31,25 @@ pub enum Reason {
     Suspend,
     /// `resume`: CONT sent to the run (`fg`); journal only.
     Resume,
+    /// `unprovable`: the run was stopped after its wrapper was lost, held by /proc scans
+    /// alone, which cannot prove that nothing of it is left.
+    Unprovable,
+    /// `escaped`: processes that may be the run's were found outside its cgroup, where a
+    /// process of the run could have moved itself.
+    Escaped,
+    /// `output_limit`: `--on-output-limit=stop` stopped the run.
+    OutputLimit,
+    /// `keeper_lost`: the output keeper of a `--pty` run died while the run went on.
+    KeeperLost,
+    /// `leader_exited`: the leader exited and what was left of the run was stopped; journal
+    /// only.
+    LeaderExited,
+    /// `launch_failed`: a launch that failed after the spawn; journal only.
+    LaunchFailed,
+    /// `record_failed`: the `running` record could not be written; journal only.
+    RecordFailed,
+    /// `keeper_stopped`: the run had stopped the output keeper; journal only.
+    KeeperStopped,
 }
 
 /// The reasons that are plain words, with their spelling.
@@ -44,6 +63,14 @@ const WORDS: &[(Reason, &str)] = &[
     (Reason::Survivors, "survivors"),
     (Reason::Suspend, "suspend"),
     (Reason::Resume, "resume"),
+    (Reason::Unprovable, "unprovable"),
+    (Reason::Escaped, "escaped"),
+    (Reason::OutputLimit, "output_limit"),
+    (Reason::KeeperLost, "keeper_lost"),
+    (Reason::LeaderExited, "leader_exited"),
+    (Reason::LaunchFailed, "launch_failed"),
+    (Reason::RecordFailed, "record_failed"),
+    (Reason::KeeperStopped, "keeper_stopped"),
 ];
 
 impl Reason {

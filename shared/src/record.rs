@@ -62,6 +62,8 @@ pub const KEYS: &[&str] = &[
     "resources",
     "pty",
     "output",
+    "proof",
+    "lease_token_sha256",
 ];
 
 /// The states of a run.
@@ -194,6 +196,41 @@ pub struct Status {
     /// ([`crate::output::Output`]); null for a run whose keeper never started.
     #[serde(default)]
     pub output: Option<crate::output::Output>,
+    /// How a final record knows that nothing of the run is left ([`Proof`]); null while the
+    /// run is active, and for records from before it was kept.
+    #[serde(default)]
+    pub proof: Option<Proof>,
+    /// The SHA-256 of the run's lease token, hex ([`crate::lease`]): `renew` checks a token
+    /// against it before anything changes. Null for a run without a lease. The token itself is
+    /// never in the run dir.
+    #[serde(default)]
+    pub lease_token_sha256: Option<String>,
+}
+
+/// How a final record knows that nothing of the run is left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Proof {
+    /// The run's cgroup said `populated 0`: the kernel's own count of its processes.
+    CgroupEmpty,
+    /// The run's wrapper, a child subreaper, had no live child left and two looks at /proc
+    /// found nothing of the run: every process of the run is in the wrapper's tree while the
+    /// wrapper lives.
+    TreeWalk,
+    /// Nothing can tell: the run was held by /proc scans alone and its wrapper was lost, so a
+    /// process of the run that cleared its environment and left its session is not to be found.
+    Unprovable,
+}
+
+impl Proof {
+    /// The record's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Proof::CgroupEmpty => "cgroup_empty",
+            Proof::TreeWalk => "tree_walk",
+            Proof::Unprovable => "unprovable",
+        }
+    }
 }
 
 /// The `containment` key: `{"mode": "cgroup" | "procfs", "cgroup": PATH | null}`.
@@ -307,6 +344,8 @@ impl Status {
             resources: None,
             pty: false,
             output: None,
+            proof: None,
+            lease_token_sha256: None,
         }
     }
 
@@ -381,11 +420,11 @@ impl RunDir {
     /// Write a final record over a final one that the lock holder did not write: only the
     /// holder of the run's lock writes records, so a final record it finds in its way was
     /// written by something else (the workload rewrote status.json). Refused unless this
-    /// process holds the run's lock now, by the kernel's account (/proc/self/fdinfo).
+    /// process holds the run's lock (its dir's) now, by the kernel's account
+    /// (/proc/self/fdinfo).
     pub fn write_final_over_forgery(&self, st: &Status) -> Result<()> {
         debug_assert!(st.state.is_final());
-        let lock = self.lock()?;
-        let (dev, ino) = lock.identity();
+        let (dev, ino) = self.identity();
         if !crate::procfs::holds_flock(crate::pid::Pid::this(), dev, ino) {
             return Err(Error::Corrupt {
                 path: self.file(files::STATUS),
@@ -475,6 +514,8 @@ pub(crate) mod tests {
             resources: None,
             pty: false,
             output: None,
+            proof: None,
+            lease_token_sha256: None,
         }
     }
 

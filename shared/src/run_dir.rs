@@ -61,6 +61,7 @@ pub struct RunDir {
     dev: u64,
     ino: u64,
     born: Option<SystemTime>,
+    repaired: Option<String>,
 }
 
 /// What `lstat` says of one file of a run dir.
@@ -89,8 +90,21 @@ impl RunDir {
     /// Open the directory at `path` as the run dir of `id`: `O_PATH | O_DIRECTORY |
     /// O_NOFOLLOW`, then the checks of [`crate::root::check_dir`] on what was opened. A refusal
     /// names the path; a missing dir is an `Io` error of kind `NotFound`.
+    ///
+    /// A run dir of ours whose mode is not 0700 (the workload can chmod its own dir: 0500
+    /// keeps every file from being written, 0755 opens it to others) is set back to 0700, and
+    /// [`RunDir::repaired`] says what it was: a mode is no reason to leave a run unstopped.
     pub fn open(path: &Path, id: RunId) -> Result<RunDir> {
-        let (fd, md) = crate::root::open_checked(path, "run dir", 0o077)?;
+        // Symlink, not a directory, not ours: refused. The mode is checked below.
+        let (fd, md) = crate::root::open_checked(path, "run dir", 0)?;
+        let mode = md.mode() & 0o7777;
+        let repaired = (mode != 0o700).then(|| {
+            let how = match crate::sys::chmod_fd_path(fd.as_fd(), 0o700) {
+                Ok(()) => "set back to 0700".to_string(),
+                Err(e) => format!("could not be set back to 0700: {e}"),
+            };
+            format!("the run dir's mode was {mode:04o}; {how}")
+        });
         Ok(RunDir {
             path: path.to_path_buf(),
             id,
@@ -98,7 +112,13 @@ impl RunDir {
             ino: md.ino(),
             born: md.created().ok(),
             fd: Arc::new(fd),
+            repaired,
         })
+    }
+
+    /// What [`RunDir::open`] found wrong with the dir and set right, for the journal.
+    pub fn repaired(&self) -> Option<&str> {
+        self.repaired.as_deref()
     }
 
     /// The dir's path, for messages and for what only takes a path (the workload's
@@ -129,6 +149,19 @@ impl RunDir {
 
     fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+
+    /// The run dir itself, opened for reading (`O_RDONLY | O_DIRECTORY`) through its
+    /// descriptor: what a `flock(2)` of the dir needs (see [`crate::lock`]).
+    pub fn open_self(&self) -> Result<File> {
+        rustix::fs::openat(
+            self.fd(),
+            ".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map(File::from)
+        .map_err(|e| Error::io("open", &self.path, e.into()))
     }
 
     /// `lstat` of one file of the run dir; `None` when there is none (or it cannot be read).

@@ -25,7 +25,7 @@ use crate::journal::Journal;
 use crate::pid::Pid;
 use crate::procfs::{self, Stat};
 use crate::procset::{discover_in, Depth, RunScope, Snapshot};
-use crate::record::Cleanup;
+use crate::record::{Cleanup, Proof};
 pub use crate::signal::Sig;
 use crate::sys;
 use serde_json::json;
@@ -94,6 +94,8 @@ pub struct Report {
     /// The leader's wait status, when the stop reaped it (a stop inside the wrapper reaps the
     /// children it finds dead, so that the kernel's count of children is the truth).
     pub leader_exit: Option<sys::WaitStatus>,
+    /// How the stop knows nothing of the run is left (None when something is).
+    pub proof: Option<Proof>,
 }
 
 impl Report {
@@ -378,6 +380,7 @@ fn stop_run_inner(
         );
         s.report.survivors.push(leader.pid);
     }
+    s.report.proof = s.proof();
     s.report.survivors.sort();
     s.report.signalled.sort();
     s.report.signalled.dedup();
@@ -578,6 +581,21 @@ impl Stopper<'_> {
                 return live;
             }
         }
+    }
+
+    /// How this stop knows that nothing of the run is left: its cgroup empty, or (inside the
+    /// wrapper, a subreaper) no live child; else it cannot tell. None when something is left.
+    fn proof(&mut self) -> Option<Proof> {
+        if !self.report.survivors.is_empty() {
+            return None;
+        }
+        if let Some(cg) = &self.scope.cgroup {
+            return (!cg.populated()).then_some(Proof::CgroupEmpty);
+        }
+        if self.scope.wrapper == Some(Pid::this()) {
+            return self.live_children().is_empty().then_some(Proof::TreeWalk);
+        }
+        Some(Proof::Unprovable)
     }
 
     /// Inside the wrapper (a child subreaper), reap every child that has ended, at every wake

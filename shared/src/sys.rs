@@ -286,6 +286,19 @@ pub fn try_lock_exclusive(fd: BorrowedFd<'_>) -> io::Result<bool> {
     }
 }
 
+/// chmod(2) of what an `O_PATH` descriptor names, through its /proc/self/fd link (fchmod(2)
+/// refuses an `O_PATH` descriptor; the link reaches the very inode, not a path that could have
+/// been swapped).
+pub fn chmod_fd_path(fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
+    let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    rustix::fs::chmod(link.as_str(), rustix::fs::Mode::from_raw_mode(mode)).map_err(Into::into)
+}
+
+/// Let go of a `flock(2)` this open file description holds.
+pub fn unlock(fd: BorrowedFd<'_>) -> io::Result<()> {
+    rustix::fs::flock(fd, rustix::fs::FlockOperation::Unlock).map_err(Into::into)
+}
+
 // ---- spawning: the pre_exec half is async-signal-safe only --------------------------------
 
 /// In a forked child before exec: start a new session (setsid(2), one raw syscall in rustix's
@@ -1034,10 +1047,39 @@ pub fn mark_stopping() {
     raw::mask_signal(STOPPING_MARK, true);
 }
 
-/// Take [`STOPPING_MARK`] out of this thread's mask: a mask is inherited across exec, so a
-/// caller that blocked URG must not make a new wrapper look as if it were stopping.
-pub fn clear_stopping_mark() {
+/// The signal whose block in a wrapper's main thread says that the wrapper wrote its run's
+/// final record itself: a final record is believed while its wrapper still lives (its last
+/// moments, the keeper's exit) only with this mark, so a record the workload forged while the
+/// wrapper runs is not. VTALRM: never used by agent-run.
+pub const FINAL_MARK: libc::c_int = libc::SIGVTALRM;
+
+/// Say, in this thread's signal mask, that this wrapper wrote its final record (the main
+/// thread, just before the write; never undone). See [`FINAL_MARK`].
+pub fn mark_final() {
+    raw::mask_signal(FINAL_MARK, true);
+}
+
+/// Take both marks out of this thread's mask at launch: a mask is inherited across exec, so a
+/// caller that blocked URG or VTALRM must not make a new wrapper look as if it were stopping
+/// or done.
+pub fn clear_marks() {
     raw::mask_signal(STOPPING_MARK, false);
+    raw::mask_signal(FINAL_MARK, false);
+}
+
+/// Name this thread (the main thread: the process) `name`, as /proc/PID/comm shows it: the
+/// wrapper names itself `agent-run` whatever its executable is called, since that name is one
+/// of the facts that tell it from the workload ([`crate::wrapper::verify_wrapper`]).
+pub fn set_comm(name: &std::ffi::CStr) -> io::Result<()> {
+    rustix::thread::set_name(name).map_err(Into::into)
+}
+
+/// Make this process non-dumpable (prctl(2) `PR_SET_DUMPABLE` 0): its memory, environment and
+/// descriptors (/proc/PID/mem, environ, fd) are then closed to processes of its own user, and
+/// none of them can ptrace it. The wrapper holds its run's lease token in memory.
+pub fn set_non_dumpable() -> io::Result<()> {
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .map_err(Into::into)
 }
 
 // ---- raw: what rustix does not offer ------------------------------------------------------

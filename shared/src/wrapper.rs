@@ -1,31 +1,38 @@
-//! The parties a record names, confirmed by the kernel: the run's live wrapper and whoever
+//! The parties that hold a run, confirmed by the kernel: its live wrapper, or whoever else
 //! holds its lock.
 //!
-//! Nothing in the run dir is trusted for what gets signalled: the workload can rewrite every file
-//! there. Before anything is signalled,
-//! - the record must hold the whole identity ([`check_record`]): this boot, this user, the
-//!   wrapper's pid and start ticks, and once launched the leader's pid, pgid, sid and start
-//!   ticks, with pid == pgid == sid (a missing key is a corrupt record: nothing is signalled);
-//! - the wrapper is confirmed by kernel facts ([`live_wrapper`]): pinned by a pidfd, its start
-//!   ticks match, it holds the run dir's lock (/proc/locks, by the lock file's inode: a workload
-//!   cannot take that lock while the wrapper lives) and its executable is agent-run. Only a
-//!   [`VerifiedWrapper`] can be signalled ([`signal_wrapper`]), and never pid 1 or the caller.
+//! Nothing in the run dir decides who the wrapper is: the workload can rewrite, delete or
+//! replace every file there. The wrapper is the process that holds the run's lock
+//! ([`crate::lock`]: a `flock(2)` on the run dir's own inode, and on `lock`), by /proc/locks,
+//! and that the kernel shows as a wrapper ([`verify_wrapper`]): of this user (its real uid),
+//! named `agent-run`, started no later than the run dir was made (every process of the
+//! workload started after), not inside the run's cgroup, and running agent-run where its
+//! executable can be read (root reads it; the wrapper is non-dumpable, so its own user cannot).
+//! What the record says of the wrapper (`wrapper_pid`, `wrapper_start_ticks`) only informs.
+//! Only a [`VerifiedWrapper`] can be signalled ([`signal_wrapper`]), and never pid 1 or the
+//! caller.
+//!
+//! [`check_record`] says whether the record's identity of the run's leader may be used for a
+//! stop's scope; a record that fails it is stopped by the kernel's facts alone (the cgroup by
+//! name, the marker), never refused.
 
 use crate::error::{Error, Result};
 use crate::journal::Journal;
-use crate::lock::{is_agent_run_exe, RunLock};
+use crate::lock::{is_agent_run_exe, LockIds};
 use crate::pid::Pid;
 use crate::procfs;
 use crate::record::{State, Status};
-use crate::run_dir::{files, RunDir};
+use crate::run_dir::RunDir;
 use crate::stop::Sig;
 use crate::sys;
 use serde_json::json;
 use std::os::fd::{AsFd, OwnedFd};
+use std::time::Duration;
 
-/// Validate a record before acting on its processes: the whole identity must be there and agree
-/// with the kernel where the kernel can tell. The error says what did not match; a record that
-/// fails is corrupt and nothing it names is signalled.
+/// Validate a record's identity of the run before a stop uses it: this boot, this user, the
+/// wrapper's pid and start ticks, and once launched the leader's pid, pgid, sid and start
+/// ticks, with pid == pgid == sid and the leader not older than the wrapper, and a live pid of
+/// that number being that leader. The error says what did not match.
 pub fn check_record(st: &Status) -> Result<()> {
     let refuse = |why: String| Err(Error::Identity { why });
     let boot = procfs::boot_id();
@@ -119,12 +126,18 @@ pub fn check_record(st: &Status) -> Result<()> {
 pub struct VerifiedWrapper {
     fd: OwnedFd,
     pid: Pid,
+    start_ticks: u64,
 }
 
 impl VerifiedWrapper {
     /// Its pid.
     pub fn pid(&self) -> Pid {
         self.pid
+    }
+
+    /// Its start time in clock ticks since boot.
+    pub fn start_ticks(&self) -> u64 {
+        self.start_ticks
     }
 
     /// The pidfd (poll it for the wrapper's exit).
@@ -136,108 +149,151 @@ impl VerifiedWrapper {
     pub fn into_fd(self) -> OwnedFd {
         self.fd
     }
+
+    /// Whether it has exited (its pidfd is readable).
+    pub fn exited(&self) -> bool {
+        exits_within(&self.fd, Duration::ZERO)
+    }
 }
 
-/// The live wrapper of a record, or why there is none.
+/// Who holds a run, by the kernel's account of its lock.
 #[derive(Debug)]
-pub enum Wrapper {
-    /// Alive, with the recorded start time, holding the run's lock, running agent-run; pinned.
-    Alive(VerifiedWrapper),
-    /// No process with that pid (or a dead one): whoever holds the lock, if anyone, is not it.
-    Gone,
-    /// The pid is alive with the recorded start time, but the kernel says it is not this run's
-    /// wrapper (another executable, or it does not hold the run's lock): the record names a
-    /// process that is not the run's. Never signal it.
-    Mismatch(String),
+pub enum Holder {
+    /// The run's wrapper, alive and confirmed, pinned.
+    Wrapper(VerifiedWrapper),
+    /// An agent-run party (a `cancel`, the watchdog) holds the lock: it is finishing the run.
+    Party(Vec<Pid>),
+    /// Only processes that are not agent-run hold it: the wrapper is gone, and the workload
+    /// (or something of the user) squats on the lock.
+    Squatter(Vec<Pid>),
+    /// Nobody holds it: the wrapper is gone.
+    Nobody,
 }
 
-/// Find the record's wrapper and confirm it from kernel facts: pidfd first, then the start
-/// time, the executable and the lock, so the process checked is the process we would signal.
-pub fn live_wrapper(dir: &RunDir, st: &Status) -> Wrapper {
-    let Some(pid) = st.wrapper_pid.and_then(|p| Pid::new(p.into())) else {
-        return Wrapper::Gone;
-    };
-    if pid.get() == 1 || pid == Pid::this() {
-        return Wrapper::Mismatch(format!("wrapper_pid {pid} cannot be a wrapper"));
+impl Holder {
+    /// The wrapper, if it is the holder.
+    pub fn wrapper(&self) -> Option<&VerifiedWrapper> {
+        match self {
+            Holder::Wrapper(w) => Some(w),
+            _ => None,
+        }
     }
-    let Ok(fd) = sys::pidfd_open(pid) else {
-        return Wrapper::Gone;
-    };
-    let s = match procfs::stat(pid) {
-        None => return Wrapper::Gone,
-        Some(s) if s.is_dead() => return Wrapper::Gone,
-        Some(s) => s,
-    };
-    let Some(ticks) = st.wrapper_start_ticks else {
-        return Wrapper::Mismatch("the record has no wrapper_start_ticks".into());
-    };
-    if s.start_ticks != ticks {
-        // Another process has the pid now (the wrapper died and the pid was reused), or the
-        // record names someone else: either way not the wrapper, and the lock tells the rest.
-        return Wrapper::Gone;
-    }
-    // What the kernel must confirm: the executable is agent-run and the process itself holds
-    // the run's lock. `Some(why)` when it does not.
-    let unconfirmed = || -> Option<String> {
-        match procfs::exe_name(pid) {
-            Some(name) if name == "agent-run" => {}
-            other => {
-                return Some(format!(
-                    "wrapper pid {pid} runs {}, not agent-run",
-                    other.as_deref().unwrap_or("an unreadable executable")
-                ))
+}
+
+/// Who holds the run: the holders of its lock (the dir's first, then `lock`'s), the first that
+/// [`verify_wrapper`] confirms being the wrapper. `table` is a read of /proc/locks shared by
+/// many runs (else each look reads it afresh); `cgroup` is the run's cgroup, when it has one
+/// (the wrapper is never inside it). A holder that is exiting (it let go, or is about to) is
+/// looked at again.
+pub fn holder(
+    dir: &RunDir,
+    ids: LockIds,
+    table: Option<&procfs::LockTable>,
+    cgroup: Option<&std::path::Path>,
+) -> Holder {
+    for _ in 0..3 {
+        let (mut holders, file) = ids.holders(table);
+        let dir_held = !holders.is_empty();
+        for p in file {
+            if !holders.contains(&p) {
+                holders.push(p);
             }
         }
-        let holds = dir
-            .stat_file(files::LOCK)
-            .filter(|m| m.regular)
-            .is_some_and(|m| procfs::holds_flock(pid, m.dev, m.ino));
-        (!holds).then(|| {
-            format!(
-                "wrapper pid {pid} does not hold the run's lock ({})",
-                dir.file(files::LOCK).display()
-            )
-        })
-    };
-    // A wrapper on its way out drops its memory (its /proc exe link) and then its descriptors
-    // (the lock) a moment before it becomes a zombie: give it that moment before calling it a
-    // stranger.
-    if let Some(why) = unconfirmed() {
-        // Only a wrapper on its way out looks like this for a moment: its exe link gone, or
-        // agent-run without the lock. A live process running something else is not exiting:
-        // no wait (a root of records naming such processes would cost 250 ms a run).
-        if procfs::exe_name(pid).is_some_and(|name| name != "agent-run")
-            && procfs::stat(pid).is_some_and(|s| !s.is_dead())
+        if holders.is_empty() {
+            return Holder::Nobody;
+        }
+        if let Some(w) = holders
+            .iter()
+            .find_map(|&p| verify_wrapper(dir, p, cgroup).ok())
         {
-            return Wrapper::Mismatch(why);
+            return Holder::Wrapper(w);
         }
-        // The kernel's PF_EXITING says so outright (it is set before the memory and the
-        // descriptors go); a wrapper that has let go of its lock and is not yet exiting gets
-        // a moment to.
-        let exiting = |pid| procfs::stat(pid).is_none_or(|s| s.is_dead() || s.is_exiting());
-        if exiting(pid) || exits_within(&fd, EXITING) || exiting(pid) {
-            return Wrapper::Gone;
-        }
-        if let Some(why) = unconfirmed() {
-            // On a loaded host a wrapper can linger longer than that between its final record
-            // and its exit (agent-run, the lock let go): a record that is final by now was
-            // written by it. Gone signals nothing either; the caller looks at the lock and the
-            // record again (a record forged final says no more than it did before the look).
-            if dir.read_status().is_ok_and(|now| now.state.is_final()) {
-                return Wrapper::Gone;
+        // Not the wrapper: a party or a squatter. One that is exiting is nobody; look again.
+        let staying = |p: Pid| procfs::stat(p).is_some_and(|s| !s.is_dead() && !s.is_exiting());
+        let live: Vec<Pid> = holders.into_iter().filter(|&p| staying(p)).collect();
+        if live.is_empty() {
+            if table.is_some() {
+                return Holder::Nobody;
             }
-            return Wrapper::Mismatch(why);
+            continue;
         }
+        let party = |p: &Pid| procfs::exe_name(*p).is_some_and(|n| is_agent_run_exe(&n));
+        let (parties, squatters): (Vec<Pid>, Vec<Pid>) = live.into_iter().partition(party);
+        // A party takes the dir's lock first: it holds the run. Squatters alone hold nothing.
+        return if (dir_held && !parties.is_empty()) || squatters.is_empty() {
+            Holder::Party(parties)
+        } else {
+            Holder::Squatter(squatters)
+        };
     }
-    Wrapper::Alive(VerifiedWrapper { fd, pid })
+    Holder::Nobody
 }
 
-/// How long a live process that should hold the run's lock, and does not, gets to show it is
-/// only exiting.
-const EXITING: std::time::Duration = std::time::Duration::from_millis(250);
+/// The run's live wrapper, if one holds the run (a convenience over [`holder`]).
+pub fn live_wrapper(dir: &RunDir) -> Option<VerifiedWrapper> {
+    let cgroup = crate::cgroup::find_run_cgroup(dir);
+    match holder(dir, dir.lock_ids(), None, cgroup.as_ref().map(|c| c.path())) {
+        Holder::Wrapper(w) => Some(w),
+        _ => None,
+    }
+}
+
+/// Confirm that `pid`, a holder of the run's lock, is the run's wrapper, from kernel facts
+/// only; the pidfd is opened first, so the process checked is the one that would be signalled.
+/// The error says which fact failed.
+pub fn verify_wrapper(
+    dir: &RunDir,
+    pid: Pid,
+    cgroup: Option<&std::path::Path>,
+) -> std::result::Result<VerifiedWrapper, String> {
+    if pid.get() == 1 || pid == Pid::this() {
+        return Err(format!("pid {pid} cannot be a wrapper"));
+    }
+    let fd = sys::pidfd_open(pid).map_err(|e| format!("pid {pid}: {e}"))?;
+    let st = procfs::stat(pid)
+        .filter(|s| !s.is_dead())
+        .ok_or_else(|| format!("pid {pid} is gone"))?;
+    if procfs::real_uid(pid) != Some(sys::geteuid()) {
+        return Err(format!("pid {pid} is not a process of this user"));
+    }
+    if procfs::comm(pid).as_deref() != Some("agent-run") {
+        return Err(format!("pid {pid} is not named agent-run"));
+    }
+    // The wrapper made the run dir: it started no later (a tick of slack for the clock
+    // arithmetic). Every process of the workload started after.
+    if let Some(born) = dir
+        .born()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+    {
+        let born = procfs::epoch_to_ticks(born.as_secs_f64());
+        if st.start_ticks > born + 1 {
+            return Err(format!(
+                "pid {pid} started at tick {}, after the run dir was made (tick {born})",
+                st.start_ticks
+            ));
+        }
+    }
+    if let (Some(cg), Some(mine)) = (cgroup, procfs::cgroup_of(pid)) {
+        let mine = crate::cgroup::mount().map(|m| m.join(mine.trim_start_matches('/')));
+        if mine.is_some_and(|m| m.starts_with(cg)) {
+            return Err(format!("pid {pid} is inside the run's cgroup"));
+        }
+    }
+    // Root reads every executable; the wrapper's own user cannot (it is non-dumpable).
+    if let Some(name) = procfs::exe_name(pid) {
+        if name != "agent-run" {
+            return Err(format!("pid {pid} runs {name}, not agent-run"));
+        }
+    }
+    Ok(VerifiedWrapper {
+        fd,
+        pid,
+        start_ticks: st.start_ticks,
+    })
+}
 
 /// Whether the process behind `pidfd` exits within `t` (the pidfd polls readable).
-fn exits_within(pidfd: &OwnedFd, t: std::time::Duration) -> bool {
+fn exits_within(pidfd: &OwnedFd, t: Duration) -> bool {
     use std::os::fd::AsRawFd;
     let mut fds = [sys::PollFd {
         fd: pidfd.as_raw_fd(),
@@ -281,49 +337,43 @@ pub fn signal_wrapper(
     result
 }
 
-/// Who holds a run's lock, when we could not take it.
-#[derive(Debug)]
-pub enum LockHolder {
-    /// The record's wrapper, confirmed.
-    Wrapper(VerifiedWrapper),
-    /// Another agent-run party (a canceller, the watchdog) is finishing the run.
-    Party(Vec<i32>),
-    /// Something that is not agent-run holds it: the wrapper is gone and a process squats on
-    /// its lock (a workload can open the lock file once the wrapper no longer holds it).
-    Squatter(Vec<i32>),
-    /// The record's wrapper pid is alive but is not the wrapper the kernel shows.
-    Mismatch(String),
+/// Let a wrapper that cannot act run again: thaw the cgroup it is in when that cgroup is
+/// frozen (the workload may have moved it into one of its own and frozen it; writable where
+/// the workload's was), and CONT it when it is stopped. Journalled.
+pub fn unfreeze_wrapper(w: &VerifiedWrapper, reason: &str, journal: &Journal) {
+    if let Some(cg) = procfs::cgroup_of(w.pid())
+        .and_then(|rel| crate::cgroup::mount().map(|m| m.join(rel.trim_start_matches('/'))))
+    {
+        for (thawed, error) in crate::cgroup::thaw_all(&cg) {
+            let _ = journal.event(
+                "thaw",
+                json!({"cgroup": thawed, "wrapper_pid": w.pid().get(), "reason": reason,
+                       "error": error}),
+            );
+        }
+    }
+    if procfs::stopped_or_stopping(w.pid()) {
+        let _ = signal_wrapper(
+            w,
+            Sig::Cont,
+            reason,
+            Some("the wrapper is stopped"),
+            journal,
+        );
+    }
 }
 
-/// Tell who holds a lock we could not take.
-pub fn lock_holder(lock: &RunLock, dir: &RunDir, st: &Status) -> LockHolder {
-    match live_wrapper(dir, st) {
-        Wrapper::Alive(w) => return LockHolder::Wrapper(w),
-        Wrapper::Mismatch(why) => return LockHolder::Mismatch(why),
-        Wrapper::Gone => {}
-    }
-    let holders = lock.holders();
-    // A squatter is a live holder that is not agent-run (or hides what it runs: a
-    // non-dumpable process). A holder that has exited meanwhile, or is exiting, is nobody: the
-    // caller looks at the lock again. An exiting process has lost /proc/PID/exe before its
-    // state says `Z` (a canceller that just wrote the final record and returns): the kernel's
-    // PF_EXITING tells it apart from a squatter that hides its executable. The stat is read
-    // again after the exe, so a holder that began to exit in between is not taken for one.
-    let staying = |pid: Pid| procfs::stat(pid).is_some_and(|s| !s.is_dead() && !s.is_exiting());
-    let squatters: Vec<i32> = holders
-        .iter()
-        .copied()
-        .filter(|&p| {
-            Pid::new(p.into()).is_some_and(|pid| {
-                staying(pid)
-                    && !procfs::exe_name(pid).is_some_and(|n| is_agent_run_exe(&n))
-                    && staying(pid)
-            })
-        })
-        .collect();
-    if squatters.is_empty() {
-        LockHolder::Party(holders)
-    } else {
-        LockHolder::Squatter(squatters)
-    }
+/// End a wrapper that made no progress: thaw and CONT it (a frozen or stopped process takes
+/// a KILL too, but its descriptors, and so the run's lock, are let go only as it runs), KILL
+/// it, and wait up to `wait` for its exit. Returns whether it exited.
+pub fn kill_wrapper(w: &VerifiedWrapper, reason: &str, journal: &Journal, wait: Duration) -> bool {
+    unfreeze_wrapper(w, reason, journal);
+    let _ = signal_wrapper(
+        w,
+        Sig::Kill,
+        reason,
+        Some("the wrapper made no progress"),
+        journal,
+    );
+    exits_within(&w.fd, wait)
 }

@@ -89,7 +89,7 @@ proptest! {
     #[test]
     fn leases_round_trip(secs in 0.0f64..1e7) {
         let (_d, rd) = run_dir();
-        let l = Lease { deadline_epoch: 1.0e9 + secs, lease_s: secs };
+        let l = Lease { deadline_epoch: 1.0e9 + secs, lease_s: secs, issued_ns: 1, auth: None };
         rd.write_lease(&l).unwrap();
         // serde_json's default float parser may be off by an ulp: a microsecond is plenty.
         let back = rd.read_lease().unwrap().unwrap();

@@ -1,29 +1,37 @@
-//! What the watchdog should do about one run dir, decided from its record, its lease, its
-//! wrapper and its processes. Pure decision, no action: [`crate::act`] carries it out.
+//! What the watchdog should do about one run dir, decided from kernel facts first ([`Look`]:
+//! who holds the run's lock, its cgroup found by name) and its files second. Pure decision, no
+//! action: [`crate::act`] carries it out.
 //!
-//! - final: nothing (forgotten), unless the run's cgroup still holds processes (a record the
-//!   workload forged): with its wrapper gone, the run is reopened and stopped now;
-//! - from an earlier boot: `unknown`, `host_rebooted`, nothing signalled (those pids belong to
-//!   this boot's processes now);
-//! - wrapper alive: the wrapper's business, unless its lease or its `--timeout` is past deadline
-//!   + grace + slack (the wrapper is stopped or stuck): then the watchdog steps in;
+//! - final and believed (no live wrapper that did not write it, no process in its cgroup):
+//!   nothing (forgotten). A final record the kernel contradicts is reopened and stopped when
+//!   nobody holds the run, and watched while its wrapper lives;
+//! - from an earlier boot, with nothing of it held: `unknown`, `host_rebooted`, nothing
+//!   signalled (those pids belong to this boot's processes now);
+//! - wrapper alive: the wrapper's business, unless its lease or its `--timeout` is past
+//!   deadline + grace + slack, or it has been stopping its run for longer than its grace +
+//!   slack (it is stopped, frozen or stuck): then the watchdog takes it over;
 //! - wrapper gone: if processes of the run remain, the watchdog owns them and stops them when the
 //!   lease or the timeout expires, whichever is first (or after the orphan grace without
-//!   either); if none remain, `unknown`, `wrapper_lost` at once.
+//!   either); if none remain, at once.
 //!
-//! The timeout is `started_at` + `timeout_ms` from the record, which the workload can rewrite:
-//! a forged value only moves the moment of a stop the watchdog would make anyway (earlier or
-//! later); what is signalled is decided from the same checks of the record's identity as for
-//! a lease, never from the timeout.
+//! A record that is missing or damaged does not make a run unstoppable: its wrapper and cgroup
+//! are the kernel's to show, its lease.json (when readable) still says when. The timeout is
+//! `started_at` + `timeout_ms` from the record, and the lease is lease.json: both are files the
+//! workload can write. A forged value can only move a stop that comes anyway: the heartbeat and
+//! a lease.json read after the wrapper is gone only ever bring a deadline earlier than what was
+//! seen while the wrapper lived ([`Seen`]).
 
 use agent_run_shared::id::RunId;
 use agent_run_shared::lifecycle::timings_of;
+use agent_run_shared::procfs::LockTable;
 use agent_run_shared::procset::{discover_in, Depth, Snapshot};
 use agent_run_shared::reason::Reason;
 use agent_run_shared::record::Status;
 use agent_run_shared::root::Root;
 use agent_run_shared::run_dir::RunDir;
-use agent_run_shared::wrapper::{check_record, live_wrapper, Wrapper};
+use agent_run_shared::stop::Timings;
+use agent_run_shared::verdict::{Look, Shared};
+use agent_run_shared::wrapper::Holder;
 use agent_run_shared::{procfs, time};
 use std::cell::OnceCell;
 use std::collections::HashSet;
@@ -60,6 +68,8 @@ pub enum Due {
     Timeout,
     /// The wrapper is gone and neither came first (the orphan grace passed).
     WrapperLost,
+    /// The live wrapper has been stopping its run for longer than its grace + slack.
+    Stalled,
 }
 
 impl Due {
@@ -69,6 +79,7 @@ impl Due {
             Due::Lease => Reason::LeaseExpired,
             Due::Timeout => Reason::Timeout,
             Due::WrapperLost => Reason::WrapperLost,
+            Due::Stalled => Reason::CancelRequest,
         }
     }
 }
@@ -96,9 +107,10 @@ impl std::fmt::Display for Action {
             Action::Orphan { why: Due::Lease } => "wrapper gone, lease expired",
             Action::Orphan { why: Due::Timeout } => "wrapper gone, timeout expired",
             Action::Orphan {
-                why: Due::WrapperLost,
+                why: Due::WrapperLost | Due::Stalled,
             } => "wrapper gone",
             Action::Stuck { why: Due::Timeout } => "wrapper stuck past its timeout",
+            Action::Stuck { why: Due::Stalled } => "wrapper stuck in its stop",
             Action::Stuck { .. } => "wrapper stuck past its lease",
             Action::LostLaunch => "launch lost before its first record",
             Action::Contradicted => "final record contradicted by the run's cgroup",
@@ -107,11 +119,12 @@ impl std::fmt::Display for Action {
 }
 
 /// What a pass (or a burst of events) looks at once, on first need, for every run it
-/// assesses: the processes, and the run cgroups on the cgroup2 mount.
+/// assesses: the processes, the run cgroups on the cgroup2 mount, and /proc/locks.
 #[derive(Default)]
 pub struct Looks {
     pub procs: OnceCell<Snapshot>,
     pub cgroups: OnceCell<agent_run_shared::cgroup::RunCgroups>,
+    pub locks: OnceCell<LockTable>,
     /// The look at /proc is the caller's to take (the daemon's pass takes it on a thread of its
     /// own, so that a look of a big process table does not hold up the deadlines): a run that
     /// needs it before it is there gets [`Verdict::NeedsLook`].
@@ -134,9 +147,9 @@ impl Looks {
 pub enum Verdict {
     /// Final, or not a run: nothing to do.
     Done,
-    /// Unusable dir (corrupt, unsafe, foreign): skipped, with the reason.
+    /// Unusable dir (unsafe, foreign): skipped, with the reason.
     Skip(String),
-    /// Alive wrapper (pinned), to be looked at again at `recheck_epoch` (lease + grace + slack).
+    /// Alive wrapper (pinned), to be looked at again at `recheck_epoch`.
     Watch {
         wrapper: OwnedFd,
         recheck_epoch: Option<f64>,
@@ -150,31 +163,45 @@ pub enum Verdict {
     NeedsLook,
 }
 
-/// What the daemon remembers of a run between looks.
-#[derive(Debug, Clone, Copy, Default)]
+/// What the watchdog remembers of a run between looks (the daemon in memory, `--once` in the
+/// root's watch ledger, [`crate::watched`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Seen {
     /// When the watchdog first saw the wrapper gone (epoch seconds).
     pub orphan_since: Option<f64>,
-    /// The last valid lease deadline it saw (kept when lease.json is damaged).
+    /// The last lease deadline it saw while the wrapper lived (the wrapper keeps lease.json
+    /// signed by the run's token; once it is gone the file is the workload's to write).
     pub last_lease: Option<f64>,
+    /// When it first saw the live wrapper stopping its run (its signal mask, or a
+    /// `cancelling` record).
+    pub stopping_since: Option<f64>,
 }
 
 /// A run dir the watchdog looks at.
 pub struct Subject {
     pub dir: RunDir,
-    pub status: Status,
+    /// The record, when it could be read.
+    pub status: Option<Status>,
     /// The lease deadline assessed (epoch seconds), if the run has one.
     pub lease: Option<f64>,
     /// Why lease.json could not be read, when it is damaged (the deadline is then the last
-    /// valid one, or now).
+    /// valid one, or the orphan grace).
     pub lease_damaged: Option<String>,
+    /// What the watchdog saw, to remember for the next look.
+    pub seen: Seen,
 }
 
-/// Decide about `name` under `root`, with what the daemon remembers of it (`seen`); `now` is
-/// the current epoch time. `looks.procs` is the look at /proc, taken on
-/// first use and shared by every run of a pass; `whole_pass` takes it indexed (every marker read
-/// once, for thousands of lookups), a single event takes it plain (markers read lazily, only
-/// for processes newer than the run).
+impl Subject {
+    /// The run's id, for messages.
+    pub fn id(&self) -> &str {
+        self.dir.id().as_str()
+    }
+}
+
+/// Decide about `name` under `root`, with what the watchdog remembers of it (`seen`); `now` is
+/// the current epoch time. `looks` are shared by every run of a pass (taken on first use);
+/// `whole_pass` takes the look at /proc indexed (every marker read once, for thousands of
+/// lookups), a single event takes it plain.
 pub fn assess(
     root: &Root,
     name: &str,
@@ -192,136 +219,195 @@ pub fn assess(
         Ok(d) => d,
         Err(e) => return (Verdict::Skip(e.to_string()), None),
     };
-    let st = match dir.read_status() {
-        Ok(st) => st,
-        // A dir without a record yet is a launch in progress (or one that died at once): the
-        // next event or scan looks again.
-        Err(agent_run_shared::Error::Missing { .. }) => {
-            // A launch in progress writes its first record within milliseconds; a dir still
-            // without one after LOST_LAUNCH_AFTER lost its wrapper before it could.
-            let age = dir.stat_file(".").and_then(|m| m.modified.elapsed().ok());
-            if age.is_some_and(|a| a >= LOST_LAUNCH_AFTER) {
-                let subject = Subject {
-                    dir: dir.clone(),
-                    status: Status::blank(name),
-                    lease: None,
-                    lease_damaged: None,
-                };
-                return (Verdict::Now(Action::LostLaunch), Some(subject));
-            }
-            return (
-                Verdict::Later {
-                    act_epoch: now + LOST_LAUNCH_AFTER.as_secs_f64(),
-                    action: Action::LostLaunch,
-                },
-                None,
-            );
-        }
-        Err(e) => return (Verdict::Skip(e.to_string()), None),
+    let shared = Shared {
+        locks: Some(looks.locks.get_or_init(LockTable::read)),
+        cgroups: Some(
+            looks
+                .cgroups
+                .get_or_init(agent_run_shared::cgroup::run_cgroups),
+        ),
+        cgroup: None,
     };
-    let subject = Some(Subject {
-        dir: dir.clone(),
-        status: st.clone(),
-        lease: None,
-        lease_damaged: None,
-    });
-    if st.state.is_final() {
-        // Final, unless the run's cgroup still holds processes: the workload wrote the record.
-        // Its wrapper, if alive, finishes the run itself (watched: its exit is looked at);
-        // without one the run is the orphan it is, stopped now (what it claimed was over).
-        let cgroups = looks
-            .cgroups
-            .get_or_init(agent_run_shared::cgroup::run_cgroups);
-        if dir.contradicting_cgroup(&st, Some(cgroups)).is_none() {
-            return (Verdict::Done, None);
-        }
-        let verdict = match live_wrapper(&dir, &st) {
-            Wrapper::Alive(w) => Verdict::Watch {
-                wrapper: w.into_fd(),
-                recheck_epoch: None,
-            },
-            Wrapper::Mismatch(why) => Verdict::Skip(why),
-            Wrapper::Gone => Verdict::Now(Action::Contradicted),
-        };
-        return (verdict, subject);
+    let look = Look::take_with(&dir, dir.read_status(), &shared);
+    if look.believed().is_some() {
+        return (Verdict::Done, None);
     }
+    let (lease, lease_damaged) = match dir.read_lease() {
+        Ok(l) => (l.map(|l| l.deadline_epoch), None),
+        Err(e) => (None, Some(e.to_string())),
+    };
+    let mut subject = Subject {
+        dir,
+        status: look.record.as_ref().ok().cloned(),
+        lease,
+        lease_damaged,
+        seen,
+    };
     let snapshot = || -> Option<&Snapshot> {
         if looks.deferred {
             return looks.procs.get();
         }
         Some(looks.procs.get_or_init(|| Looks::take_procs(whole_pass)))
     };
-    if st.boot_id != procfs::boot_id() {
+    let verdict = match &look.holder {
+        Holder::Wrapper(w) => alive(&look, w, &mut subject, now, policy),
+        // Another party (a cancel, a watchdog of an earlier pass) is finishing it.
+        Holder::Party(_) => Verdict::Done,
+        Holder::Nobody | Holder::Squatter(_) => {
+            gone(&look, &mut subject, now, policy, snapshot, looks.deferred)
+        }
+    };
+    (verdict, Some(subject))
+}
+
+/// A run whose wrapper lives: watched, unless its deadline + grace + slack, or its stop's
+/// grace + slack, is past.
+fn alive(
+    look: &Look,
+    w: &agent_run_shared::wrapper::VerifiedWrapper,
+    s: &mut Subject,
+    now: f64,
+    policy: &Policy,
+) -> Verdict {
+    s.seen.orphan_since = None;
+    // The wrapper keeps lease.json signed by the run's token: what it says now is the lease.
+    if s.lease.is_some() {
+        s.seen.last_lease = s.lease;
+    }
+    let lease = s.lease.or(s.seen.last_lease);
+    let st = look.record.as_ref().ok();
+    let grace = st.map_or(Timings::default().grace, |st| timings_of(st).grace);
+    let stopping = procfs::marks_stopping(w.pid())
+        || st.is_some_and(|st| st.state == agent_run_shared::record::State::Cancelling);
+    s.seen.stopping_since = if stopping {
+        Some(s.seen.stopping_since.unwrap_or(now))
+    } else {
+        None
+    };
+    let due = first_due(lease, st.and_then(Status::timeout_deadline_epoch));
+    let fd = || w.fd().try_clone().ok();
+    match decide_alive(now, due, grace.as_secs_f64(), policy) {
+        Alive::Stuck(why) => Verdict::Now(Action::Stuck { why }),
+        Alive::Watch { recheck_epoch } => {
+            // A stop that does not end: stuck too, lease or not.
+            let stalled = s
+                .seen
+                .stopping_since
+                .map(|t| t + grace.as_secs_f64() + policy.slack.as_secs_f64());
+            if stalled.is_some_and(|t| now >= t) {
+                return Verdict::Now(Action::Stuck { why: Due::Stalled });
+            }
+            let recheck = [recheck_epoch, stalled]
+                .into_iter()
+                .flatten()
+                .reduce(f64::min);
+            match fd() {
+                Some(wrapper) => Verdict::Watch {
+                    wrapper,
+                    recheck_epoch: recheck,
+                },
+                None => Verdict::Skip("cannot hold the wrapper's pidfd".into()),
+            }
+        }
+    }
+}
+
+/// A run that nobody holds (its wrapper is gone) or that a squatter holds.
+fn gone<'a>(
+    look: &Look,
+    s: &mut Subject,
+    now: f64,
+    policy: &Policy,
+    snapshot: impl Fn() -> Option<&'a Snapshot>,
+    deferred: bool,
+) -> Verdict {
+    let _ = deferred;
+    // Known gone since: the first time a look saw it, or the bound its last heartbeat gives
+    // (which only ever brings that earlier: a workload can touch `lock`, never move the
+    // first sight later).
+    let first_seen = s.seen.orphan_since.unwrap_or(now);
+    let gone_since = [Some(first_seen), s.dir.gone_by(now)]
+        .into_iter()
+        .flatten()
+        .reduce(f64::min);
+    s.seen.orphan_since = Some(first_seen);
+    s.seen.stopping_since = None;
+    let st = match &look.record {
+        Ok(st) => st,
+        Err(e) => {
+            // No record to go by: a launch that died before its first one, or a record the
+            // workload removed or damaged. Nothing of it held, no cgroup: a lost launch (given
+            // a moment to write its first record); else an orphan like any other.
+            if verdict_missing(e) && look.cgroup.is_none() {
+                let age = s.dir.stat_file(".").and_then(|m| m.modified.elapsed().ok());
+                if age.is_some_and(|a| a >= LOST_LAUNCH_AFTER) {
+                    return Verdict::Now(Action::LostLaunch);
+                }
+                return Verdict::Later {
+                    act_epoch: now + LOST_LAUNCH_AFTER.as_secs_f64(),
+                    action: Action::LostLaunch,
+                };
+            }
+            let due = first_due(earliest(s.lease, s.seen.last_lease), None);
+            return orphan_when(now, due, policy, || gone_since, || Some(true));
+        }
+    };
+    if st.state.is_final() {
+        // Contradicted (the verdict did not believe it): reopened and stopped now.
+        return Verdict::Now(Action::Contradicted);
+    }
+    if st.boot_id != procfs::boot_id() && !look.populated {
         // Pids from another boot name this boot's processes: signal nothing. Unless processes
         // carrying this run's marker are alive: then the run is of this boot and the record
         // was rewritten.
         let Some(snap) = snapshot() else {
-            return (Verdict::NeedsLook, None);
+            return Verdict::NeedsLook;
         };
-        if marked_alive(&dir, &st, snap) {
-            return (
-                Verdict::Skip(format!(
-                    "the record says boot {:?}, but processes carrying this run's marker are alive: the record was rewritten",
-                    st.boot_id
-                )),
-                None,
-            );
+        if !marked_alive(&s.dir, st, snap) {
+            return Verdict::Now(Action::HostRebooted);
         }
-        return (Verdict::Now(Action::HostRebooted), subject);
     }
-    if st.uid != agent_run_shared::sys::geteuid() {
-        return (
-            Verdict::Skip(format!("run belongs to uid {}", st.uid)),
-            None,
-        );
-    }
-    // A record that does not hold the whole identity names nothing we may signal.
-    if let Err(e) = check_record(&st) {
-        return (Verdict::Skip(e.to_string()), None);
-    }
-    // A damaged lease.json keeps the last valid deadline the daemon saw. Without one (a single
-    // pass, a daemon started after the damage) an orphan gets the orphan grace, as a run
-    // without a lease: bounded, never forever.
-    let (lease, damaged) = match dir.read_lease() {
-        Ok(l) => (l.map(|l| l.deadline_epoch), None),
-        Err(e) => (seen.last_lease, Some(e.to_string())),
-    };
-    let grace = timings_of(&st).grace.as_secs_f64();
+    let lease = earliest(s.lease, s.seen.last_lease);
     let due = first_due(lease, st.timeout_deadline_epoch());
-    let verdict = match live_wrapper(&dir, &st) {
-        Wrapper::Alive(w) => match decide_alive(now, due, grace, policy) {
-            Alive::Stuck(why) => Verdict::Now(Action::Stuck { why }),
-            Alive::Watch { recheck_epoch } => Verdict::Watch {
-                wrapper: w.into_fd(),
-                recheck_epoch,
-            },
-        },
-        Wrapper::Mismatch(why) => Verdict::Skip(why),
-        Wrapper::Gone => {
-            // Counted from when the wrapper died, as far as anyone can know: the first time
-            // this daemon saw it gone, or the bound its last heartbeat gives (which a `--once`
-            // pass, seeing it for the first time, has to go by).
-            let gone_since = || {
-                [seen.orphan_since, dir.gone_by(now)]
-                    .into_iter()
-                    .flatten()
-                    .reduce(f64::min)
-            };
-            // One /proc scan, only when the decision needs it.
-            let remains = || snapshot().map(|snap| remains(&dir, &st, snap));
-            match decide_gone(now, due, policy, gone_since, remains) {
-                None => Verdict::NeedsLook,
-                Some((action, None)) => Verdict::Now(action),
-                Some((action, Some(act_epoch))) => Verdict::Later { act_epoch, action },
-            }
-        }
-    };
-    let subject = subject.map(|mut s| {
-        s.lease = lease;
-        s.lease_damaged = damaged;
-        s
-    });
-    (verdict, subject)
+    let populated = look.populated;
+    let dir = s.dir.clone();
+    let st = st.clone();
+    orphan_when(
+        now,
+        due,
+        policy,
+        || gone_since,
+        || Some(populated || snapshot().map(|snap| remains(&dir, &st, snap))?),
+    )
+}
+
+/// [`decide_gone`] as a verdict.
+fn orphan_when(
+    now: f64,
+    due: Option<(f64, Due)>,
+    policy: &Policy,
+    gone_since: impl FnOnce() -> Option<f64>,
+    remains: impl FnOnce() -> Option<bool>,
+) -> Verdict {
+    match decide_gone(now, due, policy, gone_since, remains) {
+        None => Verdict::NeedsLook,
+        Some((action, None)) => Verdict::Now(action),
+        Some((action, Some(act_epoch))) => Verdict::Later { act_epoch, action },
+    }
+}
+
+/// The earlier of two deadlines, either may be missing: a lease.json read after the wrapper is
+/// gone (the workload's to write) never pushes the deadline seen while it lived later.
+fn earliest(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    [a, b]
+        .into_iter()
+        .flatten()
+        .filter(|d| d.is_finite())
+        .reduce(f64::min)
+}
+
+fn verdict_missing(e: &agent_run_shared::Error) -> bool {
+    agent_run_shared::verdict::is_missing(e)
 }
 
 /// The earlier of the lease deadline and the timeout deadline, and which it is (the lease on

@@ -6,6 +6,7 @@ use crate::assess::{assess, delay_until, Action, Looks, Policy, Seen, Subject, V
 use crate::fast::{self, Entry, Fast, Pass, Settled};
 use crate::ledger::Ledger;
 use crate::notify::Notifier;
+use crate::watched::{self, Watched};
 use agent_run_shared::root::Root;
 use agent_run_shared::run_dir::files;
 use agent_run_shared::sys::{self, Epoll, Inotify};
@@ -99,12 +100,33 @@ pub fn run_once(root: &Root, policy: &Policy) -> Vec<String> {
     // The ledger of the last pass: the final records it read are not read again while their
     // status.json is unchanged (crate::ledger).
     let mut pass = Pass::new(rootfd).with_ledger(Ledger::load(root));
+    // What the last pass saw of the runs that are not over (crate::watched).
+    let before = Watched::load(root);
+    let mut after = Watched::default();
     for e in ents {
         if let Fast::Final(_) = pass.classify(&e, &looks.cgroups) {
             continue;
         }
         let name = e.name;
-        match assess(root, &name, now, Seen::default(), policy, &looks, true) {
+        let dir_ino = dir_inode(root, &name);
+        let known = dir_ino.and_then(|i| before.get(&name, i)).cloned();
+        let seen = known.as_ref().map(watched::Entry::seen).unwrap_or_default();
+        let (verdict, subject) = assess(root, &name, now, seen, policy, &looks, true);
+        if let (Some(s), Some(ino)) = (&subject, dir_ino) {
+            let said = known.as_ref().and_then(|k| k.lease_damage.as_deref());
+            report_lease_damage(s, said);
+            after.runs.insert(
+                name.clone(),
+                watched::Entry {
+                    dir_ino: ino,
+                    orphan_since: s.seen.orphan_since,
+                    last_lease: s.seen.last_lease,
+                    stopping_since: s.seen.stopping_since,
+                    lease_damage: s.lease_damaged.clone(),
+                },
+            );
+        }
+        match (verdict, subject) {
             (Verdict::Now(action), Some(subject)) => {
                 handles.push(thread::spawn(move || {
                     describe(&subject, action, act(&subject, action))
@@ -122,6 +144,11 @@ pub fn run_once(root: &Root, policy: &Policy) -> Vec<String> {
             log(&format!("cannot keep the settled ledger: {e}"));
         }
     }
+    if after != before {
+        if let Err(e) = after.store(root) {
+            log(&format!("cannot keep the watch ledger: {e}"));
+        }
+    }
     handles
         .into_iter()
         .filter_map(|h| h.join().ok())
@@ -129,10 +156,51 @@ pub fn run_once(root: &Root, policy: &Policy) -> Vec<String> {
         .collect()
 }
 
+/// Say (log and journal) that a run's lease.json is damaged and what the watchdog goes by
+/// instead, unless it said so already for the same damage (`said`). True when the damage
+/// changed (said now, or repaired).
+pub fn report_lease_damage(s: &Subject, said: Option<&str>) -> bool {
+    let Some(why) = &s.lease_damaged else {
+        return said.is_some();
+    };
+    if said == Some(why.as_str()) {
+        return false;
+    }
+    let keep = s.seen.last_lease;
+    let instead = match keep {
+        Some(d) => format!(
+            "the watchdog keeps the deadline it last saw while the wrapper lived ({})",
+            agent_run_shared::time::rfc3339(
+                std::time::UNIX_EPOCH + Duration::from_secs_f64(d.clamp(0.0, 1e11))
+            )
+        ),
+        None => "no deadline was seen: if its wrapper is gone, the run gets the orphan grace"
+            .to_string(),
+    };
+    log(&format!(
+        "{}: lease.json is damaged ({why}); {instead}",
+        s.id()
+    ));
+    let j = s.dir.journal("watchdog");
+    let _ = j.event(
+        "lease_unreadable",
+        serde_json::json!({"error": why, "keeping_deadline": keep, "instead": instead}),
+    );
+    true
+}
+
+/// The inode of the run dir `name` in the root (without following a symlink).
+fn dir_inode(root: &Root, name: &str) -> Option<u64> {
+    std::fs::symlink_metadata(root.path().join(name))
+        .ok()
+        .filter(|m| m.is_dir())
+        .map(|m| m.ino())
+}
+
 fn describe(s: &Subject, action: Action, r: agent_run_shared::Result<String>) -> String {
     match r {
-        Ok(what) => format!("run {}: {action}: {what}", s.status.run_id),
-        Err(e) => format!("run {}: {action}: failed: {e}", s.status.run_id),
+        Ok(what) => format!("run {}: {action}: {what}", s.id()),
+        Err(e) => format!("run {}: {action}: failed: {e}", s.id()),
     }
 }
 
@@ -158,9 +226,8 @@ fn journal_once(root: &Root, name: &str, why: &str) {
         return;
     };
     if let Ok(dir) = root.open_run_dir(&id) {
-        if let Ok(j) = dir.journal("watchdog") {
-            let _ = j.event("skipped", serde_json::json!({"why": why}));
-        }
+        let j = dir.journal("watchdog");
+        let _ = j.event("skipped", serde_json::json!({"why": why}));
     }
 }
 
@@ -172,10 +239,10 @@ const TOKEN_FIRST_WRAPPER: u64 = 16;
 #[derive(Default)]
 struct Tracked {
     wrapper: Option<(OwnedFd, u64)>,
-    orphan_since: Option<f64>,
     wd: Option<i32>,
-    /// The last valid lease deadline seen (kept when lease.json is damaged).
-    last_lease: Option<f64>,
+    /// What the last look saw: since when the wrapper is gone or stopping, the lease seen
+    /// while it lived.
+    seen: Seen,
     /// What was wrong with lease.json when it was last reported (reported once per damage).
     lease_damage: Option<String>,
 }
@@ -577,10 +644,7 @@ impl Daemon {
         if key.is_some() && self.settled.get(name) == key.as_ref() {
             return false;
         }
-        let seen = Seen {
-            orphan_since: self.runs.get(name).and_then(|t| t.orphan_since),
-            last_lease: self.runs.get(name).and_then(|t| t.last_lease),
-        };
+        let seen = self.runs.get(name).map(|t| t.seen).unwrap_or_default();
         let (verdict, subject) = assess(
             &self.root,
             name,
@@ -628,7 +692,6 @@ impl Daemon {
             } => {
                 missed = self.track_dir(name) && status_key(&dir) != key;
                 let t = self.runs.entry(name.to_string()).or_default();
-                t.orphan_since = None;
                 if t.wrapper.is_none() {
                     let token = self.next_token;
                     self.next_token += 1;
@@ -646,8 +709,6 @@ impl Daemon {
             Verdict::Later { act_epoch, .. } => {
                 missed = self.track_dir(name) && status_key(&dir) != key;
                 self.drop_wrapper(name);
-                let t = self.runs.entry(name.to_string()).or_default();
-                t.orphan_since.get_or_insert_with(epoch_now);
                 self.heap.push(Reverse((
                     Instant::now() + delay_until(act_epoch),
                     name.to_string(),
@@ -669,34 +730,12 @@ impl Daemon {
         false
     }
 
-    /// Remember the last valid lease deadline; say once that lease.json is damaged.
+    /// Remember what the look saw; say once that lease.json is damaged.
     fn note_lease(&mut self, name: &str, s: &Subject) {
         let t = self.runs.entry(name.to_string()).or_default();
-        match &s.lease_damaged {
-            None => {
-                if s.lease.is_some() {
-                    t.last_lease = s.lease;
-                }
-                t.lease_damage = None;
-            }
-            Some(why) if t.lease_damage.as_ref() != Some(why) => {
-                t.lease_damage = Some(why.clone());
-                let keep = t.last_lease;
-                log(&format!(
-                    "{name}: lease.json is damaged ({why}); keeping {}",
-                    keep.map_or(
-                        "no deadline (none was seen): an orphan gets the orphan grace".into(),
-                        |d| format!("the last valid deadline {d:.3}")
-                    )
-                ));
-                if let Ok(j) = s.dir.journal("watchdog") {
-                    let _ = j.event(
-                        "lease_unreadable",
-                        serde_json::json!({"error": why, "keeping_deadline": keep}),
-                    );
-                }
-            }
-            Some(_) => {}
+        t.seen = s.seen;
+        if report_lease_damage(s, t.lease_damage.as_deref()) {
+            t.lease_damage = s.lease_damaged.clone();
         }
     }
 

@@ -105,7 +105,7 @@ pub struct Pass {
     /// The pids holding a flock, read on first need (a pass over runs that are not final never
     /// reads /proc/locks); the inner `None`: it could not be read whole, so every wrapper counts
     /// as possibly alive.
-    holders: std::cell::OnceCell<Option<HashSet<i32>>>,
+    holders: std::cell::OnceCell<Option<Held>>,
     /// The `agent-run.*` children of each cgroup parent a record named, listed once per pass;
     /// `None`: the parent could not be listed (and exists), so no cgroup counts as gone.
     cgroups: HashMap<String, Option<HashSet<String>>>,
@@ -232,11 +232,14 @@ impl Pass {
                 (Ok(k), w, c)
             }
         };
-        // A wrapper holds its run's lock for its whole life, itself: its pid in /proc/locks
-        // means it may be alive (it writes its final record a moment before it exits).
+        // A wrapper holds its run's lock for its whole life, on the run dir's own inode (the
+        // record cannot name another): that inode in /proc/locks means it may be alive (it
+        // writes its final record a moment before it exits). A wrapper of an earlier version
+        // holds only `lock`: its pid.
         match (self.holders.get_or_init(flock_holders), wrapper_pid) {
             (None, _) => return None,
-            (Some(h), Some(pid)) if h.contains(&pid) => return None,
+            (Some(h), _) if h.inodes.contains(&dir_ino) => return None,
+            (Some(h), Some(pid)) if h.pids.contains(&pid) => return None,
             _ => {}
         }
         write_name_for(&mut self.cgroup_name, &e.name, dir_ino);
@@ -422,12 +425,13 @@ fn list_cgroups(parent: &str) -> Option<HashSet<String>> {
     Some(out)
 }
 
-/// The pids holding a flock, from /proc/locks. It is a seq_file rendered about a page per
-/// read(2), and lines shift when locks come and go between reads, so one reading can miss a
-/// holder: the union of two readings is taken. Still not proof (the careful path takes a final
-/// record as final without asking either): `None` when it cannot be read.
-fn flock_holders() -> Option<HashSet<i32>> {
-    let mut out = HashSet::new();
+/// What holds a flock, from /proc/locks: the pids (a wrapper of an earlier version holds only
+/// its `lock` file) and the inodes (a wrapper holds its run dir's). It is a seq_file rendered
+/// about a page per read(2), and lines shift when locks come and go between reads, so one
+/// reading can miss a holder: the union of two readings is taken. `None` when it cannot be
+/// read.
+fn flock_holders() -> Option<Held> {
+    let mut out = Held::default();
     for _ in 0..2 {
         let text = agent_run_shared::procfs::read_kernel_file("/proc/locks").ok()?;
         for line in text.lines() {
@@ -436,12 +440,27 @@ fn flock_holders() -> Option<HashSet<i32>> {
             if f.next() != Some("FLOCK") {
                 continue;
             }
-            if let Some(pid) = f.nth(2).and_then(|p| p.parse().ok()) {
-                out.insert(pid);
+            let mut f = f.skip(2);
+            if let Some(pid) = f.next().and_then(|p| p.parse().ok()) {
+                out.pids.insert(pid);
+            }
+            if let Some(ino) = f
+                .next()
+                .and_then(|d| d.rsplit(':').next())
+                .and_then(|i| i.parse().ok())
+            {
+                out.inodes.insert(ino);
             }
         }
     }
     Some(out)
+}
+
+/// The flock holders of a pass ([`flock_holders`]).
+#[derive(Default)]
+struct Held {
+    pids: HashSet<i32>,
+    inodes: HashSet<u64>,
 }
 
 /// What the fast path reads of a record.
@@ -526,6 +545,8 @@ fn field_index(key: &[u8]) -> Option<usize> {
         b"resources" => 35,
         b"pty" => 36,
         b"output" => 37,
+        b"proof" => 38,
+        b"lease_token_sha256" => 39,
         _ => return None,
     })
 }

@@ -15,6 +15,7 @@ pub mod daemon;
 pub mod fast;
 pub mod ledger;
 pub mod notify;
+pub mod watched;
 
 pub use assess::{Action, Policy, Seen, Verdict};
 pub use daemon::{lock_root, run, run_once, Options, RootBusy, ROOT_LOCK};

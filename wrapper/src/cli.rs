@@ -293,6 +293,10 @@ pub struct RenewArgs {
     /// New lease length (default: the run's lease length)
     #[arg(long, value_name = "DUR", value_parser = lease_dur)]
     pub lease: Option<Duration>,
+    /// The run's lease token, as `start` handed it out (default: $AGENT_RUN_LEASE_TOKEN, which
+    /// unlike this option is not shown in the process list)
+    #[arg(long, value_name = "TOKEN")]
+    pub token: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -324,9 +324,8 @@ fn keep_run_inner(
         Err(e) => {
             // Nobody reads our stderr (/dev/null); the journal says it.
             if let Ok(d) = open_dir(&dir) {
-                if let Ok(j) = d.journal("keeper") {
-                    let _ = j.event("keeper_failed", json!({"error": format!("{e:#}")}));
-                }
+                let j = d.journal("keeper");
+                let _ = j.event("keeper_failed", json!({"error": format!("{e:#}")}));
             }
             70
         }
@@ -362,7 +361,7 @@ fn run(
         });
     }
     let mut k = Keep {
-        journal: open_dir(dir).and_then(|d| Ok(d.journal("keeper")?)).ok(),
+        journal: open_dir(dir).ok().map(|d| d.journal("keeper")),
         dir: dir.to_path_buf(),
         limit,
         stop,
@@ -781,11 +780,11 @@ fn request_stop(dir: &Path) -> std::thread::JoinHandle<()> {
         };
         let id = dir.id().as_str();
         let until = cancel::Until::Asked;
-        let r = cancel::cancel_one_for(Some(root), id, None, "keeper", "output_limit", until);
+        let reason = agent_run_shared::reason::Reason::OutputLimit;
+        let r = cancel::cancel_one_for(Some(root), id, None, "keeper", reason, until);
         if let Err(e) = r {
-            if let Ok(j) = dir.journal("keeper") {
-                let _ = j.event("stop_request_failed", json!({"error": format!("{e:#}")}));
-            }
+            let j = dir.journal("keeper");
+            let _ = j.event("stop_request_failed", json!({"error": format!("{e:#}")}));
         }
     })
 }

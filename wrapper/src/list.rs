@@ -30,7 +30,7 @@ struct Row {
     exit_code: Option<i32>,
     launch_exit_code: Option<i32>,
     term_signal: Option<String>,
-    note: Option<&'static str>,
+    note: Option<String>,
     outcome: Option<u8>,
     labels: BTreeMap<String, String>,
     created_at: String,
@@ -109,7 +109,7 @@ const LIST_WIDTH: usize = 80;
 /// One human line of `list`. `id_w` and `state_w` are the column widths.
 fn list_line(r: &Row, id_w: usize, state_w: usize, colour: bool) -> String {
     let state = r.state.as_str();
-    let detail = match (r.note, r.reason.as_deref()) {
+    let detail = match (r.note.as_deref(), r.reason.as_deref()) {
         (Some(n), _) => format!(" ({})", short_note(n)),
         (None, Some(reason)) => format!(" ({})", human::printable(reason)),
         (None, None) => String::new(),
@@ -150,8 +150,14 @@ fn list_line(r: &Row, id_w: usize, state_w: usize, colour: bool) -> String {
 
 /// The notes in their short form for the STATE column.
 fn short_note(n: &str) -> &str {
-    if n == crate::runs::CONTRADICTED {
+    if n.ends_with(": the record was rewritten") && n.starts_with("but its cgroup") {
         return "cgroup not empty";
+    }
+    if n.starts_with("but its wrapper (pid") {
+        return "wrapper running";
+    }
+    if n.starts_with("but pid") {
+        return "lock squatted";
     }
     if n == crate::runs::NOT_STOPPING {
         return "not stopping";

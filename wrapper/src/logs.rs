@@ -8,7 +8,7 @@ use agent_run_shared::exit;
 use agent_run_shared::record::Status;
 use agent_run_shared::run_dir::{files, RunDir};
 use agent_run_shared::sys::Inotify;
-use agent_run_shared::wrapper::{live_wrapper, Wrapper};
+use agent_run_shared::wrapper::live_wrapper;
 use serde_json::json;
 use std::path::Path;
 use std::time::Duration;
@@ -35,16 +35,10 @@ pub fn claim_lost_run(dir: &RunDir) {
     if st.state.is_final() || !counting {
         return;
     }
-    let Ok(journal) = dir.journal("attach") else {
-        return;
-    };
+    let journal = dir.journal("attach");
     let _ = journal.event("attach", json!({"claims": "the run whose caller was lost"}));
-    // Only a wrapper the kernel confirms is woken, and only for a record that holds the whole
-    // identity.
-    if agent_run_shared::wrapper::check_record(&st).is_err() {
-        return;
-    }
-    if let Wrapper::Alive(w) = live_wrapper(dir, &st) {
+    // Only a wrapper the kernel confirms (the holder of the run's lock) is woken.
+    if let Some(w) = live_wrapper(dir) {
         let _ = agent_run_shared::wrapper::signal_wrapper(
             &w,
             agent_run_shared::stop::Sig::Usr1,

@@ -1,15 +1,21 @@
 //! `agent-run renew`: push a run's lease deadline (its own length, or `--lease DUR`) and wake its
 //! wrapper to re-read it.
+//!
+//! Only the run's starter renews: the lease token (`--token`, else `$AGENT_RUN_LEASE_TOKEN`) must
+//! match the run's (the record keeps its SHA-256), and the new lease.json is signed with it. The
+//! wrapper, which holds the token itself, takes no lease it cannot verify. A refused renewal is
+//! journalled (`renew_refused`) and exits 77.
 
 use crate::cli::RenewArgs;
 use crate::error::fail;
-use crate::runs::{open_run, read_record};
+use crate::runs::open_run;
 use crate::select::{self, Picked};
 use agent_run_shared::exit;
-use agent_run_shared::lease::Lease;
+use agent_run_shared::lease::{Lease, LeaseToken};
 use agent_run_shared::stop::Sig;
-use agent_run_shared::wrapper::{check_record, live_wrapper, signal_wrapper, Wrapper};
-use agent_run_shared::Error;
+use agent_run_shared::sys;
+use agent_run_shared::verdict::Look;
+use agent_run_shared::wrapper::signal_wrapper;
 use serde_json::json;
 use std::path::Path;
 use std::time::Duration;
@@ -17,10 +23,16 @@ use std::time::Duration;
 /// `agent-run renew`: one run prints its new lease; several (or `--all`, `--label`) print an
 /// array of `{"run_id", "deadline_epoch", "lease_s"}`.
 pub fn renew(root: Option<&Path>, args: RenewArgs) -> anyhow::Result<u8> {
+    // The token lives in this process's memory: closed to other processes of its user.
+    let _ = sys::set_non_dumpable();
+    let token = match args.token.as_deref() {
+        Some(t) => Some(LeaseToken::parse(t)?),
+        None => LeaseToken::from_env().transpose()?,
+    };
     let ids = match select::pick(root, &args.select, true)? {
         Picked::One(id) => {
-            let lease = renew_one(root, &id, args.lease)?;
-            println!("{}", serde_json::to_string(&lease)?);
+            let lease = renew_one(root, &id, args.lease, token.as_ref())?;
+            println!("{}", brief(&lease));
             return Ok(exit::OK);
         }
         Picked::Many(ids) => ids,
@@ -39,7 +51,7 @@ pub fn renew(root: Option<&Path>, args: RenewArgs) -> anyhow::Result<u8> {
     let mut code = exit::OK;
     let mut docs = Vec::new();
     for id in &ids {
-        match renew_one(root, id, args.lease) {
+        match renew_one(root, id, args.lease, token.as_ref()) {
             Ok(l) => docs.push(
                 json!({"run_id": id, "deadline_epoch": l.deadline_epoch, "lease_s": l.lease_s}),
             ),
@@ -56,25 +68,31 @@ pub fn renew(root: Option<&Path>, args: RenewArgs) -> anyhow::Result<u8> {
     Ok(code)
 }
 
-/// Renew one run's lease: now + `len` (default: the run's own lease length). The record must
-/// hold the whole identity and name a wrapper the kernel confirms (or none alive); the
-/// wrapper's wake-up is journalled.
-fn renew_one(root: Option<&Path>, run_id: &str, len: Option<Duration>) -> anyhow::Result<Lease> {
+/// What `renew` prints of a lease: its deadline and length (the signature is the run dir's).
+fn brief(l: &Lease) -> String {
+    json!({"deadline_epoch": l.deadline_epoch, "lease_s": l.lease_s}).to_string()
+}
+
+/// Renew one run's lease: now + `len` (default: the run's own lease length), signed with
+/// `token`. The run must be active with a live wrapper (found by the kernel: the holder of the
+/// run's lock); the wrapper's wake-up is journalled.
+fn renew_one(
+    root: Option<&Path>,
+    run_id: &str,
+    len: Option<Duration>,
+    token: Option<&LeaseToken>,
+) -> anyhow::Result<Lease> {
     let dir = open_run(root, run_id)?;
-    let journal = dir.journal("renew")?;
+    let journal = dir.journal("renew");
     let refuse = |why: String| -> anyhow::Result<Lease> {
-        let _ = journal.event("refused", json!({"why": why}));
+        let _ = journal.event("renew_refused", json!({"why": why}));
         fail(
             exit::NOPERM,
             format!("refusing to renew run {}: {why}", dir.id()),
         )
     };
-    let st = match dir.read_status() {
-        Ok(st) => st,
-        Err(e @ Error::Corrupt { .. }) => return refuse(e.to_string()),
-        Err(_) => read_record(&dir)?,
-    };
-    if st.state.is_final() {
+    let look = Look::take(&dir);
+    if let Some(st) = look.believed() {
         return fail(
             exit::NO_SUCH_RUN,
             format!(
@@ -84,21 +102,40 @@ fn renew_one(root: Option<&Path>, run_id: &str, len: Option<Duration>) -> anyhow
             ),
         );
     }
-    if let Err(e) = check_record(&st) {
-        return refuse(e.to_string());
-    }
-    // Confirm the wrapper before anything changes: a record that names a process the kernel
-    // says is not the wrapper is refused whole.
-    let wrapper = match live_wrapper(&dir, &st) {
-        Wrapper::Alive(w) => Some(w),
-        Wrapper::Mismatch(why) => return refuse(why),
-        Wrapper::Gone => None,
+    let Some(wrapper) = look.wrapper() else {
+        return fail(
+            exit::NO_SUCH_RUN,
+            format!(
+                "run {}'s wrapper is gone: its lease cannot be renewed, and the watchdog stops it at its deadline",
+                dir.id()
+            ),
+        );
+    };
+    // The record keeps the token's hash: a wrong or missing token is refused before anything
+    // changes. (A record the workload rewrote can name another hash; the wrapper checks the
+    // signature with the token it holds, so that renews nothing.)
+    let want = look
+        .record
+        .as_ref()
+        .ok()
+        .and_then(|st| st.lease_token_sha256.clone());
+    let token = match (token, &want) {
+        (Some(t), Some(h)) if t.sha256() != *h => {
+            return refuse("the lease token does not match the run's".into())
+        }
+        (None, Some(_)) => return refuse(
+            "no lease token: give the one start handed out, with --token or AGENT_RUN_LEASE_TOKEN"
+                .into(),
+        ),
+        (t, _) => t,
     };
     let len = match len {
         Some(d) => d,
-        None => match dir.read_lease()? {
-            Some(l) => Duration::from_secs_f64(l.lease_s),
-            None => {
+        None => match dir.read_lease().ok().flatten() {
+            Some(l) if l.lease_s.is_finite() && l.lease_s > 0.0 => {
+                Duration::from_secs_f64(l.lease_s.min(1e9))
+            }
+            _ => {
                 return fail(
                     exit::USAGE,
                     format!(
@@ -109,16 +146,22 @@ fn renew_one(root: Option<&Path>, run_id: &str, len: Option<Duration>) -> anyhow
             }
         },
     };
-    let lease = Lease::from_now(len);
+    let mut lease = Lease::from_now(len);
+    if let Some(t) = token {
+        lease = lease.sign(dir.id().as_str(), t);
+    }
     dir.write_lease(&lease)?;
     let _ = journal.event(
         "renew",
         json!({"deadline_epoch": lease.deadline_epoch, "lease_s": lease.lease_s}),
     );
-    // Wake the wrapper so a shortened lease is enforced on time (it re-reads lease.json),
-    // journalled like every signal.
-    if let Some(w) = &wrapper {
-        let _ = signal_wrapper(w, Sig::Usr1, "renew", Some("re-read lease.json"), &journal);
-    }
+    // Wake the wrapper so the new lease is taken (or a shortened one enforced) at once.
+    let _ = signal_wrapper(
+        wrapper,
+        Sig::Usr1,
+        "renew",
+        Some("re-read lease.json"),
+        &journal,
+    );
     Ok(lease)
 }

@@ -11,7 +11,7 @@ use agent_run_shared::record::{State, Status};
 use agent_run_shared::root::{resolve_root, Root};
 use agent_run_shared::run_dir::RunDir;
 use agent_run_shared::sys::Inotify;
-use agent_run_shared::wrapper::{live_wrapper, Wrapper};
+use agent_run_shared::verdict::{Look, Shared};
 use agent_run_shared::Error;
 use serde_json::{json, Value};
 use std::path::Path;
@@ -65,16 +65,32 @@ pub fn read_record_waiting(dir: &RunDir, timeout: Duration) -> anyhow::Result<St
     }
 }
 
-/// Block until the record is final (or `timeout`: exit 75 naming the state).
+/// The run's final record, when the kernel agrees that the run is over ([`Look::believed`]);
+/// `None` while it goes on. 69 when the run has no record and nothing of it is held (no
+/// wrapper, no process in its cgroup): a run dir without a run.
+pub fn believed_final(dir: &RunDir) -> anyhow::Result<Option<Status>> {
+    let look = Look::take(dir);
+    if let Some(st) = look.believed() {
+        return Ok(Some(st.clone()));
+    }
+    match &look.record {
+        Err(Error::Missing { path }) if look.nothing_holds_it() => fail(
+            exit::NO_SUCH_RUN,
+            format!("{} does not exist: the run has no record", path.display()),
+        ),
+        _ => Ok(None),
+    }
+}
+
+/// Block until the run is over by the kernel's account and its record final (or `timeout`:
+/// exit 75 naming the state). A final record the kernel contradicts (the workload wrote it) is
+/// not the end: the wrapper's own record, or a cancel's or the watchdog's repair, is.
 pub fn wait_final(dir: &RunDir, timeout: Option<Duration>) -> anyhow::Result<Status> {
     let ino = Inotify::new()?;
     ino.add_watch(dir.path(), Inotify::CHANGED)?;
     let deadline = timeout.map(|t| Instant::now() + t);
     loop {
-        let st = read_record(dir)?;
-        // A final record that the run's cgroup contradicts (the workload wrote it) is not the
-        // end: the wrapper's own record, or the watchdog's or a cancel's repair, is.
-        if st.state.is_final() && dir.contradicting_cgroup(&st, None).is_none() {
+        if let Some(st) = believed_final(dir)? {
             return Ok(st);
         }
         let step = Duration::from_millis(500);
@@ -82,14 +98,15 @@ pub fn wait_final(dir: &RunDir, timeout: Option<Duration>) -> anyhow::Result<Sta
             Some(d) => {
                 let now = Instant::now();
                 if now >= d {
+                    let look = Look::take(dir);
+                    let state = match &look.record {
+                        Ok(st) => st.state.as_str().to_string(),
+                        Err(e) => format!("without a readable record ({e})"),
+                    };
+                    let why = look.doubt().map(|d| d.note()).unwrap_or("waiting".into());
                     return fail(
                         exit::TEMPFAIL,
-                        format!(
-                            "run {} is still {} ({})",
-                            st.run_id,
-                            st.state.as_str(),
-                            note(dir, &st).unwrap_or("waiting")
-                        ),
+                        format!("run {} is still {state} ({why})", dir.id()),
                     );
                 }
                 step.min(d - now)
@@ -100,56 +117,82 @@ pub fn wait_final(dir: &RunDir, timeout: Option<Duration>) -> anyhow::Result<Sta
     }
 }
 
-/// What a record cannot say by itself: whether its wrapper still lives, whether the host rebooted.
-pub fn note(dir: &RunDir, st: &Status) -> Option<&'static str> {
-    if st.state.is_final() {
-        return dir
-            .contradicting_cgroup(st, Some(run_cgroups()))
-            .map(|_| CONTRADICTED);
-    }
-    if st.boot_id != procfs::boot_id() {
-        return Some("host rebooted");
-    }
-    match live_wrapper(dir, st) {
-        // Whether the wrapper is stopping is a kernel fact (its signal mask, which it sets
-        // before it writes `cancelling`); the record's word is the run's to write.
-        Wrapper::Alive(w) => match (st.state, procfs::marks_stopping(w.pid())) {
-            (State::Cancelling, false) => Some(NOT_STOPPING),
-            (State::Starting | State::Running, true) => Some(STOPPING),
-            _ => None,
-        },
-        Wrapper::Gone => Some("wrapper gone, not reconciled"),
-        Wrapper::Mismatch(_) => Some("record names a process that is not its wrapper"),
-    }
+/// What a record cannot say by itself: whether its wrapper still lives, whether the kernel
+/// contradicts a final record, whether the host rebooted, whether a live wrapper is stopping.
+pub fn note(dir: &RunDir, st: &Status) -> Option<String> {
+    note_of(&look_with(dir, st))
 }
 
-/// The note on a final record whose run's cgroup still holds processes.
-pub const CONTRADICTED: &str = "but its cgroup holds processes: the record was rewritten";
+/// A look at a run whose record the caller read, sharing /proc/locks and the cgroup walk
+/// across every run this process looks at (`list` asks for each).
+pub fn look_with(dir: &RunDir, st: &Status) -> Look {
+    let shared = Shared {
+        locks: Some(lock_table()),
+        cgroups: Some(run_cgroups()),
+        cgroup: None,
+    };
+    Look::take_with(dir, Ok(st.clone()), &shared)
+}
+
+/// The note of a look (see [`note`]).
+pub fn note_of(look: &Look) -> Option<String> {
+    let st = look.record.as_ref().ok()?;
+    if !st.state.is_final() && st.boot_id != procfs::boot_id() {
+        return Some("host rebooted".into());
+    }
+    if let Some(w) = look.wrapper().filter(|_| !st.state.is_final()) {
+        // Whether the wrapper is stopping is a kernel fact (its signal mask, which it sets
+        // before it writes `cancelling`); the record's word is the run's to write.
+        return match (st.state, procfs::marks_stopping(w.pid())) {
+            (State::Cancelling, false) => Some(NOT_STOPPING.into()),
+            (State::Starting | State::Running, true) => Some(STOPPING.into()),
+            _ => None,
+        };
+    }
+    look.doubt().map(|d| d.note())
+}
+
 /// The note on a `cancelling` record whose live wrapper is not stopping the run.
 pub const NOT_STOPPING: &str = "but its wrapper is not stopping the run: the record was rewritten";
 /// The note on a `running` record whose live wrapper is stopping the run.
 pub const STOPPING: &str = "its wrapper is stopping the run";
 
 /// The run cgroups on the cgroup2 mount, walked once per process (`list` asks for every run).
-fn run_cgroups() -> &'static std::collections::HashMap<String, std::path::PathBuf> {
-    static WALK: std::sync::OnceLock<std::collections::HashMap<String, std::path::PathBuf>> =
+fn run_cgroups() -> &'static agent_run_shared::cgroup::RunCgroups {
+    static WALK: std::sync::OnceLock<agent_run_shared::cgroup::RunCgroups> =
         std::sync::OnceLock::new();
     WALK.get_or_init(agent_run_shared::cgroup::run_cgroups)
 }
 
+/// /proc/locks, read once per process.
+fn lock_table() -> &'static procfs::LockTable {
+    static LOCKS: std::sync::OnceLock<procfs::LockTable> = std::sync::OnceLock::new();
+    LOCKS.get_or_init(procfs::LockTable::read)
+}
+
 /// The record plus derived fields, as `status --json` and `cancel` print it.
 pub fn record_value(dir: &RunDir, st: &Status) -> Value {
+    let look = Look::take_with(dir, Ok(st.clone()), &Shared::default());
+    record_value_of(dir, st, &look)
+}
+
+/// [`record_value`] from a look already taken.
+pub fn record_value_of(dir: &RunDir, st: &Status, look: &Look) -> Value {
     let mut v = serde_json::to_value(st).expect("a record serializes");
     let lease = dir.read_lease().ok().flatten();
-    let wrapper_alive = !st.state.is_final() && matches!(live_wrapper(dir, st), Wrapper::Alive(_));
     if let Value::Object(m) = &mut v {
         m.insert("run_dir".into(), json!(dir.path()));
         m.insert("final".into(), json!(st.state.is_final()));
-        m.insert("wrapper_alive".into(), json!(wrapper_alive));
-        m.insert("note".into(), json!(note(dir, st)));
+        m.insert(
+            "wrapper_alive".into(),
+            json!(look
+                .wrapper()
+                .is_some_and(|w| !procfs::marks_final(w.pid()))),
+        );
+        m.insert("note".into(), json!(note_of(look)));
         m.insert(
             "lease_deadline_epoch".into(),
-            json!(lease.map(|l| l.deadline_epoch)),
+            json!(lease.as_ref().map(|l| l.deadline_epoch)),
         );
         // A final run has no lease left to count: its deadline is history, not a countdown.
         m.insert(

@@ -23,14 +23,14 @@ use agent_run_shared::cgroup::{self, Parent, RunCgroup};
 use agent_run_shared::exit;
 use agent_run_shared::id::RunId;
 use agent_run_shared::journal::Journal;
-use agent_run_shared::lease::Lease;
+use agent_run_shared::lease::{Lease, LeaseToken, ENV_TOKEN};
 use agent_run_shared::lifecycle::{finalize, transition};
-use agent_run_shared::lock::RunLock;
+use agent_run_shared::lock::{RunLock, Taken};
 use agent_run_shared::pid::{Identity, Pid};
 use agent_run_shared::procset::{discover, Depth, RunScope};
 use agent_run_shared::pty::{self, Pty};
 use agent_run_shared::reap;
-use agent_run_shared::record::{Containment, State, Status};
+use agent_run_shared::record::{Containment, Proof, State, Status};
 use agent_run_shared::root::{resolve_root, Root};
 use agent_run_shared::run_dir::{files, RunDir};
 use agent_run_shared::spec::OnDisconnect;
@@ -102,6 +102,11 @@ struct PendingKeeper {
 
 /// `agent-run start`.
 pub fn start(root: Option<&Path>, mut args: StartArgs) -> anyhow::Result<u8> {
+    // The lease token lives in this process's memory (and the detached wrapper's): closed to
+    // the workload's user, which cannot read a non-dumpable process's memory or environment.
+    let _ = sys::set_non_dumpable();
+    // One of the kernel facts that tell the wrapper from its workload is its name.
+    let _ = sys::set_comm(c"agent-run");
     let id = RunId::parse(&args.run_id)?;
     if args.detach && args.on_disconnect.is_some() {
         return fail(
@@ -169,17 +174,52 @@ pub fn start(root: Option<&Path>, mut args: StartArgs) -> anyhow::Result<u8> {
         }
     }
     crate::phases::mark("root_default");
+    let token = lease_token(&args)?;
     let argv: &[OsString] = &args.command;
     if args.detach {
         // The detached wrapper does everything below, in its own session.
-        return detach_parent(&root, &id, argv, &args);
+        return detach_parent(&root, &id, argv, &args, token.as_ref());
     }
     let Some(dir) = root.create_run_dir(&id)? else {
         return relaunch(&root, &id, argv, args.quiet, args.detached_child);
     };
     fault::point("after_run_dir");
     crate::phases::mark("run_dir");
-    Launch::new(dir, &args, argv, parent)?.run(&args)
+    if let Some(t) = token
+        .as_ref()
+        .filter(|t| t.handed_out && !args.detached_child)
+    {
+        // The first line: the caller renews with it from another connection.
+        human::say(&format!(
+            "run {id}: lease token {} (renew: AGENT_RUN_LEASE_TOKEN=<token> agent-run renew {id})",
+            t.token.expose()
+        ));
+    }
+    Launch::new(dir, &args, argv, parent, token.map(|t| t.token))?.run(&args)
+}
+
+/// A run's lease token, and whether this `start` made it (and so hands it out).
+pub struct Token {
+    pub token: LeaseToken,
+    pub handed_out: bool,
+}
+
+/// The lease token of a run with `--lease`: the caller's (`AGENT_RUN_LEASE_TOKEN`), else a new
+/// one. None without a lease.
+fn lease_token(args: &StartArgs) -> anyhow::Result<Option<Token>> {
+    if args.lease.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(match LeaseToken::from_env() {
+        Some(t) => Token {
+            token: t?,
+            handed_out: false,
+        },
+        None => Token {
+            token: LeaseToken::generate()?,
+            handed_out: true,
+        },
+    }))
 }
 
 struct Launch {
@@ -187,6 +227,9 @@ struct Launch {
     st: Status,
     journal: Journal,
     _lock: RunLock,
+    /// The run's lease token (with `--lease`): it signs the first lease, and the supervision
+    /// takes no lease it cannot verify with it.
+    token: Option<LeaseToken>,
     timings: Timings,
     /// When the workload was spawned (the `--timeout` counts from here).
     started: Option<Instant>,
@@ -231,11 +274,13 @@ impl Launch {
         args: &StartArgs,
         argv: &[OsString],
         parent: Parent,
+        token: Option<LeaseToken>,
     ) -> anyhow::Result<Launch> {
-        // Taken before the first record exists: whoever sees a record and can take the lock
-        // knows the wrapper is gone. Close-on-exec, so the workload never holds it.
-        let lock = dir.lock()?;
-        if !lock.try_lock()? {
+        // Taken before the first record exists, on the run dir and on `lock`: whoever sees a
+        // record and can take the lock knows the wrapper is gone. Close-on-exec, so the
+        // workload never holds it.
+        let lock = dir.lock();
+        if lock.try_lock()? != Taken::Yes {
             return fail(
                 exit::SOFTWARE,
                 "the new run dir is locked by another process",
@@ -259,7 +304,7 @@ impl Launch {
             );
         }
         crate::phases::mark("lost_check");
-        let journal = dir.journal("wrapper")?;
+        let journal = dir.journal("wrapper");
         crate::phases::mark("journal_open");
         let timings = Timings {
             hup_after: args.hup_after,
@@ -287,6 +332,7 @@ impl Launch {
             Pid::this(),
             procfs::stat(Pid::this()).map(|s| s.start_ticks),
         );
+        st.lease_token_sha256 = token.as_ref().map(LeaseToken::sha256);
         st.grace_ms = Some(timings.grace.as_millis() as u64);
         st.hup_after_ms = Some(timings.hup_after.as_millis() as u64);
         crate::phases::mark("record_fields");
@@ -316,6 +362,7 @@ impl Launch {
             st,
             journal,
             _lock: lock,
+            token,
             timings,
             started: None,
             cgroup,
@@ -355,18 +402,19 @@ impl Launch {
         }
         // Every failure from here to the spawn ends in a final `launch_failed` record, never in
         // a `starting` record that only a later cancel or the watchdog could resolve.
-        let prepared = (|| -> anyhow::Result<(Option<f64>, Signals)> {
-            let lease = match args.lease {
-                Some(len) => {
-                    let lease = Lease::from_now(len);
+        let prepared = (|| -> anyhow::Result<(Option<(Lease, LeaseToken)>, Signals)> {
+            let lease = match (args.lease, &self.token) {
+                (Some(len), Some(token)) => {
+                    let lease = Lease::from_now(len).sign(dir.id().as_str(), token);
                     dir.write_lease(&lease)?;
-                    Some(lease.deadline_epoch)
+                    Some((lease, token.clone()))
                 }
-                None => None,
+                _ => None,
             };
             sys::set_child_subreaper().context("cannot become a child subreaper")?;
-            // An inherited mask must not say "stopping" before we are (see sys::mark_stopping).
-            sys::clear_stopping_mark();
+            // An inherited mask must not say "stopping" or "done" before we are (see
+            // sys::mark_stopping, sys::mark_final).
+            sys::clear_marks();
             let signals = Signals::register().context("cannot register signal handlers")?;
             signals
                 .catch_tstp()
@@ -398,7 +446,7 @@ impl Launch {
                     }
                 }
                 let limits = Limits {
-                    lease_deadline,
+                    lease: lease_deadline,
                     timeout: args.timeout.zip(self.started).map(|(t, s)| (s + t, t)),
                     on_disconnect: (!args.detached_child).then(|| args.on_disconnect()),
                 };
@@ -791,7 +839,7 @@ impl Launch {
         let mut env: BTreeMap<OsString, OsString> = std::env::vars_os().collect();
         env.insert(ENV_RUN_ID.into(), self.dir.id().as_str().into());
         env.insert(ENV_RUN_DIR.into(), self.dir.path().as_os_str().to_owned());
-        for name in [fault::ENV, crate::phases::ENV, ENV_PASSED] {
+        for name in [fault::ENV, crate::phases::ENV, ENV_PASSED, ENV_TOKEN] {
             env.remove(std::ffi::OsStr::new(name));
         }
         // -e after ours: the reserved names were refused when the command line was read.
@@ -1009,6 +1057,9 @@ impl Launch {
             human::say(&format!("{e:#}"));
         }
         self.wait_keeper(false);
+        // Said in our signal mask first: a final record is believed while we still live only
+        // with this mark (see sys::mark_final).
+        sys::mark_final();
         if let Err(e) = finalize(
             &self.dir,
             &mut self.st,
@@ -1122,6 +1173,17 @@ impl Launch {
         crate::phases::mark("resources");
         self.wait_keeper(report.as_ref().is_some_and(|r| !r.survivors.is_empty()));
         crate::phases::mark("keeper_wait");
+        if report.is_none() {
+            // Nothing was left when the leader exited: the cgroup said so, or (a subreaper with
+            // no child left but the keeper) the tree did.
+            self.st.proof = Some(match self.cgroup {
+                Some(_) => Proof::CgroupEmpty,
+                None => Proof::TreeWalk,
+            });
+        }
+        // Said in our signal mask first: a final record is believed while we still live only
+        // with this mark (see sys::mark_final).
+        sys::mark_final();
         let written = finalize(
             &dir,
             &mut self.st,
@@ -1333,6 +1395,7 @@ pub fn detach_parent(
     id: &RunId,
     argv: &[OsString],
     args: &StartArgs,
+    token: Option<&Token>,
 ) -> anyhow::Result<u8> {
     let path = root.run_dir_path(id);
     // An existing run needs no wrapper of ours (it would only find the id taken).
@@ -1342,7 +1405,7 @@ pub fn detach_parent(
             dir = Some(d);
             None
         }
-        Err(Error::Missing { .. }) => Some(spawn_detached(root, id, args)?),
+        Err(Error::Missing { .. }) => Some(spawn_detached(root, id, args, token)?),
         Err(e) => return Err(e.into()),
     };
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -1356,14 +1419,16 @@ pub fn detach_parent(
         if let Some(st) = st.filter(|s| s.state != State::Starting) {
             // The id may be an earlier run's (a relaunch, or a launch that raced ours).
             same_command(id, &st, argv)?;
-            let line = json!({
-                "run_id": st.run_id, "run_dir": path, "pid": st.pid, "pgid": st.pgid,
-                "state": st.state.as_str(),
-            });
-            println!("{line}");
             let ours = child
                 .as_ref()
                 .is_some_and(|c| st.wrapper_pid == Some(c.id() as i32));
+            // The token goes to the one who started the run, never to a relaunch's caller.
+            let token = token.filter(|_| ours).map(|t| t.token.expose());
+            let line = json!({
+                "run_id": st.run_id, "run_dir": path, "pid": st.pid, "pgid": st.pgid,
+                "state": st.state.as_str(), "lease_token": token,
+            });
+            println!("{line}");
             if st.state.is_final() {
                 if let (true, Some(e)) = (ours, &st.error) {
                     eprintln!("agent-run: {e}");
@@ -1392,7 +1457,12 @@ pub fn detach_parent(
 }
 
 /// The wrapper of a detached run: this program, in its own session, stdio on /dev/null.
-fn spawn_detached(root: &Root, id: &RunId, args: &StartArgs) -> anyhow::Result<Child> {
+fn spawn_detached(
+    root: &Root,
+    id: &RunId,
+    args: &StartArgs,
+    token: Option<&Token>,
+) -> anyhow::Result<Child> {
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(exe);
     cmd.arg("--root")
@@ -1434,6 +1504,12 @@ fn spawn_detached(root: &Root, id: &RunId, args: &StartArgs) -> anyhow::Result<C
     }
     // The values of -e may be secrets: never on a command line (/proc/PID/cmdline is world
     // readable), but in the environment of our own detached wrapper, which passes them on.
+    // The lease token likewise: in the environment of our detached wrapper, which drops it
+    // from the workload's.
+    match token {
+        Some(t) => cmd.env(ENV_TOKEN, t.token.expose()),
+        None => cmd.env_remove(ENV_TOKEN),
+    };
     if args.env.is_empty() {
         cmd.env_remove(ENV_PASSED);
     } else {

@@ -70,7 +70,7 @@ fn summary(dir: &RunDir, st: &Status, colour: bool) -> String {
         line += &format!(" ({})", human::printable(r));
     }
     if let Some(n) = note(dir, st) {
-        line += &format!(", {n}");
+        line += &format!(", {}", human::printable(&n));
     }
     let mut put = |k: &str, val: String| {
         let _ = writeln!(out, "  {:<12}{}", format!("{k}:"), human::printable(&val));

@@ -15,6 +15,7 @@ use crate::human;
 use crate::ptyio::PtyRun;
 use crate::signals::Signals;
 use agent_run_shared::journal::Journal;
+use agent_run_shared::lease::{Lease, LeaseToken};
 use agent_run_shared::pid::Identity;
 use agent_run_shared::procset::RunScope;
 use agent_run_shared::reap;
@@ -43,8 +44,8 @@ pub enum Outcome {
 
 /// The limits the wrapper enforces itself.
 pub struct Limits {
-    /// The lease deadline the wrapper wrote at launch (epoch seconds), if any.
-    pub lease_deadline: Option<f64>,
+    /// The lease the wrapper wrote at launch, and the run's token, if it has a lease.
+    pub lease: Option<(Lease, LeaseToken)>,
     /// When the `--timeout` expires, and its length.
     pub timeout: Option<(Instant, Duration)>,
     /// The `--on-disconnect` policy of a foreground run; `None` for a detached run.
@@ -109,12 +110,9 @@ pub fn supervise(
     mut pty: Option<&mut PtyRun>,
     beat: &mut LateBeat,
 ) -> Outcome {
-    // The deadline the wrapper wrote at launch, so a lease.json damaged before the first read
-    // still cannot turn the leased run into one that runs forever.
-    let mut lease = LeaseView {
-        last: limits.lease_deadline,
-        complained: false,
-    };
+    // The lease the wrapper wrote at launch, so a lease.json damaged or forged before the
+    // first read still cannot turn the leased run into one that runs forever.
+    let mut lease = limits.lease.clone().map(|(l, t)| LeaseView::new(l, t));
     let mut caller = limits.on_disconnect.map(Caller::watch);
     // The lease is re-read at every wake-up; `renew` sends SIGUSR1 so a shortened lease is seen
     // at once. (Not inotify: closing an inotify instance costs ~10 ms of SRCU grace period on
@@ -122,7 +120,7 @@ pub fn supervise(
     loop {
         let now = Instant::now();
         beat.start_if_due(now);
-        let lease_left = lease.remaining(dir, journal);
+        let lease_left = lease.as_mut().map(|l| l.remaining(dir, journal));
         if lease_left.is_some_and(|l| l <= 0.0) {
             let _ = journal.event("lease_expired", json!({}));
             return Outcome::Stop(Reason::LeaseExpired.into());
@@ -360,35 +358,69 @@ fn leader_exit_json(ws: WaitStatus) -> serde_json::Value {
     }
 }
 
-/// The lease as the wrapper last saw it. lease.json is re-read at every wake-up, so a `renew`
-/// is seen; a lease.json that cannot be read or parsed keeps the last deadline seen (a damaged
-/// file must not turn a leased run into one that runs forever).
-#[derive(Default)]
+/// The lease as the wrapper holds it: the last one it took, signed with the run's token.
+/// lease.json is re-read at every wake-up, so a `renew` is seen. A lease.json that cannot be
+/// read, is not signed with the token, or is older than the last one taken is refused
+/// (journalled `lease_refused`, counted) and the last lease taken put back in its place: a
+/// damaged or forged file never turns a leased run into one that runs on.
 struct LeaseView {
-    last: Option<f64>,
-    complained: bool,
+    taken: Lease,
+    token: LeaseToken,
+    /// The last refused lease.json (its bytes' lease), so one forgery is journalled once.
+    refused: Option<String>,
+    refusals: u64,
 }
 
 impl LeaseView {
-    /// Seconds left on the lease, if the run has one.
-    fn remaining(&mut self, dir: &RunDir, journal: &Journal) -> Option<f64> {
-        match dir.read_lease() {
-            Ok(Some(l)) => {
-                self.last = Some(l.deadline_epoch);
-                self.complained = false;
-            }
-            Ok(None) => {}
-            Err(e) => {
-                if !self.complained {
-                    self.complained = true;
-                    let _ = journal.event(
-                        "lease_unreadable",
-                        json!({"error": e.to_string(), "keeping_deadline": self.last}),
-                    );
-                }
-            }
+    fn new(taken: Lease, token: LeaseToken) -> LeaseView {
+        LeaseView {
+            taken,
+            token,
+            refused: None,
+            refusals: 0,
         }
-        self.last.map(|d| d - agent_run_shared::time::epoch_now())
+    }
+
+    /// Seconds left on the lease.
+    fn remaining(&mut self, dir: &RunDir, journal: &Journal) -> f64 {
+        let read = dir.read_lease();
+        let why = match &read {
+            Ok(Some(l)) if *l == self.taken => None,
+            Ok(Some(l)) if !l.verify(dir.id().as_str(), &self.token) => {
+                Some("not signed with the run's lease token".to_string())
+            }
+            Ok(Some(l)) if l.issued_ns <= self.taken.issued_ns => {
+                Some("older than the lease last taken".to_string())
+            }
+            Ok(Some(l)) => {
+                self.taken = l.clone();
+                self.refused = None;
+                None
+            }
+            Ok(None) => Some("lease.json is gone".to_string()),
+            Err(e) => Some(e.to_string()),
+        };
+        if let Some(why) = why {
+            let seen = format!("{read:?}");
+            if self.refused.as_deref() != Some(seen.as_str()) {
+                self.refused = Some(seen);
+                self.refusals += 1;
+                let offered = read
+                    .as_ref()
+                    .ok()
+                    .and_then(|l| l.as_ref())
+                    .map(|l| l.deadline_epoch);
+                let _ = journal.event(
+                    "lease_refused",
+                    json!({"why": why, "offered_deadline_epoch": offered,
+                           "keeping_deadline_epoch": self.taken.deadline_epoch,
+                           "count": self.refusals}),
+                );
+            }
+            // Put the lease taken back, so the watchdog and `status` read the truth.
+            let _ = dir.write_lease(&self.taken);
+        }
+        self.taken.deadline_epoch - agent_run_shared::time::epoch_now()
     }
 }
 

@@ -1,0 +1,601 @@
+//! Finishing a run from outside: the one routine `cancel`, the watchdog and the output keeper's
+//! stop go through, whatever state the run and its files are in.
+//!
+//! [`finish`] looks at the run ([`Look`]) until it is over by the kernel's account:
+//!
+//! - **A live wrapper** is asked: cancel.json, then TERM through its verified pidfd (CONT and a
+//!   thaw first when it is stopped or frozen). It gets a bounded time to make progress: its
+//!   run's grace + 2 s from the ask ([`Patience::Grace`]), or a second for a wrapper the
+//!   watchdog found already past its deadline ([`Patience::Brief`]). A wrapper still not done then is
+//!   taken over ([`crate::wrapper::kill_wrapper`]: thaw, CONT, KILL), unless it is visibly
+//!   finishing (it is stopping, running, and nothing of its run is left but its output keeper).
+//! - **Nobody holds the run** (its wrapper is gone): the caller takes the lock and stops the run
+//!   through the shared routine ([`finish_orphan`]), and writes its final record once.
+//! - **A party holds it** (another `cancel`, the watchdog): its record is waited for.
+//! - **A squatter holds it** (a process that is not agent-run, on a dead wrapper's lock): the
+//!   caller takes the dir's lock and finishes the run without the file's.
+//!
+//! Nothing a run file says can stop this: a missing or damaged record, journal or lock file is
+//! named ([`Finished::notes`]) and the stop goes on from kernel facts (the cgroup found by name,
+//! the marker). A final record that cannot be written is an error, after the processes were
+//! stopped all the same.
+
+use crate::cgroup::RunCgroup;
+use crate::error::Error;
+use crate::journal::Journal;
+use crate::lifecycle::{finalize, remove_cgroup, timings_of, transition};
+use crate::lock::{RunLock, Taken};
+use crate::pid::Pid;
+use crate::procfs;
+use crate::procset::RunScope;
+use crate::reason::Reason;
+use crate::record::{Containment, ContainmentMode, Proof, State, Status};
+use crate::run_dir::RunDir;
+use crate::stop::{stop_run, Report, Sig, Timings};
+use crate::verdict::{Look, Shared};
+use crate::wrapper::{
+    check_record, kill_wrapper, signal_wrapper, unfreeze_wrapper, Holder, VerifiedWrapper,
+};
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+/// When [`finish`] returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Until {
+    /// With the run's final record, believed.
+    Final,
+    /// Once a live wrapper was signalled by us or is stopping (its signal mask says so); a
+    /// run without a live wrapper is still finished to its final record. The output keeper
+    /// asks this way: the wrapper's final record waits for the keeper.
+    Asked,
+}
+
+/// How long a live wrapper gets to finish what it was asked before it is taken over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Patience {
+    /// The run's grace + [`SLACK`] from the ask.
+    Grace,
+    /// A second ([`BRIEF`]): it is already past every deadline (the watchdog's stuck
+    /// wrapper), and gets only the moment a wrapper that is merely slow needs to write its
+    /// record.
+    Brief,
+}
+
+/// What [`Patience::Brief`] gives.
+pub const BRIEF: Duration = Duration::from_secs(1);
+
+/// What a wrapper gets beyond its grace to show progress.
+pub const SLACK: Duration = Duration::from_secs(2);
+
+/// A request to finish a run.
+#[derive(Debug, Clone, Copy)]
+pub struct Request {
+    /// Who asks (the journal's `by`, cancel.json's `source`).
+    pub by: &'static str,
+    /// Why the run is stopped.
+    pub reason: Reason,
+    pub until: Until,
+    pub patience: Patience,
+    /// Give up (the run not final by then) at this moment.
+    pub deadline: Instant,
+}
+
+/// How [`finish`] ended.
+#[derive(Debug)]
+pub struct Finished {
+    /// The final record; `None` when [`Until::Asked`] returned at the ask.
+    pub record: Option<Status>,
+    /// What was found wrong on the way (a damaged file, a wrapper taken over), for the caller's
+    /// output; each is in the journal too.
+    pub notes: Vec<String>,
+}
+
+/// Why [`finish`] could not end the run.
+#[derive(Debug)]
+pub enum Failure {
+    /// The deadline passed; the run's state then, and why.
+    TimedOut(String),
+    /// The processes were stopped, but the final record could not be written.
+    RecordFailed(String),
+    /// Anything else (an I/O error on the lock, say).
+    Other(Error),
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Failure {
+        Failure::Other(e)
+    }
+}
+
+/// How often the run is looked at again while a party or a live wrapper finishes it: from
+/// [`RECHECK`] doubling up to [`RECHECK_MAX`]. A wrapper's exit wakes the wait at once.
+const RECHECK: Duration = Duration::from_millis(20);
+const RECHECK_MAX: Duration = Duration::from_millis(320);
+
+/// Finish the run in `dir` as `req` asks.
+pub fn finish(dir: &RunDir, req: &Request) -> std::result::Result<Finished, Failure> {
+    let journal = dir.journal(req.by);
+    let mut t = Takeover {
+        dir,
+        req,
+        journal: &journal,
+        lock: dir.lock(),
+        notes: Vec::new(),
+        asked: None,
+        we_signalled: None,
+        took_over: false,
+        cgroup: None,
+        squat_noted: false,
+    };
+    t.note_damage();
+    let mut recheck = RECHECK;
+    loop {
+        let look = t.look();
+        if let Some(st) = look.believed() {
+            return Ok(t.done(Some(st.clone())));
+        }
+        let wait_on = match &look.holder {
+            Holder::Wrapper(w) => match t.live_wrapper(w, &look)? {
+                Step::Done => return Ok(t.done(None)),
+                Step::Again => continue,
+                Step::Wait => Some(w),
+            },
+            Holder::Nobody => {
+                if let Some(st) = t.orphan(look, false)? {
+                    return Ok(t.done(Some(st)));
+                }
+                None
+            }
+            Holder::Squatter(pids) => {
+                if !t.squat_noted {
+                    t.squat_noted = true;
+                    let _ = journal.event("lock_squatted", json!({"holders": pid_list(pids)}));
+                    t.notes.push(format!(
+                        "the run's lock is squatted by pid {}; finishing the run without it",
+                        pid_list(pids).join(", ")
+                    ));
+                }
+                if let Some(st) = t.orphan(look, true)? {
+                    return Ok(t.done(Some(st)));
+                }
+                None
+            }
+            // Another canceller or the watchdog is finishing the run: its record is the answer.
+            Holder::Party(_) => None,
+        };
+        let now = Instant::now();
+        if now >= req.deadline {
+            return Err(Failure::TimedOut(t.timed_out()));
+        }
+        wait_for(wait_on, (req.deadline - now).min(recheck));
+        recheck = (recheck * 2).min(RECHECK_MAX);
+    }
+}
+
+/// What to do after a look at a live wrapper.
+enum Step {
+    /// [`Until::Asked`] is satisfied.
+    Done,
+    /// Look again at once (the wrapper was just taken over).
+    Again,
+    /// Wait for the wrapper's exit or the next look.
+    Wait,
+}
+
+struct Takeover<'a> {
+    dir: &'a RunDir,
+    req: &'a Request,
+    journal: &'a Journal,
+    lock: RunLock,
+    notes: Vec<String>,
+    /// When the live wrapper was first asked (by us, or found stopping).
+    asked: Option<Instant>,
+    /// When we last signalled it.
+    we_signalled: Option<Instant>,
+    /// The live wrapper was taken over: the run's grace was spent waiting for it.
+    took_over: bool,
+    /// The run's cgroup, once found (it does not move).
+    cgroup: Option<RunCgroup>,
+    squat_noted: bool,
+}
+
+impl Takeover<'_> {
+    fn look(&mut self) -> Look {
+        let known = self.cgroup.as_ref().map(|c| c.path().to_path_buf());
+        let shared = Shared {
+            cgroup: known.as_deref(),
+            ..Shared::default()
+        };
+        let look = Look::take_with(self.dir, self.dir.read_status(), &shared);
+        if self.cgroup.is_none() {
+            self.cgroup = look.cgroup.clone();
+        }
+        look
+    }
+
+    /// Say once what the run dir's files made us work around.
+    fn note_damage(&mut self) {
+        let mut found: Vec<String> = self.lock.damage.clone();
+        found.extend(self.dir.repaired().map(str::to_string));
+        if let Some(why) = self.journal.broken() {
+            found.push(format!("the journal writes nothing: {why}"));
+        }
+        for what in found {
+            let _ = self.journal.event("damaged", json!({"what": what}));
+            self.notes.push(what);
+        }
+    }
+
+    fn done(self, record: Option<Status>) -> Finished {
+        Finished {
+            record,
+            notes: self.notes,
+        }
+    }
+
+    /// Ask a live wrapper, give it its time, and take it over when that is spent.
+    fn live_wrapper(
+        &mut self,
+        w: &VerifiedWrapper,
+        look: &Look,
+    ) -> std::result::Result<Step, Failure> {
+        let reason = self.req.reason.as_str();
+        let stopping = procfs::marks_stopping(w.pid());
+        if stopping && self.asked.is_none() {
+            self.asked = Some(Instant::now());
+        }
+        // Exactly one caller signals: a second TERM would cut the grace short. A cancel.json
+        // that was there (another caller's, or planted by the run) is not a stop: a second
+        // later, a wrapper still not stopping by its signal mask is signalled anyway.
+        let stale = self
+            .we_signalled
+            .or(self.asked)
+            .is_some_and(|t| t.elapsed() > Duration::from_secs(1))
+            && !stopping;
+        let mut signalled = false;
+        if self.we_signalled.is_none() || stale {
+            let created = self
+                .dir
+                .request_cancel(self.req.by, &reason)
+                .unwrap_or_else(|e| {
+                    self.notes
+                        .push(format!("{e}; signalling the wrapper without it"));
+                    true
+                });
+            if created || stale || self.asked.is_some() {
+                unfreeze_wrapper(w, &reason, self.journal);
+                if let Err(e) = signal_wrapper(w, Sig::Term, &reason, None, self.journal) {
+                    self.notes.push(e.to_string());
+                }
+                signalled = true;
+            }
+            self.we_signalled = Some(Instant::now());
+            self.asked.get_or_insert_with(Instant::now);
+        }
+        if self.req.until == Until::Asked && (signalled || stopping) {
+            return Ok(Step::Done);
+        }
+        let patience = match self.req.patience {
+            Patience::Grace => timings_of_look(look).grace + SLACK,
+            Patience::Brief => BRIEF,
+        };
+        let asked = self.asked.unwrap_or_else(Instant::now);
+        if asked.elapsed() < patience || finishing(w, look) {
+            return Ok(Step::Wait);
+        }
+        // No progress in its time: the wrapper is stopped, frozen, wedged or lying. End it; the
+        // run is then nobody's, and the next look finishes it.
+        let why = if stopping {
+            "the wrapper did not finish its stop in its grace + 2 s"
+        } else {
+            "the wrapper did not start its stop in its grace + 2 s"
+        };
+        let _ = self.journal.event(
+            "takeover",
+            json!({"why": why, "wrapper_pid": w.pid().get(), "reason": &*reason}),
+        );
+        self.notes.push(format!(
+            "{why}: killed it (pid {}) and stopped the run",
+            w.pid()
+        ));
+        self.took_over = true;
+        if !kill_wrapper(w, &reason, self.journal, Duration::from_secs(2)) {
+            return Ok(Step::Wait);
+        }
+        Ok(Step::Again)
+    }
+
+    /// The run's wrapper is gone: take the lock (the dir's alone when `squatted`) and finish
+    /// the run. `None` when someone else took it first.
+    fn orphan(
+        &mut self,
+        look: Look,
+        squatted: bool,
+    ) -> std::result::Result<Option<Status>, Failure> {
+        let ours = if squatted {
+            self.lock.lock_dir_only()?
+        } else {
+            match self.lock.try_lock()? {
+                Taken::Yes => true,
+                // `lock` is held while the dir's was free: its holder is looked at again.
+                Taken::Dir | Taken::File => false,
+            }
+        };
+        if !ours {
+            return Ok(None);
+        }
+        let how = if self.took_over {
+            "the wrapper was taken over"
+        } else if squatted {
+            "the wrapper is gone; its lock is squatted"
+        } else {
+            "the wrapper is gone"
+        };
+        finish_orphan(
+            self.dir,
+            look,
+            self.req.by,
+            self.req.reason,
+            how,
+            self.took_over,
+            self.journal,
+        )
+        .map(Some)
+    }
+
+    /// What `finish` says when its deadline passes.
+    fn timed_out(&self) -> String {
+        let state = self
+            .dir
+            .read_status()
+            .map(|st| st.state.as_str().to_string())
+            .unwrap_or_else(|e| format!("without a readable record ({e})"));
+        format!("run {} is still {state}", self.dir.id())
+    }
+}
+
+/// A wrapper is finishing (not to be taken over yet) while it is stopping, runs (not stopped,
+/// not frozen), and nothing of its run is left: its cgroup is empty, and its only live child is
+/// its output keeper. It is then waiting for the keeper's counts, or writing its record.
+fn finishing(w: &VerifiedWrapper, look: &Look) -> bool {
+    if !procfs::marks_stopping(w.pid()) || procfs::stopped_or_stopping(w.pid()) || look.populated {
+        return false;
+    }
+    let frozen = procfs::cgroup_of(w.pid())
+        .and_then(|rel| crate::cgroup::mount().map(|m| m.join(rel.trim_start_matches('/'))))
+        .is_some_and(|cg| {
+            procfs::read_kernel_file(cg.join("cgroup.events"))
+                .is_ok_and(|e| e.lines().any(|l| l.trim() == "frozen 1"))
+        });
+    !frozen
+        && procfs::children_of(w.pid()).into_iter().all(|c| {
+            procfs::stat(c).is_none_or(|s| s.is_dead())
+                || procfs::comm(c).as_deref() == Some("agent-run-keep")
+        })
+}
+
+/// The stop timings of the run a look saw (the defaults when its record cannot be read).
+fn timings_of_look(look: &Look) -> Timings {
+    look.record.as_ref().map(timings_of).unwrap_or_default()
+}
+
+/// Wait for a wrapper's exit, or `timeout`.
+fn wait_for(w: Option<&VerifiedWrapper>, timeout: Duration) {
+    use std::os::fd::AsRawFd;
+    let mut fds: Vec<crate::sys::PollFd> = w
+        .map(|w| crate::sys::PollFd {
+            fd: w.fd().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .into_iter()
+        .collect();
+    let _ = crate::sys::poll(&mut fds, Some(timeout));
+}
+
+fn pid_list(p: &[Pid]) -> Vec<String> {
+    p.iter().map(|p| p.to_string()).collect()
+}
+
+/// With the run's lock held (or its dir's, against a squatter) and its wrapper gone: stop
+/// whatever of the run remains through the shared routine and write the final record once.
+///
+/// The record informs and the kernel decides: the run's cgroup is the one found by name (a
+/// record that names another, or none, or says procfs, changes nothing), and a record that is
+/// missing or damaged is written anew from what is known. The final word:
+///
+/// - processes were found and stopped, and the run's cgroup is empty: `cancelled`, with
+///   `reason` (proof `cgroup_empty`);
+/// - processes were found and stopped by /proc scans alone: `unknown`, reason `unprovable`
+///   (a process of the run that left its session and cleared its environment cannot be found
+///   once the wrapper is gone);
+/// - nothing of the run was found: `unknown`, reason `wrapper_lost`;
+/// - something survived: `unknown`, reason `survivors`.
+///
+/// `after_takeover`: the live wrapper had the run's grace and did nothing with it, so the
+/// processes get TERM and, at once, KILL.
+pub fn finish_orphan(
+    dir: &RunDir,
+    look: Look,
+    by: &str,
+    reason: Reason,
+    how: &str,
+    after_takeover: bool,
+    journal: &Journal,
+) -> std::result::Result<Status, Failure> {
+    // Under the lock: what the record says now is what is finished.
+    let record = dir.read_status();
+    let mut st = match record {
+        Ok(st) if st.state.is_final() => {
+            if !look.populated {
+                return Ok(st);
+            }
+            let _ = journal.event(
+                "record_contradicted",
+                json!({"recorded_state": st.state.as_str(), "recorded_reason": st.reason,
+                       "cgroup": look.cgroup.as_ref().map(|c| c.path()),
+                       "why": "the record says the run is over, but its cgroup holds processes"}),
+            );
+            reopened(st)
+        }
+        Ok(st) => st,
+        Err(e)
+            if crate::verdict::is_missing(&e)
+                && look.nothing_holds_it()
+                && look.cgroup.is_none() =>
+        {
+            // No record and nothing of the run: a launch that died before its first record.
+            return crate::lifecycle::record_lost_launch(dir, journal)
+                .map_err(|e| Failure::RecordFailed(e.to_string()));
+        }
+        Err(e) => {
+            let _ = journal.event("record_damaged", json!({"error": e.to_string()}));
+            let mut st = Status::blank(dir.id().as_str());
+            st.state = State::Running;
+            st.error = Some(format!("the run's record was lost ({e}); written anew"));
+            st
+        }
+    };
+    // The cgroup found by name decides the mode, whatever the record says.
+    match &look.cgroup {
+        Some(cg) => st.containment = Some(Containment::cgroup(cg.path())),
+        None => {
+            if st
+                .containment
+                .as_ref()
+                .is_some_and(|c| c.mode == ContainmentMode::Cgroup)
+            {
+                // The record names a cgroup that is not there (removed, or never the run's):
+                // the run is held by what /proc shows.
+                st.containment = Some(Containment::procfs());
+            }
+        }
+    }
+    let _ = dir.request_cancel(by, &reason.as_str());
+    let _ = journal.event(
+        "takeover",
+        json!({"why": how, "reason": &*reason.as_str(), "state": st.state.as_str()}),
+    );
+    let scope = scope_of(dir, &st, look.cgroup.clone(), journal);
+    if st.state != State::Cancelling {
+        // A record that cannot be written (a full disk, a dir made read-only) never keeps
+        // the processes alive.
+        let _ = transition(
+            dir,
+            &mut st,
+            State::Cancelling,
+            Some(&reason.as_str()),
+            Some(journal),
+        );
+    }
+    let mut timings = timings_of(&st);
+    if after_takeover {
+        timings.hup_after = Duration::ZERO;
+        timings.grace = Duration::ZERO;
+    }
+    let report = match &scope {
+        Some(scope) => stop_run(scope, &timings, &reason.as_str(), Some(journal), None),
+        None => Report::default(),
+    };
+    let (state, why) = final_word(&report, reason);
+    st.exit_code = None;
+    st.term_signal = None;
+    if let Some(cg) = &look.cgroup {
+        st.resources = Some(cg.resources());
+    }
+    finalize(
+        dir,
+        &mut st,
+        state,
+        Some(&why.as_str()),
+        Some(&report),
+        Some(journal),
+    )
+    .map_err(|e| {
+        Failure::RecordFailed(format!(
+            "the run's processes were stopped, but its final record could not be written: {e}"
+        ))
+    })?;
+    if let Some(cg) = &look.cgroup {
+        remove_cgroup(cg, journal);
+    }
+    Ok(st)
+}
+
+/// The final state and reason of a run stopped without its wrapper (see [`finish_orphan`]).
+fn final_word(report: &Report, reason: Reason) -> (State, Reason) {
+    if report.signalled.is_empty() && report.survivors.is_empty() {
+        return (State::Unknown, Reason::WrapperLost);
+    }
+    match report.proof {
+        Some(Proof::CgroupEmpty) | Some(Proof::TreeWalk) => (State::Cancelled, reason),
+        Some(Proof::Unprovable) => (State::Unknown, Reason::Unprovable),
+        // Survivors: finalize says `unknown`, `survivors`.
+        None => (State::Cancelled, reason),
+    }
+}
+
+/// A final record the run's cgroup contradicts, back to `running` (the processes are stopped
+/// as an orphan's).
+fn reopened(mut st: Status) -> Status {
+    st.state = State::Running;
+    st.reason = None;
+    st.exit_code = None;
+    st.term_signal = None;
+    st.ended_at = None;
+    st.cleanup = None;
+    st.proof = None;
+    st
+}
+
+/// The scope of a stop without the wrapper: the cgroup found by name; the record's leader
+/// only when its identity holds ([`check_record`]), else the marker alone, from the run dir's
+/// birth. `None` when nothing describes the run (no cgroup, no leader, no wrapper recorded).
+fn scope_of(
+    dir: &RunDir,
+    st: &Status,
+    cgroup: Option<RunCgroup>,
+    journal: &Journal,
+) -> Option<RunScope> {
+    if let Err(e) = check_record(st) {
+        let _ = journal.event(
+            "record_unusable",
+            json!({"why": e.to_string(), "using": "the run's cgroup and marker only"}),
+        );
+        let mut blind = st.clone();
+        blind.pid = None;
+        blind.pgid = None;
+        blind.sid = None;
+        blind.start_ticks = None;
+        return scope_without_leader(dir, &blind, cgroup);
+    }
+    match dir.scope_held(st, None, cgroup.clone()) {
+        Some(scope) => Some(scope),
+        None => scope_without_leader(dir, st, cgroup),
+    }
+}
+
+/// A scope for a run whose record names no usable leader or wrapper: the cgroup, and every
+/// process carrying the run's marker that started after its dir was made.
+fn scope_without_leader(dir: &RunDir, st: &Status, cgroup: Option<RunCgroup>) -> Option<RunScope> {
+    let born = dir
+        .born()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| procfs::epoch_to_ticks(d.as_secs_f64()).saturating_sub(2));
+    // The dir's birth stands in for the wrapper: the marker decides, from then on.
+    let leader = crate::pid::Identity {
+        pid: Pid::this(),
+        start_ticks: born.unwrap_or(0),
+    };
+    Some(RunScope {
+        run_id: st.run_id.clone(),
+        leader,
+        uid: crate::sys::geteuid(),
+        wrapper: None,
+        run_dir: Some(dir.identity()),
+        marker_only: true,
+        floor_ticks: leader.start_ticks,
+        cgroup,
+        exclude: Vec::new(),
+    })
+}
