@@ -83,6 +83,19 @@ impl RunDir {
 }
 
 impl RunLock {
+    /// Take the lock for a launch: as [`RunLock::try_lock`], again for up to 100 ms while it
+    /// is held (another party's look, [`RunDir::lock_held`], holds it for microseconds).
+    pub fn lock_new(&self) -> Result<Taken> {
+        let until = std::time::Instant::now() + std::time::Duration::from_millis(100);
+        loop {
+            match self.try_lock()? {
+                Taken::Yes => return Ok(Taken::Yes),
+                held if std::time::Instant::now() >= until => return Ok(held),
+                _ => std::thread::sleep(std::time::Duration::from_micros(200)),
+            }
+        }
+    }
+
     /// Take the lock without blocking: the dir's, then `lock`'s (when the file is usable).
     pub fn try_lock(&self) -> Result<Taken> {
         let Some(dir) = &self.dir else {
@@ -155,6 +168,34 @@ impl LockIds {
 }
 
 impl RunDir {
+    /// Whether anyone holds the run's lock, asked of the kernel the cheap way: take it without
+    /// blocking (the dir's, then `lock`'s when it is a regular file) and let it go at once.
+    /// `Some(false)`: nobody held it. `Some(true)`: someone does (then only /proc/locks says
+    /// who: [`LockIds::holders`]). `None`: the dir could not be opened to ask.
+    ///
+    /// Why not /proc/locks every time: each read of it takes the kernel's file-lock rwsem for
+    /// writing, which waits for an RCU grace period (5 to 20 ms here): a watchdog acting on a
+    /// deadline, or `wait` looking twice a second, would pay that on every look.
+    pub fn lock_held(&self) -> Option<bool> {
+        let dir = self.open_self().ok()?;
+        if !lock(&dir).ok()? {
+            return Some(true);
+        }
+        let file_held = match self.open_run_file(files::LOCK) {
+            Ok((f, _)) => match lock(&f) {
+                Ok(true) => {
+                    let _ = sys::unlock(f.as_fd());
+                    false
+                }
+                Ok(false) => true,
+                Err(_) => false,
+            },
+            Err(_) => false,
+        };
+        let _ = sys::unlock(dir.as_fd());
+        Some(file_held)
+    }
+
     /// The inodes of the run's lock without opening anything: the dir's, and `lock`'s by
     /// `lstat` (none when it is not a regular file).
     pub fn lock_ids(&self) -> LockIds {

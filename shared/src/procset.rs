@@ -51,8 +51,11 @@ pub struct RunScope {
 
 impl RunScope {
     /// The lowest pid a member can have when a scan may skip the older pids
-    /// ([`procfs::only_newer_pids`]): every member started after the leader.
+    /// ([`procfs::only_newer_pids`]): every member started after the leader. Only while the
+    /// kernel shows the leader's pid with the leader's start time: a pid a record names is a
+    /// claim, and a high one made up would shield every older pid from the scan.
     pub fn newer_than(&self) -> Option<i32> {
+        procfs::stat(self.leader.pid).filter(|s| s.start_ticks == self.leader.start_ticks)?;
         procfs::only_newer_pids(Identity {
             pid: self.leader.pid,
             start_ticks: self.floor_ticks.min(self.leader.start_ticks),

@@ -123,6 +123,7 @@ pub fn finish(dir: &RunDir, req: &Request) -> std::result::Result<Finished, Fail
         notes: Vec::new(),
         asked: None,
         we_signalled: None,
+        requested: false,
         took_over: false,
         cgroup: None,
         squat_noted: false,
@@ -188,10 +189,13 @@ struct Takeover<'a> {
     journal: &'a Journal,
     lock: RunLock,
     notes: Vec<String>,
-    /// When the live wrapper was first asked (by us, or found stopping).
+    /// When we first found the live wrapper (the ask, or found stopping): its time to finish
+    /// counts from here.
     asked: Option<Instant>,
     /// When we last signalled it.
     we_signalled: Option<Instant>,
+    /// Whether we tried to create cancel.json (once).
+    requested: bool,
     /// The live wrapper was taken over: the run's grace was spent waiting for it.
     took_over: bool,
     /// The run's cgroup, once found (it does not move).
@@ -216,6 +220,10 @@ impl Takeover<'_> {
     /// Say once what the run dir's files made us work around.
     fn note_damage(&mut self) {
         let mut found: Vec<String> = self.lock.damage.clone();
+        match self.dir.read_status() {
+            Ok(_) | Err(Error::Missing { .. }) => {}
+            Err(e) => found.push(format!("{e}; going by the kernel's facts")),
+        }
         found.extend(self.dir.repaired().map(str::to_string));
         if let Some(why) = self.journal.broken() {
             found.push(format!("the journal writes nothing: {why}"));
@@ -240,37 +248,38 @@ impl Takeover<'_> {
         look: &Look,
     ) -> std::result::Result<Step, Failure> {
         let reason = self.req.reason.as_str();
+        let now = Instant::now();
+        // Whether the wrapper is stopping is a kernel fact (its signal mask), never the
+        // record's word: then it is never signalled again (a second TERM would cut its grace
+        // short).
         let stopping = procfs::marks_stopping(w.pid());
-        if stopping && self.asked.is_none() {
-            self.asked = Some(Instant::now());
-        }
-        // Exactly one caller signals: a second TERM would cut the grace short. A cancel.json
-        // that was there (another caller's, or planted by the run) is not a stop: a second
-        // later, a wrapper still not stopping by its signal mask is signalled anyway.
-        let stale = self
-            .we_signalled
-            .or(self.asked)
-            .is_some_and(|t| t.elapsed() > Duration::from_secs(1))
-            && !stopping;
+        let first = *self.asked.get_or_insert(now);
         let mut signalled = false;
-        if self.we_signalled.is_none() || stale {
-            let created = self
-                .dir
-                .request_cancel(self.req.by, &reason)
-                .unwrap_or_else(|e| {
-                    self.notes
-                        .push(format!("{e}; signalling the wrapper without it"));
-                    true
-                });
-            if created || stale || self.asked.is_some() {
+        if !stopping {
+            // Exactly one caller signals: the one that creates cancel.json. A cancel.json that
+            // was there (another caller's, or planted by the run) is not a stop: a wrapper still
+            // not stopping a second after our first look (or our last TERM) is signalled anyway.
+            let created = self.we_signalled.is_none()
+                && !self.requested
+                && self
+                    .dir
+                    .request_cancel(self.req.by, &reason)
+                    .unwrap_or_else(|e| {
+                        self.notes
+                            .push(format!("{e}; signalling the wrapper without it"));
+                        true
+                    });
+            self.requested = true;
+            let since = self.we_signalled.unwrap_or(first);
+            let stale = now.duration_since(since) > Duration::from_secs(1);
+            if created || stale {
                 unfreeze_wrapper(w, &reason, self.journal);
                 if let Err(e) = signal_wrapper(w, Sig::Term, &reason, None, self.journal) {
                     self.notes.push(e.to_string());
                 }
+                self.we_signalled = Some(now);
                 signalled = true;
             }
-            self.we_signalled = Some(Instant::now());
-            self.asked.get_or_insert_with(Instant::now);
         }
         if self.req.until == Until::Asked && (signalled || stopping) {
             return Ok(Step::Done);
@@ -279,8 +288,7 @@ impl Takeover<'_> {
             Patience::Grace => timings_of_look(look).grace + SLACK,
             Patience::Brief => BRIEF,
         };
-        let asked = self.asked.unwrap_or_else(Instant::now);
-        if asked.elapsed() < patience || finishing(w, look) {
+        if first.elapsed() < patience || finishing(w, look) {
             return Ok(Step::Wait);
         }
         // No progress in its time: the wrapper is stopped, frozen, wedged or lying. End it; the
@@ -427,13 +435,14 @@ pub fn finish_orphan(
     let record = dir.read_status();
     let mut st = match record {
         Ok(st) if st.state.is_final() => {
-            if !look.populated {
+            if !look.cgroup.as_ref().is_some_and(holds_processes) {
                 return Ok(st);
             }
             let _ = journal.event(
                 "record_contradicted",
                 json!({"recorded_state": st.state.as_str(), "recorded_reason": st.reason,
                        "cgroup": look.cgroup.as_ref().map(|c| c.path()),
+                       "members": look.cgroup.as_ref().map(|c| pid_list(&c.members())),
                        "why": "the record says the run is over, but its cgroup holds processes"}),
             );
             reopened(st)
@@ -497,7 +506,8 @@ pub fn finish_orphan(
         Some(scope) => stop_run(scope, &timings, &reason.as_str(), Some(journal), None),
         None => Report::default(),
     };
-    let (state, why) = final_word(&report, reason);
+    let rebooted = !st.boot_id.is_empty() && st.boot_id != procfs::boot_id();
+    let (state, why) = final_word(&report, reason, rebooted);
     st.exit_code = None;
     st.term_signal = None;
     if let Some(cg) = &look.cgroup {
@@ -522,10 +532,39 @@ pub fn finish_orphan(
     Ok(st)
 }
 
-/// The final state and reason of a run stopped without its wrapper (see [`finish_orphan`]).
-fn final_word(report: &Report, reason: Reason) -> (State, Reason) {
+/// Whether a run's cgroup holds processes, as a contradiction of its final record needs it
+/// shown: `populated 1` and a member listed. A cgroup that says populated with no member
+/// listed is settling (seen under load, right after its last process exited): it is given
+/// up to [`SETTLE`] to say `populated 0`.
+fn holds_processes(cg: &RunCgroup) -> bool {
+    let until = Instant::now() + SETTLE;
+    loop {
+        if !cg.populated() {
+            return false;
+        }
+        if !cg.members().is_empty() {
+            return true;
+        }
+        if Instant::now() >= until {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// How long [`holds_processes`] lets a cgroup settle.
+const SETTLE: Duration = Duration::from_millis(500);
+
+/// The final state and reason of a run stopped without its wrapper (see [`finish_orphan`]);
+/// `rebooted`: its record is from an earlier boot.
+fn final_word(report: &Report, reason: Reason, rebooted: bool) -> (State, Reason) {
     if report.signalled.is_empty() && report.survivors.is_empty() {
-        return (State::Unknown, Reason::WrapperLost);
+        let why = if rebooted {
+            Reason::HostRebooted
+        } else {
+            Reason::WrapperLost
+        };
+        return (State::Unknown, why);
     }
     match report.proof {
         Some(Proof::CgroupEmpty) | Some(Proof::TreeWalk) => (State::Cancelled, reason),
@@ -567,7 +606,9 @@ fn scope_of(
         blind.pgid = None;
         blind.sid = None;
         blind.start_ticks = None;
-        return scope_without_leader(dir, &blind, cgroup);
+        return dir
+            .scope_held(&blind, None, cgroup.clone())
+            .or_else(|| scope_without_leader(dir, &blind, cgroup));
     }
     match dir.scope_held(st, None, cgroup.clone()) {
         Some(scope) => Some(scope),
@@ -582,9 +623,10 @@ fn scope_without_leader(dir: &RunDir, st: &Status, cgroup: Option<RunCgroup>) ->
         .born()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map(|d| procfs::epoch_to_ticks(d.as_secs_f64()).saturating_sub(2));
-    // The dir's birth stands in for the wrapper: the marker decides, from then on.
+    // The dir's birth stands in for the wrapper: the marker decides, from then on. Pid 1 is
+    // a placeholder that is never a member, never signalled and lends no pid floor.
     let leader = crate::pid::Identity {
-        pid: Pid::this(),
+        pid: Pid::new(1).expect("1 is a pid"),
         start_ticks: born.unwrap_or(0),
     };
     Some(RunScope {

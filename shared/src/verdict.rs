@@ -21,7 +21,7 @@ use crate::wrapper::{holder, Holder, VerifiedWrapper};
 use std::path::PathBuf;
 
 /// What a caller that looks at many runs reads once for all of them.
-#[derive(Default)]
+#[derive(Default, Clone, Copy)]
 pub struct Shared<'a> {
     /// /proc/locks, read once.
     pub locks: Option<&'a LockTable>,

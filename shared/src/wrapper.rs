@@ -191,6 +191,10 @@ pub fn holder(
     table: Option<&procfs::LockTable>,
     cgroup: Option<&std::path::Path>,
 ) -> Holder {
+    // Asking the lock itself is cheap and sure; /proc/locks (who holds it) only when held.
+    if table.is_none() && dir.lock_held() == Some(false) {
+        return Holder::Nobody;
+    }
     for _ in 0..3 {
         let (mut holders, file) = ids.holders(table);
         let dir_held = !holders.is_empty();

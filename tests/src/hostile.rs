@@ -30,6 +30,7 @@ pub fn as_nobody(program: &Path) -> Command {
     .arg(program)
     .env_remove("AGENT_RUN_ROOT")
     .env_remove("AGENT_RUN_FAULT")
+    .env(crate::LEASE_TOKEN_ENV, crate::LEASE_TOKEN)
     .stdin(Stdio::null());
     cmd
 }

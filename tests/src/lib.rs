@@ -59,6 +59,13 @@ fn profile_dir() -> PathBuf {
     }
 }
 
+/// The lease token the suite's commands carry ([`TestRoot::cmd`], [`hostile::as_nobody`]): the
+/// tests start their runs and renew them as one controller.
+pub const LEASE_TOKEN: &str = "agent-run-test-suite-lease-token";
+
+/// The variable that carries it.
+pub const LEASE_TOKEN_ENV: &str = "AGENT_RUN_LEASE_TOKEN";
+
 /// The one build step the suite needs besides `cargo test`: cargo builds the binaries of the
 /// package under test (the `fixture`), not those of the other workspace members, and a test
 /// does not run cargo itself. `.ci/test` runs it before `cargo test --workspace`.
@@ -470,12 +477,15 @@ impl TestRoot {
         })
     }
 
-    /// `agent-run --root <root>` with `AGENT_RUN_ROOT` removed and stdin from /dev/null.
+    /// `agent-run --root <root>` with `AGENT_RUN_ROOT` removed, the suite's lease token in
+    /// `AGENT_RUN_LEASE_TOKEN` (the tests are the runs' starters: `start` takes it, `renew`
+    /// gives it) and stdin from /dev/null.
     pub fn cmd(&self) -> Command {
         let mut cmd = Command::new(agent_run_bin());
         cmd.arg("--root")
             .arg(self.root())
             .env_remove("AGENT_RUN_ROOT")
+            .env(LEASE_TOKEN_ENV, LEASE_TOKEN)
             .stdin(Stdio::null());
         cmd
     }

@@ -1808,8 +1808,8 @@ fn log_and_id_files_swapped_for_symlinks_after_launch_are_never_written_through_
 }
 
 #[test]
-fn a_status_json_swapped_for_a_symlink_is_refused_by_cancel_and_replaced_not_followed_by_the_wrapper(
-) {
+fn a_status_json_swapped_for_a_symlink_is_named_by_cancel_and_replaced_not_followed_by_the_wrapper()
+{
     let _cpu = shared_cpu();
     let root = TestRoot::new();
     let id = "rel-swap-status";
@@ -1823,31 +1823,18 @@ fn a_status_json_swapped_for_a_symlink_is_refused_by_cancel_and_replaced_not_fol
     symlink(&sentinel.path, &tmp).expect("cannot create the symlink");
     fs::rename(&tmp, dir.join("status.json")).expect("cannot swap status.json");
 
-    let out = run_with_timeout(agent_run(&root).args(["cancel", id]), CMD);
+    // The record cannot be read, but the wrapper holds the run's lock: it is asked. The
+    // cancel names the damaged file and never follows the link.
+    let out = ctl(&root, id, &["cancel", id], 0);
     ensure!(
         c,
-        !out.status.success()
-            && out.status.code().is_some()
-            && String::from_utf8_lossy(&out.stderr).contains("status.json"),
-        "cancel must refuse a symlinked status.json and name it\n{}",
+        String::from_utf8_lossy(&out.stderr).contains("status.json"),
+        "cancel must name the damaged status.json\n{}",
         describe_output("cancel", &out)
     );
-    assert_untouched_run(
-        &root,
-        id,
-        &run.tree,
-        &run.wrapper_pin,
-        "after the refused cancel",
-    );
-    ensure!(
-        c,
-        !dir.join("cancel.json").exists(),
-        "a refused cancel wrote cancel.json"
-    );
-    sentinel.assert_untouched(&root, id, "after the refused cancel");
+    sentinel.assert_untouched(&root, id, "after the cancel");
 
-    // The wrapper replaces the link with its own record; it never writes through it.
-    run.proc.signal(libc::SIGTERM);
+    // The wrapper replaced the link with its own record; it never wrote through it.
     finish_with(&root, id, run.proc, 143);
     let alive = run.tree.alive();
     ensure!(
@@ -1864,13 +1851,13 @@ fn a_status_json_swapped_for_a_symlink_is_refused_by_cancel_and_replaced_not_fol
     let st = observe(&root, id, "after the run ended").expect("status.json");
     c.eq(
         &(st["state"].as_str(), st["reason"].as_str()),
-        &(Some("cancelled"), Some("signal:TERM")),
+        &(Some("cancelled"), Some("cancel_request")),
         "the final record",
     );
 }
 
 #[test]
-fn a_lock_file_swapped_for_a_symlink_makes_cancel_refuse_without_signalling() {
+fn a_lock_file_swapped_for_a_symlink_is_named_and_the_run_is_still_cancelled() {
     let _cpu = shared_cpu();
     let root = TestRoot::new();
     let id = "rel-swap-lock";
@@ -1880,39 +1867,18 @@ fn a_lock_file_swapped_for_a_symlink_makes_cancel_refuse_without_signalling() {
     let dir = root.run_dir(id);
     swap_for_symlink(&dir, "lock", &sentinel.path);
 
-    let out = run_with_timeout(agent_run(&root).args(["cancel", id]), CMD);
+    // The wrapper still holds the run's lock on the run dir itself: it is found, and asked.
+    let out = ctl(&root, id, &["cancel", id], 0);
     ensure!(
         c,
-        !out.status.success()
-            && out.status.code().is_some()
-            && String::from_utf8_lossy(&out.stderr).contains("lock"),
-        "cancel must refuse a symlinked lock file and name it\n{}",
+        String::from_utf8_lossy(&out.stderr).contains("lock"),
+        "cancel must name the damaged lock file\n{}",
         describe_output("cancel", &out)
     );
-    assert_untouched_run(
-        &root,
-        id,
-        &run.tree,
-        &run.wrapper_pin,
-        "after the refused cancel",
-    );
-    sentinel.assert_untouched(&root, id, "after the refused cancel");
-    // The watchdog must not take the symlink for a free lock either.
-    watchdog_once(&root, id);
-    assert_untouched_run(
-        &root,
-        id,
-        &run.tree,
-        &run.wrapper_pin,
-        "after a watchdog pass",
-    );
-    sentinel.assert_untouched(&root, id, "after a watchdog pass");
-
-    fs::rename(dir.join("lock.orig"), dir.join("lock")).expect("cannot restore the lock");
-    ctl(&root, id, &["cancel", id], 0);
     wait_gone(&root, id, &run.tree.leader, "the leader after cancel");
     wait_gone(&root, id, &run.tree.members, "the members after cancel");
     finish_with(&root, id, run.proc, 143);
+    sentinel.assert_untouched(&root, id, "after the cancel");
 }
 
 #[test]
@@ -2115,7 +2081,7 @@ enum Forgery {
 /// A run dir fabricated by root whose record names a live process of `nobody` (in its own
 /// session, so that a stop that trusted the record would reach it): cancel must refuse with 77,
 /// the watchdog must leave it, and the process must live.
-fn forged_record_is_refused(forgery: Forgery) {
+fn forged_record_names_nothing_that_is_signalled(forgery: Forgery) {
     let _cpu = shared_cpu();
     let root = TestRoot::new();
     let id = match forgery {
@@ -2161,13 +2127,10 @@ fn forged_record_is_refused(forgery: Forgery) {
     run_dir.write_status(&st).expect("write the forged record");
     let record = fs::read(run_dir.path().join("status.json")).expect("the forged record");
 
-    let out = refused(&root, id, &["cancel", id], &[77]);
-    ensure!(
-        c,
-        String::from_utf8_lossy(&out.stderr).contains("refusing"),
-        "cancel must say it refuses\n{}",
-        describe_output("cancel", &out)
-    );
+    // The record's leader is not the run's by any kernel fact: the cancel goes by what the
+    // kernel shows of the run (no wrapper holds it, no cgroup, no marker), finds nothing,
+    // signals nothing, and says so.
+    ctl(&root, id, &["cancel", id], 0);
     watchdog_once(&root, id);
     c.eq(
         &pin.alive(),
@@ -2177,20 +2140,15 @@ fn forged_record_is_refused(forgery: Forgery) {
     let events = root.events(id);
     ensure!(
         c,
-        named(&events, "signal").is_empty() && !named(&events, "refused").is_empty(),
-        "a forged record must be refused, and nothing signalled"
-    );
-    ensure!(
-        c,
-        !run_dir.path().join("cancel.json").exists(),
-        "a refused cancel wrote cancel.json"
+        named(&events, "signal").is_empty() && !named(&events, "record_unusable").is_empty(),
+        "a forged record must be found unusable, and nothing signalled"
     );
     let now = fs::read(run_dir.path().join("status.json")).unwrap_or_default();
     let st_now: Value = serde_json::from_slice(&now).unwrap_or_default();
     ensure!(
         c,
-        now == record || st_now["state"] == "unknown",
-        "the forged record may stay or become unknown, never a claim that it was stopped"
+        now != record && st_now["state"] == "unknown",
+        "the forged record becomes unknown, never a claim that it was stopped: {st_now}"
     );
     drop(pin);
 }
@@ -2204,13 +2162,13 @@ fn wait_until_uid(pid: i32, uid: u32) {
 }
 
 #[test]
-fn a_forged_record_naming_another_users_process_under_that_users_uid_is_refused_with_77() {
-    forged_record_is_refused(Forgery::OtherUsersUid);
+fn a_forged_record_naming_another_users_process_under_that_users_uid_gets_it_nothing() {
+    forged_record_names_nothing_that_is_signalled(Forgery::OtherUsersUid);
 }
 
 #[test]
-fn a_forged_record_naming_another_users_process_with_the_wrong_start_time_is_refused_with_77() {
-    forged_record_is_refused(Forgery::WrongStartTicks);
+fn a_forged_record_naming_another_users_process_with_the_wrong_start_time_gets_it_nothing() {
+    forged_record_names_nothing_that_is_signalled(Forgery::WrongStartTicks);
 }
 
 // =============================================================================================

@@ -198,6 +198,13 @@ fn outcome(state: &str, reason: &str) -> Value {
     json!({"state": state, "reason": reason})
 }
 
+/// The record of a run held by /proc scans alone whose wrapper was lost, once the watchdog
+/// stopped it at its lease: what it found is stopped, but nothing can prove that nothing of it
+/// is left (a process that left its session and cleared its environment is not to be found).
+fn orphan_stopped() -> Value {
+    json!({"state": "unknown", "reason": "unprovable", "proof": "unprovable"})
+}
+
 /// The cleanup of a final record.
 fn cleanup_of(c: Ctx<'_>, st: &Value) -> Cleanup {
     serde_json::from_value(st["cleanup"].clone())
@@ -600,7 +607,7 @@ fn sigterm_to_the_watchdog_mid_stop_lets_the_stop_finish_then_exits_0() {
 
     // The daemon exited after the stop: the record is final now, not later.
     let st = c.status();
-    c.fields(&st, "the record", outcome("cancelled", "lease_expired"));
+    c.fields(&st, "the record", orphan_stopped());
     c.wait_gone_within(&pinned, Duration::from_secs(1), "the run's tree");
     let cleanup = cleanup_of(c, &st);
     ensure!(
@@ -767,7 +774,7 @@ fn in_process_run_once_stops_an_orphan_whose_lease_expired_and_cancels_it() {
     c.eq(lines.len(), 1, format_args!("the pass's lines: {lines:?}"));
     // run_once waits for the stops it started: the record is final when it returns.
     let st = c.status();
-    c.fields(&st, "the record", outcome("cancelled", "lease_expired"));
+    c.fields(&st, "the record", orphan_stopped());
     c.wait_gone_within(&pinned, Duration::from_secs(1), "the run's tree");
     let cleanup = cleanup_of(c, &st);
     ensure!(
@@ -838,6 +845,7 @@ fn in_process_run_once_leaves_a_live_wrapper_alone_until_lease_plus_grace_plus_s
 /// skip with one log line, and the records it must not touch.
 struct CorruptSet {
     skipped: Vec<String>,
+    damaged: Vec<String>,
     truncated: (PathBuf, Vec<u8>),
     untouched_records: Vec<PathBuf>,
 }
@@ -846,9 +854,11 @@ fn populate_corrupt(root: &TestRoot, prefix: &str) -> CorruptSet {
     let boot = procfs::boot_id();
     let (dead, ticks) = dead_process();
     let mut skipped = Vec::new();
+    let mut damaged = Vec::new();
     let mut untouched = Vec::new();
 
-    // A status.json cut in half.
+    // A status.json cut in half: not a reason to skip the run (the kernel's facts decide),
+    // but said once; nothing of it is due, so it is left as it is.
     let trunc_id = format!("{prefix}-truncated");
     let trunc_dir = make_run_dir(root, &trunc_id);
     let text = record_with(&trunc_id, dead, dead, dead, ticks, &boot).to_json();
@@ -860,7 +870,7 @@ fn populate_corrupt(root: &TestRoot, prefix: &str) -> CorruptSet {
         .open(trunc_dir.join("status.json"))
         .and_then(|mut f| io::Write::write_all(&mut f, &half))
         .expect("cannot write a truncated status.json");
-    skipped.push(trunc_id);
+    damaged.push(trunc_id);
 
     // A symlinked run dir, pointing at a valid record of an orphan (which would become
     // `unknown` if the watchdog followed the link).
@@ -905,6 +915,7 @@ fn populate_corrupt(root: &TestRoot, prefix: &str) -> CorruptSet {
 
     CorruptSet {
         skipped,
+        damaged,
         truncated: (trunc_dir.join("status.json"), half),
         untouched_records: untouched,
     }
@@ -922,6 +933,17 @@ fn assert_skipped_once(c: Ctx<'_>, set: &CorruptSet, stderr: &str) {
             n,
             1,
             format_args!("'skipped' lines for {name:?}\n--- watchdog\n{stderr}"),
+        );
+    }
+    for name in &set.damaged {
+        let n = stderr
+            .lines()
+            .filter(|l| l.contains(&format!("{name}: status.json cannot be read")))
+            .count();
+        c.eq(
+            n,
+            1,
+            format_args!("'cannot be read' lines for {name:?}\n--- watchdog\n{stderr}"),
         );
     }
     let (truncated, bytes) = &set.truncated;
@@ -971,7 +993,7 @@ fn the_daemon_skips_corrupt_symlinked_and_foreign_dirs_with_one_line_each_and_st
     let mut dog = watchdog(&root, &["--scan-interval", "1s"]);
     let dog_started = Instant::now();
     let st = c.wait_final();
-    c.fields(&st, "the record", outcome("cancelled", "lease_expired"));
+    c.fields(&st, "the record", orphan_stopped());
     c.wait_gone_within(&pinned, Duration::from_secs(10), "the run's process");
     // Let the daemon rescan the corrupt dirs a few times (1 s apart): it must neither crash
     // nor log them again nor act on them. Waiting for nothing to happen takes time by nature.
@@ -1140,7 +1162,7 @@ fn a_thousand_run_dirs_with_two_hundred_leases_expiring_together_are_all_stopped
         if let Some(t) = by_watchdog.map(|e| c.epoch(&e, "ts")) {
             acted_ms.push(((t - deadline) * 1000.0) as i64);
         }
-        c.fields(st, "the record", outcome("cancelled", "lease_expired"));
+        c.fields(st, "the record", orphan_stopped());
         let ended = c.epoch(st, "ended_at");
         ensure!(
             c,
@@ -1340,27 +1362,28 @@ fn the_fast_path_settles_only_surely_final_dirs_and_hands_hostile_ones_to_the_ca
         );
     }
 
-    // And a whole --once pass over all of it: the careful path still skips the hostile dirs
-    // (one line each) and leaves the final ones alone.
+    // And a whole --once pass over all of it: the careful path names each hostile dir once
+    // (a damaged record is said and the run goes by kernel facts; a symlinked dir is skipped;
+    // an opened dir is set back to 0700) and leaves the final ones alone.
     let mut cmd = root.watchdog_cmd();
     let out = agent_run_tests::run_with_timeout(cmd.arg("--once"), T);
     c.code(&out, 0, "agent-run-watchdog --once");
     let err = String::from_utf8_lossy(&out.stderr);
-    for name in [
-        "fp-fifo",
-        "fp-symlink",
-        "fp-dir",
-        "fp-huge",
-        "fp-linkdir",
-        "fp-open",
+    for (name, said) in [
+        ("fp-fifo", "status.json cannot be read"),
+        ("fp-symlink", "status.json cannot be read"),
+        ("fp-dir", "status.json cannot be read"),
+        ("fp-huge", "status.json cannot be read"),
+        ("fp-linkdir", "skipped"),
+        ("fp-open", "the run dir's mode was 0755; set back to 0700"),
     ] {
         let lines = err
             .lines()
-            .filter(|l| l.contains(&format!("{name}: skipped")));
+            .filter(|l| l.contains(&format!("{name}: {said}")));
         ctx(&root, name).eq(
             lines.count(),
             1,
-            format_args!("'skipped' lines for {name}\n{err}"),
+            format_args!("'{said}' lines for {name}\n{err}"),
         );
     }
     ensure!(
@@ -1428,6 +1451,8 @@ fn a_lease_that_falls_due_during_a_long_rescan_is_enforced_without_waiting_for_i
             let mut st = record_with(&id, stranger, spgid, ssid, sticks, &boot);
             st.wrapper_pid = Some(stranger);
             st.wrapper_start_ticks = Some(sticks);
+            // A long command line, as real records have: the pass reads and parses each one.
+            st.argv = vec!["x".repeat(16 << 10)];
             write_record(&dir, &st);
         }
     };
@@ -1491,7 +1516,7 @@ fn a_lease_that_falls_due_during_a_long_rescan_is_enforced_without_waiting_for_i
             }
         });
         let c = ctx(&root, id);
-        c.fields(&st, "the record", outcome("cancelled", "lease_expired"));
+        c.fields(&st, "the record", orphan_stopped());
         late.push(c.epoch(&st, "ended_at") - dl);
         wait_for_the_pass_to_end(dpid, from);
     }
@@ -1576,7 +1601,7 @@ fn a_settled_record_rewritten_in_place_with_its_mtime_put_back_is_read_again_by_
         Ok(st) if st["state"] != "running" && st["state"] != "cancelling" => Ok(st),
         other => Err(other.map(|s| s["state"].clone())),
     });
-    c.fields(&st, "the record", outcome("cancelled", "lease_expired"));
+    c.fields(&st, "the record", orphan_stopped());
     terminate(c, dog);
 }
 
@@ -1647,7 +1672,7 @@ fn an_escapee_forked_after_the_watchdog_took_the_orphan_in_is_stopped_at_the_lea
         "too slow: the escapee was forked after the lease's deadline"
     );
     let fin = c.wait_final();
-    c.fields(&fin, "the record", outcome("cancelled", "lease_expired"));
+    c.fields(&fin, "the record", orphan_stopped());
     c.wait_gone_within(&pin, Duration::from_secs(10), "the escapee");
     ensure!(
         c,

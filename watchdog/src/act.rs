@@ -52,8 +52,8 @@ pub fn act(subject: &Subject, action: Action) -> Result<String> {
             record_lost_launch(dir, &journal)?;
             Ok("unknown (wrapper_lost): no record was ever written".into())
         }
-        Action::Orphan { why } => finish(subject, reason_of(subject, why), Patience::Grace),
-        Action::Contradicted => finish(subject, Reason::WrapperLost, Patience::Grace),
+        Action::Orphan { why } => orphan(subject, reason_of(subject, why)),
+        Action::Contradicted => orphan(subject, Reason::WrapperLost),
         Action::Stuck { why } => finish(subject, reason_of(subject, why), Patience::Brief),
     }
 }
@@ -70,6 +70,18 @@ fn reason_of(subject: &Subject, why: Due) -> Reason {
             .unwrap_or(Reason::CancelRequest),
         other => other.reason(),
     }
+}
+
+/// A run the assessment found without its wrapper: finished, unless a look now finds a live
+/// wrapper after all (a launch that took its lock since): that run is its wrapper's.
+fn orphan(subject: &Subject, reason: Reason) -> Result<String> {
+    let dir = &subject.dir;
+    if let agent_run_shared::wrapper::Holder::Wrapper(_) =
+        agent_run_shared::wrapper::holder(dir, dir.lock_ids(), None, None)
+    {
+        return Ok("its wrapper is alive; left to it".into());
+    }
+    finish(subject, reason, Patience::Grace)
 }
 
 /// Finish the run through the shared takeover routine, and say how it ended.

@@ -169,8 +169,9 @@ pub enum Verdict {
 pub struct Seen {
     /// When the watchdog first saw the wrapper gone (epoch seconds).
     pub orphan_since: Option<f64>,
-    /// The last lease deadline it saw while the wrapper lived (the wrapper keeps lease.json
-    /// signed by the run's token; once it is gone the file is the workload's to write).
+    /// The lease deadline: the last one seen while the wrapper lived (the wrapper keeps
+    /// lease.json signed by the run's token), then only ever earlier (once the wrapper is gone
+    /// the file is the workload's to write).
     pub last_lease: Option<f64>,
     /// When it first saw the live wrapper stopping its run (its signal mask, or a
     /// `cancelling` record).
@@ -187,6 +188,8 @@ pub struct Subject {
     /// Why lease.json could not be read, when it is damaged (the deadline is then the last
     /// valid one, or the orphan grace).
     pub lease_damaged: Option<String>,
+    /// Why status.json could not be read, when it is damaged (not merely missing).
+    pub record_damaged: Option<String>,
     /// What the watchdog saw, to remember for the next look.
     pub seen: Seen,
 }
@@ -219,6 +222,13 @@ pub fn assess(
         Ok(d) => d,
         Err(e) => return (Verdict::Skip(e.to_string()), None),
     };
+    if let Some(what) = dir.repaired() {
+        // Opening the dir set its mode back (the workload can chmod its own dir): said.
+        eprintln!("agent-run-watchdog: {name}: {what}");
+        let _ = dir
+            .journal("watchdog")
+            .event("damaged", serde_json::json!({"what": what}));
+    }
     let shared = Shared {
         locks: Some(looks.locks.get_or_init(LockTable::read)),
         cgroups: Some(
@@ -228,9 +238,23 @@ pub fn assess(
         ),
         cgroup: None,
     };
-    let look = Look::take_with(&dir, dir.read_status(), &shared);
+    let mut look = Look::take_with(&dir, dir.read_status(), &shared);
     if look.believed().is_some() {
         return (Verdict::Done, None);
+    }
+    if matches!(look.holder, Holder::Nobody | Holder::Squatter(_)) && dir.lock_held() != Some(false)
+    {
+        // The pass's read of /proc/locks may be older than a launch that took its lock since:
+        // "nobody holds it" is what the watchdog acts on, so it is asked of the kernel afresh
+        // (the lock itself says "nobody" cheaply; who holds it, only /proc/locks).
+        let fresh = Shared {
+            locks: None,
+            ..shared
+        };
+        look = Look::take_with(&dir, dir.read_status(), &fresh);
+        if look.believed().is_some() {
+            return (Verdict::Done, None);
+        }
     }
     let (lease, lease_damaged) = match dir.read_lease() {
         Ok(l) => (l.map(|l| l.deadline_epoch), None),
@@ -241,6 +265,10 @@ pub fn assess(
         status: look.record.as_ref().ok().cloned(),
         lease,
         lease_damaged,
+        record_damaged: match &look.record {
+            Err(e) if !verdict_missing(e) => Some(e.to_string()),
+            _ => None,
+        },
         seen,
     };
     let snapshot = || -> Option<&Snapshot> {
@@ -332,6 +360,9 @@ fn gone<'a>(
         .reduce(f64::min);
     s.seen.orphan_since = Some(first_seen);
     s.seen.stopping_since = None;
+    // Without its wrapper, lease.json is the workload's to write: a deadline read now only ever
+    // brings the one seen before earlier.
+    s.seen.last_lease = earliest(s.lease, s.seen.last_lease);
     let st = match &look.record {
         Ok(st) => st,
         Err(e) => {
@@ -348,7 +379,7 @@ fn gone<'a>(
                     action: Action::LostLaunch,
                 };
             }
-            let due = first_due(earliest(s.lease, s.seen.last_lease), None);
+            let due = first_due(s.seen.last_lease, None);
             return orphan_when(now, due, policy, || gone_since, || Some(true));
         }
     };
@@ -367,8 +398,7 @@ fn gone<'a>(
             return Verdict::Now(Action::HostRebooted);
         }
     }
-    let lease = earliest(s.lease, s.seen.last_lease);
-    let due = first_due(lease, st.timeout_deadline_epoch());
+    let due = first_due(s.seen.last_lease, st.timeout_deadline_epoch());
     let populated = look.populated;
     let dir = s.dir.clone();
     let st = st.clone();

@@ -115,6 +115,8 @@ pub fn run_once(root: &Root, policy: &Policy) -> Vec<String> {
         if let (Some(s), Some(ino)) = (&subject, dir_ino) {
             let said = known.as_ref().and_then(|k| k.lease_damage.as_deref());
             report_lease_damage(s, said);
+            let said = known.as_ref().and_then(|k| k.record_damage.as_deref());
+            report_record_damage(s, said);
             after.runs.insert(
                 name.clone(),
                 watched::Entry {
@@ -123,6 +125,7 @@ pub fn run_once(root: &Root, policy: &Policy) -> Vec<String> {
                     last_lease: s.seen.last_lease,
                     stopping_since: s.seen.stopping_since,
                     lease_damage: s.lease_damaged.clone(),
+                    record_damage: s.record_damaged.clone(),
                 },
             );
         }
@@ -189,6 +192,28 @@ pub fn report_lease_damage(s: &Subject, said: Option<&str>) -> bool {
     true
 }
 
+/// Say (log and journal) that a run's record cannot be read and that the watchdog goes by
+/// the kernel's facts instead, unless it said so already for the same damage (`said`). True
+/// when the damage changed.
+pub fn report_record_damage(s: &Subject, said: Option<&str>) -> bool {
+    let Some(why) = &s.record_damaged else {
+        return said.is_some();
+    };
+    if said == Some(why.as_str()) {
+        return false;
+    }
+    log(&format!(
+        "{}: status.json cannot be read ({why}); the watchdog goes by the kernel's facts (the \
+         run's lock, its cgroup, its marker)",
+        s.id()
+    ));
+    let _ = s
+        .dir
+        .journal("watchdog")
+        .event("record_damaged", serde_json::json!({"error": why}));
+    true
+}
+
 /// The inode of the run dir `name` in the root (without following a symlink).
 fn dir_inode(root: &Root, name: &str) -> Option<u64> {
     std::fs::symlink_metadata(root.path().join(name))
@@ -245,6 +270,8 @@ struct Tracked {
     seen: Seen,
     /// What was wrong with lease.json when it was last reported (reported once per damage).
     lease_damage: Option<String>,
+    /// The same for status.json.
+    record_damage: Option<String>,
 }
 
 struct Daemon {
@@ -736,6 +763,9 @@ impl Daemon {
         t.seen = s.seen;
         if report_lease_damage(s, t.lease_damage.as_deref()) {
             t.lease_damage = s.lease_damaged.clone();
+        }
+        if report_record_damage(s, t.record_damage.as_deref()) {
+            t.record_damage = s.record_damaged.clone();
         }
     }
 

@@ -35,6 +35,9 @@ pub struct Entry {
     pub stopping_since: Option<f64>,
     /// The lease.json damage reported already (reported once).
     pub lease_damage: Option<String>,
+    /// The status.json damage reported already (reported once).
+    #[serde(default)]
+    pub record_damage: Option<String>,
 }
 
 impl Entry {

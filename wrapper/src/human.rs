@@ -164,16 +164,17 @@ pub fn signal_text(name: &str) -> String {
 /// One line for a final record: `run train-3: cancelled (cancel_request) after 1.2s, 3
 /// processes stopped, exit 143`.
 pub fn final_line(st: &Status, colour: bool) -> String {
+    // Every word of a record is the workload's to write: each goes out escaped.
     let mut line = format!(
         "run {}: {}",
-        st.run_id,
+        printable(&st.run_id),
         paint(st, st.state.as_str(), colour)
     );
     if let Some(r) = &st.reason {
-        line += &format!(" ({r})");
+        line += &format!(" ({})", printable(r));
     }
     if let Some(e) = &st.error {
-        line += &format!(": {e}");
+        line += &format!(": {}", printable(e));
     }
     if st.started_at.is_some() {
         if let Some(t) = run_time(st) {
@@ -199,7 +200,7 @@ pub fn final_line(st: &Status, colour: bool) -> String {
     match (&st.term_signal, exit::for_record(st)) {
         // A leader that died of a signal by itself; a stopped run's code is its reason's.
         (Some(s), _) if st.state == State::Finished => {
-            line += &format!(", signal {}", signal_text(s))
+            line += &format!(", signal {}", printable(&signal_text(s)))
         }
         (_, Some(code)) => line += &format!(", exit {code}"),
         _ => {}
@@ -210,6 +211,17 @@ pub fn final_line(st: &Status, colour: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_final_line_escapes_every_control_character_the_record_holds() {
+        let mut st = agent_run_shared::record::Status::blank("r1");
+        st.state = State::Cancelled;
+        st.reason = Some("\x1b]0;PWNED\x07\x1b[2J".into());
+        st.error = Some("\x1b[31mred\r\n".into());
+        let line = final_line(&st, false);
+        assert!(!line.chars().any(char::is_control), "{line:?}");
+        assert!(line.contains("\\x1b]0;PWNED"), "{line}");
+    }
 
     #[test]
     fn durations_use_at_most_two_units() {

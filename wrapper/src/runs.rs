@@ -138,7 +138,14 @@ pub fn look_with(dir: &RunDir, st: &Status) -> Look {
 pub fn note_of(look: &Look) -> Option<String> {
     let st = look.record.as_ref().ok()?;
     if !st.state.is_final() && st.boot_id != procfs::boot_id() {
-        return Some("host rebooted".into());
+        // Only where nothing of the run is held here: a live wrapper or a populated cgroup
+        // makes it this boot's, whatever the record says.
+        return Some(if look.nothing_holds_it() {
+            "host rebooted".into()
+        } else {
+            "the record names another boot, but the run is held here: the record was rewritten"
+                .into()
+        });
     }
     if let Some(w) = look.wrapper().filter(|_| !st.state.is_final()) {
         // Whether the wrapper is stopping is a kernel fact (its signal mask, which it sets

@@ -280,7 +280,7 @@ impl Launch {
         // record and can take the lock knows the wrapper is gone. Close-on-exec, so the
         // workload never holds it.
         let lock = dir.lock();
-        if lock.try_lock()? != Taken::Yes {
+        if lock.lock_new()? != Taken::Yes {
             return fail(
                 exit::SOFTWARE,
                 "the new run dir is locked by another process",

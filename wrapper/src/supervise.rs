@@ -404,18 +404,23 @@ impl LeaseView {
             let seen = format!("{read:?}");
             if self.refused.as_deref() != Some(seen.as_str()) {
                 self.refused = Some(seen);
-                self.refusals += 1;
-                let offered = read
-                    .as_ref()
-                    .ok()
-                    .and_then(|l| l.as_ref())
-                    .map(|l| l.deadline_epoch);
-                let _ = journal.event(
-                    "lease_refused",
-                    json!({"why": why, "offered_deadline_epoch": offered,
-                           "keeping_deadline_epoch": self.taken.deadline_epoch,
-                           "count": self.refusals}),
-                );
+                let keep = self.taken.deadline_epoch;
+                let _ = match read.as_ref().ok().and_then(|l| l.as_ref()) {
+                    // A lease that reads, but that the token does not sign (or an old one put
+                    // back): a renewal that is not the starter's.
+                    Some(l) => {
+                        self.refusals += 1;
+                        journal.event(
+                            "lease_refused",
+                            json!({"why": why, "offered_deadline_epoch": l.deadline_epoch,
+                                   "keeping_deadline": keep, "count": self.refusals}),
+                        )
+                    }
+                    None => journal.event(
+                        "lease_unreadable",
+                        json!({"error": why, "keeping_deadline": keep}),
+                    ),
+                };
             }
             // Put the lease taken back, so the watchdog and `status` read the truth.
             let _ = dir.write_lease(&self.taken);

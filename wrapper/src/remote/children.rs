@@ -63,9 +63,18 @@ impl Children {
         }
     }
 
-    /// Run `cmd` with its output captured, for at most `timeout` (then it is killed).
-    pub fn capture(&self, mut cmd: Command, timeout: Option<Duration>) -> Reply {
+    /// Run `cmd` with its output captured and `input` on its stdin (then closed), for at most
+    /// `timeout` (then it is killed).
+    pub fn capture(
+        &self,
+        mut cmd: Command,
+        input: Option<Vec<u8>>,
+        timeout: Option<Duration>,
+    ) -> Reply {
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        if input.is_some() {
+            cmd.stdin(Stdio::piped());
+        }
         let mut child = match self.spawn(&mut cmd) {
             Ok(c) => c,
             Err(e) => {
@@ -75,6 +84,7 @@ impl Children {
                 }
             }
         };
+        feed(child.stdin.take(), input);
         let (tx, rx) = mpsc::channel();
         let readers = [
             read_all(child.stdout.take(), 0, tx.clone()),
@@ -102,6 +112,16 @@ impl Children {
             }
         }
         reply
+    }
+}
+
+/// Write `input` into a child's stdin on a thread, then close it (a line: nothing blocks).
+pub fn feed(stdin: Option<std::process::ChildStdin>, input: Option<Vec<u8>>) {
+    if let (Some(mut pipe), Some(bytes)) = (stdin, input) {
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let _ = pipe.write_all(&bytes);
+        });
     }
 }
 

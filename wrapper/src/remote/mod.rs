@@ -36,6 +36,7 @@ use crate::cli::RemoteArgs;
 use crate::error::fail;
 use agent_run_shared::exit;
 use agent_run_shared::id::RunId;
+use agent_run_shared::lease::LeaseToken;
 use serde_json::Value;
 use std::ffi::{OsStr, OsString};
 use std::io::{Read, Write};
@@ -55,9 +56,17 @@ pub fn remote(args: RemoteArgs) -> anyhow::Result<u8> {
             ),
         );
     }
+    // The run's lease token: ours (from AGENT_RUN_LEASE_TOKEN, to come back to a run with
+    // --attach and go on renewing it), else a new one for a launch.
+    let token = match LeaseToken::from_env().transpose()? {
+        Some(t) => Some(t),
+        None if args.command.is_empty() => None,
+        None => Some(LeaseToken::generate()?),
+    };
     let remote = Remote {
         bin: OsString::from(&args.remote_bin),
         root: args.remote_root.clone().map(OsString::from),
+        token,
     };
     let one_shot = [&args.status, &args.cancel, &args.attach]
         .into_iter()
@@ -149,17 +158,27 @@ fn launch_script(args: &RemoteArgs, remote: &Remote, id: &str) -> anyhow::Result
     }
     start.extend([OsString::from(id), OsString::from("--")]);
     start.extend(args.command.iter().cloned());
-    let mut script = b"out=$(".to_vec();
+    let mut script = READ_TOKEN.as_bytes().to_vec();
+    script.extend_from_slice(b"out=$(");
     script.extend(remote.line(&start)?);
-    script.extend_from_slice(b"); rc=$?; [ -n \"$out\" ] || exit \"$rc\"; ");
+    script.extend_from_slice(
+        b"); rc=$?; unset AGENT_RUN_LEASE_TOKEN; [ -n \"$out\" ] || exit \"$rc\"; ",
+    );
     script.extend(remote.exec(&["attach", id])?);
     Ok(script)
 }
+
+/// How a script that needs the run's lease token begins: it reads the token from the
+/// channel's stdin into the environment of the host's agent-run (never onto a command line,
+/// which every user of either host can read in /proc).
+pub const READ_TOKEN: &str = "IFS= read -r AGENT_RUN_LEASE_TOKEN; export AGENT_RUN_LEASE_TOKEN; ";
 
 /// How to call agent-run on the host.
 pub struct Remote {
     bin: OsString,
     root: Option<OsString>,
+    /// The run's lease token, for `start` and `renew`.
+    pub token: Option<LeaseToken>,
 }
 
 /// The remote shell's codes for a program it could not find (127) or execute (126). Nothing
@@ -323,8 +342,19 @@ mod tests {
         let remote = Remote {
             bin: "agent-run".into(),
             root: None,
+            token: None,
         };
         String::from_utf8(launch_script(&args, &remote, "id1").unwrap()).unwrap()
+    }
+
+    #[test]
+    fn the_launch_reads_the_lease_token_from_stdin_and_drops_it_before_attach() {
+        let s = script(&[]);
+        assert!(s.starts_with(READ_TOKEN), "{s}");
+        let unset = s
+            .find("unset AGENT_RUN_LEASE_TOKEN")
+            .expect("the token is unset");
+        assert!(unset < s.find("attach").expect("attach"), "{s}");
     }
 
     #[test]

@@ -282,7 +282,11 @@ impl Session<'_> {
         let done = move |code| {
             let _ = tx.send(Event::StreamEnded { gen, code });
         };
-        match stream::spawn(&self.ssh, script, &self.counts, done) {
+        // The launch script reads the run's lease token from the channel's stdin.
+        let input = self
+            .launch_input(script)
+            .map(|t| format!("{t}\n").into_bytes());
+        match stream::spawn(&self.ssh, script, input, &self.counts, done) {
             Ok(()) => self.streaming = true,
             Err(e) => say(&format!("cannot run ssh: {e}")),
         }
@@ -433,6 +437,14 @@ impl Session<'_> {
             host = self.host
         ));
         exit::TEMPFAIL
+    }
+
+    /// The token a script that starts with [`super::READ_TOKEN`] reads, if it does.
+    fn launch_input(&self, script: &[u8]) -> Option<&str> {
+        script
+            .starts_with(super::READ_TOKEN.as_bytes())
+            .then(|| self.remote.token.as_ref().map(|t| t.expose()))
+            .flatten()
     }
 
     fn script(&self, words: &[&str]) -> Vec<u8> {

@@ -258,7 +258,9 @@ impl Ssh {
     fn check(&self) -> Option<i32> {
         let mut cmd = self.base(false);
         cmd.args(["-O", "check", "--", &self.host]);
-        let reply = self.children.capture(cmd, Some(Duration::from_secs(10)));
+        let reply = self
+            .children
+            .capture(cmd, None, Some(Duration::from_secs(10)));
         let text = String::from_utf8_lossy(&reply.stderr);
         let pid = text.split("pid=").nth(1)?;
         let digits: String = pid.chars().take_while(char::is_ascii_digit).collect();
@@ -323,7 +325,14 @@ impl Ssh {
 
     /// Run `script` over the master, capturing its output, for at most `timeout`.
     pub fn run(&self, script: &[u8], timeout: Option<Duration>) -> Reply {
-        self.children.capture(self.channel(script), timeout)
+        self.children.capture(self.channel(script), None, timeout)
+    }
+
+    /// [`Ssh::run`] with `input` on the channel's stdin (a lease token: never on a command
+    /// line, which every user of either host can read in /proc).
+    pub fn run_with_input(&self, script: &[u8], input: &[u8], timeout: Option<Duration>) -> Reply {
+        self.children
+            .capture(self.channel(script), Some(input.to_vec()), timeout)
     }
 
     /// Stop every child still running, then the master, and remove our directory (threads

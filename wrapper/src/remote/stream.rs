@@ -41,13 +41,18 @@ impl Counts {
 pub fn spawn(
     ssh: &Arc<Ssh>,
     script: &[u8],
+    input: Option<Vec<u8>>,
     counts: &Arc<Counts>,
     done: impl FnOnce(Option<i32>) + Send + 'static,
 ) -> io::Result<()> {
     let mut cmd = ssh.channel(script);
     cmd.stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
+    if input.is_some() {
+        cmd.stdin(std::process::Stdio::piped());
+    }
     let mut child = ssh.children().spawn(&mut cmd)?;
+    super::children::feed(child.stdin.take(), input);
     let out = child.stdout.take().expect("stdout is piped");
     let err = child.stderr.take().expect("stderr is piped");
     let readers = [

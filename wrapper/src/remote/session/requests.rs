@@ -21,14 +21,23 @@ impl Session<'_> {
     pub(super) fn send_renew(&mut self) {
         self.renewing = true;
         let sent = Instant::now();
-        let script = self.script(&["renew", &self.id]);
+        let mut script = super::super::READ_TOKEN.as_bytes().to_vec();
+        script.extend(self.script(&["renew", &self.id]));
+        let token = self
+            .remote
+            .token
+            .as_ref()
+            .map(|t| format!("{}\n", t.expose()));
         let timeout = self.lease.map_or(Duration::from_secs(10), |l| {
             (l / 6).clamp(Duration::from_secs(2), Duration::from_secs(20))
         });
         let (ssh, tx) = (Arc::clone(&self.ssh), self.tx.clone());
         let gen = ssh.generation();
         thread::spawn(move || {
-            let reply = ssh.run(&script, Some(timeout));
+            let reply = match token {
+                Some(t) => ssh.run_with_input(&script, t.as_bytes(), Some(timeout)),
+                None => ssh.run(&script, Some(timeout)),
+            };
             let _ = tx.send(Event::Renewed { sent, gen, reply });
         });
     }
@@ -60,6 +69,18 @@ impl Session<'_> {
             }
             // 69: the run is final (the stream ends by itself); 64: it has no lease.
             Some(69 | 64) => self.next_renew = None,
+            // 77: the host refuses our token (a run we came back to without its token, or
+            // one started by another controller): renewing again cannot help.
+            Some(77) => {
+                say(&format!(
+                    "the host refuses to renew run {} on {}: {}; it will be stopped at its \
+                     lease (set AGENT_RUN_LEASE_TOKEN to the token its start handed out)",
+                    self.id,
+                    self.host,
+                    reply.stderr_text().trim()
+                ));
+                self.next_renew = None;
+            }
             Some(c) => {
                 say(&format!(
                     "renewing the lease of run {} on {} failed ({c}): {}",
