@@ -1072,6 +1072,15 @@ fn flock_waiters(path: &std::path::Path) -> usize {
         .count()
 }
 
+/// The pid of the worker (the action plugin's process) that wrote trace line `what`.
+fn tracer_pid(trace: &std::path::Path, what: &str) -> i32 {
+    let text = fs::read_to_string(trace).unwrap_or_default();
+    text.lines()
+        .find(|l| l.ends_with(what))
+        .and_then(|l| l.split(' ').nth(2)?.parse::<i32>().ok())
+        .unwrap_or_else(|| panic!("no trace line {what:?} with a pid in:\n{text}"))
+}
+
 /// The cancel marks in `host`'s fence of `base`.
 fn marks(host: &Host, base: &str) -> Value {
     let text = fs::read_to_string(host.root.join(format!(".ansible-fence.{base}")))
@@ -1120,7 +1129,7 @@ fn a_cancel_before_the_run_exists_leaves_nothing_running_and_a_rerun_works() {
     let fleet = Fleet::new(3);
     let (h1, h2, h3) = (&fleet.hosts[0], &fleet.hosts[1], &fleet.hosts[2]);
     let pause = r#"{"pause_at": {"h01": "fence", "h02": "start", "h03": "fence"}}"#;
-    let (mut cmd, _results) = fleet.command("fenced", &book(FENCED), &["-e", pause]);
+    let (mut cmd, results) = fleet.command("fenced", &book(FENCED), &["-e", pause]);
     let trace = fleet.path("trace.log");
     cmd.env("AGENTRUN_ANSIBLE_TRACE", &trace);
     let play = agent_run_tests::Spawned::spawn(&mut cmd);
@@ -1151,6 +1160,24 @@ fn a_cancel_before_the_run_exists_leaves_nothing_running_and_a_rerun_works() {
         "the mark is used up"
     );
     assert!(!h3.dir.join("count").exists(), "h03's command ran");
+
+    // h03's worker has delivered its result to ansible-playbook and exited before the Ctrl-C.
+    // Ansible's worker dies at once on the SIGINT ansible-playbook forwards to it (its _term:
+    // killpg, os._exit): landing while the worker held the results queue's write lock (in
+    // FinalQueue.put, sending its result), it left that lock taken for good, and ansible-playbook
+    // then blocked forever in its strategy's cleanup, putting its end mark on that queue (1 run in
+    // 10: the lock's semaphore at 0 with one waiter, and h03's result never shown).
+    let worker3 = Pinned::new(&[tracer_pid(&trace, &format!("cancel done {base3}"))]);
+    let r3 = wait_until_dbg("h03's result in ansible-playbook", PLAY, || {
+        let text = fs::read_to_string(&results).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|r| r["host"] == "h03")
+            .ok_or(text)
+    });
+    assert_eq!(r3["status"], "failed", "{r3}");
+    let gone = worker3.wait_all_gone(T);
+    assert!(gone.is_ok(), "h03's worker still running: {gone:?}");
 
     // Ctrl-C, while h01's module has not taken the fence and h02's holds it, about to start.
     sys::kill_group(pgid, libc::SIGINT).expect("Ctrl-C to ansible-playbook's group");
