@@ -359,6 +359,20 @@ impl Fleet {
         drop(self.servers[i].take());
     }
 
+    /// The `.ansible-fence.*` files in `host`'s run root, by name.
+    pub fn fences(&self, host: &Host) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(&host.root)
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with(".ansible-fence."))
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+
     /// A path under the fleet's directory.
     pub fn path(&self, rel: &str) -> PathBuf {
         self.dir.path().join(rel)

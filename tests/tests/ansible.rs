@@ -195,6 +195,8 @@ fn a_play_on_ten_hosts_then_a_rerun_that_runs_nothing_twice() {
             if failing { 3 } else { 0 },
             format_args!("{rec}"),
         );
+        // Each module removed its fence once its run existed: gc has none to leave behind.
+        assert_eq!(fleet.fences(h), Vec::<String>::new(), "{}", h.name);
     }
     assert_nothing_left(&fleet, "after the first play");
 
@@ -1081,6 +1083,19 @@ fn tracer_pid(trace: &std::path::Path, what: &str) -> i32 {
         .unwrap_or_else(|| panic!("no trace line {what:?} with a pid in:\n{text}"))
 }
 
+/// Writes a fence file `name` into `host`'s run root with `marks` ({token: epoch}), last written
+/// `age` ago (its mtime).
+fn plant_fence(host: &Host, name: &str, marks: Value, age: Duration) {
+    let path = host.root.join(name);
+    fs::write(
+        &path,
+        format!("{}\n", serde_json::json!({"cancelled": marks})),
+    )
+    .unwrap();
+    let f = fs::File::options().write(true).open(&path).unwrap();
+    f.set_modified(std::time::SystemTime::now() - age).unwrap();
+}
+
 /// The cancel marks in `host`'s fence of `base`.
 fn marks(host: &Host, base: &str) -> Value {
     let text = fs::read_to_string(host.root.join(format!(".ansible-fence.{base}")))
@@ -1149,16 +1164,13 @@ fn a_cancel_before_the_run_exists_leaves_nothing_running_and_a_rerun_works() {
         1,
         "marks(h3, &base3).as_object().unwrap().len()"
     );
-    // The module goes on, finds the mark, starts nothing and ends.
+    // The module goes on, finds the mark, starts nothing and ends: the mark is used up, and the
+    // fence, empty, removed.
     fs::write(h3.dir.join(format!("{base3}.fence.go")), "").unwrap();
     let gone = Pinned::new(&[pid3]).wait_all_gone(T);
     assert!(gone.is_ok(), "h03's module still running: {gone:?}");
     assert!(fleet.records(h3).is_empty(), "{:?}", fleet.records(h3));
-    assert_eq!(
-        marks(h3, &base3),
-        serde_json::json!({}),
-        "the mark is used up"
-    );
+    assert_eq!(fleet.fences(h3), Vec::<String>::new(), "h03's fence is left");
     assert!(!h3.dir.join("count").exists(), "h03's command ran");
 
     // h03's worker has delivered its result to ansible-playbook and exited before the Ctrl-C.
@@ -1224,14 +1236,31 @@ fn a_cancel_before_the_run_exists_leaves_nothing_running_and_a_rerun_works() {
     let gone = modules.wait_all_gone(T);
     assert!(gone.is_ok(), "modules still running: {gone:?}");
     assert!(fleet.records(h1).is_empty(), "{:?}", fleet.records(h1));
-    assert_eq!(
-        marks(h1, &base1),
-        serde_json::json!({}),
-        "the mark is used up"
-    );
     assert!(!h1.dir.join("count").exists(), "h01's command ran");
+    // No fence is left: h01's module used up its mark; h02's removed its fence once the run
+    // existed, and the mark its cancel then left in a new one once its wait ended.
+    for h in &fleet.hosts {
+        assert_eq!(fleet.fences(h), Vec::<String>::new(), "{}", h.name);
+    }
     let out = play.finish(PLAY);
     assert_ne!(out.status.code(), Some(0), "{out:?}");
+
+    // Fences whose marks nobody came for: one nobody wrote for two days goes at the next start
+    // in that root, one written just now stays.
+    let token = "0123456789abcdef0123456789abcdef";
+    let now = epoch_now();
+    plant_fence(
+        h2,
+        ".ansible-fence.stale",
+        serde_json::json!({ token: now - 2.0 * 86400.0 }),
+        Duration::from_secs(2 * 86400),
+    );
+    plant_fence(
+        h2,
+        ".ansible-fence.fresh",
+        serde_json::json!({ token: now }),
+        Duration::ZERO,
+    );
 
     // A rerun of the task (a new invocation: not refused by the old marks) runs it, once.
     for h in &fleet.hosts {
@@ -1283,6 +1312,14 @@ fn a_cancel_before_the_run_exists_leaves_nothing_running_and_a_rerun_works() {
         1,
         "count_lines(&h3.dir.join(\"count\"))"
     );
+    for h in &fleet.hosts {
+        let want: Vec<String> = if h.name == "h02" {
+            vec![".ansible-fence.fresh".into()]
+        } else {
+            Vec::new()
+        };
+        assert_eq!(fleet.fences(h), want, "{}", h.name);
+    }
     assert_nothing_left(&fleet, "after the fenced cancels and the rerun");
 }
 

@@ -190,6 +190,9 @@ notes:
     controller's cancel takes the same lock, leaves a mark for this task invocation there and cancels by the
     label C(agentrun.id=<id>). So either the run exists and is cancelled, or the module finds the mark and
     starts nothing (RV(not_started)). A later run of the play is a new invocation and is not refused.
+  - The fence file lives only while it is needed. The module removes it, under its lock, once the run exists
+    and no mark is left in it; a mark is removed by the module it was left for. A fence whose marks nobody
+    came for is removed a day later, by the next task that starts a run in that root.
   - When the controller is killed (SIGKILL), its workers stop renewing and exit; each host stops its run
     when the lease expires (the wrapper does, or C(agent-run-watchdog) if the wrapper is gone).
   - The command's stdin is C(/dev/null). It runs without a terminal, so a prompt fails at once instead of
@@ -392,6 +395,7 @@ agent_run:
   sample: {"binary": "/usr/bin/agent-run", "version": "0.1.0"}
 """
 
+import atexit
 import datetime
 import json
 import os
@@ -400,7 +404,7 @@ import stat
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.agentrun.remote.plugins.module_utils.fence import Fence, FenceError
+from ansible_collections.agentrun.remote.plugins.module_utils.fence import Fence, FenceError, sweep
 
 # What the run needs from the host's agent-run (`agent-run version --json` "features").
 NEEDED_ALWAYS = ("labels", "version")
@@ -415,6 +419,8 @@ READ_CAP = 16 * 1024 * 1024
 # How long the module waits for the fence of its run id (held by another task of the same id
 # while it starts its run, or by the cancel of one).
 FENCE_WAIT_S = 120.0
+# How long, at the end of its call, it waits for the fence to drop a mark of its own.
+MARK_WAIT_S = 30.0
 
 
 def test_pause(point, base):
@@ -795,6 +801,21 @@ def would_be(run_id, state, argv):
     return "\n".join(lines) + "\n"
 
 
+def drop_own_mark(root, base, token):
+    """A cancel that came after this module had passed the fence (while it waited for the run)
+    left a mark for this invocation, which no module will use: remove it, and the fence with its
+    last mark. Best effort."""
+    try:
+        fence = Fence(root, base, MARK_WAIT_S, create=False)
+    except (FenceError, OSError):
+        return
+    try:
+        if not fence.missing:
+            fence.consume(token)
+    finally:
+        fence.release()
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -875,16 +896,19 @@ def main():
     # returned, so that a cancel of this id that does not know the run id yet (the plugin's, when
     # Ctrl-C or the task's timeout comes during this call) either finds the run by its label, or
     # has left its mark for this task invocation here first; then nothing is started.
+    # The fence goes once the run exists, and at the latest when this module exits (a failure): its
+    # file is removed then, unless it holds a mark.
     fence = None
     if state in ("finished", "started") and not module.check_mode:
         test_pause("fence", base)
         try:
             fence = Fence(p["root"], base, FENCE_WAIT_S)
+            atexit.register(fence.release)
             cancelled_first = bool(p["_token"]) and fence.consume(p["_token"])
         except (FenceError, OSError) as e:
             fail("cannot take the fence of run id %s on this host: %s" % (base, e), agent_run=ar.info())
         if cancelled_first:
-            fence.close()
+            fence.release()
             module.fail_json(
                 msg="cancelled before it started: the controller cancelled this task (Ctrl-C, SIGTERM or the "
                 "task's timeout) before its run existed on this host, so nothing was started; a rerun of the "
@@ -1044,7 +1068,11 @@ def main():
                     cancelled=False, rc=None, reason=None)
     if fence is not None:
         # The run exists now (running or final, labelled agentrun.id=<id>): a cancel by label finds it.
-        fence.close()
+        fence.release()
+        try:
+            sweep(p["root"])
+        except (FenceError, OSError):
+            pass
 
     if module.check_mode:
         res = result_from(rec, p)
@@ -1077,6 +1105,8 @@ def main():
         if rc in (64, 77, 78) and parse_json_doc(out) is None:
             ar.fail("wait %s" % run_id, rc, out, err, run_id=run_id)
         rec = ar.status(run_id) or rec
+    if state == "finished" and p["_token"]:
+        drop_own_mark(p["root"], base, p["_token"])
     res = result_from(rec, p)
     res.update(id=base, changed=changed, agent_run=ar.info(), attempt=attempt)
     if module._diff and changed:
