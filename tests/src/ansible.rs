@@ -359,6 +359,30 @@ impl Fleet {
         drop(self.servers[i].take());
     }
 
+    /// The pid of host `i`'s listening sshd (its sessions, and what they run, fork from it).
+    pub fn sshd_pid(&self, i: usize) -> u32 {
+        self.servers[i].as_ref().expect("host's sshd is up").pid()
+    }
+
+    /// The `.ansible-fence.*` files in `host`'s run root, by name.
+    pub fn fences(&self, host: &Host) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(&host.root)
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with(".ansible-fence."))
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+
+    /// The controller user's lease token file (the fleet's ANSIBLE_HOME is its own).
+    pub fn token_file(&self) -> PathBuf {
+        self.dir.path().join("home/agent-run/lease-token")
+    }
+
     /// A path under the fleet's directory.
     pub fn path(&self, rel: &str) -> PathBuf {
         self.dir.path().join(rel)

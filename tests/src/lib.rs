@@ -1693,6 +1693,11 @@ pub mod remote {
         }
 
         /// `root@ADDR`.
+        /// The listening sshd's pid: every session forks from it.
+        pub fn pid(&self) -> u32 {
+            self.sshd.id()
+        }
+
         pub fn host(&self) -> String {
             format!("root@{}", self.addr)
         }

@@ -11,9 +11,11 @@
 //! leaves every process running on the hosts when ansible-playbook is killed.
 
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use agent_run_shared::lease::LeaseToken;
 use agent_run_shared::time::parse_rfc3339;
 use agent_run_tests::ansible::{ansible_program, installed_collection, Fleet, Host, Play};
 use agent_run_tests::ctx::T;
@@ -108,6 +110,10 @@ fn a_play_on_ten_hosts_then_a_rerun_that_runs_nothing_twice() {
 
     let first = fleet.play("site", &book, &[], PLAY);
     assert_eq!(first.code(), 2, "failed hosts give 2\n{}", first.describe());
+    // Ten workers wanted the controller's lease token at once, and none was there: they made
+    // one, and every run has it.
+    let token = fs::read_to_string(fleet.token_file()).expect("the controller's lease token");
+    let token_sha = LeaseToken::parse(token.trim()).unwrap().sha256();
     for h in &fleet.hosts {
         let r = first.result("hello", &h.name);
         let res = &r["result"];
@@ -157,6 +163,11 @@ fn a_play_on_ten_hosts_then_a_rerun_that_runs_nothing_twice() {
         fleet
             .run(&rec)
             .eq(&rec["labels"]["agentrun.id"], run_id, format_args!("{rec}"));
+        fleet.run(&rec).eq(
+            &rec["lease_token_sha256"],
+            token_sha.as_str(),
+            format_args!("{rec}"),
+        );
         fleet
             .run(&rec)
             .eq(&rec["argv"][3], h.name.as_str(), format_args!("{rec}"));
@@ -195,6 +206,8 @@ fn a_play_on_ten_hosts_then_a_rerun_that_runs_nothing_twice() {
             if failing { 3 } else { 0 },
             format_args!("{rec}"),
         );
+        // Each module removed its fence once its run existed: gc has none to leave behind.
+        assert_eq!(fleet.fences(h), Vec::<String>::new(), "{}", h.name);
     }
     assert_nothing_left(&fleet, "after the first play");
 
@@ -338,6 +351,8 @@ fn ansible_doc_shows_the_whole_documentation() {
         "cmd",
         "rerun",
         "max_output",
+        "lease_token",
+        "agent-run/lease-token",
         "timedout",
         "stdout_truncated",
         "check_mode",
@@ -1072,6 +1087,28 @@ fn flock_waiters(path: &std::path::Path) -> usize {
         .count()
 }
 
+/// The pid of the worker (the action plugin's process) that wrote trace line `what`.
+fn tracer_pid(trace: &std::path::Path, what: &str) -> i32 {
+    let text = fs::read_to_string(trace).unwrap_or_default();
+    text.lines()
+        .find(|l| l.ends_with(what))
+        .and_then(|l| l.split(' ').nth(2)?.parse::<i32>().ok())
+        .unwrap_or_else(|| panic!("no trace line {what:?} with a pid in:\n{text}"))
+}
+
+/// Writes a fence file `name` into `host`'s run root with `marks` ({token: epoch}), last written
+/// `age` ago (its mtime).
+fn plant_fence(host: &Host, name: &str, marks: Value, age: Duration) {
+    let path = host.root.join(name);
+    fs::write(
+        &path,
+        format!("{}\n", serde_json::json!({"cancelled": marks})),
+    )
+    .unwrap();
+    let f = fs::File::options().write(true).open(&path).unwrap();
+    f.set_modified(std::time::SystemTime::now() - age).unwrap();
+}
+
 /// The cancel marks in `host`'s fence of `base`.
 fn marks(host: &Host, base: &str) -> Value {
     let text = fs::read_to_string(host.root.join(format!(".ansible-fence.{base}")))
@@ -1120,7 +1157,7 @@ fn a_cancel_before_the_run_exists_leaves_nothing_running_and_a_rerun_works() {
     let fleet = Fleet::new(3);
     let (h1, h2, h3) = (&fleet.hosts[0], &fleet.hosts[1], &fleet.hosts[2]);
     let pause = r#"{"pause_at": {"h01": "fence", "h02": "start", "h03": "fence"}}"#;
-    let (mut cmd, _results) = fleet.command("fenced", &book(FENCED), &["-e", pause]);
+    let (mut cmd, results) = fleet.command("fenced", &book(FENCED), &["-e", pause]);
     let trace = fleet.path("trace.log");
     cmd.env("AGENTRUN_ANSIBLE_TRACE", &trace);
     let play = agent_run_tests::Spawned::spawn(&mut cmd);
@@ -1140,17 +1177,36 @@ fn a_cancel_before_the_run_exists_leaves_nothing_running_and_a_rerun_works() {
         1,
         "marks(h3, &base3).as_object().unwrap().len()"
     );
-    // The module goes on, finds the mark, starts nothing and ends.
+    // The module goes on, finds the mark, starts nothing and ends: the mark is used up, and the
+    // fence, empty, removed.
     fs::write(h3.dir.join(format!("{base3}.fence.go")), "").unwrap();
     let gone = Pinned::new(&[pid3]).wait_all_gone(T);
     assert!(gone.is_ok(), "h03's module still running: {gone:?}");
     assert!(fleet.records(h3).is_empty(), "{:?}", fleet.records(h3));
     assert_eq!(
-        marks(h3, &base3),
-        serde_json::json!({}),
-        "the mark is used up"
+        fleet.fences(h3),
+        Vec::<String>::new(),
+        "h03's fence is left"
     );
     assert!(!h3.dir.join("count").exists(), "h03's command ran");
+
+    // h03's worker has delivered its result to ansible-playbook and exited before the Ctrl-C.
+    // Ansible's worker dies at once on the SIGINT ansible-playbook forwards to it (its _term:
+    // killpg, os._exit): landing while the worker held the results queue's write lock (in
+    // FinalQueue.put, sending its result), it left that lock taken for good, and ansible-playbook
+    // then blocked forever in its strategy's cleanup, putting its end mark on that queue (1 run in
+    // 10: the lock's semaphore at 0 with one waiter, and h03's result never shown).
+    let worker3 = Pinned::new(&[tracer_pid(&trace, &format!("cancel done {base3}"))]);
+    let r3 = wait_until_dbg("h03's result in ansible-playbook", PLAY, || {
+        let text = fs::read_to_string(&results).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|r| r["host"] == "h03")
+            .ok_or(text)
+    });
+    assert_eq!(r3["status"], "failed", "{r3}");
+    let gone = worker3.wait_all_gone(T);
+    assert!(gone.is_ok(), "h03's worker still running: {gone:?}");
 
     // Ctrl-C, while h01's module has not taken the fence and h02's holds it, about to start.
     sys::kill_group(pgid, libc::SIGINT).expect("Ctrl-C to ansible-playbook's group");
@@ -1197,14 +1253,31 @@ fn a_cancel_before_the_run_exists_leaves_nothing_running_and_a_rerun_works() {
     let gone = modules.wait_all_gone(T);
     assert!(gone.is_ok(), "modules still running: {gone:?}");
     assert!(fleet.records(h1).is_empty(), "{:?}", fleet.records(h1));
-    assert_eq!(
-        marks(h1, &base1),
-        serde_json::json!({}),
-        "the mark is used up"
-    );
     assert!(!h1.dir.join("count").exists(), "h01's command ran");
+    // No fence is left: h01's module used up its mark; h02's removed its fence once the run
+    // existed, and the mark its cancel then left in a new one once its wait ended.
+    for h in &fleet.hosts {
+        assert_eq!(fleet.fences(h), Vec::<String>::new(), "{}", h.name);
+    }
     let out = play.finish(PLAY);
     assert_ne!(out.status.code(), Some(0), "{out:?}");
+
+    // Fences whose marks nobody came for: one nobody wrote for two days goes at the next start
+    // in that root, one written just now stays.
+    let token = "0123456789abcdef0123456789abcdef";
+    let now = epoch_now();
+    plant_fence(
+        h2,
+        ".ansible-fence.stale",
+        serde_json::json!({ token: now - 2.0 * 86400.0 }),
+        Duration::from_secs(2 * 86400),
+    );
+    plant_fence(
+        h2,
+        ".ansible-fence.fresh",
+        serde_json::json!({ token: now }),
+        Duration::ZERO,
+    );
 
     // A rerun of the task (a new invocation: not refused by the old marks) runs it, once.
     for h in &fleet.hosts {
@@ -1256,6 +1329,14 @@ fn a_cancel_before_the_run_exists_leaves_nothing_running_and_a_rerun_works() {
         1,
         "count_lines(&h3.dir.join(\"count\"))"
     );
+    for h in &fleet.hosts {
+        let want: Vec<String> = if h.name == "h02" {
+            vec![".ansible-fence.fresh".into()]
+        } else {
+            Vec::new()
+        };
+        assert_eq!(fleet.fences(h), want, "{}", h.name);
+    }
     assert_nothing_left(&fleet, "after the fenced cancels and the rerun");
 }
 
@@ -1278,10 +1359,16 @@ const INSTALL: &str = r#"- name: install agent-run
 /// The module defaults of the playbooks that use the installed copy.
 const MD_INSTALLED: &str = "  module_defaults:\n    group/agentrun.remote.all:\n      binary: \"{{ agentrun_dir }}/agent-run\"\n      root: \"{{ agentrun_root }}\"";
 
+/// The victims' own lease token (`lease_token:`), and one that is no run's.
+const VICTIM_TOKEN: &str = "victim-token.0123456789+/=~";
+const WRONG_TOKEN: &str = "wrong-token-0123456789abcdef";
+
 const STARTED: &str = r#"- name: start
   hosts: all
   gather_facts: false
 @MD@
+  vars:
+    victim_token: "@VICTIM@"
   tasks:
     - name: start the job
       agentrun.remote.run:
@@ -1296,6 +1383,7 @@ const STARTED: &str = r#"- name: start
         id: victim
         state: started
         lease: 5m
+        lease_token: "{{ victim_token }}"
         cmd: 'sleep 300 & sleep 300'
 "#;
 
@@ -1303,11 +1391,25 @@ const LATER: &str = r#"- name: later
   hosts: all
   gather_facts: false
 @MD@
+  vars:
+    victim_token: "@VICTIM@"
+    wrong_token: "@WRONG@"
   tasks:
     - name: look at the job
       agentrun.remote.run:
         id: job
         state: status
+    - name: look at the job with another token
+      agentrun.remote.run:
+        id: job
+        state: status
+        lease_token: "{{ wrong_token }}"
+      ignore_errors: true
+    - name: look at the victim
+      agentrun.remote.run:
+        id: victim
+        state: status
+        lease_token: "{{ victim_token }}"
     - name: cancel the victim
       agentrun.remote.run:
         id: victim
@@ -1315,8 +1417,82 @@ const LATER: &str = r#"- name: later
     - name: wait for the job
       agentrun.remote.run:
         id: job
-        lease: 10s
+        lease: 3s
 "#;
+
+/// How many lines of `path` contain `needle` (0 when it is missing).
+fn count_matching(path: &std::path::Path, needle: &str) -> usize {
+    fs::read_to_string(path).map_or(0, |t| t.lines().filter(|l| l.contains(needle)).count())
+}
+
+/// `/proc/PID/environ` of the process a record names, if it is still that process after the
+/// read (pid and start ticks).
+fn environ_of(rec: &Value) -> Option<Vec<u8>> {
+    let pid = rec["pid"].as_i64()?;
+    let environ = fs::read(format!("/proc/{pid}/environ")).ok()?;
+    leader_alive(rec).then_some(environ)
+}
+
+/// The words of an execve line of strace (`PID execve("PATH", ["ARG", ...], [...]) ...`): its
+/// argv, unescaped enough to compare words.
+fn strace_argv(line: &str) -> Vec<String> {
+    let Some(at) = line.find("execve(") else {
+        return Vec::new();
+    };
+    let rest = &line[at..];
+    let Some(open) = rest.find(", [") else {
+        return Vec::new();
+    };
+    let mut words = Vec::new();
+    let mut chars = rest[open + 3..].chars();
+    let mut word: Option<String> = None;
+    while let Some(c) = chars.next() {
+        match (&mut word, c) {
+            (None, ']') => break,
+            (None, '"') => word = Some(String::new()),
+            (None, _) => {}
+            (Some(w), '\\') => {
+                if let Some(n) = chars.next() {
+                    w.push(n);
+                }
+            }
+            (Some(_), '"') => words.push(word.take().unwrap()),
+            (Some(w), c) => w.push(c),
+        }
+    }
+    words
+}
+
+/// What a host's execve calls (strace) did with the lease tokens: panics if one is on a command
+/// line, twice in a call, or in the environment of anything but `agent-run start` or `renew`;
+/// else the (subcommand, token) pairs seen.
+fn token_uses(strace_log: &str, tokens: &[&str]) -> Vec<(String, String)> {
+    let mut uses = Vec::new();
+    for line in strace_log.lines().filter(|l| l.contains("execve(")) {
+        for token in tokens {
+            if !line.contains(token) {
+                continue;
+            }
+            let argv = strace_argv(line);
+            assert_eq!(
+                line.matches(token).count(),
+                1,
+                "the token is on a command line: {line}"
+            );
+            assert!(
+                line.contains(&format!("\"AGENT_RUN_LEASE_TOKEN={token}\"")),
+                "the token outside AGENT_RUN_LEASE_TOKEN: {line}"
+            );
+            let sub = argv
+                .iter()
+                .find(|w| *w == "start" || *w == "renew")
+                .filter(|_| argv.first().is_some_and(|a| a.ends_with("agent-run")))
+                .unwrap_or_else(|| panic!("the token in the environment of {argv:?}: {line}"));
+            uses.push((sub.clone(), token.to_string()));
+        }
+    }
+    uses
+}
 
 #[test]
 fn state_started_in_one_playbook_run_and_finished_in_a_later_one() {
@@ -1328,9 +1504,59 @@ fn state_started_in_one_playbook_run_and_finished_in_a_later_one() {
         "        cmd: 'while [ ! -e \"$0/gate\" ]; do sleep 0.05; done; echo done on $1'\n        # sh -c CMD $0 $1\n",
         "        argv: [sh, -c, 'while [ ! -e \"$0/gate\" ]; do sleep 0.05; done; echo done on $1', \"{{ agentrun_dir }}\", \"{{ inventory_hostname }}\"]\n",
     );
-    let started = format!("{INSTALL}{started}");
+    let started = format!("{INSTALL}{started}").replace("@VICTIM@", VICTIM_TOKEN);
+    // Every process h01's sshd runs, from now on, with its command line and its environment.
+    let log = fleet.path("h01-execve.strace");
+    let strace = agent_run_tests::Spawned::spawn(
+        std::process::Command::new("strace")
+            .args([
+                "-f",
+                "-v",
+                "-s",
+                "65535",
+                "-e",
+                "trace=execve",
+                "-e",
+                "signal=none",
+                "-o",
+            ])
+            .arg(&log)
+            .arg("-p")
+            .arg(fleet.sshd_pid(0).to_string()),
+    );
+    wait_until_dbg("strace attached to h01's sshd", T, || {
+        let err = String::from_utf8_lossy(&strace.stderr_so_far()).into_owned();
+        if err.contains("attached") {
+            Ok(())
+        } else {
+            Err(err)
+        }
+    });
     let first = fleet.play("start", &started, &[], PLAY);
     assert_eq!(first.code(), 0, "{}", first.describe());
+
+    // The controller's lease token: made by the first task that needed it, 0600 in a 0700
+    // directory of the controller's ANSIBLE_HOME.
+    let token_file = fleet.token_file();
+    let meta =
+        fs::metadata(&token_file).unwrap_or_else(|e| panic!("no {}: {e}", token_file.display()));
+    assert_eq!(
+        meta.permissions().mode() & 0o777,
+        0o600,
+        "{}",
+        token_file.display()
+    );
+    let dir_meta = fs::metadata(token_file.parent().unwrap()).unwrap();
+    assert_eq!(
+        dir_meta.permissions().mode() & 0o777,
+        0o700,
+        "its directory"
+    );
+    let token = fs::read_to_string(&token_file).unwrap().trim().to_string();
+    let token_sha = LeaseToken::parse(&token)
+        .unwrap_or_else(|e| panic!("{token_file:?} holds no lease token: {e}"))
+        .sha256();
+    let victim_sha = LeaseToken::parse(VICTIM_TOKEN).unwrap().sha256();
     let mut deadlines = Vec::new();
     for h in &fleet.hosts {
         let r = first.result("start the job", &h.name);
@@ -1360,6 +1586,31 @@ fn state_started_in_one_playbook_run_and_finished_in_a_later_one() {
             serde_json::from_str(&fs::read_to_string(h.root.join("job/lease.json")).unwrap())
                 .unwrap();
         deadlines.push(lease["deadline_epoch"].as_f64().unwrap());
+        // The runs hold the hash of their token: the controller's, or the task's own; the
+        // workload's environment holds neither the variable nor the token.
+        let (_, victim) = record_of(&fleet, h, "victim");
+        fleet.run(&rec).eq(
+            &rec["lease_token_sha256"],
+            token_sha.as_str(),
+            format_args!("{rec}"),
+        );
+        fleet.run(&victim).eq(
+            &victim["lease_token_sha256"],
+            victim_sha.as_str(),
+            format_args!("{victim}"),
+        );
+        for r in [&rec, &victim] {
+            let env = environ_of(r).unwrap_or_else(|| panic!("{}: no leader: {r}", h.name));
+            let env = String::from_utf8_lossy(&env);
+            ensure!(
+                fleet.run(r),
+                !env.contains("AGENT_RUN_LEASE_TOKEN")
+                    && !env.contains(&token)
+                    && !env.contains(VICTIM_TOKEN),
+                "the workload's environment: {env:?}"
+            );
+        }
+        assert_eq!(fleet.fences(h), Vec::<String>::new(), "{}", h.name);
     }
     // Nothing of the controller is left, only the runs: every live process the fleet started is
     // a member of a run's session, a run's wrapper or its output keeper, as the records and the
@@ -1389,20 +1640,39 @@ fn state_started_in_one_playbook_run_and_finished_in_a_later_one() {
                     || (rec["wrapper_pid"].as_i64() == Some(i64::from(*pid))
                         && rec["wrapper_start_ticks"].as_u64() == Some(ticks))
             }) || keepers.contains(&(i64::from(*pid), ticks));
-            !matches!(state, 'Z' | 'X') && !of_a_run
+            // The test's own strace of h01's sshd is not the fleet's.
+            let ours = *pid == strace.child.id() as i32;
+            !matches!(state, 'Z' | 'X') && !of_a_run && !ours
         })
         .collect();
     assert!(left.is_empty(), "{left:?}");
 
     // A later playbook: the status renews the lease, the cancel stops the victim, and the
     // finished task waits for the job (released once the victims are gone) and reports it.
-    let (mut cmd, results) = fleet.command("later", &LATER.replace("@MD@", MD_INSTALLED), &[]);
+    let later_book = LATER
+        .replace("@MD@", MD_INSTALLED)
+        .replace("@VICTIM@", VICTIM_TOKEN)
+        .replace("@WRONG@", WRONG_TOKEN);
+    let (mut cmd, results) = fleet.command("later", &later_book, &[]);
     let later = agent_run_tests::Spawned::spawn(&mut cmd);
     wait_until_dbg("every victim cancelled", PLAY, || {
         for h in &fleet.hosts {
             let (_, rec) = record_of(&fleet, h, "victim");
             if rec["state"] != "cancelled" {
                 return Err(format!("{}: {}", h.name, rec["state"]));
+            }
+        }
+        Ok(())
+    });
+    // The wait for the job renews it (a 3 s lease, a poll a second): two renewals on each host
+    // after this point, so the plugin's own polls renewed it too, before the job may end.
+    let renewals =
+        |h: &Host| count_matching(&h.root.join("job/events.jsonl"), "\"event\":\"renew\"");
+    let before: Vec<usize> = fleet.hosts.iter().map(renewals).collect();
+    wait_until_dbg("two more renewals of every job", PLAY, || {
+        for (h, n) in fleet.hosts.iter().zip(&before) {
+            if renewals(h) < n + 2 {
+                return Err(format!("{}: {} renewals, {n} before", h.name, renewals(h)));
             }
         }
         Ok(())
@@ -1437,6 +1707,25 @@ fn state_started_in_one_playbook_run_and_finished_in_a_later_one() {
             h.name
         );
 
+        // Another token renews nothing: agent-run refuses it (77), the task says why.
+        let r = later.result("look at the job with another token", &h.name);
+        assert_eq!(r["status"], "failed", "{r}");
+        let msg = r["result"]["msg"].as_str().unwrap_or_default();
+        assert!(
+            msg.contains("exit 77") && msg.contains("lease token"),
+            "{r}"
+        );
+        let events = fs::read_to_string(h.root.join("job/events.jsonl")).unwrap();
+        assert!(events.contains("renew_refused"), "{}: {events}", h.name);
+
+        // The victim's own token renews the victim.
+        let r = later.result("look at the victim", &h.name);
+        assert_eq!(r["status"], "ok", "{r}");
+        assert!(
+            r["result"]["renewed"]["deadline_epoch"].as_f64().is_some(),
+            "{r}"
+        );
+
         let r = later.result("cancel the victim", &h.name);
         assert_eq!(r["status"], "ok", "{r}");
         assert_eq!(r["result"]["changed"], true, "{r}");
@@ -1458,6 +1747,44 @@ fn state_started_in_one_playbook_run_and_finished_in_a_later_one() {
             .eq(&rec["state"], "finished", format_args!("{rec}"));
         assert_eq!(fleet.records(h).len(), 2, "{}", h.name);
     }
+
+    // No token is in what the controller showed, nor on any command line on h01; each is only
+    // in the environment of agent-run start and renew, and each was used there.
+    for text in [
+        first.describe(),
+        later.describe(),
+        fs::read_to_string(&results).unwrap(),
+    ] {
+        for t in [token.as_str(), VICTIM_TOKEN, WRONG_TOKEN] {
+            assert!(
+                !text.contains(t),
+                "a lease token in the controller's output: {text}"
+            );
+        }
+    }
+    strace.signal(libc::SIGINT);
+    let _ = strace.finish(T);
+    let traced_log = fs::read_to_string(&log).unwrap();
+    let uses = token_uses(&traced_log, &[&token, VICTIM_TOKEN, WRONG_TOKEN]);
+    for (sub, t) in [
+        ("start", token.as_str()),
+        ("renew", token.as_str()),
+        ("start", VICTIM_TOKEN),
+        ("renew", VICTIM_TOKEN),
+        ("renew", WRONG_TOKEN),
+    ] {
+        assert!(
+            uses.iter().any(|(s, u)| s == sub && u == t),
+            "no agent-run {sub} with token {t} on h01: {uses:?}"
+        );
+    }
+    // The plugin's polls renewed through a shell that read the token from its stdin.
+    assert!(
+        traced_log.lines().any(|l| strace_argv(l)
+            .iter()
+            .any(|w| w.contains("read -r t") && w.contains("AGENT_RUN_LEASE_TOKEN=\"$t\""))),
+        "no poll of the plugin on h01"
+    );
     assert_nothing_left(&fleet, "after the later playbook");
 }
 
@@ -1603,4 +1930,101 @@ fn a_host_lost_mid_run_is_unreachable_and_its_run_ends_at_its_lease() {
         assert_eq!(r["result"]["stdout"], "released\n", "{r}");
     }
     assert_nothing_left(&fleet, "after the lost host");
+}
+
+/// The play of the module-poll test: `su` as become (it may need a terminal, so Ansible gives
+/// a command no stdin data there), a lease of 3 s and a command that waits for its gate.
+const SU: &str = r#"- name: su
+  hosts: all
+  gather_facts: false
+  become: true
+  become_method: su
+@MD@
+  tasks:
+    - name: su
+      agentrun.remote.run:
+        cmd: 'while [ ! -e "{{ agentrun_dir }}/gate" ]; do sleep 0.05; done; echo released'
+        lease: 3s
+"#;
+
+#[test]
+fn where_stdin_cannot_carry_the_token_each_poll_is_a_module_and_renews() {
+    require_root();
+    let _serial = serial();
+    let fleet = Fleet::new(1);
+    let h = &fleet.hosts[0];
+    let (mut cmd, results) = fleet.command("su", &book(SU), &[]);
+    let trace = fleet.path("trace.log");
+    cmd.env("AGENTRUN_ANSIBLE_TRACE", &trace);
+    let play = agent_run_tests::Spawned::spawn(&mut cmd);
+    let recs = wait_all_running(&fleet, "ans-", 1, &play);
+    // The plugin's polls (modules: the trace says so) renew the lease past its first 3 s.
+    let polls = wait_until_dbg("two polls by module", PLAY, || {
+        let text = fs::read_to_string(&trace).unwrap_or_default();
+        let n = text
+            .lines()
+            .filter(|l| l.contains("poll by module "))
+            .count();
+        if n >= 2 {
+            Ok(n)
+        } else {
+            Err(text)
+        }
+    });
+    let dir = h.root.join(recs[0]["run_id"].as_str().unwrap());
+    wait_until_dbg("a renewal", PLAY, || {
+        let lease: Value = fs::read_to_string(dir.join("lease.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(Value::Null);
+        let created = parse_rfc3339(recs[0]["created_at"].as_str().unwrap()).unwrap();
+        match lease["deadline_epoch"].as_f64() {
+            Some(d) if d - created >= 3.5 => Ok(()),
+            other => Err(format!("deadline {other:?}, created {created}")),
+        }
+    });
+    fs::write(h.dir.join("gate"), "").unwrap();
+    let out = play.finish(PLAY);
+    let play = Play {
+        out,
+        elapsed: Duration::ZERO,
+        results: agent_run_tests::ansible::read_results(&results),
+    };
+    assert_eq!(play.code(), 0, "{}", play.describe());
+    let r = play.result("su", &h.name);
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(r["result"]["stdout"], "released\n", "{r}");
+    let text = fs::read_to_string(&trace).unwrap_or_default();
+    assert!(
+        !text.lines().any(|l| l.contains(" poll ans-")),
+        "a poll by shell command, with su: {text} ({polls} by module)"
+    );
+
+    // A token file others can read is refused (the token may be known), and so is a
+    // lease_token agent-run would not take; nothing is asked of the host then.
+    let token_file = fleet.token_file();
+    fs::set_permissions(&token_file, fs::Permissions::from_mode(0o644)).unwrap();
+    let run_id = recs[0]["run_id"].as_str().unwrap();
+    let refused = fleet.play(
+        "refused",
+        &book(&format!(
+            "- name: refused\n  hosts: all\n  gather_facts: false\n@MD@\n  tasks:\n    \
+             - name: readable\n      agentrun.remote.run:\n        id: {run_id}\n        \
+             state: status\n      ignore_errors: true\n    \
+             - name: malformed\n      agentrun.remote.run:\n        id: {run_id}\n        \
+             state: status\n        lease_token: 'short'\n      ignore_errors: true\n"
+        )),
+        &[],
+        PLAY,
+    );
+    assert_eq!(refused.code(), 0, "{}", refused.describe());
+    let r = refused.result("readable", &h.name);
+    assert_eq!(r["status"], "failed", "{r}");
+    let msg = r["result"]["msg"].as_str().unwrap_or_default();
+    assert!(msg.contains("can be read by others"), "{r}");
+    let r = refused.result("malformed", &h.name);
+    assert_eq!(r["status"], "failed", "{r}");
+    let msg = r["result"]["msg"].as_str().unwrap_or_default();
+    assert!(msg.contains("lease_token must be"), "{r}");
+    assert_nothing_left(&fleet, "after the su play");
 }

@@ -34,6 +34,15 @@ The flow for `state: finished`:
 An interruption during step 1 cancels through the host's fence of the id (module_utils/fence.py,
 the collection's README: "A cancel that comes before the run exists"), so that a module still on
 its way to `agent-run start` starts nothing, or its run is found and cancelled.
+
+The lease token (agent-run renews a lease only for the holder of the run's token) belongs to the
+controller: the task's `lease_token`, else the controller user's own, kept in
+$ANSIBLE_HOME/agent-run/lease-token (0600, made on first use), so that a later playbook run
+renews what an earlier one started. It travels to the host as a no_log module argument, and to
+each poll's `agent-run renew` on the command's stdin (a shell variable there, then that one
+command's environment), never on a command line. Where the connection cannot carry stdin (no
+pipelining: paramiko, `su`, or become without `pipelining = True`, where sudo may want a tty),
+each poll is a module execution instead.
 """
 
 from __future__ import annotations
@@ -42,8 +51,10 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shlex
 import signal
+import stat
 import threading
 import time
 import uuid
@@ -88,6 +99,12 @@ POLL_MARK = "@agentrun-poll rc="
 LABEL_VALUE_MAX = 1024
 
 DURATION_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*$")
+# A lease token as agent-run takes it.
+TOKEN_RE = re.compile(r"^[A-Za-z0-9._+/=~-]{16,256}$")
+TOKEN_DIR = "agent-run"
+TOKEN_FILE = "lease-token"
+# agent-run's exit code for a refused renewal (no lease token, or another one).
+EXIT_NOPERM = 77
 UNIT_MS = {"ms": 1, "s": 1000, "m": 60000, "h": 3600000, "d": 86400000, None: 1000}
 
 
@@ -114,6 +131,100 @@ def label_value(text):
     s = re.sub(r"[\x00-\x1f\x7f]+", " ", str(text))
     b = s.encode("utf-8", errors="replace")[:LABEL_VALUE_MAX]
     return b.decode("utf-8", errors="ignore")
+
+
+class TokenError(Exception):
+    pass
+
+
+def ansible_home():
+    """The controller's Ansible home ($ANSIBLE_HOME, [defaults] home; ~/.ansible by default)."""
+    try:
+        from ansible import constants as C
+        home = getattr(C, "ANSIBLE_HOME", None)
+    except ImportError:
+        home = None
+    return os.path.abspath(os.path.expanduser(home or "~/.ansible"))
+
+
+def controller_token(home=None):
+    """The controller user's lease token, from HOME/agent-run/lease-token; made there first when
+    missing (0600, in a 0700 directory of ours). Two workers making it at once agree: the file is
+    linked into place only if none is there (never replaced), and both read what is there."""
+    home = home or ansible_home()
+    d = os.path.join(home, TOKEN_DIR)
+    path = os.path.join(d, TOKEN_FILE)
+    try:
+        os.makedirs(home, 0o700, exist_ok=True)
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
+        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise TokenError("cannot make or open the directory %s: %s" % (d, e.strerror))
+    try:
+        st = os.fstat(dfd)
+        if st.st_uid != os.geteuid():
+            raise TokenError("%s is not owned by uid %d" % (d, os.geteuid()))
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            os.fchmod(dfd, 0o700)
+        for _ in range(3):
+            try:
+                fd = os.open(TOKEN_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+            except FileNotFoundError:
+                _make_token(dfd)
+                continue
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                    raise TokenError("%s is not a regular file of uid %d" % (path, os.geteuid()))
+                if stat.S_IMODE(st.st_mode) & 0o077:
+                    raise TokenError(
+                        "%s can be read by others (mode %04o), so the token may be known: remove it (a new one "
+                        "is made, and runs started with the old one can no longer be renewed) or chmod it 0600"
+                        % (path, stat.S_IMODE(st.st_mode)))
+                data = os.read(fd, 1024)
+            finally:
+                os.close(fd)
+            token = data.decode("ascii", errors="replace").strip()
+            if not TOKEN_RE.match(token):
+                raise TokenError("%s does not hold a lease token (16 to 256 characters of A-Z a-z 0-9 . _ - + / = ~)"
+                                 % path)
+            return token
+        raise TokenError("%s vanished each time it was made" % path)
+    except OSError as e:
+        raise TokenError("cannot read or make %s: %s" % (path, e.strerror))
+    finally:
+        os.close(dfd)
+
+
+def _make_token(dfd):
+    """A new token into TOKEN_FILE in directory `dfd`, unless one is there by then."""
+    tmp = ".%s.%d.%s" % (TOKEN_FILE, os.getpid(), uuid.uuid4().hex)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+    try:
+        try:
+            os.write(fd, (secrets.token_urlsafe(32) + "\n").encode("ascii"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, TOKEN_FILE, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except FileExistsError:
+            pass  # another worker's, made meanwhile: that one it is
+    finally:
+        os.unlink(tmp, dir_fd=dfd)
+    os.fsync(dfd)
+
+
+def refused(run_id):
+    """The task's result when agent-run refused a renewal (77): the run is not this task's."""
+    return dict(failed=True, run_id=run_id, final=False, rc=None, msg=(
+        "agent-run refused to renew run %s (exit 77): it was started with another lease token than this task's: "
+        "by another controller user, with another ANSIBLE_HOME or with another lease_token. Only its starter can "
+        "renew it; give this task the lease_token that started it. Without renewals the host stops it when its "
+        "lease expires" % run_id))
 
 
 class _Interrupted(BaseException):
@@ -171,11 +282,12 @@ class ActionModule(ActionBase):
             return '"$HOME"/' + quote(path[2:])
         return quote(path)
 
-    def _agent_run(self, args, known, with_env=True):
+    def _agent_run(self, args, known, with_env=True, assign=""):
         """The shell words that call the host's agent-run with the task's root (after the task's
-        environment as assignments, unless not `with_env`)."""
+        environment as assignments, unless not `with_env`, then `assign`)."""
         quote = self._connection._shell.quote
         env = self._compute_environment_string() if with_env else ""
+        env = " ".join(w for w in (env, assign) if w)
         if known.get("binary"):
             binary = quote(known["binary"])
         else:
@@ -192,9 +304,9 @@ class ActionModule(ActionBase):
             words += ["--root", self._sh_path(args["root"])]
         return " ".join(words)
 
-    def _raw(self, cmd):
+    def _raw(self, cmd, in_data=None):
         sudoable = True  # so that become applies, as it does to the module
-        res = self._low_level_execute_command(cmd, sudoable=sudoable)
+        res = self._low_level_execute_command(cmd, sudoable=sudoable, in_data=in_data)
         return res.get("rc"), (res.get("stdout") or "") + "\n" + (res.get("stderr") or "")
 
     def _cancel(self, args, base, known, token):
@@ -255,6 +367,23 @@ class ActionModule(ActionBase):
         args["_labels"] = self._auto_labels(task_vars)
         module = self._task.resolved_action or "agentrun.remote.run"
 
+        # The lease token: the task's, else the controller user's (made on first use). Only what
+        # starts or renews needs it.
+        given = args.pop("lease_token", None)
+        if given not in (None, "") and not TOKEN_RE.match(str(given)):
+            result.update(failed=True, msg="lease_token must be 16 to 256 characters of A-Z a-z 0-9 . _ - + / = ~")
+            return result
+        if state in ("finished", "started", "status") and not self._task.check_mode:
+            if given not in (None, ""):
+                args["_lease_token"] = str(given)
+            else:
+                try:
+                    args["_lease_token"] = controller_token()
+                except TokenError as e:
+                    result.update(failed=True, msg="cannot use the controller's lease token: %s; or give the task "
+                                  "a lease_token" % e)
+                    return result
+
         if state != "finished" or self._task.check_mode:
             result.update(self._execute_module(module_name=module, module_args=args, task_vars=task_vars))
             return result
@@ -307,7 +436,10 @@ class ActionModule(ActionBase):
                 own = res.get("lease_s")
                 run_lease_ms = int(own * 1000) if isinstance(own, (int, float)) and own > 0 else DEFAULT_LEASE_MS
             poll_s = min(POLL_MAX_S, max(POLL_MIN_S, run_lease_ms / 3000.0))
-            self._wait_final(args, known, run_lease_ms, poll_s, parent)
+            failed = self._wait_final(module, args, task_vars, known, run_lease_ms, poll_s, parent)
+            if failed:
+                failed.setdefault("id", base)
+                return failed
             collect = dict(args, _collect=known["run_id"], _changed=bool(res.get("changed")))
             return self._execute_module(module_name=module, module_args=collect, task_vars=task_vars)
         except _ControllerGone:
@@ -340,23 +472,55 @@ class ActionModule(ActionBase):
                 for sig, handler in saved.items():
                     signal.signal(sig, handler)
 
-    def _wait_final(self, args, known, lease_ms, poll_s, parent):
-        """Renew and wait until the run is final. Returns when it is (or when agent-run says something
-        the module should report); raises _ControllerGone when ansible-playbook died."""
+    def _stdin_reaches_host(self):
+        """Whether a command's stdin reaches the host's shell through this connection, as a
+        pipelined module's does: a connection that can pipeline, and no become unless pipelining
+        is on (become without it may need a tty, which stdin data rules out)."""
+        conn = self._connection
+        if not getattr(conn, "has_pipelining", False):
+            return False
+        if not conn.become:
+            return True
+        try:
+            return bool(conn.is_pipelining_enabled())
+        except Exception:  # an older or odd connection plugin: the module path is always right
+            return False
+
+    def _wait_final(self, module, args, task_vars, known, lease_ms, poll_s, parent):
+        """Renew and wait until the run is final. Returns None when it is (or when agent-run says
+        something the module should report), a failed result when agent-run refused a renewal;
+        raises _ControllerGone when ansible-playbook died."""
         quote = self._connection._shell.quote
         ar = self._agent_run(args, known)
         run_id = quote(known["run_id"])
-        renew = "%s renew %s --lease %dms >/dev/null 2>&1" % (ar, run_id, lease_ms)
+        token = args.get("_lease_token") or ""
+        by_stdin = self._stdin_reaches_host()
+        # The token is read from stdin into a shell variable, and given to `renew` alone, in its
+        # environment: the command line (which /proc shows every user) never holds it.
+        renew = "%s renew %s --lease %dms >/dev/null 2>&1" % (
+            self._agent_run(args, known, assign='AGENT_RUN_LEASE_TOKEN="$t"'), run_id, lease_ms)
         wait = "%s wait --timeout %dms --json %s 2>/dev/null" % (ar, int(poll_s * 1000), run_id)
-        cmd = "%s; %s; rc=$?; echo; echo '%s'$rc" % (renew, wait, POLL_MARK)
+        cmd = "IFS= read -r t || :; %s; r=$?; t=; %s; rc=$?; echo; echo '%s'$rc' renew='$r" % (renew, wait, POLL_MARK)
+        data = (token + "\n").encode("ascii")
         # The lease runs out this long after the last renewal that reached the host.
         last_ok = time.monotonic()
         while True:
             if os.getppid() != parent:
                 raise _ControllerGone()
             try:
-                trace("poll %s" % known["run_id"])
-                rc, text = self._raw(cmd)
+                trace("poll %s%s" % ("" if by_stdin else "by module ", known["run_id"]))
+                if not by_stdin:
+                    res = self._execute_module(module_name=module, task_vars=task_vars, module_args=dict(
+                        args, _poll=known["run_id"], _wait=poll_s, lease="%dms" % lease_ms))
+                    if res.get("unreachable"):
+                        raise AnsibleConnectionFailure(res.get("msg") or "unreachable")
+                    last_ok = time.monotonic()
+                    if res.get("failed"):
+                        return res
+                    if res.get("final") or res.get("wait_rc") not in (75, None):
+                        return
+                    continue
+                rc, text = self._raw(cmd, in_data=data)
             except AnsibleConnectionFailure as e:
                 if time.monotonic() - last_ok > lease_ms / 1000.0:
                     raise AnsibleConnectionFailure(
@@ -370,8 +534,10 @@ class ActionModule(ActionBase):
             at = text.rfind(POLL_MARK)
             if at < 0:
                 return  # not our output: let the module look at the run
-            m = re.match(r"(\d+)", text[at + len(POLL_MARK):])
+            m = re.match(r"(\d+) renew=(\d+)", text[at + len(POLL_MARK):])
             wait_rc = int(m.group(1)) if m else None
+            if m and int(m.group(2)) == EXIT_NOPERM:
+                return refused(known["run_id"])
             body = text[:at]
             start = body.find("{")
             doc = None

@@ -22,6 +22,15 @@ cancel had it first, and the module finds the mark. A later invocation of the ta
 another token and is not refused. Marks whose module never came (it had passed already, or was
 never sent) are dropped after a day, and at most 256 are kept.
 
+A fence lives only while it is needed: whoever lets it go with no mark left in it (the module
+once `start --detach` has returned, or once it has used up its own mark) removes the file,
+under the lock. So a run root keeps no fence of a run that `agent-run gc` removed. The removal
+is safe against other playbooks: a process that waited for the lock of the removed file finds,
+once it has the lock, that the path no longer names the file it locked, and starts again with
+the file that is there now (or a new one). Whoever holds the lock of the file at the path holds
+the fence. A fence left by a cancel whose module never came (its marks only) goes once its
+newest mark is a day old: the module's sweep removes it (`sweep`).
+
 The root is the user's run root, writable by every run of the user (hostile ground, see the
 contract): the root must be a directory of ours that is not a symlink nor group or world
 writable; the fence file is opened without following symlinks or blocking (O_NOFOLLOW,
@@ -104,32 +113,66 @@ def _open_root(path):
 
 
 class Fence(object):
-    """The fence of run id `base` under `root`, locked (exclusive flock) for the object's life."""
+    """The fence of run id `base` under `root`, locked (exclusive flock) for the object's life.
 
-    def __init__(self, root, base, wait_s):
+    With `create=False` a missing fence is not made: `missing` is true then, and nothing is
+    held."""
+
+    def __init__(self, root, base, wait_s, create=True):
         if not RUN_ID_RE.match(base or ""):
             raise FenceError("%r is not a run id" % (base,))
         self.path = os.path.join(root_path(root), PREFIX + base)
-        dfd = _open_root(os.path.dirname(self.path))
+        self.name = os.path.basename(self.path)
+        self.fd = None
+        self.missing = False
+        self.dfd = _open_root(os.path.dirname(self.path))
         try:
-            flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-            self.fd = os.open(os.path.basename(self.path), flags, 0o600, dir_fd=dfd)
-        except OSError as e:
-            raise FenceError("cannot open %s: %s" % (self.path, e.strerror))
-        finally:
-            os.close(dfd)
-        try:
-            st = os.fstat(self.fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
-                raise FenceError("%s is not a regular file of ours with one link: not used" % self.path)
-            if stat.S_IMODE(st.st_mode) != 0o600:
-                os.fchmod(self.fd, 0o600)
-            self._lock(wait_s)
+            deadline = time.monotonic() + wait_s
+            while self.fd is None:
+                fd = self._open(create)
+                if fd is None:
+                    self.missing = True
+                    return
+                try:
+                    self._lock(fd, max(0.001, deadline - time.monotonic()))
+                    if _names(self.dfd, self.name, fd):
+                        self._check(fd)
+                        self.fd = fd
+                        break
+                except BaseException:
+                    os.close(fd)
+                    raise
+                # Removed (or replaced) while we waited for its lock: the fence is whatever the
+                # path names now.
+                os.close(fd)
+                if time.monotonic() >= deadline:
+                    raise FenceError("%s kept changing for %gs" % (self.path, wait_s))
         except BaseException:
-            os.close(self.fd)
+            os.close(self.dfd)
+            self.dfd = None
             raise
 
-    def _lock(self, wait_s):
+    def _open(self, create):
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        if create:
+            flags |= os.O_CREAT
+        try:
+            return os.open(self.name, flags, 0o600, dir_fd=self.dfd)
+        except FileNotFoundError:
+            if create:
+                raise FenceError("cannot open %s: it vanished as it was made" % self.path)
+            return None
+        except OSError as e:
+            raise FenceError("cannot open %s: %s" % (self.path, e.strerror))
+
+    def _check(self, fd):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+            raise FenceError("%s is not a regular file of ours with one link: not used" % self.path)
+        if stat.S_IMODE(st.st_mode) != 0o600:
+            os.fchmod(fd, 0o600)
+
+    def _lock(self, fd, wait_s):
         """Blocks for the lock (a waiter the kernel shows in /proc/locks), at most wait_s."""
 
         def expired(_signum, _frame):
@@ -139,7 +182,7 @@ class Fence(object):
         try:
             signal.setitimer(signal.ITIMER_REAL, wait_s)
             try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX)
+                fcntl.flock(fd, fcntl.LOCK_EX)
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
         except _Timeout:
@@ -170,9 +213,7 @@ class Fence(object):
                     if isinstance(k, str) and TOKEN_RE.match(k) and isinstance(v, (int, float)))
 
     def _write(self, marks):
-        now = time.time()
-        kept = sorted(((t, k) for k, t in marks.items() if now - t < KEEP_S), reverse=True)[:KEEP_N]
-        data = (json.dumps({"cancelled": dict((k, t) for t, k in kept)}, sort_keys=True) + "\n").encode()
+        data = (json.dumps({"cancelled": _kept(marks)}, sort_keys=True) + "\n").encode()
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, data, 0)
 
@@ -186,6 +227,8 @@ class Fence(object):
 
     def consume(self, token):
         """The module's side: whether `token` was cancelled (the mark is removed then)."""
+        if self.fd is None:
+            return False
         marks = self._read()
         if token not in marks:
             return False
@@ -193,10 +236,85 @@ class Fence(object):
         self._write(marks)
         return True
 
+    def release(self):
+        """Let the fence go, and remove its file when no live mark is left in it. The removal
+        is done under the lock: a process waiting for it finds the path changed and starts
+        again (see __init__)."""
+        if self.fd is None:
+            self.close()
+            return
+        try:
+            marks = self._read()
+            kept = _kept(marks)
+            if not kept:
+                os.unlink(self.name, dir_fd=self.dfd)
+            elif kept != marks:
+                self._write(kept)
+        except OSError:
+            pass  # best effort: the file stays, the lock goes
+        finally:
+            self.close()
+
     def close(self):
         if self.fd is not None:
             os.close(self.fd)  # the lock goes with the last descriptor of the open file
             self.fd = None
+        if self.dfd is not None:
+            os.close(self.dfd)
+            self.dfd = None
+
+
+def _kept(marks):
+    """The marks still kept: younger than KEEP_S, the newest KEEP_N."""
+    now = time.time()
+    kept = sorted(((t, k) for k, t in marks.items() if now - t < KEEP_S), reverse=True)[:KEEP_N]
+    return dict((k, t) for t, k in kept)
+
+
+def _names(dfd, name, fd):
+    """Whether `name` in directory `dfd` is still the file open as `fd`."""
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+
+def sweep(root, limit=64):
+    """Remove the fences under `root` that nobody holds and that nobody wrote for KEEP_S (so
+    every mark in them has expired): those of cancels whose module never came. Best effort;
+    at most `limit` of them a call. Returns how many were removed."""
+    removed = 0
+    dfd = _open_root(root_path(root))
+    try:
+        names = [n for n in os.listdir(dfd) if n.startswith(PREFIX)]
+        now = time.time()
+        for name in names:
+            if removed >= limit:
+                break
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+            except OSError:
+                continue
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or now - st.st_mtime < KEEP_S:
+                    continue
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    continue  # held: in use
+                if _names(dfd, name, fd):
+                    os.unlink(name, dir_fd=dfd)
+                    removed += 1
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
+    finally:
+        os.close(dfd)
+    return removed
 
 
 def main(argv):
@@ -224,7 +342,7 @@ def main(argv):
         rc = 127 if e.errno == errno.ENOENT else 126
     finally:
         if fence is not None:
-            fence.close()
+            fence.close()  # the mark stays for the module: its file too
     return rc if marked or rc else 70
 
 

@@ -10,6 +10,10 @@ controller that dies or is interrupted stops the remote work. This module never 
 on its own while it waits: a lease renewed by the host itself would outlive the controller.
 From choosing the attempt until `agent-run start --detach` has returned it holds the host's fence
 of the id (module_utils/fence.py), which a cancel that does not know the run id yet goes through.
+
+The run's lease token comes from the controller (the action plugin: the task's `lease_token`, or
+the controller user's own). It reaches agent-run only in the environment of `agent-run start` and
+`agent-run renew` (AGENT_RUN_LEASE_TOKEN), never on a command line nor in any other call.
 """
 
 from __future__ import annotations
@@ -90,6 +94,21 @@ options:
       - V(0) starts a run without a lease; only with O(state=started). Such a run is stopped only by its
         O(timeout), a O(state=cancelled) task, or on the host.
     type: raw
+  lease_token:
+    description:
+      - The run's lease token. Only whoever holds it renews the run's lease; the host keeps only its
+        SHA-256. 16 to 256 characters of C(A-Z a-z 0-9 . _ - + / = ~).
+      - A run started with it needs it again for every renewal (O(state=status), O(state=finished)), from
+        any later play or playbook run.
+      - When it is not given, the controller's own is used, one per controller user. It lives in
+        C($ANSIBLE_HOME/agent-run/lease-token) (C(~/.ansible/agent-run/lease-token) by default), mode 0600 in
+        a 0700 directory. The first task that needs it makes it. So runs started by one controller user
+        are renewed by that user's later playbooks, and by nobody else's.
+      - The managed host sees the token only in the environment of the two calls that need it,
+        C(agent-run start) and C(agent-run renew) (C(AGENT_RUN_LEASE_TOKEN)). It is never on a command line,
+        and agent-run keeps it out of the command's environment. It goes to the host on the module's stdin (or
+        in its arguments file, without pipelining), and on the stdin of each renewal command.
+    type: str
   timeout:
     description:
       - A wall-clock limit, counted on the host from the run's start. When it is reached the whole run is
@@ -190,6 +209,11 @@ notes:
     controller's cancel takes the same lock, leaves a mark for this task invocation there and cancels by the
     label C(agentrun.id=<id>). So either the run exists and is cancelled, or the module finds the mark and
     starts nothing (RV(not_started)). A later run of the play is a new invocation and is not refused.
+  - The fence file lives only while it is needed. The module removes it, under its lock, once the run exists
+    and no mark is left in it; a mark is removed by the module it was left for. A fence whose marks nobody
+    came for is removed a day later, by the next task that starts a run in that root.
+  - Renewals need the run's lease token (see O(lease_token)). A run started by another controller user, or
+    with another O(lease_token), cannot be renewed by this task; it fails, saying so.
   - When the controller is killed (SIGKILL), its workers stop renewing and exit; each host stops its run
     when the lease expires (the wrapper does, or C(agent-run-watchdog) if the wrapper is gone).
   - The command's stdin is C(/dev/null). It runs without a terminal, so a prompt fails at once instead of
@@ -392,6 +416,7 @@ agent_run:
   sample: {"binary": "/usr/bin/agent-run", "version": "0.1.0"}
 """
 
+import atexit
 import datetime
 import json
 import os
@@ -400,7 +425,7 @@ import stat
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.agentrun.remote.plugins.module_utils.fence import Fence, FenceError
+from ansible_collections.agentrun.remote.plugins.module_utils.fence import Fence, FenceError, sweep
 
 # What the run needs from the host's agent-run (`agent-run version --json` "features").
 NEEDED_ALWAYS = ("labels", "version")
@@ -415,6 +440,12 @@ READ_CAP = 16 * 1024 * 1024
 # How long the module waits for the fence of its run id (held by another task of the same id
 # while it starts its run, or by the cancel of one).
 FENCE_WAIT_S = 120.0
+# How long, at the end of its call, it waits for the fence to drop a mark of its own.
+MARK_WAIT_S = 30.0
+# The variable that carries the lease token to agent-run start and renew (only to them).
+TOKEN_ENV = "AGENT_RUN_LEASE_TOKEN"
+# agent-run's exit code for a refused renewal (no lease token, or another one).
+EXIT_NOPERM = 77
 
 
 def test_pause(point, base):
@@ -530,16 +561,30 @@ class AgentRun(object):
             cmd += ["--root", self.root]
         return cmd + list(args)
 
-    def call(self, *args):
-        rc, out, err = self.module.run_command(self.argv(*args), errors="surrogate_or_replace")
+    def call(self, *args, token=None):
+        """agent-run ARGS; with `token`, the lease token in its environment (start and renew only)."""
+        env = {TOKEN_ENV: token} if token else None
+        rc, out, err = self.module.run_command(self.argv(*args), errors="surrogate_or_replace", environ_update=env)
         return rc, out, err
 
-    def fail(self, what, rc, out, err, **extra):
+    def renew(self, run_id, lease_ms, token):
+        """agent-run renew RUN_ID [--lease]: (rc, out, err); a refusal (77) fails the task, saying why."""
+        args = ["renew", run_id] + (["--lease", "%dms" % lease_ms] if lease_ms else [])
+        rc, out, err = self.call(*args, token=token)
+        if rc == EXIT_NOPERM:
+            self.fail("renew %s" % run_id, rc, out, err, run_id=run_id, hint=(
+                "run %s was started with another lease token than this task's: by another controller user, "
+                "with another ANSIBLE_HOME, by a collection older than the host's agent-run, or with another "
+                "lease_token. Only its starter can renew it; give this task the lease_token that started it. "
+                "Without renewals the host stops it when its lease expires" % run_id))
+        return rc, out, err
+
+    def fail(self, what, rc, out, err, hint=None, **extra):
         detail = first_error_line(err) or (out or "").strip()[:400] or "no message"
-        self.module.fail_json(
-            msg="agent-run %s failed on this host (exit %s): %s" % (what, rc, detail),
-            agent_rc=rc, agent_stderr=err, agent_run=self.info(), **extra
-        )
+        msg = "agent-run %s failed on this host (exit %s): %s" % (what, rc, detail)
+        if hint:
+            msg += "; " + hint
+        self.module.fail_json(msg=msg, agent_rc=rc, agent_stderr=err, agent_run=self.info(), **extra)
 
     def version(self):
         if self._version is None:
@@ -795,6 +840,21 @@ def would_be(run_id, state, argv):
     return "\n".join(lines) + "\n"
 
 
+def drop_own_mark(root, base, token):
+    """A cancel that came after this module had passed the fence (while it waited for the run)
+    left a mark for this invocation, which no module will use: remove it, and the fence with its
+    last mark. Best effort."""
+    try:
+        fence = Fence(root, base, MARK_WAIT_S, create=False)
+    except (FenceError, OSError):
+        return
+    try:
+        if not fence.missing:
+            fence.consume(token)
+    finally:
+        fence.release()
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -813,12 +873,15 @@ def main():
             root=dict(type="path"),
             binary=dict(type="str", default="agent-run"),
             max_output=dict(type="int", default=65536),
+            lease_token=dict(type="str", no_log=True),
             # Internal, set by the action plugin (not documented: not for playbooks).
             _labels=dict(type="dict"),  # the labels the action plugin adds
             _wait=dict(type="float"),  # state=finished: wait this long on the host, then report
             _collect=dict(type="str"),  # state=finished: report on this exact run (the wait is over)
             _changed=dict(type="bool", default=False),  # _collect: whether the start phase started it
             _token=dict(type="str", no_log=False),  # state=finished: this task invocation (the fence)
+            _lease_token=dict(type="str", no_log=True),  # the run's lease token (lease_token, or the controller's)
+            _poll=dict(type="str"),  # state=finished: renew this run and wait _wait (the plugin's poll, by module)
         ),
         mutually_exclusive=[("argv", "cmd")],
         supports_check_mode=True,
@@ -826,6 +889,10 @@ def main():
     p = module.params
     base = p["id"]
     state = p["state"]
+    # The token goes to start and renew through their environment only: not to any other call
+    # (nor to the workload) from the task's own environment.
+    os.environ.pop(TOKEN_ENV, None)
+    token = p["_lease_token"] or p["lease_token"]
 
     def fail(msg, **kw):
         kw.setdefault("id", base)
@@ -856,6 +923,15 @@ def main():
 
     ar = AgentRun(module)
 
+    if p["_poll"]:
+        # The plugin's poll where its connection cannot carry the token on stdin: renew, then wait.
+        rc, _out, _err = ar.renew(p["_poll"], lease_ms, token)
+        wait_ms = max(1, int(float(p["_wait"] or 1) * 1000))
+        wrc, wout, _werr = ar.call("wait", "--timeout", "%dms" % wait_ms, "--json", p["_poll"])
+        doc = parse_json_doc(wout)
+        module.exit_json(changed=False, id=base, run_id=p["_poll"], renew_rc=rc, wait_rc=wrc,
+                         final=bool(isinstance(doc, dict) and doc.get("final")))
+
     if p["_collect"]:
         rec = ar.status(p["_collect"])
         if rec is None:
@@ -875,16 +951,19 @@ def main():
     # returned, so that a cancel of this id that does not know the run id yet (the plugin's, when
     # Ctrl-C or the task's timeout comes during this call) either finds the run by its label, or
     # has left its mark for this task invocation here first; then nothing is started.
+    # The fence goes once the run exists, and at the latest when this module exits (a failure): its
+    # file is removed then, unless it holds a mark.
     fence = None
     if state in ("finished", "started") and not module.check_mode:
         test_pause("fence", base)
         try:
             fence = Fence(p["root"], base, FENCE_WAIT_S)
+            atexit.register(fence.release)
             cancelled_first = bool(p["_token"]) and fence.consume(p["_token"])
         except (FenceError, OSError) as e:
             fail("cannot take the fence of run id %s on this host: %s" % (base, e), agent_run=ar.info())
         if cancelled_first:
-            fence.close()
+            fence.release()
             module.fail_json(
                 msg="cancelled before it started: the controller cancelled this task (Ctrl-C, SIGTERM or the "
                 "task's timeout) before its run existed on this host, so nothing was started; a rerun of the "
@@ -917,13 +996,10 @@ def main():
                  run_id=base, agent_run=ar.info())
         renewed = None
         if not module.check_mode and rec.get("state") not in FINAL_STATES and rec.get("lease_deadline_epoch"):
-            args = ["renew", rec["run_id"]]
-            if lease_ms:
-                args += ["--lease", "%dms" % lease_ms]
-            rc, out, err = ar.call(*args)
+            rc, out, err = ar.renew(rec["run_id"], lease_ms, token)
             if rc == 0:
                 renewed = last_line_json(out)
-            elif rc != 69:  # 69: it became final meanwhile
+            elif rc != 69:  # 69: it became final meanwhile, or its wrapper is gone
                 ar.fail("renew %s" % rec["run_id"], rc, out, err, run_id=rec["run_id"])
             rec = ar.status(rec["run_id"]) or rec
         res = result_from(rec, p)
@@ -1034,7 +1110,7 @@ def main():
             args += ["--label", "%s=%s" % (k, "" if v is None else v)]
         args += [run_id, "--"] + argv
         test_pause("start", base)
-        rc, out, err = ar.call(*args)
+        rc, out, err = ar.call(*args, token=token if lease_ms else None)
         line = last_line_json(out)
         if not isinstance(line, dict) or line.get("run_id") != run_id:
             if rc == 65:
@@ -1044,7 +1120,11 @@ def main():
                     cancelled=False, rc=None, reason=None)
     if fence is not None:
         # The run exists now (running or final, labelled agentrun.id=<id>): a cancel by label finds it.
-        fence.close()
+        fence.release()
+        try:
+            sweep(p["root"])
+        except (FenceError, OSError):
+            pass
 
     if module.check_mode:
         res = result_from(rec, p)
@@ -1066,9 +1146,8 @@ def main():
         # an earlier task), then wait here for at most a third of the lease, never longer.
         own_lease_s = lease_length(rec)
         if not changed and rec.get("lease_deadline_epoch"):
-            args = ["renew", run_id] + (["--lease", "%dms" % lease_ms] if lease_ms else [])
-            ar.call(*args)
-            if lease_ms:
+            rc, _out, _err = ar.renew(run_id, lease_ms, token)
+            if rc == 0 and lease_ms:
                 own_lease_s = lease_ms / 1000.0
         wait_s = float(p["_wait"])
         if own_lease_s:
@@ -1077,6 +1156,8 @@ def main():
         if rc in (64, 77, 78) and parse_json_doc(out) is None:
             ar.fail("wait %s" % run_id, rc, out, err, run_id=run_id)
         rec = ar.status(run_id) or rec
+    if state == "finished" and p["_token"]:
+        drop_own_mark(p["root"], base, p["_token"])
     res = result_from(rec, p)
     res.update(id=base, changed=changed, agent_run=ar.info(), attempt=attempt)
     if module._diff and changed:
