@@ -106,7 +106,9 @@ impl Host {
     fn argv<S: AsRef<OsStr>>(&self, words: &[S]) -> Vec<OsString> {
         let mut all = vec![self.bin.clone()];
         if let Some(root) = &self.root {
-            all.extend([OsString::from("--root"), root.clone()]);
+            let mut opt = OsString::from("--root=");
+            opt.push(root);
+            all.push(opt);
         }
         all.extend(words.iter().map(|w| w.as_ref().to_owned()));
         all

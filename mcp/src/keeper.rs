@@ -97,8 +97,11 @@ impl Keeper {
         if ids.is_empty() {
             return Ok(());
         }
-        let lease = agent_run_shared::time::duration_arg(self.lease);
-        let mut words: Vec<&str> = vec!["renew", "--lease", &lease];
+        let lease = format!(
+            "--lease={}",
+            agent_run_shared::time::duration_arg(self.lease)
+        );
+        let mut words: Vec<&str> = vec!["renew", &lease];
         words.extend(ids.iter().map(String::as_str));
         let reply = host.agent_run(&words, Duration::from_secs(30)).await?;
         let doc: Option<Value> = serde_json::from_slice(&reply.stdout).ok();
@@ -184,13 +187,11 @@ impl Keeper {
     /// A server started with an explicit `--owner` takes back the active, attached runs of its
     /// predecessor on `host`, and renews them at once.
     pub async fn reclaim(&self, host: &Host) -> Result<usize, String> {
-        let owner = format!("{OWNER_LABEL}={}", self.owner);
-        let detached = format!("{DETACHED_LABEL}=false");
+        let owner = format!("--label={OWNER_LABEL}={}", self.owner);
+        let detached = format!("--label={DETACHED_LABEL}=false");
         let reply = host
             .agent_run(
-                &[
-                    "list", "--json", "--state", "active", "--label", &owner, "--label", &detached,
-                ],
+                &["list", "--json", "--state=active", &owner, &detached],
                 Duration::from_secs(30),
             )
             .await?;

@@ -4,8 +4,8 @@
 //! The pieces: [`cli`] (options), [`host`] (a host: agent-run run here or over ssh), [`ssh`] (the
 //! master connection per host), [`probe`] (a run's record and a bounded read of its logs in one
 //! round trip), [`keeper`] (the runs this server leases: renewals, and the cancels of a clean
-//! shutdown), [`tools`] (names, descriptions, schemas, input checks), [`view`] (the answers) and
-//! [`server`] (the MCP handler, tasks included).
+//! shutdown), [`tools`] (names, descriptions, schemas, input checks), [`view`] (the answers),
+//! [`transport`] (JSON-RPC lines on stdio) and [`server`] (the MCP handler, tasks included).
 //!
 //! Only this program has an async runtime (tokio, one thread); agent-run and agent-run-watchdog
 //! have none.
@@ -17,6 +17,7 @@ mod probe;
 mod server;
 mod ssh;
 mod tools;
+mod transport;
 mod view;
 
 use clap::Parser;
@@ -223,7 +224,10 @@ fn main() -> ExitCode {
             return ExitCode::from(70);
         }
     };
-    rt.block_on(serve(cli))
+    let code = rt.block_on(serve(cli));
+    // A blocking read of stdin (when it is not a pipe) must not hold the exit.
+    rt.shutdown_timeout(Duration::from_millis(200));
+    code
 }
 
 async fn serve(cli: Cli) -> ExitCode {
@@ -288,7 +292,7 @@ async fn serve(cli: Cli) -> ExitCode {
         }
     }
     let handler = server::Server::new(hosts.clone(), keeper.clone(), shutdown.clone());
-    let why = match handler.serve(rmcp::transport::stdio()).await {
+    let why = match handler.serve(transport::Stdio::new()).await {
         Ok(service) => tokio::select! {
             r = service.waiting() => match r {
                 Ok(_) => "stdin closed".to_string(),

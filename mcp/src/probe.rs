@@ -88,8 +88,8 @@ pub async fn probe(
     let tag = format!("@@{nonce}");
     let mut s = Vec::new();
     if let Some(w) = wait {
-        let ms = format!("{}ms", w.as_millis().max(1));
-        s.extend(host.line(&["wait", "--timeout", &ms, id])?);
+        let ms = format!("--timeout={}ms", w.as_millis().max(1));
+        s.extend(host.line(&["wait", &ms, id])?);
         s.extend_from_slice(b" >/dev/null 2>&1\n");
     }
     s.extend_from_slice(b"st=$(");

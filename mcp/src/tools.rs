@@ -24,6 +24,13 @@ pub const MAX_WAIT_S: f64 = 600.0;
 pub const DEFAULT_WAIT_S: f64 = 30.0;
 /// Default bytes of each stream's tail in a result.
 pub const DEFAULT_TAIL: u64 = 4096;
+/// The shortest timeout or grace a host can be given: agent-run reads durations in whole
+/// milliseconds, so anything shorter would reach it as 0.
+pub const MIN_SECONDS: f64 = 0.001;
+/// The longest grace the host honours (agent-run's `--grace`, at most 5m).
+pub const MAX_GRACE_S: f64 = agent_run_shared::stop::MAX_GRACE.as_secs() as f64;
+/// The longest timeout agent-run reads (10 years).
+pub const MAX_TIMEOUT_S: f64 = 10.0 * 365.0 * 86400.0;
 /// How many runs one status, wait or cancel may name.
 pub const MAX_IDS: usize = 20;
 /// The states `list` filters on (agent-run's `list --state`).
@@ -91,12 +98,12 @@ fn launch_properties(hosts: &[String], any: bool) -> Map<String, Value> {
             "description": "Extra environment variables, e.g. {\"CI\": \"1\"}. The record keeps the names only. Not for secrets: the values pass on a command line."
         },
         "timeout_s": {
-            "type": "number", "exclusiveMinimum": 0,
+            "type": "number", "minimum": MIN_SECONDS, "maximum": MAX_TIMEOUT_S,
             "description": "Wall-clock limit in seconds, enforced by the host: at the limit the whole run is stopped (state cancelled, reason timeout, exit code 124)."
         },
         "grace_s": {
-            "type": "number", "exclusiveMinimum": 0, "maximum": 3600,
-            "description": "When the run is stopped: seconds between TERM and KILL (default 5)."
+            "type": "number", "minimum": MIN_SECONDS, "maximum": MAX_GRACE_S,
+            "description": "When the run is stopped: seconds between TERM and KILL (default 5, at most 300)."
         },
         "labels": {
             "type": "object", "additionalProperties": {"type": "string"},
@@ -399,10 +406,12 @@ pub struct Launch {
     pub labels: Vec<(String, String)>,
 }
 
+/// Seconds for the host: at least [`MIN_SECONDS`] (a shorter value would reach agent-run as 0
+/// and is refused here, never rounded), at most `max`.
 fn seconds(what: &str, v: f64, max: f64) -> Result<Duration, String> {
-    if !v.is_finite() || v <= 0.0 || v > max {
+    if !v.is_finite() || !(MIN_SECONDS..=max).contains(&v) {
         return Err(format!(
-            "{what} must be above 0 and at most {max} (seconds), not {v}"
+            "{what} must be at least {MIN_SECONDS} (1 ms, the host's resolution) and at most {max} (seconds), not {v}"
         ));
     }
     Ok(Duration::from_secs_f64(v))
@@ -464,6 +473,13 @@ impl LaunchArgs {
                 return Err("cwd must not be empty (leave it out for the default)".into());
             }
             no_nul("cwd", c)?;
+            // agent-run's `start -d` hands the directory on to its detached wrapper as a word of
+            // its own, where a leading '-' would read as an option.
+            if c.starts_with('-') {
+                return Err(format!(
+                    "cwd {c:?} begins with '-', which a command line reads as an option: write ./{c}"
+                ));
+            }
         }
         let mut env = Vec::new();
         for (k, v) in &self.env {
@@ -478,6 +494,12 @@ impl LaunchArgs {
         }
         let mut labels = Vec::new();
         for (k, v) in &self.labels {
+            // As for cwd: the detached wrapper gets `--label K=V` as two words.
+            if k.starts_with('-') {
+                return Err(format!(
+                    "label {k:?}: a label key must not begin with '-', which a command line reads as an option"
+                ));
+            }
             if k.starts_with("agent-run-mcp/") {
                 return Err(format!(
                     "label {k:?}: the prefix agent-run-mcp/ is the server's own"
@@ -494,11 +516,11 @@ impl LaunchArgs {
             env,
             timeout: self
                 .timeout_s
-                .map(|t| seconds("timeout_s", t, 10.0 * 365.0 * 86400.0))
+                .map(|t| seconds("timeout_s", t, MAX_TIMEOUT_S))
                 .transpose()?,
             grace: self
                 .grace_s
-                .map(|g| seconds("grace_s", g, 3600.0))
+                .map(|g| seconds("grace_s", g, MAX_GRACE_S))
                 .transpose()?,
             labels,
         })

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use agent_run_shared::time::{epoch_now, parse_rfc3339};
 use agent_run_tests::facts::require_root;
 use agent_run_tests::mcp::Client;
+use agent_run_tests::mcp_wire::Wire;
 use agent_run_tests::remote::{processes_mentioning, SshServer};
 use agent_run_tests::workload::spew_bytes;
 use agent_run_tests::{
@@ -993,4 +994,78 @@ fn bad_input_is_answered_with_a_tool_error_and_the_server_goes_on() {
         rss_kib(pid)
     );
     c.close(T);
+}
+
+#[test]
+fn a_line_that_is_not_json_is_answered_and_values_that_look_like_options_stay_values() {
+    let w = World::local();
+    let mut s = Wire::start(&w.args(&[]), &[("XDG_RUNTIME_DIR", w.xdg.as_os_str())]);
+    // JSON-RPC 2.0: a parse error is answered, with id null.
+    s.send_line("this is not JSON");
+    let (_, line, e) = s.line_where(T, |v| v.get("error").is_some());
+    assert_eq!(e["error"]["code"], -32700, "{line}");
+    assert!(line.contains(r#""id":null"#), "id null, spelt out: {line}");
+    s.initialize(false);
+    s.send_line(r#"{"jsonrpc": "2.0", "id": 99, "method": "tools/li"#);
+    let errors = |s: &Wire| {
+        s.messages()
+            .into_iter()
+            .filter(|m| m["error"]["code"] == -32700 && m["id"].is_null())
+            .count()
+    };
+    wait_until("a second parse error", T, || {
+        (errors(&s) == 2).then_some(())
+    });
+    // Still serving.
+    let id = s.send("tools/list", json!({}));
+    let (_, tools) = s.answer(id, T);
+    let props = &tools["result"]["tools"][0]["inputSchema"]["properties"];
+    // The schema's bounds are the host's: agent-run's --grace is at most 5m, and a duration
+    // is read in whole milliseconds.
+    assert_eq!(props["grace_s"]["maximum"], 300.0, "{props}");
+    assert_eq!(props["timeout_s"]["minimum"], 0.001, "{props}");
+    assert_eq!(props["grace_s"]["minimum"], 0.001, "{props}");
+    for (args, want) in [
+        (
+            json!({"argv": ["true"], "timeout_s": 0.0004}),
+            "timeout_s must be at least 0.001",
+        ),
+        (json!({"argv": ["true"], "grace_s": 301}), "at most 300"),
+    ] {
+        let (_, r) = s.call("run", args.clone(), None, T);
+        let text = text(&r["content"][0]["text"]);
+        assert!(r["isError"] == true && text.contains(want), "{args}: {r}");
+    }
+    // A value that begins with '-' where the host would read it as an option is refused here
+    // (agent-run's start -d hands --label and --cwd on as words of their own); elsewhere it is
+    // passed as --opt=VALUE, one word.
+    for (args, want) in [
+        (
+            json!({"argv": ["true"], "labels": {"-rf": "x"}}),
+            "must not begin with '-'",
+        ),
+        (json!({"argv": ["true"], "cwd": "-C"}), "write ./-C"),
+    ] {
+        let (_, r) = s.call("run", args.clone(), None, T);
+        let text = text(&r["content"][0]["text"]);
+        assert!(r["isError"] == true && text.contains(want), "{args}: {r}");
+    }
+    let labels = json!({"k": "--help", "n": "-1"});
+    let (_, r) = s.call(
+        "run",
+        json!({"argv": ["true"], "labels": labels, "grace_s": 300}),
+        None,
+        T,
+    );
+    let id = text(&r["structuredContent"]["run_id"]);
+    let run = ctx(&w.root, &id);
+    ensure!(run, r["isError"] != true, "{r}");
+    let st = w.root.status(&id);
+    for (k, v) in labels.as_object().unwrap() {
+        run.eq(&st["labels"][k], v, format_args!("label {k}"));
+    }
+    run.eq(&st["grace_ms"], 300_000, "the grace the host took");
+    // A list whose selector looks like an option.
+    let (_, r) = s.call("list", json!({"labels": {"n": "-1"}}), None, T);
+    run.eq(&r["structuredContent"]["count"], 1, format_args!("{r}"));
 }

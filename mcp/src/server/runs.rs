@@ -255,7 +255,7 @@ impl Inner {
                     tools::LIST_STATES.join(", ")
                 ));
             }
-            w.extend(["--state".into(), s.clone()]);
+            w.push(format!("--state={s}"));
         }
         for (k, v) in &a.labels {
             let sel = if v == "*" {
@@ -267,19 +267,16 @@ impl Inner {
                     .map_err(|e| e.to_string())?;
                 format!("{k}={v}")
             };
-            w.extend(["--label".into(), sel]);
+            w.push(format!("--label={sel}"));
         }
         if a.mine {
-            w.extend([
-                "--label".into(),
-                format!("{OWNER_LABEL}={}", self.keeper.owner),
-            ]);
+            w.push(format!("--label={OWNER_LABEL}={}", self.keeper.owner));
         }
         let limit = a.limit.unwrap_or(20);
         if !(1..=200).contains(&limit) {
             return Err(format!("limit is 1 to 200, not {limit}"));
         }
-        w.extend(["-n".into(), limit.to_string()]);
+        w.push(format!("--limit={limit}"));
         let reply = host.agent_run(&w, Duration::from_secs(60)).await?;
         let Ok(Value::Array(mut runs)) = serde_json::from_slice::<Value>(&reply.stdout) else {
             return Err(format!(

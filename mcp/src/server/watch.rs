@@ -135,8 +135,8 @@ impl Inner {
     ) -> Result<Vec<Value>, String> {
         let mut script = Vec::new();
         if !step.is_zero() {
-            let ms = format!("{}ms", step.as_millis().max(1));
-            let mut w = vec!["wait", "--timeout", &ms];
+            let ms = format!("--timeout={}ms", step.as_millis().max(1));
+            let mut w = vec!["wait", &ms];
             if any {
                 w.push("--any");
             }
