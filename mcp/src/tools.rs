@@ -111,9 +111,19 @@ fn launch_properties(hosts: &[String], any: bool) -> Map<String, Value> {
         }
     });
     match v {
-        Value::Object(m) => m,
+        Value::Object(mut m) => {
+            m.insert("verbose".into(), verbose_schema());
+            m
+        }
         _ => unreachable!(),
     }
+}
+
+fn verbose_schema() -> Value {
+    json!({
+        "type": "boolean", "default": false,
+        "description": "Add the host's full record of each run (status --json) and who answers for it. Off by default: the answer has what you act on (state, exit code, summary, output tails and offsets, next)."
+    })
 }
 
 /// Every tool, with the hosts this server offers in their schemas.
@@ -164,6 +174,7 @@ fn ids_properties(hs: &Value) -> Map<String, Value> {
             "description": "Several runs at once (instead of run_id)."
         }),
     );
+    p.insert("verbose".into(), verbose_schema());
     p
 }
 
@@ -187,8 +198,8 @@ fn run_tool(hosts: &[String], any: bool) -> Tool {
         "run",
         format!(
             "Run a command on a host and wait for it to end (up to wait_s seconds, default {DEFAULT_WAIT_S}). \
-             Returns run_id first, then the state, the exit code, the last bytes of stdout and stderr, and the \
-             host's record of the run. Every process the command starts belongs to the run: a cancel stops all \
+             Returns run_id first, then the state, the exit code, a summary, and the last bytes of stdout and \
+             stderr with their sizes (verbose: true adds the host's full record). Every process the command starts belongs to the run: a cancel stops all \
              of them, and the record says how it ended (finished, cancelled, launch_failed, unknown). \
              A command still going when wait_s is up keeps running: the answer has state \"running\"; then call \
              wait (to wait more), logs (output so far), status, or cancel with its run_id. \
@@ -230,9 +241,10 @@ fn status_tool(hs: &Value) -> Tool {
     Tool::new(
         "status",
         "The current state of runs on a host: state (starting, running, cancelling, or final: finished, \
-         cancelled, launch_failed, unknown), reason, exit code, how long it ran, the sizes of its output, \
-         lease and timeout left, labels, and the host's full record. Works for any run id on that host, also \
-         one started by another session or agent.",
+         cancelled, launch_failed, unknown), reason, exit code, a summary (how long it ran), the sizes of its \
+         output (the offsets to read on from with logs), and what to do next; verbose: true adds the host's full \
+         record (lease and timeout left, labels, cleanup). Works for any run id on that host, also one started \
+         by another session or agent.",
         object(ids_properties(hs), &[]),
     )
     .with_title("Status of runs")
@@ -348,6 +360,8 @@ pub struct LaunchArgs {
     pub wait_s: Option<f64>,
     pub tail_bytes: Option<u64>,
     pub detach: Option<bool>,
+    #[serde(default)]
+    pub verbose: bool,
 }
 
 /// `status`, `cancel`, `wait`.
@@ -361,6 +375,8 @@ pub struct IdsArgs {
     #[serde(default)]
     pub any: bool,
     pub tail_bytes: Option<u64>,
+    #[serde(default)]
+    pub verbose: bool,
 }
 
 #[derive(Debug, Deserialize)]

@@ -249,7 +249,7 @@ fn run_here_returns_the_output_the_exit_code_and_the_record() {
     let mut c = w.client(&[], false);
     let (r, err) = c.tool(
         "run",
-        json!({"argv": ["sh", "-c", "echo out; echo err >&2; exit 3"], "labels": {"task": "t-1"}, "env": {"GREETING": "hi"}}),
+        json!({"argv": ["sh", "-c", "echo out; echo err >&2; exit 3"], "labels": {"task": "t-1"}, "env": {"GREETING": "hi"}, "verbose": true}),
         T,
     );
     assert!(!err, "{r}");
@@ -380,7 +380,7 @@ fn run_over_sshd_returns_the_output_the_exit_code_and_the_record() {
     let script = r#""$0" spew 200000 --stderr-bytes 3000; exit 4"#;
     let (r, err) = c.tool(
         "run",
-        json!({"host": w.host(), "argv": ["sh", "-c", script, fixture_bin()], "tail_bytes": 65536}),
+        json!({"host": w.host(), "argv": ["sh", "-c", script, fixture_bin()], "tail_bytes": 65536, "verbose": true}),
         T,
     );
     assert!(!err, "{r}");
@@ -704,7 +704,7 @@ fn a_clean_shutdown_cancels_tied_runs_and_keeps_detached_ones() {
     let (t, _) = a.tool("start", json!({"argv": w.tree()}), T);
     let (d, _) = a.tool(
         "start",
-        json!({"argv": w.tree(), "detach": true, "timeout_s": 120}),
+        json!({"argv": w.tree(), "detach": true, "timeout_s": 120, "verbose": true}),
         T,
     );
     let (tied, detached) = (text(&t["run_id"]), text(&d["run_id"]));
@@ -1068,4 +1068,109 @@ fn a_line_that_is_not_json_is_answered_and_values_that_look_like_options_stay_va
     // A list whose selector looks like an option.
     let (_, r) = s.call("list", json!({"labels": {"n": "-1"}}), None, T);
     run.eq(&r["structuredContent"]["count"], 1, format_args!("{r}"));
+}
+
+/// The median and the largest of `v` (ms).
+fn median_max(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2], v[v.len() - 1])
+}
+
+#[test]
+fn answers_carry_what_an_agent_acts_on_and_the_record_only_when_asked() {
+    // Sizes are of the whole JSON-RPC answer line (the text content and structuredContent both).
+    let w = World::local();
+    let mut s = Wire::start(&w.args(&[]), &[("XDG_RUNTIME_DIR", w.xdg.as_os_str())]);
+    s.initialize(false);
+    // The first call asks the host's features once; the others are what a start costs.
+    let mut took = Vec::new();
+    let mut ids = Vec::new();
+    let mut start_line = String::new();
+    for _ in 0..11 {
+        let t0 = Instant::now();
+        let (line, r) = s.call(
+            "start",
+            json!({"argv": ["sleep", "300"], "labels": {"task": "answer-size"}}),
+            None,
+            T,
+        );
+        took.push(t0.elapsed().as_secs_f64() * 1000.0);
+        assert!(r["isError"] != true, "{r}");
+        ids.push(text(&r["structuredContent"]["run_id"]));
+        start_line = line;
+    }
+    let id = ids[0].clone();
+    let run = ctx(&w.root, &id);
+    let (status_line, st) = s.call("status", json!({"run_id": id}), None, T);
+    let (status_verbose, stv) = s.call("status", json!({"run_id": id, "verbose": true}), None, T);
+    let (start_verbose, sv) = s.call(
+        "start",
+        json!({"argv": ["sleep", "300"], "labels": {"task": "answer-size"}, "verbose": true}),
+        None,
+        T,
+    );
+    ids.push(text(&sv["structuredContent"]["run_id"]));
+    ensure!(
+        run,
+        start_line.len() <= 2000,
+        "start answered {} bytes: {start_line}",
+        start_line.len()
+    );
+    ensure!(
+        run,
+        status_line.len() <= 1500,
+        "status answered {} bytes: {status_line}",
+        status_line.len()
+    );
+    let sc = &st["structuredContent"];
+    for k in [
+        "run_id",
+        "host",
+        "state",
+        "final",
+        "exit_code",
+        "summary",
+        "next",
+        "stdout",
+        "stderr",
+    ] {
+        ensure!(run, sc.get(k).is_some(), "status lacks {k}: {sc}");
+    }
+    run.eq(&sc["stdout"]["bytes"], 0, "the offset to read on from");
+    ensure!(
+        run,
+        sc.get("record").is_none(),
+        "no record by default: {sc}"
+    );
+    let sc = &stv["structuredContent"];
+    run.eq(
+        &sc["record"]["run_id"],
+        id.as_str(),
+        "verbose: the host's record",
+    );
+    run.eq(
+        &sc["owned_by_this_server"],
+        true,
+        "verbose: who answers for it",
+    );
+    run.eq(
+        &sv["structuredContent"]["record"]["state"],
+        "running",
+        "start, verbose",
+    );
+    let (_, c) = s.call("cancel", json!({"run_ids": ids}), None, T);
+    ensure!(run, c["isError"] != true, "{c}");
+    let (median, max) = median_max(took[1..].to_vec());
+    eprintln!(
+        "mcp-figure: local start, tools/call -> answer: median {median:.1} ms, max {max:.1} ms over {} (first, with the features probe: {:.1} ms)",
+        took.len() - 1,
+        took[0]
+    );
+    eprintln!(
+        "mcp-figure: answer bytes: start {}, status {}; with verbose: start {}, status {}",
+        start_line.len(),
+        status_line.len(),
+        start_verbose.len(),
+        status_verbose.len()
+    );
 }

@@ -18,16 +18,20 @@ use std::ffi::OsString;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The answer of `start`.
 #[derive(Serialize)]
 struct Started {
     run_id: String,
     host: String,
     state: String,
     detached: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
     lease_s: Option<f64>,
     summary: String,
     next: String,
-    record: Value,
+    /// The host's record, with `verbose: true`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    record: Option<Value>,
 }
 
 impl Inner {
@@ -114,23 +118,31 @@ impl Inner {
         let host = self.host(a.host.as_deref())?;
         let detach = a.detach.unwrap_or(false);
         let (id, line) = self.launch(&host, &l, detach).await?;
-        let p = probe(&host, &id, None, (Read::Size, Read::Size)).await?;
-        let record = p.record.unwrap_or(line);
-        self.keeper.observe(&host.name, &record);
+        // The launch line says enough for a run that started; the record is read only when
+        // asked for, or when the launch did not start the run.
+        let record = if a.verbose || line["state"].as_str() != Some("running") {
+            let p = probe(&host, &id, None, (Read::Size, Read::Size)).await?;
+            let record = p.record.unwrap_or(line);
+            self.keeper.observe(&host.name, &record);
+            record
+        } else {
+            line
+        };
+        let failed = record["state"].as_str() == Some("launch_failed");
         let doc = Started {
-            summary: view::summary(&record),
+            summary: view::cut_to(view::summary(&record), 400),
             state: record["state"].as_str().unwrap_or("?").to_string(),
             next: format!(
-                "use wait, logs, status or cancel with run_id {id:?} and host {:?}",
+                "wait, logs, status or cancel with run_id {id:?} and host {:?}",
                 host.name
             ),
             run_id: id,
             host: host.name.clone(),
             detached: detach,
             lease_s: (!detach).then(|| self.keeper.lease.as_secs_f64()),
-            record,
+            record: a.verbose.then_some(record),
         };
-        Ok(view::answer(&doc, false).into())
+        Ok(view::answer(&doc, failed).into())
     }
 
     pub(super) async fn run(
@@ -185,7 +197,7 @@ impl Inner {
         let p = probe(&host, &id, None, tails).await?;
         let record = p.record.clone().map_err(|(_, m)| m)?;
         self.keeper.observe(&host.name, &record);
-        let owned = self.keeper.owns(&host.name, &id);
+        let owned = a.verbose.then(|| self.keeper.owns(&host.name, &id));
         Ok(self.final_answer(&host, record, &p, owned).into())
     }
 
@@ -196,7 +208,7 @@ impl Inner {
         host: &Host,
         record: Value,
         p: &Probe,
-        owned: bool,
+        owned: Option<bool>,
     ) -> CallToolResult {
         let failed = record["state"].as_str() == Some("launch_failed");
         view::answer(&view::run(&host.name, record, Some(p), owned), failed)

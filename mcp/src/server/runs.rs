@@ -51,6 +51,7 @@ impl Inner {
         host: &Arc<Host>,
         ids: &[String],
         tail: Option<u64>,
+        verbose: bool,
     ) -> Vec<Result<RunView, RunError>> {
         let reads = match tail {
             Some(b) => (Read::Tail { bytes: b }, Read::Tail { bytes: b }),
@@ -69,7 +70,7 @@ impl Inner {
                 match &p.record {
                     Ok(r) => {
                         self.keeper.observe(&host.name, r);
-                        let owned = self.keeper.owns(&host.name, id);
+                        let owned = verbose.then(|| self.keeper.owns(&host.name, id));
                         let mut v = view::run(&host.name, r.clone(), Some(&p), owned);
                         if tail.is_none() {
                             // Sizes only.
@@ -124,7 +125,7 @@ impl Inner {
         a.only_for("status")?;
         let ids = a.ids()?;
         let host = self.host(a.host.as_deref())?;
-        let views = self.views(&host, &ids, None).await;
+        let views = self.views(&host, &ids, None, a.verbose).await;
         self.views_answer(&host, views)
     }
 
@@ -173,7 +174,8 @@ impl Inner {
                 if r["state"].is_null() {
                     return r;
                 }
-                serde_json::to_value(view::run(&host.name, r, None, false)).unwrap_or_default()
+                let v = view::run(&host.name, r, None, a.verbose.then_some(false));
+                serde_json::to_value(v).unwrap_or_default()
             })
             .collect();
         let failed = runs.iter().all(|r| r["state"].is_null());

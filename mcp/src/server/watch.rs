@@ -120,7 +120,7 @@ impl Inner {
                 break;
             }
         }
-        let views = self.views(&host, &ids, Some(tail)).await;
+        let views = self.views(&host, &ids, Some(tail), a.verbose).await;
         self.views_answer(&host, views)
     }
 
