@@ -74,6 +74,12 @@ pub struct Cli {
     #[arg(long, value_name = "DIR")]
     pub root: Option<PathBuf>,
 
+    /// The longest time between two progress notifications of a run or wait call that carries
+    /// a progress token (a client whose idle timer restarts at each one then never times out
+    /// while the run goes on)
+    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = progress_every)]
+    pub progress_every: Duration,
+
     /// How long an ssh master connection outlives its last channel (also after this server
     /// was killed)
     #[arg(long, value_name = "DUR", default_value = "60s", value_parser = persist)]
@@ -92,6 +98,14 @@ fn persist(s: &str) -> Result<Duration, String> {
     let d = parse_duration("--control-persist", s).map_err(|e| e.to_string())?;
     if d < Duration::from_secs(1) {
         return Err("at least 1s".into());
+    }
+    Ok(d)
+}
+
+fn progress_every(s: &str) -> Result<Duration, String> {
+    let d = parse_duration("--progress-every", s).map_err(|e| e.to_string())?;
+    if !(Duration::from_millis(500)..=Duration::from_secs(300)).contains(&d) {
+        return Err("500ms to 5m".into());
     }
     Ok(d)
 }

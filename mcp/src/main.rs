@@ -31,7 +31,6 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
-use tokio_util::sync::CancellationToken;
 
 /// How long a clean shutdown waits for the cancels of its runs.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(20);
@@ -249,7 +248,6 @@ async fn serve(cli: Cli) -> ExitCode {
         },
     };
     let keeper = Arc::new(Keeper::new(owner.clone(), cli.lease));
-    let shutdown = CancellationToken::new();
     let (mut term, mut int, mut hup) = match (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
@@ -291,7 +289,7 @@ async fn serve(cli: Cli) -> ExitCode {
             });
         }
     }
-    let handler = server::Server::new(hosts.clone(), keeper.clone(), shutdown.clone());
+    let handler = server::Server::new(hosts.clone(), keeper.clone(), cli.progress_every);
     let why = match handler.serve(transport::Stdio::new()).await {
         Ok(service) => tokio::select! {
             r = service.waiting() => match r {
@@ -304,7 +302,6 @@ async fn serve(cli: Cli) -> ExitCode {
         },
         Err(e) => format!("the session did not start: {e}"),
     };
-    shutdown.cancel();
     renewals.abort();
     let owned: usize = keeper.snapshot().values().map(Vec::len).sum();
     say(&format!(

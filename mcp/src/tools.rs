@@ -20,6 +20,8 @@ use std::time::Duration;
 pub const MAX_COMMAND: usize = 256 * 1024;
 /// The most a `run` or `wait` may wait before it answers.
 pub const MAX_WAIT_S: f64 = 600.0;
+/// The shortest `idle_s` of a wait.
+pub const MIN_IDLE_S: f64 = 1.0;
 /// `run`'s and `wait`'s default wait.
 pub const DEFAULT_WAIT_S: f64 = 30.0;
 /// Default bytes of each stream's tail in a result.
@@ -282,8 +284,15 @@ fn wait_tool(hs: &Value) -> Tool {
         }),
     );
     p.insert(
+        "idle_s".into(),
+        json!({
+            "type": "number", "minimum": MIN_IDLE_S, "maximum": MAX_WAIT_S,
+            "description": "Also return when a run has written nothing (stdout or stderr) for this many seconds, counted from this call: the answer says idle: true and the run goes on. For a command that may hang waiting for something."
+        }),
+    );
+    p.insert(
         "any".into(),
-        json!({"type": "boolean", "default": false, "description": "Return as soon as one of the runs is final."}),
+        json!({"type": "boolean", "default": false, "description": "Return as soon as one of the runs is final (or idle, with idle_s)."}),
     );
     p.insert(
         "tail_bytes".into(),
@@ -297,8 +306,9 @@ fn wait_tool(hs: &Value) -> Tool {
         format!(
             "Wait until runs on a host are final, at most timeout_s seconds (default {DEFAULT_WAIT_S}, at most {MAX_WAIT_S}), \
              then return each run's state, exit code and output tails. With any: true, return as soon as one \
-             of them is final. A run still going when the time is up comes back with state running: call wait \
-             again. Waiting never stops a run."
+             of them is final. With idle_s, also return once a run has written nothing for idle_s seconds \
+             (idle: true in its answer). A run still going when the time is up comes back with state running: \
+             call wait again. Waiting never stops a run."
         ),
         object(p, &[]),
     )
@@ -375,6 +385,7 @@ pub struct IdsArgs {
     #[serde(default)]
     pub any: bool,
     pub tail_bytes: Option<u64>,
+    pub idle_s: Option<f64>,
     #[serde(default)]
     pub verbose: bool,
 }
@@ -599,6 +610,20 @@ impl IdsArgs {
         Ok(out)
     }
 
+    /// `idle_s`, checked: at least [`MIN_IDLE_S`] (the looks are a second apart), at most
+    /// [`MAX_WAIT_S`].
+    pub fn idle(&self) -> Result<Option<Duration>, String> {
+        let Some(v) = self.idle_s else {
+            return Ok(None);
+        };
+        if !v.is_finite() || !(MIN_IDLE_S..=MAX_WAIT_S).contains(&v) {
+            return Err(format!(
+                "idle_s must be between {MIN_IDLE_S} and {MAX_WAIT_S} (seconds), not {v}"
+            ));
+        }
+        Ok(Some(Duration::from_secs_f64(v)))
+    }
+
     /// Refuse the inputs that belong to another of the three tools.
     pub fn only_for(&self, tool: &str) -> Result<(), String> {
         let extra = match tool {
@@ -606,6 +631,7 @@ impl IdsArgs {
             _ if self.timeout_s.is_some() => Some("timeout_s"),
             _ if self.any => Some("any"),
             _ if self.tail_bytes.is_some() => Some("tail_bytes"),
+            _ if self.idle_s.is_some() => Some("idle_s"),
             _ => None,
         };
         match extra {

@@ -74,13 +74,30 @@ pub struct RunView {
     pub stdout: Option<StreamView>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stderr: Option<StreamView>,
-    /// Set by a `wait` with `idle_s` that returned because the run wrote nothing for that long.
+    /// Set by a `wait` with `idle_s` that returned because the run wrote nothing for that long
+    /// (it goes on).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub idle: bool,
+    /// How long it had written nothing, as the wait saw it (seconds).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idle_for_s: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next: Option<String>,
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub more: Option<Verbose>,
+}
+
+impl RunView {
+    /// A `wait` returned because this run wrote nothing for `silent`.
+    pub fn mark_idle(&mut self, silent: std::time::Duration) {
+        let secs = (silent.as_secs_f64() * 10.0).floor() / 10.0;
+        self.idle = true;
+        self.idle_for_s = Some(secs);
+        self.next = Some(format!(
+            "idle: no output for {secs}s, and it goes on: wait (run_id {:?}, host {:?}) to wait more, logs to read its output, cancel to stop it",
+            self.run_id, self.host
+        ));
+    }
 }
 
 /// What `verbose: true` adds.
@@ -212,6 +229,7 @@ pub fn run(host: &str, record: Value, logs: Option<&Probe>, verbose: Option<bool
         summary: cut_to(summary(&record), SUMMARY_MAX),
         stdout,
         stderr,
+        idle: false,
         idle_for_s: None,
         // Last: it takes the record.
         more: verbose.map(|owned| Verbose {

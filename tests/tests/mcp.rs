@@ -483,17 +483,6 @@ fn a_task_cancelled_through_the_protocol_stops_every_process() {
     let run = ctx(&w.root, id);
     run.eq(&host, &"local", "host");
     let pins = w.pin_tree(id);
-    // Progress notifications carry the output as it arrives: the fixture's ready line.
-    let mut seen = Vec::new();
-    wait_until("the ready line in a progress notification", T, || {
-        seen.extend(c.notifications());
-        seen.iter()
-            .any(|n| {
-                n["method"] == "notifications/progress"
-                    && text(&n["params"]["message"]).contains("ready pid=")
-            })
-            .then_some(())
-    });
     let got = c.request(json!({"op": "tasks_get", "task_id": task_id}), T);
     run.eq(&got["raw"]["status"], "working", format_args!("{got}"));
     // Cancel the task: agent-run cancel on the host, through the stop routine.
@@ -1173,4 +1162,201 @@ fn answers_carry_what_an_agent_acts_on_and_the_record_only_when_asked() {
         start_verbose.len(),
         status_verbose.len()
     );
+}
+
+/// The progress notifications among `notes` (the driver's log), in order.
+fn progress_of(notes: &[Value]) -> Vec<Value> {
+    notes
+        .iter()
+        .filter(|n| n["method"] == "notifications/progress")
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn progress_comes_at_the_configured_interval_while_a_call_waits_and_ends_with_it() {
+    let w = World::local();
+    let every = 1.0;
+    let mut c = w.client(&["--progress-every", "1s"], false);
+    // A silent run: every notification of a wait on it is the interval's.
+    let (r, _) = c.tool("start", json!({"argv": ["sleep", "300"]}), T);
+    let id = text(&r["run_id"]);
+    let run = ctx(&w.root, &id);
+    c.notifications();
+    let call = c.send(json!({"op": "call", "name": "wait", "args": {"run_id": id, "timeout_s": 4.5}, "progress": true}));
+    let r = c.reply(call, T);
+    run.eq(
+        &r["result"]["structuredContent"]["state"],
+        "running",
+        format_args!("{r}"),
+    );
+    let notes = progress_of(&c.notifications());
+    ensure!(
+        run,
+        notes.len() >= 4,
+        "a notification a second for 4.5 s: {notes:?}"
+    );
+    let times: Vec<f64> = notes.iter().map(|n| n["t"].as_f64().unwrap()).collect();
+    let gaps: Vec<f64> = times.windows(2).map(|w| w[1] - w[0]).collect();
+    let (median, max) = median_max(gaps.clone());
+    // The interval is a most; a loaded machine may add a look's latency.
+    ensure!(run, max <= every + 1.5, "gaps {gaps:?}");
+    run.eq(
+        &notes[0]["params"]["message"],
+        &format!("waiting for run {id} on local"),
+        "the first, at once",
+    );
+    let mut last = 0.0;
+    for (i, n) in notes.iter().enumerate() {
+        let p = &n["params"];
+        let value = p["progress"].as_f64().unwrap();
+        ensure!(run, value > last, "progress grows: {notes:?}");
+        last = value;
+        run.eq(&p["total"], 4.5, "total: the most the call waits");
+        run.eq(
+            &p["_meta"]["agent-run-mcp/output_bytes"],
+            0,
+            "the output so far",
+        );
+        let m = text(&p["message"]);
+        let fresh = i == 0 || m.starts_with(&format!("run {id} on local: running"));
+        ensure!(run, fresh && !m.contains('\n'), "{m}");
+    }
+    eprintln!("mcp-figure: progress with --progress-every 1s on a silent run: {} notifications in 4.5 s, gaps median {median:.2} s, max {max:.2} s", notes.len());
+
+    // A run that writes: its notifications quote its last line and count its bytes.
+    let call = c.send(json!({"op": "call", "name": "run", "args": {"command": "echo one; sleep 1.5; echo two; sleep 1.5; echo three"}, "progress": true}));
+    let r = c.reply(call, T);
+    let id2 = text(&r["result"]["structuredContent"]["run_id"]);
+    let notes = progress_of(&c.notifications());
+    let first = text(&notes[0]["params"]["message"]);
+    ensure!(
+        run,
+        first == format!("run {id2} started on local"),
+        "the run id first: {first}"
+    );
+    let end = notes.last().unwrap();
+    ensure!(
+        run,
+        text(&end["params"]["message"]).contains("last line: three"),
+        "{notes:?}"
+    );
+    run.eq(
+        &end["params"]["_meta"]["agent-run-mcp/output_bytes"],
+        14,
+        format_args!("{end}"),
+    );
+    // The call has answered: nothing more comes for it, though the first run goes on.
+    let (_, _) = c.tool("status", json!({"run_id": id}), T);
+    wait_until("a look past the interval", T, || {
+        (epoch_now() > end["t"].as_f64().unwrap() + 2.0 * every).then_some(())
+    });
+    let (_, _) = c.tool("status", json!({"run_id": id}), T);
+    let late = progress_of(&c.notifications());
+    ensure!(run, late.is_empty(), "progress after the answer: {late:?}");
+    c.tool("cancel", json!({"run_id": id}), T);
+    c.close(T);
+}
+
+#[test]
+fn a_run_that_became_a_task_gets_no_more_progress() {
+    let w = World::local();
+    let mut c = w.client(&["--progress-every", "1s"], true);
+    let call = c.send(json!({"op": "call", "name": "run", "args": {"command": "while :; do echo tick; sleep 0.05; done"}, "progress": true}));
+    let r = c.reply(call, T);
+    let task_id = text(&r["task"]["taskId"]);
+    let (id, _) = task_id.split_once('@').unwrap();
+    let run = ctx(&w.root, id);
+    let before = progress_of(&c.notifications());
+    ensure!(run, !before.is_empty(), "progress until the task: {r}");
+    // The run writes on, for more than the interval twice over.
+    let log = w.root.run_dir(id).join("stdout.log");
+    let size = || fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+    let at_task = size();
+    wait_until("the run to write on", T, || {
+        (size() > at_task + 200).then_some(())
+    });
+    let got = c.request(json!({"op": "tasks_get", "task_id": task_id}), T);
+    run.eq(&got["raw"]["status"], "working", format_args!("{got}"));
+    let after = progress_of(&c.notifications());
+    ensure!(
+        run,
+        after.is_empty(),
+        "progress after the task answer: {after:?}"
+    );
+    c.request(json!({"op": "tasks_cancel", "task_id": task_id}), T);
+    let st = w.root.wait_final(id, T);
+    run.eq(&st["state"], "cancelled", format_args!("{st}"));
+    c.close(T);
+}
+
+#[test]
+fn wait_with_idle_s_returns_when_a_run_goes_quiet_and_the_run_goes_on() {
+    let w = World::local();
+    let mut c = w.client(&[], false);
+    let go = w.root.dir.path().join("go");
+    let quiet = format!(
+        "echo started; while [ ! -e '{}' ]; do sleep 0.05; done; echo done",
+        go.display()
+    );
+    let (r, _) = c.tool("start", json!({"command": quiet}), T);
+    let id = text(&r["run_id"]);
+    let run = ctx(&w.root, &id);
+    let t0 = Instant::now();
+    let (r, err) = c.tool(
+        "wait",
+        json!({"run_id": id, "idle_s": 1, "timeout_s": 60}),
+        T,
+    );
+    let took = t0.elapsed();
+    ensure!(run, !err, "{r}");
+    run.eq(
+        &(r["state"].as_str(), r["idle"].as_bool()),
+        &(Some("running"), Some(true)),
+        format_args!("{r}"),
+    );
+    ensure!(
+        run,
+        r["idle_for_s"].as_f64().is_some_and(|s| s >= 1.0),
+        "{r}"
+    );
+    ensure!(
+        run,
+        took < Duration::from_secs(30),
+        "idle, not the 60 s timeout: {took:?}"
+    );
+    ensure!(run, text(&r["next"]).starts_with("idle"), "{r}");
+    run.eq(&w.root.status(&id)["state"], "running", "the run goes on");
+    // Output restarts the clock: a run that writes every 50 ms is never idle for 1.5 s.
+    let busy = format!(
+        "while [ ! -e '{}' ]; do echo tick; sleep 0.05; done",
+        go.display()
+    );
+    let (b, _) = c.tool("start", json!({"command": busy}), T);
+    let t0 = Instant::now();
+    let (r, _) = c.tool(
+        "wait",
+        json!({"run_id": b["run_id"], "idle_s": 1.5, "timeout_s": 4}),
+        T,
+    );
+    ensure!(
+        run,
+        r.get("idle").is_none() && t0.elapsed() >= Duration::from_secs(4),
+        "{r} after {:?}",
+        t0.elapsed()
+    );
+    fs::write(&go, b"").unwrap();
+    let (r, _) = c.tool(
+        "wait",
+        json!({"run_ids": [id, b["run_id"]], "idle_s": 30}),
+        T,
+    );
+    let runs = r["runs"].as_array().unwrap();
+    run.eq(&runs[0]["exit_code"], 0, format_args!("{r}"));
+    run.eq(
+        &runs[0]["stdout"]["text"],
+        "started\ndone\n",
+        format_args!("{r}"),
+    );
+    c.close(T);
 }

@@ -3,7 +3,7 @@
 
 use super::progress::Progress;
 use super::watch::Watched;
-use super::{task_of, Answer, Inner, LAUNCH_TIMEOUT, MIN_LOOK, TASK_AFTER};
+use super::{task_of, Answer, Inner, LAUNCH_TIMEOUT, TASK_AFTER};
 use crate::host::Host;
 use crate::keeper::{DETACHED_LABEL, OWNER_LABEL};
 use crate::probe::{probe, Probe, Read};
@@ -16,7 +16,6 @@ use serde::Serialize;
 use serde_json::Value;
 use std::ffi::OsString;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 /// The answer of `start`.
 #[derive(Serialize)]
@@ -156,17 +155,15 @@ impl Inner {
         let tail = tools::bytes("tail_bytes", a.tail_bytes, tools::DEFAULT_TAIL)?;
         let host = self.host(a.host.as_deref())?;
         let (id, _) = self.launch(&host, &l, false).await?;
-        let mut progress = ctx
-            .meta
-            .get_progress_token()
-            .map(|t| Progress::new(ctx.peer.clone(), t));
-        if let Some(p) = progress.as_mut() {
-            p.note(format!("run {id} started on {}", host.name)).await;
-        }
         let tasks = ctx
             .client_capabilities()
             .is_some_and(|c| c.supports_tasks());
         let limit = if tasks { wait.min(TASK_AFTER) } else { wait };
+        // The run id first: the first notification names it.
+        let mut progress = ctx.meta.get_progress_token().map(|t| {
+            let first = format!("run {id} started on {}", host.name);
+            Progress::new(ctx.peer.clone(), t, limit, self.progress_every, first)
+        });
         match self
             .watch(&host, &id, limit, progress.as_mut(), &ctx.ct)
             .await?
@@ -184,9 +181,6 @@ impl Inner {
             Watched::Going(p) if tasks => {
                 let record = p.record.as_ref().cloned().unwrap_or_default();
                 let task_id = format!("{id}@{}", host.name);
-                if let Some(progress) = progress {
-                    self.spawn_watcher(host.clone(), id.clone(), progress);
-                }
                 return Ok(CallToolResponse::Task(CreateTaskResult::new(task_of(
                     &task_id, &record,
                 ))));
@@ -212,43 +206,5 @@ impl Inner {
     ) -> CallToolResult {
         let failed = record["state"].as_str() == Some("launch_failed");
         view::answer(&view::run(&host.name, record, Some(p), owned), failed)
-    }
-
-    /// Keep sending a task's output as progress, until the run is final or the server ends.
-    pub(super) fn spawn_watcher(&self, host: Arc<Host>, id: String, mut progress: Progress) {
-        let keeper = self.keeper.clone();
-        let stop = self.shutdown.clone();
-        tokio::spawn(async move {
-            loop {
-                let reads = progress.reads();
-                let t0 = Instant::now();
-                let p = tokio::select! {
-                    p = probe(&host, &id, Some(Duration::from_secs(1)), reads) => p,
-                    _ = stop.cancelled() => return,
-                };
-                match p {
-                    Ok(p) => {
-                        progress.update(&p).await;
-                        if let Ok(r) = &p.record {
-                            keeper.observe(&host.name, r);
-                        } else {
-                            return;
-                        }
-                        if p.is_final() {
-                            return;
-                        }
-                        if t0.elapsed() < MIN_LOOK {
-                            tokio::time::sleep(MIN_LOOK - t0.elapsed()).await;
-                        }
-                    }
-                    Err(_) => {
-                        tokio::select! {
-                            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                            _ = stop.cancelled() => return,
-                        }
-                    }
-                }
-            }
-        });
     }
 }

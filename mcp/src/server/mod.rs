@@ -23,14 +23,11 @@ use rmcp::{ErrorData as McpError, ServerHandler};
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio_util::sync::CancellationToken;
 
 /// A `run` still going after this becomes a task (for clients that support tasks).
 const TASK_AFTER: Duration = Duration::from_secs(1);
 /// Suggested interval between tasks/get polls.
 const TASK_POLL_MS: u64 = 1000;
-/// The most of new output one progress notification carries.
-const PROGRESS_TEXT: usize = 4096;
 /// The shortest time between two looks at a run that is not final.
 const MIN_LOOK: Duration = Duration::from_millis(200);
 /// How long a host may take to launch a run.
@@ -46,16 +43,16 @@ pub struct Server {
 struct Inner {
     hosts: Arc<Hosts>,
     keeper: Arc<Keeper>,
-    /// Cancelled when the server shuts down: task watchers end.
-    shutdown: CancellationToken,
     tools: Vec<Tool>,
     instructions: String,
+    /// The longest time between two progress notifications of a call.
+    progress_every: Duration,
 }
 
 type Answer = Result<CallToolResponse, String>;
 
 impl Server {
-    pub fn new(hosts: Arc<Hosts>, keeper: Arc<Keeper>, shutdown: CancellationToken) -> Server {
+    pub fn new(hosts: Arc<Hosts>, keeper: Arc<Keeper>, progress_every: Duration) -> Server {
         let names = hosts.names();
         let tools = tools::all(&names, hosts.any());
         let instructions = format!(
@@ -70,9 +67,9 @@ impl Server {
             inner: Arc::new(Inner {
                 hosts,
                 keeper,
-                shutdown,
                 tools,
                 instructions,
+                progress_every,
             }),
         }
     }
