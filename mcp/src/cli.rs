@@ -23,8 +23,8 @@ pub const LOCAL: &str = "local";
         picks a run up by its id.\n\n\
         Runs are leased: the server renews the lease of each run it started (every third of --lease); \
         if the server is killed, the host stops them when the lease runs out. When its stdin closes \
-        (a clean shutdown), or on TERM, INT or HUP, it cancels the runs it started, except those \
-        started with detach: true.",
+        (a clean shutdown), on TERM, INT or HUP, or when its parent (the client) exits, it cancels \
+        the runs it started, except those started with detach: true, and exits.",
     after_help = "Example (the JSON an agent host uses to launch it):\n  \
         {\"mcpServers\": {\"agent-run\": {\"command\": \"agent-run-mcp\", \"args\": [\"--host\", \"build1\"]}}}"
 )]

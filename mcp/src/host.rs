@@ -148,7 +148,9 @@ impl Host {
     }
 
     /// [`Host::agent_run`] for a call that must reach the host even if we stop waiting for it
-    /// (the cancels of a shutdown): the child is not killed when its future is dropped.
+    /// (the cancels of a shutdown): here, the child is not killed when its future is dropped,
+    /// and is in a process group of its own. Over ssh it is killed like any channel (no ssh
+    /// outlives the server); the host's stop goes on once the command has reached it.
     pub async fn agent_run_lasting<S: AsRef<OsStr>>(
         &self,
         words: &[S],
@@ -227,7 +229,7 @@ impl Host {
         for attempt in 0..2 {
             conn.ensure().await?;
             let mut cmd = make();
-            cmd.kill_on_drop(!lasting);
+            cmd.kill_on_drop(true);
             let reply = capture(cmd, timeout, &self.name).await?;
             if reply.code != Some(255) {
                 return Ok(reply);

@@ -13,6 +13,7 @@
 mod cli;
 mod host;
 mod keeper;
+mod parent;
 mod probe;
 mod server;
 mod ssh;
@@ -248,6 +249,16 @@ async fn serve(cli: Cli) -> ExitCode {
         },
     };
     let keeper = Arc::new(Keeper::new(owner.clone(), cli.lease));
+    // First, before anything can take long: the client we never outlive.
+    let parent = match parent::Parent::pin() {
+        Ok(p) => p,
+        Err(e) => {
+            say(&format!(
+                "{e}: the server ends at the EOF of its stdin only"
+            ));
+            None
+        }
+    };
     let (mut term, mut int, mut hup) = match (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
@@ -271,55 +282,74 @@ async fn serve(cli: Cli) -> ExitCode {
     ));
     let renewals = tokio::spawn(keeper.clone().renew_loop(hosts.clone()));
     if cli.owner.is_some() {
-        // Take back the runs a predecessor with this owner left running.
-        for host in hosts.all() {
-            let k = keeper.clone();
-            tokio::spawn(async move {
-                match k.reclaim(&host).await {
-                    Ok(0) => {}
-                    Ok(n) => say(&format!(
-                        "took back {n} run(s) of owner {} on {}",
-                        k.owner, host.name
-                    )),
-                    Err(e) => say(&format!(
-                        "cannot look for the runs of owner {} on {}: {e}",
-                        k.owner, host.name
-                    )),
-                }
-            });
-        }
+        reclaim_all(&hosts, &keeper);
     }
     let handler = server::Server::new(hosts.clone(), keeper.clone(), cli.progress_every);
-    let why = match handler.serve(transport::Stdio::new()).await {
-        Ok(service) => tokio::select! {
-            r = service.waiting() => match r {
+    let session = async {
+        match handler.serve(transport::Stdio::new()).await {
+            Ok(service) => match service.waiting().await {
                 Ok(_) => "stdin closed".to_string(),
                 Err(e) => format!("the session ended: {e}"),
             },
-            _ = term.recv() => "TERM".to_string(),
-            _ = int.recv() => "INT".to_string(),
-            _ = hup.recv() => "HUP".to_string(),
-        },
-        Err(e) => format!("the session did not start: {e}"),
+            Err(e) => format!("the session did not start: {e}"),
+        }
+    };
+    let why = tokio::select! {
+        why = session => why,
+        _ = async { match &parent { Some(p) => p.gone().await, None => std::future::pending().await } } => {
+            format!("the parent {} exited", parent.as_ref().map_or(0, |p| p.pid))
+        }
+        _ = term.recv() => "TERM".to_string(),
+        _ = int.recv() => "INT".to_string(),
+        _ = hup.recv() => "HUP".to_string(),
     };
     renewals.abort();
+    shutdown(&hosts, &keeper, &why).await;
+    ExitCode::SUCCESS
+}
+
+/// Take back, on every host, the runs a predecessor with this owner left running.
+fn reclaim_all(hosts: &Hosts, keeper: &Arc<Keeper>) {
+    for host in hosts.all() {
+        let k = keeper.clone();
+        tokio::spawn(async move {
+            match k.reclaim(&host).await {
+                Ok(0) => {}
+                Ok(n) => say(&format!(
+                    "took back {n} run(s) of owner {} on {}",
+                    k.owner, host.name
+                )),
+                Err(e) => say(&format!(
+                    "cannot look for the runs of owner {} on {}: {e}",
+                    k.owner, host.name
+                )),
+            }
+        });
+    }
+}
+
+/// Cancel the tied runs (at most [`SHUTDOWN_WAIT`]), then stop every ssh this server started.
+async fn shutdown(hosts: &Hosts, keeper: &Keeper, why: &str) {
     let owned: usize = keeper.snapshot().values().map(Vec::len).sum();
     say(&format!(
         "shutting down ({why}): cancelling the {owned} run(s) this server started (detached ones go on)"
     ));
-    // The cancels are processes of their own: if the agent host kills us before they answer,
-    // they still reach their hosts. Masters are closed only once nothing is using them.
-    match tokio::time::timeout(SHUTDOWN_WAIT, keeper.cancel_all(&hosts, SHUTDOWN_WAIT)).await {
+    // A local cancel is a process of its own, in a group of its own: if the agent host kills us
+    // before it answers, it still does its work. An ssh cancel is cut with us; once its command
+    // has reached the host, the host's stop goes on without it, and a run it did not reach is
+    // left to its lease.
+    match tokio::time::timeout(SHUTDOWN_WAIT, keeper.cancel_all(hosts, SHUTDOWN_WAIT)).await {
         Ok(lines) => {
             for l in lines {
                 say(&l);
             }
-            for h in hosts.all() {
-                h.close().await;
-            }
         }
-        Err(_) => say("the cancels did not all answer in time; they go on without us"),
+        Err(_) => say("the cancels did not all answer in time; the local ones go on without us"),
+    }
+    // No ssh outlives the server: the masters go (and every channel over them); a channel still
+    // running is killed when the runtime drops it.
+    for h in hosts.all() {
+        h.close().await;
     }
     hosts.remove_control_dir();
-    ExitCode::SUCCESS
 }

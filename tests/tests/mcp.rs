@@ -1360,3 +1360,83 @@ fn wait_with_idle_s_returns_when_a_run_goes_quiet_and_the_run_goes_on() {
     );
     c.close(T);
 }
+
+#[test]
+fn the_server_never_outlives_its_client_even_while_its_stdin_stays_open() {
+    // The client (a shell here) is SIGKILLed; the test still holds the server's stdin, so no
+    // EOF comes. The server sees its parent go, cancels its tied run, leaves the detached one.
+    let w = World::local();
+    let mut s = Wire::behind_parent(&w.args(&[]), &[("XDG_RUNTIME_DIR", w.xdg.as_os_str())]);
+    s.initialize(false);
+    let (_, t) = s.call("start", json!({"argv": w.tree()}), None, T);
+    let (_, d) = s.call(
+        "start",
+        json!({"argv": w.tree(), "detach": true, "timeout_s": 120}),
+        None,
+        T,
+    );
+    let tied = text(&t["structuredContent"]["run_id"]);
+    let detached = text(&d["structuredContent"]["run_id"]);
+    let (tied_run, detached_run) = (ctx(&w.root, &tied), ctx(&w.root, &detached));
+    let (tp, dp) = (w.pin_tree(&tied), w.pin_tree(&detached));
+    let t0 = Instant::now();
+    s.kill_parent();
+    tied_run.wait_gone_within(s.server_pin(), T, "the server, after its client");
+    let gone = t0.elapsed();
+    tied_run.wait_gone_within(&tp, Duration::from_secs(10), "the tied run's tree");
+    let st = tied_run.wait_final();
+    tied_run.fields(
+        &st,
+        "the tied run's record",
+        json!({"state": "cancelled", "reason": "cancel_request"}),
+    );
+    ensure!(
+        tied_run,
+        s.stderr().contains("shutting down (the parent"),
+        "{}",
+        s.stderr()
+    );
+    detached_run.all_alive(&dp, "the detached run goes on");
+    eprintln!(
+        "mcp-figure: client SIGKILLed, stdin held open -> server gone in {:.0} ms (its tied run cancelled)",
+        gone.as_secs_f64() * 1000.0
+    );
+    let out = w.root.cmd().args(["cancel", &detached]).output().unwrap();
+    detached_run.eq(&out.status.code(), &Some(0), "cancel of the detached run");
+    detached_run.wait_gone_within(&dp, Duration::from_secs(10), "the detached run's tree");
+}
+
+#[test]
+fn a_server_whose_client_dies_leaves_no_ssh_behind() {
+    let w = World::ssh();
+    let mut s = Wire::behind_parent(&w.args(&[]), &[("XDG_RUNTIME_DIR", w.xdg.as_os_str())]);
+    s.initialize(false);
+    let (_, t) = s.call(
+        "start",
+        json!({"host": w.host(), "argv": w.tree()}),
+        None,
+        T,
+    );
+    let id = text(&t["structuredContent"]["run_id"]);
+    let run = ctx(&w.root, &id);
+    let pins = w.pin_tree(&id);
+    // A wait in flight: one channel busy on the host when the client dies.
+    s.send(
+        "tools/call",
+        json!({"name": "wait", "arguments": {"host": w.host(), "run_id": id, "timeout_s": 300}}),
+    );
+    let xdg = w.xdg.to_str().unwrap().to_string();
+    wait_until("the master and a channel", T, || {
+        (processes_mentioning(&xdg).len() >= 2).then_some(())
+    });
+    s.kill_parent();
+    run.wait_gone_within(s.server_pin(), T, "the server, after its client");
+    run.wait_gone_within(&pins, Duration::from_secs(10), "the tied run's tree");
+    let st = run.wait_final();
+    run.fields(
+        &st,
+        "its record",
+        json!({"state": "cancelled", "reason": "cancel_request"}),
+    );
+    w.assert_ssh_cleaned_up(Duration::from_secs(5));
+}
