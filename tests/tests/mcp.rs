@@ -490,15 +490,24 @@ fn a_task_cancelled_through_the_protocol_stops_every_process() {
     let e0 = epoch_now();
     let ack = c.request(json!({"op": "tasks_cancel", "task_id": task_id}), T);
     run.eq(&ack["ok"], true, format_args!("{ack}"));
-    let polled = wait_until("tasks/get to say cancelled", T, || {
-        let g = c.request(json!({"op": "tasks_get", "task_id": task_id}), T);
-        (g["raw"]["status"] == "cancelled").then_some(g)
-    });
-    let to_status = t0.elapsed();
-    pins.wait_all_gone(Duration::from_secs(5))
-        .unwrap_or_else(|left| run.fail(format_args!("left after the cancel: {left:?}")));
-    w.assert_nothing_of(id);
+    // The acknowledgement comes once the stop is confirmed: the record is final and every
+    // process of the run has exited, at that moment, with no polling.
     let st = w.root.status(id);
+    run.eq(
+        &st["state"],
+        "cancelled",
+        format_args!("when tasks/cancel answered: {st}"),
+    );
+    pins.wait_all_gone(Duration::ZERO)
+        .unwrap_or_else(|left| run.fail(format_args!("left when tasks/cancel answered: {left:?}")));
+    let polled = c.request(json!({"op": "tasks_get", "task_id": task_id}), T);
+    run.eq(
+        &polled["raw"]["status"],
+        "cancelled",
+        format_args!("{polled}"),
+    );
+    let to_status = t0.elapsed();
+    w.assert_nothing_of(id);
     run.eq(
         &(st["state"].as_str(), st["reason"].as_str()),
         &(Some("cancelled"), Some("cancel_request")),
@@ -1439,4 +1448,92 @@ fn a_server_whose_client_dies_leaves_no_ssh_behind() {
         json!({"state": "cancelled", "reason": "cancel_request"}),
     );
     w.assert_ssh_cleaned_up(Duration::from_secs(5));
+}
+
+#[test]
+fn a_task_is_its_run_another_server_answers_for_it_and_a_client_without_tasks_gets_32021() {
+    let w = World::local();
+    let mut a = w.client(&[], true);
+    // Its processes ignore TERM and HUP: its stop takes the whole grace, 3 s.
+    let tree = json!([
+        fixture_bin(),
+        "tree",
+        "--children",
+        "2",
+        "--leader-term",
+        "ignore",
+        "--leader-hup",
+        "ignore",
+        "--member-term",
+        "ignore",
+        "--member-hup",
+        "ignore"
+    ]);
+    let r = a.call("run", json!({"argv": tree, "grace_s": 3}), T);
+    let task_id = text(&r["task"]["taskId"]);
+    let (id, _) = task_id.split_once('@').unwrap();
+    let run = ctx(&w.root, id);
+    // The task went out with its record on disk: readable at once.
+    run.eq(
+        &w.root.status(id)["state"],
+        "running",
+        "the record, when the task came",
+    );
+    let pins = w.pin_tree(id);
+    a.kill_server();
+    drop(a);
+    // A new server knows nothing of it but the host: the task is the run.
+    let mut b = w.client(&[], true);
+    let got = b.request(json!({"op": "tasks_get", "task_id": task_id}), T);
+    run.eq(&got["raw"]["status"], "working", format_args!("{got}"));
+    ensure!(
+        run,
+        text(&got["raw"]["statusMessage"]).contains(&format!("run {id}: running")),
+        "{got}"
+    );
+    let none = b.request(
+        json!({"op": "tasks_get", "task_id": "mcp-0123456789abcdef@local"}),
+        T,
+    );
+    run.eq(
+        &none["error"]["code"],
+        -32602,
+        format_args!("no such task: {none}"),
+    );
+    // A client that did not declare the extension may not use tasks/*.
+    let mut c = w.client(&[], false);
+    for op in ["tasks_get", "tasks_cancel"] {
+        let e = c.request(json!({"op": op, "task_id": task_id}), T);
+        run.eq(
+            &e["error"]["code"],
+            -32021,
+            format_args!("{op} without the capability: {e}"),
+        );
+    }
+    run.all_alive(&pins, "its run goes on");
+    // tasks/cancel answers once the stop is confirmed: after the grace, KILL, the final record.
+    let ack = b.request(json!({"op": "tasks_cancel", "task_id": task_id}), T);
+    run.eq(&ack["ok"], true, format_args!("{ack}"));
+    let st = w.root.status(id);
+    run.fields(
+        &st,
+        "the record when tasks/cancel answered",
+        json!({"state": "cancelled", "reason": "cancel_request"}),
+    );
+    ensure!(
+        run,
+        st["cleanup"]["signals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s == "KILL"),
+        "{st}"
+    );
+    pins.wait_all_gone(Duration::ZERO)
+        .unwrap_or_else(|left| run.fail(format_args!("left when tasks/cancel answered: {left:?}")));
+    let got = b.request(json!({"op": "tasks_get", "task_id": task_id}), T);
+    run.eq(&got["raw"]["status"], "cancelled", format_args!("{got}"));
+    w.assert_nothing_of(id);
+    b.close(T);
+    c.close(T);
 }

@@ -3,7 +3,7 @@
 
 use super::progress::Progress;
 use super::watch::Watched;
-use super::{task_of, Answer, Inner, LAUNCH_TIMEOUT, TASK_AFTER};
+use super::{Answer, Inner, LAUNCH_TIMEOUT, TASK_AFTER};
 use crate::host::Host;
 use crate::keeper::{DETACHED_LABEL, OWNER_LABEL};
 use crate::probe::{probe, Probe, Read};
@@ -180,10 +180,8 @@ impl Inner {
             }
             Watched::Going(p) if tasks => {
                 let record = p.record.as_ref().cloned().unwrap_or_default();
-                let task_id = format!("{id}@{}", host.name);
-                return Ok(CallToolResponse::Task(CreateTaskResult::new(task_of(
-                    &task_id, &record,
-                ))));
+                let task = self.task_for(&host, &id, &record).await?;
+                return Ok(CallToolResponse::Task(task));
             }
             Watched::Going(_) => {}
         }
@@ -195,8 +193,8 @@ impl Inner {
         Ok(self.final_answer(&host, record, &p, owned).into())
     }
 
-    /// The answer for a run: its view; a launch failure is a tool error (the model asked for
-    /// something that cannot run).
+    /// The answer for a run: its view; a launch failure (the model asked for something that
+    /// cannot run) and an `unknown` end (agent-run cannot vouch for it) are tool errors.
     pub(super) fn final_answer(
         &self,
         host: &Host,
@@ -204,7 +202,7 @@ impl Inner {
         p: &Probe,
         owned: Option<bool>,
     ) -> CallToolResult {
-        let failed = record["state"].as_str() == Some("launch_failed");
+        let failed = matches!(record["state"].as_str(), Some("launch_failed" | "unknown"));
         view::answer(&view::run(&host.name, record, Some(p), owned), failed)
     }
 }

@@ -8,26 +8,22 @@
 mod launch;
 mod progress;
 mod runs;
+mod tasks;
 mod watch;
 
 use crate::host::Host;
 use crate::keeper::Keeper;
-use crate::probe::{probe, Read};
 use crate::tools;
 use crate::view;
 use crate::Hosts;
-use agent_run_shared::time::rfc3339_now;
 use rmcp::model::*;
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData as McpError, ServerHandler};
-use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// A `run` still going after this becomes a task (for clients that support tasks).
 const TASK_AFTER: Duration = Duration::from_secs(1);
-/// Suggested interval between tasks/get polls.
-const TASK_POLL_MS: u64 = 1000;
 /// The shortest time between two looks at a run that is not final.
 const MIN_LOOK: Duration = Duration::from_millis(200);
 /// How long a host may take to launch a run.
@@ -130,46 +126,7 @@ impl ServerHandler for Server {
         request: GetTaskParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, McpError> {
-        let (host, id) = self.inner.task_run(&request.task_id)?;
-        let p = probe(
-            &host,
-            &id,
-            None,
-            (
-                Read::Tail {
-                    bytes: tools::DEFAULT_TAIL,
-                },
-                Read::Tail {
-                    bytes: tools::DEFAULT_TAIL,
-                },
-            ),
-        )
-        .await
-        .map_err(|e| McpError::internal_error(e, None))?;
-        let record = match &p.record {
-            Ok(r) => r.clone(),
-            Err((Some(69), msg)) => {
-                return Err(McpError::invalid_params(
-                    format!("no task {}: {msg}", request.task_id),
-                    None,
-                ))
-            }
-            Err((_, msg)) => return Err(McpError::internal_error(msg.clone(), None)),
-        };
-        self.inner.keeper.observe(&host.name, &record);
-        let task = task_of(&request.task_id, &record);
-        let payload = if record["final"].as_bool() != Some(true) {
-            TaskPayload::Working
-        } else if record["state"].as_str() == Some("cancelled") {
-            TaskPayload::Cancelled
-        } else {
-            let result = self.inner.final_answer(&host, record, &p, None);
-            let value = serde_json::to_value(result).unwrap_or_default();
-            TaskPayload::Completed {
-                result: value.as_object().cloned().unwrap_or_default(),
-            }
-        };
-        Ok(GetTaskResult::new(DetailedTask::new(task, payload)))
+        self.inner.get_task(&request.task_id).await
     }
 
     async fn cancel_task(
@@ -177,54 +134,12 @@ impl ServerHandler for Server {
         request: CancelTaskParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        let (host, id) = self.inner.task_run(&request.task_id)?;
-        let inner = self.inner.clone();
-        let ids = vec![id];
-        // The cancel goes on if it takes longer than the acknowledgement may wait: the task's
-        // status (tasks/get, from the host) says when the run is final.
-        let job = tokio::spawn(async move { inner.cancel_runs(&host, &ids).await });
-        match tokio::time::timeout(Duration::from_secs(2), job).await {
-            Ok(Ok(Err(e))) => Err(McpError::invalid_params(e, None)),
-            _ => Ok(()),
-        }
+        self.inner.clone().cancel_task(&request.task_id).await
     }
-}
-
-/// The Task for a run, from its record.
-fn task_of(task_id: &str, record: &Value) -> Task {
-    let status = match (record["final"].as_bool(), record["state"].as_str()) {
-        (Some(true), Some("cancelled")) => TaskStatus::Cancelled,
-        (Some(true), _) => TaskStatus::Completed,
-        _ => TaskStatus::Working,
-    };
-    let created = record["created_at"]
-        .as_str()
-        .map(str::to_string)
-        .unwrap_or_else(rfc3339_now);
-    let updated = record["ended_at"]
-        .as_str()
-        .map(str::to_string)
-        .unwrap_or_else(rfc3339_now);
-    let id = record["run_id"].as_str().unwrap_or("?");
-    Task::new(task_id, status, created, updated)
-        .with_status_message(format!("run {id}: {}", view::summary(record)))
-        .with_poll_interval_ms(TASK_POLL_MS)
 }
 
 impl Inner {
     fn host(&self, name: Option<&str>) -> Result<Arc<Host>, String> {
         self.hosts.resolve(name)
-    }
-
-    /// `RUN_ID@HOST` of a task id.
-    fn task_run(&self, task_id: &str) -> Result<(Arc<Host>, String), McpError> {
-        let bad =
-            |why: String| McpError::invalid_params(format!("no task {task_id:?}: {why}"), None);
-        let (id, host) = task_id
-            .split_once('@')
-            .ok_or_else(|| bad("task ids of this server are RUN_ID@HOST".into()))?;
-        let id = tools::run_id(id).map_err(bad)?;
-        let host = self.hosts.resolve(Some(host)).map_err(bad)?;
-        Ok((host, id))
     }
 }
