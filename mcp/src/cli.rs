@@ -50,7 +50,9 @@ pub struct Cli {
 
     /// Label this server's runs agent-run-mcp/owner=NAME. A server started again with the same
     /// NAME takes back the runs of its predecessor that are still active (it renews their lease
-    /// and cancels them at its own shutdown). Default: a random name, new for each process
+    /// and cancels them at its own shutdown), with the owner's lease token, kept in
+    /// $XDG_STATE_HOME/agent-run-mcp/NAME.token (default ~/.local/state/agent-run-mcp/).
+    /// Default: a random name and token, new for each process
     #[arg(long, value_name = "NAME", value_parser = owner)]
     pub owner: Option<String>,
 

@@ -5,7 +5,8 @@
 //! master connection per host), [`probe`] (a run's record and a bounded read of its logs in one
 //! round trip), [`keeper`] (the runs this server leases: renewals, and the cancels of a clean
 //! shutdown), [`tools`] (names, descriptions, schemas, input checks), [`view`] (the answers),
-//! [`transport`] (JSON-RPC lines on stdio) and [`server`] (the MCP handler, tasks included).
+//! [`transport`] (JSON-RPC lines on stdio), [`parent`] (the client we never outlive), [`token`]
+//! (the lease token) and [`server`] (the MCP handler, tasks included).
 //!
 //! Only this program has an async runtime (tokio, one thread); agent-run and agent-run-watchdog
 //! have none.
@@ -17,6 +18,7 @@ mod parent;
 mod probe;
 mod server;
 mod ssh;
+mod token;
 mod tools;
 mod transport;
 mod view;
@@ -248,7 +250,19 @@ async fn serve(cli: Cli) -> ExitCode {
             }
         },
     };
-    let keeper = Arc::new(Keeper::new(owner.clone(), cli.lease));
+    let token = match &cli.owner {
+        Some(o) => token::LeaseToken::of_owner(o)
+            .map_err(|e| format!("cannot keep the lease token of owner {o}: {e}")),
+        None => token::LeaseToken::random().map_err(|e| format!("no random bytes: {e}")),
+    };
+    let token = match token {
+        Ok(t) => t,
+        Err(e) => {
+            say(&e);
+            return ExitCode::from(70);
+        }
+    };
+    let keeper = Arc::new(Keeper::new(owner.clone(), cli.lease, token));
     // First, before anything can take long: the client we never outlive.
     let parent = match parent::Parent::pin() {
         Ok(p) => p,

@@ -1537,3 +1537,121 @@ fn a_task_is_its_run_another_server_answers_for_it_and_a_client_without_tasks_ge
     b.close(T);
     c.close(T);
 }
+
+/// An agent-run that logs, per call, its words and the lease token its environment holds (`-`
+/// for none), then execs the real one.
+fn token_shim(dir: &std::path::Path) -> (PathBuf, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let log = dir.join("calls.log");
+    let shim = dir.join("agent-run-shim");
+    fs::write(
+        &shim,
+        format!(
+            "#!/bin/sh\nprintf '%s|%s\\n' \"${{AGENT_RUN_LEASE_TOKEN:--}}\" \"$*\" >> '{}'\nexec '{}' \"$@\"\n",
+            log.display(),
+            agent_run_bin().display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&shim, fs::Permissions::from_mode(0o755)).unwrap();
+    (shim, log)
+}
+
+/// (token, subcommand, words) of each logged call.
+fn token_calls(log: &std::path::Path) -> Vec<(String, String, String)> {
+    fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (token, words) = l.split_once('|')?;
+            let sub = words.split(' ').find(|w| !w.starts_with("--root="))?;
+            Some((token.to_string(), sub.to_string(), words.to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn start_and_renew_get_the_servers_lease_token_in_their_environment_only() {
+    use std::os::unix::fs::MetadataExt;
+    let w = World::ssh();
+    let (shim, log) = token_shim(w.root.dir.path());
+    let state = w.root.dir.path().join("state");
+    let shim_s = shim.display().to_string();
+    let owner = format!("tok-{}", std::process::id());
+    let mut args = w.args(&["--owner", &owner, "--lease", "3s"]);
+    // The shim on both hosts ("local" and the ssh one, which is this machine).
+    for (i, a) in args.clone().iter().enumerate() {
+        if a == "--agent-run" || a == "--remote-bin" {
+            args[i + 1] = shim_s.clone();
+        }
+    }
+    let env = [
+        ("XDG_RUNTIME_DIR", w.xdg.as_os_str()),
+        ("XDG_STATE_HOME", state.as_os_str()),
+    ];
+    let mut c = Client::start(&args, &env, false);
+    let (a, _) = c.tool("start", json!({"argv": ["sleep", "300"]}), T);
+    let (b, _) = c.tool(
+        "start",
+        json!({"host": w.host(), "argv": ["sleep", "300"]}),
+        T,
+    );
+    let id = text(&a["run_id"]);
+    let run = ctx(&w.root, &id);
+    // Renewals come every second (a third of the lease), one per host.
+    wait_until("a renewal on each host", T, || {
+        let calls = token_calls(&log);
+        let renews = calls.iter().filter(|c| c.1 == "renew").count();
+        (renews >= 4).then_some(())
+    });
+    let file = state.join("agent-run-mcp").join(format!("{owner}.token"));
+    let token = fs::read_to_string(&file).unwrap().trim().to_string();
+    run.eq(&token.len(), &32, "a 128-bit token in hex");
+    let dir_mode = fs::metadata(file.parent().unwrap()).unwrap().mode() & 0o777;
+    let file_mode = fs::metadata(&file).unwrap().mode() & 0o777;
+    run.eq(&(dir_mode, file_mode), &(0o700, 0o600), "private");
+    let calls = token_calls(&log);
+    let ssh_id = text(&b["run_id"]);
+    ensure!(
+        run,
+        calls
+            .iter()
+            .any(|c| c.1 == "renew" && c.2.contains(&ssh_id)),
+        "a renewal over ssh: {calls:?}"
+    );
+    for (t, sub, words) in &calls {
+        let want = if sub == "start" || sub == "renew" {
+            token.as_str()
+        } else {
+            "-"
+        };
+        run.eq(&t.as_str(), &want, format_args!("the token of {words}"));
+        ensure!(
+            run,
+            !words.contains(&token),
+            "the token on a command line: {words}"
+        );
+    }
+    // A server started again with the owner renews with the same token.
+    c.kill_server();
+    drop(c);
+    let before = token_calls(&log).len();
+    let c = Client::start(&args, &env, false);
+    wait_until("the new server's renewals", T, || {
+        let calls = token_calls(&log);
+        calls[before..]
+            .iter()
+            .any(|c| c.1 == "renew" && c.0 == token)
+            .then_some(())
+    });
+    drop(c);
+    for r in [&a, &b] {
+        let out = w
+            .root
+            .cmd()
+            .args(["cancel", &text(&r["run_id"])])
+            .output()
+            .unwrap();
+        run.eq(&out.status.code(), &Some(0), "cancel");
+    }
+}

@@ -84,7 +84,9 @@ impl Inner {
         w.push(id.clone().into());
         w.push("--".into());
         w.extend(l.argv.iter().map(OsString::from));
-        let reply = host.agent_run(&w, LAUNCH_TIMEOUT).await?;
+        let reply = host
+            .agent_run_leased(&w, LAUNCH_TIMEOUT, &self.keeper.token)
+            .await?;
         let line = reply
             .stdout
             .split(|&b| b == b'\n')
