@@ -140,3 +140,17 @@ pub fn bad_host(h: &str) -> Option<&'static str> {
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+        let c = Cli::try_parse_from(["agent-run-mcp", "--progress-every", "2s"]).unwrap();
+        assert_eq!(c.progress_every, Duration::from_secs(2));
+        assert!(Cli::try_parse_from(["agent-run-mcp", "--progress-every", "100ms"]).is_err());
+    }
+}

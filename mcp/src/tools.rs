@@ -508,6 +508,25 @@ impl LaunchArgs {
                 ));
             }
         }
+        let env = self.checked_env()?;
+        let labels = self.checked_labels()?;
+        Ok(Launch {
+            argv,
+            cwd: self.cwd.clone(),
+            env,
+            timeout: self
+                .timeout_s
+                .map(|t| seconds("timeout_s", t, MAX_TIMEOUT_S))
+                .transpose()?,
+            grace: self
+                .grace_s
+                .map(|g| seconds("grace_s", g, MAX_GRACE_S))
+                .transpose()?,
+            labels,
+        })
+    }
+
+    fn checked_env(&self) -> Result<Vec<(String, String)>, String> {
         let mut env = Vec::new();
         for (k, v) in &self.env {
             no_nul("an env value", v)?;
@@ -519,6 +538,10 @@ impl LaunchArgs {
                 .map_err(|e| e.to_string())?;
             env.push((k.clone(), v.clone()));
         }
+        Ok(env)
+    }
+
+    fn checked_labels(&self) -> Result<Vec<(String, String)>, String> {
         let mut labels = Vec::new();
         for (k, v) in &self.labels {
             // As for cwd: the detached wrapper gets `--label K=V` as two words.
@@ -537,20 +560,7 @@ impl LaunchArgs {
                     .map_err(|e| e.to_string())?,
             );
         }
-        Ok(Launch {
-            argv,
-            cwd: self.cwd.clone(),
-            env,
-            timeout: self
-                .timeout_s
-                .map(|t| seconds("timeout_s", t, MAX_TIMEOUT_S))
-                .transpose()?,
-            grace: self
-                .grace_s
-                .map(|g| seconds("grace_s", g, MAX_GRACE_S))
-                .transpose()?,
-            labels,
-        })
+        Ok(labels)
     }
 
     pub fn wait(&self) -> Result<Duration, String> {

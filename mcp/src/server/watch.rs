@@ -117,10 +117,10 @@ impl Inner {
         let deadline = Instant::now() + limit;
         let what = format!("run {id} on {}", host.name);
         // With progress, the first look does not wait: its line is the first after the start.
-        let mut first = progress.is_some();
+        let mut quick = progress.is_some();
         loop {
             let t0 = Instant::now();
-            let step = if std::mem::take(&mut first) {
+            let step = if std::mem::take(&mut quick) {
                 Duration::ZERO
             } else {
                 step(deadline, progress.is_some())
@@ -195,10 +195,10 @@ impl Inner {
             .get_progress_token()
             .map(|t| Progress::new(ctx.peer.clone(), t, limit, self.progress_every, first));
         let mut silence = Silence::new(ids.len(), t0);
-        let mut first = progress.is_some();
+        let mut quick = progress.is_some();
         let silent = loop {
             let started = Instant::now();
-            let step = if std::mem::take(&mut first) {
+            let step = if std::mem::take(&mut quick) {
                 Duration::ZERO
             } else {
                 step(deadline, progress.is_some() || idle.is_some())
