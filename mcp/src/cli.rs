@@ -23,8 +23,8 @@ pub const LOCAL: &str = "local";
         picks a run up by its id.\n\n\
         Runs are leased: the server renews the lease of each run it started (every third of --lease); \
         if the server is killed, the host stops them when the lease runs out. When its stdin closes \
-        (a clean shutdown), or on TERM, INT or HUP, it cancels the runs it started, except those \
-        started with detach: true.",
+        (a clean shutdown), on TERM, INT or HUP, or when its parent (the client) exits, it cancels \
+        the runs it started, except those started with detach: true, and exits.",
     after_help = "Example (the JSON an agent host uses to launch it):\n  \
         {\"mcpServers\": {\"agent-run\": {\"command\": \"agent-run-mcp\", \"args\": [\"--host\", \"build1\"]}}}"
 )]
@@ -50,7 +50,9 @@ pub struct Cli {
 
     /// Label this server's runs agent-run-mcp/owner=NAME. A server started again with the same
     /// NAME takes back the runs of its predecessor that are still active (it renews their lease
-    /// and cancels them at its own shutdown). Default: a random name, new for each process
+    /// and cancels them at its own shutdown), with the owner's lease token, kept in
+    /// $XDG_STATE_HOME/agent-run-mcp/NAME.token (default ~/.local/state/agent-run-mcp/).
+    /// Default: a random name and token, new for each process
     #[arg(long, value_name = "NAME", value_parser = owner)]
     pub owner: Option<String>,
 
@@ -74,6 +76,12 @@ pub struct Cli {
     #[arg(long, value_name = "DIR")]
     pub root: Option<PathBuf>,
 
+    /// The longest time between two progress notifications of a run or wait call that carries
+    /// a progress token (a client whose idle timer restarts at each one then never times out
+    /// while the run goes on)
+    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = progress_every)]
+    pub progress_every: Duration,
+
     /// How long an ssh master connection outlives its last channel (also after this server
     /// was killed)
     #[arg(long, value_name = "DUR", default_value = "60s", value_parser = persist)]
@@ -92,6 +100,14 @@ fn persist(s: &str) -> Result<Duration, String> {
     let d = parse_duration("--control-persist", s).map_err(|e| e.to_string())?;
     if d < Duration::from_secs(1) {
         return Err("at least 1s".into());
+    }
+    Ok(d)
+}
+
+fn progress_every(s: &str) -> Result<Duration, String> {
+    let d = parse_duration("--progress-every", s).map_err(|e| e.to_string())?;
+    if !(Duration::from_millis(500)..=Duration::from_secs(300)).contains(&d) {
+        return Err("500ms to 5m".into());
     }
     Ok(d)
 }
@@ -122,5 +138,19 @@ pub fn bad_host(h: &str) -> Option<&'static str> {
         Some("it must not hold spaces or control characters")
     } else {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+        let c = Cli::try_parse_from(["agent-run-mcp", "--progress-every", "2s"]).unwrap();
+        assert_eq!(c.progress_every, Duration::from_secs(2));
+        assert!(Cli::try_parse_from(["agent-run-mcp", "--progress-every", "100ms"]).is_err());
     }
 }

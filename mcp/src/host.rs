@@ -7,6 +7,7 @@
 //! kept here that the host does not keep.
 
 use crate::ssh::Conn;
+use crate::token::{self, LeaseToken};
 use agent_run_shared::quote;
 use serde_json::Value;
 use std::ffi::{OsStr, OsString};
@@ -14,7 +15,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
 /// The most we read from one child's stdout (a `list --json` of many runs fits easily).
@@ -106,7 +107,9 @@ impl Host {
     fn argv<S: AsRef<OsStr>>(&self, words: &[S]) -> Vec<OsString> {
         let mut all = vec![self.bin.clone()];
         if let Some(root) = &self.root {
-            all.extend([OsString::from("--root"), root.clone()]);
+            let mut opt = OsString::from("--root=");
+            opt.push(root);
+            all.push(opt);
         }
         all.extend(words.iter().map(|w| w.as_ref().to_owned()));
         all
@@ -142,17 +145,32 @@ impl Host {
         words: &[S],
         timeout: Duration,
     ) -> Result<Reply, String> {
-        self.agent_run_with(words, timeout, false).await
+        self.agent_run_with(words, timeout, false, None).await
+    }
+
+    /// [`Host::agent_run`] with the lease token in agent-run's environment (`start`, `renew`),
+    /// never on a command line: here in the child's environment; over ssh on the channel's
+    /// stdin, which the remote shell reads into the variable before it execs agent-run.
+    pub async fn agent_run_leased<S: AsRef<OsStr>>(
+        &self,
+        words: &[S],
+        timeout: Duration,
+        token: &LeaseToken,
+    ) -> Result<Reply, String> {
+        self.agent_run_with(words, timeout, false, Some(token))
+            .await
     }
 
     /// [`Host::agent_run`] for a call that must reach the host even if we stop waiting for it
-    /// (the cancels of a shutdown): the child is not killed when its future is dropped.
+    /// (the cancels of a shutdown): here, the child is not killed when its future is dropped,
+    /// and is in a process group of its own. Over ssh it is killed like any channel (no ssh
+    /// outlives the server); the host's stop goes on once the command has reached it.
     pub async fn agent_run_lasting<S: AsRef<OsStr>>(
         &self,
         words: &[S],
         timeout: Duration,
     ) -> Result<Reply, String> {
-        self.agent_run_with(words, timeout, true).await
+        self.agent_run_with(words, timeout, true, None).await
     }
 
     async fn agent_run_with<S: AsRef<OsStr>>(
@@ -160,21 +178,32 @@ impl Host {
         words: &[S],
         timeout: Duration,
         lasting: bool,
+        token: Option<&LeaseToken>,
     ) -> Result<Reply, String> {
         let reply = match &self.kind {
             Kind::Local => {
                 let argv = self.argv(words);
-                self.execute(timeout, lasting, || {
+                self.execute(timeout, lasting, None, || {
                     let mut cmd = Command::new(&argv[0]);
-                    cmd.args(&argv[1..]);
+                    cmd.args(&argv[1..]).env_remove(token::ENV);
+                    if let Some(t) = token {
+                        cmd.env(token::ENV, t.as_str());
+                    }
                     cmd
                 })
                 .await?
             }
             Kind::Ssh(conn) => {
-                let mut script = b"exec ".to_vec();
+                let mut script = Vec::new();
+                if token.is_some() {
+                    script.extend(
+                        format!("IFS= read -r {0} || exit 70\nexport {0}\n", token::ENV).bytes(),
+                    );
+                }
+                script.extend_from_slice(b"exec ");
                 script.extend(self.line(words)?);
-                self.execute(timeout, lasting, || conn.channel(&script))
+                let stdin = token.map(|t| format!("{}\n", t.as_str()).into_bytes());
+                self.execute(timeout, lasting, stdin, || conn.channel(&script))
                     .await?
             }
         };
@@ -188,14 +217,19 @@ impl Host {
     pub async fn script(&self, script: &[u8], timeout: Duration) -> Result<Reply, String> {
         match &self.kind {
             Kind::Local => {
-                self.execute(timeout, false, || {
+                self.execute(timeout, false, None, || {
                     let mut cmd = Command::new("sh");
-                    cmd.arg("-c").arg(quote::os(script.to_vec()));
+                    cmd.arg("-c")
+                        .arg(quote::os(script.to_vec()))
+                        .env_remove(token::ENV);
                     cmd
                 })
                 .await
             }
-            Kind::Ssh(conn) => self.execute(timeout, false, || conn.channel(script)).await,
+            Kind::Ssh(conn) => {
+                self.execute(timeout, false, None, || conn.channel(script))
+                    .await
+            }
         }
     }
 
@@ -207,6 +241,7 @@ impl Host {
         &self,
         timeout: Duration,
         lasting: bool,
+        stdin: Option<Vec<u8>>,
         make: impl Fn() -> Command,
     ) -> Result<Reply, String> {
         let _slot = self
@@ -219,14 +254,14 @@ impl Host {
             cmd.stdin(Stdio::null())
                 .process_group(0)
                 .kill_on_drop(!lasting);
-            return capture(cmd, timeout, &self.name).await;
+            return capture(cmd, timeout, &self.name, stdin.as_deref()).await;
         };
         let mut last = String::new();
         for attempt in 0..2 {
             conn.ensure().await?;
             let mut cmd = make();
-            cmd.kill_on_drop(!lasting);
-            let reply = capture(cmd, timeout, &self.name).await?;
+            cmd.kill_on_drop(true);
+            let reply = capture(cmd, timeout, &self.name, stdin.as_deref()).await?;
             if reply.code != Some(255) {
                 return Ok(reply);
             }
@@ -328,14 +363,29 @@ impl Host {
     }
 }
 
-/// Read a child's stdout and stderr (capped) and wait for it, for at most `timeout`; a child
-/// still running then is killed, unless it was made to last (kill_on_drop off).
-async fn capture(mut cmd: Command, timeout: Duration, host: &str) -> Result<Reply, String> {
+/// Give a child `stdin` (when Some; else what `cmd` says), read its stdout and stderr (capped)
+/// and wait for it, for at most `timeout`; a child still running then is killed, unless it was
+/// made to last (kill_on_drop off).
+async fn capture(
+    mut cmd: Command,
+    timeout: Duration,
+    host: &str,
+    stdin: Option<&[u8]>,
+) -> Result<Reply, String> {
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    if stdin.is_some() {
+        cmd.stdin(Stdio::piped());
+    }
     let program = cmd.as_std().get_program().to_string_lossy().into_owned();
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("cannot run {program} for {host}: {e}"))?;
+    if let (Some(bytes), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        // A few bytes: the pipe takes them at once. The pipe closes here (EOF for the reader).
+        pipe.write_all(bytes)
+            .await
+            .map_err(|e| format!("cannot write to {program} for {host}: {e}"))?;
+    }
     let (Some(mut out), Some(mut err)) = (child.stdout.take(), child.stderr.take()) else {
         return Err(format!("cannot read the output of {program}"));
     };

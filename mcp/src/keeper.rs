@@ -8,6 +8,7 @@
 //! when its host says it is final.
 
 use crate::host::Host;
+use crate::token::LeaseToken;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -22,14 +23,17 @@ pub const DETACHED_LABEL: &str = "agent-run-mcp/detached";
 pub struct Keeper {
     pub owner: String,
     pub lease: Duration,
+    /// Given to every `start` and `renew` (see [`crate::token`]).
+    pub token: LeaseToken,
     runs: Mutex<BTreeMap<String, BTreeSet<String>>>,
 }
 
 impl Keeper {
-    pub fn new(owner: String, lease: Duration) -> Keeper {
+    pub fn new(owner: String, lease: Duration, token: LeaseToken) -> Keeper {
         Keeper {
             owner,
             lease,
+            token,
             runs: Mutex::new(BTreeMap::new()),
         }
     }
@@ -97,10 +101,15 @@ impl Keeper {
         if ids.is_empty() {
             return Ok(());
         }
-        let lease = agent_run_shared::time::duration_arg(self.lease);
-        let mut words: Vec<&str> = vec!["renew", "--lease", &lease];
+        let lease = format!(
+            "--lease={}",
+            agent_run_shared::time::duration_arg(self.lease)
+        );
+        let mut words: Vec<&str> = vec!["renew", &lease];
         words.extend(ids.iter().map(String::as_str));
-        let reply = host.agent_run(&words, Duration::from_secs(30)).await?;
+        let reply = host
+            .agent_run_leased(&words, Duration::from_secs(30), &self.token)
+            .await?;
         let doc: Option<Value> = serde_json::from_slice(&reply.stdout).ok();
         // One id gives one object (exit 69 when it is final or gone); several give an array
         // whose failed entries carry error_exit_code.
@@ -184,13 +193,11 @@ impl Keeper {
     /// A server started with an explicit `--owner` takes back the active, attached runs of its
     /// predecessor on `host`, and renews them at once.
     pub async fn reclaim(&self, host: &Host) -> Result<usize, String> {
-        let owner = format!("{OWNER_LABEL}={}", self.owner);
-        let detached = format!("{DETACHED_LABEL}=false");
+        let owner = format!("--label={OWNER_LABEL}={}", self.owner);
+        let detached = format!("--label={DETACHED_LABEL}=false");
         let reply = host
             .agent_run(
-                &[
-                    "list", "--json", "--state", "active", "--label", &owner, "--label", &detached,
-                ],
+                &["list", "--json", "--state=active", &owner, &detached],
                 Duration::from_secs(30),
             )
             .await?;

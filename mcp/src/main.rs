@@ -4,8 +4,9 @@
 //! The pieces: [`cli`] (options), [`host`] (a host: agent-run run here or over ssh), [`ssh`] (the
 //! master connection per host), [`probe`] (a run's record and a bounded read of its logs in one
 //! round trip), [`keeper`] (the runs this server leases: renewals, and the cancels of a clean
-//! shutdown), [`tools`] (names, descriptions, schemas, input checks), [`view`] (the answers) and
-//! [`server`] (the MCP handler, tasks included).
+//! shutdown), [`tools`] (names, descriptions, schemas, input checks), [`view`] (the answers),
+//! [`transport`] (JSON-RPC lines on stdio), [`parent`] (the client we never outlive), [`token`]
+//! (the lease token) and [`server`] (the MCP handler, tasks included).
 //!
 //! Only this program has an async runtime (tokio, one thread); agent-run and agent-run-watchdog
 //! have none.
@@ -13,10 +14,13 @@
 mod cli;
 mod host;
 mod keeper;
+mod parent;
 mod probe;
 mod server;
 mod ssh;
+mod token;
 mod tools;
+mod transport;
 mod view;
 
 use clap::Parser;
@@ -30,7 +34,6 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
-use tokio_util::sync::CancellationToken;
 
 /// How long a clean shutdown waits for the cancels of its runs.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(20);
@@ -223,7 +226,10 @@ fn main() -> ExitCode {
             return ExitCode::from(70);
         }
     };
-    rt.block_on(serve(cli))
+    let code = rt.block_on(serve(cli));
+    // A blocking read of stdin (when it is not a pipe) must not hold the exit.
+    rt.shutdown_timeout(Duration::from_millis(200));
+    code
 }
 
 async fn serve(cli: Cli) -> ExitCode {
@@ -244,8 +250,29 @@ async fn serve(cli: Cli) -> ExitCode {
             }
         },
     };
-    let keeper = Arc::new(Keeper::new(owner.clone(), cli.lease));
-    let shutdown = CancellationToken::new();
+    let token = match &cli.owner {
+        Some(o) => token::LeaseToken::of_owner(o)
+            .map_err(|e| format!("cannot keep the lease token of owner {o}: {e}")),
+        None => token::LeaseToken::random().map_err(|e| format!("no random bytes: {e}")),
+    };
+    let token = match token {
+        Ok(t) => t,
+        Err(e) => {
+            say(&e);
+            return ExitCode::from(70);
+        }
+    };
+    let keeper = Arc::new(Keeper::new(owner.clone(), cli.lease, token));
+    // First, before anything can take long: the client we never outlive.
+    let parent = match parent::Parent::pin() {
+        Ok(p) => p,
+        Err(e) => {
+            say(&format!(
+                "{e}: the server ends at the EOF of its stdin only"
+            ));
+            None
+        }
+    };
     let (mut term, mut int, mut hup) = match (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
@@ -269,56 +296,74 @@ async fn serve(cli: Cli) -> ExitCode {
     ));
     let renewals = tokio::spawn(keeper.clone().renew_loop(hosts.clone()));
     if cli.owner.is_some() {
-        // Take back the runs a predecessor with this owner left running.
-        for host in hosts.all() {
-            let k = keeper.clone();
-            tokio::spawn(async move {
-                match k.reclaim(&host).await {
-                    Ok(0) => {}
-                    Ok(n) => say(&format!(
-                        "took back {n} run(s) of owner {} on {}",
-                        k.owner, host.name
-                    )),
-                    Err(e) => say(&format!(
-                        "cannot look for the runs of owner {} on {}: {e}",
-                        k.owner, host.name
-                    )),
-                }
-            });
-        }
+        reclaim_all(&hosts, &keeper);
     }
-    let handler = server::Server::new(hosts.clone(), keeper.clone(), shutdown.clone());
-    let why = match handler.serve(rmcp::transport::stdio()).await {
-        Ok(service) => tokio::select! {
-            r = service.waiting() => match r {
+    let handler = server::Server::new(hosts.clone(), keeper.clone(), cli.progress_every);
+    let session = async {
+        match handler.serve(transport::Stdio::new()).await {
+            Ok(service) => match service.waiting().await {
                 Ok(_) => "stdin closed".to_string(),
                 Err(e) => format!("the session ended: {e}"),
             },
-            _ = term.recv() => "TERM".to_string(),
-            _ = int.recv() => "INT".to_string(),
-            _ = hup.recv() => "HUP".to_string(),
-        },
-        Err(e) => format!("the session did not start: {e}"),
+            Err(e) => format!("the session did not start: {e}"),
+        }
     };
-    shutdown.cancel();
+    let why = tokio::select! {
+        why = session => why,
+        _ = async { match &parent { Some(p) => p.gone().await, None => std::future::pending().await } } => {
+            format!("the parent {} exited", parent.as_ref().map_or(0, |p| p.pid))
+        }
+        _ = term.recv() => "TERM".to_string(),
+        _ = int.recv() => "INT".to_string(),
+        _ = hup.recv() => "HUP".to_string(),
+    };
     renewals.abort();
+    shutdown(&hosts, &keeper, &why).await;
+    ExitCode::SUCCESS
+}
+
+/// Take back, on every host, the runs a predecessor with this owner left running.
+fn reclaim_all(hosts: &Hosts, keeper: &Arc<Keeper>) {
+    for host in hosts.all() {
+        let k = keeper.clone();
+        tokio::spawn(async move {
+            match k.reclaim(&host).await {
+                Ok(0) => {}
+                Ok(n) => say(&format!(
+                    "took back {n} run(s) of owner {} on {}",
+                    k.owner, host.name
+                )),
+                Err(e) => say(&format!(
+                    "cannot look for the runs of owner {} on {}: {e}",
+                    k.owner, host.name
+                )),
+            }
+        });
+    }
+}
+
+/// Cancel the tied runs (at most [`SHUTDOWN_WAIT`]), then stop every ssh this server started.
+async fn shutdown(hosts: &Hosts, keeper: &Keeper, why: &str) {
     let owned: usize = keeper.snapshot().values().map(Vec::len).sum();
     say(&format!(
         "shutting down ({why}): cancelling the {owned} run(s) this server started (detached ones go on)"
     ));
-    // The cancels are processes of their own: if the agent host kills us before they answer,
-    // they still reach their hosts. Masters are closed only once nothing is using them.
-    match tokio::time::timeout(SHUTDOWN_WAIT, keeper.cancel_all(&hosts, SHUTDOWN_WAIT)).await {
+    // A local cancel is a process of its own, in a group of its own: if the agent host kills us
+    // before it answers, it still does its work. An ssh cancel is cut with us; once its command
+    // has reached the host, the host's stop goes on without it, and a run it did not reach is
+    // left to its lease.
+    match tokio::time::timeout(SHUTDOWN_WAIT, keeper.cancel_all(hosts, SHUTDOWN_WAIT)).await {
         Ok(lines) => {
             for l in lines {
                 say(&l);
             }
-            for h in hosts.all() {
-                h.close().await;
-            }
         }
-        Err(_) => say("the cancels did not all answer in time; they go on without us"),
+        Err(_) => say("the cancels did not all answer in time; the local ones go on without us"),
+    }
+    // No ssh outlives the server: the masters go (and every channel over them); a channel still
+    // running is killed when the runtime drops it.
+    for h in hosts.all() {
+        h.close().await;
     }
     hosts.remove_control_dir();
-    ExitCode::SUCCESS
 }

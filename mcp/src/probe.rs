@@ -76,32 +76,47 @@ impl Probe {
     }
 }
 
-/// Ask `host` about run `id`: wait up to `wait` for it to be final (None: not at all), then the
-/// record and the two reads.
-pub async fn probe(
-    host: &Host,
-    id: &str,
-    wait: Option<Duration>,
-    reads: (Read, Read),
-) -> Result<Probe, String> {
-    let nonce = crate::random_hex(8).map_err(|e| format!("no random bytes: {e}"))?;
-    let tag = format!("@@{nonce}");
-    let mut s = Vec::new();
-    if let Some(w) = wait {
-        let ms = format!("{}ms", w.as_millis().max(1));
-        s.extend(host.line(&["wait", "--timeout", &ms, id])?);
-        s.extend_from_slice(b" >/dev/null 2>&1\n");
+/// A script in the making: the frame tag (a nonce the workload cannot know) and the text.
+struct Script {
+    tag: String,
+    text: Vec<u8>,
+}
+
+impl Script {
+    fn new() -> Result<Script, String> {
+        let nonce = crate::random_hex(8).map_err(|e| format!("no random bytes: {e}"))?;
+        Ok(Script {
+            tag: format!("@@{nonce}"),
+            text: Vec::new(),
+        })
     }
-    s.extend_from_slice(b"st=$(");
-    s.extend(host.line(&["status", "--json", id])?);
-    s.extend_from_slice(b" 2>&1); rc=$?\n");
-    s.extend(format!("printf '%s\\n' \"{tag} status $rc\"; printf '%s\\n' \"$st\"\n").bytes());
-    s.extend_from_slice(b"d=");
-    s.extend(host.run_dir_word(id));
-    s.push(b'\n');
-    s.extend(
-        format!(
-            r#"part() {{
+
+    /// `agent-run wait --timeout=W [--any] IDS`, its output dropped: returns once the runs are
+    /// final (one of them, with `any`) or the time is up.
+    fn wait(&mut self, host: &Host, ids: &[String], w: Duration, any: bool) -> Result<(), String> {
+        let ms = format!("--timeout={}ms", w.as_millis().max(1));
+        let mut words = vec!["wait", &ms];
+        if any {
+            words.push("--any");
+        }
+        words.extend(ids.iter().map(String::as_str));
+        self.text.extend(host.line(&words)?);
+        self.text.extend_from_slice(b" >/dev/null 2>&1\n");
+        Ok(())
+    }
+
+    /// `agent-run status --json IDS`, framed with its exit code, then the `part` function.
+    fn status(&mut self, host: &Host, ids: &[String]) -> Result<(), String> {
+        let tag = &self.tag;
+        let mut words = vec!["status", "--json"];
+        words.extend(ids.iter().map(String::as_str));
+        self.text.extend_from_slice(b"st=$(");
+        self.text.extend(host.line(&words)?);
+        self.text.extend_from_slice(b" 2>&1); rc=$?\n");
+        self.text.extend(
+            format!(
+                r#"printf '%s\n' "{tag} status $rc"; printf '%s\n' "$st"
+part() {{
   f="$d/$1.log"; i=$(stat -c '%s %F' -- "$f" 2>/dev/null) || i='0 missing'
   z=${{i%% *}}; t=${{i#* }}
   case $t in
@@ -115,34 +130,147 @@ pub async fn probe(
   return 0
 }}
 "#
-        )
-        .bytes(),
-    );
-    for (name, read) in [("stdout", reads.0), ("stderr", reads.1)] {
-        let (o, m) = read.args();
-        s.extend(format!("part {name} {o} {m}\n").bytes());
+            )
+            .bytes(),
+        );
+        Ok(())
     }
-    s.extend(format!("printf '\\n{tag} end\\n'\n").bytes());
-    let timeout = wait.unwrap_or_default() + Duration::from_secs(30);
-    let reply = host.script(&s, timeout).await?;
-    let mut probe = parse(&reply.stdout, &tag).ok_or_else(|| {
-        format!(
-            "cannot read run {id} on {}: unexpected answer (exit {}): {}",
-            host.name,
-            reply.code.map_or("?".into(), |c| c.to_string()),
-            reply.stderr_text()
-        )
-    })?;
+
+    /// The two reads of run `id`'s logs.
+    fn logs(&mut self, host: &Host, id: &str, reads: (Read, Read)) {
+        self.text.extend_from_slice(b"d=");
+        self.text.extend(host.run_dir_word(id));
+        self.text.push(b'\n');
+        for (name, read) in [("stdout", reads.0), ("stderr", reads.1)] {
+            let (o, m) = read.args();
+            self.text.extend(format!("part {name} {o} {m}\n").bytes());
+        }
+    }
+
+    /// Run it on `host` (its waits plus 30 s at most): the status frame and the chunks.
+    async fn run(
+        mut self,
+        host: &Host,
+        wait: Option<Duration>,
+        what: &str,
+    ) -> Result<Frames, String> {
+        self.text
+            .extend(format!("printf '\\n{} end\\n'\n", self.tag).bytes());
+        let timeout = wait.unwrap_or_default() + Duration::from_secs(30);
+        let reply = host.script(&self.text, timeout).await?;
+        parse(&reply.stdout, &self.tag).ok_or_else(|| {
+            format!(
+                "cannot read {what} on {}: unexpected answer (exit {}): {}",
+                host.name,
+                reply.code.map_or("?".into(), |c| c.to_string()),
+                reply.stderr_text()
+            )
+        })
+    }
+}
+
+/// Ask `host` about run `id`: wait up to `wait` for it to be final (None: not at all), then the
+/// record and the two reads.
+pub async fn probe(
+    host: &Host,
+    id: &str,
+    wait: Option<Duration>,
+    reads: (Read, Read),
+) -> Result<Probe, String> {
+    let ids = [id.to_string()];
+    let mut s = Script::new()?;
+    if let Some(w) = wait {
+        s.wait(host, &ids, w, false)?;
+    }
+    s.status(host, &ids)?;
+    s.logs(host, id, reads);
+    let mut f = s.run(host, wait, &format!("run {id}")).await?;
+    let bad = || format!("cannot read run {id} on {}: unexpected answer", host.name);
+    if f.chunks.len() != 2 {
+        return Err(bad());
+    }
+    let stderr = f.chunks.pop().ok_or_else(bad)?;
+    let stdout = f.chunks.pop().ok_or_else(bad)?;
+    let mut record = f.record;
     // The shell could not run agent-run at all: say so as plainly as a launch would.
-    if let Err((Some(code @ (126 | 127)), msg)) = &probe.record {
+    if let Err((Some(code @ (126 | 127)), msg)) = &record {
         let said = Reply {
             code: Some(*code),
             stdout: Vec::new(),
             stderr: msg.clone().into_bytes(),
         };
-        probe.record = Err((Some(*code), host.missing_message(&said)));
+        record = Err((Some(*code), host.missing_message(&said)));
     }
-    Ok(probe)
+    Ok(Probe {
+        record,
+        stdout,
+        stderr,
+    })
+}
+
+/// Several runs at one look.
+#[derive(Debug)]
+pub struct Look {
+    /// One entry per id, in order: the record, or `{"run_id", "state": null, "error"}`.
+    pub records: Vec<Value>,
+    /// The sizes of each run's stdout and stderr (0 for a log that is not a regular file).
+    pub sizes: Vec<(u64, u64)>,
+}
+
+/// Ask `host` about `ids` in one round trip: wait up to `wait` for them (`any`: for one of them)
+/// to be final, then their records and the sizes of their logs.
+pub async fn look(
+    host: &Host,
+    ids: &[String],
+    wait: Option<Duration>,
+    any: bool,
+) -> Result<Look, String> {
+    let mut s = Script::new()?;
+    if let Some(w) = wait {
+        s.wait(host, ids, w, any)?;
+    }
+    s.status(host, ids)?;
+    for id in ids {
+        s.logs(host, id, (Read::Size, Read::Size));
+    }
+    let f = s
+        .run(host, wait, &format!("run {}", ids.join(", ")))
+        .await?;
+    let records = match f.record {
+        Ok(Value::Array(a)) if a.len() == ids.len() => a,
+        Ok(v @ Value::Object(_)) if ids.len() == 1 => vec![v],
+        Ok(_) => {
+            return Err(format!(
+                "run {} on {}: status --json gave no record per run",
+                ids.join(", "),
+                host.name
+            ))
+        }
+        // One id: agent-run says why on stderr (no such run: 69).
+        Err((Some(69), msg)) if ids.len() == 1 => {
+            vec![serde_json::json!({"run_id": ids[0], "state": null, "error": msg})]
+        }
+        Err((code, msg)) => {
+            let said = Reply {
+                code,
+                stdout: Vec::new(),
+                stderr: msg.clone().into_bytes(),
+            };
+            if said.bin_missing() {
+                return Err(host.missing_message(&said));
+            }
+            return Err(format!("run {} on {}: {msg}", ids.join(", "), host.name));
+        }
+    };
+    if f.chunks.len() != 2 * ids.len() {
+        return Err(format!(
+            "cannot read the logs of {} on {}",
+            ids.join(", "),
+            host.name
+        ));
+    }
+    let sizes = f.chunks.chunks(2).map(|c| (c[0].size, c[1].size)).collect();
+    Ok(Look { records, sizes })
 }
 
 fn find(hay: &[u8], needle: &[u8], from: usize) -> Option<usize> {
@@ -152,8 +280,14 @@ fn find(hay: &[u8], needle: &[u8], from: usize) -> Option<usize> {
         .map(|p| p + from)
 }
 
+/// A script's answer, split at its tagged lines.
+struct Frames {
+    record: Result<Value, (Option<i32>, String)>,
+    chunks: Vec<Chunk>,
+}
+
 /// Split the script's answer at its tagged lines.
-fn parse(out: &[u8], tag: &str) -> Option<Probe> {
+fn parse(out: &[u8], tag: &str) -> Option<Frames> {
     let head = format!("{tag} status ");
     if !out.starts_with(head.as_bytes()) {
         return None;
@@ -214,16 +348,10 @@ fn parse(out: &[u8], tag: &str) -> Option<Probe> {
             kind: f[4].to_string(),
         });
     }
-    if !ended || chunks.len() != 2 {
+    if !ended {
         return None;
     }
-    let stderr = chunks.pop()?;
-    let stdout = chunks.pop()?;
-    Some(Probe {
-        record,
-        stdout,
-        stderr,
-    })
+    Some(Frames { record, chunks })
 }
 
 #[cfg(test)]
@@ -233,20 +361,20 @@ mod tests {
     #[test]
     fn frames_are_split_and_capped() {
         let out = b"@@abc status 0\n{\"final\": true}\n\n@@abc stdout 5 0 5 ok\nhello\n@@abc stderr 0 0 0 missing\n\n@@abc end\n";
-        let p = parse(out, "@@abc").unwrap();
-        assert!(p.is_final());
-        assert_eq!(p.stdout.data, b"hello");
-        assert_eq!((p.stdout.size, p.stdout.end()), (5, 5));
-        assert_eq!(p.stderr.kind, "missing");
-        assert!(p.stderr.data.is_empty());
+        let f = parse(out, "@@abc").unwrap();
+        assert_eq!(f.record.unwrap()["final"], true);
+        assert_eq!(f.chunks[0].data, b"hello");
+        assert_eq!((f.chunks[0].size, f.chunks[0].end()), (5, 5));
+        assert_eq!(f.chunks[1].kind, "missing");
+        assert!(f.chunks[1].data.is_empty());
     }
 
     #[test]
     fn an_unknown_run_is_an_error_record() {
         let out = b"@@t status 69\nagent-run: no such run x\n\n@@t stdout 0 0 0 missing\n\n@@t stderr 0 0 0 missing\n\n@@t end\n";
-        let p = parse(out, "@@t").unwrap();
+        let f = parse(out, "@@t").unwrap();
         assert_eq!(
-            p.record.unwrap_err(),
+            f.record.unwrap_err(),
             (Some(69), "no such run x".to_string())
         );
     }

@@ -8,9 +8,11 @@
 //! N after its last channel closed.
 //!
 //! Every ssh runs with `BatchMode=yes` and stdin from /dev/null: the server's stdin is the MCP
-//! stream, and nobody is there to type a passphrase. Channels are in process groups of their
-//! own, so a signal an MCP client sends to the server's group (the Python SDK's shutdown does)
-//! never cuts a cancel that is on its way to a host.
+//! stream, and nobody is there to type a passphrase. Channels are in the server's process group
+//! and are killed when the server lets go of them, so no ssh outlives the server: a signal the
+//! agent host sends to the server's group reaches them, and the server stops its masters (which
+//! `-f` puts in sessions of their own) at every exit it makes. After a SIGKILL of the server
+//! alone, a master exits ControlPersist after its last channel.
 //!
 //! Option order matters: ssh keeps the first value it sees. Ours that must hold come first, then
 //! the user's `--ssh-option`s, then our defaults (keepalive, connect timeout).
@@ -171,7 +173,6 @@ impl Conn {
             .args(DEFAULTS)
             .arg("-T")
             .stdin(Stdio::null())
-            .process_group(0)
             .kill_on_drop(true);
         cmd
     }

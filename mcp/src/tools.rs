@@ -20,10 +20,19 @@ use std::time::Duration;
 pub const MAX_COMMAND: usize = 256 * 1024;
 /// The most a `run` or `wait` may wait before it answers.
 pub const MAX_WAIT_S: f64 = 600.0;
+/// The shortest `idle_s` of a wait.
+pub const MIN_IDLE_S: f64 = 1.0;
 /// `run`'s and `wait`'s default wait.
 pub const DEFAULT_WAIT_S: f64 = 30.0;
 /// Default bytes of each stream's tail in a result.
 pub const DEFAULT_TAIL: u64 = 4096;
+/// The shortest timeout or grace a host can be given: agent-run reads durations in whole
+/// milliseconds, so anything shorter would reach it as 0.
+pub const MIN_SECONDS: f64 = 0.001;
+/// The longest grace the host honours (agent-run's `--grace`, at most 5m).
+pub const MAX_GRACE_S: f64 = agent_run_shared::stop::MAX_GRACE.as_secs() as f64;
+/// The longest timeout agent-run reads (10 years).
+pub const MAX_TIMEOUT_S: f64 = 10.0 * 365.0 * 86400.0;
 /// How many runs one status, wait or cancel may name.
 pub const MAX_IDS: usize = 20;
 /// The states `list` filters on (agent-run's `list --state`).
@@ -91,12 +100,12 @@ fn launch_properties(hosts: &[String], any: bool) -> Map<String, Value> {
             "description": "Extra environment variables, e.g. {\"CI\": \"1\"}. The record keeps the names only. Not for secrets: the values pass on a command line."
         },
         "timeout_s": {
-            "type": "number", "exclusiveMinimum": 0,
+            "type": "number", "minimum": MIN_SECONDS, "maximum": MAX_TIMEOUT_S,
             "description": "Wall-clock limit in seconds, enforced by the host: at the limit the whole run is stopped (state cancelled, reason timeout, exit code 124)."
         },
         "grace_s": {
-            "type": "number", "exclusiveMinimum": 0, "maximum": 3600,
-            "description": "When the run is stopped: seconds between TERM and KILL (default 5)."
+            "type": "number", "minimum": MIN_SECONDS, "maximum": MAX_GRACE_S,
+            "description": "When the run is stopped: seconds between TERM and KILL (default 5, at most 300)."
         },
         "labels": {
             "type": "object", "additionalProperties": {"type": "string"},
@@ -104,189 +113,241 @@ fn launch_properties(hosts: &[String], any: bool) -> Map<String, Value> {
         }
     });
     match v {
-        Value::Object(m) => m,
+        Value::Object(mut m) => {
+            m.insert("verbose".into(), verbose_schema());
+            m
+        }
         _ => unreachable!(),
     }
+}
+
+fn verbose_schema() -> Value {
+    json!({
+        "type": "boolean", "default": false,
+        "description": "Add the host's full record of each run (status --json) and who answers for it. Off by default: the answer has what you act on (state, exit code, summary, output tails and offsets, next)."
+    })
 }
 
 /// Every tool, with the hosts this server offers in their schemas.
 pub fn all(hosts: &[String], any: bool) -> Vec<Tool> {
     let hs = host_schema(hosts, any);
-    let mut run_props = launch_properties(hosts, any);
-    run_props.insert(
+    vec![
+        run_tool(hosts, any),
+        start_tool(hosts, any),
+        status_tool(&hs),
+        logs_tool(&hs),
+        wait_tool(&hs),
+        cancel_tool(&hs),
+        list_tool(&hs),
+    ]
+}
+
+/// An input schema: an object of `props`, nothing else.
+fn object(props: Map<String, Value>, required: &[&str]) -> Arc<Map<String, Value>> {
+    schema(json!({
+        "type": "object",
+        "properties": props,
+        "required": required,
+        "additionalProperties": false,
+    }))
+}
+
+fn annotations(read_only: bool, destructive: bool, idempotent: bool) -> ToolAnnotations {
+    let mut a = ToolAnnotations::new();
+    a.read_only_hint = Some(read_only);
+    a.destructive_hint = Some(destructive);
+    a.idempotent_hint = Some(idempotent);
+    a.open_world_hint = Some(true);
+    a
+}
+
+/// `host`, and `run_id` or `run_ids`: the inputs of status, wait and cancel.
+fn ids_properties(hs: &Value) -> Map<String, Value> {
+    let mut p = Map::new();
+    p.insert("host".into(), hs.clone());
+    p.insert(
+        "run_id".into(),
+        run_id_schema("The run's id, as start or run returned it."),
+    );
+    p.insert(
+        "run_ids".into(),
+        json!({
+            "type": "array", "items": run_id_schema("A run id."), "minItems": 1, "maxItems": MAX_IDS,
+            "description": "Several runs at once (instead of run_id)."
+        }),
+    );
+    p.insert("verbose".into(), verbose_schema());
+    p
+}
+
+fn run_tool(hosts: &[String], any: bool) -> Tool {
+    let mut p = launch_properties(hosts, any);
+    p.insert(
         "wait_s".into(),
         json!({
             "type": "number", "minimum": 0, "maximum": MAX_WAIT_S, "default": DEFAULT_WAIT_S,
             "description": "How long to wait for the run to end before answering (seconds). A run still going then keeps running: you get its run_id."
         }),
     );
-    run_props.insert(
+    p.insert(
         "tail_bytes".into(),
         json!({
             "type": "integer", "minimum": 0, "maximum": crate::probe::MAX_READ, "default": DEFAULT_TAIL,
             "description": "How many bytes of the end of stdout and of stderr to return."
         }),
     );
-    let mut start_props = launch_properties(hosts, any);
-    start_props.insert(
+    Tool::new(
+        "run",
+        format!(
+            "Run a command on a host and wait for it to end (up to wait_s seconds, default {DEFAULT_WAIT_S}). \
+             Returns run_id first, then the state, the exit code, a summary, and the last bytes of stdout and \
+             stderr with their sizes (verbose: true adds the host's full record). Every process the command starts belongs to the run: a cancel stops all \
+             of them, and the record says how it ended (finished, cancelled, launch_failed, unknown). \
+             A command still going when wait_s is up keeps running: the answer has state \"running\"; then call \
+             wait (to wait more), logs (output so far), status, or cancel with its run_id. \
+             stdin is /dev/null, so a command that prompts fails instead of hanging. \
+             The run is tied to this server: if the server dies the host stops it within the server's lease, and \
+             a clean shutdown of the server cancels it (use start with detach: true for work that must outlive \
+             the session). Clients that support MCP tasks get a task for a run still going after 1 s: its \
+             status is the run's, and cancelling the task cancels the run."
+        ),
+        object(p, &[]),
+    )
+    .with_title("Run a command")
+    .with_annotations(annotations(false, true, false))
+}
+
+fn start_tool(hosts: &[String], any: bool) -> Tool {
+    let mut p = launch_properties(hosts, any);
+    p.insert(
         "detach".into(),
         json!({
             "type": "boolean", "default": false,
             "description": "false (default): the run is tied to this server session: leased and renewed by the server, stopped by the host if the server dies, cancelled when the server shuts down. true: the run outlives this server (no lease; nothing stops it but its timeout_s, a cancel or its own end), for work that must survive the session; find it again later with list."
         }),
     );
-    let ids = json!({
-        "host": hs,
-        "run_id": run_id_schema("The run's id, as start or run returned it."),
-        "run_ids": {
-            "type": "array", "items": run_id_schema("A run id."), "minItems": 1, "maxItems": MAX_IDS,
-            "description": "Several runs at once (instead of run_id)."
-        }
-    });
-    let mut wait_props = ids.as_object().cloned().unwrap_or_default();
-    wait_props.insert(
+    Tool::new(
+        "start",
+        "Start a command on a host and return at once with its run_id, without waiting. Same inputs as run, \
+         plus detach. Then use wait, logs, status and cancel with the run_id. With detach: false (default) \
+         the run is tied to this server (leased; stopped by the host if the server dies; cancelled when the \
+         server shuts down). With detach: true it outlives the server and this session (set timeout_s to \
+         bound it), and a later session finds it with list.",
+        object(p, &[]),
+    )
+    .with_title("Start a command in the background")
+    .with_annotations(annotations(false, true, false))
+}
+
+fn status_tool(hs: &Value) -> Tool {
+    Tool::new(
+        "status",
+        "The current state of runs on a host: state (starting, running, cancelling, or final: finished, \
+         cancelled, launch_failed, unknown), reason, exit code, a summary (how long it ran), the sizes of its \
+         output (the offsets to read on from with logs), and what to do next; verbose: true adds the host's full \
+         record (lease and timeout left, labels, cleanup). Works for any run id on that host, also one started \
+         by another session or agent.",
+        object(ids_properties(hs), &[]),
+    )
+    .with_title("Status of runs")
+    .with_annotations(annotations(true, false, true))
+}
+
+fn logs_tool(hs: &Value) -> Tool {
+    let max = crate::probe::MAX_READ;
+    let mut p = Map::new();
+    p.insert("host".into(), hs.clone());
+    p.insert("run_id".into(), run_id_schema("The run's id."));
+    p.insert("stream".into(), json!({"type": "string", "enum": ["stdout", "stderr"], "default": "stdout", "description": "Which log."}));
+    p.insert("offset".into(), json!({"type": "integer", "minimum": 0, "description": "Byte offset to read from (instead of tail_bytes)."}));
+    p.insert("tail_bytes".into(), json!({"type": "integer", "minimum": 0, "maximum": max, "default": DEFAULT_TAIL, "description": "Without offset: how many bytes of the end to read."}));
+    p.insert("max_bytes".into(), json!({"type": "integer", "minimum": 1, "maximum": max, "default": 16384, "description": "With offset: the most bytes to return."}));
+    Tool::new(
+        "logs",
+        "Read a run's output from the host's log files: stdout or stderr, by byte offset or from the end, at \
+         most max_bytes per call. Without offset: the last tail_bytes bytes. To read a long log in order, start \
+         at offset 0 and call again with offset = next_offset while more is true. A final run's logs no \
+         longer grow. Text is UTF-8 with invalid bytes replaced.",
+        object(p, &["run_id"]),
+    )
+    .with_title("Read a run's output")
+    .with_annotations(annotations(true, false, true))
+}
+
+fn wait_tool(hs: &Value) -> Tool {
+    let mut p = ids_properties(hs);
+    p.insert(
         "timeout_s".into(),
         json!({
             "type": "number", "minimum": 0, "maximum": MAX_WAIT_S, "default": DEFAULT_WAIT_S,
             "description": "How long to wait at most (seconds). Waiting never stops a run."
         }),
     );
-    wait_props.insert(
-        "any".into(),
-        json!({"type": "boolean", "default": false, "description": "Return as soon as one of the runs is final."}),
+    p.insert(
+        "idle_s".into(),
+        json!({
+            "type": "number", "minimum": MIN_IDLE_S, "maximum": MAX_WAIT_S,
+            "description": "Also return when a run has written nothing (stdout or stderr) for this many seconds, counted from this call: the answer says idle: true and the run goes on. For a command that may hang waiting for something."
+        }),
     );
-    wait_props.insert(
+    p.insert(
+        "any".into(),
+        json!({"type": "boolean", "default": false, "description": "Return as soon as one of the runs is final (or idle, with idle_s)."}),
+    );
+    p.insert(
         "tail_bytes".into(),
         json!({
             "type": "integer", "minimum": 0, "maximum": crate::probe::MAX_READ, "default": 2048,
             "description": "How many bytes of the end of each run's stdout and stderr to return."
         }),
     );
-    let obj = |props: Map<String, Value>, required: &[&str]| {
-        schema(json!({
-            "type": "object",
-            "properties": props,
-            "required": required,
-            "additionalProperties": false,
-        }))
-    };
-    let ann = |read_only: bool, destructive: bool, idempotent: bool| {
-        let mut a = ToolAnnotations::new();
-        a.read_only_hint = Some(read_only);
-        a.destructive_hint = Some(destructive);
-        a.idempotent_hint = Some(idempotent);
-        a.open_world_hint = Some(true);
-        a
-    };
-    vec![
-        Tool::new(
-            "run",
-            format!(
-                "Run a command on a host and wait for it to end (up to wait_s seconds, default {DEFAULT_WAIT_S}). \
-                 Returns run_id first, then the state, the exit code, the last bytes of stdout and stderr, and the \
-                 host's record of the run. Every process the command starts belongs to the run: a cancel stops all \
-                 of them, and the record says how it ended (finished, cancelled, launch_failed, unknown). \
-                 A command still going when wait_s is up keeps running: the answer has state \"running\"; then call \
-                 wait (to wait more), logs (output so far), status, or cancel with its run_id. \
-                 stdin is /dev/null, so a command that prompts fails instead of hanging. \
-                 The run is tied to this server: if the server dies the host stops it within the server's lease, and \
-                 a clean shutdown of the server cancels it (use start with detach: true for work that must outlive \
-                 the session). Clients that support MCP tasks get a task for a run still going after 1 s: its \
-                 status is the run's, and cancelling the task cancels the run."
-            ),
-            obj(run_props, &[]),
-        )
-        .with_title("Run a command")
-        .with_annotations(ann(false, true, false)),
-        Tool::new(
-            "start",
-            "Start a command on a host and return at once with its run_id, without waiting. Same inputs as run, \
-             plus detach. Then use wait, logs, status and cancel with the run_id. With detach: false (default) \
-             the run is tied to this server (leased; stopped by the host if the server dies; cancelled when the \
-             server shuts down). With detach: true it outlives the server and this session (set timeout_s to \
-             bound it), and a later session finds it with list.",
-            obj(start_props, &[]),
-        )
-        .with_title("Start a command in the background")
-        .with_annotations(ann(false, true, false)),
-        Tool::new(
-            "status",
-            "The current state of runs on a host: state (starting, running, cancelling, or final: finished, \
-             cancelled, launch_failed, unknown), reason, exit code, how long it ran, the sizes of its output, \
-             lease and timeout left, labels, and the host's full record. Works for any run id on that host, also \
-             one started by another session or agent.",
-            obj(ids.as_object().cloned().unwrap_or_default(), &[]),
-        )
-        .with_title("Status of runs")
-        .with_annotations(ann(true, false, true)),
-        Tool::new(
-            "logs",
-            "Read a run's output from the host's log files: stdout or stderr, by byte offset or from the end, at \
-             most max_bytes per call. Without offset: the last tail_bytes bytes. To read a long log in order, start \
-             at offset 0 and call again with offset = next_offset while more is true. A final run's logs no \
-             longer grow. Text is UTF-8 with invalid bytes replaced.",
-            obj(
-                {
-                    let mut p = Map::new();
-                    p.insert("host".into(), hs.clone());
-                    p.insert("run_id".into(), run_id_schema("The run's id."));
-                    p.insert("stream".into(), json!({"type": "string", "enum": ["stdout", "stderr"], "default": "stdout", "description": "Which log."}));
-                    p.insert("offset".into(), json!({"type": "integer", "minimum": 0, "description": "Byte offset to read from (instead of tail_bytes)."}));
-                    p.insert("tail_bytes".into(), json!({"type": "integer", "minimum": 0, "maximum": crate::probe::MAX_READ, "default": DEFAULT_TAIL, "description": "Without offset: how many bytes of the end to read."}));
-                    p.insert("max_bytes".into(), json!({"type": "integer", "minimum": 1, "maximum": crate::probe::MAX_READ, "default": 16384, "description": "With offset: the most bytes to return."}));
-                    p
-                },
-                &["run_id"],
-            ),
-        )
-        .with_title("Read a run's output")
-        .with_annotations(ann(true, false, true)),
-        Tool::new(
-            "wait",
-            format!(
-                "Wait until runs on a host are final, at most timeout_s seconds (default {DEFAULT_WAIT_S}, at most {MAX_WAIT_S}), \
-                 then return each run's state, exit code and output tails. With any: true, return as soon as one \
-                 of them is final. A run still going when the time is up comes back with state running: call wait \
-                 again. Waiting never stops a run."
-            ),
-            obj(wait_props, &[]),
-        )
-        .with_title("Wait for runs")
-        .with_annotations(ann(true, false, true)),
-        Tool::new(
-            "cancel",
-            "Stop runs on a host, with everything they started: TERM to every process of the run, HUP, then KILL \
-             after the run's grace (5 s unless grace_s was given), and only then the final record. Returns each \
-             final record: cancelled (no process of the run is left), finished (it ended first), or unknown \
-             (processes survived; their pids are listed). Cancelling a final run changes nothing.",
-            obj(ids.as_object().cloned().unwrap_or_default(), &[]),
-        )
-        .with_title("Cancel runs")
-        .with_annotations(ann(false, true, true)),
-        Tool::new(
-            "list",
-            format!(
-                "List runs on a host, newest first: run_id, state, reason, exit code, age, labels. Filter by state, \
-                 by labels, mine: true for the runs of this server. Runs started through this server carry the \
-                 labels {OWNER_LABEL} and {DETACHED_LABEL}: use list to find a run again after a restart or in \
-                 another session, then status, logs, wait or cancel it by run_id."
-            ),
-            obj(
-                {
-                    let mut p = Map::new();
-                    p.insert("host".into(), hs.clone());
-                    p.insert("state".into(), json!({"type": "string", "enum": LIST_STATES, "description": "Only runs in this state: active (not final), final, or a state name."}));
-                    p.insert("labels".into(), json!({"type": "object", "additionalProperties": {"type": "string"}, "description": "Only runs with all these labels; the value \"*\" matches any value."}));
-                    p.insert("mine".into(), json!({"type": "boolean", "default": false, "description": "Only the runs this server started (its owner label)."}));
-                    p.insert("limit".into(), json!({"type": "integer", "minimum": 1, "maximum": 200, "default": 20, "description": "At most this many (the newest)."}));
-                    p
-                },
-                &[],
-            ),
-        )
-        .with_title("List runs")
-        .with_annotations(ann(true, false, true)),
-    ]
+    Tool::new(
+        "wait",
+        format!(
+            "Wait until runs on a host are final, at most timeout_s seconds (default {DEFAULT_WAIT_S}, at most {MAX_WAIT_S}), \
+             then return each run's state, exit code and output tails. With any: true, return as soon as one \
+             of them is final. With idle_s, also return once a run has written nothing for idle_s seconds \
+             (idle: true in its answer). A run still going when the time is up comes back with state running: \
+             call wait again. Waiting never stops a run."
+        ),
+        object(p, &[]),
+    )
+    .with_title("Wait for runs")
+    .with_annotations(annotations(true, false, true))
+}
+
+fn cancel_tool(hs: &Value) -> Tool {
+    Tool::new(
+        "cancel",
+        "Stop runs on a host, with everything they started: TERM to every process of the run, HUP, then KILL \
+         after the run's grace (5 s unless grace_s was given), and only then the final record. Returns each \
+         final record: cancelled (no process of the run is left), finished (it ended first), or unknown \
+         (processes survived; their pids are listed). Cancelling a final run changes nothing.",
+        object(ids_properties(hs), &[]),
+    )
+    .with_title("Cancel runs")
+    .with_annotations(annotations(false, true, true))
+}
+
+fn list_tool(hs: &Value) -> Tool {
+    let mut p = Map::new();
+    p.insert("host".into(), hs.clone());
+    p.insert("state".into(), json!({"type": "string", "enum": LIST_STATES, "description": "Only runs in this state: active (not final), final, or a state name."}));
+    p.insert("labels".into(), json!({"type": "object", "additionalProperties": {"type": "string"}, "description": "Only runs with all these labels; the value \"*\" matches any value."}));
+    p.insert("mine".into(), json!({"type": "boolean", "default": false, "description": "Only the runs this server started (its owner label)."}));
+    p.insert("limit".into(), json!({"type": "integer", "minimum": 1, "maximum": 200, "default": 20, "description": "At most this many (the newest)."}));
+    Tool::new(
+        "list",
+        format!(
+            "List runs on a host, newest first: run_id, state, reason, exit code, age, labels. Filter by state, \
+             by labels, mine: true for the runs of this server. Runs started through this server carry the \
+             labels {OWNER_LABEL} and {DETACHED_LABEL}: use list to find a run again after a restart or in \
+             another session, then status, logs, wait or cancel it by run_id."
+        ),
+        object(p, &[]),
+    )
+    .with_title("List runs")
+    .with_annotations(annotations(true, false, true))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -309,6 +370,8 @@ pub struct LaunchArgs {
     pub wait_s: Option<f64>,
     pub tail_bytes: Option<u64>,
     pub detach: Option<bool>,
+    #[serde(default)]
+    pub verbose: bool,
 }
 
 /// `status`, `cancel`, `wait`.
@@ -322,6 +385,9 @@ pub struct IdsArgs {
     #[serde(default)]
     pub any: bool,
     pub tail_bytes: Option<u64>,
+    pub idle_s: Option<f64>,
+    #[serde(default)]
+    pub verbose: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -367,10 +433,12 @@ pub struct Launch {
     pub labels: Vec<(String, String)>,
 }
 
+/// Seconds for the host: at least [`MIN_SECONDS`] (a shorter value would reach agent-run as 0
+/// and is refused here, never rounded), at most `max`.
 fn seconds(what: &str, v: f64, max: f64) -> Result<Duration, String> {
-    if !v.is_finite() || v <= 0.0 || v > max {
+    if !v.is_finite() || !(MIN_SECONDS..=max).contains(&v) {
         return Err(format!(
-            "{what} must be above 0 and at most {max} (seconds), not {v}"
+            "{what} must be at least {MIN_SECONDS} (1 ms, the host's resolution) and at most {max} (seconds), not {v}"
         ));
     }
     Ok(Duration::from_secs_f64(v))
@@ -432,7 +500,33 @@ impl LaunchArgs {
                 return Err("cwd must not be empty (leave it out for the default)".into());
             }
             no_nul("cwd", c)?;
+            // agent-run's `start -d` hands the directory on to its detached wrapper as a word of
+            // its own, where a leading '-' would read as an option.
+            if c.starts_with('-') {
+                return Err(format!(
+                    "cwd {c:?} begins with '-', which a command line reads as an option: write ./{c}"
+                ));
+            }
         }
+        let env = self.checked_env()?;
+        let labels = self.checked_labels()?;
+        Ok(Launch {
+            argv,
+            cwd: self.cwd.clone(),
+            env,
+            timeout: self
+                .timeout_s
+                .map(|t| seconds("timeout_s", t, MAX_TIMEOUT_S))
+                .transpose()?,
+            grace: self
+                .grace_s
+                .map(|g| seconds("grace_s", g, MAX_GRACE_S))
+                .transpose()?,
+            labels,
+        })
+    }
+
+    fn checked_env(&self) -> Result<Vec<(String, String)>, String> {
         let mut env = Vec::new();
         for (k, v) in &self.env {
             no_nul("an env value", v)?;
@@ -444,8 +538,18 @@ impl LaunchArgs {
                 .map_err(|e| e.to_string())?;
             env.push((k.clone(), v.clone()));
         }
+        Ok(env)
+    }
+
+    fn checked_labels(&self) -> Result<Vec<(String, String)>, String> {
         let mut labels = Vec::new();
         for (k, v) in &self.labels {
+            // As for cwd: the detached wrapper gets `--label K=V` as two words.
+            if k.starts_with('-') {
+                return Err(format!(
+                    "label {k:?}: a label key must not begin with '-', which a command line reads as an option"
+                ));
+            }
             if k.starts_with("agent-run-mcp/") {
                 return Err(format!(
                     "label {k:?}: the prefix agent-run-mcp/ is the server's own"
@@ -456,20 +560,7 @@ impl LaunchArgs {
                     .map_err(|e| e.to_string())?,
             );
         }
-        Ok(Launch {
-            argv,
-            cwd: self.cwd.clone(),
-            env,
-            timeout: self
-                .timeout_s
-                .map(|t| seconds("timeout_s", t, 10.0 * 365.0 * 86400.0))
-                .transpose()?,
-            grace: self
-                .grace_s
-                .map(|g| seconds("grace_s", g, 3600.0))
-                .transpose()?,
-            labels,
-        })
+        Ok(labels)
     }
 
     pub fn wait(&self) -> Result<Duration, String> {
@@ -529,6 +620,20 @@ impl IdsArgs {
         Ok(out)
     }
 
+    /// `idle_s`, checked: at least [`MIN_IDLE_S`] (the looks are a second apart), at most
+    /// [`MAX_WAIT_S`].
+    pub fn idle(&self) -> Result<Option<Duration>, String> {
+        let Some(v) = self.idle_s else {
+            return Ok(None);
+        };
+        if !v.is_finite() || !(MIN_IDLE_S..=MAX_WAIT_S).contains(&v) {
+            return Err(format!(
+                "idle_s must be between {MIN_IDLE_S} and {MAX_WAIT_S} (seconds), not {v}"
+            ));
+        }
+        Ok(Some(Duration::from_secs_f64(v)))
+    }
+
     /// Refuse the inputs that belong to another of the three tools.
     pub fn only_for(&self, tool: &str) -> Result<(), String> {
         let extra = match tool {
@@ -536,6 +641,7 @@ impl IdsArgs {
             _ if self.timeout_s.is_some() => Some("timeout_s"),
             _ if self.any => Some("any"),
             _ if self.tail_bytes.is_some() => Some("tail_bytes"),
+            _ if self.idle_s.is_some() => Some("idle_s"),
             _ => None,
         };
         match extra {

@@ -7,10 +7,9 @@ use rmcp::model::{CallToolResult, ContentBlock};
 use serde::Serialize;
 use serde_json::Value;
 
-/// A tool's answer: `doc` pretty-printed as the text content and given as structuredContent.
+/// A tool's answer: `doc` as compact JSON in the text content, and as structuredContent.
 pub fn answer<T: Serialize>(doc: &T, is_error: bool) -> CallToolResult {
-    let text =
-        serde_json::to_string_pretty(doc).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+    let text = serde_json::to_string(doc).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
     let value = serde_json::to_value(doc).unwrap_or(Value::Null);
     let mut r = if is_error {
         CallToolResult::error(vec![ContentBlock::text(text)])
@@ -56,7 +55,9 @@ impl StreamView {
     }
 }
 
-/// One run, as `run`, `wait`, `status` and `start` show it.
+/// One run, as `run`, `wait`, `status` and `cancel` show it. By default what an agent acts on
+/// (state, exit code, summary, output tails and offsets, next); `verbose` adds the host's record
+/// and who answers for the run.
 #[derive(Debug, Serialize)]
 pub struct RunView {
     pub run_id: String,
@@ -66,20 +67,52 @@ pub struct RunView {
     pub is_final: bool,
     /// The exit code agent-run gives for the final record (as `agent-run wait` would exit).
     pub exit_code: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     pub summary: String,
-    /// true: the run is tied to a server session (leased); false: started detached.
-    pub tied_to_server: bool,
-    /// Whether this server renews its lease and cancels it at shutdown.
-    pub owned_by_this_server: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stdout: Option<StreamView>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stderr: Option<StreamView>,
+    /// Set by a `wait` with `idle_s` that returned because the run wrote nothing for that long
+    /// (it goes on).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub idle: bool,
+    /// How long it had written nothing, as the wait saw it (seconds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle_for_s: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next: Option<String>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub more: Option<Verbose>,
+}
+
+impl RunView {
+    /// A `wait` returned because this run wrote nothing for `silent`.
+    pub fn mark_idle(&mut self, silent: std::time::Duration) {
+        let secs = (silent.as_secs_f64() * 10.0).floor() / 10.0;
+        self.idle = true;
+        self.idle_for_s = Some(secs);
+        self.next = Some(format!(
+            "idle: no output for {secs}s, and it goes on: wait (run_id {:?}, host {:?}) to wait more, logs to read its output, cancel to stop it",
+            self.run_id, self.host
+        ));
+    }
+}
+
+/// What `verbose: true` adds.
+#[derive(Debug, Serialize)]
+pub struct Verbose {
+    /// true: the run is tied to a server session (leased); false: started detached.
+    pub tied_to_server: bool,
+    /// Whether this server renews its lease and cancels it at shutdown.
+    pub owned_by_this_server: bool,
+    /// The host's record (`agent-run status --json`).
     pub record: Value,
 }
+
+/// The most of a summary an answer carries (a launch error can be long).
+const SUMMARY_MAX: usize = 400;
 
 /// How long the run ran (or has run so far), in seconds.
 fn elapsed(r: &Value) -> Option<f64> {
@@ -111,7 +144,7 @@ pub fn human(secs: f64) -> String {
 /// One line that says how the run is or ended.
 pub fn summary(r: &Value) -> String {
     let state = r["state"].as_str().unwrap_or("?");
-    let took = elapsed(r).map(human).unwrap_or_default();
+    let took = elapsed(r).map(human).unwrap_or_else(|| "a moment".into());
     let code = r["outcome_exit_code"].as_i64();
     let reason = r["reason"].as_str();
     match state {
@@ -161,32 +194,63 @@ pub fn summary(r: &Value) -> String {
     }
 }
 
-/// A run's view from its record and, when read, its logs.
-pub fn run(host: &str, record: Value, logs: Option<&Probe>, owned: bool) -> RunView {
+/// A run's view from its record and, when read, its logs; `owned` and the record itself only
+/// when `verbose` is Some.
+pub fn run(host: &str, record: Value, logs: Option<&Probe>, verbose: Option<bool>) -> RunView {
     let is_final = record["final"].as_bool() == Some(true);
-    let labels = &record["labels"];
-    let tied = labels[crate::keeper::DETACHED_LABEL].as_str() != Some("true")
-        && !record["lease_deadline_epoch"].is_null();
     let id = record["run_id"].as_str().unwrap_or("?").to_string();
+    let stdout = logs.map(|p| StreamView::of(&p.stdout));
+    let stderr = logs.map(|p| StreamView::of(&p.stderr));
+    let cut = stdout
+        .iter()
+        .chain(&stderr)
+        .any(|s| s.shown_from > 0 && !s.text.is_empty());
+    let next = if !is_final {
+        Some(format!(
+            "still going: wait (run_id {id:?}, host {host:?}) to wait more, logs to read its output, cancel to stop it"
+        ))
+    } else if cut {
+        Some(format!(
+            "the output is longer than shown: logs (run_id {id:?}, host {host:?}) with offset 0 reads it from the start"
+        ))
+    } else {
+        None
+    };
+    let tied = record["labels"][crate::keeper::DETACHED_LABEL].as_str() != Some("true")
+        && !record["lease_deadline_epoch"].is_null();
     RunView {
-        next: (!is_final).then(|| {
-            format!(
-                "still going: call wait with run_id {id:?} and host {host:?} to wait more, logs to read its output, or cancel to stop it"
-            )
-        }),
+        next,
         run_id: id,
         host: host.to_string(),
         state: record["state"].as_str().unwrap_or("?").to_string(),
         is_final,
         exit_code: record["outcome_exit_code"].as_i64(),
         reason: record["reason"].as_str().map(str::to_string),
-        summary: summary(&record),
-        tied_to_server: tied,
-        owned_by_this_server: owned,
-        stdout: logs.map(|p| StreamView::of(&p.stdout)),
-        stderr: logs.map(|p| StreamView::of(&p.stderr)),
-        record,
+        summary: cut_to(summary(&record), SUMMARY_MAX),
+        stdout,
+        stderr,
+        idle: false,
+        idle_for_s: None,
+        // Last: it takes the record.
+        more: verbose.map(|owned| Verbose {
+            tied_to_server: tied,
+            owned_by_this_server: owned,
+            record,
+        }),
     }
+}
+
+/// `s` cut to at most `max` bytes (at a character boundary), marked when cut.
+pub fn cut_to(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut at = max;
+        while !s.is_char_boundary(at) {
+            at -= 1;
+        }
+        s.truncate(at);
+        s.push('…');
+    }
+    s
 }
 
 /// An entry for a run that could not be looked at (no such run, a refused record).

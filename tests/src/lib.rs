@@ -37,6 +37,7 @@ pub mod facts;
 pub mod first_contact;
 pub mod hostile;
 pub mod mcp;
+pub mod mcp_wire;
 pub mod reaper;
 pub mod workload;
 

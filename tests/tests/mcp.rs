@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use agent_run_shared::time::{epoch_now, parse_rfc3339};
 use agent_run_tests::facts::require_root;
 use agent_run_tests::mcp::Client;
+use agent_run_tests::mcp_wire::Wire;
 use agent_run_tests::remote::{processes_mentioning, SshServer};
 use agent_run_tests::workload::spew_bytes;
 use agent_run_tests::{
@@ -248,7 +249,7 @@ fn run_here_returns_the_output_the_exit_code_and_the_record() {
     let mut c = w.client(&[], false);
     let (r, err) = c.tool(
         "run",
-        json!({"argv": ["sh", "-c", "echo out; echo err >&2; exit 3"], "labels": {"task": "t-1"}, "env": {"GREETING": "hi"}}),
+        json!({"argv": ["sh", "-c", "echo out; echo err >&2; exit 3"], "labels": {"task": "t-1"}, "env": {"GREETING": "hi"}, "verbose": true}),
         T,
     );
     assert!(!err, "{r}");
@@ -379,7 +380,7 @@ fn run_over_sshd_returns_the_output_the_exit_code_and_the_record() {
     let script = r#""$0" spew 200000 --stderr-bytes 3000; exit 4"#;
     let (r, err) = c.tool(
         "run",
-        json!({"host": w.host(), "argv": ["sh", "-c", script, fixture_bin()], "tail_bytes": 65536}),
+        json!({"host": w.host(), "argv": ["sh", "-c", script, fixture_bin()], "tail_bytes": 65536, "verbose": true}),
         T,
     );
     assert!(!err, "{r}");
@@ -482,17 +483,6 @@ fn a_task_cancelled_through_the_protocol_stops_every_process() {
     let run = ctx(&w.root, id);
     run.eq(&host, &"local", "host");
     let pins = w.pin_tree(id);
-    // Progress notifications carry the output as it arrives: the fixture's ready line.
-    let mut seen = Vec::new();
-    wait_until("the ready line in a progress notification", T, || {
-        seen.extend(c.notifications());
-        seen.iter()
-            .any(|n| {
-                n["method"] == "notifications/progress"
-                    && text(&n["params"]["message"]).contains("ready pid=")
-            })
-            .then_some(())
-    });
     let got = c.request(json!({"op": "tasks_get", "task_id": task_id}), T);
     run.eq(&got["raw"]["status"], "working", format_args!("{got}"));
     // Cancel the task: agent-run cancel on the host, through the stop routine.
@@ -500,15 +490,24 @@ fn a_task_cancelled_through_the_protocol_stops_every_process() {
     let e0 = epoch_now();
     let ack = c.request(json!({"op": "tasks_cancel", "task_id": task_id}), T);
     run.eq(&ack["ok"], true, format_args!("{ack}"));
-    let polled = wait_until("tasks/get to say cancelled", T, || {
-        let g = c.request(json!({"op": "tasks_get", "task_id": task_id}), T);
-        (g["raw"]["status"] == "cancelled").then_some(g)
-    });
-    let to_status = t0.elapsed();
-    pins.wait_all_gone(Duration::from_secs(5))
-        .unwrap_or_else(|left| run.fail(format_args!("left after the cancel: {left:?}")));
-    w.assert_nothing_of(id);
+    // The acknowledgement comes once the stop is confirmed: the record is final and every
+    // process of the run has exited, at that moment, with no polling.
     let st = w.root.status(id);
+    run.eq(
+        &st["state"],
+        "cancelled",
+        format_args!("when tasks/cancel answered: {st}"),
+    );
+    pins.wait_all_gone(Duration::ZERO)
+        .unwrap_or_else(|left| run.fail(format_args!("left when tasks/cancel answered: {left:?}")));
+    let polled = c.request(json!({"op": "tasks_get", "task_id": task_id}), T);
+    run.eq(
+        &polled["raw"]["status"],
+        "cancelled",
+        format_args!("{polled}"),
+    );
+    let to_status = t0.elapsed();
+    w.assert_nothing_of(id);
     run.eq(
         &(st["state"].as_str(), st["reason"].as_str()),
         &(Some("cancelled"), Some("cancel_request")),
@@ -703,7 +702,7 @@ fn a_clean_shutdown_cancels_tied_runs_and_keeps_detached_ones() {
     let (t, _) = a.tool("start", json!({"argv": w.tree()}), T);
     let (d, _) = a.tool(
         "start",
-        json!({"argv": w.tree(), "detach": true, "timeout_s": 120}),
+        json!({"argv": w.tree(), "detach": true, "timeout_s": 120, "verbose": true}),
         T,
     );
     let (tied, detached) = (text(&t["run_id"]), text(&d["run_id"]));
@@ -993,4 +992,666 @@ fn bad_input_is_answered_with_a_tool_error_and_the_server_goes_on() {
         rss_kib(pid)
     );
     c.close(T);
+}
+
+#[test]
+fn a_line_that_is_not_json_is_answered_and_values_that_look_like_options_stay_values() {
+    let w = World::local();
+    let mut s = Wire::start(&w.args(&[]), &[("XDG_RUNTIME_DIR", w.xdg.as_os_str())]);
+    // JSON-RPC 2.0: a parse error is answered, with id null.
+    s.send_line("this is not JSON");
+    let (_, line, e) = s.line_where(T, |v| v.get("error").is_some());
+    assert_eq!(e["error"]["code"], -32700, "{line}");
+    assert!(line.contains(r#""id":null"#), "id null, spelt out: {line}");
+    s.initialize(false);
+    s.send_line(r#"{"jsonrpc": "2.0", "id": 99, "method": "tools/li"#);
+    let errors = |s: &Wire| {
+        s.messages()
+            .into_iter()
+            .filter(|m| m["error"]["code"] == -32700 && m["id"].is_null())
+            .count()
+    };
+    wait_until("a second parse error", T, || {
+        (errors(&s) == 2).then_some(())
+    });
+    // Still serving.
+    let id = s.send("tools/list", json!({}));
+    let (_, tools) = s.answer(id, T);
+    let props = &tools["result"]["tools"][0]["inputSchema"]["properties"];
+    // The schema's bounds are the host's: agent-run's --grace is at most 5m, and a duration
+    // is read in whole milliseconds.
+    assert_eq!(props["grace_s"]["maximum"], 300.0, "{props}");
+    assert_eq!(props["timeout_s"]["minimum"], 0.001, "{props}");
+    assert_eq!(props["grace_s"]["minimum"], 0.001, "{props}");
+    for (args, want) in [
+        (
+            json!({"argv": ["true"], "timeout_s": 0.0004}),
+            "timeout_s must be at least 0.001",
+        ),
+        (json!({"argv": ["true"], "grace_s": 301}), "at most 300"),
+    ] {
+        let (_, r) = s.call("run", args.clone(), None, T);
+        let text = text(&r["content"][0]["text"]);
+        assert!(r["isError"] == true && text.contains(want), "{args}: {r}");
+    }
+    // A value that begins with '-' where the host would read it as an option is refused here
+    // (agent-run's start -d hands --label and --cwd on as words of their own); elsewhere it is
+    // passed as --opt=VALUE, one word.
+    for (args, want) in [
+        (
+            json!({"argv": ["true"], "labels": {"-rf": "x"}}),
+            "must not begin with '-'",
+        ),
+        (json!({"argv": ["true"], "cwd": "-C"}), "write ./-C"),
+    ] {
+        let (_, r) = s.call("run", args.clone(), None, T);
+        let text = text(&r["content"][0]["text"]);
+        assert!(r["isError"] == true && text.contains(want), "{args}: {r}");
+    }
+    let labels = json!({"k": "--help", "n": "-1"});
+    let (_, r) = s.call(
+        "run",
+        json!({"argv": ["true"], "labels": labels, "grace_s": 300}),
+        None,
+        T,
+    );
+    let id = text(&r["structuredContent"]["run_id"]);
+    let run = ctx(&w.root, &id);
+    ensure!(run, r["isError"] != true, "{r}");
+    let st = w.root.status(&id);
+    for (k, v) in labels.as_object().unwrap() {
+        run.eq(&st["labels"][k], v, format_args!("label {k}"));
+    }
+    run.eq(&st["grace_ms"], 300_000, "the grace the host took");
+    // A list whose selector looks like an option.
+    let (_, r) = s.call("list", json!({"labels": {"n": "-1"}}), None, T);
+    run.eq(&r["structuredContent"]["count"], 1, format_args!("{r}"));
+}
+
+/// The median and the largest of `v` (ms).
+fn median_max(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2], v[v.len() - 1])
+}
+
+#[test]
+fn answers_carry_what_an_agent_acts_on_and_the_record_only_when_asked() {
+    // Sizes are of the whole JSON-RPC answer line (the text content and structuredContent both).
+    let w = World::local();
+    let mut s = Wire::start(&w.args(&[]), &[("XDG_RUNTIME_DIR", w.xdg.as_os_str())]);
+    s.initialize(false);
+    // The first call asks the host's features once; the others are what a start costs.
+    let mut took = Vec::new();
+    let mut ids = Vec::new();
+    let mut start_line = String::new();
+    for _ in 0..11 {
+        let t0 = Instant::now();
+        let (line, r) = s.call(
+            "start",
+            json!({"argv": ["sleep", "300"], "labels": {"task": "answer-size"}}),
+            None,
+            T,
+        );
+        took.push(t0.elapsed().as_secs_f64() * 1000.0);
+        assert!(r["isError"] != true, "{r}");
+        ids.push(text(&r["structuredContent"]["run_id"]));
+        start_line = line;
+    }
+    let id = ids[0].clone();
+    let run = ctx(&w.root, &id);
+    let (status_line, st) = s.call("status", json!({"run_id": id}), None, T);
+    let (status_verbose, stv) = s.call("status", json!({"run_id": id, "verbose": true}), None, T);
+    let (start_verbose, sv) = s.call(
+        "start",
+        json!({"argv": ["sleep", "300"], "labels": {"task": "answer-size"}, "verbose": true}),
+        None,
+        T,
+    );
+    ids.push(text(&sv["structuredContent"]["run_id"]));
+    ensure!(
+        run,
+        start_line.len() <= 2000,
+        "start answered {} bytes: {start_line}",
+        start_line.len()
+    );
+    ensure!(
+        run,
+        status_line.len() <= 1500,
+        "status answered {} bytes: {status_line}",
+        status_line.len()
+    );
+    let sc = &st["structuredContent"];
+    for k in [
+        "run_id",
+        "host",
+        "state",
+        "final",
+        "exit_code",
+        "summary",
+        "next",
+        "stdout",
+        "stderr",
+    ] {
+        ensure!(run, sc.get(k).is_some(), "status lacks {k}: {sc}");
+    }
+    run.eq(&sc["stdout"]["bytes"], 0, "the offset to read on from");
+    ensure!(
+        run,
+        sc.get("record").is_none(),
+        "no record by default: {sc}"
+    );
+    let sc = &stv["structuredContent"];
+    run.eq(
+        &sc["record"]["run_id"],
+        id.as_str(),
+        "verbose: the host's record",
+    );
+    run.eq(
+        &sc["owned_by_this_server"],
+        true,
+        "verbose: who answers for it",
+    );
+    run.eq(
+        &sv["structuredContent"]["record"]["state"],
+        "running",
+        "start, verbose",
+    );
+    let (_, c) = s.call("cancel", json!({"run_ids": ids}), None, T);
+    ensure!(run, c["isError"] != true, "{c}");
+    let (median, max) = median_max(took[1..].to_vec());
+    eprintln!(
+        "mcp-figure: local start, tools/call -> answer: median {median:.1} ms, max {max:.1} ms over {} (first, with the features probe: {:.1} ms)",
+        took.len() - 1,
+        took[0]
+    );
+    eprintln!(
+        "mcp-figure: answer bytes: start {}, status {}; with verbose: start {}, status {}",
+        start_line.len(),
+        status_line.len(),
+        start_verbose.len(),
+        status_verbose.len()
+    );
+}
+
+/// The progress notifications among `notes` (the driver's log), in order.
+fn progress_of(notes: &[Value]) -> Vec<Value> {
+    notes
+        .iter()
+        .filter(|n| n["method"] == "notifications/progress")
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn progress_comes_at_the_configured_interval_while_a_call_waits_and_ends_with_it() {
+    let w = World::local();
+    let every = 1.0;
+    let mut c = w.client(&["--progress-every", "1s"], false);
+    // A silent run: every notification of a wait on it is the interval's.
+    let (r, _) = c.tool("start", json!({"argv": ["sleep", "300"]}), T);
+    let id = text(&r["run_id"]);
+    let run = ctx(&w.root, &id);
+    c.notifications();
+    let call = c.send(json!({"op": "call", "name": "wait", "args": {"run_id": id, "timeout_s": 4.5}, "progress": true}));
+    let r = c.reply(call, T);
+    run.eq(
+        &r["result"]["structuredContent"]["state"],
+        "running",
+        format_args!("{r}"),
+    );
+    let notes = progress_of(&c.notifications());
+    ensure!(
+        run,
+        notes.len() >= 4,
+        "a notification a second for 4.5 s: {notes:?}"
+    );
+    let times: Vec<f64> = notes.iter().map(|n| n["t"].as_f64().unwrap()).collect();
+    let gaps: Vec<f64> = times.windows(2).map(|w| w[1] - w[0]).collect();
+    let (median, max) = median_max(gaps.clone());
+    // The interval is a most; a loaded machine may add a look's latency.
+    ensure!(run, max <= every + 1.5, "gaps {gaps:?}");
+    run.eq(
+        &notes[0]["params"]["message"],
+        &format!("waiting for run {id} on local"),
+        "the first, at once",
+    );
+    let mut last = 0.0;
+    for (i, n) in notes.iter().enumerate() {
+        let p = &n["params"];
+        let value = p["progress"].as_f64().unwrap();
+        ensure!(run, value > last, "progress grows: {notes:?}");
+        last = value;
+        run.eq(&p["total"], 4.5, "total: the most the call waits");
+        run.eq(
+            &p["_meta"]["agent-run-mcp/output_bytes"],
+            0,
+            "the output so far",
+        );
+        let m = text(&p["message"]);
+        let fresh = i == 0 || m.starts_with(&format!("run {id} on local: running"));
+        ensure!(run, fresh && !m.contains('\n'), "{m}");
+    }
+    eprintln!("mcp-figure: progress with --progress-every 1s on a silent run: {} notifications in 4.5 s, gaps median {median:.2} s, max {max:.2} s", notes.len());
+
+    // A run that writes: its notifications quote its last line and count its bytes.
+    let call = c.send(json!({"op": "call", "name": "run", "args": {"command": "echo one; sleep 1.5; echo two; sleep 1.5; echo three"}, "progress": true}));
+    let r = c.reply(call, T);
+    let id2 = text(&r["result"]["structuredContent"]["run_id"]);
+    let notes = progress_of(&c.notifications());
+    let first = text(&notes[0]["params"]["message"]);
+    ensure!(
+        run,
+        first == format!("run {id2} started on local"),
+        "the run id first: {first}"
+    );
+    let end = notes.last().unwrap();
+    ensure!(
+        run,
+        text(&end["params"]["message"]).contains("last line: three"),
+        "{notes:?}"
+    );
+    run.eq(
+        &end["params"]["_meta"]["agent-run-mcp/output_bytes"],
+        14,
+        format_args!("{end}"),
+    );
+    // The call has answered: nothing more comes for it, though the first run goes on.
+    let (_, _) = c.tool("status", json!({"run_id": id}), T);
+    wait_until("a look past the interval", T, || {
+        (epoch_now() > end["t"].as_f64().unwrap() + 2.0 * every).then_some(())
+    });
+    let (_, _) = c.tool("status", json!({"run_id": id}), T);
+    let late = progress_of(&c.notifications());
+    ensure!(run, late.is_empty(), "progress after the answer: {late:?}");
+    c.tool("cancel", json!({"run_id": id}), T);
+    c.close(T);
+}
+
+#[test]
+fn a_run_that_became_a_task_gets_no_more_progress() {
+    let w = World::local();
+    let mut c = w.client(&["--progress-every", "1s"], true);
+    let call = c.send(json!({"op": "call", "name": "run", "args": {"command": "while :; do echo tick; sleep 0.05; done"}, "progress": true}));
+    let r = c.reply(call, T);
+    let task_id = text(&r["task"]["taskId"]);
+    let (id, _) = task_id.split_once('@').unwrap();
+    let run = ctx(&w.root, id);
+    let before = progress_of(&c.notifications());
+    ensure!(run, !before.is_empty(), "progress until the task: {r}");
+    // The run writes on, for more than the interval twice over.
+    let log = w.root.run_dir(id).join("stdout.log");
+    let size = || fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+    let at_task = size();
+    wait_until("the run to write on", T, || {
+        (size() > at_task + 200).then_some(())
+    });
+    let got = c.request(json!({"op": "tasks_get", "task_id": task_id}), T);
+    run.eq(&got["raw"]["status"], "working", format_args!("{got}"));
+    let after = progress_of(&c.notifications());
+    ensure!(
+        run,
+        after.is_empty(),
+        "progress after the task answer: {after:?}"
+    );
+    c.request(json!({"op": "tasks_cancel", "task_id": task_id}), T);
+    let st = w.root.wait_final(id, T);
+    run.eq(&st["state"], "cancelled", format_args!("{st}"));
+    c.close(T);
+}
+
+#[test]
+fn wait_with_idle_s_returns_when_a_run_goes_quiet_and_the_run_goes_on() {
+    let w = World::local();
+    let mut c = w.client(&[], false);
+    let go = w.root.dir.path().join("go");
+    let quiet = format!(
+        "echo started; while [ ! -e '{}' ]; do sleep 0.05; done; echo done",
+        go.display()
+    );
+    let (r, _) = c.tool("start", json!({"command": quiet}), T);
+    let id = text(&r["run_id"]);
+    let run = ctx(&w.root, &id);
+    let t0 = Instant::now();
+    let (r, err) = c.tool(
+        "wait",
+        json!({"run_id": id, "idle_s": 1, "timeout_s": 60}),
+        T,
+    );
+    let took = t0.elapsed();
+    ensure!(run, !err, "{r}");
+    run.eq(
+        &(r["state"].as_str(), r["idle"].as_bool()),
+        &(Some("running"), Some(true)),
+        format_args!("{r}"),
+    );
+    ensure!(
+        run,
+        r["idle_for_s"].as_f64().is_some_and(|s| s >= 1.0),
+        "{r}"
+    );
+    ensure!(
+        run,
+        took < Duration::from_secs(30),
+        "idle, not the 60 s timeout: {took:?}"
+    );
+    ensure!(run, text(&r["next"]).starts_with("idle"), "{r}");
+    run.eq(&w.root.status(&id)["state"], "running", "the run goes on");
+    // Output restarts the clock: a run that writes every 50 ms is never idle for 1.5 s.
+    let busy = format!(
+        "while [ ! -e '{}' ]; do echo tick; sleep 0.05; done",
+        go.display()
+    );
+    let (b, _) = c.tool("start", json!({"command": busy}), T);
+    let t0 = Instant::now();
+    let (r, _) = c.tool(
+        "wait",
+        json!({"run_id": b["run_id"], "idle_s": 1.5, "timeout_s": 4}),
+        T,
+    );
+    ensure!(
+        run,
+        r.get("idle").is_none() && t0.elapsed() >= Duration::from_secs(4),
+        "{r} after {:?}",
+        t0.elapsed()
+    );
+    fs::write(&go, b"").unwrap();
+    let (r, _) = c.tool(
+        "wait",
+        json!({"run_ids": [id, b["run_id"]], "idle_s": 30}),
+        T,
+    );
+    let runs = r["runs"].as_array().unwrap();
+    run.eq(&runs[0]["exit_code"], 0, format_args!("{r}"));
+    run.eq(
+        &runs[0]["stdout"]["text"],
+        "started\ndone\n",
+        format_args!("{r}"),
+    );
+    c.close(T);
+}
+
+#[test]
+fn the_server_never_outlives_its_client_even_while_its_stdin_stays_open() {
+    // The client (a shell here) is SIGKILLed; the test still holds the server's stdin, so no
+    // EOF comes. The server sees its parent go, cancels its tied run, leaves the detached one.
+    let w = World::local();
+    let mut s = Wire::behind_parent(&w.args(&[]), &[("XDG_RUNTIME_DIR", w.xdg.as_os_str())]);
+    s.initialize(false);
+    let (_, t) = s.call("start", json!({"argv": w.tree()}), None, T);
+    let (_, d) = s.call(
+        "start",
+        json!({"argv": w.tree(), "detach": true, "timeout_s": 120}),
+        None,
+        T,
+    );
+    let tied = text(&t["structuredContent"]["run_id"]);
+    let detached = text(&d["structuredContent"]["run_id"]);
+    let (tied_run, detached_run) = (ctx(&w.root, &tied), ctx(&w.root, &detached));
+    let (tp, dp) = (w.pin_tree(&tied), w.pin_tree(&detached));
+    let t0 = Instant::now();
+    s.kill_parent();
+    tied_run.wait_gone_within(s.server_pin(), T, "the server, after its client");
+    let gone = t0.elapsed();
+    tied_run.wait_gone_within(&tp, Duration::from_secs(10), "the tied run's tree");
+    let st = tied_run.wait_final();
+    tied_run.fields(
+        &st,
+        "the tied run's record",
+        json!({"state": "cancelled", "reason": "cancel_request"}),
+    );
+    ensure!(
+        tied_run,
+        s.stderr().contains("shutting down (the parent"),
+        "{}",
+        s.stderr()
+    );
+    detached_run.all_alive(&dp, "the detached run goes on");
+    eprintln!(
+        "mcp-figure: client SIGKILLed, stdin held open -> server gone in {:.0} ms (its tied run cancelled)",
+        gone.as_secs_f64() * 1000.0
+    );
+    let out = w.root.cmd().args(["cancel", &detached]).output().unwrap();
+    detached_run.eq(&out.status.code(), &Some(0), "cancel of the detached run");
+    detached_run.wait_gone_within(&dp, Duration::from_secs(10), "the detached run's tree");
+}
+
+#[test]
+fn a_server_whose_client_dies_leaves_no_ssh_behind() {
+    let w = World::ssh();
+    let mut s = Wire::behind_parent(&w.args(&[]), &[("XDG_RUNTIME_DIR", w.xdg.as_os_str())]);
+    s.initialize(false);
+    let (_, t) = s.call(
+        "start",
+        json!({"host": w.host(), "argv": w.tree()}),
+        None,
+        T,
+    );
+    let id = text(&t["structuredContent"]["run_id"]);
+    let run = ctx(&w.root, &id);
+    let pins = w.pin_tree(&id);
+    // A wait in flight: one channel busy on the host when the client dies.
+    s.send(
+        "tools/call",
+        json!({"name": "wait", "arguments": {"host": w.host(), "run_id": id, "timeout_s": 300}}),
+    );
+    let xdg = w.xdg.to_str().unwrap().to_string();
+    wait_until("the master and a channel", T, || {
+        (processes_mentioning(&xdg).len() >= 2).then_some(())
+    });
+    s.kill_parent();
+    run.wait_gone_within(s.server_pin(), T, "the server, after its client");
+    run.wait_gone_within(&pins, Duration::from_secs(10), "the tied run's tree");
+    let st = run.wait_final();
+    run.fields(
+        &st,
+        "its record",
+        json!({"state": "cancelled", "reason": "cancel_request"}),
+    );
+    w.assert_ssh_cleaned_up(Duration::from_secs(5));
+}
+
+#[test]
+fn a_task_is_its_run_another_server_answers_for_it_and_a_client_without_tasks_gets_32021() {
+    let w = World::local();
+    let mut a = w.client(&[], true);
+    // Its processes ignore TERM and HUP: its stop takes the whole grace, 3 s.
+    let tree = json!([
+        fixture_bin(),
+        "tree",
+        "--children",
+        "2",
+        "--leader-term",
+        "ignore",
+        "--leader-hup",
+        "ignore",
+        "--member-term",
+        "ignore",
+        "--member-hup",
+        "ignore"
+    ]);
+    let r = a.call("run", json!({"argv": tree, "grace_s": 3}), T);
+    let task_id = text(&r["task"]["taskId"]);
+    let (id, _) = task_id.split_once('@').unwrap();
+    let run = ctx(&w.root, id);
+    // The task went out with its record on disk: readable at once.
+    run.eq(
+        &w.root.status(id)["state"],
+        "running",
+        "the record, when the task came",
+    );
+    let pins = w.pin_tree(id);
+    a.kill_server();
+    drop(a);
+    // A new server knows nothing of it but the host: the task is the run.
+    let mut b = w.client(&[], true);
+    let got = b.request(json!({"op": "tasks_get", "task_id": task_id}), T);
+    run.eq(&got["raw"]["status"], "working", format_args!("{got}"));
+    ensure!(
+        run,
+        text(&got["raw"]["statusMessage"]).contains(&format!("run {id}: running")),
+        "{got}"
+    );
+    let none = b.request(
+        json!({"op": "tasks_get", "task_id": "mcp-0123456789abcdef@local"}),
+        T,
+    );
+    run.eq(
+        &none["error"]["code"],
+        -32602,
+        format_args!("no such task: {none}"),
+    );
+    // A client that did not declare the extension may not use tasks/*.
+    let mut c = w.client(&[], false);
+    for op in ["tasks_get", "tasks_cancel"] {
+        let e = c.request(json!({"op": op, "task_id": task_id}), T);
+        run.eq(
+            &e["error"]["code"],
+            -32021,
+            format_args!("{op} without the capability: {e}"),
+        );
+    }
+    run.all_alive(&pins, "its run goes on");
+    // tasks/cancel answers once the stop is confirmed: after the grace, KILL, the final record.
+    let ack = b.request(json!({"op": "tasks_cancel", "task_id": task_id}), T);
+    run.eq(&ack["ok"], true, format_args!("{ack}"));
+    let st = w.root.status(id);
+    run.fields(
+        &st,
+        "the record when tasks/cancel answered",
+        json!({"state": "cancelled", "reason": "cancel_request"}),
+    );
+    ensure!(
+        run,
+        st["cleanup"]["signals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s == "KILL"),
+        "{st}"
+    );
+    pins.wait_all_gone(Duration::ZERO)
+        .unwrap_or_else(|left| run.fail(format_args!("left when tasks/cancel answered: {left:?}")));
+    let got = b.request(json!({"op": "tasks_get", "task_id": task_id}), T);
+    run.eq(&got["raw"]["status"], "cancelled", format_args!("{got}"));
+    w.assert_nothing_of(id);
+    b.close(T);
+    c.close(T);
+}
+
+/// An agent-run that logs, per call, its words and the lease token its environment holds (`-`
+/// for none), then execs the real one.
+fn token_shim(dir: &std::path::Path) -> (PathBuf, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let log = dir.join("calls.log");
+    let shim = dir.join("agent-run-shim");
+    fs::write(
+        &shim,
+        format!(
+            "#!/bin/sh\nprintf '%s|%s\\n' \"${{AGENT_RUN_LEASE_TOKEN:--}}\" \"$*\" >> '{}'\nexec '{}' \"$@\"\n",
+            log.display(),
+            agent_run_bin().display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&shim, fs::Permissions::from_mode(0o755)).unwrap();
+    (shim, log)
+}
+
+/// (token, subcommand, words) of each logged call.
+fn token_calls(log: &std::path::Path) -> Vec<(String, String, String)> {
+    fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (token, words) = l.split_once('|')?;
+            let sub = words.split(' ').find(|w| !w.starts_with("--root="))?;
+            Some((token.to_string(), sub.to_string(), words.to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn start_and_renew_get_the_servers_lease_token_in_their_environment_only() {
+    use std::os::unix::fs::MetadataExt;
+    let w = World::ssh();
+    let (shim, log) = token_shim(w.root.dir.path());
+    let state = w.root.dir.path().join("state");
+    let shim_s = shim.display().to_string();
+    let owner = format!("tok-{}", std::process::id());
+    let mut args = w.args(&["--owner", &owner, "--lease", "3s"]);
+    // The shim on both hosts ("local" and the ssh one, which is this machine).
+    for (i, a) in args.clone().iter().enumerate() {
+        if a == "--agent-run" || a == "--remote-bin" {
+            args[i + 1] = shim_s.clone();
+        }
+    }
+    let env = [
+        ("XDG_RUNTIME_DIR", w.xdg.as_os_str()),
+        ("XDG_STATE_HOME", state.as_os_str()),
+    ];
+    let mut c = Client::start(&args, &env, false);
+    let (a, _) = c.tool("start", json!({"argv": ["sleep", "300"]}), T);
+    let (b, _) = c.tool(
+        "start",
+        json!({"host": w.host(), "argv": ["sleep", "300"]}),
+        T,
+    );
+    let id = text(&a["run_id"]);
+    let run = ctx(&w.root, &id);
+    // Renewals come every second (a third of the lease), one per host.
+    wait_until("a renewal on each host", T, || {
+        let calls = token_calls(&log);
+        let renews = calls.iter().filter(|c| c.1 == "renew").count();
+        (renews >= 4).then_some(())
+    });
+    let file = state.join("agent-run-mcp").join(format!("{owner}.token"));
+    let token = fs::read_to_string(&file).unwrap().trim().to_string();
+    run.eq(&token.len(), &32, "a 128-bit token in hex");
+    let dir_mode = fs::metadata(file.parent().unwrap()).unwrap().mode() & 0o777;
+    let file_mode = fs::metadata(&file).unwrap().mode() & 0o777;
+    run.eq(&(dir_mode, file_mode), &(0o700, 0o600), "private");
+    let calls = token_calls(&log);
+    let ssh_id = text(&b["run_id"]);
+    ensure!(
+        run,
+        calls
+            .iter()
+            .any(|c| c.1 == "renew" && c.2.contains(&ssh_id)),
+        "a renewal over ssh: {calls:?}"
+    );
+    for (t, sub, words) in &calls {
+        let want = if sub == "start" || sub == "renew" {
+            token.as_str()
+        } else {
+            "-"
+        };
+        run.eq(&t.as_str(), &want, format_args!("the token of {words}"));
+        ensure!(
+            run,
+            !words.contains(&token),
+            "the token on a command line: {words}"
+        );
+    }
+    // A server started again with the owner renews with the same token.
+    c.kill_server();
+    drop(c);
+    let before = token_calls(&log).len();
+    let c = Client::start(&args, &env, false);
+    wait_until("the new server's renewals", T, || {
+        let calls = token_calls(&log);
+        calls[before..]
+            .iter()
+            .any(|c| c.1 == "renew" && c.0 == token)
+            .then_some(())
+    });
+    drop(c);
+    for r in [&a, &b] {
+        let out = w
+            .root
+            .cmd()
+            .args(["cancel", &text(&r["run_id"])])
+            .output()
+            .unwrap();
+        run.eq(&out.status.code(), &Some(0), "cancel");
+    }
 }
