@@ -38,6 +38,7 @@ pub mod first_contact;
 pub mod hostile;
 pub mod mcp;
 pub mod reaper;
+pub mod systemd;
 pub mod workload;
 
 pub use ctx::{ctx, Ctx, Detached, Diagnosed, Foreground};
