@@ -15,6 +15,11 @@
 //! chroot: a chrooted process may not make user namespaces, which systemd's sandboxing uses) and
 //! exec of `/lib/systemd/systemd --system` with `container=` set.
 //!
+//! Its cgroup2 mount is the host's hierarchy, seen from the boot's cgroup namespace, with the
+//! host's mount flags: `nsdelegate` is there only if the host's mount has it (the kernel takes
+//! that flag only from the initial cgroup namespace, and ignores it from any other, systemd's
+//! own mount included).
+//!
 //! The teardown, on drop (a panicking test included): SIGKILL to PID 1 through its pidfd, which
 //! kills every process of its pid namespace; the mount namespace, overlay and all, goes with the
 //! last of them. Then the cgroups, bottom-up, once the kernel says they are empty, and the
