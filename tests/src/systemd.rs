@@ -304,6 +304,11 @@ impl Systemd {
         &self.cgroup
     }
 
+    /// Its directory on the host: the overlay's upper, work and merged dirs, console.log.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// A path on its cgroup2 mount (`/sys/fs/cgroup/...`, as its records name cgroups) as a path
     /// on the host's.
     pub fn host_cgroup(&self, inside: &str) -> PathBuf {

@@ -7,8 +7,9 @@
 //! the documented drop-in. For each: it starts and says READY (Type=notify), pings its systemd
 //! watchdog (a short `WatchdogSec=` drop-in: same MainPID across several pings) and is restarted
 //! when SIGSTOPped; and under its own sandboxing it stops an orphaned run of its user held in a
-//! cgroup (wrapper SIGKILLed, lease expired), KILL through `cgroup.kill`, the run's cgroup
-//! removed, no error in the run's journal or the unit's.
+//! cgroup (wrapper SIGKILLed, lease expired) and a stuck one (wrapper SIGSTOPped), KILL through
+//! `cgroup.kill`, the run's cgroup removed, no error in the run's journal or the unit's. The
+//! exposure `systemd-analyze security` gives each is the one the doc gives.
 //!
 //! Then agent-run under logind and user managers: a lingering user's run gets a delegated scope
 //! of its own with no setup, and `cancel` leaves nothing; `KillUserProcesses=yes` and a login
@@ -249,8 +250,14 @@ fn a_boot_is_systemd_as_pid_1_of_its_own_namespaces_and_its_drop_leaves_nothing(
         sd.sh("cat /proc/self/cgroup | grep ^0::").trim(),
         "0::/agent-run-harness"
     );
-    let (cgroup, pidfd) = (sd.cgroup().to_path_buf(), Pinned::new(&[pid1]));
+    let (cgroup, dir, pidfd) = (
+        sd.cgroup().to_path_buf(),
+        sd.dir().to_path_buf(),
+        Pinned::new(&[pid1]),
+    );
+    assert!(dir.join("upper").is_dir(), "{}", dir.display());
     drop(sd);
+    assert!(!dir.exists(), "{} outlived the drop", dir.display());
     assert!(
         pidfd.wait_all_gone(Duration::from_secs(10)).is_ok(),
         "PID 1 outlived the drop"
