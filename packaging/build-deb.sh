@@ -6,12 +6,21 @@
 #   bash packaging/build-deb.sh
 #   sudo dpkg -i target/deb/agent-run_*.deb
 #
+# Options, for the tests under a real systemd (tests/src/systemd.rs), which
+# package the debug binaries the suite already built instead of a release build:
+#   --bin-dir DIR   take agent-run, agent-run-watchdog and agent-run-gen (man
+#                   pages, completions) from DIR; never build anything. The
+#                   binaries are stripped of debug info (strip, from binutils)
+#                   and the package is gzip-compressed, to keep it quick.
+#   --out DIR       write the .deb into DIR instead of target/deb.
+# The unit files and docs are the same in both forms.
+#
 # Contents:
 #   /usr/bin/agent-run, /usr/bin/agent-run-watchdog
 #   /usr/lib/systemd/user/agent-run-watchdog.service
 #   /usr/lib/systemd/system/agent-run-watchdog@.service
 #   /usr/share/doc/agent-run/{README.md,contract.md,copyright,changelog.Debian.gz}
-#   man pages and shell completions, when target/static/{man,completions} exist
+#   man pages and shell completions (agent-run-gen)
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -34,23 +43,49 @@ changelog_version=$(sed -n '1s/^agent-run (\([^)]*\)).*/\1/p' packaging/debian/c
 arch=$(dpkg --print-architecture)
 
 static=target/static
-if [[ ! -x $static/agent-run || ! -x $static/agent-run-watchdog ]]; then
-    say "no static binaries in $static: running packaging/build-static.sh"
-    bash packaging/build-static.sh
-fi
-built_version=$("$static/agent-run" --version)
-[[ $built_version == "agent-run $version" ]] \
-    || die "$static/agent-run --version says '$built_version', expected 'agent-run $version': rebuild with packaging/build-static.sh"
-
+bin_dir=
 out=target/deb
+while (($#)); do
+    case $1 in
+        --bin-dir) [[ $# -ge 2 ]] || die "--bin-dir needs a directory"; bin_dir=$2; shift 2 ;;
+        --out) [[ $# -ge 2 ]] || die "--out needs a directory"; out=$2; shift 2 ;;
+        *) die "unknown argument '$1' (--bin-dir DIR, --out DIR)" ;;
+    esac
+done
+if [[ -n $bin_dir ]]; then
+    for b in agent-run agent-run-watchdog agent-run-gen; do
+        [[ -x $bin_dir/$b ]] || die "no $bin_dir/$b: build it first (cargo build --workspace --bins)"
+    done
+    bins=$bin_dir
+    # Man pages and completions go beside the stage, never into the binaries' dir.
+    gen_dir="$out/gen"
+    compress=(-Zgzip -z1)
+else
+    if [[ ! -x $static/agent-run || ! -x $static/agent-run-watchdog ]]; then
+        say "no static binaries in $static: running packaging/build-static.sh"
+        bash packaging/build-static.sh
+    fi
+    bins=$static
+    gen_dir=$static
+    compress=()
+fi
+built_version=$("$bins/agent-run" --version)
+[[ $built_version == "agent-run $version" ]] \
+    || die "$bins/agent-run --version says '$built_version', expected 'agent-run $version': rebuild it"
+
 mkdir -p "$out"
 rm -f "$out"/agent-run_*.deb
 stage="$out/stage/agent-run_${debversion}_$arch"
 rm -rf "$stage"
 mkdir -p "$stage/DEBIAN"
 
-install -D -m 0755 "$static/agent-run" "$stage/usr/bin/agent-run"
-install -D -m 0755 "$static/agent-run-watchdog" "$stage/usr/bin/agent-run-watchdog"
+install -D -m 0755 "$bins/agent-run" "$stage/usr/bin/agent-run"
+install -D -m 0755 "$bins/agent-run-watchdog" "$stage/usr/bin/agent-run-watchdog"
+if [[ -n $bin_dir ]]; then
+    # Debug builds carry ~30 MiB of debug info each: a package of them is slow to build and
+    # to install, and nothing reads it there.
+    strip --strip-debug "$stage/usr/bin/agent-run" "$stage/usr/bin/agent-run-watchdog"
+fi
 install -D -m 0644 packaging/systemd/agent-run-watchdog.service \
     "$stage/usr/lib/systemd/user/agent-run-watchdog.service"
 install -D -m 0644 packaging/systemd/agent-run-watchdog@.service \
@@ -67,27 +102,32 @@ gzip -9n <packaging/debian/changelog >"$doc/changelog.Debian.gz"
 chmod 0644 "$doc/changelog.Debian.gz"
 
 # Man pages and completions, generated from the same clap definitions the binaries parse with.
-cargo run --quiet --locked -p agent-run-gen -- "$static"
+if [[ -n $bin_dir ]]; then
+    rm -rf "$gen_dir"
+    "$bin_dir/agent-run-gen" "$gen_dir" >/dev/null
+else
+    cargo run --quiet --locked -p agent-run-gen -- "$gen_dir"
+fi
 
 # --- man pages and shell completions -------------------------------------
 # Generated from the clap definitions by packaging/gen (agent-run-gen OUT_DIR)
-# with OUT_DIR = target/static: man pages in target/static/man, flat or in
-# man1/ and man8/ (the section is the file's extension: agent-run.1,
-# agent-run-start.1, ..., agent-run-watchdog.8), completions in
-# target/static/completions under clap_complete's names (agent-run.bash,
-# _agent-run for zsh, agent-run.fish). Nothing to do while those directories
-# don't exist.
-if [[ -d $static/man ]]; then
+# into $gen_dir (target/static, or $out/gen with --bin-dir): man pages in
+# $gen_dir/man, flat or in man1/ and man8/ (the section is the file's
+# extension: agent-run.1, agent-run-start.1, ..., agent-run-watchdog.8),
+# completions in $gen_dir/completions under clap_complete's names
+# (agent-run.bash, _agent-run for zsh, agent-run.fish). Nothing to do while
+# those directories don't exist.
+if [[ -d $gen_dir/man ]]; then
     while IFS= read -r -d '' page; do
         name=${page##*/}
         section=${name##*.}
         install -D -m 0644 "$page" "$stage/usr/share/man/man$section/$name"
         gzip -9nf "$stage/usr/share/man/man$section/$name"
-    done < <(find "$static/man" -type f -name '*.[1-8]' -print0 | sort -z)
+    done < <(find "$gen_dir/man" -type f -name '*.[1-8]' -print0 | sort -z)
 fi
-if [[ -d $static/completions ]]; then
+if [[ -d $gen_dir/completions ]]; then
     shopt -s nullglob
-    for f in "$static"/completions/*; do
+    for f in "$gen_dir"/completions/*; do
         name=${f##*/}
         case $name in
             *.bash) install -D -m 0644 "$f" "$stage/usr/share/bash-completion/completions/${name%.bash}" ;;
@@ -115,8 +155,9 @@ fi
 chmod 0644 "$stage/DEBIAN/control" "$stage/DEBIAN/md5sums"
 
 deb="$out/agent-run_${debversion}_$arch.deb"
-dpkg-deb --root-owner-group --build "$stage" "$deb" >/dev/null
+dpkg-deb --root-owner-group "${compress[@]}" --build "$stage" "$deb" >/dev/null
 rm -rf "$out/stage"
+[[ -z $bin_dir ]] || rm -rf "$gen_dir"
 
 dpkg-deb --info "$deb" >&2
 dpkg-deb --contents "$deb" >&2

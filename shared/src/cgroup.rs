@@ -36,14 +36,17 @@ pub const ENV: &str = "AGENT_RUN_CGROUP";
 pub const ENV_IN_SCOPE: &str = "AGENT_RUN_IN_SCOPE";
 
 /// For a user who is not root and has no cgroup to use, but a running systemd user manager
-/// (`$XDG_RUNTIME_DIR/systemd/private`) and `systemd-run` on PATH: the command that puts a
-/// wrapper in a transient scope delegated to the user (`systemd-run --user --scope -p
-/// Delegate=yes`), to which the caller appends the wrapper's own command line. The wrapper then
-/// finds its own cgroup, the scope, usable. `None` when any of that is missing, inside such a
-/// scope already, or when `AGENT_RUN_NO_SCOPE` is set.
+/// (`$XDG_RUNTIME_DIR/systemd/private`) that lingers, and `systemd-run` on PATH: the command
+/// that puts a wrapper in a transient scope delegated to the user (`systemd-run --user --scope
+/// -p Delegate=yes`), to which the caller appends the wrapper's own command line. The wrapper
+/// then finds its own cgroup, the scope, usable. `None` when any of that is missing, inside such
+/// a scope already, or when `AGENT_RUN_NO_SCOPE` is set.
 ///
-/// Checked on paper only: no systemd runs on the machines this was built on (see
-/// docs/safety.md, R-22).
+/// Only for a user who lingers: logind stops the manager of one who does not when the last
+/// login session ends, and every scope of that manager with it (the run too, a detached one
+/// included). Left in its login session's scope, the run outlives the session unless logind
+/// has `KillUserProcesses=yes` (the launch then warns). Tested under a real systemd
+/// (tests/tests/systemd.rs; docs/safety.md, R-22).
 pub fn user_scope_command(run_id: &str) -> Option<std::process::Command> {
     if crate::sys::geteuid() == 0
         || std::env::var_os(ENV_IN_SCOPE).is_some()
@@ -53,6 +56,11 @@ pub fn user_scope_command(run_id: &str) -> Option<std::process::Command> {
     }
     let runtime = std::env::var_os("XDG_RUNTIME_DIR")?;
     if !Path::new(&runtime).join("systemd/private").exists() {
+        return None;
+    }
+    if !lingers(&crate::users::user_name(crate::sys::geteuid()))
+        && !crate::fault::armed(crate::fault::ASSUME_LINGER)
+    {
         return None;
     }
     let path = std::env::var_os("PATH")?;
@@ -71,6 +79,15 @@ pub fn user_scope_command(run_id: &str) -> Option<std::process::Command> {
     .arg(format!("--unit=agent-run-{run_id}-{}", std::process::id()))
     .arg("--");
     Some(cmd)
+}
+
+/// Where logind records who lingers: a file named for each such user.
+const LINGER_DIR: &str = "/var/lib/systemd/linger";
+
+/// Whether logind keeps `user`'s manager running with no login session (`loginctl
+/// enable-linger`), as logind itself decides it: a file of that name in [`LINGER_DIR`].
+fn lingers(user: &str) -> bool {
+    !user.is_empty() && !user.contains('/') && Path::new(LINGER_DIR).join(user).exists()
 }
 
 /// The prefix of every run's cgroup name: `agent-run.<run-id>.<run dir inode, hex>`.

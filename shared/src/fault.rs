@@ -44,6 +44,11 @@ pub const KEEPER_FORK_FAILS: &str = "keeper_fork_fails";
 /// always finds it. Read with [`armed`].
 pub const HOLD_SPAWN_REPORT: &str = "hold_spawn_report";
 
+/// A knob: with `AGENT_RUN_FAULT=assume_linger` the wrapper takes its user for one who lingers
+/// (`loginctl enable-linger`), so a test with a stand-in `systemd-run` and no logind reaches
+/// the user scope's request ([`crate::cgroup::user_scope_command`]). Read with [`armed`].
+pub const ASSUME_LINGER: &str = "assume_linger";
+
 /// The environment variable that names the point to die at (or the knob to turn).
 pub const ENV: &str = "AGENT_RUN_FAULT";
 

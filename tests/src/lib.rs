@@ -39,6 +39,7 @@ pub mod hostile;
 pub mod mcp;
 pub mod mcp_wire;
 pub mod reaper;
+pub mod systemd;
 pub mod workload;
 
 pub use ctx::{ctx, Ctx, Detached, Diagnosed, Foreground};

@@ -788,10 +788,11 @@ fn the_final_record_carries_the_cpu_the_run_used_and_an_explicit_parent_is_check
 }
 
 #[test]
-fn a_user_without_a_cgroup_but_with_a_systemd_user_manager_asks_systemd_run_for_a_delegated_scope()
-{
-    // No systemd runs here: a stand-in systemd-run records how it was asked and runs the
-    // command it was given (a real one would first move the process into the new scope).
+fn a_lingering_user_without_a_cgroup_but_with_a_systemd_user_manager_asks_systemd_run_for_a_delegated_scope(
+) {
+    // A stand-in systemd-run records how it was asked and runs the command it was given (a
+    // real one would first move the process into the new scope: tests/tests/systemd.rs has
+    // that). No logind here: the debug build's knob `assume_linger` says nobody lingers.
     let root = TestRoot::new();
     nobody_root(&root);
     let tools = root.dir.path().join("bin");
@@ -815,6 +816,7 @@ fn a_user_without_a_cgroup_but_with_a_systemd_user_manager_asks_systemd_run_for_
     let mut cmd = as_nobody(&agent_run_bin());
     cmd.env("PATH", format!("{}:/usr/bin:/bin", tools.display()))
         .env("XDG_RUNTIME_DIR", &runtime)
+        .env("AGENT_RUN_FAULT", "assume_linger")
         .env_remove("AGENT_RUN_CGROUP")
         .arg("--root")
         .arg(root.root())
@@ -834,18 +836,34 @@ fn a_user_without_a_cgroup_but_with_a_systemd_user_manager_asks_systemd_run_for_
     c.eq(&st["state"], "finished", "the state");
     // The stand-in gave no scope: the wrapper inside it did not ask again, and is procfs.
     c.eq(&st["containment"]["mode"], "procfs", "the containment mode");
-    // Root never asks (it has its own cgroup); neither does AGENT_RUN_NO_SCOPE.
-    let mut cmd = as_nobody(&agent_run_bin());
-    cmd.env("PATH", format!("{}:/usr/bin:/bin", tools.display()))
-        .env("XDG_RUNTIME_DIR", &runtime)
-        .env("AGENT_RUN_NO_SCOPE", "1")
-        .arg("--root")
-        .arg(root.root())
-        .args(["unscoped", "--", "true"]);
-    fs::write(root.dir.path().join("asked"), b"").unwrap();
-    let (code, _, err) = outcome(&mut cmd);
-    let c = ctx(&root, "unscoped");
-    c.eq(code, 0, format_args!("{err}"));
-    let asked = fs::read_to_string(root.dir.path().join("asked")).unwrap();
-    ensure!(c, asked.is_empty(), "systemd-run was asked: {asked:?}");
+    // Root never asks (it has its own cgroup); neither does AGENT_RUN_NO_SCOPE, nor a user
+    // who does not linger (here nobody, without the knob: there is no
+    // /var/lib/systemd/linger/nobody), whose manager logind stops with the last session.
+    for (id, knob) in [
+        ("unscoped", Some("AGENT_RUN_NO_SCOPE")),
+        ("unlingering", None),
+    ] {
+        let mut cmd = as_nobody(&agent_run_bin());
+        cmd.env("PATH", format!("{}:/usr/bin:/bin", tools.display()))
+            .env("XDG_RUNTIME_DIR", &runtime)
+            .env_remove("AGENT_RUN_CGROUP")
+            .arg("--root")
+            .arg(root.root())
+            .args([id, "--", "true"]);
+        match knob {
+            Some(var) => cmd.env(var, "1").env("AGENT_RUN_FAULT", "assume_linger"),
+            None => cmd.env_remove("AGENT_RUN_FAULT"),
+        };
+        fs::write(root.dir.path().join("asked"), b"").unwrap();
+        let (code, _, err) = outcome(&mut cmd);
+        let c = ctx(&root, id);
+        c.eq(code, 0, format_args!("{err}"));
+        let asked = fs::read_to_string(root.dir.path().join("asked")).unwrap();
+        ensure!(c, asked.is_empty(), "systemd-run was asked: {asked:?}");
+        c.eq(
+            &c.status()["containment"]["mode"],
+            "procfs",
+            "the containment mode",
+        );
+    }
 }

@@ -14,7 +14,7 @@
 //! | G-5 | `cancel` of a SIGSTOPped wrapper without a lease exited 75 and the run lived on | `cancel_continues_a_sigstopped_wrapper_*` |
 //! | G-6 | a stale header comment in `tests/tests/watchdog.rs` | none (a comment) |
 //! | G-7 | `cancel` of a corrupt non-final record wrote `unknown` and stopped nothing | `cancel_of_a_run_whose_status_json_is_corrupt_*` |
-//! | G-8 | logind detection defaults | none here: needs logind as PID 1; unit tests in `shared/src/hostpolicy.rs` |
+//! | G-8 | logind detection defaults | none here: unit tests in `shared/src/hostpolicy.rs`; under logind in `tests/tests/systemd.rs` |
 //!
 //! Every test drives the real binaries on real processes in its own run root and asserts on
 //! kernel facts: pids pinned with pidfds, /proc (a zombie is dead), the run dir's files. Waits
