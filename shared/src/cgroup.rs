@@ -93,28 +93,65 @@ fn lingers(user: &str) -> bool {
 /// The prefix of every run's cgroup name: `agent-run.<run-id>.<run dir inode, hex>`.
 pub const PREFIX: &str = "agent-run.";
 
-/// Where the cgroup2 hierarchy is mounted, from /proc/self/mountinfo (the first `cgroup2`
-/// mount); `None` when there is none. Read once per process.
-pub fn mount() -> Option<&'static Path> {
-    static MOUNT: OnceLock<Option<PathBuf>> = OnceLock::new();
+/// The first `cgroup2` mount of /proc/self/mountinfo, read once per process.
+struct Mount {
+    /// Where it is mounted.
+    point: PathBuf,
+    /// Its root as this process's cgroup namespace shows it: `/` for the whole hierarchy,
+    /// `/../..` from inside a cgroup namespace two levels below the mount's root.
+    root: String,
+    /// Mounted with `nsdelegate`: cgroup namespaces are delegation boundaries, and the kernel
+    /// refuses to move a process across the root of its namespace.
+    nsdelegate: bool,
+}
+
+fn the_mount() -> Option<&'static Mount> {
+    static MOUNT: OnceLock<Option<Mount>> = OnceLock::new();
     MOUNT
         .get_or_init(|| {
             let text = crate::procfs::read_kernel_file("/proc/self/mountinfo").ok()?;
-            text.lines().find_map(parse_mountinfo_line)
+            text.lines().find_map(parse_mount)
         })
-        .as_deref()
+        .as_ref()
+}
+
+/// Where the cgroup2 hierarchy is mounted, from /proc/self/mountinfo (the first `cgroup2`
+/// mount); `None` when there is none. Read once per process.
+pub fn mount() -> Option<&'static Path> {
+    the_mount().map(|m| m.point.as_path())
+}
+
+/// Whether the cgroup2 mount has `nsdelegate` (systemd mounts it so): then a workload spawned
+/// into a cgroup namespace rooted at its run's cgroup cannot move a process out of it.
+pub fn nsdelegate() -> bool {
+    the_mount().is_some_and(|m| m.nsdelegate)
 }
 
 /// The mount point of a mountinfo line whose filesystem type is cgroup2.
+#[cfg(test)]
 fn parse_mountinfo_line(line: &str) -> Option<PathBuf> {
-    // `36 35 0:30 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw`: the fields after ` - `
-    // are the type and source; the mount point is field 5 (octal escapes for spaces).
+    parse_mount(line).map(|m| m.point)
+}
+
+/// A mountinfo line whose filesystem type is cgroup2.
+fn parse_mount(line: &str) -> Option<Mount> {
+    // `36 35 0:30 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate`: the fields after
+    // ` - ` are the type, the source and the super options; the root is field 4 and the mount
+    // point field 5 (octal escapes for spaces).
     let (left, right) = line.split_once(" - ")?;
-    if right.split_whitespace().next()? != "cgroup2" {
+    let mut r = right.split_whitespace();
+    if r.next()? != "cgroup2" {
         return None;
     }
-    let mnt = left.split_whitespace().nth(4)?;
-    Some(PathBuf::from(unescape_octal(mnt)))
+    let options = r.nth(1).unwrap_or_default();
+    let mut l = left.split_whitespace().skip(3);
+    let root = unescape_octal(l.next()?);
+    let point = PathBuf::from(unescape_octal(l.next()?));
+    Some(Mount {
+        point,
+        root,
+        nsdelegate: options.split(',').any(|o| o == "nsdelegate"),
+    })
 }
 
 fn unescape_octal(s: &str) -> String {
@@ -145,11 +182,42 @@ pub fn v2_path(text: &str) -> Option<&str> {
 }
 
 /// This process's own cgroup directory on the cgroup2 mount (the `0::` line).
+///
+/// Inside a cgroup namespace (a workload agent-run spawned as root on a host mounted with
+/// `nsdelegate`: a nested run), /proc/self/cgroup and the mount's root are both relative to
+/// the namespace's root, which lies `/..` levels below the mount's root: that cgroup is found
+/// on the mount as the one at that depth whose `REL` holds this process.
 pub fn own() -> Option<PathBuf> {
-    let mount = mount()?;
+    let m = the_mount()?;
     let rel = v2_path(self_cgroup_text()?)?;
     let rel = rel.strip_suffix(" (deleted)").unwrap_or(rel);
-    Some(mount.join(rel.trim_start_matches('/')))
+    let rel = rel.trim_start_matches('/');
+    let up = m.root.split('/').filter(|c| *c == "..").count();
+    if up == 0 {
+        return Some(m.point.join(rel));
+    }
+    in_namespace(&m.point, up, rel, crate::pid::Pid::this())
+}
+
+/// The cgroup on `mount` at `depth` below its root whose `rel` lists `pid` (see [`own`]).
+fn in_namespace(mount: &Path, depth: usize, rel: &str, pid: crate::pid::Pid) -> Option<PathBuf> {
+    let mut level = vec![mount.to_path_buf()];
+    for _ in 0..depth {
+        let mut next = Vec::new();
+        for dir in &level {
+            for (name, is_dir) in crate::procfs::dir_entries(dir).unwrap_or_default() {
+                if is_dir && next.len() < WALK_CAP {
+                    next.push(dir.join(name));
+                }
+            }
+        }
+        level = next;
+    }
+    let me = pid.get().to_string();
+    level.into_iter().map(|d| d.join(rel)).find(|d| {
+        crate::procfs::read_kernel_file(d.join("cgroup.procs"))
+            .is_ok_and(|t| t.lines().any(|l| l.trim() == me))
+    })
 }
 
 /// /proc/self/cgroup, read once per process: a launch asks for it twice (the run's parent, and
@@ -622,6 +690,33 @@ mod tests {
         assert_eq!(
             parse_mountinfo_line(esc),
             Some(PathBuf::from("/mnt/with space"))
+        );
+    }
+
+    #[test]
+    fn a_mount_says_its_root_and_whether_it_delegates_to_namespaces() {
+        let l = "41 31 0:38 /../.. /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot";
+        let m = parse_mount(l).expect("a cgroup2 line");
+        assert_eq!(m.root, "/../..");
+        assert!(m.nsdelegate);
+        let plain = "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw";
+        assert!(!parse_mount(plain).expect("a cgroup2 line").nsdelegate);
+    }
+
+    #[test]
+    fn inside_a_namespace_this_process_is_found_at_its_depth() {
+        // The test's own cgroup, seen as if from a namespace rooted at it: depth = its depth.
+        let (Some(mount), Some(own)) = (mount(), own()) else {
+            return;
+        };
+        let rel = own.strip_prefix(mount).expect("own is on the mount");
+        let depth = rel.components().count();
+        if depth == 0 {
+            return;
+        }
+        assert_eq!(
+            in_namespace(mount, depth, "", crate::pid::Pid::this()),
+            Some(own.clone())
         );
     }
 

@@ -13,9 +13,20 @@
 //! never *what* it signals. A workload can touch the file too (it runs as the same user): a
 //! beat in the future is clamped to now by the reader, so it cannot move the bound past the
 //! moment someone first saw the wrapper gone.
+//!
+//! The same thread publishes the deadline the wrapper enforces ([`Published`]): the earlier of
+//! the lease it last took (signed with the run's token) and the `--timeout`, in the thread's
+//! own name (`due-L1765000000`: lease, epoch seconds rounded up; `due-T...`: timeout). Only a
+//! thread of the wrapper can rename it, so the workload, which can rewrite lease.json and its
+//! record but cannot write a task's name in another process, cannot move it; the watchdog
+//! reads it ([`published_due`]) to tell when a live wrapper is stuck past its deadline, whatever
+//! lease.json says.
 
+use crate::pid::Pid;
 use crate::run_dir::{files, RunDir};
-use std::time::{Duration, SystemTime};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
 
 /// A heartbeat whose thread is not started yet (see [`RunDir::first_beat`]).
 #[derive(Debug)]
@@ -29,19 +40,99 @@ fn touch(f: &std::fs::File) -> std::io::Result<()> {
 }
 
 impl Beat {
-    /// Touch the lock file every [`INTERVAL`] from a thread, until the process exits.
-    pub fn start(self) -> crate::Result<()> {
+    /// Touch the lock file every [`INTERVAL`] from a thread, until the process exits; the
+    /// thread's name says what `published` holds, within moments of each change.
+    pub fn start(self, published: Arc<Published>) -> crate::Result<()> {
         let lock = self.lock;
         std::thread::Builder::new()
             .name("heartbeat".into())
             .stack_size(64 * 1024)
-            .spawn(move || loop {
-                std::thread::sleep(INTERVAL);
-                let _ = touch(&lock);
+            .spawn(move || {
+                let _ = published.thread.set(std::thread::current());
+                let mut named = 0;
+                let mut next = Instant::now() + INTERVAL;
+                loop {
+                    let due = published.due.load(Ordering::Acquire);
+                    if due != named {
+                        let _ = crate::sys::set_comm(&thread_name(due));
+                        named = due;
+                    }
+                    let now = Instant::now();
+                    if now >= next {
+                        let _ = touch(&lock);
+                        next = now + INTERVAL;
+                    }
+                    std::thread::park_timeout(next.saturating_duration_since(now));
+                }
             })
             .map_err(|e| crate::Error::io("start the heartbeat of", &self.path, e))?;
         Ok(())
     }
+}
+
+/// Which deadline a published one is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DueKind {
+    Lease,
+    Timeout,
+}
+
+/// The deadline the wrapper enforces, for its heartbeat thread to publish in its name.
+#[derive(Debug, Default)]
+pub struct Published {
+    /// 0: none; else the epoch second (rounded up) shifted left once, the low bit set for a
+    /// timeout.
+    due: AtomicU64,
+    thread: OnceLock<std::thread::Thread>,
+}
+
+impl Published {
+    /// Publish `due` (the earliest deadline the wrapper enforces, or none).
+    pub fn set(&self, due: Option<(f64, DueKind)>) {
+        let v = due.map_or(0, |(epoch, kind)| {
+            ((epoch.max(0.0).ceil() as u64) << 1) | u64::from(kind == DueKind::Timeout)
+        });
+        if self.due.swap(v, Ordering::AcqRel) != v {
+            if let Some(t) = self.thread.get() {
+                t.unpark();
+            }
+        }
+    }
+}
+
+/// The heartbeat thread's name for a published value.
+fn thread_name(v: u64) -> std::ffi::CString {
+    let name = match v {
+        0 => "heartbeat".to_string(),
+        v => format!("due-{}{}", if v & 1 == 1 { 'T' } else { 'L' }, v >> 1),
+    };
+    std::ffi::CString::new(name).expect("no NUL in a thread name")
+}
+
+/// The deadline a thread name publishes, if it is one.
+fn parse_name(name: &str) -> Option<(f64, DueKind)> {
+    let rest = name.trim_end().strip_prefix("due-")?;
+    let kind = match rest.as_bytes().first()? {
+        b'L' => DueKind::Lease,
+        b'T' => DueKind::Timeout,
+        _ => return None,
+    };
+    let secs: u64 = rest[1..].parse().ok()?;
+    Some((secs as f64, kind))
+}
+
+/// The deadline the wrapper `pid` publishes in a thread's name ([`Published`]); `None` when no
+/// thread of it publishes one (a wrapper of an earlier version, or one whose threads have not
+/// started yet). The caller has verified `pid` as the run's wrapper (a pidfd it holds).
+pub fn published_due(pid: Pid) -> Option<(f64, DueKind)> {
+    let tasks = std::path::PathBuf::from(format!("/proc/{pid}/task"));
+    crate::procfs::dir_entries(&tasks)?
+        .into_iter()
+        .filter(|(name, is_dir)| *is_dir && name.bytes().all(|b| b.is_ascii_digit()))
+        .find_map(|(tid, _)| {
+            let comm = crate::procfs::read_kernel_file(tasks.join(tid).join("comm")).ok()?;
+            parse_name(&comm)
+        })
 }
 
 /// How often the wrapper touches its lock file.
@@ -54,7 +145,7 @@ impl RunDir {
     /// through a symlink) now and every [`INTERVAL`] until the process exits. The lock itself is
     /// another open file description, so this fd never holds or releases it.
     pub fn heartbeat(&self) -> crate::Result<()> {
-        self.first_beat()?.start()
+        self.first_beat()?.start(Arc::default())
     }
 
     /// The first beat, now, without the thread: [`Beat::start`] starts it (the wrapper does so
@@ -94,5 +185,41 @@ mod tests {
             "{bound} vs {now}"
         );
         assert_eq!(rd.gone_by(now), Some(now));
+    }
+
+    #[test]
+    fn a_published_deadline_reads_back_from_the_thread_name_rounded_up() {
+        for (due, name) in [
+            (None, "heartbeat"),
+            (Some((1765000000.2, DueKind::Lease)), "due-L1765000001"),
+            (Some((1765000000.0, DueKind::Timeout)), "due-T1765000000"),
+        ] {
+            let p = Published::default();
+            p.set(due);
+            let got = thread_name(p.due.load(Ordering::Relaxed));
+            assert_eq!(got.to_str().unwrap(), name);
+            assert!(got.as_bytes().len() <= 15, "a task name holds 15 bytes");
+            assert_eq!(
+                parse_name(&format!("{name}\n")),
+                due.map(|(t, k)| (t.ceil(), k))
+            );
+        }
+        for bad in ["due-X1", "due-L", "due-L12a", "agent-run", ""] {
+            assert_eq!(parse_name(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_heartbeat_thread_publishes_in_its_name() {
+        let (d, rd) = crate::run_dir::temp();
+        std::fs::write(d.path().join(files::LOCK), b"").unwrap();
+        let published = Arc::new(Published::default());
+        rd.first_beat().unwrap().start(published.clone()).unwrap();
+        published.set(Some((4102444800.0, DueKind::Lease)));
+        let until = Instant::now() + Duration::from_secs(10);
+        while published_due(Pid::this()) != Some((4102444800.0, DueKind::Lease)) {
+            assert!(Instant::now() < until, "never published");
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }

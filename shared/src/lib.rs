@@ -13,6 +13,7 @@
 pub mod cancel_request;
 pub mod cgroup;
 pub mod error;
+pub mod escape;
 pub mod exit;
 pub mod fault;
 pub mod features;

@@ -12,12 +12,11 @@ use crate::journal::Journal;
 use crate::pid::Pid;
 use crate::procset::RunScope;
 use crate::reason::Reason;
-use crate::record::{Containment, ContainmentMode, State, Status};
+use crate::record::{ContainmentMode, State, Status};
 use crate::run_dir::RunDir;
-use crate::stop::{stop_run, Report, Timings};
+use crate::stop::{Report, Timings};
 use serde_json::json;
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 /// Move a run to a non-final state (starting, running, cancelling) and journal it.
@@ -56,16 +55,29 @@ pub fn finalize(
     debug_assert!(state.is_final());
     let from = st.state;
     let survivors = report.is_some_and(|r| !r.survivors.is_empty());
-    st.state = if survivors { State::Unknown } else { state };
+    // Escapees of an emptied cgroup make the run `escaped`; by /proc scans alone they are
+    // named, and the run is already `unprovable`.
+    let escaped = report.is_some_and(|r| {
+        !r.escapees.is_empty() && r.proof != Some(crate::record::Proof::Unprovable)
+    });
+    st.state = if survivors || escaped {
+        State::Unknown
+    } else {
+        state
+    };
     st.reason = if survivors {
         Some(Reason::Survivors.into())
+    } else if escaped {
+        Some(Reason::Escaped.into())
     } else {
         reason.map(str::to_string)
     };
-    if let Some(r) = report.filter(|r| !r.signals.is_empty() || !r.survivors.is_empty()) {
+    if let Some(r) = report
+        .filter(|r| !r.signals.is_empty() || !r.survivors.is_empty() || !r.escapees.is_empty())
+    {
         st.cleanup = Some(r.to_cleanup());
     }
-    if survivors {
+    if survivors || escaped {
         st.proof = None;
     } else if st.proof.is_none() {
         st.proof = report.and_then(|r| r.proof);
@@ -176,83 +188,6 @@ impl RunDir {
     }
 }
 
-/// The record states that say the run is over with nothing of it left: a populated cgroup of
-/// the run contradicts them. (`unknown` does not claim that.)
-fn claims_nothing_left(state: State) -> bool {
-    matches!(
-        state,
-        State::Finished | State::Cancelled | State::LaunchFailed
-    )
-}
-
-impl RunDir {
-    /// The run's cgroup, when it still holds processes although the record says the run is
-    /// over (`finished`, `cancelled`, `launch_failed`): the record was rewritten (a workload
-    /// that wrote itself a final record and killed its wrapper), and the record's word is not
-    /// the answer. Looked for where the record says, then by name on the whole cgroup2 mount
-    /// (`found`, one walk per pass, or walked now): a forged record can name another cgroup or
-    /// none. Only a cgroup named for this run (its id and this run dir's inode) of the caller's
-    /// uid counts ([`RunCgroup::verify`]).
-    pub fn contradicting_cgroup(
-        &self,
-        st: &Status,
-        found: Option<&HashMap<String, PathBuf>>,
-    ) -> Option<RunCgroup> {
-        if !claims_nothing_left(st.state) {
-            return None;
-        }
-        if let Ok(Some(cg)) = self.recorded_cgroup(st) {
-            if cg.populated() {
-                return Some(cg);
-            }
-        }
-        let name = crate::cgroup::name_for(&st.run_id, self.identity().1);
-        let walked;
-        let found = match found {
-            Some(f) => f,
-            None => {
-                walked = crate::cgroup::run_cgroups();
-                &walked
-            }
-        };
-        let path = found.get(&name)?;
-        RunCgroup::verify(path, &st.run_id, self.identity().1)
-            .ok()
-            .flatten()
-            .filter(RunCgroup::populated)
-    }
-}
-
-/// Reopen a run whose final record its cgroup contradicts ([`RunDir::contradicting_cgroup`]):
-/// journal `record_contradicted` (what the record said, the cgroup, its members), restore the
-/// containment to that cgroup, and write the record back to `running`, so the caller (holding
-/// the lock, or facing a squatted one) stops the run as the orphan it is. The identity checks
-/// that guard every signal still apply to the reopened record.
-pub fn reopen_contradicted(
-    dir: &RunDir,
-    st: &mut Status,
-    cg: &RunCgroup,
-    journal: &Journal,
-) -> Result<()> {
-    let _ = journal.event(
-        "record_contradicted",
-        json!({
-            "recorded_state": st.state.as_str(), "recorded_reason": st.reason,
-            "cgroup": cg.path(), "members": cg.members().iter().map(|p| p.get()).collect::<Vec<_>>(),
-            "why": "the record says the run is over, but its cgroup holds processes",
-        }),
-    );
-    st.containment = Some(Containment {
-        mode: ContainmentMode::Cgroup,
-        cgroup: Some(cg.path().display().to_string()),
-    });
-    st.exit_code = None;
-    st.term_signal = None;
-    st.ended_at = None;
-    st.cleanup = None;
-    transition(dir, st, State::Running, None, Some(journal))
-}
-
 /// Remove a run's cgroup after its final record; a cgroup that cannot go (a process is left:
 /// the record says so) is journalled and left.
 pub fn remove_cgroup(cg: &RunCgroup, journal: &Journal) {
@@ -277,69 +212,6 @@ pub fn timings_of(st: &Status) -> Timings {
         grace: st.grace_ms.map_or(d.grace, Duration::from_millis).min(max),
         confirm: d.confirm,
     }
-}
-
-/// With the lock held and the wrapper gone: stop whatever of the run remains through the shared
-/// routine and write the final record. If processes were found and stopped: `cancelled` with
-/// `reason`. If nothing of the run remained: `unknown`, reason `wrapper_lost` (nobody saw how
-/// it ended). Survivors: `unknown`, `survivors`.
-pub fn stop_orphaned(
-    dir: &RunDir,
-    st: &mut Status,
-    reason: &str,
-    journal: &Journal,
-) -> Result<Report> {
-    // A record naming a cgroup that is not this run's names nothing we may kill.
-    dir.recorded_cgroup(st)?;
-    let Some(scope) = dir.scope(st, None) else {
-        // Never launched (the wrapper died while starting): nothing can be running.
-        finalize(
-            dir,
-            st,
-            State::Unknown,
-            Some(&*Reason::WrapperLost.as_str()),
-            None,
-            Some(journal),
-        )?;
-        return Ok(Report::default());
-    };
-    if st.state != State::Cancelling {
-        // A record that cannot be written (a full disk) never keeps the processes alive.
-        let _ = transition(dir, st, State::Cancelling, Some(reason), Some(journal));
-    }
-    let report = stop_run(&scope, &timings_of(st), reason, Some(journal), None);
-    let (state, why) = if report.signalled.is_empty() {
-        (State::Unknown, Reason::WrapperLost.as_str())
-    } else {
-        (State::Cancelled, reason.into())
-    };
-    st.exit_code = None;
-    st.term_signal = None;
-    if let Some(cg) = &scope.cgroup {
-        st.resources = Some(cg.resources());
-    }
-    finalize(dir, st, state, Some(&*why), Some(&report), Some(journal))?;
-    if let Some(cg) = &scope.cgroup {
-        remove_cgroup(cg, journal);
-    }
-    Ok(report)
-}
-
-/// With the lock held, for a run dir that has no record (its wrapper died between `mkdir` and
-/// its first record, before anything was spawned): write a final `unknown` record, reason
-/// `wrapper_lost`, so every run dir ends with a whole, truthful document.
-pub fn record_lost_launch(dir: &RunDir, journal: &Journal) -> Result<Status> {
-    let mut st = Status::blank(dir.id().as_str());
-    st.error = Some("the wrapper died before it wrote the run's first record".into());
-    finalize(
-        dir,
-        &mut st,
-        State::Unknown,
-        Some(&*Reason::WrapperLost.as_str()),
-        None,
-        Some(journal),
-    )?;
-    Ok(st)
 }
 
 #[cfg(test)]

@@ -393,9 +393,27 @@ pub fn exe_name(pid: Pid) -> Option<String> {
 /// An epoch time as clock ticks since boot (the unit of /proc start times), 0 when it is
 /// before the boot.
 pub fn epoch_to_ticks(epoch: f64) -> u64 {
-    let booted_at = crate::time::epoch_now() - crate::sys::boottime_secs();
-    let secs = (epoch - booted_at).max(0.0);
+    let secs = (epoch - booted_at()).max(0.0);
     (secs * crate::sys::clock_ticks_per_sec() as f64) as u64
+}
+
+/// When this boot began, in epoch seconds: the wall clock minus the boot clock, read as a
+/// pair close together (a pair with a preemption between its two reads, which on a loaded host
+/// can last a second, would put every conversion that much off: read again, up to a few times).
+fn booted_at() -> f64 {
+    let mut best = (f64::INFINITY, 0.0);
+    for _ in 0..8 {
+        let before = crate::time::epoch_now();
+        let boot = crate::sys::boottime_secs();
+        let after = crate::time::epoch_now();
+        if after - before < best.0 {
+            best = (after - before, (before + after) / 2.0 - boot);
+        }
+        if after - before < 0.000_2 {
+            break;
+        }
+    }
+    best.1
 }
 
 /// This boot's id (/proc/sys/kernel/random/boot_id), trimmed.

@@ -113,6 +113,10 @@ pub struct Cleanup {
     /// Pids that were signalled (the leftovers, when the leader exited on its own).
     #[serde(default)]
     pub signalled: Vec<i32>,
+    /// Pids that may be the run's, found where a process that left the run's cgroup could
+    /// be ([`crate::escape`]), after its wrapper was lost: not signalled, named.
+    #[serde(default)]
+    pub escapees: Vec<i32>,
 }
 
 /// The record, key for key as the contract lists it (plus the run's stop timings, so a later

@@ -96,6 +96,9 @@ pub struct Report {
     pub leader_exit: Option<sys::WaitStatus>,
     /// How the stop knows nothing of the run is left (None when something is).
     pub proof: Option<Proof>,
+    /// Processes that may be the run's outside its cgroup (see [`crate::escape`]); the
+    /// caller that looked for them sets this.
+    pub escapees: Vec<Pid>,
 }
 
 impl Report {
@@ -106,6 +109,7 @@ impl Report {
             duration_ms: self.duration.as_millis() as u64,
             survivors: self.survivors.iter().map(|p| p.get()).collect(),
             signalled: self.signalled.iter().map(|p| p.get()).collect(),
+            escapees: self.escapees.iter().map(|p| p.get()).collect(),
         }
     }
 }
@@ -331,13 +335,14 @@ fn stop_run_inner(
             hidden.sort();
             hidden.dedup();
         }
+        // Named with the escapees: it may have left the run, nothing proves it did.
         for p in hidden {
-            if !s.members.contains_key(&p) && !s.report.survivors.contains(&p) {
+            if !s.members.contains_key(&p) && !s.report.escapees.contains(&p) {
                 s.journal_event(
                     "unverified",
                     json!({"pid": p.get(), "why": "a process of the run's user, started after the run, whose environment cannot be read; not signalled"}),
                 );
-                s.report.survivors.push(p);
+                s.report.escapees.push(p);
             }
         }
     }

@@ -467,6 +467,11 @@ pub struct ChildIo<'a> {
     /// the caller after its last change of a signal's action (a launch reads it once for the
     /// keeper and the workload).
     pub reset_signals: u64,
+    /// Start the workload in a cgroup namespace of its own, rooted at its run's cgroup
+    /// (unshare(2) `CLONE_NEWCGROUP` once it is in it): on a cgroup2 mount with `nsdelegate`
+    /// the kernel then refuses any move of its processes out of that cgroup. Needs
+    /// CAP_SYS_ADMIN (root).
+    pub cgroupns: bool,
 }
 
 /// Everything the workload's exec needs, prepared before the clone so that the child only
@@ -594,6 +599,8 @@ struct ChildPlan<'a> {
     report: RawFd,
     /// The signals whose action the child resets ([`nondefault_signals`]).
     signals: u64,
+    /// Unshare a cgroup namespace once in the cgroup ([`ChildIo::cgroupns`]).
+    cgroupns: bool,
 }
 
 /// Spawn the workload: a new process, in the run's cgroup from its first instruction when
@@ -641,6 +648,7 @@ pub fn spawn_workload(
         procs: None,
         report: report_w.as_raw_fd(),
         signals: io.reset_signals,
+        cgroupns: io.cgroupns && cgroup.is_some(),
     };
     // Every signal stays blocked from before the clone until the child has reset their
     // actions: no handler of ours ever runs in the child (signal-hook's would write to the
@@ -1059,12 +1067,25 @@ pub fn mark_final() {
     raw::mask_signal(FINAL_MARK, true);
 }
 
+/// The signal whose block in a process's main thread says it is an agent-run party (`cancel`,
+/// `status`, the watchdog: anything but a wrapper): whoever finds it holding a run's lock (a
+/// takeover, or a look that holds the lock for a moment) never takes it for the run's wrapper.
+/// PWR: never used by agent-run.
+pub const PARTY_MARK: libc::c_int = libc::SIGPWR;
+
+/// Say, in this thread's signal mask (the main thread, at the start), that this process is an
+/// agent-run party, not a wrapper. See [`PARTY_MARK`].
+pub fn mark_party() {
+    raw::mask_signal(PARTY_MARK, true);
+}
+
 /// Take both marks out of this thread's mask at launch: a mask is inherited across exec, so a
 /// caller that blocked URG or VTALRM must not make a new wrapper look as if it were stopping
 /// or done.
 pub fn clear_marks() {
     raw::mask_signal(STOPPING_MARK, false);
     raw::mask_signal(FINAL_MARK, false);
+    raw::mask_signal(PARTY_MARK, false);
 }
 
 /// Name this thread (the main thread: the process) `name`, as /proc/PID/comm shows it: the
@@ -1440,6 +1461,13 @@ mod raw {
         if let Some(fd) = plan.procs {
             // SAFETY: write(2) of a static byte to a descriptor opened before the clone.
             if unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) } != 1 {
+                return (ChildStep::Cgroup, errno());
+            }
+        }
+        if plan.cgroupns {
+            // SAFETY: unshare(2) takes a flag and changes only this task's namespaces (a
+            // vfork-style child shares our memory, not our nsproxy); async-signal-safe.
+            if unsafe { libc::unshare(libc::CLONE_NEWCGROUP) } != 0 {
                 return (ChildStep::Cgroup, errno());
             }
         }
@@ -1961,6 +1989,7 @@ mod tests {
             stderr: w.as_fd(),
             ctty: None,
             reset_signals: nondefault_signals(),
+            cgroupns: false,
         };
         let spawned = spawn_workload(&exec, &io, None, force_fork);
         drop(w);

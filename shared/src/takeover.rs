@@ -67,6 +67,9 @@ pub const BRIEF: Duration = Duration::from_secs(1);
 /// What a wrapper gets beyond its grace to show progress.
 pub const SLACK: Duration = Duration::from_secs(2);
 
+/// What another party gets beyond the run's grace + [`SLACK`] to finish the run it holds.
+const PARTY_EXTRA: Duration = Duration::from_secs(5);
+
 /// A request to finish a run.
 #[derive(Debug, Clone, Copy)]
 pub struct Request {
@@ -124,8 +127,9 @@ pub fn finish(dir: &RunDir, req: &Request) -> std::result::Result<Finished, Fail
         asked: None,
         we_signalled: None,
         requested: false,
-        took_over: false,
+        took_over: None,
         cgroup: None,
+        party_since: None,
         squat_noted: false,
     };
     t.note_damage();
@@ -133,7 +137,14 @@ pub fn finish(dir: &RunDir, req: &Request) -> std::result::Result<Finished, Fail
     loop {
         let look = t.look();
         if let Some(st) = look.believed() {
-            return Ok(t.done(Some(st.clone())));
+            // By /proc scans alone, with nobody holding the run, a cancel also asks the run's
+            // marker: a process that carries it makes the record a lie.
+            let recheck = req.until == Until::Final
+                && look.cgroup.is_none()
+                && matches!(look.holder, Holder::Nobody);
+            if !recheck || marked_alive(dir, st).is_empty() {
+                return Ok(t.done(Some(st.clone())));
+            }
         }
         let wait_on = match &look.holder {
             Holder::Wrapper(w) => match t.live_wrapper(w, &look)? {
@@ -161,8 +172,36 @@ pub fn finish(dir: &RunDir, req: &Request) -> std::result::Result<Finished, Fail
                 }
                 None
             }
-            // Another canceller or the watchdog is finishing the run: its record is the answer.
-            Holder::Party(_) => None,
+            // Another canceller or the watchdog is finishing the run: its record is the answer,
+            // within the time a stop takes. A "party" that holds the run longer (stopped, or a
+            // process of the workload that only looks like one) does not keep it from ending:
+            // the run is finished without the lock.
+            Holder::Party(pids) => {
+                let since = *t.party_since.get_or_insert_with(Instant::now);
+                let patience = timings_of_look(&look).grace + SLACK + PARTY_EXTRA;
+                if since.elapsed() >= patience {
+                    let _ = journal.event(
+                        "party_stalled",
+                        json!({"holders": pid_list(pids), "for_ms": since.elapsed().as_millis() as u64}),
+                    );
+                    t.notes.push(format!(
+                        "pid {} held the run's lock for {:?} without finishing it; finished without the lock",
+                        pid_list(pids).join(", "),
+                        since.elapsed()
+                    ));
+                    let st = finish_orphan(
+                        dir,
+                        look,
+                        req.by,
+                        req.reason,
+                        "a party held the run's lock too long",
+                        t.took_over,
+                        &journal,
+                    )?;
+                    return Ok(t.done(Some(st)));
+                }
+                None
+            }
         };
         let now = Instant::now();
         if now >= req.deadline {
@@ -171,6 +210,14 @@ pub fn finish(dir: &RunDir, req: &Request) -> std::result::Result<Finished, Fail
         wait_for(wait_on, (req.deadline - now).min(recheck));
         recheck = (recheck * 2).min(RECHECK_MAX);
     }
+}
+
+/// How a live wrapper was taken over: idle (its stop never began), or in its own stop (by
+/// its signal mask).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TookOver {
+    Idle,
+    Stopping,
 }
 
 /// What to do after a look at a live wrapper.
@@ -197,9 +244,11 @@ struct Takeover<'a> {
     /// Whether we tried to create cancel.json (once).
     requested: bool,
     /// The live wrapper was taken over: the run's grace was spent waiting for it.
-    took_over: bool,
+    took_over: Option<TookOver>,
     /// The run's cgroup, once found (it does not move).
     cgroup: Option<RunCgroup>,
+    /// Since when another party holds the run.
+    party_since: Option<Instant>,
     squat_noted: bool,
 }
 
@@ -306,7 +355,11 @@ impl Takeover<'_> {
             "{why}: killed it (pid {}) and stopped the run",
             w.pid()
         ));
-        self.took_over = true;
+        self.took_over = Some(if stopping {
+            TookOver::Stopping
+        } else {
+            TookOver::Idle
+        });
         if !kill_wrapper(w, &reason, self.journal, Duration::from_secs(2)) {
             return Ok(Step::Wait);
         }
@@ -332,7 +385,7 @@ impl Takeover<'_> {
         if !ours {
             return Ok(None);
         }
-        let how = if self.took_over {
+        let how = if self.took_over.is_some() {
             "the wrapper was taken over"
         } else if squatted {
             "the wrapper is gone; its lock is squatted"
@@ -417,10 +470,12 @@ fn pid_list(p: &[Pid]) -> Vec<String> {
 /// - processes were found and stopped by /proc scans alone: `unknown`, reason `unprovable`
 ///   (a process of the run that left its session and cleared its environment cannot be found
 ///   once the wrapper is gone);
-/// - nothing of the run was found: `unknown`, reason `wrapper_lost`;
-/// - something survived: `unknown`, reason `survivors`.
+/// - nothing of the run was found: `unknown`, reason `wrapper_lost` (but `cancelled` when the
+///   wrapper was taken over in its own stop and the kernel proves the run empty);
+/// - something survived: `unknown`, reason `survivors`; a process that may have left the
+///   emptied cgroup: `unknown`, reason `escaped`.
 ///
-/// `after_takeover`: the live wrapper had the run's grace and did nothing with it, so the
+/// `took_over`: the live wrapper had the run's grace and did not finish with it, so the
 /// processes get TERM and, at once, KILL.
 pub fn finish_orphan(
     dir: &RunDir,
@@ -428,36 +483,36 @@ pub fn finish_orphan(
     by: &str,
     reason: Reason,
     how: &str,
-    after_takeover: bool,
+    took_over: Option<TookOver>,
     journal: &Journal,
 ) -> std::result::Result<Status, Failure> {
     // Under the lock: what the record says now is what is finished.
     let record = dir.read_status();
+    let record_lost = record.is_err();
     let mut st = match record {
         Ok(st) if st.state.is_final() => {
-            if !look.cgroup.as_ref().is_some_and(holds_processes) {
+            let members = match &look.cgroup {
+                Some(cg) if holds_processes(cg) => cg.members(),
+                Some(_) => Vec::new(),
+                None => marked_alive(dir, &st),
+            };
+            if members.is_empty() {
                 return Ok(st);
             }
             let _ = journal.event(
                 "record_contradicted",
                 json!({"recorded_state": st.state.as_str(), "recorded_reason": st.reason,
                        "cgroup": look.cgroup.as_ref().map(|c| c.path()),
-                       "members": look.cgroup.as_ref().map(|c| pid_list(&c.members())),
-                       "why": "the record says the run is over, but its cgroup holds processes"}),
+                       "members": pid_list(&members),
+                       "why": "the record says the run is over, but processes of the run live"}),
             );
             reopened(st)
         }
         Ok(st) => st,
-        Err(e)
-            if crate::verdict::is_missing(&e)
-                && look.nothing_holds_it()
-                && look.cgroup.is_none() =>
-        {
-            // No record and nothing of the run: a launch that died before its first record.
-            return crate::lifecycle::record_lost_launch(dir, journal)
-                .map_err(|e| Failure::RecordFailed(e.to_string()));
-        }
         Err(e) => {
+            // No record, or one that cannot be read: a launch that died before its first
+            // record, or a record the workload removed. Either way what carries the run's
+            // marker is stopped; what was found says which it was.
             let _ = journal.event("record_damaged", json!({"error": e.to_string()}));
             let mut st = Status::blank(dir.id().as_str());
             st.state = State::Running;
@@ -498,16 +553,29 @@ pub fn finish_orphan(
         );
     }
     let mut timings = timings_of(&st);
-    if after_takeover {
+    if took_over.is_some() {
         timings.hup_after = Duration::ZERO;
         timings.grace = Duration::ZERO;
     }
-    let report = match &scope {
+    let mut report = match &scope {
         Some(scope) => stop_run(scope, &timings, &reason.as_str(), Some(journal), None),
         None => Report::default(),
     };
+    // The cgroup is empty: where a process that left it could be, who is there?
+    if let (Some(cg), Some(scope)) = (&look.cgroup, &scope) {
+        if report.proof == Some(Proof::CgroupEmpty) {
+            report.escapees = escapees_of(cg, scope.leader, journal);
+        }
+    }
     let rebooted = !st.boot_id.is_empty() && st.boot_id != procfs::boot_id();
-    let (state, why) = final_word(&report, reason, rebooted);
+    let (state, why) = final_word(&report, reason, rebooted, took_over);
+    if record_lost && why == Reason::WrapperLost {
+        st.error = Some(
+            "no record, and nothing of the run found: its wrapper died before it wrote the \
+             first record, or the record was removed after the run ended"
+                .into(),
+        );
+    }
     st.exit_code = None;
     st.term_signal = None;
     if let Some(cg) = &look.cgroup {
@@ -521,10 +589,16 @@ pub fn finish_orphan(
         Some(&report),
         Some(journal),
     )
-    .map_err(|e| {
-        Failure::RecordFailed(format!(
+    .or_else(|e| match dir.read_status() {
+        // Another party finished it meanwhile (a squatted or stalled lock gives no
+        // exclusivity): that record is the answer.
+        Ok(fin) if fin.state.is_final() => {
+            st = fin;
+            Ok(())
+        }
+        _ => Err(Failure::RecordFailed(format!(
             "the run's processes were stopped, but its final record could not be written: {e}"
-        ))
+        ))),
     })?;
     if let Some(cg) = &look.cgroup {
         remove_cgroup(cg, journal);
@@ -552,12 +626,38 @@ fn holds_processes(cg: &RunCgroup) -> bool {
     }
 }
 
+/// The live processes that carry the run's marker and started after its dir was made (a run
+/// held by /proc scans alone, its record final: what the record cannot say).
+fn marked_alive(dir: &RunDir, st: &Status) -> Vec<Pid> {
+    let Some(scope) = scope_without_leader(dir, st, None) else {
+        return Vec::new();
+    };
+    crate::procset::discover(
+        &scope,
+        crate::procset::Depth::WithMarker,
+        &Default::default(),
+    )
+    .into_iter()
+    .map(|s| s.pid)
+    .collect()
+}
+
 /// How long [`holds_processes`] lets a cgroup settle.
 const SETTLE: Duration = Duration::from_millis(500);
 
 /// The final state and reason of a run stopped without its wrapper (see [`finish_orphan`]);
 /// `rebooted`: its record is from an earlier boot.
-fn final_word(report: &Report, reason: Reason, rebooted: bool) -> (State, Reason) {
+fn final_word(
+    report: &Report,
+    reason: Reason,
+    rebooted: bool,
+    took_over: Option<TookOver>,
+) -> (State, Reason) {
+    let proven = matches!(report.proof, Some(Proof::CgroupEmpty | Proof::TreeWalk));
+    if took_over == Some(TookOver::Stopping) && proven && report.survivors.is_empty() {
+        // A wrapper killed in the middle of its own stop: the stop is what ended the run.
+        return (State::Cancelled, reason);
+    }
     if report.signalled.is_empty() && report.survivors.is_empty() {
         let why = if rebooted {
             Reason::HostRebooted
@@ -572,6 +672,23 @@ fn final_word(report: &Report, reason: Reason, rebooted: bool) -> (State, Reason
         // Survivors: finalize says `unknown`, `survivors`.
         None => (State::Cancelled, reason),
     }
+}
+
+/// The processes that may have left the run's cgroup (see [`crate::escape`]), each
+/// journalled `escapee`.
+fn escapees_of(cg: &RunCgroup, leader: crate::pid::Identity, journal: &Journal) -> Vec<Pid> {
+    let Some(top) = crate::escape::reach(cg) else {
+        return Vec::new();
+    };
+    let found = crate::escape::look(&top, leader, crate::sys::geteuid());
+    for p in &found {
+        let _ = journal.event(
+            "escapee",
+            json!({"pid": p.get(), "where": top,
+                   "why": "a process of the run's user, started after the run, in a cgroup a process of the run could have moved to; not signalled"}),
+        );
+    }
+    found
 }
 
 /// A final record the run's cgroup contradicts, back to `running` (the processes are stopped

@@ -263,6 +263,12 @@ pub fn verify_wrapper(
     if procfs::comm(pid).as_deref() != Some("agent-run") {
         return Err(format!("pid {pid} is not named agent-run"));
     }
+    // A `cancel`, a `status`, the watchdog: holding the lock for a look or a takeover.
+    if procfs::sig_dispositions(pid)
+        .is_some_and(|d| d.blocks(sys::PARTY_MARK) && !d.blocks(libc::SIGTERM))
+    {
+        return Err(format!("pid {pid} is an agent-run party, not a wrapper"));
+    }
     // The wrapper made the run dir: it started no later (a tick of slack for the clock
     // arithmetic). Every process of the workload started after.
     if let Some(born) = dir

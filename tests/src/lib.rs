@@ -36,6 +36,7 @@ pub mod ctx;
 pub mod facts;
 pub mod first_contact;
 pub mod hostile;
+pub mod hostile_run;
 pub mod mcp;
 pub mod mcp_wire;
 pub mod reaper;

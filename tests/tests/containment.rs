@@ -394,13 +394,14 @@ fn a_non_dumpable_daemon_after_kill_9_of_the_wrapper_is_stopped_or_named_in_both
                     .unwrap_or_else(|p| c.fail(format_args!("daemon {p:?} alive")));
             }
             Mode::Procfs => {
-                // Its environment is unreadable to nobody: it may be the run's. Named, and the
-                // run is not called cancelled while it lives.
+                // Its environment is unreadable to nobody: it may be the run's. Named with the
+                // processes that may have left the run, and the run is `unknown`, `unprovable`.
                 if !dpin.alive().is_empty() {
                     c.eq(&st["state"], "unknown", "st[\"state\"]");
+                    c.eq(&st["reason"], "unprovable", "st[\"reason\"]");
                     ensure!(
                         c,
-                        st["cleanup"]["survivors"]
+                        st["cleanup"]["escapees"]
                             .to_string()
                             .contains(&daemon.to_string()),
                         "{st}"

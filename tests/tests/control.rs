@@ -1125,6 +1125,36 @@ fn start_detach_of_a_missing_command_reports_launch_failed_with_127() {
     c.ctl(&["wait", c.id], 127);
 }
 
+#[test]
+fn start_detach_passes_a_cwd_and_a_label_that_begin_with_a_dash_as_values() {
+    let root = TestRoot::new();
+    let c = ctx(&root, "dashes");
+    let odd = root.dir.path().join("-odd");
+    std::fs::create_dir(&odd).expect("the odd dir");
+    let cwd = format!("--cwd={}", path_str(&odd));
+    let command = ["/bin/pwd".to_string()];
+    let mut args = vec![
+        "start",
+        "--detach",
+        cwd.as_str(),
+        "--label",
+        "k=-v",
+        c.id,
+        "--",
+    ];
+    args.extend(command.iter().map(String::as_str));
+    c.ctl(&args, 0);
+    let st = c.wait_final();
+    c.fields(
+        &st,
+        "status.json",
+        json!({"state": "finished", "exit_code": 0, "labels": {"k": "-v"}}),
+    );
+    c.eq(&st["cwd"], path_str(&odd), "the recorded cwd");
+    let out = std::fs::read_to_string(root.run_dir(c.id).join("stdout.log")).unwrap_or_default();
+    c.eq(out.trim(), path_str(&odd), "what pwd printed");
+}
+
 // =============================================================================================
 // wait, attach, logs
 

@@ -3,7 +3,7 @@
 //! so the watchdog, `cancel` and the wrapper never both write a final record.
 
 use crate::assess::{Action, Due, Subject};
-use agent_run_shared::lifecycle::{finalize, record_lost_launch, timings_of};
+use agent_run_shared::lifecycle::{finalize, timings_of};
 use agent_run_shared::lock::Taken;
 use agent_run_shared::reason::Reason;
 use agent_run_shared::record::State;
@@ -40,18 +40,8 @@ pub fn act(subject: &Subject, action: Action) -> Result<String> {
             )?;
             Ok("unknown (host_rebooted), nothing signalled".into())
         }
-        Action::LostLaunch => {
-            let journal = dir.journal("watchdog");
-            let lock = dir.lock();
-            if lock.try_lock()? != Taken::Yes {
-                return Ok("locked (a launch in progress?); left alone".into());
-            }
-            if dir.read_status().is_ok() {
-                return Ok("the record appeared meanwhile".into());
-            }
-            record_lost_launch(dir, &journal)?;
-            Ok("unknown (wrapper_lost): no record was ever written".into())
-        }
+        // The marker finds what a launch left, or what a removed record hid.
+        Action::LostLaunch => orphan(subject, Reason::WrapperLost),
         Action::Orphan { why } => orphan(subject, reason_of(subject, why)),
         Action::Contradicted => orphan(subject, Reason::WrapperLost),
         Action::Stuck { why } => finish(subject, reason_of(subject, why), Patience::Brief),

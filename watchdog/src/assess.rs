@@ -15,12 +15,13 @@
 //!   either); if none remain, at once.
 //!
 //! A record that is missing or damaged does not make a run unstoppable: its wrapper and cgroup
-//! are the kernel's to show, its lease.json (when readable) still says when. The timeout is
-//! `started_at` + `timeout_ms` from the record, and the lease is lease.json: both are files the
-//! workload can write. A forged value can only move a stop that comes anyway: the heartbeat and
-//! a lease.json read after the wrapper is gone only ever bring a deadline earlier than what was
-//! seen while the wrapper lived ([`Seen`]).
+//! are the kernel's to show. While the wrapper lives, its deadline is the one it publishes in
+//! its heartbeat thread's name ([`heartbeat::published_due`]), which the workload cannot
+//! write; lease.json and the record's `started_at` + `timeout_ms` only for a wrapper that
+//! publishes none. Once the wrapper is gone, the heartbeat and lease.json (files the workload
+//! can write) only ever bring a deadline earlier than what was seen while it lived ([`Seen`]).
 
+use agent_run_shared::heartbeat::{self, DueKind};
 use agent_run_shared::id::RunId;
 use agent_run_shared::lifecycle::timings_of;
 use agent_run_shared::procfs::LockTable;
@@ -112,7 +113,7 @@ impl std::fmt::Display for Action {
             Action::Stuck { why: Due::Timeout } => "wrapper stuck past its timeout",
             Action::Stuck { why: Due::Stalled } => "wrapper stuck in its stop",
             Action::Stuck { .. } => "wrapper stuck past its lease",
-            Action::LostLaunch => "launch lost before its first record",
+            Action::LostLaunch => "no record: a lost launch or a removed record",
             Action::Contradicted => "final record contradicted by the run's cgroup",
         })
     }
@@ -298,12 +299,25 @@ fn alive(
     policy: &Policy,
 ) -> Verdict {
     s.seen.orphan_since = None;
-    // The wrapper keeps lease.json signed by the run's token: what it says now is the lease.
-    if s.lease.is_some() {
-        s.seen.last_lease = s.lease;
-    }
-    let lease = s.lease.or(s.seen.last_lease);
     let st = look.record.as_ref().ok();
+    // The deadline the wrapper enforces, as it publishes it where the workload cannot write
+    // (its heartbeat thread's name); lease.json and the record only for a wrapper that does
+    // not publish one (an earlier version's).
+    let published = heartbeat::published_due(w.pid());
+    let due = match published {
+        Some((t, DueKind::Lease)) => {
+            s.seen.last_lease = Some(t);
+            Some((t, Due::Lease))
+        }
+        Some((t, DueKind::Timeout)) => Some((t, Due::Timeout)),
+        None => {
+            if s.lease.is_some() {
+                s.seen.last_lease = s.lease;
+            }
+            let lease = s.lease.or(s.seen.last_lease);
+            first_due(lease, st.and_then(Status::timeout_deadline_epoch))
+        }
+    };
     let grace = st.map_or(Timings::default().grace, |st| timings_of(st).grace);
     let stopping = procfs::marks_stopping(w.pid())
         || st.is_some_and(|st| st.state == agent_run_shared::record::State::Cancelling);
@@ -312,7 +326,6 @@ fn alive(
     } else {
         None
     };
-    let due = first_due(lease, st.and_then(Status::timeout_deadline_epoch));
     let fd = || w.fd().try_clone().ok();
     match decide_alive(now, due, grace.as_secs_f64(), policy) {
         Alive::Stuck(why) => Verdict::Now(Action::Stuck { why }),
@@ -786,7 +799,10 @@ mod tests {
                 Action::Stuck { why: Due::Timeout },
                 "wrapper stuck past its timeout",
             ),
-            (Action::LostLaunch, "launch lost before its first record"),
+            (
+                Action::LostLaunch,
+                "no record: a lost launch or a removed record",
+            ),
         ];
         for (action, said) in cases {
             assert_eq!(action.to_string(), said, "{action:?}");

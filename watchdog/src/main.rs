@@ -17,6 +17,8 @@ use std::time::Duration;
 static ALLOCATOR: agent_run_shared::sys::Heap = agent_run_shared::sys::Heap;
 
 fn main() -> ExitCode {
+    // Never taken for a run's wrapper while it holds a run's lock (sys::PARTY_MARK).
+    agent_run_shared::sys::mark_party();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

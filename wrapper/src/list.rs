@@ -10,6 +10,8 @@ use agent_run_shared::record::{ContainmentMode, State};
 use agent_run_shared::root::Root;
 use agent_run_shared::spec::matches_all;
 use agent_run_shared::time::{epoch_now, parse_rfc3339};
+use agent_run_shared::verdict::{Look, Shared};
+use agent_run_shared::wrapper::Holder;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -291,11 +293,21 @@ pub fn gc(root: Option<&Path>, args: GcArgs) -> anyhow::Result<u8> {
         if ended.is_none_or(|e| now - e < args.older_than.as_secs_f64()) {
             continue;
         }
-        if let Some(cg) = dir.contradicting_cgroup(&st, Some(&cgroups)) {
+        // The kernel must agree that the run is over: no live process holds its lock, its
+        // cgroup is empty. Otherwise the record was forged, and the dir is the evidence.
+        let shared = Shared {
+            cgroups: Some(&cgroups),
+            ..Shared::default()
+        };
+        let look = Look::take_with(&dir, Ok(st.clone()), &shared);
+        if look.believed().is_none() || !matches!(look.holder, Holder::Nobody) {
+            let why = match look.doubt() {
+                Some(d) => d.note(),
+                None => "a process holds the run's lock".to_string(),
+            };
             eprintln!(
-                "agent-run: {name}: skipped: its record says {}, but its cgroup {} holds processes (agent-run cancel {name})",
+                "agent-run: {name}: skipped: its record says {}, {why} (agent-run cancel {name})",
                 st.state.as_str(),
-                cg.path().display()
             );
             continue;
         }

@@ -81,6 +81,11 @@ fn agent_run() -> u8 {
 
 fn run(cli: cli::Cli) -> anyhow::Result<u8> {
     let root = cli.root.as_deref();
+    // Anything but the wrapper itself says so in its signal mask: holding a run's lock for a
+    // look or a takeover, it is never taken for that run's wrapper (sys::PARTY_MARK).
+    if !matches!(cli.command, cli::Command::Start(_)) {
+        agent_run_shared::sys::mark_party();
+    }
     // Readers of our output may go away (`agent-run list | head`): the control subcommands end
     // quietly then. The supervising wrapper (`start`) and the streaming ones handle EPIPE
     // themselves and must outlive a dropped channel.

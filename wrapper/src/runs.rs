@@ -186,7 +186,9 @@ pub fn record_value(dir: &RunDir, st: &Status) -> Value {
 /// [`record_value`] from a look already taken.
 pub fn record_value_of(dir: &RunDir, st: &Status, look: &Look) -> Value {
     let mut v = serde_json::to_value(st).expect("a record serializes");
-    let lease = dir.read_lease().ok().flatten();
+    let read = dir.read_lease();
+    let lease_error = read.as_ref().err().map(|e| lease_damage(e, look));
+    let lease = read.ok().flatten();
     if let Value::Object(m) = &mut v {
         m.insert("run_dir".into(), json!(dir.path()));
         m.insert("final".into(), json!(st.state.is_final()));
@@ -209,8 +211,20 @@ pub fn record_value_of(dir: &RunDir, st: &Status, look: &Look) -> Value {
                 .map(|l| (l.remaining_s() * 1000.0).round() / 1000.0)),
         );
         m.insert("outcome_exit_code".into(), json!(exit::for_record(st)));
+        m.insert("lease_error".into(), json!(lease_error));
     }
     v
+}
+
+/// What a damaged lease.json means for the run: why it cannot be read, and what goes on
+/// instead.
+fn lease_damage(e: &Error, look: &Look) -> String {
+    let instead = if look.wrapper().is_some() {
+        "its wrapper keeps the last lease it took and puts it back"
+    } else {
+        "the watchdog keeps the last deadline it saw, or stops the run at its orphan grace"
+    };
+    format!("{e}; {instead}")
 }
 
 /// [`record_value`] as pretty JSON with a trailing newline.

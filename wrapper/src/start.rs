@@ -21,6 +21,7 @@ use crate::stream::Streamer;
 use crate::supervise::{self, Limits, Outcome};
 use agent_run_shared::cgroup::{self, Parent, RunCgroup};
 use agent_run_shared::exit;
+use agent_run_shared::heartbeat::{Beat, Published};
 use agent_run_shared::id::RunId;
 use agent_run_shared::journal::Journal;
 use agent_run_shared::lease::{Lease, LeaseToken, ENV_TOKEN};
@@ -44,6 +45,7 @@ use std::ffi::OsString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The variable through which `start --detach` hands the `-e` pairs to its detached wrapper
@@ -263,9 +265,10 @@ struct Launch {
     /// fork (after the spawn, see [`Launch::fork_keeper`]).
     pending_keeper: Option<PendingKeeper>,
     /// The heartbeat, first beat done, its thread not yet started: until the keeper is forked
-    /// the wrapper has one thread (see [`keeper::spawn`]), and a short run never starts it
-    /// (see [`supervise::BEAT_DEFER`]).
-    beat: supervise::LateBeat,
+    /// the wrapper has one thread (see [`keeper::spawn`]).
+    beat: Option<Beat>,
+    /// The deadline this wrapper enforces, which its heartbeat thread publishes.
+    published: Arc<Published>,
 }
 
 impl Launch {
@@ -375,7 +378,8 @@ impl Launch {
             keeper_exiting: false,
             keeper_go: None,
             pending_keeper: None,
-            beat: supervise::LateBeat::new(beat),
+            beat,
+            published: Arc::default(),
         })
     }
 
@@ -465,7 +469,7 @@ impl Launch {
                     &mut self.st,
                     &scope,
                     self.pty.as_mut(),
-                    &mut self.beat,
+                    &self.published,
                 );
                 crate::phases::mark("supervise");
                 if let Some(p) = &mut self.pty {
@@ -673,6 +677,9 @@ impl Launch {
                 return Err(self.launch_failed(exit::SOFTWARE, &e.to_string()));
             }
         };
+        // Root on a mount with nsdelegate: the workload in a cgroup namespace of its own, so
+        // the kernel refuses any move of its processes out of the run's cgroup.
+        let cgroupns = sys::geteuid() == 0 && cgroup::nsdelegate();
         let io = match (&opened, &ends) {
             (None, Some((out, err))) => sys::ChildIo {
                 stdin: null.as_ref().map(|f| f.as_fd()),
@@ -680,6 +687,7 @@ impl Launch {
                 stderr: err.as_fd(),
                 ctty: None,
                 reset_signals,
+                cgroupns,
             },
             (None, None) => unreachable!("without a pty the keeper drains two pipes"),
             (Some(p), _) => sys::ChildIo {
@@ -688,6 +696,7 @@ impl Launch {
                 stderr: p.slave.as_fd(),
                 ctty: Some(p.slave.as_fd()),
                 reset_signals,
+                cgroupns,
             },
         };
         crate::phases::mark("spawn_prep");
@@ -705,7 +714,10 @@ impl Launch {
         let keeper = self.fork_keeper();
         crate::phases::mark("keeper");
         // The wrapper's threads start only now: the keeper was forked from a single thread.
-        // The heartbeat's starts later, if the run lasts (`supervise::LateBeat`).
+        // Not being able to beat costs only the bound the watchdog takes from the beats.
+        if let Some(beat) = self.beat.take() {
+            let _ = beat.start(self.published.clone());
+        }
         if let (Some(logs), true) = (logs, keeper.is_ok()) {
             *streamer = Some(logs.start(notify_r));
         }
@@ -868,7 +880,6 @@ impl Launch {
     /// Stop a workload that was spawned but must not run on (it failed its checks, or its
     /// record could not be written), through the shared routine, and reap it.
     fn stop_spawned(&mut self, pid: Pid, reason: &str) -> agent_run_shared::stop::Report {
-        self.beat.start();
         let scope = self.scope();
         let report = stop_run(&scope, &self.timings, reason, Some(&self.journal), None);
         reap::reap_all(Some(pid));
@@ -912,13 +923,7 @@ impl Launch {
             wait += Duration::from_secs(logged / FSYNC_RATE);
             wait = wait.min(KEEPER_WAIT_MAX);
         }
-        // A wait past the heartbeat's due time beats, as every long wait of the wrapper does.
-        let t0 = Instant::now();
-        let first = wait.min(supervise::BEAT_DEFER);
-        if !(self.keeper_running_finished(first) || first == wait) {
-            self.beat.start();
-            self.keeper_running_finished(wait.saturating_sub(t0.elapsed()));
-        }
+        self.keeper_running_finished(wait);
         self.note_keeper_lost();
     }
 
@@ -1142,7 +1147,6 @@ impl Launch {
                     .is_empty();
                 crate::phases::mark("leftovers");
                 let report = leftovers.then(|| {
-                    self.beat.start();
                     let r = stop(&mut self.st, "leader_exited");
                     reap::reap_all(None);
                     r
@@ -1152,7 +1156,6 @@ impl Launch {
             Outcome::Stop(reason) => {
                 // Said before the TERM goes out (a dead stderr is no reason to wait).
                 human::say(&stop_message(self.dir.id().as_str(), &reason, limits));
-                self.beat.start();
                 let report = stop(&mut self.st, &reason);
                 let (ws, _) = reap::reap_all(Some(leader.pid));
                 // The stop may have reaped the leader itself (it reaps the dead children it
@@ -1480,8 +1483,11 @@ fn spawn_detached(
     if let Some(t) = args.timeout {
         cmd.arg("--timeout").arg(duration_arg(t));
     }
+    // `--opt=value`, one word: a value that begins with '-' is still a value.
     if let Some(c) = &args.cwd {
-        cmd.arg("--cwd").arg(c);
+        let mut word = std::ffi::OsString::from("--cwd=");
+        word.push(c);
+        cmd.arg(word);
     }
     if let Some(c) = &args.cgroup {
         cmd.arg("--cgroup").arg(c);
@@ -1492,7 +1498,7 @@ fn spawn_detached(
     }
     cmd.arg("--on-output-limit").arg(&args.on_output_limit);
     for (k, v) in &args.labels {
-        cmd.arg("--label").arg(format!("{k}={v}"));
+        cmd.arg(format!("--label={k}={v}"));
     }
     if args.pty {
         // The detached wrapper has no terminal: the size is the caller's, taken now.

@@ -123,6 +123,9 @@ fn summary(dir: &RunDir, st: &Status, colour: bool) -> String {
         if let Some(l) = v["lease_remaining_s"].as_f64() {
             put("lease", left(l));
         }
+        if let Some(e) = v["lease_error"].as_str() {
+            put("lease", format!("lease.json is damaged: {e}"));
+        }
     }
     if let Some(ms) = st.timeout_ms {
         let len = human::duration(ms as f64 / 1000.0);

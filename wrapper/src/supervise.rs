@@ -14,6 +14,7 @@
 use crate::human;
 use crate::ptyio::PtyRun;
 use crate::signals::Signals;
+use agent_run_shared::heartbeat::{DueKind, Published};
 use agent_run_shared::journal::Journal;
 use agent_run_shared::lease::{Lease, LeaseToken};
 use agent_run_shared::pid::Identity;
@@ -52,49 +53,6 @@ pub struct Limits {
     pub on_disconnect: Option<OnDisconnect>,
 }
 
-/// How long after the launch the heartbeat's thread starts: a run over by then (most short
-/// commands) never makes a thread for it. The first beat is done at launch and the next is due
-/// a second later, so the watchdog sees the same beats either way.
-pub const BEAT_DEFER: Duration = Duration::from_millis(250);
-
-/// The heartbeat, its first beat done and its thread not started yet (see [`BEAT_DEFER`]).
-/// It is started when due, and at once before anything that may block the wrapper for longer
-/// (a stop, a suspension, a wait for the keeper).
-pub struct LateBeat {
-    beat: Option<agent_run_shared::heartbeat::Beat>,
-    at: Instant,
-}
-
-impl LateBeat {
-    pub fn new(beat: Option<agent_run_shared::heartbeat::Beat>) -> LateBeat {
-        LateBeat {
-            beat,
-            at: Instant::now() + BEAT_DEFER,
-        }
-    }
-
-    /// How long until the thread is due, while it is not started.
-    fn due_in(&self, now: Instant) -> Option<Duration> {
-        self.beat
-            .as_ref()
-            .map(|_| self.at.saturating_duration_since(now))
-    }
-
-    fn start_if_due(&mut self, now: Instant) {
-        if now >= self.at {
-            self.start();
-        }
-    }
-
-    /// Start the thread now, if it is not running yet. Not being able to beat costs only the
-    /// bound the watchdog takes from the beats.
-    pub fn start(&mut self) {
-        if let Some(b) = self.beat.take() {
-            let _ = b.start();
-        }
-    }
-}
-
 /// Supervise until the leader exits or a stop is requested. `st` is the run's record (the
 /// wrapper holds the lock: it may write it), `scope` its process set (for Ctrl-Z).
 #[allow(clippy::too_many_arguments)]
@@ -108,19 +66,27 @@ pub fn supervise(
     st: &mut Status,
     scope: &RunScope,
     mut pty: Option<&mut PtyRun>,
-    beat: &mut LateBeat,
+    published: &Published,
 ) -> Outcome {
     // The lease the wrapper wrote at launch, so a lease.json damaged or forged before the
     // first read still cannot turn the leased run into one that runs forever.
     let mut lease = limits.lease.clone().map(|(l, t)| LeaseView::new(l, t));
     let mut caller = limits.on_disconnect.map(Caller::watch);
+    let timeout_epoch = limits.timeout.map(|(at, _)| {
+        agent_run_shared::time::epoch_now()
+            + at.saturating_duration_since(Instant::now()).as_secs_f64()
+    });
     // The lease is re-read at every wake-up; `renew` sends SIGUSR1 so a shortened lease is seen
     // at once. (Not inotify: closing an inotify instance costs ~10 ms of SRCU grace period on
     // this kernel, a launch's whole budget.)
     loop {
         let now = Instant::now();
-        beat.start_if_due(now);
         let lease_left = lease.as_mut().map(|l| l.remaining(dir, journal));
+        // Published where the workload cannot write: the watchdog's word on when we are stuck.
+        published.set(earliest_due(
+            lease.as_ref().map(|l| l.taken.deadline_epoch),
+            timeout_epoch,
+        ));
         if lease_left.is_some_and(|l| l <= 0.0) {
             let _ = journal.event("lease_expired", json!({}));
             return Outcome::Stop(Reason::LeaseExpired.into());
@@ -144,7 +110,6 @@ pub fn supervise(
                 .as_ref()
                 .and_then(|c| c.grace_until)
                 .map(|g| g.saturating_duration_since(now)),
-            beat.due_in(now),
         ]
         .into_iter()
         .flatten()
@@ -186,7 +151,6 @@ pub fn supervise(
             }
         }
         if signals.take_tstp() {
-            beat.start();
             if let Some(p) = pty.as_deref_mut() {
                 p.suspend();
             }
@@ -426,6 +390,16 @@ impl LeaseView {
             let _ = dir.write_lease(&self.taken);
         }
         self.taken.deadline_epoch - agent_run_shared::time::epoch_now()
+    }
+}
+
+/// The earlier of the lease's and the timeout's deadlines (epoch seconds), with which it is.
+fn earliest_due(lease: Option<f64>, timeout: Option<f64>) -> Option<(f64, DueKind)> {
+    let lease = lease.map(|t| (t, DueKind::Lease));
+    let timeout = timeout.map(|t| (t, DueKind::Timeout));
+    match (lease, timeout) {
+        (Some(l), Some(t)) => Some(if t.0 < l.0 { t } else { l }),
+        (l, t) => l.or(t),
     }
 }
 
