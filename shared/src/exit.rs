@@ -72,13 +72,13 @@ pub const TABLE: &[Row] = &[
     row("64", "USAGE", "bad usage or a bad run id"),
     row("65", "DATA_MISMATCH", "the run id exists with a different command"),
     row("69", "NO_SUCH_RUN", "no such run (for the other subcommands)"),
-    row("70", "SOFTWARE", "launch failed for another reason (for instance PGID != PID)"),
+    row("70", "SOFTWARE", "launch failed for another reason (for instance PGID != PID); for `cancel`: the run was stopped but its final record could not be written"),
     Row {
         remote_only: true,
         ..row("72", "REMOTE_BIN_MISSING", "`remote` only: agent-run could not be run on the host (the remote shell found no such program, 127, or could not execute it, 126), or it is too old for the launch (`version --json` lacks a feature it needs); nothing was started there")
     },
     row("75", "TEMPFAIL", "`wait --timeout` / `cancel --wait` ran out before the run was final, or the run's outcome is `unknown`"),
-    row("77", "NOPERM", "the run's record failed validation (owner, pid reuse, boot id): refused to signal"),
+    row("77", "NOPERM", "`renew` without the run's lease token, or a record that failed validation (`status` of a run whose record cannot be read): nothing was changed"),
     row("78", "CONFIG", "unsafe run root or run dir (owner, mode, symlink)"),
 ];
 

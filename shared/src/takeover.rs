@@ -137,12 +137,11 @@ pub fn finish(dir: &RunDir, req: &Request) -> std::result::Result<Finished, Fail
     loop {
         let look = t.look();
         if let Some(st) = look.believed() {
-            // By /proc scans alone, with nobody holding the run, a cancel also asks the run's
-            // marker: a process that carries it makes the record a lie.
-            let recheck = req.until == Until::Final
-                && look.cgroup.is_none()
-                && matches!(look.holder, Holder::Nobody);
-            if !recheck || marked_alive(dir, st).is_empty() {
+            // With nobody holding the run, a stop asks the facts a record cannot fake: the
+            // run's marker (by /proc scans alone), or who is where a process that left its
+            // emptied cgroup could be. A process found makes the record a lie.
+            let recheck = req.until == Until::Final && matches!(look.holder, Holder::Nobody);
+            if !recheck || !final_doubted(dir, &look, st, &journal) {
                 return Ok(t.done(Some(st.clone())));
             }
         }
@@ -493,7 +492,7 @@ pub fn finish_orphan(
         Ok(st) if st.state.is_final() => {
             let members = match &look.cgroup {
                 Some(cg) if holds_processes(cg) => cg.members(),
-                Some(_) => Vec::new(),
+                Some(cg) => possible_escapees(dir, &st, cg),
                 None => marked_alive(dir, &st),
             };
             if members.is_empty() {
@@ -627,8 +626,8 @@ fn holds_processes(cg: &RunCgroup) -> bool {
 }
 
 /// The live processes that carry the run's marker and started after its dir was made (a run
-/// held by /proc scans alone, its record final: what the record cannot say).
-fn marked_alive(dir: &RunDir, st: &Status) -> Vec<Pid> {
+/// held by /proc scans alone, its record final: what the record cannot say). One scan of /proc.
+pub fn marked_alive(dir: &RunDir, st: &Status) -> Vec<Pid> {
     let Some(scope) = scope_without_leader(dir, st, None) else {
         return Vec::new();
     };
@@ -640,6 +639,39 @@ fn marked_alive(dir: &RunDir, st: &Status) -> Vec<Pid> {
     .into_iter()
     .map(|s| s.pid)
     .collect()
+}
+
+/// Whether a final record that nobody holds is doubted by a fact it cannot fake: by /proc scans
+/// alone, a live process carries the run's marker; in a cgroup, the cgroup is still there (the
+/// one who writes a final record removes it) and a process that may have left it lives where
+/// it could have gone. A cgroup left behind with no such process is removed.
+pub fn final_doubted(dir: &RunDir, look: &Look, st: &Status, journal: &Journal) -> bool {
+    match &look.cgroup {
+        None => !marked_alive(dir, st).is_empty(),
+        Some(cg) => {
+            if !possible_escapees(dir, st, cg).is_empty() {
+                return true;
+            }
+            remove_cgroup(cg, journal);
+            false
+        }
+    }
+}
+
+/// The processes that may have left the run's empty cgroup ([`crate::escape::look`], from the
+/// run's leader, or its dir's birth when the record's leader cannot be used). Not journalled.
+fn possible_escapees(dir: &RunDir, st: &Status, cg: &RunCgroup) -> Vec<Pid> {
+    let Some(top) = crate::escape::reach(cg) else {
+        return Vec::new();
+    };
+    let first = match check_record(st).ok().and_then(|_| st.leader()) {
+        Some(leader) => leader,
+        None => match scope_without_leader(dir, st, None) {
+            Some(scope) => scope.leader,
+            None => return Vec::new(),
+        },
+    };
+    crate::escape::look(&top, first, crate::sys::geteuid())
 }
 
 /// How long [`holds_processes`] lets a cgroup settle.

@@ -335,3 +335,10 @@ pub fn write_lease(dir: &Path, deadline_epoch: f64, lease_s: f64) {
 
 /// Seconds since the epoch (the harness's one copy, kept here under its old path).
 pub use crate::facts::epoch_now;
+
+/// The deadline in a run's lease.json (the one its wrapper wrote).
+pub fn read_lease_deadline(dir: &Path) -> f64 {
+    let text = fs::read_to_string(dir.join("lease.json")).expect("lease.json");
+    let v: Value = serde_json::from_str(&text).expect("a lease");
+    v["deadline_epoch"].as_f64().expect("deadline_epoch")
+}

@@ -53,6 +53,9 @@ pub struct Side<'a> {
     pub root: &'a TestRoot,
     pub mode: Mode,
     delegated: Option<Delegated>,
+    /// In procfs mode, a cgroup of the test's the runs start in ([`Side::held`]): agent-run
+    /// makes none and knows nothing of it; the test kills what is left through it.
+    holder: Option<Delegated>,
     /// A directory every user reaches: the go files.
     pub shared: PathBuf,
 }
@@ -75,8 +78,25 @@ impl<'a> Side<'a> {
             root,
             mode,
             delegated,
+            holder: None,
             shared,
         }
+    }
+
+    /// The same, with a procfs-mode run started inside a cgroup of the test's, so that the
+    /// test can kill whatever the run leaves (a pid hopper that outruns every look) by the
+    /// cgroup's path.
+    pub fn held(root: &'a TestRoot, mode: Mode, tag: &str) -> Side<'a> {
+        let mut side = Side::new(root, mode, tag);
+        if mode == Mode::NobodyProcfs && cgroup2_mount().is_some() {
+            side.holder = Delegated::new(&format!("{tag}h"));
+        }
+        side
+    }
+
+    /// The cgroup a procfs-mode run was started in ([`Side::held`]).
+    pub fn holder(&self) -> Option<&Path> {
+        self.holder.as_ref().map(|d| d.path.as_path())
     }
 
     /// The delegated cgroup, in that mode.
@@ -132,7 +152,7 @@ impl<'a> Side<'a> {
         args.extend(opts.iter().map(|s| s.to_string()));
         args.extend([id.into(), "--".into(), "/bin/sh".into(), "-c".into()]);
         args.push(script.into());
-        let out: Output = match &self.delegated {
+        let out: Output = match self.delegated.as_ref().or(self.holder.as_ref()) {
             Some(d) => {
                 let mut all: Vec<std::ffi::OsString> =
                     vec!["--root".into(), self.root.root().into_os_string()];

@@ -35,6 +35,7 @@ pub mod controls;
 pub mod ctx;
 pub mod facts;
 pub mod first_contact;
+pub mod fuzz;
 pub mod hostile;
 pub mod hostile_run;
 pub mod mcp;

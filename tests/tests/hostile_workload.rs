@@ -71,8 +71,27 @@ fn a_pid_hopper_on_term_is_killed_through_its_cgroup(mode: Mode) {
     run.go_and_wait("armed");
     let c = ctx(&root, "hopper");
     let t0 = Instant::now();
-    let (code, _, err) = side.ctl(&["cancel", "hopper"]);
+    // While the cancel runs: the most zombies the wrapper (the hoppers' subreaper) holds.
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (code, err, most) = std::thread::scope(|s| {
+        let sampler = s.spawn(|| {
+            let mut most = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                most = most.max(zombies_of(run.wrapper));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            most
+        });
+        let (code, _, err) = side.ctl(&["cancel", "hopper"]);
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        (code, err, sampler.join().expect("the sampler"))
+    });
     c.eq(code, 0, format_args!("cancel: {err}"));
+    ensure!(
+        c,
+        most < 500,
+        "{most} zombies piled up under the wrapper during the stop: nothing reaped them"
+    );
     ensure!(
         c,
         t0.elapsed() < Duration::from_secs(12),
@@ -92,6 +111,20 @@ fn a_pid_hopper_on_term_is_killed_through_its_cgroup(mode: Mode) {
         .cloned()
         .unwrap_or_default();
     c.eq(survivors.len(), 0, "survivors named");
+}
+
+/// How many zombie children `parent` has now.
+fn zombies_of(parent: i32) -> usize {
+    fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+                .filter(|&p| {
+                    agent_run_tests::proc_stat(p).is_some_and(|s| s.0 == 'Z' && s.1 == parent)
+                })
+                .count()
+        })
+        .unwrap_or(0)
 }
 
 #[test]
@@ -399,6 +432,8 @@ fn a_child_moved_out_of_a_delegated_run_cgroup_is_named_and_the_run_is_unknown()
     // Named, never signalled: nothing proves it is the run's.
     c.all_alive(&child_pin, "the escapee");
     let _ = child_pin.signal(child, libc::SIGKILL);
+    // Gone before the delegated cgroup it sits in is removed.
+    let _ = child_pin.wait_all_gone(CMD);
 }
 
 #[test]
@@ -425,6 +460,8 @@ fn an_environment_cleared_child_after_a_wrapper_loss_in_procfs_mode_is_never_cal
         format_args!("the record: {st}"),
     );
     let _ = child_pin.signal(child, libc::SIGKILL);
+    // Gone before the delegated cgroup it sits in is removed.
+    let _ = child_pin.wait_all_gone(CMD);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -740,6 +777,21 @@ fn a_damaged_lease_of_an_orphan_is_said_by_the_watchdog_and_by_status() {
         c,
         out.contains("lease.json"),
         "status says nothing of it: {out}"
+    );
+    let (code, out, err) = side.ctl(&["list"]);
+    c.eq(code, 0, format_args!("list: {err}"));
+    ensure!(
+        c,
+        out.lines()
+            .any(|l| l.starts_with("leaseless") && l.contains("damaged")),
+        "list says nothing of it: {out}"
+    );
+    let (_, out, _) = side.ctl(&["list", "--json"]);
+    let rows: Value = serde_json::from_str(&out).expect("list --json");
+    ensure!(
+        c,
+        rows[0]["lease_error"].is_string(),
+        "list --json has no lease_error: {rows}"
     );
     let (_, _, _) = side.ctl(&["cancel", "leaseless"]);
     stopped_honestly(&side, &run, &Pinned::new(&[]));

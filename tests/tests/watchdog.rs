@@ -797,9 +797,11 @@ fn in_process_run_once_leaves_a_live_wrapper_alone_until_lease_plus_grace_plus_s
     let root = TestRoot::new();
     let r = open_root(&root);
     let c = ctx(&root, "wd-live-wrapper-inproc");
-    // A real wrapper, alive but doing nothing (SIGSTOPped: stuck).
-    let (run, ready, _tree) = start_tree(c, "--lease 1h --grace 1s", "tree --children 1");
+    // A real wrapper, alive but doing nothing (SIGSTOPped: stuck). Its deadline is the one it
+    // publishes (its heartbeat thread's name), not lease.json: the passes come at real times.
+    let (run, ready, _tree) = start_tree(c, "--lease 2s --grace 1s", "tree --children 1");
     let dir = root.run_dir(c.id);
+    let deadline = agent_run_tests::hostile::read_lease_deadline(&dir);
     let wrapper = run.wrapper;
     c.signal(&run.wrapper_pin, wrapper, libc::SIGSTOP);
     c.wait("the wrapper to be stopped", || match proc_stat(wrapper) {
@@ -809,9 +811,11 @@ fn in_process_run_once_leaves_a_live_wrapper_alone_until_lease_plus_grace_plus_s
     let mut everyone = vec![wrapper];
     everyone.extend(ready.all_pids());
     let pinned = Pinned::new(&everyone);
-    // Expired, but within grace (1 s) + slack (5 s): the wrapper's business.
-    write_lease(&dir, epoch_now() - 0.5, 1.0);
-    let lines = run_once(&r, &policy(Duration::from_secs(5)));
+    // Expired, but within grace (1 s) + slack (2 s): the wrapper's business. A lease.json
+    // that says otherwise (the workload can write one) changes nothing.
+    write_lease(&dir, epoch_now() - 10.0, 1.0);
+    sleep_until_epoch(deadline + 0.5);
+    let lines = run_once(&r, &policy(Duration::from_secs(2)));
     c.eq(
         lines,
         Vec::<String>::new(),
@@ -820,9 +824,10 @@ fn in_process_run_once_leaves_a_live_wrapper_alone_until_lease_plus_grace_plus_s
     c.fields(&c.status(), "the record", json!({"state": "running"}));
     c.all_alive(&pinned, "the wrapper and the tree within grace + slack");
 
-    // Past deadline + grace + slack: the watchdog steps in, wrapper and workload.
-    write_lease(&dir, epoch_now() - 10.0, 1.0);
-    let lines = run_once(&r, &policy(Duration::from_secs(5)));
+    // Past deadline + grace + slack (the published deadline is rounded up to a second):
+    // the watchdog steps in, wrapper and workload.
+    sleep_until_epoch(deadline + 4.5);
+    let lines = run_once(&r, &policy(Duration::from_secs(2)));
     c.eq(lines.len(), 1, format_args!("the pass's lines: {lines:?}"));
     let st = c.status();
     c.fields(&st, "the record", outcome("cancelled", "lease_expired"));
@@ -1439,6 +1444,10 @@ fn a_lease_that_falls_due_during_a_long_rescan_is_enforced_without_waiting_for_i
 
     let stranger = children.push(spawn_in_session(&["sleep-ms", "600000"], None, None));
     let (_, _, spgid, ssid, sticks) = proc_stat(stranger).expect("the stranger has a /proc entry");
+    // The fillers' live wrapper: one process named agent-run (a copy of the fixture) that holds
+    // every filler's lock, started before their dirs, as a wrapper is. The watchdog watches
+    // them, reading each record at every pass.
+    let holder = LockHolder::start(&root);
     // Fillers are added until one pass takes PASS_AT_LEAST of CPU: how many that needs depends
     // on the machine and on how lean a pass is (a leaner pass once made 4,000 too few).
     const FIRST_FILLERS: usize = 4000;
@@ -1449,12 +1458,13 @@ fn a_lease_that_falls_due_during_a_long_rescan_is_enforced_without_waiting_for_i
             let id = format!("wd-slice-fill-{i:05}");
             let dir = make_run_dir(&root, &id);
             let mut st = record_with(&id, stranger, spgid, ssid, sticks, &boot);
-            st.wrapper_pid = Some(stranger);
-            st.wrapper_start_ticks = Some(sticks);
+            st.wrapper_pid = Some(holder.pid);
+            st.wrapper_start_ticks = Some(holder.ticks);
             // A long command line, as real records have: the pass reads and parses each one.
             st.argv = vec!["x".repeat(16 << 10)];
             write_record(&dir, &st);
         }
+        holder.lock((from..to).map(|i| root.run_dir(&format!("wd-slice-fill-{i:05}"))));
     };
     let mut fillers = FIRST_FILLERS;
     add_fillers(0, fillers);
@@ -1682,4 +1692,65 @@ fn an_escapee_forked_after_the_watchdog_took_the_orphan_in_is_stopped_at_the_lea
     );
     sweep(&run.dir, &[]);
     terminate(c, dog);
+}
+
+/// A process named agent-run (a copy of the fixture) holding the locks of run dirs, as their
+/// live wrapper would. Killed by pid when dropped.
+struct LockHolder {
+    child: std::cell::RefCell<std::process::Child>,
+    pid: i32,
+    ticks: u64,
+    out: std::cell::RefCell<std::io::BufReader<std::process::ChildStdout>>,
+}
+
+impl LockHolder {
+    fn start(root: &TestRoot) -> LockHolder {
+        let bin = root.dir.path().join("bin");
+        fs::create_dir_all(&bin).expect("a bin dir");
+        let copy = bin.join("agent-run");
+        fs::copy(agent_run_tests::fixture_bin(), &copy).expect("copy the fixture");
+        let mut child = std::process::Command::new(&copy)
+            .arg("hold-dir-locks")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("the lock holder");
+        let pid = child.id() as i32;
+        let out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        let ticks = proc_stat(pid).expect("the holder's /proc entry").4;
+        LockHolder {
+            child: std::cell::RefCell::new(child),
+            pid,
+            ticks,
+            out: std::cell::RefCell::new(out),
+        }
+    }
+
+    /// Lock each of `dirs`, and wait until the holder has.
+    fn lock(&self, dirs: impl Iterator<Item = PathBuf>) {
+        use std::io::{BufRead, Write};
+        let mut text = String::new();
+        for d in dirs {
+            text += &format!("{}\n", d.display());
+        }
+        text.push('\n');
+        let mut child = self.child.borrow_mut();
+        let stdin = child.stdin.as_mut().expect("stdin");
+        stdin.write_all(text.as_bytes()).expect("tell the holder");
+        stdin.flush().expect("flush");
+        let mut line = String::new();
+        self.out
+            .borrow_mut()
+            .read_line(&mut line)
+            .expect("the holder's answer");
+        assert!(line.starts_with("locked "), "the holder said {line:?}");
+    }
+}
+
+impl Drop for LockHolder {
+    fn drop(&mut self) {
+        let mut child = self.child.borrow_mut();
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }

@@ -43,7 +43,7 @@ pub fn act(subject: &Subject, action: Action) -> Result<String> {
         // The marker finds what a launch left, or what a removed record hid.
         Action::LostLaunch => orphan(subject, Reason::WrapperLost),
         Action::Orphan { why } => orphan(subject, reason_of(subject, why)),
-        Action::Contradicted => orphan(subject, Reason::WrapperLost),
+        Action::Contradicted | Action::CgroupLeft => orphan(subject, Reason::WrapperLost),
         Action::Stuck { why } => finish(subject, reason_of(subject, why), Patience::Brief),
     }
 }

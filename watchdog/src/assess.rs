@@ -99,6 +99,9 @@ pub enum Action {
     /// The record says the run is over, but the run's cgroup holds processes and the wrapper
     /// is gone: reopen the run and stop it (reason `wrapper_lost`).
     Contradicted,
+    /// The record says the run is over and nobody holds it, but its cgroup is left: a process
+    /// that may have left it reopens the run (`unknown`, `escaped`); else the cgroup goes.
+    CgroupLeft,
 }
 
 impl std::fmt::Display for Action {
@@ -115,6 +118,7 @@ impl std::fmt::Display for Action {
             Action::Stuck { .. } => "wrapper stuck past its lease",
             Action::LostLaunch => "no record: a lost launch or a removed record",
             Action::Contradicted => "final record contradicted by the run's cgroup",
+            Action::CgroupLeft => "final record, its cgroup left behind",
         })
     }
 }
@@ -241,7 +245,7 @@ pub fn assess(
     };
     let mut look = Look::take_with(&dir, dir.read_status(), &shared);
     if look.believed().is_some() {
-        return (Verdict::Done, None);
+        return (believed(&look), None);
     }
     if matches!(look.holder, Holder::Nobody | Holder::Squatter(_)) && dir.lock_held() != Some(false)
     {
@@ -254,7 +258,7 @@ pub fn assess(
         };
         look = Look::take_with(&dir, dir.read_status(), &fresh);
         if look.believed().is_some() {
-            return (Verdict::Done, None);
+            return (believed(&look), None);
         }
     }
     let (lease, lease_damaged) = match dir.read_lease() {
@@ -287,6 +291,16 @@ pub fn assess(
         }
     };
     (verdict, Some(subject))
+}
+
+/// A final record the kernel does not contradict: done, unless nobody holds the run and its
+/// cgroup is still there (whoever writes a final record removes it): then it is looked at
+/// under the lock for a process that may have left it.
+fn believed(look: &Look) -> Verdict {
+    if look.cgroup.is_some() && matches!(look.holder, Holder::Nobody) {
+        return Verdict::Now(Action::CgroupLeft);
+    }
+    Verdict::Done
 }
 
 /// A run whose wrapper lives: watched, unless its deadline + grace + slack, or its stop's

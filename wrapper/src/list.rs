@@ -28,6 +28,8 @@ struct Row {
     pid: Option<i32>,
     age_s: Option<f64>,
     lease_left: Option<f64>,
+    /// Why lease.json cannot be read (the workload can damage it), while the run is active.
+    lease_error: Option<String>,
     timeout_left: Option<f64>,
     exit_code: Option<i32>,
     launch_exit_code: Option<i32>,
@@ -51,6 +53,7 @@ impl Row {
             "run_id": self.run_id, "state": self.state.as_str(), "reason": self.reason,
             "pid": self.pid, "age_s": self.age_s.map(|a| a.round()),
             "lease_remaining_s": self.lease_left.map(round),
+            "lease_error": self.lease_error,
             "timeout_remaining_s": self.timeout_left.map(round),
             "exit_code": self.exit_code, "launch_exit_code": self.launch_exit_code,
             "term_signal": self.term_signal, "note": self.note,
@@ -69,10 +72,12 @@ fn list_entry(root: &Root, name: &str) -> Result<Row, String> {
     let st = dir.read_status().map_err(|e| e.to_string())?;
     let now = epoch_now();
     let created = parse_rfc3339(&st.created_at);
-    let lease_left = if st.state.is_final() {
-        None
-    } else {
-        dir.read_lease().ok().flatten().map(|l| l.remaining_s())
+    let (lease_left, lease_error) = match st.state.is_final() {
+        true => (None, None),
+        false => match dir.read_lease() {
+            Ok(l) => (l.map(|l| l.remaining_s()), None),
+            Err(e) => (None, Some(e.to_string())),
+        },
     };
     let timeout_left = st
         .timeout_deadline_epoch()
@@ -85,6 +90,7 @@ fn list_entry(root: &Root, name: &str) -> Result<Row, String> {
         created: created.unwrap_or(0.0),
         age_s: created.map(|c| now - c),
         lease_left,
+        lease_error,
         timeout_left,
         note,
         outcome,
@@ -145,7 +151,11 @@ fn list_line(r: &Row, id_w: usize, state_w: usize, colour: bool) -> String {
         r.age_s
             .map(|a| a.round())
             .map_or("-".into(), human::duration_coarse),
-        left.map_or("-".into(), human::duration_coarse),
+        match (&r.lease_error, left) {
+            // A damaged lease.json: said where the time left would be (status says why).
+            (Some(_), _) => "damaged".into(),
+            (None, left) => left.map_or("-".into(), human::duration_coarse),
+        },
         r.outcome.map_or("-".into(), |c| c.to_string()),
     )
 }
@@ -263,6 +273,7 @@ pub fn list(root: Option<&Path>, args: ListArgs) -> anyhow::Result<u8> {
 
 /// `agent-run gc`.
 pub fn gc(root: Option<&Path>, args: GcArgs) -> anyhow::Result<u8> {
+    use agent_run_shared::takeover::final_doubted;
     let Some(root) = open_root(root)? else {
         return Ok(exit::OK);
     };
@@ -307,6 +318,16 @@ pub fn gc(root: Option<&Path>, args: GcArgs) -> anyhow::Result<u8> {
             };
             eprintln!(
                 "agent-run: {name}: skipped: its record says {}, {why} (agent-run cancel {name})",
+                st.state.as_str(),
+            );
+            continue;
+        }
+        // The facts a record cannot fake: the run's marker (by /proc scans alone), or a
+        // process where one that left the run's cgroup could be.
+        if final_doubted(&dir, &look, &st, &dir.journal("gc")) {
+            eprintln!(
+                "agent-run: {name}: skipped: its record says {}, but a process of the run may \
+                 live on (agent-run cancel {name})",
                 st.state.as_str(),
             );
             continue;

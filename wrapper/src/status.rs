@@ -9,6 +9,7 @@ use agent_run_shared::exit;
 use agent_run_shared::record::Status;
 use agent_run_shared::run_dir::RunDir;
 use agent_run_shared::time::{epoch_now, parse_rfc3339};
+use agent_run_shared::verdict::Look;
 use serde_json::Value;
 use std::path::Path;
 
@@ -19,7 +20,10 @@ pub fn status(root: Option<&Path>, args: StatusArgs) -> anyhow::Result<u8> {
     let ids = match select::pick(root, &args.select, false)? {
         Picked::One(id) => {
             let dir = open_run(root, &id)?;
-            let st = read_record(&dir)?;
+            let st = match read_record(&dir) {
+                Ok(st) => st,
+                Err(e) => return unreadable(&dir, e, args.json),
+            };
             if args.json {
                 print_record(&dir, &st);
             } else {
@@ -54,6 +58,63 @@ pub fn status(root: Option<&Path>, args: StatusArgs) -> anyhow::Result<u8> {
         select::print_json(&Value::Array(docs));
     }
     Ok(code)
+}
+
+/// A run dir whose record cannot be read (removed, or not a record: the workload can do
+/// either): what the kernel says of the run instead, and 77 (69 when nothing of a run is
+/// there at all).
+fn unreadable(dir: &RunDir, err: anyhow::Error, json: bool) -> anyhow::Result<u8> {
+    let look = Look::take(dir);
+    if let Ok(st) = &look.record {
+        // Written meanwhile (a launch of the same id).
+        if json {
+            print_record(dir, st);
+        } else {
+            print!(
+                "{}",
+                summary(dir, st, human::colour_for(human::stdout_is_terminal()))
+            );
+        }
+        return Ok(exit::OK);
+    }
+    let missing = look
+        .record
+        .as_ref()
+        .err()
+        .is_some_and(agent_run_shared::verdict::is_missing);
+    if missing && look.nothing_holds_it() && look.cgroup.is_none() {
+        return Err(err);
+    }
+    let wrapper = look.wrapper().map(|w| w.pid().get());
+    let cgroup = look.cgroup.as_ref().map(|c| c.path().display().to_string());
+    let members = look.cgroup.as_ref().map(|c| c.members().len());
+    let why = format!("{err:#}");
+    eprintln!("agent-run: {why}");
+    let id = dir.id().as_str();
+    if json {
+        select::print_json(&serde_json::json!({
+            "run_id": id, "run_dir": dir.path(), "state": null, "final": false,
+            "wrapper_alive": wrapper.is_some(), "wrapper_pid": wrapper,
+            "cgroup": cgroup, "cgroup_processes": members,
+            "note": format!("no readable record ({why})"),
+            "error": why, "error_exit_code": exit::NOPERM,
+        }));
+    } else {
+        println!(
+            "run {}: no readable record ({})",
+            id,
+            human::printable(&why)
+        );
+        match wrapper {
+            Some(p) => println!("  wrapper:    pid {p}, running"),
+            None => println!("  wrapper:    gone"),
+        }
+        if let (Some(c), Some(n)) = (&cgroup, members) {
+            println!("  cgroup:     {} ({n} processes)", human::printable(c));
+        }
+        println!("  stop it:    agent-run cancel {id}");
+    }
+    Ok(exit::NOPERM)
 }
 
 /// The human summary of one record: what ran, where, since when, how it ended.

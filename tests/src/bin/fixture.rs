@@ -27,6 +27,7 @@ const USAGE: &str = "usage: fixture tree [--children N] [--grandchildren] [--esc
        fixture spew BYTES [--stderr-bytes N] [--chunk N]
        fixture zombie-leader | hopper | nondumpable-daemon | fork-loop
        fixture grab-parent-pipes (FORGE_BYTES | fill) (spew BYTES | hold | orphan-exit-127)
+       fixture hold-dir-locks (directories on stdin, a blank line after each batch)
 MODE is default, ignore, log-exit or log-stay";
 
 /// Byte i of a `spew` stream is `PATTERN[i % PATTERN.len()]`.
@@ -104,6 +105,10 @@ fn run(args: &[String]) -> Result<i32, Failure> {
             _ => Err(usage("fork-loop takes nothing or `setsid`")),
         },
         "grab-parent-pipes" => grab_parent_pipes(rest),
+        "hold-dir-locks" => {
+            no_more(rest)?;
+            hold_dir_locks()
+        }
         "sleep-ms" => {
             let [ms] = rest else {
                 return Err(usage("sleep-ms takes one MS"));
@@ -881,4 +886,39 @@ fn grab_parent_pipes(args: &[String]) -> Result<i32, Failure> {
     };
     drop(held);
     Ok(code)
+}
+
+/// Take an exclusive flock on each directory named on stdin, and keep them all: a stand-in
+/// for many live wrappers (run as a copy of this binary named `agent-run`). After each blank
+/// line, `locked N` on stdout; at the end of stdin, sleep until killed.
+fn hold_dir_locks() -> Result<i32, Failure> {
+    use std::io::BufRead;
+    let _ = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .maximum
+        .map(|max| {
+            rustix::process::setrlimit(
+                rustix::process::Resource::Nofile,
+                rustix::process::Rlimit {
+                    current: Some(max),
+                    maximum: Some(max),
+                },
+            )
+        });
+    let mut held: Vec<File> = Vec::new();
+    let stdin = std::io::stdin();
+    for line in stdin.lock().lines() {
+        let line = line.map_err(|e| runtime(format!("stdin: {e}")))?;
+        if line.is_empty() {
+            println!("locked {}", held.len());
+            let _ = std::io::stdout().flush();
+            continue;
+        }
+        let dir = File::open(&line).map_err(|e| runtime(format!("open {line}: {e}")))?;
+        rustix::fs::flock(&dir, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+            .map_err(|e| runtime(format!("flock {line}: {e}")))?;
+        held.push(dir);
+    }
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
 }
