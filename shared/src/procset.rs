@@ -53,9 +53,12 @@ impl RunScope {
     /// The lowest pid a member can have when a scan may skip the older pids
     /// ([`procfs::only_newer_pids`]): every member started after the leader. Only while the
     /// kernel shows the leader's pid with the leader's start time: a pid a record names is a
-    /// claim, and a high one made up would shield every older pid from the scan.
+    /// claim, and a high one made up would shield every older pid from the scan. Inside the
+    /// wrapper the leader is no claim (it forked it), so the skip holds after the leader died.
     pub fn newer_than(&self) -> Option<i32> {
-        procfs::stat(self.leader.pid).filter(|s| s.start_ticks == self.leader.start_ticks)?;
+        if self.wrapper != Some(Pid::this()) {
+            procfs::stat(self.leader.pid).filter(|s| s.start_ticks == self.leader.start_ticks)?;
+        }
         procfs::only_newer_pids(Identity {
             pid: self.leader.pid,
             start_ticks: self.floor_ticks.min(self.leader.start_ticks),

@@ -638,11 +638,12 @@ impl Stopper<'_> {
         };
         let n = self.cgroup_killed.map_or(0, |(_, n)| n);
         self.cgroup_killed = Some((Instant::now(), n + 1));
+        // When the KILL went out: before the write, which takes a while for many processes.
+        let at_ms = self.t0.elapsed().as_millis() as u64;
         let r = cg.kill();
         if r.is_ok() && !self.report.signals.contains(&Sig::Kill) {
             self.report.signals.push(Sig::Kill);
         }
-        let at_ms = self.t0.elapsed().as_millis() as u64;
         self.journal_event(
             "signal",
             json!({

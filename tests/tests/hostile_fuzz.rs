@@ -57,6 +57,8 @@ fn the_hostile_workload_fuzzer_keeps_the_invariants() {
          one of them: AGENT_RUN_FUZZ_ONLY=N)"
     );
     let modes = Mode::all();
+    // Nothing outside the runs is written: the system's programs and settings stay as they were.
+    let system_before = system_files();
     let next = AtomicU64::new(0);
     let failures = Mutex::new(Vec::new());
     let t0 = Instant::now();
@@ -103,7 +105,18 @@ fn the_hostile_workload_fuzzer_keeps_the_invariants() {
             });
         }
     });
-    let failures = failures.into_inner().unwrap();
+    let mut failures = failures.into_inner().unwrap();
+    let changed: Vec<&PathBuf> = {
+        let after = system_files();
+        system_before
+            .iter()
+            .filter(|(p, v)| after.get(*p) != Some(v))
+            .map(|(p, _)| p)
+            .collect()
+    };
+    if !changed.is_empty() {
+        failures.push(format!("files outside every run changed: {changed:?}"));
+    }
     eprintln!(
         "hostile fuzzer: {count} sequences in {:.1} s, {} failed",
         t0.elapsed().as_secs_f64(),
@@ -523,6 +536,20 @@ impl Player<'_> {
         let name = format!("agent-run.fz.{ino:x}");
         find_dir(&mount, &name, 0)
     }
+}
+
+/// Size, modification time and inode of each file directly in /usr/bin, /usr/sbin and /etc.
+fn system_files() -> std::collections::BTreeMap<PathBuf, (u64, i64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = std::collections::BTreeMap::new();
+    for dir in ["/usr/bin", "/usr/sbin", "/etc"] {
+        for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+            if let Ok(m) = fs::symlink_metadata(e.path()) {
+                out.insert(e.path(), (m.size(), m.mtime(), m.ino()));
+            }
+        }
+    }
+    out
 }
 
 /// The generous deadline of one command in a sequence.

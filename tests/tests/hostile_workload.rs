@@ -790,8 +790,8 @@ fn a_damaged_lease_of_an_orphan_is_said_by_the_watchdog_and_by_status() {
     let rows: Value = serde_json::from_str(&out).expect("list --json");
     ensure!(
         c,
-        rows[0]["lease_error"].is_string(),
-        "list --json has no lease_error: {rows}"
+        rows[0]["lease_unreadable"].is_string(),
+        "list --json has no lease_unreadable: {rows}"
     );
     let (_, _, _) = side.ctl(&["cancel", "leaseless"]);
     stopped_honestly(&side, &run, &Pinned::new(&[]));

@@ -44,7 +44,7 @@ pub enum Command {
     Start(StartArgs),
     /// Stop runs from a second connection and print their final records
     Cancel(CancelArgs),
-    /// Push runs' lease deadlines to now + DUR
+    /// Push runs' lease deadlines to now + DUR (needs the lease token start handed out)
     Renew(RenewArgs),
     /// Show runs' records (a human summary, or status.json plus derived fields with --json)
     Status(StatusArgs),
@@ -278,7 +278,7 @@ such run, 75 not final in time, 77 refused, 78 unsafe), the others still cancell
 pub struct CancelArgs {
     #[command(flatten)]
     pub select: Selection,
-    /// How long to wait for the final record (default: the run's grace + 5s)
+    /// How long to wait for the final record (default: the run's grace + 10s)
     #[arg(long, value_name = "DUR", value_parser = dur("--wait"))]
     pub wait: Option<Duration>,
     /// Print the final record(s) as JSON even on a terminal (the default when stdout is not one)

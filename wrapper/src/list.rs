@@ -29,7 +29,7 @@ struct Row {
     age_s: Option<f64>,
     lease_left: Option<f64>,
     /// Why lease.json cannot be read (the workload can damage it), while the run is active.
-    lease_error: Option<String>,
+    lease_unreadable: Option<String>,
     timeout_left: Option<f64>,
     exit_code: Option<i32>,
     launch_exit_code: Option<i32>,
@@ -53,7 +53,7 @@ impl Row {
             "run_id": self.run_id, "state": self.state.as_str(), "reason": self.reason,
             "pid": self.pid, "age_s": self.age_s.map(|a| a.round()),
             "lease_remaining_s": self.lease_left.map(round),
-            "lease_error": self.lease_error,
+            "lease_unreadable": self.lease_unreadable,
             "timeout_remaining_s": self.timeout_left.map(round),
             "exit_code": self.exit_code, "launch_exit_code": self.launch_exit_code,
             "term_signal": self.term_signal, "note": self.note,
@@ -72,7 +72,7 @@ fn list_entry(root: &Root, name: &str) -> Result<Row, String> {
     let st = dir.read_status().map_err(|e| e.to_string())?;
     let now = epoch_now();
     let created = parse_rfc3339(&st.created_at);
-    let (lease_left, lease_error) = match st.state.is_final() {
+    let (lease_left, lease_unreadable) = match st.state.is_final() {
         true => (None, None),
         false => match dir.read_lease() {
             Ok(l) => (l.map(|l| l.remaining_s()), None),
@@ -90,7 +90,7 @@ fn list_entry(root: &Root, name: &str) -> Result<Row, String> {
         created: created.unwrap_or(0.0),
         age_s: created.map(|c| now - c),
         lease_left,
-        lease_error,
+        lease_unreadable,
         timeout_left,
         note,
         outcome,
@@ -151,7 +151,7 @@ fn list_line(r: &Row, id_w: usize, state_w: usize, colour: bool) -> String {
         r.age_s
             .map(|a| a.round())
             .map_or("-".into(), human::duration_coarse),
-        match (&r.lease_error, left) {
+        match (&r.lease_unreadable, left) {
             // A damaged lease.json: said where the time left would be (status says why).
             (Some(_), _) => "damaged".into(),
             (None, left) => left.map_or("-".into(), human::duration_coarse),

@@ -187,7 +187,7 @@ pub fn record_value(dir: &RunDir, st: &Status) -> Value {
 pub fn record_value_of(dir: &RunDir, st: &Status, look: &Look) -> Value {
     let mut v = serde_json::to_value(st).expect("a record serializes");
     let read = dir.read_lease();
-    let lease_error = read.as_ref().err().map(|e| lease_damage(e, look));
+    let lease_unreadable = read.as_ref().err().map(|e| lease_damage(e, look));
     let lease = read.ok().flatten();
     if let Value::Object(m) = &mut v {
         m.insert("run_dir".into(), json!(dir.path()));
@@ -211,7 +211,7 @@ pub fn record_value_of(dir: &RunDir, st: &Status, look: &Look) -> Value {
                 .map(|l| (l.remaining_s() * 1000.0).round() / 1000.0)),
         );
         m.insert("outcome_exit_code".into(), json!(exit::for_record(st)));
-        m.insert("lease_error".into(), json!(lease_error));
+        m.insert("lease_unreadable".into(), json!(lease_unreadable));
     }
     v
 }

@@ -184,7 +184,7 @@ fn summary(dir: &RunDir, st: &Status, colour: bool) -> String {
         if let Some(l) = v["lease_remaining_s"].as_f64() {
             put("lease", left(l));
         }
-        if let Some(e) = v["lease_error"].as_str() {
+        if let Some(e) = v["lease_unreadable"].as_str() {
             put("lease", format!("lease.json is damaged: {e}"));
         }
     }

@@ -25,8 +25,11 @@ Each run lives in <root>/<run-id>/ (root: --root, else $AGENT_RUN_ROOT, else $HO
 mode 0700, files 0600: status.json (the record, replaced atomically; final records fsynced), \
 stdout.log and stderr.log (written by the output keeper from the workload's pipes; capped by \
 --max-output, counted in the record's output key; output.json holds the keeper's counts), events.jsonl (append-only journal: \
-every launch, state change and signal sent), lease.json, cancel.json, pid, pgid and lock (held \
-by the wrapper for its whole life; its mtime is the wrapper's heartbeat).";
+every launch, state change and signal sent), lease.json (signed with the run's lease token: only \
+its holder renews), cancel.json, pid, pgid and lock (held by the wrapper for its whole life, as \
+is the run dir; its mtime is the wrapper's heartbeat). The workload can rewrite every one of \
+them: they inform, and the kernel's facts (the lock's holder, the run's cgroup, the wrapper's \
+pidfd) decide.";
 
 /// The workspace's own `target/gen`, whatever the current directory.
 const DEFAULT_OUT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/gen");
