@@ -89,12 +89,11 @@ fn may_be_the_runs(pid: Pid, first: Identity, uid: u32) -> bool {
     // A clock tick is 10 ms: in the leader's own tick, pids tell which came first.
     let after = st.start_ticks > first.start_ticks
         || (st.start_ticks == first.start_ticks && pid >= first.pid);
+    // A process that is gone by the time its name is read (a keeper that just saw its EOF and
+    // was reaped) is no escapee: a live process's name can always be read by its own user.
     after
         && procfs::real_uid(pid) == Some(uid)
-        && !matches!(
-            procfs::comm(pid).as_deref(),
-            Some("agent-run" | "agent-run-keep")
-        )
+        && procfs::comm(pid).is_some_and(|c| !matches!(c.as_str(), "agent-run" | "agent-run-keep"))
 }
 
 /// This process and every ancestor of it.
