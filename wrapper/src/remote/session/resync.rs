@@ -153,7 +153,7 @@ fn resync(ssh: &Ssh, status: &[u8], deadline: Instant, delay: Duration) -> Resyn
         if !ssh.master_alive() {
             if let Err(why) = ssh.connect(Some(left.min(Duration::from_secs(60)))) {
                 if why != said {
-                    say(&format!("cannot reach {}: {why}; retrying", ssh.host));
+                    say(&format!("cannot reach {}: {why}; retrying", ssh.host()));
                     said = why;
                 }
                 pause(backoff(attempt));
