@@ -91,7 +91,7 @@ impl Hosts {
         let ssh = if cli.hosts.is_empty() && !cli.any_host {
             None
         } else {
-            let dir = ssh::ControlDir::create().map_err(|e| {
+            let dir = ssh::control_dir().map_err(|e| {
                 format!("cannot create a directory for the ssh control sockets: {e}")
             })?;
             Some(SshSetup {

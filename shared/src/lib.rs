@@ -38,6 +38,7 @@ pub mod root;
 pub mod run_dir;
 pub mod signal;
 pub mod spec;
+pub mod ssh;
 pub mod stop;
 pub mod suspend;
 pub mod sys;

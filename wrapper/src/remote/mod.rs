@@ -20,12 +20,11 @@
 //! `--attach ID` is the same session without the launch: a controller that comes back to its
 //! run streams it from the start, renews its lease and cancels it on INT/TERM/HUP.
 //!
-//! The pieces: [`quote`] (argv for the remote shell), [`ssh`] (the master and channels over it),
-//! [`children`] (our ssh processes, pinned; captured replies), [`stream`] (the output channel),
-//! [`session`] (the event loop), [`requests`] (renew and cancel), [`resync`] (reconnect and
+//! The pieces: [`quote`] (argv for the remote shell), [`ssh`] (our policy for the shared OpenSSH
+//! driver [`agent_run_shared::ssh`], which owns the master, the channels and our ssh processes),
+//! [`stream`] (the output channel), [`session`] (the event loop), [`requests`] (renew and cancel), [`resync`] (reconnect and
 //! resume), and the one-shot `--status` and `--cancel` below, which need no master.
 
-mod children;
 mod probe;
 mod quote;
 mod session;

@@ -13,13 +13,13 @@
 mod requests;
 mod resync;
 
-use super::children::Reply;
 use super::ssh::Ssh;
 use super::stream::{self, Counts};
 use super::{outcome, say, Remote, DEFAULT_GRACE};
 use crate::cli::RemoteArgs;
 use crate::signals::Signals;
 use agent_run_shared::exit;
+use agent_run_shared::ssh::Reply;
 use agent_run_shared::stop::Sig;
 use agent_run_shared::sys::{self, PollFd};
 use anyhow::Context;
@@ -86,7 +86,7 @@ pub fn run(
 ) -> anyhow::Result<u8> {
     let (tx, rx) = mpsc::channel();
     watch_signals(tx.clone())?;
-    let ssh = Ssh::new(&args.host, &args.ssh_options, args.lease)
+    let ssh = super::ssh::new(&args.host, &args.ssh_options, args.lease)
         .context("cannot create a private directory for the ssh control socket")?;
     let ssh = Arc::new(ssh);
     match ssh.connect(None) {

@@ -52,7 +52,7 @@ pub fn spawn(
         cmd.stdin(std::process::Stdio::piped());
     }
     let mut child = ssh.children().spawn(&mut cmd)?;
-    super::children::feed(child.stdin.take(), input);
+    agent_run_shared::ssh::feed(child.stdin.take(), input);
     let out = child.stdout.take().expect("stdout is piped");
     let err = child.stderr.take().expect("stderr is piped");
     let readers = [

@@ -8,9 +8,9 @@
 //! the session is reconnected.
 
 use super::{Cancel, Event, Session, DRAIN};
-use crate::remote::children::Reply;
 use crate::remote::outcome;
 use crate::remote::say;
+use agent_run_shared::ssh::Reply;
 use serde_json::Value;
 use std::io::Write;
 use std::sync::Arc;

@@ -10,6 +10,7 @@ use crate::remote::outcome;
 use crate::remote::say;
 use crate::remote::ssh::Ssh;
 use agent_run_shared::exit;
+use serde_json::Value;
 use std::io::Write;
 use std::sync::Arc;
 use std::thread;
@@ -37,53 +38,9 @@ impl Session<'_> {
 
     pub(super) fn on_resynced(&mut self, r: Resync) -> Option<u8> {
         self.resyncing = false;
-        let now = Instant::now();
         let (out, err) = self.counts.get();
         match r {
-            Resync::Record(v) => {
-                self.launch = None;
-                self.last_ok = now;
-                if let Some(g) = v["grace_ms"].as_u64() {
-                    self.cancel_wait = Duration::from_millis(g) + Duration::from_secs(10);
-                }
-                if self.lost_at.take().is_some() {
-                    say(&format!(
-                        "reconnected to {}; resuming run {} at stdout byte {out}, stderr byte {err}",
-                        self.host, self.id
-                    ));
-                }
-                if let Some(code) = outcome(&v) {
-                    self.known = Some(code);
-                    self.next_renew = None;
-                    if matches!(self.cancel, Cancel::Wanted(_)) {
-                        // Over before our cancel got there: its record is the answer.
-                        let mut text = serde_json::to_string_pretty(&v).unwrap_or_default();
-                        text.push('\n');
-                        let _ = std::io::stderr().write_all(text.as_bytes());
-                        self.cancel = Cancel::Done(v);
-                    }
-                } else {
-                    if let Some(s) = v["lease_remaining_s"].as_f64() {
-                        self.deadline = Some(now + Duration::from_secs_f64(s.max(0.0)));
-                    }
-                    // The last renewal may be long ago.
-                    self.next_renew = Some(now);
-                    if let Cancel::Wanted(_) = self.cancel {
-                        self.cancel = Cancel::Wanted(Some(now));
-                    }
-                }
-                let from = (out.to_string(), err.to_string());
-                let script = self.script(&[
-                    "attach",
-                    &self.id,
-                    "--stdout-from",
-                    &from.0,
-                    "--stderr-from",
-                    &from.1,
-                ]);
-                self.open_stream(&script);
-                (!self.streaming).then_some(exit::SOFTWARE)
-            }
+            Resync::Record(v) => self.on_record(v),
             Resync::NoSuchRun => match self.launch.clone() {
                 // The launch never reached the host: nothing ran, so launching again is safe.
                 Some(_) if self.signal.is_some() => {
@@ -136,6 +93,54 @@ impl Session<'_> {
             }
         }
     }
+
+    /// The record was read: note what it says, then resume the stream from the offsets.
+    fn on_record(&mut self, v: Value) -> Option<u8> {
+        let now = Instant::now();
+        let (out, err) = self.counts.get();
+        self.launch = None;
+        self.last_ok = now;
+        if let Some(g) = v["grace_ms"].as_u64() {
+            self.cancel_wait = Duration::from_millis(g) + Duration::from_secs(10);
+        }
+        if self.lost_at.take().is_some() {
+            say(&format!(
+                "reconnected to {}; resuming run {} at stdout byte {out}, stderr byte {err}",
+                self.host, self.id
+            ));
+        }
+        if let Some(code) = outcome(&v) {
+            self.known = Some(code);
+            self.next_renew = None;
+            if matches!(self.cancel, Cancel::Wanted(_)) {
+                // Over before our cancel got there: its record is the answer.
+                let mut text = serde_json::to_string_pretty(&v).unwrap_or_default();
+                text.push('\n');
+                let _ = std::io::stderr().write_all(text.as_bytes());
+                self.cancel = Cancel::Done(v);
+            }
+        } else {
+            if let Some(s) = v["lease_remaining_s"].as_f64() {
+                self.deadline = Some(now + Duration::from_secs_f64(s.max(0.0)));
+            }
+            // The last renewal may be long ago.
+            self.next_renew = Some(now);
+            if let Cancel::Wanted(_) = self.cancel {
+                self.cancel = Cancel::Wanted(Some(now));
+            }
+        }
+        let from = (out.to_string(), err.to_string());
+        let script = self.script(&[
+            "attach",
+            &self.id,
+            "--stdout-from",
+            &from.0,
+            "--stderr-from",
+            &from.1,
+        ]);
+        self.open_stream(&script);
+        (!self.streaming).then_some(exit::SOFTWARE)
+    }
 }
 
 /// Reconnect if need be and read the record, until `deadline`.
@@ -153,7 +158,7 @@ fn resync(ssh: &Ssh, status: &[u8], deadline: Instant, delay: Duration) -> Resyn
         if !ssh.master_alive() {
             if let Err(why) = ssh.connect(Some(left.min(Duration::from_secs(60)))) {
                 if why != said {
-                    say(&format!("cannot reach {}: {why}; retrying", ssh.host));
+                    say(&format!("cannot reach {}: {why}; retrying", ssh.host()));
                     said = why;
                 }
                 pause(backoff(attempt));

@@ -4,8 +4,8 @@
 //! Nothing here signals a bare pid: a child is killed through `Child::kill` while we still own
 //! it (not reaped, so its pid is its own) or through its pidfd.
 
-use agent_run_shared::pid::Pid;
-use agent_run_shared::sys::{self, PollFd};
+use crate::pid::Pid;
+use crate::sys::{self, PollFd};
 use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::process::{Child, Command, ExitStatus, Stdio};
