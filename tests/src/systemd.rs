@@ -381,17 +381,29 @@ impl Systemd {
         );
     }
 
-    /// `nsenter` into every namespace of PID 1, its root and its working directory, moved into
-    /// [`HARNESS_CGROUP`] (once the boot made it), with a clean environment: the start of every
-    /// command.
+    /// Moved into [`HARNESS_CGROUP`] (once the boot made it), then `nsenter` into every
+    /// namespace of PID 1, its root and its working directory, with a clean environment: the
+    /// start of every command. The move is made on the host's side: with `nsdelegate` on the
+    /// mount, a process in the boot's cgroup namespace may not move itself in from outside.
     fn enter(&self) -> Command {
-        let mut c = Command::new("nsenter");
-        c.args(["-t", &self.pid1.to_string(), "-a", "-r", "-w", "--"])
-            .args(["env", "-i", PATH, "LANG=C.UTF-8", "sh", "-c"])
+        let harness = self.host_cgroup(HARNESS_CGROUP);
+        let mut c = Command::new("sh");
+        c.arg("-c")
             .arg(format!(
-                "if [ -d {HARNESS_CGROUP} ]; then echo $$ > {HARNESS_CGROUP}/cgroup.procs || exit 125; fi; exec \"$@\""
+                "if [ -d '{0}' ]; then echo $$ > '{0}/cgroup.procs' || exit 125; fi; exec \"$@\"",
+                harness.display()
             ))
             .arg("enter")
+            .args([
+                "nsenter",
+                "-t",
+                &self.pid1.to_string(),
+                "-a",
+                "-r",
+                "-w",
+                "--",
+            ])
+            .args(["env", "-i", PATH, "LANG=C.UTF-8"])
             .stdin(Stdio::null());
         c
     }
