@@ -4,6 +4,7 @@
     python3 .ci/prose.py                # README.md and docs/*.md; exit 1 if a limit is broken
     python3 .ci/prose.py FILE...        # these files
     python3 .ci/prose.py --report ...   # print the figures, always exit 0
+    python3 .ci/prose.py --list ...     # and every sentence over 60 words
 
 Prose is what a reader reads as sentences: fenced code blocks, tables, headings and HTML
 comments are skipped. A paragraph or a list item is split into sentences at `.`, `?` or `!`
@@ -89,8 +90,9 @@ def figures(path: Path):
 
 
 def main(argv: list[str]) -> int:
-    report = "--report" in argv
-    names = [a for a in argv if a != "--report"]
+    report = "--report" in argv or "--list" in argv
+    listing = "--list" in argv
+    names = [a for a in argv if a not in ("--report", "--list")]
     files = [Path(n) for n in names] or [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
     bad = []
     total = total_long = 0
@@ -102,6 +104,10 @@ def main(argv: list[str]) -> int:
         share = long / n if n else 0.0
         name = str(f.relative_to(REPO)) if f.is_absolute() and f.is_relative_to(REPO) else str(f)
         print(f"{name:<28} {n:>9} {long:>5} {share:>6.1%} {longest:>7}")
+        if listing:
+            for s in sentences(f.read_text()):
+                if words(s) > LONG:
+                    print(f"  [{words(s)}] {s}")
         if share > SHARE or longest > MAX:
             bad.append(f"{name}: {share:.1%} over {LONG} words, longest {longest}: {first[:100]}...")
     print(f"{'all':<28} {total:>9} {total_long:>5} {total_long / max(total, 1):>6.1%}")
