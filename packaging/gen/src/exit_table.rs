@@ -110,7 +110,10 @@ mod tests {
     #[test]
     fn splice_replaces_only_between_the_markers() {
         let doc = format!("a\n{BEGIN}\nold\n{END}\nb\n");
-        assert_eq!(splice(&doc).unwrap(), format!("a\n{BEGIN}\n{}{END}\nb\n", markdown()));
+        assert_eq!(
+            splice(&doc).unwrap(),
+            format!("a\n{BEGIN}\n{}{END}\nb\n", markdown())
+        );
         assert!(splice("no markers\n").is_err());
         assert!(splice(&format!("{BEGIN}\nno end\n")).is_err());
     }
