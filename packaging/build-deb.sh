@@ -19,7 +19,8 @@
 #   /usr/bin/agent-run, /usr/bin/agent-run-watchdog
 #   /usr/lib/systemd/user/agent-run-watchdog.service
 #   /usr/lib/systemd/system/agent-run-watchdog@.service
-#   /usr/share/doc/agent-run/{README.md,contract.md,copyright,changelog.Debian.gz}
+#   /usr/share/doc/agent-run/{README.md,contract.md,usage.md,agents.md,operations.md,copyright,
+#   changelog.Debian.gz}
 #   man pages and shell completions (agent-run-gen)
 set -euo pipefail
 
@@ -97,6 +98,8 @@ install -D -m 0644 README.md "$doc/README.md"
 # not a package of this project.
 [[ -f docs/contract.md ]] || { echo "agent-run: build-deb: docs/contract.md is missing" >&2; exit 1; }
 install -m 0644 docs/contract.md "$doc/contract.md"
+# The reference the README sends its readers to.
+for page in usage agents operations; do install -m 0644 "docs/$page.md" "$doc/$page.md"; done
 install -m 0644 packaging/debian/copyright "$doc/copyright"
 gzip -9n <packaging/debian/changelog >"$doc/changelog.Debian.gz"
 chmod 0644 "$doc/changelog.Debian.gz"

@@ -663,8 +663,9 @@ fn help_for(cmd: &DocCommand, subs: &[String]) -> String {
     }
 }
 
-/// Every subcommand and option that docs/contract.md's command-line section and the README's
-/// command lines name exists in the matching `--help`; every subcommand `--help` lists is in
+/// Every subcommand and option that docs/contract.md's command-line section and the command
+/// lines of the README, docs/usage.md, agents.md, operations.md and development.md name exists
+/// in the matching `--help`; every subcommand `--help` lists is in
 /// the contract; every exit code of the contract's table is explained by `--help`.
 #[test]
 fn the_contract_and_the_readme_name_only_what_the_binaries_have() {
@@ -680,10 +681,22 @@ fn the_contract_and_the_readme_name_only_what_the_binaries_have() {
     assert!(used(&from_contract) >= 20, "{from_contract:#?}");
     assert!(used(&from_readme) >= 20, "{from_readme:#?}");
     let mut missing = Vec::new();
-    for (doc, cmds) in [
+    let mut docs = vec![
         ("docs/contract.md", from_contract.clone()),
         ("README.md", from_readme),
+    ];
+    // The reference the README links to: its command lines are held to the binaries too.
+    for doc in [
+        "docs/usage.md",
+        "docs/agents.md",
+        "docs/operations.md",
+        "docs/development.md",
     ] {
+        let cmds = markdown_commands(&workspace_file(doc), &subs);
+        assert!(!cmds.is_empty(), "no command line found in {doc}");
+        docs.push((doc, cmds));
+    }
+    for (doc, cmds) in docs {
         for cmd in cmds {
             let h = help_for(&cmd, &subs);
             for opt in &cmd.options {

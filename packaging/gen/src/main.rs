@@ -3,8 +3,12 @@
 //! definitions the binaries parse with, so the docs cannot drift from the command line. Not
 //! shipped: the generator's crates stay out of the product binaries.
 //!
-//! OUT_DIR defaults to `target/gen` of this workspace (wherever it is run from).
+//! OUT_DIR defaults to `target/gen` of this workspace (wherever it is run from). It also
+//! rewrites the exit-code table of the workspace's docs/contract.md from shared/src/exit.rs
+//! ([`exit_table`]) when that table is out of date.
 #![forbid(unsafe_code)]
+
+mod exit_table;
 
 #[allow(dead_code)]
 #[path = "../../../wrapper/src/cli.rs"]
@@ -33,12 +37,16 @@ pidfd) decide.";
 
 /// The workspace's own `target/gen`, whatever the current directory.
 const DEFAULT_OUT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/gen");
+/// The workspace's contract, whose exit-code table is generated.
+const CONTRACT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/contract.md");
 
 /// Generate agent-run's man pages and shell completions from its clap definitions.
 ///
 /// Writes OUT_DIR/man/man1/agent-run.1, one page per subcommand (agent-run-start.1, ...),
 /// OUT_DIR/man/man8/agent-run-watchdog.8 and OUT_DIR/completions/ (bash, zsh, fish).
-/// packaging/build-deb.sh runs it with OUT_DIR = target/static.
+/// packaging/build-deb.sh runs it with OUT_DIR = target/static. It also rewrites the exit-code
+/// table of the workspace's docs/contract.md (between its exit-table markers) when it differs
+/// from shared/src/exit.rs.
 #[derive(Debug, Parser)]
 #[command(name = "agent-run-gen", version)]
 struct Args {
@@ -57,7 +65,7 @@ fn main() -> ExitCode {
         }
     };
     let out = args.out.unwrap_or_else(|| PathBuf::from(DEFAULT_OUT));
-    match generate(&out) {
+    match generate(&out).and_then(|()| contract()) {
         Ok(()) => {
             println!("wrote man pages and completions under {}", out.display());
             ExitCode::SUCCESS
@@ -78,7 +86,7 @@ fn generate(out: &Path) -> anyhow::Result<()> {
     // first, so every subcommand's page carries the global options (--root).
     let mut run = cli::Cli::command()
         .disable_help_subcommand(true)
-        .after_long_help(format!("{RUN_DIR}\n\n{}", exit_codes()));
+        .after_long_help(RUN_DIR);
     run.build();
     write_man(&run, &man1, "1", &top_synopsis(&run))?;
     for sub in run.get_subcommands() {
@@ -103,11 +111,22 @@ fn generate(out: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn exit_codes() -> String {
-    let long = cli::Cli::command().render_long_help().to_string();
-    long.split_once("Exit codes")
-        .map(|(_, rest)| format!("Exit codes{rest}"))
-        .unwrap_or_default()
+/// The contract's exit table, rewritten when it is out of date. A workspace without the
+/// contract (the generator built elsewhere) has nothing to rewrite.
+fn contract() -> anyhow::Result<()> {
+    let path = Path::new(CONTRACT);
+    if path.exists() && exit_table::update_contract(path)? {
+        println!("rewrote the exit-code table of {}", path.display());
+    }
+    Ok(())
+}
+
+/// The pages that get the EXIT STATUS section: the commands the table is for.
+fn has_exit_table(name: &str) -> bool {
+    matches!(
+        name,
+        "agent-run" | "agent-run-start" | "agent-run-wait" | "agent-run-attach"
+    )
 }
 
 /// One page: clap_mangen's sections, with our synopsis (clap_mangen's omits option values).
@@ -140,6 +159,9 @@ fn write_man(
     }
     if cmd.get_after_long_help().is_some() || cmd.get_after_help().is_some() {
         man.render_extra_section(&mut buf)?;
+    }
+    if has_exit_table(&name) {
+        buf.extend_from_slice(exit_table::roff().as_bytes());
     }
     if cmd.get_version().is_some() {
         man.render_version_section(&mut buf)?;
