@@ -637,7 +637,7 @@ fn typos(a: &str, b: &str) -> usize {
 
 /// Parse the process's arguments. `Err(code)` after clap printed help (0) or an error (64).
 pub fn parse() -> Result<Cli, u8> {
-    let args = with_default_subcommand(agent_run_shared::sys::args_os()).map_err(|msg| {
+    let args = with_default_subcommand(std::env::args_os().collect()).map_err(|msg| {
         eprintln!("agent-run: {msg}");
         exit::USAGE
     })?;
