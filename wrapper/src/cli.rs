@@ -641,7 +641,7 @@ pub fn parse() -> Result<Cli, u8> {
         eprintln!("agent-run: {msg}");
         exit::USAGE
     })?;
-    if let Some(cli) = parse_start_by_hand(&args).or_else(|| parse_start(&args)) {
+    if let Some(cli) = parse_start(&args) {
         return Ok(cli);
     }
     Cli::try_parse_from(args).map_err(|e| {
@@ -667,110 +667,6 @@ pub fn parse() -> Result<Cli, u8> {
             .unwrap_or(msg.trim_end());
         eprintln!("agent-run: {msg}");
         code
-    })
-}
-
-/// The launch's parse of its common shape, without clap: `start`, options (each once, `-e` and
-/// `--label` repeatable, every value a separate word that does not start with `-`), the run id,
-/// `--`, the command. Every value goes through the parser clap's definition names, defaults
-/// included. `None` for anything else (a repeated option, `--opt=value`, grouped short flags,
-/// help, an invalid value, a word that is not UTF-8 where a value is read...): clap answers
-/// those, with its own messages. A line it takes parses exactly as the whole parse would (the
-/// test `the_launch_parse_agrees_with_the_whole_parse`). clap's start-only parse cost 0.09 ms
-/// of a launch of `true` (most of it the first run of clap's code).
-fn parse_start_by_hand(args: &[OsString]) -> Option<Cli> {
-    if args.get(1)?.to_str()? != "start" {
-        return None;
-    }
-    let mut root: Option<PathBuf> = None;
-    let mut s = StartArgs {
-        lease: None,
-        grace: dur("--grace")("5s").ok()?,
-        hup_after: dur("--hup-after")("500ms").ok()?,
-        cgroup: None,
-        detach: false,
-        quiet: false,
-        timeout: None,
-        cwd: None,
-        env: Vec::new(),
-        labels: Vec::new(),
-        on_disconnect: None,
-        pty: false,
-        pty_size: None,
-        max_output: None,
-        on_output_limit: "keep".into(),
-        detached_child: false,
-        run_id: String::new(),
-        command: Vec::new(),
-    };
-    let mut seen: Vec<&str> = Vec::new();
-    let mut i = 2;
-    loop {
-        let word = args.get(i)?.to_str()?;
-        if !word.starts_with('-') {
-            break;
-        }
-        // Each option once, as clap's definition says (only -e and --label append).
-        let name = match word {
-            "-d" => "--detach",
-            "-C" => "--cwd",
-            "-e" => "--env",
-            w => w,
-        };
-        if name != "--env" && name != "--label" {
-            if seen.contains(&name) {
-                return None;
-            }
-            seen.push(name);
-        }
-        i += 1;
-        match name {
-            "--detach" => s.detach = true,
-            "--quiet" => s.quiet = true,
-            "--pty" => s.pty = true,
-            "--detached-child" => s.detached_child = true,
-            _ => {
-                let value = args.get(i)?.to_str()?;
-                if value.starts_with('-') {
-                    return None;
-                }
-                i += 1;
-                match name {
-                    "--root" => root = Some(PathBuf::from(value)),
-                    "--lease" => s.lease = Some(lease_dur(value).ok()?),
-                    "--grace" => s.grace = grace_dur(value).ok()?,
-                    "--hup-after" => s.hup_after = dur("--hup-after")(value).ok()?,
-                    "--cgroup" => s.cgroup = Some(value.to_string()),
-                    "--timeout" => s.timeout = Some(positive_dur("--timeout")(value).ok()?),
-                    "--cwd" => s.cwd = Some(PathBuf::from(value)),
-                    "--env" => s.env.push(spec::parse_env(value.as_ref()).ok()?),
-                    "--label" => s.labels.push(label_pair(value).ok()?),
-                    "--on-disconnect" => s.on_disconnect = Some(policy(value).ok()?),
-                    "--pty-size" => s.pty_size = Some(pty_size(value).ok()?),
-                    "--max-output" => s.max_output = Some(size_arg(value).ok()?),
-                    "--on-output-limit" if value == "keep" || value == "stop" => {
-                        s.on_output_limit = value.to_string()
-                    }
-                    _ => return None,
-                }
-            }
-        }
-    }
-    // `--pty-size` requires `--pty`.
-    if s.pty_size.is_some() && !s.pty {
-        return None;
-    }
-    s.run_id = args.get(i)?.to_str()?.to_string();
-    if args.get(i + 1)?.to_str()? != "--" {
-        return None;
-    }
-    s.command = args.get(i + 2..)?.to_vec();
-    if s.command.is_empty() {
-        return None;
-    }
-    Some(Cli {
-        root,
-        command: Command::Start(s),
     })
 }
 
@@ -884,43 +780,13 @@ mod tests {
             let whole = Cli::try_parse_from(&w).unwrap();
             let fast = parse_start(&os).unwrap_or_else(|| panic!("the launch parse refused {w:?}"));
             assert_eq!(format!("{fast:?}"), format!("{whole:?}"), "{w:?}");
-            let hand =
-                parse_start_by_hand(&os).unwrap_or_else(|| panic!("the hand parse refused {w:?}"));
-            assert_eq!(format!("{hand:?}"), format!("{whole:?}"), "{w:?}");
         }
-        // What the hand parse leaves to clap: whatever it refuses, clap answers, and what clap
-        // takes of these it takes as the whole parse does (the refusal only costs time).
-        for line in [
-            &["a", "start", "--quiet", "--quiet", "r1", "--", "x"][..],
-            &["a", "start", "--grace=2s", "r1", "--", "x"],
-            &["a", "start", "-dq", "r1", "--", "x"],
-            &["a", "start", "--grace", "-2s", "r1", "--", "x"],
-            &[
-                "a", "start", "--grace", "2s", "--grace", "3s", "r1", "--", "x",
-            ],
-            &["a", "start", "--pty-size", "80x24", "r1", "--", "x"],
-            &["a", "start", "--on-output-limit", "maybe", "r1", "--", "x"],
-            &["a", "start", "--timeout", "0", "r1", "--", "x"],
-            &["a", "start", "--lease", "0", "r1", "--", "x"],
-            &["a", "start", "-e", "NOEQUALS", "r1", "--", "x"],
-            &["a", "start", "r1", "x", "y"],
-            &["a", "start", "r1", "--"],
-            &["a", "start", "--", "r1", "x"],
-            &["a", "start", "--help"],
-            &["a", "start", "--root"],
-            &["a", "--root", "/x", "start", "r1", "--", "x"],
-            &["a", "start", "--bogus", "r1", "--", "x"],
-        ] {
-            let os: Vec<OsString> = line.iter().map(OsString::from).collect();
-            assert!(parse_start_by_hand(&os).is_none(), "{line:?}");
-        }
-        // A line the hand parse takes with -e's value not UTF-8 is refused (clap reads it).
+        // A line with -e's value not UTF-8 is taken (clap reads OsStrings).
         {
             use std::os::unix::ffi::OsStringExt;
             let mut os: Vec<OsString> = ["a", "start", "-e"].iter().map(OsString::from).collect();
             os.push(OsString::from_vec(b"A=\xff".to_vec()));
             os.extend(["r1", "--", "x"].iter().map(OsString::from));
-            assert!(parse_start_by_hand(&os).is_none());
             assert!(parse_start(&os).is_some());
         }
         // Help, version and errors are the whole parse's to answer.
