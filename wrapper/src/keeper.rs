@@ -108,10 +108,6 @@ pub struct Policy {
 #[derive(Debug, Clone, Copy)]
 pub struct Keeper {
     pub identity: Identity,
-    /// When it was kept off the wrapper's CPU until its go ([`sys::keep_off_this_cpu`]): the
-    /// CPUs the wrapper gives it back as it lets it go ([`sys::set_cpus_of`]). A keeper whose
-    /// wrapper died first keeps the others, one CPU fewer: it drains on one at a time anyway.
-    pub cpus: Option<rustix::thread::CpuSet>,
 }
 
 /// A pipe, both ends close-on-exec: `(read, write)`.
@@ -190,7 +186,6 @@ pub fn spawn(
     ];
     let policy = *policy;
     let body_path = path.clone();
-    let held_go = go.is_some();
     // INT, HUP and TERM are not our end (EOF is); PIPE: we write files only.
     let ignored = [libc::SIGINT, libc::SIGHUP, libc::SIGTERM, libc::SIGPIPE];
     let pid = sys::fork_helper(
@@ -203,15 +198,10 @@ pub fn spawn(
         move || keep_run(body_path, policy, held, notify, go, done),
     )
     .context("cannot start the output keeper")?;
-    // Forked behind us on our CPU, the keeper would wait there for all we do next while the
-    // workload's CPU falls idle at its exit: it waits for its go elsewhere (its first steps
-    // run there too), and the wrapper gives it our CPUs back at the go.
-    let cpus = sys::cpus_allowed().filter(|cpus| held_go && sys::keep_off_this_cpu(pid, cpus));
     // Our unreaped child: the pid is its own until we wait for it.
     let start_ticks = procfs::stat(pid).map_or(0, |s| s.start_ticks);
     Ok(Keeper {
         identity: Identity { pid, start_ticks },
-        cpus,
     })
 }
 

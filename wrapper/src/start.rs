@@ -243,8 +243,6 @@ struct Launch {
     pty: Option<PtyRun>,
     /// The output keeper, once started: never the run's, never signalled.
     keeper: Option<Identity>,
-    /// The CPUs to give the keeper back at its go ([`keeper::Keeper::cpus`]).
-    keeper_cpus: Option<rustix::thread::CpuSet>,
     /// Its pidfd (our unreaped child: the pid is its own): the final record waits on it, not on
     /// inotify, for the keeper's counts.
     keeper_fd: Option<OwnedFd>,
@@ -372,7 +370,6 @@ impl Launch {
             cgroup_failure,
             pty: None,
             keeper: None,
-            keeper_cpus: None,
             keeper_fd: None,
             keeper_done: None,
             keeper_exiting: false,
@@ -573,7 +570,6 @@ impl Launch {
         let (done_r, done_w) = keeper::wake_pipe().ok().unzip();
         let k = keeper::spawn(&self.dir, held, &policy, notify, reset_signals, go, done_w)?;
         self.keeper = Some(k.identity);
-        self.keeper_cpus = k.cpus;
         self.keeper_fd = sys::pidfd_open(k.identity.pid).ok();
         self.keeper_done = done_r;
         self.st.output = Some(agent_run_shared::output::Output::pending(
@@ -886,12 +882,9 @@ impl Launch {
         report
     }
 
-    /// The keeper's go (see `keeper_go`), with every CPU of ours for it again. Once.
+    /// The keeper's go (see `keeper_go`). Once.
     fn release_keeper(&mut self) {
         if let Some(go) = self.keeper_go.take() {
-            if let (Some(k), Some(cpus)) = (self.keeper, &self.keeper_cpus) {
-                sys::set_cpus_of(k.pid, cpus);
-            }
             // A byte, then our end closed: either one lets the keeper go (see keeper.rs). A
             // full pipe (EAGAIN: the workload filled it through /proc) has let it go already.
             let _ = rustix::io::write(&go, b"g");
