@@ -23,7 +23,7 @@
 //! keeper::spawn(dir: &RunDir, held: Vec<(Stream, OwnedFd, File)>, policy: &Policy,
 //!               notify: Option<OwnedFd> /*write end of a non-blocking pipe*/,
 //!               reset_signals: u64 /*sys::nondefault_signals(), after the last handler*/,
-//!               go: Option<OwnedFd> /*read end: the keeper starts at a byte or EOF*/)
+//!               done: Option<OwnedFd> /*write end: closed once output.json is in place*/)
 //!     -> anyhow::Result<Keeper>            // Keeper { identity: Identity }
 //! Stream::{Stdout, Stderr}                 // which log a source feeds (its counts' key)
 //! Policy { limit: Option<u64> /*per stream, None = unlimited*/, stop: bool /*--on-output-limit=stop*/ }
@@ -148,20 +148,12 @@ pub fn open_logs(
 /// heartbeat and the streamer start after it, see `start.rs`), as a debug assertion checks.
 /// The wrapper forks it right after the workload's spawn, where the fork's copy of its page
 /// tables runs beside the workload's exec instead of before it.
-///
-/// With `go` (the read end of a pipe whose write end the caller holds), the keeper waits for a
-/// byte or the EOF before it sets anything up: the caller writes one and drops the write end
-/// once the workload is recorded running and the wrapper is about to sleep (or drops it when
-/// the launch fails), and the keeper's
-/// start no longer competes for a CPU with the workload's exec and the wrapper's last steps
-/// (on two cores they waited behind it).
 pub fn spawn(
     dir: &RunDir,
     held: Vec<(Stream, OwnedFd, File)>,
     policy: &Policy,
     notify: Option<OwnedFd>,
     reset_signals: u64,
-    go: Option<OwnedFd>,
     done: Option<OwnedFd>,
 ) -> anyhow::Result<Keeper> {
     use std::os::unix::ffi::OsStrExt;
@@ -171,7 +163,6 @@ pub fn spawn(
         keep.push(log.as_raw_fd());
     }
     keep.extend(notify.as_ref().map(AsRawFd::as_raw_fd));
-    keep.extend(go.as_ref().map(AsRawFd::as_raw_fd));
     keep.extend(done.as_ref().map(AsRawFd::as_raw_fd));
     let null = File::options()
         .read(true)
@@ -195,7 +186,7 @@ pub fn spawn(
         reset_signals,
         c"agent-run-keep",
         &title,
-        move || keep_run(body_path, policy, held, notify, go, done),
+        move || keep_run(body_path, policy, held, notify, done),
     )
     .context("cannot start the output keeper")?;
     // Our unreaped child: the pid is its own until we wait for it.
@@ -274,15 +265,10 @@ fn keep_run(
     policy: Policy,
     held: Vec<(Stream, OwnedFd, File)>,
     notify: Option<OwnedFd>,
-    go: Option<OwnedFd>,
     done: Option<OwnedFd>,
 ) -> u8 {
     crate::phases::forked("keeper");
     crate::phases::mark("keeper_forked");
-    if let Some(go) = go {
-        wait_for_go(&go);
-        crate::phases::mark("keeper_go");
-    }
     let code = keep_run_inner(dir, policy, held, notify);
     drop(done);
     if agent_run_shared::fault::armed(agent_run_shared::fault::SLOW_KEEPER_EXIT) {
@@ -290,17 +276,6 @@ fn keep_run(
     }
     crate::phases::flush();
     code
-}
-
-/// Wait for the go: a byte the wrapper writes into `go` once the workload has exec'd and is
-/// recorded running (see [`spawn`]), or the pipe's EOF (a wrapper that died, or dropped its
-/// end on a failed launch), or an error. A byte, not only the EOF: a workload that opened the
-/// wrapper's write end through /proc (same user) would otherwise hold the keeper back. Nothing
-/// is lost meanwhile: the workload's first 64 KiB wait in the pipes, and past that it blocks,
-/// as it would on a slow reader.
-fn wait_for_go(go: &OwnedFd) {
-    let mut b = [0u8; 1];
-    while let Err(rustix::io::Errno::INTR) = rustix::io::read(go, &mut b) {}
 }
 
 fn keep_run_inner(

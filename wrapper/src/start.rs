@@ -90,14 +90,13 @@ fn decode_env(s: &std::ffi::OsStr) -> anyhow::Result<Vec<(OsString, OsString)>> 
 }
 
 /// What [`Launch::fork_keeper`] hands the keeper: its sources (pipes' read ends or the pty's
-/// master), the streamer's wake-up (write end), the signals to reset, the go pipe (read end),
-/// and what it does at the cap.
+/// master), the streamer's wake-up (write end), the signals to reset, and what it does at the
+/// cap.
 struct PendingKeeper {
     /// Each source with its log, opened before the spawn ([`keeper::open_logs`]).
     held: Vec<(keeper::Stream, OwnedFd, std::fs::File)>,
     notify: Option<OwnedFd>,
     reset_signals: u64,
-    go: Option<OwnedFd>,
     policy: keeper::Policy,
     pty: bool,
 }
@@ -253,12 +252,6 @@ struct Launch {
     /// The keeper said it was done, and its exit has not been seen yet: the wrapper waits for
     /// that exit (briefly: it is only being torn down) before its own.
     keeper_exiting: bool,
-    /// The write end of the keeper's go pipe (see [`keeper::spawn`]): held from the keeper's
-    /// fork until the workload has exec'd, its `running` record is written and the wrapper is
-    /// about to sleep in the supervision (or the launch fails, or anything waits for the
-    /// keeper), so the keeper's start never competes for a CPU with the exec and the wrapper's
-    /// own steps after it. A byte written into it, or its drop, starts the keeper.
-    keeper_go: Option<OwnedFd>,
     /// The keeper's sources and descriptors, between their making (before the spawn) and its
     /// fork (after the spawn, see [`Launch::fork_keeper`]).
     pending_keeper: Option<PendingKeeper>,
@@ -373,7 +366,6 @@ impl Launch {
             keeper_fd: None,
             keeper_done: None,
             keeper_exiting: false,
-            keeper_go: None,
             pending_keeper: None,
             beat,
             published: Arc::default(),
@@ -453,9 +445,6 @@ impl Launch {
                 };
                 let scope = self.scope();
                 crate::phases::mark("scope");
-                // The run is recorded running and we are about to sleep in the supervision's
-                // poll: the keeper starts now (see `keeper_go`), where it takes no CPU from us.
-                self.release_keeper();
                 let outcome = supervise::supervise(
                     &self.dir,
                     &self.journal,
@@ -508,7 +497,6 @@ impl Launch {
         pty_master: Option<OwnedFd>,
         notify: Option<OwnedFd>,
         reset_signals: u64,
-        go: Option<OwnedFd>,
     ) -> anyhow::Result<Option<(OwnedFd, OwnedFd)>> {
         let (sources, ends) = match pty_master {
             Some(m) => {
@@ -534,7 +522,6 @@ impl Launch {
             held,
             notify,
             reset_signals,
-            go,
             policy: keeper::Policy {
                 limit: args.max_output.and_then(|m| m.0),
                 stop: args.on_output_limit == "stop",
@@ -552,7 +539,6 @@ impl Launch {
             held,
             notify,
             reset_signals,
-            go,
             policy,
             pty,
         }) = self.pending_keeper.take()
@@ -568,7 +554,7 @@ impl Launch {
         let on_limit = if policy.stop { "stop" } else { "keep" };
         // Made after the workload's spawn: it never held either end.
         let (done_r, done_w) = keeper::wake_pipe().ok().unzip();
-        let k = keeper::spawn(&self.dir, held, &policy, notify, reset_signals, go, done_w)?;
+        let k = keeper::spawn(&self.dir, held, &policy, notify, reset_signals, done_w)?;
         self.keeper = Some(k.identity);
         self.keeper_fd = sys::pidfd_open(k.identity.pid).ok();
         self.keeper_done = done_r;
@@ -629,19 +615,10 @@ impl Launch {
         };
         // The signals the keeper and the workload reset: every handler is in place by now.
         let reset_signals = sys::nondefault_signals();
-        // The keeper waits for the workload's exec and the `running` record before its own
-        // start (see `keeper_go`).
-        let (go_r, go_w) = keeper::pipe().ok().unzip();
-        // Our end never blocks: the workload can open the pipe's write end through /proc and
-        // fill it, and a full pipe holds the go already.
-        if let Some(w) = &go_w {
-            let _ = rustix::fs::fcntl_setfl(w, rustix::fs::OFlags::NONBLOCK);
-        }
-        let ends = match self.prepare_keeper(args, master, notify_w, reset_signals, go_r) {
+        let ends = match self.prepare_keeper(args, master, notify_w, reset_signals) {
             Ok(ends) => ends,
             Err(e) => return Err(self.launch_failed(exit::SOFTWARE, &format!("{e:#}"))),
         };
-        self.keeper_go = go_w;
         // The streamer's logs, opened before the workload exists (its thread starts after the
         // keeper's fork).
         let bound = args.max_output.and_then(|m| m.0).map(keeper::most_logged);
@@ -882,16 +859,6 @@ impl Launch {
         report
     }
 
-    /// The keeper's go (see `keeper_go`). Once.
-    fn release_keeper(&mut self) {
-        if let Some(go) = self.keeper_go.take() {
-            // A byte, then our end closed: either one lets the keeper go (see keeper.rs). A
-            // full pipe (EAGAIN: the workload filled it through /proc) has let it go already.
-            let _ = rustix::io::write(&go, b"g");
-            drop(go);
-        }
-    }
-
     /// Before a final record: give the keeper time to drain and exit (it writes output.json
     /// just before), so `finalize` finds its counts at once. [`agent_run_shared::output::WAIT`],
     /// and when nothing of the run survives (every writer of its pipes is gone, so the keeper is
@@ -899,8 +866,6 @@ impl Launch {
     /// disk: a second per [`FSYNC_RATE`] bytes logged, at most [`KEEPER_WAIT_MAX`]. A 1 GiB log
     /// took longer to fsync here than the bare wait, and its record went out `complete: false`.
     fn wait_keeper(&mut self, survivors: bool) {
-        // A keeper still waiting for its go would never finish.
-        self.release_keeper();
         // Done already (a short run's usual case), or no keeper: no look at the logs' sizes.
         if self.keeper_finished(Duration::ZERO) {
             self.note_keeper_lost();
