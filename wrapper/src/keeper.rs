@@ -22,8 +22,7 @@
 //!     -> anyhow::Result<Vec<(Stream, OwnedFd, File)>>   // each source with its log, opened now
 //! keeper::spawn(dir: &RunDir, held: Vec<(Stream, OwnedFd, File)>, policy: &Policy,
 //!               notify: Option<OwnedFd> /*write end of a non-blocking pipe*/,
-//!               reset_signals: u64 /*sys::nondefault_signals(), after the last handler*/,
-//!               done: Option<OwnedFd> /*write end: closed once output.json is in place*/)
+//!               reset_signals: u64 /*sys::nondefault_signals(), after the last handler*/)
 //!     -> anyhow::Result<Keeper>            // Keeper { identity: Identity }
 //! Stream::{Stdout, Stderr}                 // which log a source feeds (its counts' key)
 //! Policy { limit: Option<u64> /*per stream, None = unlimited*/, stop: bool /*--on-output-limit=stop*/ }
@@ -117,8 +116,7 @@ pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 
 /// A pipe with both ends close-on-exec and non-blocking: `(read, write)`. The streamer's
 /// wake-up pipe: the keeper writes into it after each round of appends (it must never block on
-/// a streamer that stalls); the streamer drains it before each look at the logs. Also the
-/// keeper's done pipe (see [`keep_run`]): never written, its read end polled by the wrapper.
+/// a streamer that stalls); the streamer drains it before each look at the logs.
 pub fn wake_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     use rustix::pipe::PipeFlags;
     rustix::pipe::pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK).map_err(io::Error::from)
@@ -154,7 +152,6 @@ pub fn spawn(
     policy: &Policy,
     notify: Option<OwnedFd>,
     reset_signals: u64,
-    done: Option<OwnedFd>,
 ) -> anyhow::Result<Keeper> {
     use std::os::unix::ffi::OsStrExt;
     let mut keep = Vec::new();
@@ -163,7 +160,6 @@ pub fn spawn(
         keep.push(log.as_raw_fd());
     }
     keep.extend(notify.as_ref().map(AsRawFd::as_raw_fd));
-    keep.extend(done.as_ref().map(AsRawFd::as_raw_fd));
     let null = File::options()
         .read(true)
         .write(true)
@@ -186,7 +182,7 @@ pub fn spawn(
         reset_signals,
         c"agent-run-keep",
         &title,
-        move || keep_run(body_path, policy, held, notify, done),
+        move || keep_run(body_path, policy, held, notify),
     )
     .context("cannot start the output keeper")?;
     // Our unreaped child: the pid is its own until we wait for it.
@@ -252,25 +248,17 @@ struct Keep {
 }
 
 /// The keeper's life, in the forked child: drain until every source is at EOF, then write
-/// output.json; 0, or 70 (journalled as `keeper_failed`). `done` is the only write end of a
-/// pipe whose read end the wrapper watches: it is closed here once output.json is in place
-/// (or the keeper failed) and nothing more is written, and its EOF lets the wrapper's final
-/// record go out while this process is still being torn down (a fork of the wrapper: its
-/// exit took ~0.1 ms here, which the record waited for). A kernel fact: the keeper never
-/// writes into the pipe, and only the close of every write end makes the EOF; a workload that
-/// opened another write end through /proc can delay it (the wrapper then waits for the exit),
-/// never hasten it.
+/// output.json; 0, or 70 (journalled as `keeper_failed`). Its exit is what the wrapper's final
+/// record waits for (the pidfd).
 fn keep_run(
     dir: PathBuf,
     policy: Policy,
     held: Vec<(Stream, OwnedFd, File)>,
     notify: Option<OwnedFd>,
-    done: Option<OwnedFd>,
 ) -> u8 {
     crate::phases::forked("keeper");
     crate::phases::mark("keeper_forked");
     let code = keep_run_inner(dir, policy, held, notify);
-    drop(done);
     if agent_run_shared::fault::armed(agent_run_shared::fault::SLOW_KEEPER_EXIT) {
         std::thread::sleep(std::time::Duration::from_secs(1));
     }

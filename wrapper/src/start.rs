@@ -245,13 +245,6 @@ struct Launch {
     /// Its pidfd (our unreaped child: the pid is its own): the final record waits on it, not on
     /// inotify, for the keeper's counts.
     keeper_fd: Option<OwnedFd>,
-    /// The read end (non-blocking) of the keeper's done pipe: at EOF once the keeper has
-    /// written output.json (see `keeper::keep_run`). None once given up on (bytes in it: not
-    /// the keeper's).
-    keeper_done: Option<OwnedFd>,
-    /// The keeper said it was done, and its exit has not been seen yet: the wrapper waits for
-    /// that exit (briefly: it is only being torn down) before its own.
-    keeper_exiting: bool,
     /// The keeper's sources and descriptors, between their making (before the spawn) and its
     /// fork (after the spawn, see [`Launch::fork_keeper`]).
     pending_keeper: Option<PendingKeeper>,
@@ -364,8 +357,6 @@ impl Launch {
             pty: None,
             keeper: None,
             keeper_fd: None,
-            keeper_done: None,
-            keeper_exiting: false,
             pending_keeper: None,
             beat,
             published: Arc::default(),
@@ -552,12 +543,9 @@ impl Launch {
         }
         let limit = policy.limit;
         let on_limit = if policy.stop { "stop" } else { "keep" };
-        // Made after the workload's spawn: it never held either end.
-        let (done_r, done_w) = keeper::wake_pipe().ok().unzip();
-        let k = keeper::spawn(&self.dir, held, &policy, notify, reset_signals, done_w)?;
+        let k = keeper::spawn(&self.dir, held, &policy, notify, reset_signals)?;
         self.keeper = Some(k.identity);
         self.keeper_fd = sys::pidfd_open(k.identity.pid).ok();
-        self.keeper_done = done_r;
         self.st.output = Some(agent_run_shared::output::Output::pending(
             limit,
             policy.stop,
@@ -912,8 +900,7 @@ impl Launch {
         let (Some(k), Some(fd)) = (self.keeper, &self.keeper_fd) else {
             return;
         };
-        // It said done (output.json is in place): nothing to look at, no syscall.
-        if self.keeper_exiting || !sys::readable_by(fd.as_fd(), Instant::now()) {
+        if !sys::readable_by(fd.as_fd(), Instant::now()) {
             return;
         }
         let pending = self.st.output.as_ref().filter(|o| !o.complete);
@@ -953,60 +940,13 @@ impl Launch {
         );
     }
 
-    /// Whether the keeper is done within `timeout`: its done pipe at EOF (output.json is in
-    /// place, see `keeper::keep_run`) or the keeper gone (its pidfd). Bytes in the pipe are
-    /// not the keeper's (it writes none): someone opened the pipe through /proc; it is
-    /// watched no more, and the keeper's exit decides.
-    fn keeper_finished(&mut self, timeout: Duration) -> bool {
+    /// Whether the keeper has exited within `timeout` (its pidfd; output.json is in place by
+    /// then, unless it failed).
+    fn keeper_finished(&self, timeout: Duration) -> bool {
         let Some(pidfd) = &self.keeper_fd else {
             return true;
         };
-        let deadline = Instant::now() + timeout;
-        loop {
-            let fd = |fd: &OwnedFd| sys::PollFd {
-                fd: fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            let mut fds = [fd(pidfd), fd(self.keeper_done.as_ref().unwrap_or(pidfd))];
-            let n = if self.keeper_done.is_some() { 2 } else { 1 };
-            let left = deadline.saturating_duration_since(Instant::now());
-            // EINTR is zero ready: a look again. Another error ends the wait, as before.
-            if sys::poll(&mut fds[..n], Some(left)).is_err() {
-                return false;
-            }
-            if fds[0].revents != 0 {
-                self.keeper_exiting = false;
-                return true;
-            }
-            if n == 2 && fds[1].revents != 0 {
-                if let Some(done) = &self.keeper_done {
-                    match rustix::io::read(done, &mut [0u8; 16]) {
-                        Ok(0) => {
-                            self.keeper_exiting = true;
-                            return true;
-                        }
-                        Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}
-                        _ => self.keeper_done = None,
-                    }
-                }
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-        }
-    }
-
-    /// After the final record: a keeper that said it was done is only being torn down; its
-    /// exit is waited for (at most [`KEEPER_EXIT_MAX`]) so that nothing of the launch outlives
-    /// the wrapper, as before the done pipe.
-    fn await_keeper_exit(&mut self) {
-        if !std::mem::take(&mut self.keeper_exiting) {
-            return;
-        }
-        if let Some(pidfd) = &self.keeper_fd {
-            sys::readable_by(pidfd.as_fd(), Instant::now() + KEEPER_EXIT_MAX);
-        }
+        sys::readable_by(pidfd.as_fd(), Instant::now() + timeout)
     }
 
     fn launch_failed(&mut self, code: u8, msg: &str) -> u8 {
@@ -1036,7 +976,6 @@ impl Launch {
         if let Some(cg) = &self.cgroup {
             agent_run_shared::lifecycle::remove_cgroup(cg, &self.journal);
         }
-        self.await_keeper_exit();
         code
     }
 
@@ -1160,8 +1099,6 @@ impl Launch {
             agent_run_shared::lifecycle::remove_cgroup(cg, &self.journal);
         }
         crate::phases::mark("cgroup_rm");
-        self.await_keeper_exit();
-        crate::phases::mark("keeper_exit");
         if let Err(e) = written {
             let left = report.as_ref().map_or(0, |r| r.survivors.len());
             return fail(
@@ -1187,8 +1124,6 @@ const FSYNC_RATE: u64 = 20_000_000;
 const KEEPER_WAIT_MAX: Duration = Duration::from_secs(60);
 /// How often a wait for the keeper looks whether the run has stopped it (SIGSTOP).
 const KEEPER_STOP_LOOK: Duration = Duration::from_millis(100);
-/// The longest [`Launch::await_keeper_exit`] waits for a keeper that said it was done.
-const KEEPER_EXIT_MAX: Duration = Duration::from_secs(2);
 
 /// How many lines of stderr a `--quiet` run that failed prints.
 const FAILURE_TAIL: usize = 10;
