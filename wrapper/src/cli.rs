@@ -641,9 +641,6 @@ pub fn parse() -> Result<Cli, u8> {
         eprintln!("agent-run: {msg}");
         exit::USAGE
     })?;
-    if let Some(cli) = parse_start(&args) {
-        return Ok(cli);
-    }
     Cli::try_parse_from(args).map_err(|e| {
         let code = match e.kind() {
             clap::error::ErrorKind::DisplayHelp
@@ -670,43 +667,13 @@ pub fn parse() -> Result<Cli, u8> {
     })
 }
 
-/// The launch's own parse: `start` and its options alone, without building the other
-/// subcommands (clap builds every one of them for a whole parse: 0.2-0.3 ms of a launch).
-/// `None` for anything that is not a `start` line parsing cleanly (help, version, any error):
-/// the whole parse then answers, with its own messages. A line it takes parses exactly as the
-/// whole parse would (the test `the_launch_parse_agrees_with_the_whole_parse`).
-fn parse_start(args: &[OsString]) -> Option<Cli> {
-    use clap::FromArgMatches;
-    if args.get(1).and_then(|a| a.to_str()) != Some("start") {
-        return None;
-    }
-    let root = clap::Arg::new("root")
-        .long("root")
-        .global(true)
-        .value_name("DIR")
-        .value_parser(clap::value_parser!(PathBuf));
-    let cmd = clap::Command::new("agent-run")
-        .arg(root)
-        .subcommand(StartArgs::augment_args(clap::Command::new("start")));
-    let matches = cmd.try_get_matches_from(args).ok()?;
-    let root = matches.get_one::<PathBuf>("root").cloned();
-    let ("start", sub) = matches.subcommand()? else {
-        return None;
-    };
-    let start = StartArgs::from_arg_matches(sub).ok()?;
-    Some(Cli {
-        root,
-        command: Command::Start(start),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use clap::CommandFactory;
 
     #[test]
-    fn the_launch_parse_agrees_with_the_whole_parse() {
+    fn every_form_of_a_start_line_parses_as_start() {
         let lines: &[&[&str]] = &[
             &["a", "r1", "--", "true"],
             &[
@@ -776,10 +743,8 @@ mod tests {
         ];
         for line in lines {
             let w = words(line);
-            let os: Vec<OsString> = w.iter().map(OsString::from).collect();
-            let whole = Cli::try_parse_from(&w).unwrap();
-            let fast = parse_start(&os).unwrap_or_else(|| panic!("the launch parse refused {w:?}"));
-            assert_eq!(format!("{fast:?}"), format!("{whole:?}"), "{w:?}");
+            let cli = Cli::try_parse_from(&w).unwrap_or_else(|e| panic!("{w:?}: {e}"));
+            assert!(matches!(cli.command, Command::Start(_)), "{w:?}");
         }
         // A line with -e's value not UTF-8 is taken (clap reads OsStrings).
         {
@@ -787,19 +752,18 @@ mod tests {
             let mut os: Vec<OsString> = ["a", "start", "-e"].iter().map(OsString::from).collect();
             os.push(OsString::from_vec(b"A=\xff".to_vec()));
             os.extend(["r1", "--", "x"].iter().map(OsString::from));
-            assert!(parse_start(&os).is_some());
+            assert!(Cli::try_parse_from(&os).is_ok());
         }
-        // Help, version and errors are the whole parse's to answer.
+        // Help and errors are clap's answers.
         for line in [
             &["a", "start", "--help"][..],
             &["a", "start", "-h"],
             &["a", "start", "--grace", "soon", "r1", "--", "x"],
             &["a", "start", "--bogus", "r1", "--", "x"],
             &["a", "start"],
-            &["a", "list"],
         ] {
             let w: Vec<OsString> = line.iter().map(OsString::from).collect();
-            assert!(parse_start(&w).is_none(), "{line:?}");
+            assert!(Cli::try_parse_from(&w).is_err(), "{line:?}");
         }
     }
 
