@@ -18,7 +18,7 @@ mod renew;
 mod runs;
 mod select;
 mod signals;
-mod start;
+mod launch;
 mod status;
 mod stream;
 mod supervise;
@@ -75,7 +75,7 @@ fn run(cli: cli::Cli) -> anyhow::Result<u8> {
         agent_run_shared::sys::default_sigpipe();
     }
     match cli.command {
-        cli::Command::Start(args) => start::start(root, args),
+        cli::Command::Start(args) => launch::start(root, args),
         cli::Command::Cancel(args) => cancel::cancel(root, args),
         cli::Command::Renew(args) => renew::renew(root, args),
         cli::Command::Status(args) => status::status(root, args),
