@@ -33,7 +33,6 @@ impl Launch {
         code
     }
 
-
     /// After supervision: stop what is left, write the final record, pick the exit code.
     pub(super) fn finish(
         &mut self,

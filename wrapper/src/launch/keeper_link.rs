@@ -60,7 +60,6 @@ impl Launch {
         Ok(ends)
     }
 
-
     /// Fork the keeper of [`Launch::prepare_keeper`]'s sources. After the workload's spawn: a
     /// fork copies the wrapper's page tables, and there that cost runs beside the workload's
     /// exec instead of before it. The workload's first 64 KiB wait in the pipes meanwhile.
@@ -97,7 +96,6 @@ impl Launch {
         Ok(())
     }
 
-
     /// Before a final record: give the keeper time to drain and exit (it writes output.json
     /// just before), so `finalize` finds its counts at once. [`agent_run_shared::output::WAIT`],
     /// and when nothing of the run survives (every writer of its pipes is gone, so the keeper is
@@ -124,7 +122,6 @@ impl Launch {
         self.note_keeper_lost();
     }
 
-
     /// [`Launch::keeper_finished`] within `timeout`, looking whether the run has stopped the
     /// keeper (then it gets CONT: [`Launch::continue_stopped_keeper`]) after the first 10 ms
     /// and then every [`KEEPER_STOP_LOOK`]: a keeper that only drains is done before the first
@@ -144,7 +141,6 @@ impl Launch {
             slice = KEEPER_STOP_LOOK;
         }
     }
-
 
     /// A keeper that is gone without its counts (the run killed it, or it failed) will never
     /// write them: say so in the journal (`keeper_lost`), and take the logs' sizes now
@@ -170,7 +166,6 @@ impl Launch {
         self.st.output = Some(out);
     }
 
-
     /// The run can SIGSTOP the keeper (same user): then it drains nothing, the record would
     /// wait out its wait and say `complete: false`, and the keeper would stay stopped after us,
     /// forever. Its wrapper, and only it, sends it CONT, through the pidfd of its own child
@@ -193,7 +188,6 @@ impl Launch {
             }),
         );
     }
-
 
     /// Whether the keeper has exited within `timeout` (its pidfd; output.json is in place by
     /// then, unless it failed).

@@ -48,7 +48,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-
 mod detach;
 mod finish;
 mod keeper_link;
@@ -56,11 +55,11 @@ mod prepare;
 mod relaunch;
 mod spawn;
 
-pub use detach::{duration_arg, ENV_PASSED};
-pub use relaunch::relaunch;
 use detach::{decode_env, detach_parent};
+pub use detach::{duration_arg, ENV_PASSED};
 use finish::failure_tail;
 use keeper_link::PendingKeeper;
+pub use relaunch::relaunch;
 
 /// `agent-run start`.
 pub fn start(root: Option<&Path>, mut args: StartArgs) -> anyhow::Result<u8> {
@@ -217,110 +216,94 @@ struct Launch {
 }
 
 impl Launch {
+    /// The launch, step by step (the caller made the run dir and this value: the lock, the
+    /// first beat, the record's fields, the cgroup). Every failure after step 1 ends in a final
+    /// `launch_failed` record, never in a `starting` record that only a later cancel or the
+    /// watchdog could resolve.
     fn run(mut self, args: &StartArgs) -> anyhow::Result<u8> {
-        let dir = self.dir.clone();
-        dir.write_status(&self.st)?;
-        crate::phases::mark("starting_record");
-        fault::point("after_starting");
-        let _ = self.journal.event(
-            "launch",
-            json!({"argv": self.st.argv, "argv_b64": self.st.argv_b64, "cwd": self.st.cwd, "wrapper_pid": self.st.wrapper_pid,
-                   "grace_ms": self.st.grace_ms, "hup_after_ms": self.st.hup_after_ms,
-                   "lease_s": args.lease.map(|l| l.as_secs_f64()),
-                   "timeout_ms": self.st.timeout_ms, "labels": self.st.labels,
-                   "env": self.st.env, "on_disconnect": self.st.on_disconnect}),
-        );
-        for w in &self.st.warnings {
-            human::say(&format!("warning: {w}"));
-            let _ = self.journal.event("warning", json!({"warning": w}));
-        }
-        crate::phases::mark("journal_launch");
+        // 1. The `starting` record, and the launch in the journal.
+        self.record_starting(args)?;
         if let Some(why) = self.cgroup_failure.take() {
             return Ok(self.launch_failed(exit::SOFTWARE, &why));
         }
-        // Every failure from here to the spawn ends in a final `launch_failed` record, never in
-        // a `starting` record that only a later cancel or the watchdog could resolve.
-        let prepared = (|| -> anyhow::Result<(Option<(Lease, LeaseToken)>, Signals)> {
-            let lease = match (args.lease, &self.token) {
-                (Some(len), Some(token)) => {
-                    let lease = Lease::from_now(len).sign(dir.id().as_str(), token);
-                    dir.write_lease(&lease)?;
-                    Some((lease, token.clone()))
-                }
-                _ => None,
-            };
-            sys::set_child_subreaper().context("cannot become a child subreaper")?;
-            // An inherited mask must not say "stopping" or "done" before we are (see
-            // sys::mark_stopping, sys::mark_final).
-            sys::clear_marks();
-            let signals = Signals::register().context("cannot register signal handlers")?;
-            signals
-                .catch_tstp()
-                .context("cannot register the SIGTSTP handler")?;
-            if args.pty && args.pty_size.is_none() && !args.detached_child {
-                signals
-                    .catch_winch()
-                    .context("cannot register the SIGWINCH handler")?;
-            }
-            Ok((lease, signals))
-        })();
-        let (lease_deadline, signals) = match prepared {
+        // 2. The lease, the subreaper, the signal handlers.
+        let (lease, signals) = match self.prepare(args) {
             Ok(p) => p,
             Err(e) => return Ok(self.launch_failed(exit::SOFTWARE, &format!("{e:#}"))),
         };
         crate::phases::mark("lease_signals");
-        // The streamer is a thread: it starts after the keeper's fork (in `spawn`), and loses
-        // nothing by it (it copies the logs from their start).
+        // 3. The workload's spawn, the keeper's fork, the threads, the `running` record. The
+        //    streamer is a thread started there, after the keeper's fork.
         let mut streamer = None;
         let code = match self.spawn(args, &mut streamer) {
             Ok((leader, leader_fd)) => {
-                if let Some(p) = &mut self.pty {
-                    if !args.detached_child {
-                        if let Err(e) = p.copy_stdin() {
-                            let w = format!("stdin is not copied to the pty: {e}");
-                            human::say(&format!("warning: {w}"));
-                            let _ = self.journal.event("warning", json!({"warning": w}));
-                        }
-                    }
-                }
-                let limits = Limits {
-                    lease: lease_deadline,
-                    timeout: args.timeout.zip(self.started).map(|(t, s)| (s + t, t)),
-                    on_disconnect: (!args.detached_child).then(|| args.on_disconnect()),
-                };
-                let scope = self.scope();
-                crate::phases::mark("scope");
-                let outcome = supervise::supervise(
-                    &self.dir,
-                    &self.journal,
-                    &signals,
-                    leader_fd.as_ref(),
-                    leader,
-                    &limits,
-                    &mut self.st,
-                    &scope,
-                    self.pty.as_mut(),
-                    &self.published,
-                );
-                crate::phases::mark("supervise");
-                if let Some(p) = &mut self.pty {
-                    p.restore_terminal();
-                }
+                // 4. Supervise until the leader exits or a stop is asked for.
+                let limits = self.limits(args, lease);
+                let outcome = self.supervise(args, &signals, leader, leader_fd, &limits);
+                // 5. Stop what is left, write the final record, pick the exit code.
                 self.finish(leader, outcome, &signals, &limits)?
             }
             Err(code) => code,
         };
+        // 6. The streamer's last copy; a `--quiet` caller that did not stream still sees why.
         if let Some(s) = streamer {
             s.finish();
         }
         crate::phases::mark("stream_end");
         if args.quiet && !args.detached_child && code != exit::OK && self.st.started_at.is_some() {
-            // A caller that did not stream still sees why.
-            failure_tail(&dir, self.dir.id().as_str(), &self.st);
+            failure_tail(&self.dir, self.dir.id().as_str(), &self.st);
         }
         Ok(code)
     }
 
+    /// What the supervision enforces: the lease, the timeout from the spawn, the caller.
+    fn limits(&self, args: &StartArgs, lease: Option<(Lease, LeaseToken)>) -> Limits {
+        Limits {
+            lease,
+            timeout: args.timeout.zip(self.started).map(|(t, s)| (s + t, t)),
+            on_disconnect: (!args.detached_child).then(|| args.on_disconnect()),
+        }
+    }
+
+    /// The caller's keystrokes to the pty, then [`supervise::supervise`] until the leader
+    /// exits or a stop is asked for.
+    fn supervise(
+        &mut self,
+        args: &StartArgs,
+        signals: &Signals,
+        leader: Identity,
+        leader_fd: Option<OwnedFd>,
+        limits: &Limits,
+    ) -> Outcome {
+        if let Some(p) = &mut self.pty {
+            if !args.detached_child {
+                if let Err(e) = p.copy_stdin() {
+                    let w = format!("stdin is not copied to the pty: {e}");
+                    human::say(&format!("warning: {w}"));
+                    let _ = self.journal.event("warning", json!({"warning": w}));
+                }
+            }
+        }
+        let scope = self.scope();
+        crate::phases::mark("scope");
+        let outcome = supervise::supervise(
+            &self.dir,
+            &self.journal,
+            signals,
+            leader_fd.as_ref(),
+            leader,
+            limits,
+            &mut self.st,
+            &scope,
+            self.pty.as_mut(),
+            &self.published,
+        );
+        crate::phases::mark("supervise");
+        if let Some(p) = &mut self.pty {
+            p.restore_terminal();
+        }
+        outcome
+    }
 
     /// The run's process scope, as every stop in this wrapper uses it: the keeper descends from
     /// us but is not the run's.

@@ -109,6 +109,56 @@ impl Launch {
             published: Arc::default(),
         })
     }
+
+    /// The `starting` record, the launch in the journal and its warnings said.
+    pub(super) fn record_starting(&mut self, args: &StartArgs) -> anyhow::Result<()> {
+        self.dir.write_status(&self.st)?;
+        crate::phases::mark("starting_record");
+        fault::point("after_starting");
+        let _ = self.journal.event(
+            "launch",
+            json!({"argv": self.st.argv, "argv_b64": self.st.argv_b64, "cwd": self.st.cwd, "wrapper_pid": self.st.wrapper_pid,
+                   "grace_ms": self.st.grace_ms, "hup_after_ms": self.st.hup_after_ms,
+                   "lease_s": args.lease.map(|l| l.as_secs_f64()),
+                   "timeout_ms": self.st.timeout_ms, "labels": self.st.labels,
+                   "env": self.st.env, "on_disconnect": self.st.on_disconnect}),
+        );
+        for w in &self.st.warnings {
+            human::say(&format!("warning: {w}"));
+            let _ = self.journal.event("warning", json!({"warning": w}));
+        }
+        crate::phases::mark("journal_launch");
+        Ok(())
+    }
+
+    /// The first lease (signed with the run's token), the subreaper, the signal handlers.
+    pub(super) fn prepare(
+        &self,
+        args: &StartArgs,
+    ) -> anyhow::Result<(Option<(Lease, LeaseToken)>, Signals)> {
+        let lease = match (args.lease, &self.token) {
+            (Some(len), Some(token)) => {
+                let lease = Lease::from_now(len).sign(self.dir.id().as_str(), token);
+                self.dir.write_lease(&lease)?;
+                Some((lease, token.clone()))
+            }
+            _ => None,
+        };
+        sys::set_child_subreaper().context("cannot become a child subreaper")?;
+        // An inherited mask must not say "stopping" or "done" before we are (see
+        // sys::mark_stopping, sys::mark_final).
+        sys::clear_marks();
+        let signals = Signals::register().context("cannot register signal handlers")?;
+        signals
+            .catch_tstp()
+            .context("cannot register the SIGTSTP handler")?;
+        if args.pty && args.pty_size.is_none() && !args.detached_child {
+            signals
+                .catch_winch()
+                .context("cannot register the SIGWINCH handler")?;
+        }
+        Ok((lease, signals))
+    }
 }
 
 /// The working directory for the record, and a warning when it is not a plain path. A directory

@@ -251,7 +251,6 @@ impl Launch {
         Ok((leader, pidfd))
     }
 
-
     /// The workload's environment, as std's `Command` built it: the wrapper's own with the
     /// run's id and dir set and our internal variables removed, then the `-e` pairs; sorted by
     /// name, one value each.
@@ -266,7 +265,6 @@ impl Launch {
         env.extend(args.env.iter().cloned());
         env.into_iter().collect()
     }
-
 
     /// The pty's master after the spawn (the keeper holds its own copy): kept for the window
     /// size and the caller's keystrokes.
@@ -286,10 +284,13 @@ impl Launch {
         PtyRun::new(master, name, size, follow, self.keeper.map(|k| k.pid))
     }
 
-
     /// Stop a workload that was spawned but must not run on (it failed its checks, or its
     /// record could not be written), through the shared routine, and reap it.
-    pub(super) fn stop_spawned(&mut self, pid: Pid, reason: &str) -> agent_run_shared::stop::Report {
+    pub(super) fn stop_spawned(
+        &mut self,
+        pid: Pid,
+        reason: &str,
+    ) -> agent_run_shared::stop::Report {
         let scope = self.scope();
         let report = stop_run(&scope, &self.timings, reason, Some(&self.journal), None);
         reap::reap_all(Some(pid));
