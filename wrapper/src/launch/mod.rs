@@ -110,7 +110,7 @@ pub fn start(root: Option<&Path>, mut args: StartArgs) -> anyhow::Result<u8> {
         if let Some(scope) = cgroup::user_scope_command(args.run_id.as_str()) {
             let mut cmd = scope;
             cmd.arg(std::env::current_exe()?)
-                .args(std::env::args_os().into_iter().skip(1))
+                .args(std::env::args_os().skip(1))
                 .env(cgroup::ENV_IN_SCOPE, "1");
             use std::os::unix::process::CommandExt;
             // exec: the caller keeps talking to the same process (its pid, its signals).
