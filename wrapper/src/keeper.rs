@@ -259,9 +259,6 @@ fn keep_run(
     crate::phases::forked("keeper");
     crate::phases::mark("keeper_forked");
     let code = keep_run_inner(dir, policy, held, notify);
-    if agent_run_shared::fault::armed(agent_run_shared::fault::SLOW_KEEPER_EXIT) {
-        std::thread::sleep(std::time::Duration::from_secs(1));
-    }
     crate::phases::flush();
     code
 }
