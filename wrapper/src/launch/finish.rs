@@ -75,7 +75,7 @@ impl Launch {
                 // subreaper: a pid hopper's live generation is always one of our children, even
                 // while it dodges a /proc scan). The kernel lists them in
                 // /proc/self/task/*/children; where it cannot be read, `discover` below decides.
-                let children_left = match self.keeper {
+                let children_left = match self.keeper.forked {
                     None => children_left,
                     Some(k) => children_left && procfs::children_besides(k.pid).unwrap_or(false),
                 };

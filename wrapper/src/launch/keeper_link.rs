@@ -15,6 +15,18 @@ pub(super) struct PendingKeeper {
     pty: bool,
 }
 
+/// The output keeper as the wrapper holds it: its sources between their making (before the
+/// spawn) and its fork (after the spawn, see [`Launch::fork_keeper`]), then the keeper itself.
+#[derive(Default)]
+pub(super) struct KeeperLink {
+    pending: Option<PendingKeeper>,
+    /// The keeper, once forked: never the run's, never signalled.
+    pub(super) forked: Option<Identity>,
+    /// Its pidfd (our unreaped child: the pid is its own): the final record waits on it, not on
+    /// inotify, for the keeper's counts.
+    pidfd: Option<OwnedFd>,
+}
+
 impl Launch {
     /// The pipes the keeper will drain into the logs: the workload's stdout and stderr (the
     /// write ends), the read ends kept for [`Launch::fork_keeper`]. With `--pty` the keeper's
@@ -47,7 +59,7 @@ impl Launch {
         };
         // The logs are created now, before the workload exists: ours, never files it planted.
         let held = keeper::open_logs(&self.dir, sources)?;
-        self.pending_keeper = Some(PendingKeeper {
+        self.keeper.pending = Some(PendingKeeper {
             held,
             notify,
             reset_signals,
@@ -70,7 +82,7 @@ impl Launch {
             reset_signals,
             policy,
             pty,
-        }) = self.pending_keeper.take()
+        }) = self.keeper.pending.take()
         else {
             return Ok(());
         };
@@ -82,8 +94,8 @@ impl Launch {
         let limit = policy.limit;
         let on_limit = if policy.stop { "stop" } else { "keep" };
         let k = keeper::spawn(&self.dir, held, &policy, notify, reset_signals)?;
-        self.keeper = Some(k.identity);
-        self.keeper_fd = sys::pidfd_open(k.identity.pid).ok();
+        self.keeper.forked = Some(k.identity);
+        self.keeper.pidfd = sys::pidfd_open(k.identity.pid).ok();
         self.st.output = Some(agent_run_shared::output::Output::pending(
             limit,
             policy.stop,
@@ -146,7 +158,7 @@ impl Launch {
     /// write them: say so in the journal (`keeper_lost`), and take the logs' sizes now
     /// (`complete: false`) instead of letting `finalize` wait for output.json in vain.
     pub(super) fn note_keeper_lost(&mut self) {
-        let (Some(k), Some(fd)) = (self.keeper, &self.keeper_fd) else {
+        let (Some(k), Some(fd)) = (self.keeper.forked, &self.keeper.pidfd) else {
             return;
         };
         if !sys::readable_by(fd.as_fd(), Instant::now()) {
@@ -171,7 +183,7 @@ impl Launch {
     /// forever. Its wrapper, and only it, sends it CONT, through the pidfd of its own child
     /// (no pid is looked up), and says so in the journal; nothing ever sends it another signal.
     pub(super) fn continue_stopped_keeper(&self) {
-        let (Some(k), Some(fd)) = (self.keeper, &self.keeper_fd) else {
+        let (Some(k), Some(fd)) = (self.keeper.forked, &self.keeper.pidfd) else {
             return;
         };
         if !procfs::stopped_or_stopping(k.pid) {
@@ -192,7 +204,7 @@ impl Launch {
     /// Whether the keeper has exited within `timeout` (its pidfd; output.json is in place by
     /// then, unless it failed).
     pub(super) fn keeper_finished(&self, timeout: Duration) -> bool {
-        let Some(pidfd) = &self.keeper_fd else {
+        let Some(pidfd) = &self.keeper.pidfd else {
             return true;
         };
         sys::readable_by(pidfd.as_fd(), Instant::now() + timeout)

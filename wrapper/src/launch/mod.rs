@@ -58,7 +58,7 @@ mod spawn;
 use detach::{decode_env, detach_parent};
 pub use detach::{duration_arg, ENV_PASSED};
 use finish::failure_tail;
-use keeper_link::PendingKeeper;
+use keeper_link::KeeperLink;
 pub use relaunch::relaunch;
 
 /// `agent-run start`.
@@ -200,16 +200,16 @@ struct Launch {
     cgroup_failure: Option<String>,
     /// `--pty`: the wrapper's side of the workload's terminal, once spawned.
     pty: Option<PtyRun>,
-    /// The output keeper, once started: never the run's, never signalled.
-    keeper: Option<Identity>,
-    /// Its pidfd (our unreaped child: the pid is its own): the final record waits on it, not on
-    /// inotify, for the keeper's counts.
-    keeper_fd: Option<OwnedFd>,
-    /// The keeper's sources and descriptors, between their making (before the spawn) and its
-    /// fork (after the spawn, see [`Launch::fork_keeper`]).
-    pending_keeper: Option<PendingKeeper>,
-    /// The heartbeat, first beat done, its thread not yet started: until the keeper is forked
-    /// the wrapper has one thread (see [`keeper::spawn`]).
+    /// The output keeper: its sources before the spawn, then the forked keeper.
+    keeper: KeeperLink,
+    /// The heartbeat's first beat and the deadline it publishes.
+    heartbeat: Heartbeat,
+}
+
+/// The wrapper's heartbeat: the lock's mtime, beaten by a thread of its own.
+struct Heartbeat {
+    /// The first beat done, its thread not yet started: until the keeper is forked the
+    /// wrapper has one thread (see [`keeper::spawn`]).
     beat: Option<Beat>,
     /// The deadline this wrapper enforces, which its heartbeat thread publishes.
     published: Arc<Published>,
@@ -296,7 +296,7 @@ impl Launch {
             &mut self.st,
             &scope,
             self.pty.as_mut(),
-            &self.published,
+            &self.heartbeat.published,
         );
         crate::phases::mark("supervise");
         if let Some(p) = &mut self.pty {
@@ -312,7 +312,7 @@ impl Launch {
             .dir
             .scope_held(&self.st, Some(Pid::this()), self.cgroup.clone())
             .expect("a launched run has a scope");
-        scope.exclude.extend(self.keeper);
+        scope.exclude.extend(self.keeper.forked);
         scope
     }
 }

@@ -102,11 +102,11 @@ impl Launch {
             cgroup,
             cgroup_failure,
             pty: None,
-            keeper: None,
-            keeper_fd: None,
-            pending_keeper: None,
-            beat,
-            published: Arc::default(),
+            keeper: KeeperLink::default(),
+            heartbeat: Heartbeat {
+                beat,
+                published: Arc::default(),
+            },
         })
     }
 

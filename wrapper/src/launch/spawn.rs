@@ -122,8 +122,8 @@ impl Launch {
         crate::phases::mark("keeper");
         // The wrapper's threads start only now: the keeper was forked from a single thread.
         // Not being able to beat costs only the bound the watchdog takes from the beats.
-        if let Some(beat) = self.beat.take() {
-            let _ = beat.start(self.published.clone());
+        if let Some(beat) = self.heartbeat.beat.take() {
+            let _ = beat.start(self.heartbeat.published.clone());
         }
         if let (Some(logs), true) = (logs, keeper.is_ok()) {
             *streamer = Some(logs.start(notify_r));
@@ -281,7 +281,13 @@ impl Launch {
             "pty",
             json!({"tty": name, "cols": size.cols, "rows": size.rows, "follows_caller": follow}),
         );
-        PtyRun::new(master, name, size, follow, self.keeper.map(|k| k.pid))
+        PtyRun::new(
+            master,
+            name,
+            size,
+            follow,
+            self.keeper.forked.map(|k| k.pid),
+        )
     }
 
     /// Stop a workload that was spawned but must not run on (it failed its checks, or its
