@@ -1,6 +1,7 @@
 //! The end of a launch: stop what is left, write the final record, pick the exit code.
 
 use super::*;
+use agent_run_shared::stop::Report;
 
 impl Launch {
     pub(super) fn launch_failed(&mut self, code: u8, msg: &str) -> u8 {
@@ -41,109 +42,24 @@ impl Launch {
         signals: &Signals,
         limits: &Limits,
     ) -> anyhow::Result<u8> {
-        let dir = self.dir.clone();
         let scope = self.scope();
-        let mut signals_esc = signals;
-        // The stop comes first: a record that cannot be written (a full disk) is reported, but
-        // never keeps the run's processes alive.
-        let mut stop = |st: &mut Status, reason: &str| {
-            // First, the kernel fact a `cancel` trusts over the record (which the run can
-            // write): this wrapper is stopping, so a TERM now would cut the grace short.
-            sys::mark_stopping();
-            if let Err(e) = transition(
-                &dir,
-                st,
-                State::Cancelling,
-                Some(reason),
-                Some(&self.journal),
-            ) {
-                human::say(&format!("{e}; stopping the run anyway"));
-            }
-            stop_run(
-                &scope,
-                &self.timings,
-                reason,
-                Some(&self.journal),
-                Some(&mut signals_esc),
-            )
+        // 1. How the run ended, and the stop of what is left of it.
+        let ended = match outcome {
+            Outcome::LeaderExited(ws) => self.leader_exited(&scope, ws, signals),
+            Outcome::Stop(reason) => self.stop_asked(&scope, leader, reason, signals, limits),
         };
-        let (state, reason, report, leader_status) = match outcome {
-            Outcome::LeaderExited(ws) => {
-                let (_, children_left) = reap::reap_all(None);
-                // The keeper is our child and outlives the leader until the pipes' last writer
-                // is gone: it is no leftover, but any other child of ours is (we are a
-                // subreaper: a pid hopper's live generation is always one of our children, even
-                // while it dodges a /proc scan). The kernel lists them in
-                // /proc/self/task/*/children; where it cannot be read, `discover` below decides.
-                let children_left = match self.keeper.forked {
-                    None => children_left,
-                    Some(k) => children_left && procfs::children_besides(k.pid).unwrap_or(false),
-                };
-                crate::phases::mark("reap");
-                // The leader's exit ends the run; whatever of the run remains is stopped by the
-                // same routine as a cancel: our children (double-forked daemons come back to
-                // us), the cgroup's members, and processes elsewhere that carry the marker.
-                // A cgroup just seen unpopulated has no member to list: the marker look runs
-                // without it (no second read of the cgroup's files on every launch).
-                let leftovers = children_left
-                    || scope.cgroup.as_ref().is_some_and(|c| c.populated())
-                    || !discover(
-                        &RunScope {
-                            cgroup: None,
-                            ..scope.clone()
-                        },
-                        Depth::WithMarker,
-                        &HashSet::new(),
-                    )
-                    .is_empty();
-                crate::phases::mark("leftovers");
-                let report = leftovers.then(|| {
-                    let r = stop(&mut self.st, "leader_exited");
-                    reap::reap_all(None);
-                    r
-                });
-                (State::Finished, None, report, Some(ws))
-            }
-            Outcome::Stop(reason) => {
-                // Said before the TERM goes out (a dead stderr is no reason to wait).
-                human::say(&stop_message(self.dir.id().as_str(), &reason, limits));
-                let report = stop(&mut self.st, &reason);
-                let (ws, _) = reap::reap_all(Some(leader.pid));
-                // The stop may have reaped the leader itself (it reaps the dead children it
-                // finds).
-                let ws = ws.or(report.leader_exit);
-                (State::Cancelled, Some(reason), Some(report), ws)
-            }
-        };
-        let stopped = state == State::Cancelled;
-        match leader_status {
-            Some(WaitStatus::Exited(c)) => self.st.exit_code = Some(c),
-            Some(WaitStatus::Signaled(s)) => self.st.term_signal = Some(Sig::from_number(s).name()),
-            None => {}
-        }
-        if let Some(cg) = &self.cgroup {
-            self.st.resources = Some(cg.resources());
-        }
-        crate::phases::mark("resources");
-        self.wait_keeper(report.as_ref().is_some_and(|r| !r.survivors.is_empty()));
-        crate::phases::mark("keeper_wait");
-        if report.is_none() {
-            // Nothing was left when the leader exited: the cgroup said so, or (a subreaper with
-            // no child left but the keeper) the tree did.
-            self.st.proof = Some(match self.cgroup {
-                Some(_) => Proof::CgroupEmpty,
-                None => Proof::TreeWalk,
-            });
-        }
+        // 2. The record's last facts: the leader's status, the resources, the keeper's counts.
+        self.note_end(&ended);
+        // 3. The final record, then the cgroup.
         // Said in our signal mask first: a final record is believed while we still live only
         // with this mark (see sys::mark_final).
         sys::mark_final();
         let written = finalize(
-            &dir,
+            &self.dir,
             &mut self.st,
-            state,
-            reason.as_deref(),
-            report.as_ref(),
+            ended.state,
+            ended.reason.as_deref(),
+            ended.report.as_ref(),
             Some(&self.journal),
         );
         crate::phases::mark("final_record");
@@ -153,8 +69,9 @@ impl Launch {
             agent_run_shared::lifecycle::remove_cgroup(cg, &self.journal);
         }
         crate::phases::mark("cgroup_rm");
+        // 4. The exit code.
         if let Err(e) = written {
-            let left = report.as_ref().map_or(0, |r| r.survivors.len());
+            let left = ended.report.as_ref().map_or(0, |r| r.survivors.len());
             return fail(
                 exit::SOFTWARE,
                 format!(
@@ -163,12 +80,147 @@ impl Launch {
                 ),
             );
         }
-        if stopped {
+        if ended.state == State::Cancelled {
             let colour = human::colour_for(human::stderr_is_terminal());
             human::say(&human::final_line(&self.st, colour));
         }
         Ok(exit::for_record(&self.st).unwrap_or(exit::SOFTWARE))
     }
+
+    /// The leader exited on its own. It ends the run; whatever of the run remains is stopped
+    /// by the same routine as a cancel.
+    fn leader_exited(&mut self, scope: &RunScope, ws: WaitStatus, signals: &Signals) -> Ended {
+        let report = self.leftovers(scope).then(|| {
+            let r = self.stop_what_is_left(scope, "leader_exited", signals);
+            reap::reap_all(None);
+            r
+        });
+        Ended {
+            state: State::Finished,
+            reason: None,
+            report,
+            leader_status: Some(ws),
+        }
+    }
+
+    /// Whether anything of the run is left after its leader's exit: our children (double-forked
+    /// daemons come back to us), the cgroup's members, and processes elsewhere that carry the
+    /// marker. Reaps the dead children first.
+    fn leftovers(&self, scope: &RunScope) -> bool {
+        let (_, children_left) = reap::reap_all(None);
+        // The keeper is our child and outlives the leader until the pipes' last writer is
+        // gone: it is no leftover, but any other child of ours is (we are a subreaper: a pid
+        // hopper's live generation is always one of our children, even while it dodges a /proc
+        // scan). The kernel lists them in /proc/self/task/*/children; where it cannot be read,
+        // `discover` below decides.
+        let children_left = match self.keeper.forked {
+            None => children_left,
+            Some(k) => children_left && procfs::children_besides(k.pid).unwrap_or(false),
+        };
+        crate::phases::mark("reap");
+        // A cgroup just seen unpopulated has no member to list: the marker look runs without it
+        // (no second read of the cgroup's files on every launch).
+        let leftovers = children_left
+            || scope.cgroup.as_ref().is_some_and(|c| c.populated())
+            || !discover(
+                &RunScope {
+                    cgroup: None,
+                    ..scope.clone()
+                },
+                Depth::WithMarker,
+                &HashSet::new(),
+            )
+            .is_empty();
+        crate::phases::mark("leftovers");
+        leftovers
+    }
+
+    /// A stop was asked for (a signal, a cancel, the lease, the timeout, the caller): said,
+    /// then the run stopped and its leader reaped.
+    fn stop_asked(
+        &mut self,
+        scope: &RunScope,
+        leader: Identity,
+        reason: String,
+        signals: &Signals,
+        limits: &Limits,
+    ) -> Ended {
+        // Said before the TERM goes out (a dead stderr is no reason to wait).
+        human::say(&stop_message(self.dir.id().as_str(), &reason, limits));
+        let report = self.stop_what_is_left(scope, &reason, signals);
+        let (ws, _) = reap::reap_all(Some(leader.pid));
+        // The stop may have reaped the leader itself (it reaps the dead children it finds).
+        let ws = ws.or(report.leader_exit);
+        Ended {
+            state: State::Cancelled,
+            reason: Some(reason),
+            report: Some(report),
+            leader_status: ws,
+        }
+    }
+
+    /// The stop of the run's processes, after the `cancelling` record. The stop comes first: a
+    /// record that cannot be written (a full disk) is reported, but never keeps the run's
+    /// processes alive.
+    fn stop_what_is_left(&mut self, scope: &RunScope, reason: &str, signals: &Signals) -> Report {
+        // First, the kernel fact a `cancel` trusts over the record (which the run can write):
+        // this wrapper is stopping, so a TERM now would cut the grace short.
+        sys::mark_stopping();
+        if let Err(e) = transition(
+            &self.dir,
+            &mut self.st,
+            State::Cancelling,
+            Some(reason),
+            Some(&self.journal),
+        ) {
+            human::say(&format!("{e}; stopping the run anyway"));
+        }
+        let mut escalation = signals;
+        stop_run(
+            scope,
+            &self.timings,
+            reason,
+            Some(&self.journal),
+            Some(&mut escalation),
+        )
+    }
+
+    /// The record's last facts before it is final: the leader's exit, the cgroup's resources,
+    /// the keeper's counts, and the proof that nothing was left.
+    fn note_end(&mut self, ended: &Ended) {
+        match ended.leader_status {
+            Some(WaitStatus::Exited(c)) => self.st.exit_code = Some(c),
+            Some(WaitStatus::Signaled(s)) => self.st.term_signal = Some(Sig::from_number(s).name()),
+            None => {}
+        }
+        if let Some(cg) = &self.cgroup {
+            self.st.resources = Some(cg.resources());
+        }
+        crate::phases::mark("resources");
+        let survivors = ended
+            .report
+            .as_ref()
+            .is_some_and(|r| !r.survivors.is_empty());
+        self.wait_keeper(survivors);
+        crate::phases::mark("keeper_wait");
+        if ended.report.is_none() {
+            // Nothing was left when the leader exited: the cgroup said so, or (a subreaper with
+            // no child left but the keeper) the tree did.
+            self.st.proof = Some(match self.cgroup {
+                Some(_) => Proof::CgroupEmpty,
+                None => Proof::TreeWalk,
+            });
+        }
+    }
+}
+
+/// How a run ended: its final state and reason, the stop's report (None: nothing was left to
+/// stop), and the leader's wait status (None: it was not reaped).
+struct Ended {
+    state: State,
+    reason: Option<String>,
+    report: Option<Report>,
+    leader_status: Option<WaitStatus>,
 }
 
 /// How many lines of stderr a `--quiet` run that failed prints.
