@@ -3,6 +3,8 @@
 use super::*;
 
 impl Launch {
+    /// The launch before its first record: the lock, the first beat, the record's fields and
+    /// the run's cgroup. Fails when the dir is locked or was declared lost meanwhile.
     pub(super) fn new(
         dir: RunDir,
         args: &StartArgs,
@@ -45,51 +47,10 @@ impl Launch {
             grace: args.grace,
             ..Timings::default()
         };
-        let mut st = Status::blank(dir.id().as_str());
-        st.set_argv(argv);
-        let (cwd, cwd_warning) = match &args.cwd {
-            Some(c) => (c.to_string_lossy().into_owned(), None),
-            None => working_dir(),
-        };
-        st.cwd = cwd;
-        st.timeout_ms = args.timeout.map(|t| t.as_millis() as u64);
-        st.labels = agent_run_shared::spec::labels_map(&args.labels)?;
-        for (k, _) in &args.env {
-            let name = k.to_string_lossy().into_owned();
-            if !st.env.contains(&name) {
-                st.env.push(name);
-            }
-        }
-        st.on_disconnect = (!args.detached_child).then(|| args.on_disconnect().as_record());
-        st.pty = args.pty;
-        st.set_wrapper(
-            Pid::this(),
-            procfs::stat(Pid::this()).map(|s| s.start_ticks),
-        );
-        st.lease_token_sha256 = token.as_ref().map(LeaseToken::sha256);
-        st.grace_ms = Some(timings.grace.as_millis() as u64);
-        st.hup_after_ms = Some(timings.hup_after.as_millis() as u64);
-        crate::phases::mark("record_fields");
-        st.warnings = agent_run_shared::hostpolicy::launch_warnings(&st.user);
-        st.warnings.extend(cwd_warning);
-        crate::phases::mark("host_policy");
+        let mut st = record_fields(&dir, args, argv, token.as_ref(), &timings)?;
         // The cgroup exists before the first record names it, so anyone who finds the record
         // can find the run's processes through it, whatever step the wrapper dies at.
-        let (mut cgroup, mut cgroup_failure) = (None, None);
-        st.containment = Some(Containment::procfs());
-        if let Parent::Dir { path, explicit } = &parent {
-            let ino = dir.identity().1;
-            match RunCgroup::create(path, &cgroup::name_for(dir.id().as_str(), ino)) {
-                Ok(cg) => {
-                    st.containment = Some(Containment::cgroup(cg.path()));
-                    cgroup = Some(cg);
-                }
-                Err(e) if *explicit => cgroup_failure = Some(e.to_string()),
-                Err(e) => st.warnings.push(format!(
-                    "no cgroup for this run ({e}): held by /proc scans only"
-                )),
-            }
-        }
+        let (cgroup, cgroup_failure) = run_cgroup(&dir, &parent, &mut st);
         crate::phases::mark("cgroup");
         Ok(Launch {
             dir,
@@ -159,6 +120,71 @@ impl Launch {
         }
         Ok((lease, signals))
     }
+}
+
+/// The record's fields known before the spawn: the command, its cwd, limits, labels, env
+/// names, the wrapper, the token's hash, and the host's warnings.
+fn record_fields(
+    dir: &RunDir,
+    args: &StartArgs,
+    argv: &[OsString],
+    token: Option<&LeaseToken>,
+    timings: &Timings,
+) -> anyhow::Result<Status> {
+    let mut st = Status::blank(dir.id().as_str());
+    st.set_argv(argv);
+    let (cwd, cwd_warning) = match &args.cwd {
+        Some(c) => (c.to_string_lossy().into_owned(), None),
+        None => working_dir(),
+    };
+    st.cwd = cwd;
+    st.timeout_ms = args.timeout.map(|t| t.as_millis() as u64);
+    st.labels = agent_run_shared::spec::labels_map(&args.labels)?;
+    for (k, _) in &args.env {
+        let name = k.to_string_lossy().into_owned();
+        if !st.env.contains(&name) {
+            st.env.push(name);
+        }
+    }
+    st.on_disconnect = (!args.detached_child).then(|| args.on_disconnect().as_record());
+    st.pty = args.pty;
+    st.set_wrapper(
+        Pid::this(),
+        procfs::stat(Pid::this()).map(|s| s.start_ticks),
+    );
+    st.lease_token_sha256 = token.map(LeaseToken::sha256);
+    st.grace_ms = Some(timings.grace.as_millis() as u64);
+    st.hup_after_ms = Some(timings.hup_after.as_millis() as u64);
+    crate::phases::mark("record_fields");
+    st.warnings = agent_run_shared::hostpolicy::launch_warnings(&st.user);
+    st.warnings.extend(cwd_warning);
+    crate::phases::mark("host_policy");
+    Ok(st)
+}
+
+/// The run's cgroup under `parent` (none for a /proc-only parent), named in `st`'s
+/// containment, with why an explicitly asked one could not be made.
+fn run_cgroup(
+    dir: &RunDir,
+    parent: &Parent,
+    st: &mut Status,
+) -> (Option<RunCgroup>, Option<String>) {
+    let (mut cgroup, mut cgroup_failure) = (None, None);
+    st.containment = Some(Containment::procfs());
+    if let Parent::Dir { path, explicit } = parent {
+        let ino = dir.identity().1;
+        match RunCgroup::create(path, &cgroup::name_for(dir.id().as_str(), ino)) {
+            Ok(cg) => {
+                st.containment = Some(Containment::cgroup(cg.path()));
+                cgroup = Some(cg);
+            }
+            Err(e) if *explicit => cgroup_failure = Some(e.to_string()),
+            Err(e) => st.warnings.push(format!(
+                "no cgroup for this run ({e}): held by /proc scans only"
+            )),
+        }
+    }
+    (cgroup, cgroup_failure)
 }
 
 /// The working directory for the record, and a warning when it is not a plain path. A directory
