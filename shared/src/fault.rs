@@ -28,11 +28,6 @@ pub const SPAWN_BY_FORK: &str = "spawn_by_fork";
 /// the logs at EOF, as on a disk slower than the wrapper's bare wait for the counts. Read with
 /// [`armed`].
 pub const SLOW_LOG_FSYNC: &str = "slow_log_fsync";
-/// A knob: with `AGENT_RUN_FAULT=slow_keeper_exit` the output keeper sleeps 1 s between its
-/// done (output.json written, its done pipe closed) and its exit, as a keeper slow to be torn
-/// down: the wrapper's final record goes out at the done, and the wrapper still exits after
-/// the keeper. Read with [`armed`].
-pub const SLOW_KEEPER_EXIT: &str = "slow_keeper_exit";
 /// A knob: with `AGENT_RUN_FAULT=keeper_fork_fails` the output keeper's fork (made right after
 /// the workload's spawn) fails, as under a fork bomb that took the last pid, so tests reach the
 /// path that stops a spawned workload nobody would drain. Read with [`armed`].

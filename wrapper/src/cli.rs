@@ -4,12 +4,22 @@
 //! `agent-run [OPTIONS] <RUN_ID> -- CMD...` means `agent-run start ...`: [`parse`] inserts `start`
 //! when the first word that is not an option is not a subcommand. clap's usage errors exit 64.
 
-use agent_run_shared::spec::{self, LabelMatch, OnDisconnect};
-use agent_run_shared::{exit, time::parse_duration};
+use agent_run_shared::exit;
+use agent_run_shared::spec::{LabelMatch, OnDisconnect};
 use clap::{Args, Parser, Subcommand};
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
+
+// By path: packaging/gen includes this file by path too, and a plain `mod` would resolve
+// differently there.
+#[path = "cli/values.rs"]
+mod values;
+pub use values::MaxOutput;
+use values::{
+    dur, grace_dur, label_match, label_pair, lease_dur, policy, positive_dur, pty_size, size_arg,
+    state_filter, EnvPair,
+};
 
 /// The long help's tail: the shared exit-code table, the files and the root.
 fn exit_codes_help() -> String {
@@ -133,14 +143,6 @@ pub struct StartArgs {
     /// The command and its arguments (after --)
     #[arg(value_name = "COMMAND", required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
     pub command: Vec<OsString>,
-}
-
-/// A `--max-output` value: bytes per stream, `None` for no cap.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MaxOutput(pub Option<u64>);
-
-fn size_arg(s: &str) -> Result<MaxOutput, String> {
-    agent_run_shared::output::parse_size(s).map(MaxOutput)
 }
 
 #[derive(Debug, Args)]
@@ -384,104 +386,6 @@ pub struct GcArgs {
     pub dry_run: bool,
 }
 
-fn dur(what: &'static str) -> impl Fn(&str) -> Result<Duration, String> + Clone {
-    move |s| parse_duration(what, s).map_err(|e| e.to_string())
-}
-
-/// `--grace`: at most [`agent_run_shared::stop::MAX_GRACE`], the most `cancel` and the watchdog
-/// honour from a record (which the run can rewrite).
-fn grace_dur(s: &str) -> Result<Duration, String> {
-    let max = agent_run_shared::stop::MAX_GRACE;
-    match parse_duration("--grace", s) {
-        Ok(d) if d > max => Err(format!(
-            "invalid --grace {s:?}: at most {}s (what cancel and the watchdog honour)",
-            max.as_secs()
-        )),
-        r => r.map_err(|e| e.to_string()),
-    }
-}
-
-/// A duration that must be more than zero (a zero timeout or lease would stop the run at once).
-fn positive_dur(what: &'static str) -> impl Fn(&str) -> Result<Duration, String> + Clone {
-    move |s| match parse_duration(what, s) {
-        Ok(d) if d.is_zero() => Err(format!("invalid {what} {s:?}: must be more than 0")),
-        r => r.map_err(|e| e.to_string()),
-    }
-}
-
-/// `-e NAME=VALUE`, read as bytes (a value need not be UTF-8).
-#[derive(Clone)]
-struct EnvPair;
-
-impl clap::builder::TypedValueParser for EnvPair {
-    type Value = (OsString, OsString);
-
-    fn parse_ref(
-        &self,
-        _cmd: &clap::Command,
-        _arg: Option<&clap::Arg>,
-        value: &std::ffi::OsStr,
-    ) -> Result<Self::Value, clap::Error> {
-        spec::parse_env(value).map_err(|e| {
-            clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("{e}\n"))
-        })
-    }
-}
-
-fn pty_size(s: &str) -> Result<agent_run_shared::pty::Size, String> {
-    agent_run_shared::pty::Size::parse(s).ok_or_else(|| {
-        format!("invalid --pty-size {s:?}: expected COLSxROWS, e.g. 120x40, both 1-65535")
-    })
-}
-
-fn label_pair(s: &str) -> Result<(String, String), String> {
-    spec::parse_label(s).map_err(|e| e.to_string())
-}
-
-fn label_match(s: &str) -> Result<LabelMatch, String> {
-    LabelMatch::parse(s).map_err(|e| e.to_string())
-}
-
-fn policy(s: &str) -> Result<OnDisconnect, String> {
-    OnDisconnect::parse(s).map_err(|e| e.to_string())
-}
-
-/// The states `list --state` takes: the record's, or `active` (not final) and `final`.
-pub const LIST_STATES: &[&str] = &[
-    "starting",
-    "running",
-    "cancelling",
-    "finished",
-    "cancelled",
-    "launch_failed",
-    "unknown",
-    "active",
-    "final",
-];
-
-fn state_filter(s: &str) -> Result<String, String> {
-    if LIST_STATES.contains(&s) {
-        Ok(s.to_string())
-    } else {
-        Err(format!(
-            "invalid --state {s:?}: expected one of {}",
-            LIST_STATES.join(", ")
-        ))
-    }
-}
-
-/// A lease length: a duration above zero (a lease of 0 would stop the run at once; a run
-/// without a lease is asked for by leaving --lease out).
-fn lease_dur(s: &str) -> Result<Duration, String> {
-    match parse_duration("--lease", s).map_err(|e| e.to_string())? {
-        d if d.is_zero() => Err(format!(
-            "a lease must be longer than 0 ({s:?} would stop the run at once); \
-             leave --lease out for a run without a lease"
-        )),
-        d => Ok(d),
-    }
-}
-
 const SUBCOMMANDS: &[&str] = &[
     "start", "cancel", "renew", "status", "wait", "attach", "logs", "list", "gc", "remote",
     "version", "help",
@@ -637,13 +541,10 @@ fn typos(a: &str, b: &str) -> usize {
 
 /// Parse the process's arguments. `Err(code)` after clap printed help (0) or an error (64).
 pub fn parse() -> Result<Cli, u8> {
-    let args = with_default_subcommand(agent_run_shared::sys::args_os()).map_err(|msg| {
+    let args = with_default_subcommand(std::env::args_os().collect()).map_err(|msg| {
         eprintln!("agent-run: {msg}");
         exit::USAGE
     })?;
-    if let Some(cli) = parse_start_by_hand(&args).or_else(|| parse_start(&args)) {
-        return Ok(cli);
-    }
     Cli::try_parse_from(args).map_err(|e| {
         let code = match e.kind() {
             clap::error::ErrorKind::DisplayHelp
@@ -670,147 +571,13 @@ pub fn parse() -> Result<Cli, u8> {
     })
 }
 
-/// The launch's parse of its common shape, without clap: `start`, options (each once, `-e` and
-/// `--label` repeatable, every value a separate word that does not start with `-`), the run id,
-/// `--`, the command. Every value goes through the parser clap's definition names, defaults
-/// included. `None` for anything else (a repeated option, `--opt=value`, grouped short flags,
-/// help, an invalid value, a word that is not UTF-8 where a value is read...): clap answers
-/// those, with its own messages. A line it takes parses exactly as the whole parse would (the
-/// test `the_launch_parse_agrees_with_the_whole_parse`). clap's start-only parse cost 0.09 ms
-/// of a launch of `true` (most of it the first run of clap's code).
-fn parse_start_by_hand(args: &[OsString]) -> Option<Cli> {
-    if args.get(1)?.to_str()? != "start" {
-        return None;
-    }
-    let mut root: Option<PathBuf> = None;
-    let mut s = StartArgs {
-        lease: None,
-        grace: dur("--grace")("5s").ok()?,
-        hup_after: dur("--hup-after")("500ms").ok()?,
-        cgroup: None,
-        detach: false,
-        quiet: false,
-        timeout: None,
-        cwd: None,
-        env: Vec::new(),
-        labels: Vec::new(),
-        on_disconnect: None,
-        pty: false,
-        pty_size: None,
-        max_output: None,
-        on_output_limit: "keep".into(),
-        detached_child: false,
-        run_id: String::new(),
-        command: Vec::new(),
-    };
-    let mut seen: Vec<&str> = Vec::new();
-    let mut i = 2;
-    loop {
-        let word = args.get(i)?.to_str()?;
-        if !word.starts_with('-') {
-            break;
-        }
-        // Each option once, as clap's definition says (only -e and --label append).
-        let name = match word {
-            "-d" => "--detach",
-            "-C" => "--cwd",
-            "-e" => "--env",
-            w => w,
-        };
-        if name != "--env" && name != "--label" {
-            if seen.contains(&name) {
-                return None;
-            }
-            seen.push(name);
-        }
-        i += 1;
-        match name {
-            "--detach" => s.detach = true,
-            "--quiet" => s.quiet = true,
-            "--pty" => s.pty = true,
-            "--detached-child" => s.detached_child = true,
-            _ => {
-                let value = args.get(i)?.to_str()?;
-                if value.starts_with('-') {
-                    return None;
-                }
-                i += 1;
-                match name {
-                    "--root" => root = Some(PathBuf::from(value)),
-                    "--lease" => s.lease = Some(lease_dur(value).ok()?),
-                    "--grace" => s.grace = grace_dur(value).ok()?,
-                    "--hup-after" => s.hup_after = dur("--hup-after")(value).ok()?,
-                    "--cgroup" => s.cgroup = Some(value.to_string()),
-                    "--timeout" => s.timeout = Some(positive_dur("--timeout")(value).ok()?),
-                    "--cwd" => s.cwd = Some(PathBuf::from(value)),
-                    "--env" => s.env.push(spec::parse_env(value.as_ref()).ok()?),
-                    "--label" => s.labels.push(label_pair(value).ok()?),
-                    "--on-disconnect" => s.on_disconnect = Some(policy(value).ok()?),
-                    "--pty-size" => s.pty_size = Some(pty_size(value).ok()?),
-                    "--max-output" => s.max_output = Some(size_arg(value).ok()?),
-                    "--on-output-limit" if value == "keep" || value == "stop" => {
-                        s.on_output_limit = value.to_string()
-                    }
-                    _ => return None,
-                }
-            }
-        }
-    }
-    // `--pty-size` requires `--pty`.
-    if s.pty_size.is_some() && !s.pty {
-        return None;
-    }
-    s.run_id = args.get(i)?.to_str()?.to_string();
-    if args.get(i + 1)?.to_str()? != "--" {
-        return None;
-    }
-    s.command = args.get(i + 2..)?.to_vec();
-    if s.command.is_empty() {
-        return None;
-    }
-    Some(Cli {
-        root,
-        command: Command::Start(s),
-    })
-}
-
-/// The launch's own parse: `start` and its options alone, without building the other
-/// subcommands (clap builds every one of them for a whole parse: 0.2-0.3 ms of a launch).
-/// `None` for anything that is not a `start` line parsing cleanly (help, version, any error):
-/// the whole parse then answers, with its own messages. A line it takes parses exactly as the
-/// whole parse would (the test `the_launch_parse_agrees_with_the_whole_parse`).
-fn parse_start(args: &[OsString]) -> Option<Cli> {
-    use clap::FromArgMatches;
-    if args.get(1).and_then(|a| a.to_str()) != Some("start") {
-        return None;
-    }
-    let root = clap::Arg::new("root")
-        .long("root")
-        .global(true)
-        .value_name("DIR")
-        .value_parser(clap::value_parser!(PathBuf));
-    let cmd = clap::Command::new("agent-run")
-        .arg(root)
-        .subcommand(StartArgs::augment_args(clap::Command::new("start")));
-    let matches = cmd.try_get_matches_from(args).ok()?;
-    let root = matches.get_one::<PathBuf>("root").cloned();
-    let ("start", sub) = matches.subcommand()? else {
-        return None;
-    };
-    let start = StartArgs::from_arg_matches(sub).ok()?;
-    Some(Cli {
-        root,
-        command: Command::Start(start),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use clap::CommandFactory;
 
     #[test]
-    fn the_launch_parse_agrees_with_the_whole_parse() {
+    fn every_form_of_a_start_line_parses_as_start() {
         let lines: &[&[&str]] = &[
             &["a", "r1", "--", "true"],
             &[
@@ -880,60 +647,27 @@ mod tests {
         ];
         for line in lines {
             let w = words(line);
-            let os: Vec<OsString> = w.iter().map(OsString::from).collect();
-            let whole = Cli::try_parse_from(&w).unwrap();
-            let fast = parse_start(&os).unwrap_or_else(|| panic!("the launch parse refused {w:?}"));
-            assert_eq!(format!("{fast:?}"), format!("{whole:?}"), "{w:?}");
-            let hand =
-                parse_start_by_hand(&os).unwrap_or_else(|| panic!("the hand parse refused {w:?}"));
-            assert_eq!(format!("{hand:?}"), format!("{whole:?}"), "{w:?}");
+            let cli = Cli::try_parse_from(&w).unwrap_or_else(|e| panic!("{w:?}: {e}"));
+            assert!(matches!(cli.command, Command::Start(_)), "{w:?}");
         }
-        // What the hand parse leaves to clap: whatever it refuses, clap answers, and what clap
-        // takes of these it takes as the whole parse does (the refusal only costs time).
-        for line in [
-            &["a", "start", "--quiet", "--quiet", "r1", "--", "x"][..],
-            &["a", "start", "--grace=2s", "r1", "--", "x"],
-            &["a", "start", "-dq", "r1", "--", "x"],
-            &["a", "start", "--grace", "-2s", "r1", "--", "x"],
-            &[
-                "a", "start", "--grace", "2s", "--grace", "3s", "r1", "--", "x",
-            ],
-            &["a", "start", "--pty-size", "80x24", "r1", "--", "x"],
-            &["a", "start", "--on-output-limit", "maybe", "r1", "--", "x"],
-            &["a", "start", "--timeout", "0", "r1", "--", "x"],
-            &["a", "start", "--lease", "0", "r1", "--", "x"],
-            &["a", "start", "-e", "NOEQUALS", "r1", "--", "x"],
-            &["a", "start", "r1", "x", "y"],
-            &["a", "start", "r1", "--"],
-            &["a", "start", "--", "r1", "x"],
-            &["a", "start", "--help"],
-            &["a", "start", "--root"],
-            &["a", "--root", "/x", "start", "r1", "--", "x"],
-            &["a", "start", "--bogus", "r1", "--", "x"],
-        ] {
-            let os: Vec<OsString> = line.iter().map(OsString::from).collect();
-            assert!(parse_start_by_hand(&os).is_none(), "{line:?}");
-        }
-        // A line the hand parse takes with -e's value not UTF-8 is refused (clap reads it).
+        // A line with -e's value not UTF-8 is taken (clap reads OsStrings).
         {
             use std::os::unix::ffi::OsStringExt;
             let mut os: Vec<OsString> = ["a", "start", "-e"].iter().map(OsString::from).collect();
             os.push(OsString::from_vec(b"A=\xff".to_vec()));
             os.extend(["r1", "--", "x"].iter().map(OsString::from));
-            assert!(parse_start_by_hand(&os).is_none());
-            assert!(parse_start(&os).is_some());
+            assert!(Cli::try_parse_from(&os).is_ok());
         }
-        // Help, version and errors are the whole parse's to answer.
+        // Help and errors are clap's answers.
         for line in [
             &["a", "start", "--help"][..],
             &["a", "start", "-h"],
             &["a", "start", "--grace", "soon", "r1", "--", "x"],
             &["a", "start", "--bogus", "r1", "--", "x"],
             &["a", "start"],
-            &["a", "list"],
         ] {
             let w: Vec<OsString> = line.iter().map(OsString::from).collect();
-            assert!(parse_start(&w).is_none(), "{line:?}");
+            assert!(Cli::try_parse_from(&w).is_err(), "{line:?}");
         }
     }
 

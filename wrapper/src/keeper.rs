@@ -22,8 +22,7 @@
 //!     -> anyhow::Result<Vec<(Stream, OwnedFd, File)>>   // each source with its log, opened now
 //! keeper::spawn(dir: &RunDir, held: Vec<(Stream, OwnedFd, File)>, policy: &Policy,
 //!               notify: Option<OwnedFd> /*write end of a non-blocking pipe*/,
-//!               reset_signals: u64 /*sys::nondefault_signals(), after the last handler*/,
-//!               go: Option<OwnedFd> /*read end: the keeper starts at a byte or EOF*/)
+//!               reset_signals: u64 /*sys::nondefault_signals(), after the last handler*/)
 //!     -> anyhow::Result<Keeper>            // Keeper { identity: Identity }
 //! Stream::{Stdout, Stderr}                 // which log a source feeds (its counts' key)
 //! Policy { limit: Option<u64> /*per stream, None = unlimited*/, stop: bool /*--on-output-limit=stop*/ }
@@ -108,10 +107,6 @@ pub struct Policy {
 #[derive(Debug, Clone, Copy)]
 pub struct Keeper {
     pub identity: Identity,
-    /// When it was kept off the wrapper's CPU until its go ([`sys::keep_off_this_cpu`]): the
-    /// CPUs the wrapper gives it back as it lets it go ([`sys::set_cpus_of`]). A keeper whose
-    /// wrapper died first keeps the others, one CPU fewer: it drains on one at a time anyway.
-    pub cpus: Option<rustix::thread::CpuSet>,
 }
 
 /// A pipe, both ends close-on-exec: `(read, write)`.
@@ -121,8 +116,7 @@ pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 
 /// A pipe with both ends close-on-exec and non-blocking: `(read, write)`. The streamer's
 /// wake-up pipe: the keeper writes into it after each round of appends (it must never block on
-/// a streamer that stalls); the streamer drains it before each look at the logs. Also the
-/// keeper's done pipe (see [`keep_run`]): never written, its read end polled by the wrapper.
+/// a streamer that stalls); the streamer drains it before each look at the logs.
 pub fn wake_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     use rustix::pipe::PipeFlags;
     rustix::pipe::pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK).map_err(io::Error::from)
@@ -152,21 +146,12 @@ pub fn open_logs(
 /// heartbeat and the streamer start after it, see `start.rs`), as a debug assertion checks.
 /// The wrapper forks it right after the workload's spawn, where the fork's copy of its page
 /// tables runs beside the workload's exec instead of before it.
-///
-/// With `go` (the read end of a pipe whose write end the caller holds), the keeper waits for a
-/// byte or the EOF before it sets anything up: the caller writes one and drops the write end
-/// once the workload is recorded running and the wrapper is about to sleep (or drops it when
-/// the launch fails), and the keeper's
-/// start no longer competes for a CPU with the workload's exec and the wrapper's last steps
-/// (on two cores they waited behind it).
 pub fn spawn(
     dir: &RunDir,
     held: Vec<(Stream, OwnedFd, File)>,
     policy: &Policy,
     notify: Option<OwnedFd>,
     reset_signals: u64,
-    go: Option<OwnedFd>,
-    done: Option<OwnedFd>,
 ) -> anyhow::Result<Keeper> {
     use std::os::unix::ffi::OsStrExt;
     let mut keep = Vec::new();
@@ -175,8 +160,6 @@ pub fn spawn(
         keep.push(log.as_raw_fd());
     }
     keep.extend(notify.as_ref().map(AsRawFd::as_raw_fd));
-    keep.extend(go.as_ref().map(AsRawFd::as_raw_fd));
-    keep.extend(done.as_ref().map(AsRawFd::as_raw_fd));
     let null = File::options()
         .read(true)
         .write(true)
@@ -190,7 +173,6 @@ pub fn spawn(
     ];
     let policy = *policy;
     let body_path = path.clone();
-    let held_go = go.is_some();
     // INT, HUP and TERM are not our end (EOF is); PIPE: we write files only.
     let ignored = [libc::SIGINT, libc::SIGHUP, libc::SIGTERM, libc::SIGPIPE];
     let pid = sys::fork_helper(
@@ -200,18 +182,13 @@ pub fn spawn(
         reset_signals,
         c"agent-run-keep",
         &title,
-        move || keep_run(body_path, policy, held, notify, go, done),
+        move || keep_run(body_path, policy, held, notify),
     )
     .context("cannot start the output keeper")?;
-    // Forked behind us on our CPU, the keeper would wait there for all we do next while the
-    // workload's CPU falls idle at its exit: it waits for its go elsewhere (its first steps
-    // run there too), and the wrapper gives it our CPUs back at the go.
-    let cpus = sys::cpus_allowed().filter(|cpus| held_go && sys::keep_off_this_cpu(pid, cpus));
     // Our unreaped child: the pid is its own until we wait for it.
     let start_ticks = procfs::stat(pid).map_or(0, |s| s.start_ticks);
     Ok(Keeper {
         identity: Identity { pid, start_ticks },
-        cpus,
     })
 }
 
@@ -271,46 +248,19 @@ struct Keep {
 }
 
 /// The keeper's life, in the forked child: drain until every source is at EOF, then write
-/// output.json; 0, or 70 (journalled as `keeper_failed`). `done` is the only write end of a
-/// pipe whose read end the wrapper watches: it is closed here once output.json is in place
-/// (or the keeper failed) and nothing more is written, and its EOF lets the wrapper's final
-/// record go out while this process is still being torn down (a fork of the wrapper: its
-/// exit took ~0.1 ms here, which the record waited for). A kernel fact: the keeper never
-/// writes into the pipe, and only the close of every write end makes the EOF; a workload that
-/// opened another write end through /proc can delay it (the wrapper then waits for the exit),
-/// never hasten it.
+/// output.json; 0, or 70 (journalled as `keeper_failed`). Its exit is what the wrapper's final
+/// record waits for (the pidfd).
 fn keep_run(
     dir: PathBuf,
     policy: Policy,
     held: Vec<(Stream, OwnedFd, File)>,
     notify: Option<OwnedFd>,
-    go: Option<OwnedFd>,
-    done: Option<OwnedFd>,
 ) -> u8 {
     crate::phases::forked("keeper");
     crate::phases::mark("keeper_forked");
-    if let Some(go) = go {
-        wait_for_go(&go);
-        crate::phases::mark("keeper_go");
-    }
     let code = keep_run_inner(dir, policy, held, notify);
-    drop(done);
-    if agent_run_shared::fault::armed(agent_run_shared::fault::SLOW_KEEPER_EXIT) {
-        std::thread::sleep(std::time::Duration::from_secs(1));
-    }
     crate::phases::flush();
     code
-}
-
-/// Wait for the go: a byte the wrapper writes into `go` once the workload has exec'd and is
-/// recorded running (see [`spawn`]), or the pipe's EOF (a wrapper that died, or dropped its
-/// end on a failed launch), or an error. A byte, not only the EOF: a workload that opened the
-/// wrapper's write end through /proc (same user) would otherwise hold the keeper back. Nothing
-/// is lost meanwhile: the workload's first 64 KiB wait in the pipes, and past that it blocks,
-/// as it would on a slow reader.
-fn wait_for_go(go: &OwnedFd) {
-    let mut b = [0u8; 1];
-    while let Err(rustix::io::Errno::INTR) = rustix::io::read(go, &mut b) {}
 }
 
 fn keep_run_inner(

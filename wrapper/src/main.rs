@@ -2,22 +2,14 @@
 //!
 //! Thin by design: parse the command line, hand it to [`run`], turn the result into an exit code.
 //! The logic lives in the `agent-run-shared` library and in one module per subcommand here.
-//!
-//! It starts at its own C `main` (`no_main`), not at Rust's runtime start: that start reads
-//! /proc/self/maps (for the main thread's stack guard) and sets up an alternate signal stack
-//! for a stack-overflow message, about 0.1 ms of every launch before `main` and at its exit.
-//! What of it agent-run needs, [`sys::runtime_start`](agent_run_shared::sys::runtime_start)
-//! does: descriptors 0-2 open, SIGPIPE ignored, and the arguments kept
-//! ([`sys::args_os`](agent_run_shared::sys::args_os): under musl std has none of its own
-//! here). The unit tests keep the harness's `main`.
-#![deny(unsafe_code)]
-#![cfg_attr(not(test), no_main)]
+#![forbid(unsafe_code)]
 
 mod cancel;
 mod cli;
 mod error;
 mod human;
 mod keeper;
+mod launch;
 mod list;
 mod logs;
 mod phases;
@@ -27,7 +19,6 @@ mod renew;
 mod runs;
 mod select;
 mod signals;
-mod start;
 mod status;
 mod stream;
 mod supervise;
@@ -39,22 +30,7 @@ mod wait;
 #[global_allocator]
 static ALLOCATOR: agent_run_shared::sys::Heap = agent_run_shared::sys::Heap;
 
-/// The process's entry, called by the C library's start. Its one unsafe call hands the C
-/// arguments to the runtime start; the attribute only names the symbol, which no other object
-/// of the link defines (`no_main`).
-/// `process::exit` flushes Rust's stdout, as returning from Rust's `main` would.
-#[cfg(not(test))]
-#[allow(unsafe_code)]
-#[no_mangle]
-extern "C" fn main(argc: std::ffi::c_int, argv: *const *const std::ffi::c_char) -> std::ffi::c_int {
-    // SAFETY: `argc` and `argv` are what the C library passed to `main`, untouched.
-    unsafe { agent_run_shared::sys::runtime_start(argc, argv) };
-    std::process::exit(agent_run().into())
-}
-
-/// The unit tests' build has the test harness's `main`; this one keeps the code below in use
-/// there, as an ordinary `main` would.
-#[cfg(test)]
+/// `process::exit` flushes Rust's stdout, as returning from `main` would.
 fn main() {
     std::process::exit(agent_run().into())
 }
@@ -99,7 +75,7 @@ fn run(cli: cli::Cli) -> anyhow::Result<u8> {
         agent_run_shared::sys::default_sigpipe();
     }
     match cli.command {
-        cli::Command::Start(args) => start::start(root, args),
+        cli::Command::Start(args) => launch::start(root, args),
         cli::Command::Cancel(args) => cancel::cancel(root, args),
         cli::Command::Renew(args) => renew::renew(root, args),
         cli::Command::Status(args) => status::status(root, args),

@@ -119,9 +119,7 @@ fn unreadable(dir: &RunDir, err: anyhow::Error, json: bool) -> anyhow::Result<u8
 
 /// The human summary of one record: what ran, where, since when, how it ended.
 fn summary(dir: &RunDir, st: &Status, colour: bool) -> String {
-    use std::fmt::Write;
     let v = record_value(dir, st);
-    let mut out = String::new();
     let mut line = format!(
         "run {}: {}",
         human::printable(&st.run_id),
@@ -133,20 +131,43 @@ fn summary(dir: &RunDir, st: &Status, colour: bool) -> String {
     if let Some(n) = note(dir, st) {
         line += &format!(", {}", human::printable(&n));
     }
-    let mut put = |k: &str, val: String| {
-        let _ = writeln!(out, "  {:<12}{}", format!("{k}:"), human::printable(&val));
-    };
-    put("command", human::shell_command(&st.argv));
-    put("cwd", st.cwd.clone());
+    let mut f = Fields::default();
+    what_ran(&mut f, st);
+    when(&mut f, st, &v);
+    how_it_ended(&mut f, st, &v);
+    f.put("dir", dir.path().display().to_string());
+    format!("{line}\n{}", f.0)
+}
+
+/// The lines of a summary under its first, as `  key:       value`.
+#[derive(Default)]
+struct Fields(String);
+
+impl Fields {
+    fn put(&mut self, k: &str, val: String) {
+        use std::fmt::Write;
+        let _ = writeln!(
+            self.0,
+            "  {:<12}{}",
+            format!("{k}:"),
+            human::printable(&val)
+        );
+    }
+}
+
+/// What ran: the command, its cwd, labels and env names, its leader.
+fn what_ran(f: &mut Fields, st: &Status) {
+    f.put("command", human::shell_command(&st.argv));
+    f.put("cwd", st.cwd.clone());
     if !st.labels.is_empty() {
         let l: Vec<String> = st.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        put("labels", l.join(" "));
+        f.put("labels", l.join(" "));
     }
     if !st.env.is_empty() {
-        put("env", format!("{} (values not recorded)", st.env.join(" ")));
+        f.put("env", format!("{} (values not recorded)", st.env.join(" ")));
     }
     if let Some(pid) = st.pid {
-        put(
+        f.put(
             "pid",
             format!(
                 "{pid} (pgid {}, sid {})",
@@ -155,23 +176,27 @@ fn summary(dir: &RunDir, st: &Status, colour: bool) -> String {
             ),
         );
     }
+}
+
+/// Since when and until when: created, started, ended, how long, the lease and the timeout.
+fn when(f: &mut Fields, st: &Status, v: &Value) {
     let ago = |t: &str| {
         parse_rfc3339(t).map_or(String::new(), |e| {
             format!(" ({} ago)", human::duration(epoch_now() - e))
         })
     };
-    put(
+    f.put(
         "created",
         format!("{}{}", st.created_at, ago(&st.created_at)),
     );
     if let Some(s) = &st.started_at {
-        put("started", format!("{s}{}", ago(s)));
+        f.put("started", format!("{s}{}", ago(s)));
     }
     if let Some(e) = &st.ended_at {
-        put("ended", format!("{e}{}", ago(e)));
+        f.put("ended", format!("{e}{}", ago(e)));
     }
     if let Some(t) = human::run_time(st).filter(|_| st.started_at.is_some()) {
-        put(
+        f.put(
             if st.state.is_final() {
                 "ran"
             } else {
@@ -182,35 +207,39 @@ fn summary(dir: &RunDir, st: &Status, colour: bool) -> String {
     }
     if !st.state.is_final() {
         if let Some(l) = v["lease_remaining_s"].as_f64() {
-            put("lease", left(l));
+            f.put("lease", left(l));
         }
         if let Some(e) = v["lease_unreadable"].as_str() {
-            put("lease", format!("lease.json is damaged: {e}"));
+            f.put("lease", format!("lease.json is damaged: {e}"));
         }
     }
     if let Some(ms) = st.timeout_ms {
         let len = human::duration(ms as f64 / 1000.0);
         match st.timeout_deadline_epoch().filter(|_| !st.state.is_final()) {
-            Some(d) => put("timeout", format!("{len} ({})", left(d - epoch_now()))),
-            None => put("timeout", len),
+            Some(d) => f.put("timeout", format!("{len} ({})", left(d - epoch_now()))),
+            None => f.put("timeout", len),
         }
     }
+}
+
+/// How it ended or is held: the exit, the containment, the caller, the cleanup, the errors.
+fn how_it_ended(f: &mut Fields, st: &Status, v: &Value) {
     match (&st.term_signal, exit::for_record(st)) {
         (Some(s), _) if st.state == agent_run_shared::record::State::Finished => {
-            put("signal", human::signal_text(s))
+            f.put("signal", human::signal_text(s))
         }
-        (Some(s), Some(c)) => put("exit", format!("{c} (the leader ended by {s})")),
+        (Some(s), Some(c)) => f.put("exit", format!("{c} (the leader ended by {s})")),
         (None, Some(c)) if st.state == agent_run_shared::record::State::LaunchFailed => {
-            put("exit", format!("{c} (the launch failed)"))
+            f.put("exit", format!("{c} (the launch failed)"))
         }
-        (None, Some(c)) => put("exit", c.to_string()),
+        (None, Some(c)) => f.put("exit", c.to_string()),
         (_, None) => {}
     }
     if let Some(mode) = v["containment"]["mode"].as_str() {
         let cg = v["containment"]["cgroup"]
             .as_str()
             .map_or(String::new(), |c| format!(" ({c})"));
-        put("contained", format!("{mode}{cg}"));
+        f.put("contained", format!("{mode}{cg}"));
     }
     if let Some(p) = st
         .on_disconnect
@@ -221,40 +250,40 @@ fn summary(dir: &RunDir, st: &Status, colour: bool) -> String {
             .caller_lost_at
             .as_deref()
             .map_or(String::new(), |t| format!("; the caller was lost at {t}"));
-        put("disconnect", format!("{p}{lost}"));
+        f.put("disconnect", format!("{p}{lost}"));
     }
     if let Some(c) = &st.cleanup {
-        let mut pids = c.signalled.clone();
-        pids.sort_unstable();
-        pids.dedup();
-        let survivors = if c.survivors.is_empty() {
-            "no survivors".to_string()
-        } else {
-            format!("survivors {:?}", c.survivors)
-        };
-        put(
-            "cleanup",
-            format!(
-                "{} in {}; {} process{} stopped; {survivors}",
-                if c.signals.is_empty() {
-                    "no signal".into()
-                } else {
-                    c.signals.join(", ")
-                },
-                human::duration(c.duration_ms as f64 / 1000.0),
-                pids.len(),
-                if pids.len() == 1 { "" } else { "es" }
-            ),
-        );
+        f.put("cleanup", cleanup_text(c));
     }
     if let Some(e) = &st.error {
-        put("error", e.clone());
+        f.put("error", e.clone());
     }
     for w in &st.warnings {
-        put("warning", w.clone());
+        f.put("warning", w.clone());
     }
-    put("dir", dir.path().display().to_string());
-    format!("{line}\n{out}")
+}
+
+/// The cleanup in one line: its signals, how long, how many processes, the survivors.
+fn cleanup_text(c: &agent_run_shared::record::Cleanup) -> String {
+    let mut pids = c.signalled.clone();
+    pids.sort_unstable();
+    pids.dedup();
+    let survivors = if c.survivors.is_empty() {
+        "no survivors".to_string()
+    } else {
+        format!("survivors {:?}", c.survivors)
+    };
+    format!(
+        "{} in {}; {} process{} stopped; {survivors}",
+        if c.signals.is_empty() {
+            "no signal".into()
+        } else {
+            c.signals.join(", ")
+        },
+        human::duration(c.duration_ms as f64 / 1000.0),
+        pids.len(),
+        if pids.len() == 1 { "" } else { "es" }
+    )
 }
 
 /// `1m 55s left`, or `expired 3s ago`.

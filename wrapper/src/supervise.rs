@@ -87,54 +87,11 @@ pub fn supervise(
             lease.as_ref().map(|l| l.taken.deadline_epoch),
             timeout_epoch,
         ));
-        if lease_left.is_some_and(|l| l <= 0.0) {
-            let _ = journal.event("lease_expired", json!({}));
-            return Outcome::Stop(Reason::LeaseExpired.into());
+        if let Some(out) = deadline_passed(now, lease_left, limits, caller.as_ref(), journal) {
+            return out;
         }
-        if let Some((at, len)) = limits.timeout {
-            if now >= at {
-                let _ = journal.event("timeout", json!({"timeout_ms": len.as_millis() as u64}));
-                return Outcome::Stop(Reason::Timeout.into());
-            }
-        }
-        if caller.as_ref().is_some_and(|c| c.grace_over(now)) {
-            let _ = journal.event("caller_lost_grace_over", json!({}));
-            return Outcome::Stop(Reason::CallerLost.into());
-        }
-        let timeout = [
-            lease_left.map(|l| Duration::from_secs_f64(l.min(86_400.0))),
-            limits
-                .timeout
-                .map(|(at, _)| at.saturating_duration_since(now)),
-            caller
-                .as_ref()
-                .and_then(|c| c.grace_until)
-                .map(|g| g.saturating_duration_since(now)),
-        ]
-        .into_iter()
-        .flatten()
-        .min();
-        let mut fds = vec![PollFd {
-            fd: signals.fd().as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        if let Some(fd) = leader_fd {
-            fds.push(PollFd {
-                fd: fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            });
-        }
-        let first_caller_fd = fds.len();
-        if let Some(c) = &caller {
-            // No events asked for: poll reports a hang-up (POLLHUP, POLLERR) regardless.
-            fds.extend(c.watched.iter().map(|(_, f)| PollFd {
-                fd: f.as_raw_fd(),
-                events: 0,
-                revents: 0,
-            }));
-        }
+        let timeout = next_deadline(now, lease_left, limits, caller.as_ref());
+        let mut fds = poll_fds(signals, leader_fd, caller.as_ref());
         let _ = sys::poll(&mut fds, timeout);
         signals.drain();
         if let Some(sig) = signals.take_stop() {
@@ -151,15 +108,7 @@ pub fn supervise(
             }
         }
         if signals.take_tstp() {
-            if let Some(p) = pty.as_deref_mut() {
-                p.suspend();
-            }
-            suspend_until_continued(dir, journal, scope);
-            if let Some(p) = pty.as_deref_mut() {
-                p.resume();
-                // The terminal may have changed size while we were stopped.
-                p.resize(journal);
-            }
+            suspend_with_pty(dir, journal, scope, pty.as_deref_mut());
             continue;
         }
         let usr1 = signals.take_usr1();
@@ -167,16 +116,10 @@ pub fn supervise(
             if usr1 {
                 c.reclaimed(journal);
             }
-            let hung: Vec<usize> = fds[first_caller_fd..]
-                .iter()
-                .enumerate()
-                .filter(|(_, f)| f.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0)
-                .map(|(i, _)| i)
-                .collect();
-            if !hung.is_empty() && c.hung_up(&hung) {
-                if let Some(out) = c.lost(dir, journal, st) {
-                    return out;
-                }
+            // The caller's descriptors come after the signal pipe and the leader's pidfd.
+            let first_caller_fd = 1 + usize::from(leader_fd.is_some());
+            if let Some(out) = c.look(&fds[first_caller_fd..], dir, journal, st) {
+                return out;
             }
         }
         let chld = signals.take_chld();
@@ -193,21 +136,125 @@ pub fn supervise(
                 return Outcome::LeaderExited(ws);
             }
         }
-        match keeper_end {
-            Some(Ok(())) => {
-                // EOF: every descriptor of the pty's slave is closed, the session let go of its
-                // terminal. Nothing of the output is lost; the run goes on.
-                let _ = journal.event("keeper_exited", json!({"while": "running"}));
-            }
-            Some(Err(why)) => {
-                // Nobody reads the pty any more: its output would be lost and a writer would
-                // block for ever. The master stays open (our copy), so no hangup comes by
-                // itself: the run is stopped, as a cancel would.
-                let _ = journal.event("keeper_lost", json!({"error": why}));
-                human::say(&why);
-                return Outcome::Stop("keeper_lost".into());
-            }
-            None => {}
+        if let Some(out) = keeper_end.and_then(|end| keeper_ended(end, journal)) {
+            return out;
+        }
+    }
+}
+
+/// The lease, the `--timeout` or the disconnect grace that has run out, journalled: the stop
+/// it asks for.
+fn deadline_passed(
+    now: Instant,
+    lease_left: Option<f64>,
+    limits: &Limits,
+    caller: Option<&Caller>,
+    journal: &Journal,
+) -> Option<Outcome> {
+    if lease_left.is_some_and(|l| l <= 0.0) {
+        let _ = journal.event("lease_expired", json!({}));
+        return Some(Outcome::Stop(Reason::LeaseExpired.into()));
+    }
+    if let Some((at, len)) = limits.timeout {
+        if now >= at {
+            let _ = journal.event("timeout", json!({"timeout_ms": len.as_millis() as u64}));
+            return Some(Outcome::Stop(Reason::Timeout.into()));
+        }
+    }
+    if caller.is_some_and(|c| c.grace_over(now)) {
+        let _ = journal.event("caller_lost_grace_over", json!({}));
+        return Some(Outcome::Stop(Reason::CallerLost.into()));
+    }
+    None
+}
+
+/// How long the loop may sleep: until the nearest of the lease, the `--timeout` and the
+/// disconnect grace (None: no deadline).
+fn next_deadline(
+    now: Instant,
+    lease_left: Option<f64>,
+    limits: &Limits,
+    caller: Option<&Caller>,
+) -> Option<Duration> {
+    [
+        lease_left.map(|l| Duration::from_secs_f64(l.min(86_400.0))),
+        limits
+            .timeout
+            .map(|(at, _)| at.saturating_duration_since(now)),
+        caller
+            .and_then(|c| c.grace_until)
+            .map(|g| g.saturating_duration_since(now)),
+    ]
+    .into_iter()
+    .flatten()
+    .min()
+}
+
+/// What the loop polls: the signal pipe, the leader's pidfd (when there is one), then the
+/// caller's descriptors.
+fn poll_fds(
+    signals: &Signals,
+    leader_fd: Option<&OwnedFd>,
+    caller: Option<&Caller>,
+) -> Vec<PollFd> {
+    let mut fds = vec![PollFd {
+        fd: signals.fd().as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    if let Some(fd) = leader_fd {
+        fds.push(PollFd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+    }
+    if let Some(c) = caller {
+        // No events asked for: poll reports a hang-up (POLLHUP, POLLERR) regardless.
+        fds.extend(c.watched.iter().map(|(_, f)| PollFd {
+            fd: f.as_raw_fd(),
+            events: 0,
+            revents: 0,
+        }));
+    }
+    fds
+}
+
+/// Ctrl-Z with the pty's terminal handed back to the caller while the run is suspended.
+fn suspend_with_pty(
+    dir: &RunDir,
+    journal: &Journal,
+    scope: &RunScope,
+    mut pty: Option<&mut PtyRun>,
+) {
+    if let Some(p) = pty.as_deref_mut() {
+        p.suspend();
+    }
+    suspend_until_continued(dir, journal, scope);
+    if let Some(p) = pty {
+        p.resume();
+        // The terminal may have changed size while we were stopped.
+        p.resize(journal);
+    }
+}
+
+/// A `--pty` run's keeper that exited while the run goes on: after EOF, nothing; else the
+/// stop it asks for.
+fn keeper_ended(end: Result<(), String>, journal: &Journal) -> Option<Outcome> {
+    match end {
+        Ok(()) => {
+            // EOF: every descriptor of the pty's slave is closed, the session let go of its
+            // terminal. Nothing of the output is lost; the run goes on.
+            let _ = journal.event("keeper_exited", json!({"while": "running"}));
+            None
+        }
+        Err(why) => {
+            // Nobody reads the pty any more: its output would be lost and a writer would
+            // block for ever. The master stays open (our copy), so no hangup comes by
+            // itself: the run is stopped, as a cancel would.
+            let _ = journal.event("keeper_lost", json!({"error": why}));
+            human::say(&why);
+            Some(Outcome::Stop("keeper_lost".into()))
         }
     }
 }
@@ -270,6 +317,27 @@ impl Caller {
             gone: Vec::new(),
             grace_until: None,
         }
+    }
+
+    /// After a poll: the watched descriptors' results (in `watched`'s order). When the last
+    /// of them has hung up, the caller is lost: what its policy says.
+    fn look(
+        &mut self,
+        polled: &[PollFd],
+        dir: &RunDir,
+        journal: &Journal,
+        st: &mut Status,
+    ) -> Option<Outcome> {
+        let hung: Vec<usize> = polled
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0)
+            .map(|(i, _)| i)
+            .collect();
+        if !hung.is_empty() && self.hung_up(&hung) {
+            return self.lost(dir, journal, st);
+        }
+        None
     }
 
     /// Note the descriptors (indexes into `watched`) that hung up. True once every watched

@@ -308,7 +308,7 @@ pub fn outcome(v: &Value) -> Option<u8> {
 
 /// A duration as agent-run parses it (not rounded: a lease of 0.4 ms is not a lease of 0).
 fn millis(d: Duration) -> OsString {
-    crate::start::duration_arg(d).into()
+    crate::launch::duration_arg(d).into()
 }
 
 /// `n` random bytes from /dev/urandom, as lowercase hex.
