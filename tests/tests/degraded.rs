@@ -523,7 +523,7 @@ fn a_corrupt_status_json_does_not_stop_a_stop_cancel_goes_by_kernel_facts() {
 /// unrun.
 ///
 /// A wrapper that is only slow, not dead, is the next test: the wrapper's own check after it
-/// takes the lock (`Launch::new` in `wrapper/src/start.rs`: a record already there means
+/// takes the lock (`Launch::new` in `wrapper/src/launch/prepare.rs`: a record already there means
 /// "declared lost", exit 70, nothing run) is what covers that race.
 #[test]
 fn a_launch_declared_lost_by_cancel_is_final_unknown_and_the_id_never_runs_its_command() {

@@ -143,7 +143,7 @@ pub fn open_logs(
 /// The keeper is a fork of the wrapper without an exec ([`sys::fork_helper`]): it runs
 /// [`keep`] on the copy of our memory, so a launch pays no second program load. That is sound
 /// only while the wrapper is single-threaded: call this before any thread is started (the
-/// heartbeat and the streamer start after it, see `start.rs`), as a debug assertion checks.
+/// heartbeat and the streamer start after it, see `launch/spawn.rs`), as a debug assertion checks.
 /// The wrapper forks it right after the workload's spawn, where the fork's copy of its page
 /// tables runs beside the workload's exec instead of before it.
 pub fn spawn(
