@@ -346,12 +346,8 @@ pub fn nondefault_signals() -> u64 {
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 /// `CLONE_PIDFD` (kernel 5.2+): a pidfd of the child, written to `clone_args.pidfd`.
 const CLONE_PIDFD: u64 = 0x1000;
-/// `CLONE_VM`: the child runs in our memory (until its exec).
-const CLONE_VM: u64 = 0x100;
 /// `CLONE_VFORK`: the calling thread sleeps until the child execs or exits.
 const CLONE_VFORK: u64 = 0x4000;
-/// The stack the vfork-style child runs [`raw::child`] on (its frames take a few KiB).
-const VFORK_STACK: usize = 64 * 1024;
 /// The shell execvp(3) hands a file to when the kernel cannot execute it (ENOEXEC).
 const BSHELL: &std::ffi::CStr = c"/bin/sh";
 /// execvp(3)'s search path when the environment has no PATH (glibc's `_CS_PATH`).
@@ -618,11 +614,9 @@ struct ChildPlan<'a> {
 /// `cgroup.procs` before its exec. Any other refusal of a clone3 into the cgroup is the
 /// cgroup's ([`SpawnError::Cgroup`]; EAGAIN and ENOMEM are [`SpawnError::Fork`]).
 ///
-/// On x86_64 the clone is vfork-style, as posix_spawn(3) makes its child
-/// (CLONE_VM | CLONE_VFORK, on a stack of its own): the child runs in our memory while this
-/// thread sleeps until its exec or exit, so no page table is copied and no page of ours turns
-/// copy-on-write (the fork it replaces cost every later write of the wrapper a fault). Elsewhere,
-/// and in the fork fallback, it runs on a copy of our memory. Either way it calls only
+/// The clone waits out the child as vfork(2) does (CLONE_VFORK, without CLONE_VM): the child
+/// runs on a copy of our memory, as after fork(2), while this thread sleeps until its exec or
+/// exit. The fork fallback's child runs on a copy too, unwaited. Either way it calls only
 /// async-signal-safe syscalls that write nothing but its own stack: no allocation, no lock, no
 /// panic. A failed step is written (step and errno) to a close-on-exec pipe, then the child
 /// `_exit`s 127; the parent reads the pipe (see the body for how long it waits): nothing means
@@ -822,16 +816,13 @@ fn clone_workload(
         )
     };
     if !force_fork {
-        let mut r = raw::clone3_vfork(cgroup, true, plan);
+        let mut r = raw::clone3(cgroup, true);
         if matches!(&r, Err(e) if e.raw_os_error() == Some(libc::EMFILE)) {
             // No descriptor left for the pidfd: the run goes on without one, as before.
-            r = raw::clone3_vfork(cgroup, false, plan);
+            r = raw::clone3(cgroup, false);
         }
         match r {
-            Ok(f) => {
-                let vforked = cfg!(target_arch = "x86_64");
-                return Ok((f, cgroup.map(|_| CgroupEntry::Clone3), None, vforked));
-            }
+            Ok(f) => return Ok((f, cgroup.map(|_| CgroupEntry::Clone3), None, true)),
             Err(e) if old_kernel(&e) => {}
             Err(e) if cgroup.is_none() => return Err(SpawnError::Fork(e)),
             Err(e) => {
@@ -1243,21 +1234,23 @@ mod raw {
         Forked::Parent(pid, fd)
     }
 
-    /// clone3(2) as a fork: a new process with its own copy of our memory, SIGCHLD to us when
-    /// it ends; with `cgroup`, made in that cgroup (CLONE_INTO_CGROUP); with `want_pidfd`, its
-    /// pidfd with it (CLONE_PIDFD). Raw: neither libc nor rustix wraps clone3. The spawn on
-    /// architectures without the vfork-style entry; built (and unit-tested) everywhere.
-    #[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+    /// clone3(2) as a fork that the caller waits out: a new process with its own copy of our
+    /// memory, SIGCHLD to us when it ends; with `cgroup`, made in that cgroup
+    /// (CLONE_INTO_CGROUP); with `want_pidfd`, its pidfd with it (CLONE_PIDFD). CLONE_VFORK
+    /// without CLONE_VM: this thread sleeps until the child has exec'd or exited, so its
+    /// report, if any, is whole in the pipe when we return. Raw: neither libc nor rustix wraps
+    /// clone3.
     pub(super) fn clone3(cgroup: Option<BorrowedFd<'_>>, want_pidfd: bool) -> io::Result<Forked> {
         let mut pidfd: libc::c_int = -1;
         let mut args = clone_args(cgroup, want_pidfd.then_some(&mut pidfd));
+        args.flags |= super::CLONE_VFORK;
         // SAFETY: fork semantics. Without CLONE_VM and with no stack given (0), the child runs
         // on its own copy of our memory and of this very stack, as after fork(2), and returns
         // 0 from here; the kernel reads `args` (its size passed) and writes only the pidfd
         // number into `pidfd`, which outlives the call. The caller hands the child straight to
         // `child`, which makes only async-signal-safe syscalls until its exec or `_exit`
         // (libc's thread state, stale in the child, is never consulted: no allocation, no
-        // lock, no pthread call).
+        // lock, no pthread call). CLONE_VFORK only makes this thread wait for that exec or exit.
         let r = unsafe {
             libc::syscall(
                 libc::SYS_clone3,
@@ -1270,109 +1263,6 @@ mod raw {
             0 => Ok(Forked::Child),
             pid => Ok(parent_of(pid, want_pidfd, pidfd)),
         }
-    }
-
-    /// clone3(2) as vfork(2) with a stack of its own (CLONE_VM | CLONE_VFORK, the way
-    /// posix_spawn(3) makes its child), with `cgroup` and `want_pidfd` as in [`clone3`]. The
-    /// child runs [`child`] on `plan` and never returns here; this thread sleeps until the
-    /// child has exec'd or exited, then gets its pid. Architectures without the entry below
-    /// get [`clone3`] (fork semantics): the entry is a few lines of assembly, written and
-    /// tested for x86_64 only.
-    #[cfg(target_arch = "x86_64")]
-    pub(super) fn clone3_vfork(
-        cgroup: Option<BorrowedFd<'_>>,
-        want_pidfd: bool,
-        plan: &ChildPlan<'_>,
-    ) -> io::Result<Forked> {
-        use super::{CLONE_VFORK, CLONE_VM, VFORK_STACK};
-        // u128: 16-byte aligned, so the stack's top (base + size) is too, as both ABIs want.
-        // Left uninitialised: the child writes each frame before it reads it, so only the few
-        // pages at the top that it uses are ever faulted in. Zeroing all 64 KiB here (a
-        // `vec![0; ..]`) faulted in sixteen fresh pages and cleared them at every launch: about
-        // 50 µs of the spawn on this VM.
-        let mut stack: Vec<u128> = Vec::with_capacity(VFORK_STACK / 16);
-        let mut pidfd: libc::c_int = -1;
-        let mut args = clone_args(cgroup, want_pidfd.then_some(&mut pidfd));
-        args.flags |= CLONE_VM | CLONE_VFORK;
-        args.stack = stack.as_mut_ptr() as u64;
-        args.stack_size = (stack.capacity() * 16) as u64;
-        let plan: *const ChildPlan<'_> = plan;
-        // SAFETY: the child starts on `stack` (the kernel sets its stack pointer to
-        // `stack + stack_size`, within the vector's allocation; no Rust code reads its
-        // uninitialised elements, only the child's own frames), and runs `vfork_entry(plan)`, which never
-        // returns: it makes only async-signal-safe syscalls (no allocation, no lock, no libc
-        // state but this thread's errno, which we do not read until the call below has
-        // returned), writes nothing but its own stack, then execs or `_exit`s. Until then this
-        // thread sleeps (CLONE_VFORK) and our other threads never touch the child's stack or
-        // the plan. Every signal is blocked (the caller's `block_all_signals`), so no handler
-        // of ours runs in the child before it resets them. The stack and `pidfd` outlive the
-        // child's use of our memory, which ends before the call returns here.
-        let r = unsafe { clone3_on_stack(&mut args, vfork_entry, plan.cast()) };
-        drop(stack);
-        match r {
-            r if r < 0 => Err(io::Error::from_raw_os_error((-r) as i32)),
-            // c_long: i64 on x86_64, the architecture this entry exists for.
-            #[allow(clippy::unnecessary_cast)]
-            pid => Ok(parent_of(pid as i64, want_pidfd, pidfd)),
-        }
-    }
-
-    #[cfg(not(target_arch = "x86_64"))]
-    pub(super) fn clone3_vfork(
-        cgroup: Option<BorrowedFd<'_>>,
-        want_pidfd: bool,
-        _plan: &ChildPlan<'_>,
-    ) -> io::Result<Forked> {
-        clone3(cgroup, want_pidfd)
-    }
-
-    /// The vfork-style child's first Rust frame: the plan, then [`child`].
-    #[cfg(target_arch = "x86_64")]
-    unsafe extern "C" fn vfork_entry(plan: *const libc::c_void) -> ! {
-        // SAFETY: `plan` is the `&ChildPlan` of `clone3_vfork`, alive and unchanged while the
-        // parent's thread sleeps until our exec or exit.
-        unsafe { child(&*plan.cast::<ChildPlan<'_>>()) }
-    }
-
-    /// The clone3 syscall, and in the child (which the kernel starts on the stack the args
-    /// name, every other register as the parent's) a call of `entry(arg)`. Returns the raw
-    /// result in the parent: the child's pid, or minus an errno.
-    ///
-    /// # Safety
-    /// `args` must name a stack that stays valid while the child uses it, and `entry` must
-    /// never return.
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn clone3_on_stack(
-        args: *mut CloneArgs,
-        entry: unsafe extern "C" fn(*const libc::c_void) -> !,
-        arg: *const libc::c_void,
-    ) -> libc::c_long {
-        let ret: libc::c_long;
-        // SAFETY: the caller's contract. rcx and r11 are the syscall's; r12 and r13 survive
-        // it in both processes. The child clears the frame pointer, aligns its new stack and
-        // calls `entry(arg)`; `ud2` is never reached.
-        unsafe {
-            std::arch::asm!(
-                "syscall",
-                "test rax, rax",
-                "jnz 2f",
-                "xor ebp, ebp",
-                "and rsp, -16",
-                "mov rdi, r12",
-                "call r13",
-                "ud2",
-                "2:",
-                inlateout("rax") libc::SYS_clone3 => ret,
-                in("rdi") args,
-                in("rsi") std::mem::size_of::<CloneArgs>(),
-                in("r12") arg,
-                in("r13") entry,
-                lateout("rcx") _,
-                lateout("r11") _,
-                options(nostack),
-            );
-        }
-        ret
     }
 
     /// fork(2), for kernels without clone3 or CLONE_INTO_CGROUP.
@@ -1465,8 +1355,8 @@ mod raw {
             }
         }
         if plan.cgroupns {
-            // SAFETY: unshare(2) takes a flag and changes only this task's namespaces (a
-            // vfork-style child shares our memory, not our nsproxy); async-signal-safe.
+            // SAFETY: unshare(2) takes a flag and changes only this task's namespaces;
+            // async-signal-safe.
             if unsafe { libc::unshare(libc::CLONE_NEWCGROUP) } != 0 {
                 return (ChildStep::Cgroup, errno());
             }
