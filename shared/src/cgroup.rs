@@ -173,13 +173,7 @@ fn unescape_octal(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The cgroup v2 path in the text of a /proc/PID/cgroup (its `0::` line), as the kernel wrote
-/// it (a removed cgroup keeps its ` (deleted)` suffix).
-pub fn v2_path(text: &str) -> Option<&str> {
-    text.lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .map(str::trim_end)
-}
+pub use crate::procfs::v2_path;
 
 /// This process's own cgroup directory on the cgroup2 mount (the `0::` line).
 ///

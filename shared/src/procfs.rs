@@ -97,14 +97,14 @@ pub fn stat(pid: Pid) -> Option<Stat> {
     parse_stat(std::str::from_utf8(&buf[..n]).ok()?)
 }
 
-/// A file the kernel makes as it is read (/proc, /sys, the cgroup2 mount), whole, as text.
-/// Plain reads into a 4 KiB buffer that grows, until EOF (the run dir's reader, uncapped):
-/// `fs::read_to_string` first asks for the size (statx says 0 for such files) and then starts
-/// with 32-byte probe reads, six to nine syscalls for a file this reads in three or four. A
-/// file that is not UTF-8 is `InvalidData`, as there.
-pub fn read_kernel_file(path: impl AsRef<std::path::Path>) -> std::io::Result<String> {
-    let buf = crate::run_dir::read_capped(&mut fs::File::open(path)?, u64::MAX)?;
-    String::from_utf8(buf).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+pub use crate::sys::read_kernel_file;
+
+/// The cgroup v2 path in the text of a /proc/PID/cgroup (its `0::` line), as the kernel wrote
+/// it (a removed cgroup keeps its ` (deleted)` suffix).
+pub fn v2_path(text: &str) -> Option<&str> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::trim_end)
 }
 
 /// Read a /proc file into `buf`. The kernel makes such a file whole at the first read and
@@ -280,7 +280,7 @@ pub fn comm(pid: Pid) -> Option<String> {
 /// cgroup2 mount (`/` for its root). `None` when it is gone or has none.
 pub fn cgroup_of(pid: Pid) -> Option<String> {
     let text = read_kernel_file(format!("/proc/{pid}/cgroup")).ok()?;
-    crate::cgroup::v2_path(&text).map(str::to_string)
+    v2_path(&text).map(str::to_string)
 }
 
 /// The owner uid of a process (owner of /proc/PID). `None` when it is gone.
@@ -672,7 +672,7 @@ pub fn keeper_of(wrapper: Pid) -> Option<Identity> {
     let cgroup = |p: Pid| {
         read_kernel_file(format!("/proc/{p}/cgroup"))
             .ok()
-            .and_then(|t| crate::cgroup::v2_path(&t).map(str::to_owned))
+            .and_then(|t| v2_path(&t).map(str::to_owned))
     };
     let (w_exe, w_cgroup) = (exe(wrapper)?, cgroup(wrapper)?);
     let mut fits = children_of(wrapper).into_iter().filter_map(|c| {

@@ -4,7 +4,7 @@
 //!
 //! The run dir is created with one `mkdir`; its lock is taken before the first record appears, so
 //! anyone who sees a record and can take the lock knows the wrapper is gone. The workload is made
-//! in the run's cgroup and starts in a new session ([`sys::spawn_workload`]: clone3, setsid
+//! in the run's cgroup and starts in a new session ([`spawn::spawn_workload`]: clone3, setsid
 //! before its exec), writes into pipes that the output keeper ([`crate::keeper`], started just
 //! before it) drains into its logs, and is checked from /proc to be its own session and group
 //! leader before the record says `running`.
@@ -37,7 +37,7 @@ use agent_run_shared::run_dir::{files, RunDir};
 use agent_run_shared::spec::OnDisconnect;
 use agent_run_shared::stop::{stop_run, Sig, Timings};
 use agent_run_shared::sys::{self, WaitStatus};
-use agent_run_shared::{fault, procfs, time, Error, ENV_RUN_DIR, ENV_RUN_ID};
+use agent_run_shared::{fault, procfs, spawn, time, Error, ENV_RUN_DIR, ENV_RUN_ID};
 use anyhow::Context;
 use serde_json::json;
 use std::collections::{BTreeMap, HashSet};
@@ -702,7 +702,7 @@ impl Launch {
         crate::phases::mark("spawn_prep");
         let spawned = exec.map_err(sys::SpawnError::Fork).and_then(|exec| {
             let dir = cgroup_dir.as_ref().map(|d| d.as_fd());
-            sys::spawn_workload(&exec, &io, dir, fault::armed(fault::SPAWN_BY_FORK))
+            spawn::spawn_workload(&exec, &io, dir, fault::armed(fault::SPAWN_BY_FORK))
         });
         crate::phases::mark("spawn");
         // Every slave descriptor of ours goes now, and our copies of the pipes' write ends:
