@@ -14,7 +14,7 @@
 //! held by the procfs process set ([`crate::procset`]). `off` (or `none`) asks for procfs.
 //!
 //! The workload never runs outside its cgroup: it is made in it, by clone3(2) with
-//! CLONE_INTO_CGROUP ([`crate::sys::spawn_workload`]); on kernels before 5.7 the forked child
+//! CLONE_INTO_CGROUP ([`crate::spawn::spawn_workload`]); on kernels before 5.7 the forked child
 //! writes `0` to `cgroup.procs` before its exec. The wrapper stays outside, so `cgroup.kill`
 //! never kills it.
 //!
@@ -522,7 +522,7 @@ impl RunCgroup {
     }
 
     /// Its directory, open O_RDONLY|O_DIRECTORY|O_CLOEXEC, for the workload's spawn
-    /// ([`crate::sys::spawn_workload`]: clone3's CLONE_INTO_CGROUP, or `cgroup.procs` opened
+    /// ([`crate::spawn::spawn_workload`]: clone3's CLONE_INTO_CGROUP, or `cgroup.procs` opened
     /// through it on older kernels).
     pub fn open_dir(&self) -> Result<File> {
         OpenOptions::new()

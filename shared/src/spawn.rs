@@ -79,9 +79,10 @@ pub fn spawn_workload(
             // The child `_exit`s right after its report: reap it, so a launch that never ran
             // leaves no zombie.
             drop(pidfd);
-            while let Err(rustix::io::Errno::INTR) =
-                rustix::process::waitpid(Some(sys::rustix_pid(pid)), rustix::process::WaitOptions::empty())
-            {}
+            while let Err(rustix::io::Errno::INTR) = rustix::process::waitpid(
+                Some(sys::rustix_pid(pid)),
+                rustix::process::WaitOptions::empty(),
+            ) {}
             let e = io::Error::from_raw_os_error(errno);
             Err(match step {
                 ChildStep::Cgroup => SpawnError::Cgroup(e),
@@ -180,7 +181,6 @@ fn read_report(fd: &OwnedFd, wait: Duration) -> Option<(ChildStep, i32)> {
         .unwrap_or(ChildStep::Exec);
     Some((step, errno))
 }
-
 
 #[cfg(test)]
 mod tests {

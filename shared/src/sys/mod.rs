@@ -9,11 +9,11 @@
 //! library that may use `unsafe`, and it imports nothing of the library but [`Pid`]. Functions
 //! marked async-signal-safe are the only ones a `pre_exec` closure may call.
 //!
-//! One file per concern: [`signals`] and [`marks`] (kill, masks, actions; what a process shows
-//! of itself), [`process`] (pidfds and the reap), [`host`] and [`cpu`] (facts, limits,
-//! affinity), [`files`] (whole reads, flock), [`poll`] (poll, inotify, epoll), [`session`]
-//! (what `pre_exec` may call), [`spawn`] and [`exec`] (the workload's clone3 and its child up
-//! to the exec), [`helper`] (the keeper's fork), [`runtime`] (the process's start, the heap).
+//! One file per concern: `signals` and `marks` (kill, masks, actions; what a process shows
+//! of itself), `process` (pidfds and the reap), `host` and `cpu` (facts, limits,
+//! affinity), `files` (whole reads, flock), `poll` (poll, inotify, epoll), `session`
+//! (what `pre_exec` may call), `spawn` and `exec` (the workload's clone3 and its child up
+//! to the exec), `helper` (the keeper's fork), `runtime` (the process's start, the heap).
 #![allow(unsafe_code)]
 
 mod cpu;

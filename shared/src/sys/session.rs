@@ -10,9 +10,9 @@ pub(super) fn child_setsid() -> io::Result<()> {
 }
 
 /// Make `cmd` start its program in a new session with a clean signal state and no inherited
-/// descriptor above stderr (the detached wrapper; the workload is [`spawn_workload`]'s). The
-/// `pre_exec` closure calls only async-signal-safe functions: sigaction, sigprocmask, setsid
-/// and close_range.
+/// descriptor above stderr (the detached wrapper; the workload has
+/// [`crate::spawn::spawn_workload`]). The `pre_exec` closure calls only async-signal-safe
+/// functions: sigaction, sigprocmask, setsid and close_range.
 pub fn spawn_in_new_session(cmd: &mut std::process::Command) {
     use std::os::unix::process::CommandExt;
     let signals = nondefault_signals();
@@ -50,8 +50,7 @@ pub(super) const CLOSE_RANGE_CLOEXEC: libc::c_uint = 4;
 /// syscall.
 pub(super) fn child_cloexec_from_3() -> io::Result<()> {
     // SAFETY: close_range takes integers only.
-    let r =
-        unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC) };
+    let r = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC) };
     if r < 0 {
         let e = io::Error::last_os_error();
         // Kernels before 5.11 lack the flag: every fd we open is O_CLOEXEC anyway.

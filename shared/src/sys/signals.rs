@@ -46,7 +46,10 @@ pub fn nondefault_signals() -> u64 {
     };
     let hex = |v: &str| u64::from_str_radix(v.trim(), 16).unwrap_or(0);
     text.lines()
-        .filter_map(|l| l.strip_prefix("SigIgn:").or_else(|| l.strip_prefix("SigCgt:")))
+        .filter_map(|l| {
+            l.strip_prefix("SigIgn:")
+                .or_else(|| l.strip_prefix("SigCgt:"))
+        })
         .fold(0, |set, v| set | hex(v))
 }
 

@@ -94,7 +94,7 @@ pub struct Spawned {
     /// How it entered the run's cgroup; `None` without one.
     pub cgroup_entry: Option<CgroupEntry>,
     /// A report in the pipe that the child did not write (it exec'd: see
-    /// [`spawn_workload`]), as it read: step and errno. For the journal only.
+    /// [`crate::spawn::spawn_workload`]), as it read: step and errno. For the journal only.
     pub report_ignored: Option<(ChildStep, i32)>,
 }
 
@@ -282,7 +282,10 @@ pub(super) fn clone_workload(
 /// The `clone_args` both clones start from: SIGCHLD to us when the child ends; with
 /// `pidfd`, the child's pidfd written there (CLONE_PIDFD); with `cgroup`, the child made in
 /// that cgroup (CLONE_INTO_CGROUP).
-pub(super) fn clone_args(cgroup: Option<BorrowedFd<'_>>, pidfd: Option<&mut libc::c_int>) -> CloneArgs {
+pub(super) fn clone_args(
+    cgroup: Option<BorrowedFd<'_>>,
+    pidfd: Option<&mut libc::c_int>,
+) -> CloneArgs {
     let mut args = CloneArgs {
         exit_signal: libc::SIGCHLD as u64,
         ..CloneArgs::default()

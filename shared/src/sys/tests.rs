@@ -133,8 +133,8 @@ fn inotify_names_the_file_renamed_into_place() {
 fn host_facts_are_plausible() {
     assert!(clock_ticks_per_sec() >= 100);
     let up = boottime_secs();
-    let ours = crate::procfs::stat(Pid::this()).unwrap().start_ticks as f64
-        / clock_ticks_per_sec() as f64;
+    let ours =
+        crate::procfs::stat(Pid::this()).unwrap().start_ticks as f64 / clock_ticks_per_sec() as f64;
     assert!(
         ours <= up + 1.0,
         "started {ours}s after boot, booted {up}s ago"
