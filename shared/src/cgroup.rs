@@ -14,7 +14,7 @@
 //! held by the procfs process set ([`crate::procset`]). `off` (or `none`) asks for procfs.
 //!
 //! The workload never runs outside its cgroup: it is made in it, by clone3(2) with
-//! CLONE_INTO_CGROUP ([`crate::sys::spawn_workload`]); on kernels before 5.7 the forked child
+//! CLONE_INTO_CGROUP ([`crate::spawn::spawn_workload`]); on kernels before 5.7 the forked child
 //! writes `0` to `cgroup.procs` before its exec. The wrapper stays outside, so `cgroup.kill`
 //! never kills it.
 //!
@@ -173,13 +173,7 @@ fn unescape_octal(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The cgroup v2 path in the text of a /proc/PID/cgroup (its `0::` line), as the kernel wrote
-/// it (a removed cgroup keeps its ` (deleted)` suffix).
-pub fn v2_path(text: &str) -> Option<&str> {
-    text.lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .map(str::trim_end)
-}
+pub use crate::procfs::v2_path;
 
 /// This process's own cgroup directory on the cgroup2 mount (the `0::` line).
 ///
@@ -528,7 +522,7 @@ impl RunCgroup {
     }
 
     /// Its directory, open O_RDONLY|O_DIRECTORY|O_CLOEXEC, for the workload's spawn
-    /// ([`crate::sys::spawn_workload`]: clone3's CLONE_INTO_CGROUP, or `cgroup.procs` opened
+    /// ([`crate::spawn::spawn_workload`]: clone3's CLONE_INTO_CGROUP, or `cgroup.procs` opened
     /// through it on older kernels).
     pub fn open_dir(&self) -> Result<File> {
         OpenOptions::new()

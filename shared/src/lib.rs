@@ -37,6 +37,7 @@ pub mod record;
 pub mod root;
 pub mod run_dir;
 pub mod signal;
+pub mod spawn;
 pub mod spec;
 pub mod ssh;
 pub mod stop;

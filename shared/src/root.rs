@@ -9,11 +9,10 @@
 use crate::error::{Error, Result};
 use crate::id::RunId;
 use crate::run_dir::RunDir;
-use crate::sys;
 use std::fs;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -136,103 +135,5 @@ impl Root {
     }
 }
 
-/// Open the directory at `path` ([`crate::run_dir::open_dir`]) and hold what was opened to the
-/// rules of [`check_dir`]. A refusal names the path; a missing dir is an `Io` error of kind
-/// `NotFound`.
-pub(crate) fn open_checked(
-    path: &Path,
-    what: &str,
-    forbidden_bits: u32,
-) -> Result<(OwnedFd, fs::Metadata)> {
-    let (fd, md) = match crate::run_dir::open_dir(path) {
-        Ok(x) => x,
-        Err(e) => {
-            if e.kind() != io::ErrorKind::NotFound {
-                // A symlink or not a directory: the path check says which, in its words.
-                check_dir(path, what, forbidden_bits)?;
-            }
-            return Err(Error::io("inspect", path, e));
-        }
-    };
-    check_metadata(path, what, forbidden_bits, &md)?;
-    Ok((fd, md))
-}
-
-/// Refuse a path that is a symlink, not a directory, not ours, or has any of `forbidden_bits`.
-/// The refusal names the path and says what to do about it.
-pub fn check_dir(path: &Path, what: &str, forbidden_bits: u32) -> Result<()> {
-    let md = fs::symlink_metadata(path).map_err(|e| Error::io("inspect", path, e))?;
-    check_metadata(path, what, forbidden_bits, &md)
-}
-
-/// [`check_dir`] on what `lstat` or `fstat` said of `path`.
-pub(crate) fn check_metadata(
-    path: &Path,
-    what: &str,
-    forbidden_bits: u32,
-    md: &fs::Metadata,
-) -> Result<()> {
-    let unsafe_ = |why: String| {
-        Err(Error::Unsafe {
-            path: path.to_path_buf(),
-            why,
-        })
-    };
-    let p = path.display();
-    if md.file_type().is_symlink() {
-        return unsafe_(format!(
-            "{what} {p} is a symlink: use the directory itself (--root DIR) or remove the link"
-        ));
-    }
-    if !md.is_dir() {
-        return unsafe_(format!(
-            "{what} {p} is not a directory: remove it or use another {}",
-            if what == "run root" {
-                "root (--root DIR)"
-            } else {
-                "run id"
-            }
-        ));
-    }
-    let me = sys::geteuid();
-    if md.uid() != me {
-        return unsafe_(format!(
-            "{what} {p} belongs to uid {}, not to you (uid {me}): use a {} of your own",
-            md.uid(),
-            if what == "run root" {
-                "root (--root DIR)"
-            } else {
-                "run id or root"
-            }
-        ));
-    }
-    let mode = md.mode() & 0o7777;
-    if mode & forbidden_bits != 0 {
-        let who = match (
-            mode & forbidden_bits & 0o070 != 0,
-            mode & forbidden_bits & 0o007 != 0,
-        ) {
-            (true, true) => "its group and others",
-            (true, false) => "its group",
-            _ => "others",
-        };
-        let how = if forbidden_bits & 0o044 != 0 {
-            "open to"
-        } else {
-            "writable by"
-        };
-        // A shared directory such as /tmp (sticky) must stay as it is: a private one inside it.
-        let fix = if mode & 0o1000 != 0 {
-            format!(
-                "use a private directory inside it (--root {})",
-                path.join("agent-runs").display()
-            )
-        } else {
-            format!("chmod 700 {p}")
-        };
-        return unsafe_(format!(
-            "{what} {p} is {how} {who} (mode {mode:04o}): {fix}"
-        ));
-    }
-    Ok(())
-}
+pub use crate::run_dir::check_dir;
+pub(crate) use crate::run_dir::open_checked;

@@ -22,7 +22,8 @@
 use crate::error::{Error, Result};
 use crate::id::RunId;
 use rustix::fs::{AtFlags, Mode, OFlags};
-use std::fs::File;
+use std::fs::{self, File};
+use std::io;
 use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
@@ -88,7 +89,7 @@ const PRIVATE: Mode = Mode::RUSR.union(Mode::WUSR);
 
 impl RunDir {
     /// Open the directory at `path` as the run dir of `id`: `O_PATH | O_DIRECTORY |
-    /// O_NOFOLLOW`, then the checks of [`crate::root::check_dir`] on what was opened. A refusal
+    /// O_NOFOLLOW`, then the checks of [`check_dir`] on what was opened. A refusal
     /// names the path; a missing dir is an `Io` error of kind `NotFound`.
     ///
     /// A run dir of ours whose mode is not 0700 (the workload can chmod its own dir: 0500
@@ -96,7 +97,7 @@ impl RunDir {
     /// [`RunDir::repaired`] says what it was: a mode is no reason to leave a run unstopped.
     pub fn open(path: &Path, id: RunId) -> Result<RunDir> {
         // Symlink, not a directory, not ours: refused. The mode is checked below.
-        let (fd, md) = crate::root::open_checked(path, "run dir", 0)?;
+        let (fd, md) = open_checked(path, "run dir", 0)?;
         let mode = md.mode() & 0o7777;
         let repaired = (mode != 0o700).then(|| {
             let how = match crate::sys::chmod_fd_path(fd.as_fd(), 0o700) {
@@ -550,29 +551,107 @@ fn open_error(path: &Path, e: std::io::Error) -> Error {
     }
 }
 
-/// Read up to `cap + 1` bytes: plain `read(2)` calls into a growing buffer, without the size
-/// probe and seek that `read_to_string` adds (two syscalls per record, 10,000 records per
-/// rescan).
-pub(crate) fn read_capped(f: &mut File, cap: u64) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let limit = usize::try_from(cap).unwrap_or(usize::MAX).saturating_add(1);
-    let mut buf = vec![0u8; 4096.min(limit)];
-    let mut n = 0;
-    while n < limit {
-        if n == buf.len() {
-            buf.resize((buf.len() * 2).min(limit), 0);
+pub(crate) use crate::sys::read_capped;
+
+/// Open the directory at `path` ([`open_dir`]) and hold what was opened to the
+/// rules of [`check_dir`]. A refusal names the path; a missing dir is an `Io` error of kind
+/// `NotFound`.
+pub(crate) fn open_checked(
+    path: &Path,
+    what: &str,
+    forbidden_bits: u32,
+) -> Result<(OwnedFd, fs::Metadata)> {
+    let (fd, md) = match open_dir(path) {
+        Ok(x) => x,
+        Err(e) => {
+            if e.kind() != io::ErrorKind::NotFound {
+                // A symlink or not a directory: the path check says which, in its words.
+                check_dir(path, what, forbidden_bits)?;
+            }
+            return Err(Error::io("inspect", path, e));
         }
-        match f.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            // A FIFO swapped in between the fstat and here cannot happen (same fd), but a
-            // regular file on a filesystem that answers EAGAIN is reported, not spun on.
-            Err(e) => return Err(e),
-        }
+    };
+    check_metadata(path, what, forbidden_bits, &md)?;
+    Ok((fd, md))
+}
+
+/// Refuse a path that is a symlink, not a directory, not ours, or has any of `forbidden_bits`.
+/// The refusal names the path and says what to do about it.
+pub fn check_dir(path: &Path, what: &str, forbidden_bits: u32) -> Result<()> {
+    let md = fs::symlink_metadata(path).map_err(|e| Error::io("inspect", path, e))?;
+    check_metadata(path, what, forbidden_bits, &md)
+}
+
+/// [`check_dir`] on what `lstat` or `fstat` said of `path`.
+pub(crate) fn check_metadata(
+    path: &Path,
+    what: &str,
+    forbidden_bits: u32,
+    md: &fs::Metadata,
+) -> Result<()> {
+    let unsafe_ = |why: String| {
+        Err(Error::Unsafe {
+            path: path.to_path_buf(),
+            why,
+        })
+    };
+    let p = path.display();
+    if md.file_type().is_symlink() {
+        return unsafe_(format!(
+            "{what} {p} is a symlink: use the directory itself (--root DIR) or remove the link"
+        ));
     }
-    buf.truncate(n);
-    Ok(buf)
+    if !md.is_dir() {
+        return unsafe_(format!(
+            "{what} {p} is not a directory: remove it or use another {}",
+            if what == "run root" {
+                "root (--root DIR)"
+            } else {
+                "run id"
+            }
+        ));
+    }
+    let me = crate::sys::geteuid();
+    if md.uid() != me {
+        return unsafe_(format!(
+            "{what} {p} belongs to uid {}, not to you (uid {me}): use a {} of your own",
+            md.uid(),
+            if what == "run root" {
+                "root (--root DIR)"
+            } else {
+                "run id or root"
+            }
+        ));
+    }
+    let mode = md.mode() & 0o7777;
+    if mode & forbidden_bits != 0 {
+        let who = match (
+            mode & forbidden_bits & 0o070 != 0,
+            mode & forbidden_bits & 0o007 != 0,
+        ) {
+            (true, true) => "its group and others",
+            (true, false) => "its group",
+            _ => "others",
+        };
+        let how = if forbidden_bits & 0o044 != 0 {
+            "open to"
+        } else {
+            "writable by"
+        };
+        // A shared directory such as /tmp (sticky) must stay as it is: a private one inside it.
+        let fix = if mode & 0o1000 != 0 {
+            format!(
+                "use a private directory inside it (--root {})",
+                path.join("agent-runs").display()
+            )
+        } else {
+            format!("chmod 700 {p}")
+        };
+        return unsafe_(format!(
+            "{what} {p} is {how} {who} (mode {mode:04o}): {fix}"
+        ));
+    }
+    Ok(())
 }
 
 /// A run dir for the unit tests of the modules that own its files: a fresh temp dir (0700).

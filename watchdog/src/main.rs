@@ -11,11 +11,6 @@ use cli::Cli;
 use std::process::ExitCode;
 use std::time::Duration;
 
-/// Under musl, a heap that keeps its memory ([`agent_run_shared::sys::Heap`]), as the wrapper's.
-#[cfg(target_env = "musl")]
-#[global_allocator]
-static ALLOCATOR: agent_run_shared::sys::Heap = agent_run_shared::sys::Heap;
-
 fn main() -> ExitCode {
     // Never taken for a run's wrapper while it holds a run's lock (sys::PARTY_MARK).
     agent_run_shared::sys::mark_party();

@@ -25,11 +25,6 @@ mod supervise;
 mod version;
 mod wait;
 
-/// Under musl, a heap that keeps its memory ([`agent_run_shared::sys::Heap`]).
-#[cfg(target_env = "musl")]
-#[global_allocator]
-static ALLOCATOR: agent_run_shared::sys::Heap = agent_run_shared::sys::Heap;
-
 /// `process::exit` flushes Rust's stdout, as returning from `main` would.
 fn main() {
     std::process::exit(agent_run().into())

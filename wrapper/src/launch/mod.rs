@@ -4,7 +4,7 @@
 //!
 //! The run dir is created with one `mkdir`; its lock is taken before the first record appears, so
 //! anyone who sees a record and can take the lock knows the wrapper is gone. The workload is made
-//! in the run's cgroup and starts in a new session ([`sys::spawn_workload`]: clone3, setsid
+//! in the run's cgroup and starts in a new session ([`agent_run_shared::spawn::spawn_workload`]: clone3, setsid
 //! before its exec), writes into pipes that the output keeper ([`crate::keeper`], started just
 //! before it) drains into its logs, and is checked from /proc to be its own session and group
 //! leader before the record says `running`.

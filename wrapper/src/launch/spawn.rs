@@ -62,7 +62,12 @@ impl Launch {
         // 3. The spawn.
         let spawned = exec.map_err(sys::SpawnError::Fork).and_then(|exec| {
             let dir = fds.cgroup_dir.as_ref().map(|d| d.as_fd());
-            sys::spawn_workload(&exec, &io, dir, fault::armed(fault::SPAWN_BY_FORK))
+            agent_run_shared::spawn::spawn_workload(
+                &exec,
+                &io,
+                dir,
+                fault::armed(fault::SPAWN_BY_FORK),
+            )
         });
         crate::phases::mark("spawn");
         // Every slave descriptor of ours goes now, and our copies of the pipes' write ends:
