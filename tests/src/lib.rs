@@ -30,11 +30,12 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod ansible;
+pub mod cli;
 pub mod contain;
-pub mod controls;
 pub mod ctx;
 pub mod facts;
 pub mod first_contact;
+pub mod foreground;
 pub mod fuzz;
 pub mod hostile;
 pub mod hostile_run;
@@ -42,6 +43,7 @@ pub mod mcp;
 pub mod mcp_wire;
 pub mod reaper;
 pub mod systemd;
+pub mod tmux;
 pub mod workload;
 
 pub use ctx::{ctx, Ctx, Detached, Diagnosed, Foreground};
