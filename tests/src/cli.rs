@@ -1,7 +1,10 @@
 //! agent-run commands a test runs to completion: `agent-run --root R ARGS` and its exit code,
-//! the JSON it prints, a detached run of a fixture tree, an `agent-run remote` command line.
+//! the JSON it prints, a detached run of a fixture tree, an `agent-run remote` command line, and
+//! a [`Sweep`] that kills what a test's runs left behind.
 
+use std::fs;
 use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 use agent_run_shared::time::parse_rfc3339;
 use serde_json::Value;
@@ -10,7 +13,8 @@ use crate::ctx::T;
 use crate::remote::SshServer;
 use crate::workload::fixture_path;
 use crate::{
-    agent_run_bin, ctx, describe_output, exit_code, run_with_timeout, wait_ready, Pinned, TestRoot,
+    agent_run_bin, ctx, describe_output, exit_code, processes_with_env, run_with_timeout,
+    wait_ready, Pinned, TestRoot,
 };
 
 /// `agent-run --root R ARGS...`, to completion.
@@ -93,4 +97,60 @@ pub fn remote_cmd(srv: &SshServer, root: &TestRoot, bin: &str, args: &[&str]) ->
         .env_remove("AGENT_RUN_ROOT")
         .stdin(Stdio::null());
     cmd
+}
+
+/// Kills, by pid (through pidfds), whatever of this root's runs is alive when the test ends,
+/// pass or fail: workloads by their `AGENT_RUN_DIR` marker, wrappers by the `--root` in their
+/// argv. Declare it right after the [`TestRoot`], so it runs before the root is removed.
+pub struct Sweep<'a>(pub &'a TestRoot);
+
+impl Drop for Sweep<'_> {
+    fn drop(&mut self) {
+        let root = self.0.root();
+        let prefix = root.as_os_str().as_encoded_bytes().to_vec();
+        for _ in 0..50 {
+            let mut left = processes_with_env("AGENT_RUN_DIR", |v| v.starts_with(&prefix));
+            left.extend(wrappers_of(self.0));
+            if left.is_empty() {
+                return;
+            }
+            let pins = Pinned::new(&left);
+            for pid in pins.pids() {
+                let _ = pins.signal(pid, libc::SIGKILL);
+            }
+            let _ = pins.wait_all_gone(Duration::from_secs(5));
+        }
+    }
+}
+
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+// =============================================================================================
+// -d on a run id that exists
+
+/// Live (non-zombie) agent-run processes of this root: their argv holds `--root <root>`.
+pub fn wrappers_of(root: &TestRoot) -> Vec<i32> {
+    processes_with_argv(|argv| argv.iter().any(|a| *a == root.root().display().to_string()))
+}
+
+/// Live (non-zombie) processes whose argv `keep` accepts, sorted.
+pub fn processes_with_argv(keep: impl Fn(&[String]) -> bool) -> Vec<i32> {
+    let mut pids: Vec<i32> = fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|pid: &i32| {
+            let argv = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let argv: Vec<String> = argv
+                .split(|&b| b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            !argv.is_empty() && keep(&argv)
+        })
+        .collect();
+    pids.sort_unstable();
+    pids
 }

@@ -33,10 +33,11 @@ pub mod ansible;
 pub mod cli;
 pub mod contain;
 pub mod ctx;
+pub mod docs;
 pub mod facts;
-pub mod first_contact;
 pub mod foreground;
 pub mod fuzz;
+pub mod hazards;
 pub mod hostile;
 pub mod hostile_run;
 pub mod mcp;
@@ -1226,7 +1227,7 @@ pub fn describe_output(what: &str, out: &Output) -> String {
 }
 
 // =============================================================================================
-// Generic helpers added for tests/tests/reliability.rs (environment markers in /proc). Kept at the
+// Generic helpers added for the hazard tests (environment markers in /proc). Kept at the
 // end of the library items: clippy wants the unit tests last.
 
 /// The value of `name` in the environment `pid` was started with (`/proc/PID/environ`), or None
