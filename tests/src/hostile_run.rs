@@ -18,32 +18,7 @@ use crate::contain::{cgroup2_mount, Delegated};
 use crate::hostile::{as_nobody, NOBODY};
 use crate::{agent_run_bin, run_with_timeout, watchdog_bin, Pinned, TestRoot};
 
-/// Where the workload runs from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// Root, held in a cgroup of its own.
-    RootCgroup,
-    /// `nobody`, held by /proc scans alone (`--cgroup off`).
-    NobodyProcfs,
-    /// `nobody`, in a cgroup delegated to it (the README's operator setup).
-    NobodyDelegated,
-}
-
-impl Mode {
-    /// Every mode this host can give (a delegated cgroup needs a cgroup2 mount).
-    pub fn all() -> Vec<Mode> {
-        let mut v = vec![Mode::RootCgroup, Mode::NobodyProcfs];
-        if cgroup2_mount().is_some() {
-            v.push(Mode::NobodyDelegated);
-        }
-        v
-    }
-
-    /// Whether the run is held in a cgroup.
-    pub fn cgroup(self) -> bool {
-        self != Mode::NobodyProcfs
-    }
-}
+pub use crate::modes::Mode;
 
 /// A generous deadline for one command.
 pub const CMD: Duration = Duration::from_secs(60);
@@ -67,7 +42,7 @@ impl<'a> Side<'a> {
         let shared = root.dir.path().join("shared");
         fs::create_dir_all(&shared).expect("the shared dir");
         fs::set_permissions(&shared, fs::Permissions::from_mode(0o777)).expect("chmod shared");
-        if mode != Mode::RootCgroup {
+        if !mode.as_root() {
             fs::create_dir_all(root.root()).expect("nobody's root");
             fs::set_permissions(root.root(), fs::Permissions::from_mode(0o700)).expect("chmod");
             std::os::unix::fs::chown(root.root(), Some(NOBODY), Some(NOBODY)).expect("chown");
@@ -88,7 +63,7 @@ impl<'a> Side<'a> {
     /// cgroup's path.
     pub fn held(root: &'a TestRoot, mode: Mode, tag: &str) -> Side<'a> {
         let mut side = Side::new(root, mode, tag);
-        if mode == Mode::NobodyProcfs && cgroup2_mount().is_some() {
+        if !mode.cgroup() && cgroup2_mount().is_some() {
             side.holder = Delegated::new(&format!("{tag}h"));
         }
         side
@@ -105,14 +80,13 @@ impl<'a> Side<'a> {
     }
 
     fn program(&self, program: &Path) -> Command {
-        let mut cmd = match self.mode {
-            Mode::RootCgroup => {
-                let mut c = Command::new(program);
-                c.stdin(Stdio::null())
-                    .env(crate::LEASE_TOKEN_ENV, crate::LEASE_TOKEN);
-                c
-            }
-            _ => as_nobody(program),
+        let mut cmd = if self.mode.as_root() {
+            let mut c = Command::new(program);
+            c.stdin(Stdio::null())
+                .env(crate::LEASE_TOKEN_ENV, crate::LEASE_TOKEN);
+            c
+        } else {
+            as_nobody(program)
         };
         cmd.env_remove("AGENT_RUN_ROOT");
         cmd
@@ -146,9 +120,7 @@ impl<'a> Side<'a> {
     /// `--cgroup off` in procfs mode. Returns the run.
     pub fn start(&self, id: &str, opts: &[&str], script: &str) -> Run {
         let mut args: Vec<String> = vec!["start".into(), "-d".into()];
-        if self.mode == Mode::NobodyProcfs {
-            args.extend(["--cgroup".into(), "off".into()]);
-        }
+        args.extend(self.mode.opts().into_iter().map(String::from));
         args.extend(opts.iter().map(|s| s.to_string()));
         args.extend([id.into(), "--".into(), "/bin/sh".into(), "-c".into()]);
         args.push(script.into());

@@ -42,6 +42,7 @@ pub mod hostile;
 pub mod hostile_run;
 pub mod mcp;
 pub mod mcp_wire;
+pub mod modes;
 pub mod reaper;
 pub mod systemd;
 pub mod tmux;
