@@ -44,7 +44,12 @@ pub struct Run<'a> {
 
 impl<'a> Run<'a> {
     /// `agent-run --root R OPTS... ID -- ARGV...`, stdin from /dev/null.
-    pub fn start(root: &'a TestRoot, id: &'a str, opts: &[&str], argv: &[&str]) -> Run<'a> {
+    pub fn start(
+        root: &'a TestRoot,
+        id: &'a str,
+        opts: &[&str],
+        argv: &[impl AsRef<std::ffi::OsStr>],
+    ) -> Run<'a> {
         Run::start_with(root, id, opts, argv, |_| {})
     }
 
@@ -54,7 +59,7 @@ impl<'a> Run<'a> {
         root: &'a TestRoot,
         id: &'a str,
         opts: &[&str],
-        argv: &[&str],
+        argv: &[impl AsRef<std::ffi::OsStr>],
     ) -> Run<'a> {
         Run::start_with(root, id, opts, argv, |cmd| {
             cmd.stdin(Stdio::piped());
@@ -66,7 +71,7 @@ impl<'a> Run<'a> {
         root: &'a TestRoot,
         id: &'a str,
         opts: &[&str],
-        argv: &[&str],
+        argv: &[impl AsRef<std::ffi::OsStr>],
         configure: impl FnOnce(&mut Command),
     ) -> Run<'a> {
         let mut cmd = root.cmd();

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use agent_run_tests::facts::{cleanup_signals, geteuid, is_rfc3339_ms, path_str};
 use agent_run_tests::foreground::*;
-use agent_run_tests::workload::{fixture_path, strings};
+use agent_run_tests::workload::{fixture_path, fx, strings, DEAF_CHILD};
 use agent_run_tests::{ensure, proc_stat, Pinned, TestRoot};
 use serde_json::Value;
 
@@ -76,21 +76,7 @@ fn a_tight_reader_never_sees_a_partial_status_json_or_a_state_out_of_order() {
             (states, bad, reads)
         })
     };
-    let mut run = Run::start(
-        &root,
-        "polled",
-        &["--grace", "1s"],
-        &[
-            &fixture_path(),
-            "tree",
-            "--children",
-            "1",
-            "--member-term",
-            "ignore",
-            "--member-hup",
-            "ignore",
-        ],
-    );
+    let mut run = Run::start(&root, "polled", &["--grace", "1s"], &fx(DEAF_CHILD));
     let c = run.c;
     let ready = c.ready();
     let pinned = Pinned::new(&ready.all_pids());
@@ -250,21 +236,7 @@ fn pid_and_pgid_files_and_status_json_name_the_leader_the_kernel_shows() {
 #[test]
 fn the_journal_records_the_launch_every_state_change_and_every_signal_with_target_and_reason() {
     let root = TestRoot::new();
-    let mut run = Run::start(
-        &root,
-        "journal",
-        &["--grace", "1s"],
-        &[
-            &fixture_path(),
-            "tree",
-            "--children",
-            "1",
-            "--member-term",
-            "ignore",
-            "--member-hup",
-            "ignore",
-        ],
-    );
+    let mut run = Run::start(&root, "journal", &["--grace", "1s"], &fx(DEAF_CHILD));
     let c = run.c;
     let ready = c.ready();
     let pinned = Pinned::new(&ready.all_pids());

@@ -13,7 +13,7 @@ use std::process::Stdio;
 use agent_run_tests::contain::marked;
 use agent_run_tests::facts::{cleanup_signals, path_str};
 use agent_run_tests::foreground::*;
-use agent_run_tests::workload::{fixture_path, strings};
+use agent_run_tests::workload::{fixture_path, fx, strings, DEAF, DEAF_CHILD};
 use agent_run_tests::{children_of, ensure, proc_stat, session_members, Ctx, Pinned, TestRoot};
 use serde_json::Value;
 
@@ -318,21 +318,7 @@ fn interactive_bash_at_the_default_timings_is_gone_well_under_the_grace() {
 #[test]
 fn a_child_ignoring_term_and_hup_is_killed_at_the_grace() {
     let root = TestRoot::new();
-    let mut run = Run::start(
-        &root,
-        "ignorer",
-        &["--grace", "1s"],
-        &[
-            &fixture_path(),
-            "tree",
-            "--children",
-            "1",
-            "--member-term",
-            "ignore",
-            "--member-hup",
-            "ignore",
-        ],
-    );
+    let mut run = Run::start(&root, "ignorer", &["--grace", "1s"], &fx(DEAF_CHILD));
     let c = run.c;
     let ready = c.ready();
     let pinned = Pinned::new(&ready.all_pids());
@@ -472,21 +458,7 @@ fn a_second_term_during_the_grace_kills_at_once() {
         &root,
         "stubborn",
         &["--grace", "30s"],
-        &[
-            &fixture_path(),
-            "tree",
-            "--children",
-            "1",
-            "--grandchildren",
-            "--leader-term",
-            "ignore",
-            "--leader-hup",
-            "ignore",
-            "--member-term",
-            "ignore",
-            "--member-hup",
-            "ignore",
-        ],
+        &fx(&format!("tree --children 1 --grandchildren {DEAF}")),
     );
     let c = run.c;
     let ready = c.ready();
