@@ -4,7 +4,6 @@
 
 use std::fs;
 use std::process::{Command, Output, Stdio};
-use std::time::Duration;
 
 use agent_run_shared::time::parse_rfc3339;
 use serde_json::Value;
@@ -108,18 +107,11 @@ impl Drop for Sweep<'_> {
     fn drop(&mut self) {
         let root = self.0.root();
         let prefix = root.as_os_str().as_encoded_bytes().to_vec();
-        for _ in 0..50 {
+        crate::kill_until_gone(50, || {
             let mut left = processes_with_env("AGENT_RUN_DIR", |v| v.starts_with(&prefix));
             left.extend(wrappers_of(self.0));
-            if left.is_empty() {
-                return;
-            }
-            let pins = Pinned::new(&left);
-            for pid in pins.pids() {
-                let _ = pins.signal(pid, libc::SIGKILL);
-            }
-            let _ = pins.wait_all_gone(Duration::from_secs(5));
-        }
+            left
+        });
     }
 }
 

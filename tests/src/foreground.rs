@@ -146,7 +146,7 @@ impl Drop for Run<'_> {
         // What carries this test's run dir in its environment is this test's; while the wrapper
         // lives (a subreaper), so is every descendant of it, and the recorded leader's session.
         // Kill them all, then the wrapper; repeat for processes forked meanwhile.
-        for _ in 0..20 {
+        crate::kill_until_gone(20, || {
             let mut pids = marked(&dir);
             if let Some(w) = wrapper_pid {
                 pids.extend(descendants(w));
@@ -163,15 +163,8 @@ impl Drop for Run<'_> {
             }
             pids.sort_unstable();
             pids.dedup();
-            if pids.is_empty() {
-                break;
-            }
-            let pinned = Pinned::new(&pids);
-            for pid in pinned.pids() {
-                let _ = pinned.signal(pid, libc::SIGKILL);
-            }
-            let _ = pinned.wait_all_gone(std::time::Duration::from_secs(5));
-        }
+            pids
+        });
         if let Some(mut w) = wrapper {
             let _ = w.child.kill();
             let _ = w.child.wait();

@@ -1211,6 +1211,60 @@ impl Spawned {
     }
 }
 
+/// Runs a command that must succeed, and returns its output; panics with its stdout and stderr
+/// otherwise (`hint` says what may be missing, or is empty).
+pub fn must_succeed(cmd: &mut Command, hint: &str) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}{hint}"));
+    if !out.status.success() {
+        panic!(
+            "{cmd:?} failed ({}):\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    out
+}
+
+/// Reads `pipe` to its end on a thread of its own, a line at a time, into the buffer returned.
+pub fn collect_lines(pipe: impl Read + Send + 'static) -> Arc<Mutex<Vec<u8>>> {
+    let all = Arc::new(Mutex::new(Vec::new()));
+    let sink = all.clone();
+    std::thread::spawn(move || {
+        let mut r = io::BufReader::new(pipe);
+        let mut buf = Vec::new();
+        while io::BufRead::read_until(&mut r, b'\n', &mut buf).is_ok_and(|n| n > 0) {
+            sink.lock().unwrap().append(&mut buf);
+        }
+    });
+    all
+}
+
+/// Spawns a command; panics naming it if it cannot be run.
+pub fn spawn_or_panic(cmd: &mut Command) -> Child {
+    cmd.spawn()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
+}
+
+/// SIGKILLs, by pid through pidfds, what `find` returns, and again what appeared meanwhile,
+/// until `find` returns nothing or `rounds` rounds have passed. For the `Drop` of a test's
+/// guards: it never fails.
+pub fn kill_until_gone(rounds: usize, mut find: impl FnMut() -> Vec<i32>) {
+    for _ in 0..rounds {
+        let pids = find();
+        if pids.is_empty() {
+            return;
+        }
+        let pins = Pinned::new(&pids);
+        for pid in pins.pids() {
+            let _ = pins.signal(pid, libc::SIGKILL);
+        }
+        let _ = pins.wait_all_gone(Duration::from_secs(5));
+    }
+}
+
 /// Runs `cmd` to completion with a deadline, capturing its output.
 pub fn run_with_timeout(cmd: &mut Command, timeout: Duration) -> Output {
     Spawned::spawn(cmd).finish(timeout)
@@ -1463,16 +1517,7 @@ pub mod remote {
 
     /// Runs a command that must succeed; panics with its output otherwise.
     fn must(cmd: &mut Command) {
-        let out = cmd
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-        if !out.status.success() {
-            panic!(
-                "{cmd:?} failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+        crate::must_succeed(cmd, "");
     }
 
     /// Two network namespaces joined by a veth pair: `server` holds 192.0.2.1, `client`
@@ -1669,9 +1714,7 @@ pub mod remote {
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped());
-            let mut child = cmd
-                .spawn()
-                .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+            let mut child = crate::spawn_or_panic(&mut cmd);
             // sshd -e logs to stderr; "Server listening" means it accepts connections.
             let (tx, rx) = mpsc::channel();
             let stderr = child.stderr.take().unwrap();

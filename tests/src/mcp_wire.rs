@@ -58,9 +58,7 @@ impl Wire {
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+        let mut child = crate::spawn_or_panic(&mut cmd);
         let stdin = child.stdin.take();
         let out = child.stdout.take().expect("piped");
         let err = child.stderr.take().expect("piped");
@@ -74,19 +72,7 @@ impl Wire {
             l.0.lock().unwrap().push("EOF".into());
             l.1.notify_all();
         });
-        let stderr = Arc::new(Mutex::new(Vec::new()));
-        let e = stderr.clone();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(err);
-            let mut buf = Vec::new();
-            while r
-                .read_until(b'\n', &mut buf)
-                .map(|n| n > 0)
-                .unwrap_or(false)
-            {
-                e.lock().unwrap().append(&mut buf);
-            }
-        });
+        let stderr = crate::collect_lines(err);
         let first = child.id() as i32;
         let mut pins = vec![Pinned::new(&[first])];
         let (server, parent) = if behind {

@@ -57,16 +57,7 @@ impl Tmux {
     }
 
     fn must(&self, cmd: &mut Command) -> String {
-        let out = cmd
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e} (is tmux installed?)"));
-        if !out.status.success() {
-            panic!(
-                "{cmd:?} failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+        let out = crate::must_succeed(cmd, " (is tmux installed?)");
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
