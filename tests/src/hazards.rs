@@ -48,18 +48,23 @@ pub fn agent_run(root: &TestRoot) -> Command {
 
 /// Runs `agent-run --root <root> ARGS...` to completion and checks its exit code.
 pub fn ctl<S: AsRef<str>>(root: &TestRoot, id: &str, args: &[S], want: i32) -> Output {
-    let c = ctx(root, id);
-    let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
-    let what = format!("agent-run {}", args.join(" "));
-    let out = run_with_timeout(agent_run(root).args(&args), CMD);
-    let code = exit_code(&out.status);
+    let (what, out, code) = ctl_run(root, args);
     ensure!(
-        c,
+        ctx(root, id),
         code == want,
         "{what} exited {code}, not {want}\n{}",
         describe_output(&what, &out)
     );
     out
+}
+
+/// Runs `agent-run --root <root> ARGS...` to completion: what ran, its output and exit code.
+pub fn ctl_run<S: AsRef<str>>(root: &TestRoot, args: &[S]) -> (String, Output, i32) {
+    let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
+    let what = format!("agent-run {}", args.join(" "));
+    let out = run_with_timeout(agent_run(root).args(&args), CMD);
+    let code = exit_code(&out.status);
+    (what, out, code)
 }
 
 /// `agent-run-watchdog --root <root> --once --orphan-grace 0`, checked to exit 0.

@@ -1652,6 +1652,13 @@ pub mod remote {
     }
 
     impl SshServer {
+        /// A server on loopback, for a test that must run as root (it says so and fails
+        /// otherwise): the remote tests' usual start.
+        pub fn start_as_root() -> SshServer {
+            crate::facts::require_root();
+            SshServer::start(None)
+        }
+
         /// Start sshd on 127.0.0.1 (a free port), or on 192.0.2.1:2222 inside namespace `ns`.
         pub fn start(ns: Option<&str>) -> SshServer {
             let dir = tempfile::Builder::new()

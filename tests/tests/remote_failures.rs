@@ -11,7 +11,6 @@ use std::process::{Command, Stdio};
 
 use agent_run_tests::cli::*;
 use agent_run_tests::ctx::T;
-use agent_run_tests::facts::require_root;
 use agent_run_tests::remote::{strip_messages, SshServer};
 use agent_run_tests::{
     agent_run_bin, ctx, describe_output, ensure, exit_code, run_with_timeout, TestRoot,
@@ -38,8 +37,7 @@ fn remote_cmd(srv: &SshServer, root: &TestRoot, xdg: &Path, bin: &Path, args: &[
 /// runs printed nothing (the launch's `|| exit` skipped `attach` once the run was final).
 #[test]
 fn remote_never_loses_the_output_of_a_command_that_fails_at_once() {
-    require_root();
-    let srv = SshServer::start(None);
+    let srv = SshServer::start_as_root();
     let root = TestRoot::new();
     let _sweep = Sweep(&root);
     let xdg = tempfile::tempdir().unwrap();
@@ -143,8 +141,7 @@ fn remote_never_loses_the_output_of_a_command_that_fails_at_once() {
 /// directory" and 127.
 #[test]
 fn remote_with_agent_run_missing_on_the_host_says_so_and_exits_72() {
-    require_root();
-    let srv = SshServer::start(None);
+    let srv = SshServer::start_as_root();
     let root = TestRoot::new();
     let _sweep = Sweep(&root);
     let xdg = tempfile::tempdir().unwrap();

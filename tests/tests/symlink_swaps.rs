@@ -119,13 +119,9 @@ fn finish_with(root: &TestRoot, id: &str, proc: Spawned, want: i32) -> Output {
 
 /// Runs an agent-run command that must refuse: not 0, not a crash, an `agent-run: ` message.
 fn refused<S: AsRef<str>>(root: &TestRoot, id: &str, args: &[S], codes: &[i32]) -> Output {
-    let c = ctx(root, id);
-    let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
-    let what = format!("agent-run {}", args.join(" "));
-    let out = run_with_timeout(agent_run(root).args(&args), CMD);
-    let code = exit_code(&out.status);
+    let (what, out, code) = ctl_run(root, args);
     ensure!(
-        c,
+        ctx(root, id),
         codes.contains(&code) && String::from_utf8_lossy(&out.stderr).starts_with("agent-run: "),
         "{what} must refuse with one of {codes:?} and say why\n{}",
         describe_output(&what, &out)

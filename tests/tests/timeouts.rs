@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 use agent_run_tests::cli::*;
 use agent_run_tests::ctx::T;
-use agent_run_tests::facts::require_root;
 use agent_run_tests::facts::{exclusive_cpu, shared_cpu};
 use agent_run_tests::hostile::Daemon;
 use agent_run_tests::remote::SshServer;
@@ -253,8 +252,7 @@ fn a_stopped_wrapper_past_its_timeout_is_taken_over_by_the_watchdog() {
 #[test]
 fn remote_timeout_stops_the_run_on_the_host() {
     let _cpu = shared_cpu();
-    require_root();
-    let srv = SshServer::start(None);
+    let srv = SshServer::start_as_root();
     let root = TestRoot::new();
     let c = ctx(&root, "rt");
     let host = srv.host();

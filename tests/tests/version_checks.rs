@@ -9,7 +9,6 @@ use std::os::unix::fs::PermissionsExt;
 
 use agent_run_tests::cli::*;
 use agent_run_tests::ctx::T;
-use agent_run_tests::facts::require_root;
 use agent_run_tests::facts::shared_cpu;
 use agent_run_tests::remote::SshServer;
 use agent_run_tests::{describe_output, exit_code, run_with_timeout, TestRoot};
@@ -65,28 +64,30 @@ fn version_reports_the_features_and_this_hosts_cgroup() {
     );
 }
 
-#[test]
-fn remote_says_when_the_hosts_agent_run_is_missing_or_too_old_and_starts_nothing() {
-    let _cpu = shared_cpu();
-    require_root();
-    let srv = SshServer::start(None);
-    let root = TestRoot::new();
-    let host = srv.host();
-    let out = run_with_timeout(
-        &mut remote_cmd(
-            &srv,
-            &root,
-            "/nonexistent/agent-run",
-            &["--id", "m1", &host, "--", "true"],
-        ),
-        T * 2,
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
+/// `agent-run remote --remote-bin BIN ARGS`, which must exit 72 (the host's agent-run is
+/// unusable): its stderr.
+fn remote_refused(srv: &SshServer, root: &TestRoot, bin: &str, args: &[&str]) -> String {
+    let out = run_with_timeout(&mut remote_cmd(srv, root, bin, args), T * 2);
     assert_eq!(
         exit_code(&out.status),
         72,
         "{}",
         describe_output("remote", &out)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn remote_says_when_the_hosts_agent_run_is_missing_or_too_old_and_starts_nothing() {
+    let _cpu = shared_cpu();
+    let srv = SshServer::start_as_root();
+    let root = TestRoot::new();
+    let host = srv.host();
+    let stderr = remote_refused(
+        &srv,
+        &root,
+        "/nonexistent/agent-run",
+        &["--id", "m1", &host, "--", "true"],
     );
     assert!(
         stderr.contains(&format!("agent-run is not installed on {host}"))
@@ -112,21 +113,11 @@ fn remote_says_when_the_hosts_agent_run_is_missing_or_too_old_and_starts_nothing
     )
     .unwrap();
     fs::set_permissions(&old, fs::Permissions::from_mode(0o755)).unwrap();
-    let out = run_with_timeout(
-        &mut remote_cmd(
-            &srv,
-            &root,
-            old.to_str().unwrap(),
-            &["--id", "m2", "--timeout", "5s", &host, "--", "true"],
-        ),
-        T * 2,
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        exit_code(&out.status),
-        72,
-        "{}",
-        describe_output("remote", &out)
+    let stderr = remote_refused(
+        &srv,
+        &root,
+        old.to_str().unwrap(),
+        &["--id", "m2", "--timeout", "5s", &host, "--", "true"],
     );
     assert!(
         stderr.contains("too old for timeout") && stderr.contains("upgrade it"),
