@@ -49,6 +49,29 @@ pub mod tmux;
 pub mod workload;
 
 pub use ctx::{ctx, Ctx, Detached, Diagnosed, Foreground};
+
+/// One `#[test]` per case of a scenario that takes one argument, each test named:
+///
+/// ```ignore
+/// cases!(starts_and_says_ready;
+///     the_user_unit_starts_and_says_ready => Unit::User,
+///     the_system_template_starts_and_says_ready => Unit::Template,
+/// );
+/// ```
+///
+/// For containment modes, [`mode_tests!`] also skips a mode the host cannot give.
+#[macro_export]
+macro_rules! cases {
+    ($scenario:expr; $($(#[$attr:meta])* $name:ident => $arg:expr),+ $(,)?) => {
+        $(
+            $(#[$attr])*
+            #[test]
+            fn $name() {
+                ($scenario)($arg);
+            }
+        )+
+    };
+}
 pub use reaper::Reaper;
 
 // ---------------------------------------------------------------------------------------------

@@ -93,3 +93,27 @@ pub fn for_each_mode(modes: &[Mode], mut scenario: impl FnMut(Mode)) {
         scenario(mode);
     }
 }
+
+/// One `#[test]` per mode for a scenario that takes the [`Mode`]:
+///
+/// ```ignore
+/// mode_tests!(a_damaged_run_file_never_stops_a_stop;
+///     a_damaged_run_file_never_stops_a_stop_as_root => RootCgroup,
+///     a_damaged_run_file_never_stops_a_stop_as_nobody_in_procfs_mode => NobodyProcfs,
+/// );
+/// ```
+///
+/// Each test runs its mode through [`for_each_mode`], so a mode the host cannot give passes
+/// with a line on stderr.
+#[macro_export]
+macro_rules! mode_tests {
+    ($scenario:expr; $($(#[$attr:meta])* $name:ident => $mode:ident),+ $(,)?) => {
+        $(
+            $(#[$attr])*
+            #[test]
+            fn $name() {
+                $crate::modes::for_each_mode(&[$crate::modes::Mode::$mode], $scenario);
+            }
+        )+
+    };
+}

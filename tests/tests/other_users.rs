@@ -14,6 +14,7 @@ use std::process::{Command, Stdio};
 use agent_run_shared::id::RunId;
 use agent_run_shared::record::{State, Status};
 use agent_run_shared::root::Root;
+use agent_run_tests::cases;
 use agent_run_tests::facts::path_str;
 use agent_run_tests::facts::shared_cpu;
 use agent_run_tests::hazards::*;
@@ -216,12 +217,7 @@ fn wait_until_uid(pid: i32, uid: u32) {
     });
 }
 
-#[test]
-fn a_forged_record_naming_another_users_process_under_that_users_uid_gets_it_nothing() {
-    forged_record_names_nothing_that_is_signalled(Forgery::OtherUsersUid);
-}
-
-#[test]
-fn a_forged_record_naming_another_users_process_with_the_wrong_start_time_gets_it_nothing() {
-    forged_record_names_nothing_that_is_signalled(Forgery::WrongStartTicks);
-}
+cases!(forged_record_names_nothing_that_is_signalled;
+    a_forged_record_naming_another_users_process_under_that_users_uid_gets_it_nothing => Forgery::OtherUsersUid,
+    a_forged_record_naming_another_users_process_with_the_wrong_start_time_gets_it_nothing => Forgery::WrongStartTicks,
+);
