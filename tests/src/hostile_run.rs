@@ -15,8 +15,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::contain::{cgroup2_mount, Delegated};
-use crate::hostile::{as_nobody, NOBODY};
-use crate::{agent_run_bin, run_with_timeout, watchdog_bin, Pinned, TestRoot};
+use crate::hostile::{as_nobody, Detached, NOBODY};
+use crate::{agent_run_bin, run_with_timeout, watchdog_bin, TestRoot};
 
 pub use crate::modes::Mode;
 
@@ -140,34 +140,29 @@ impl<'a> Side<'a> {
             self.mode,
             crate::describe_output("start -d", &out)
         );
-        let st = self.root.status(id);
-        let wrapper = st["wrapper_pid"].as_i64().expect("wrapper_pid") as i32;
-        let leader = st["pid"].as_i64().expect("pid") as i32;
         Run {
-            id: id.to_string(),
-            dir: self.root.run_dir(id),
-            wrapper,
-            leader,
-            wrapper_pin: Pinned::new(&[wrapper]),
-            leader_pin: Pinned::new(&[leader]),
+            run: Detached::from_record(self.root, id),
             go: self.shared.join(format!("{id}.go")),
             said: self.shared.join(format!("{id}.said")),
         }
     }
 }
 
-/// A started run.
+/// A started run: its ids and pins (a [`Detached`], which it derefs to), and the files the
+/// workload script and the test talk through.
 pub struct Run {
-    pub id: String,
-    pub dir: PathBuf,
-    pub wrapper: i32,
-    pub leader: i32,
-    pub wrapper_pin: Pinned,
-    pub leader_pin: Pinned,
+    pub run: Detached,
     /// The file whose creation lets the workload do its damage.
     pub go: PathBuf,
     /// Where the workload writes what it did (one line a step).
     pub said: PathBuf,
+}
+
+impl std::ops::Deref for Run {
+    type Target = Detached;
+    fn deref(&self) -> &Detached {
+        &self.run
+    }
 }
 
 impl Run {

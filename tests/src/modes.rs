@@ -108,12 +108,8 @@ pub fn for_each_mode(modes: &[Mode], mut scenario: impl FnMut(Mode)) {
 #[macro_export]
 macro_rules! mode_tests {
     ($scenario:expr; $($(#[$attr:meta])* $name:ident => $mode:ident),+ $(,)?) => {
-        $(
-            $(#[$attr])*
-            #[test]
-            fn $name() {
-                $crate::modes::for_each_mode(&[$crate::modes::Mode::$mode], $scenario);
-            }
-        )+
+        $crate::cases!(|mode| $crate::modes::for_each_mode(&[mode], $scenario);
+            $($(#[$attr])* $name => $crate::modes::Mode::$mode),+
+        );
     };
 }
