@@ -1265,6 +1265,25 @@ pub fn collect_lines(pipe: impl Read + Send + 'static) -> Arc<Mutex<Vec<u8>>> {
     all
 }
 
+/// Spawns a command with its stdin, stdout and stderr piped, and takes the pipes.
+pub fn spawn_piped(
+    cmd: &mut Command,
+) -> (
+    Child,
+    Option<std::process::ChildStdin>,
+    std::process::ChildStdout,
+    std::process::ChildStderr,
+) {
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = spawn_or_panic(cmd);
+    let stdin = child.stdin.take();
+    let stdout = child.stdout.take().expect("piped");
+    let stderr = child.stderr.take().expect("piped");
+    (child, stdin, stdout, stderr)
+}
+
 /// Spawns a command; panics naming it if it cannot be run.
 pub fn spawn_or_panic(cmd: &mut Command) -> Child {
     cmd.spawn()

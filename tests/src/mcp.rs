@@ -78,14 +78,8 @@ impl Client {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        cmd.env("PYTHONUNBUFFERED", "1")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = crate::spawn_or_panic(&mut cmd);
-        let stdin = child.stdin.take();
-        let stdout = child.stdout.take().expect("piped");
-        let stderr_pipe = child.stderr.take().expect("piped");
+        cmd.env("PYTHONUNBUFFERED", "1");
+        let (child, stdin, stdout, stderr_pipe) = crate::spawn_piped(&mut cmd);
         let replies: Replies = Arc::new((Mutex::new(HashMap::new()), Condvar::new()));
         let r = replies.clone();
         std::thread::spawn(move || {

@@ -12,7 +12,7 @@ use crate::{children_of, Pinned};
 use serde_json::{json, Value};
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, Command};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -55,13 +55,7 @@ impl Wire {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = crate::spawn_or_panic(&mut cmd);
-        let stdin = child.stdin.take();
-        let out = child.stdout.take().expect("piped");
-        let err = child.stderr.take().expect("piped");
+        let (child, stdin, out, err) = crate::spawn_piped(&mut cmd);
         let lines: Lines = Arc::new((Mutex::new(Vec::new()), Condvar::new()));
         let l = lines.clone();
         std::thread::spawn(move || {
