@@ -52,7 +52,7 @@ pub use ctx::{ctx, Ctx, Detached, Diagnosed, Foreground};
 
 /// One `#[test]` per case of a scenario that takes one argument, each test named:
 ///
-/// ```ignore
+/// ```text
 /// cases!(starts_and_says_ready;
 ///     the_user_unit_starts_and_says_ready => Unit::User,
 ///     the_system_template_starts_and_says_ready => Unit::Template,

@@ -96,7 +96,7 @@ pub fn for_each_mode(modes: &[Mode], mut scenario: impl FnMut(Mode)) {
 
 /// One `#[test]` per mode for a scenario that takes the [`Mode`]:
 ///
-/// ```ignore
+/// ```text
 /// mode_tests!(a_damaged_run_file_never_stops_a_stop;
 ///     a_damaged_run_file_never_stops_a_stop_as_root => RootCgroup,
 ///     a_damaged_run_file_never_stops_a_stop_as_nobody_in_procfs_mode => NobodyProcfs,
