@@ -58,19 +58,7 @@ pub fn ansible_program(name: &str) -> PathBuf {
 
 /// Runs a command that must succeed; panics with its output otherwise.
 fn must(cmd: &mut Command) -> Output {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    if !out.status.success() {
-        panic!(
-            "{cmd:?} failed ({}):\n{}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    out
+    crate::must_succeed(cmd.stdin(Stdio::null()), "")
 }
 
 /// The collection, built once per test process with `ansible-galaxy collection build` and

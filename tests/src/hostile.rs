@@ -72,6 +72,11 @@ impl Detached {
             .args(argv);
         let out = run_with_timeout(&mut base, CMD);
         crate::ctx(root, id).code(&out, 0, "start -d");
+        Detached::from_record(root, id)
+    }
+
+    /// The run `id` as its status.json names it, its wrapper and leader pinned now.
+    pub fn from_record(root: &TestRoot, id: &str) -> Detached {
         let st = root.status(id);
         let wrapper = st["wrapper_pid"].as_i64().expect("wrapper_pid") as i32;
         let leader = st["pid"].as_i64().expect("pid") as i32;

@@ -15,35 +15,10 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::contain::{cgroup2_mount, Delegated};
-use crate::hostile::{as_nobody, NOBODY};
-use crate::{agent_run_bin, run_with_timeout, watchdog_bin, Pinned, TestRoot};
+use crate::hostile::{as_nobody, Detached, NOBODY};
+use crate::{agent_run_bin, run_with_timeout, watchdog_bin, TestRoot};
 
-/// Where the workload runs from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// Root, held in a cgroup of its own.
-    RootCgroup,
-    /// `nobody`, held by /proc scans alone (`--cgroup off`).
-    NobodyProcfs,
-    /// `nobody`, in a cgroup delegated to it (the README's operator setup).
-    NobodyDelegated,
-}
-
-impl Mode {
-    /// Every mode this host can give (a delegated cgroup needs a cgroup2 mount).
-    pub fn all() -> Vec<Mode> {
-        let mut v = vec![Mode::RootCgroup, Mode::NobodyProcfs];
-        if cgroup2_mount().is_some() {
-            v.push(Mode::NobodyDelegated);
-        }
-        v
-    }
-
-    /// Whether the run is held in a cgroup.
-    pub fn cgroup(self) -> bool {
-        self != Mode::NobodyProcfs
-    }
-}
+pub use crate::modes::Mode;
 
 /// A generous deadline for one command.
 pub const CMD: Duration = Duration::from_secs(60);
@@ -67,7 +42,7 @@ impl<'a> Side<'a> {
         let shared = root.dir.path().join("shared");
         fs::create_dir_all(&shared).expect("the shared dir");
         fs::set_permissions(&shared, fs::Permissions::from_mode(0o777)).expect("chmod shared");
-        if mode != Mode::RootCgroup {
+        if !mode.as_root() {
             fs::create_dir_all(root.root()).expect("nobody's root");
             fs::set_permissions(root.root(), fs::Permissions::from_mode(0o700)).expect("chmod");
             std::os::unix::fs::chown(root.root(), Some(NOBODY), Some(NOBODY)).expect("chown");
@@ -88,7 +63,7 @@ impl<'a> Side<'a> {
     /// cgroup's path.
     pub fn held(root: &'a TestRoot, mode: Mode, tag: &str) -> Side<'a> {
         let mut side = Side::new(root, mode, tag);
-        if mode == Mode::NobodyProcfs && cgroup2_mount().is_some() {
+        if !mode.cgroup() && cgroup2_mount().is_some() {
             side.holder = Delegated::new(&format!("{tag}h"));
         }
         side
@@ -105,14 +80,13 @@ impl<'a> Side<'a> {
     }
 
     fn program(&self, program: &Path) -> Command {
-        let mut cmd = match self.mode {
-            Mode::RootCgroup => {
-                let mut c = Command::new(program);
-                c.stdin(Stdio::null())
-                    .env(crate::LEASE_TOKEN_ENV, crate::LEASE_TOKEN);
-                c
-            }
-            _ => as_nobody(program),
+        let mut cmd = if self.mode.as_root() {
+            let mut c = Command::new(program);
+            c.stdin(Stdio::null())
+                .env(crate::LEASE_TOKEN_ENV, crate::LEASE_TOKEN);
+            c
+        } else {
+            as_nobody(program)
         };
         cmd.env_remove("AGENT_RUN_ROOT");
         cmd
@@ -146,9 +120,7 @@ impl<'a> Side<'a> {
     /// `--cgroup off` in procfs mode. Returns the run.
     pub fn start(&self, id: &str, opts: &[&str], script: &str) -> Run {
         let mut args: Vec<String> = vec!["start".into(), "-d".into()];
-        if self.mode == Mode::NobodyProcfs {
-            args.extend(["--cgroup".into(), "off".into()]);
-        }
+        args.extend(self.mode.opts().into_iter().map(String::from));
         args.extend(opts.iter().map(|s| s.to_string()));
         args.extend([id.into(), "--".into(), "/bin/sh".into(), "-c".into()]);
         args.push(script.into());
@@ -168,34 +140,29 @@ impl<'a> Side<'a> {
             self.mode,
             crate::describe_output("start -d", &out)
         );
-        let st = self.root.status(id);
-        let wrapper = st["wrapper_pid"].as_i64().expect("wrapper_pid") as i32;
-        let leader = st["pid"].as_i64().expect("pid") as i32;
         Run {
-            id: id.to_string(),
-            dir: self.root.run_dir(id),
-            wrapper,
-            leader,
-            wrapper_pin: Pinned::new(&[wrapper]),
-            leader_pin: Pinned::new(&[leader]),
+            run: Detached::from_record(self.root, id),
             go: self.shared.join(format!("{id}.go")),
             said: self.shared.join(format!("{id}.said")),
         }
     }
 }
 
-/// A started run.
+/// A started run: its ids and pins (a [`Detached`], which it derefs to), and the files the
+/// workload script and the test talk through.
 pub struct Run {
-    pub id: String,
-    pub dir: PathBuf,
-    pub wrapper: i32,
-    pub leader: i32,
-    pub wrapper_pin: Pinned,
-    pub leader_pin: Pinned,
+    pub run: Detached,
     /// The file whose creation lets the workload do its damage.
     pub go: PathBuf,
     /// Where the workload writes what it did (one line a step).
     pub said: PathBuf,
+}
+
+impl std::ops::Deref for Run {
+    type Target = Detached;
+    fn deref(&self) -> &Detached {
+        &self.run
+    }
 }
 
 impl Run {

@@ -30,21 +30,48 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod ansible;
+pub mod cli;
 pub mod contain;
-pub mod controls;
 pub mod ctx;
+pub mod docs;
 pub mod facts;
-pub mod first_contact;
+pub mod foreground;
 pub mod fuzz;
+pub mod hazards;
 pub mod hostile;
 pub mod hostile_run;
 pub mod mcp;
 pub mod mcp_wire;
+pub mod modes;
 pub mod reaper;
 pub mod systemd;
+pub mod tmux;
 pub mod workload;
 
 pub use ctx::{ctx, Ctx, Detached, Diagnosed, Foreground};
+
+/// One `#[test]` per case of a scenario that takes one argument, each test named:
+///
+/// ```text
+/// cases!(starts_and_says_ready;
+///     the_user_unit_starts_and_says_ready => Unit::User,
+///     the_system_template_starts_and_says_ready => Unit::Template,
+/// );
+/// ```
+///
+/// For containment modes, [`mode_tests!`] also skips a mode the host cannot give.
+#[macro_export]
+macro_rules! cases {
+    ($scenario:expr; $($(#[$attr:meta])* $name:ident => $arg:expr),+ $(,)?) => {
+        $(
+            $(#[$attr])*
+            #[test]
+            fn $name() {
+                ($scenario)($arg);
+            }
+        )+
+    };
+}
 pub use reaper::Reaper;
 
 // ---------------------------------------------------------------------------------------------
@@ -1207,6 +1234,79 @@ impl Spawned {
     }
 }
 
+/// Runs a command that must succeed, and returns its output; panics with its stdout and stderr
+/// otherwise (`hint` says what may be missing, or is empty).
+pub fn must_succeed(cmd: &mut Command, hint: &str) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}{hint}"));
+    if !out.status.success() {
+        panic!(
+            "{cmd:?} failed ({}):\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    out
+}
+
+/// Reads `pipe` to its end on a thread of its own, a line at a time, into the buffer returned.
+pub fn collect_lines(pipe: impl Read + Send + 'static) -> Arc<Mutex<Vec<u8>>> {
+    let all = Arc::new(Mutex::new(Vec::new()));
+    let sink = all.clone();
+    std::thread::spawn(move || {
+        let mut r = io::BufReader::new(pipe);
+        let mut buf = Vec::new();
+        while io::BufRead::read_until(&mut r, b'\n', &mut buf).is_ok_and(|n| n > 0) {
+            sink.lock().unwrap().append(&mut buf);
+        }
+    });
+    all
+}
+
+/// Spawns a command with its stdin, stdout and stderr piped, and takes the pipes.
+pub fn spawn_piped(
+    cmd: &mut Command,
+) -> (
+    Child,
+    Option<std::process::ChildStdin>,
+    std::process::ChildStdout,
+    std::process::ChildStderr,
+) {
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = spawn_or_panic(cmd);
+    let stdin = child.stdin.take();
+    let stdout = child.stdout.take().expect("piped");
+    let stderr = child.stderr.take().expect("piped");
+    (child, stdin, stdout, stderr)
+}
+
+/// Spawns a command; panics naming it if it cannot be run.
+pub fn spawn_or_panic(cmd: &mut Command) -> Child {
+    cmd.spawn()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
+}
+
+/// SIGKILLs, by pid through pidfds, what `find` returns, and again what appeared meanwhile,
+/// until `find` returns nothing or `rounds` rounds have passed. For the `Drop` of a test's
+/// guards: it never fails.
+pub fn kill_until_gone(rounds: usize, mut find: impl FnMut() -> Vec<i32>) {
+    for _ in 0..rounds {
+        let pids = find();
+        if pids.is_empty() {
+            return;
+        }
+        let pins = Pinned::new(&pids);
+        for pid in pins.pids() {
+            let _ = pins.signal(pid, libc::SIGKILL);
+        }
+        let _ = pins.wait_all_gone(Duration::from_secs(5));
+    }
+}
+
 /// Runs `cmd` to completion with a deadline, capturing its output.
 pub fn run_with_timeout(cmd: &mut Command, timeout: Duration) -> Output {
     Spawned::spawn(cmd).finish(timeout)
@@ -1224,7 +1324,7 @@ pub fn describe_output(what: &str, out: &Output) -> String {
 }
 
 // =============================================================================================
-// Generic helpers added for tests/tests/reliability.rs (environment markers in /proc). Kept at the
+// Generic helpers added for the hazard tests (environment markers in /proc). Kept at the
 // end of the library items: clippy wants the unit tests last.
 
 /// The value of `name` in the environment `pid` was started with (`/proc/PID/environ`), or None
@@ -1459,16 +1559,7 @@ pub mod remote {
 
     /// Runs a command that must succeed; panics with its output otherwise.
     fn must(cmd: &mut Command) {
-        let out = cmd
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-        if !out.status.success() {
-            panic!(
-                "{cmd:?} failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+        crate::must_succeed(cmd, "");
     }
 
     /// Two network namespaces joined by a veth pair: `server` holds 192.0.2.1, `client`
@@ -1603,6 +1694,13 @@ pub mod remote {
     }
 
     impl SshServer {
+        /// A server on loopback, for a test that must run as root (it says so and fails
+        /// otherwise): the remote tests' usual start.
+        pub fn start_as_root() -> SshServer {
+            crate::facts::require_root();
+            SshServer::start(None)
+        }
+
         /// Start sshd on 127.0.0.1 (a free port), or on 192.0.2.1:2222 inside namespace `ns`.
         pub fn start(ns: Option<&str>) -> SshServer {
             let dir = tempfile::Builder::new()
@@ -1665,9 +1763,7 @@ pub mod remote {
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped());
-            let mut child = cmd
-                .spawn()
-                .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+            let mut child = crate::spawn_or_panic(&mut cmd);
             // sshd -e logs to stderr; "Server listening" means it accepts connections.
             let (tx, rx) = mpsc::channel();
             let stderr = child.stderr.take().unwrap();

@@ -78,16 +78,8 @@ impl Client {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        cmd.env("PYTHONUNBUFFERED", "1")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-        let stdin = child.stdin.take();
-        let stdout = child.stdout.take().expect("piped");
-        let stderr_pipe = child.stderr.take().expect("piped");
+        cmd.env("PYTHONUNBUFFERED", "1");
+        let (child, stdin, stdout, stderr_pipe) = crate::spawn_piped(&mut cmd);
         let replies: Replies = Arc::new((Mutex::new(HashMap::new()), Condvar::new()));
         let r = replies.clone();
         std::thread::spawn(move || {
@@ -108,19 +100,7 @@ impl Client {
                 .insert(u64::MAX - 1, json!({"eof": true}));
             r.1.notify_all();
         });
-        let stderr = Arc::new(Mutex::new(Vec::new()));
-        let e = stderr.clone();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(stderr_pipe);
-            let mut buf = Vec::new();
-            while r
-                .read_until(b'\n', &mut buf)
-                .map(|n| n > 0)
-                .unwrap_or(false)
-            {
-                e.lock().unwrap().append(&mut buf);
-            }
-        });
+        let stderr = crate::collect_lines(stderr_pipe);
         let mut c = Client {
             pins: vec![Pinned::new(&[child.id() as i32])],
             child,

@@ -12,7 +12,7 @@ use crate::{children_of, Pinned};
 use serde_json::{json, Value};
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, Command};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -55,15 +55,7 @@ impl Wire {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-        let stdin = child.stdin.take();
-        let out = child.stdout.take().expect("piped");
-        let err = child.stderr.take().expect("piped");
+        let (child, stdin, out, err) = crate::spawn_piped(&mut cmd);
         let lines: Lines = Arc::new((Mutex::new(Vec::new()), Condvar::new()));
         let l = lines.clone();
         std::thread::spawn(move || {
@@ -74,19 +66,7 @@ impl Wire {
             l.0.lock().unwrap().push("EOF".into());
             l.1.notify_all();
         });
-        let stderr = Arc::new(Mutex::new(Vec::new()));
-        let e = stderr.clone();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(err);
-            let mut buf = Vec::new();
-            while r
-                .read_until(b'\n', &mut buf)
-                .map(|n| n > 0)
-                .unwrap_or(false)
-            {
-                e.lock().unwrap().append(&mut buf);
-            }
-        });
+        let stderr = crate::collect_lines(err);
         let first = child.id() as i32;
         let mut pins = vec![Pinned::new(&[first])];
         let (server, parent) = if behind {

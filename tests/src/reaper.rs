@@ -5,10 +5,9 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Child;
-use std::time::Duration;
 
 use crate::contain::marked;
-use crate::{Pinned, TestRoot};
+use crate::TestRoot;
 
 /// What a test must leave behind it: nothing. On drop, in this order:
 ///
@@ -72,17 +71,7 @@ impl Drop for Reaper {
             let _ = child.wait();
         }
         for dir in &self.runs {
-            for _ in 0..50 {
-                let left = marked(dir);
-                if left.is_empty() {
-                    break;
-                }
-                let pins = Pinned::new(&left);
-                for pid in pins.pids() {
-                    let _ = pins.signal(pid, libc::SIGKILL);
-                }
-                let _ = pins.wait_all_gone(Duration::from_secs(5));
-            }
+            crate::kill_until_gone(50, || marked(dir));
         }
         // Deepest first: a cgroup with children cannot be removed.
         self.cgroups

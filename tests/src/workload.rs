@@ -6,6 +6,14 @@ use std::path::Path;
 use crate::facts::path_str;
 use crate::fixture_bin;
 
+/// The fixture's options for a tree that ignores TERM and HUP everywhere (`fx(&format!("tree
+/// --children 1 {DEAF}"))`): a stop takes its whole grace, up to KILL.
+pub const DEAF: &str =
+    "--leader-term ignore --leader-hup ignore --member-term ignore --member-hup ignore";
+
+/// A leader that dies of TERM over one child that ignores TERM and HUP.
+pub const DEAF_CHILD: &str = "tree --children 1 --member-term ignore --member-hup ignore";
+
 /// The `fixture` binary's path as a string, for command lines.
 pub fn fixture_path() -> String {
     fixture_bin().to_string_lossy().into_owned()

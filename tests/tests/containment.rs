@@ -15,30 +15,14 @@ use agent_run_tests::contain::{
     alive, cgroup2_mount, cgroup_of, eventually, marked, sweep, Delegated,
 };
 use agent_run_tests::hostile::{as_nobody, epoch_now, outcome, write_lease, Detached, CMD, NOBODY};
+use agent_run_tests::modes::{for_each_mode, Mode, ROOT_MODES};
 use agent_run_tests::workload::fixture_path;
 use agent_run_tests::{agent_run_bin, ctx, ensure, wait_ready, Pinned, TestRoot};
 use serde_json::Value;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Mode {
-    Cgroup,
-    Procfs,
-}
-
-const MODES: [Mode; 2] = [Mode::Cgroup, Mode::Procfs];
-
-impl Mode {
-    fn opts(self) -> Vec<&'static str> {
-        match self {
-            Mode::Cgroup => vec![],
-            Mode::Procfs => vec!["--cgroup", "off"],
-        }
-    }
-}
-
 /// Skip cgroup mode only when the host has no cgroup2 mount, and say so.
 fn has_cgroup2(mode: Mode) -> bool {
-    if mode == Mode::Cgroup && cgroup2_mount().is_none() {
+    if !mode.available() {
         eprintln!("no cgroup2 mount on this host: the cgroup mode of this test is skipped");
         return false;
     }
@@ -54,13 +38,9 @@ fn start(root: &TestRoot, id: &str, mode: Mode, extra: &[&str], argv: &[&str]) -
 fn check_mode(root: &TestRoot, id: &str, mode: Mode) {
     let c = ctx(root, id);
     let st = root.status(id);
-    let want = match mode {
-        Mode::Cgroup => "cgroup",
-        Mode::Procfs => "procfs",
-    };
     c.eq(
         &st["containment"]["mode"],
-        want,
+        mode.recorded(),
         "st[\"containment\"][\"mode\"]",
     );
 }
@@ -93,7 +73,7 @@ fn honest(root: &TestRoot, id: &str, mode: Mode, want: &str, watch: &[i32]) {
         ),
         // Held by /proc scans alone, a run whose wrapper was lost cannot be proven empty: the
         // stop says `unprovable`, and what it saw is gone.
-        (Mode::Procfs, "unknown") if st["reason"] == "unprovable" => {
+        (Mode::RootProcfs, "unknown") if st["reason"] == "unprovable" => {
             c.eq(
                 &st["proof"],
                 "unprovable",
@@ -105,12 +85,12 @@ fn honest(root: &TestRoot, id: &str, mode: Mode, want: &str, watch: &[i32]) {
                 "unprovable while {alive_now:?} of the run are alive"
             )
         }
-        (Mode::Procfs, "unknown") => {
+        (Mode::RootProcfs, "unknown") => {
             ensure!(c, !survivors.is_empty(), "unknown without a survivor named")
         }
         _ => c.fail(format_args!("ended {state}, expected {want}")),
     }
-    if mode == Mode::Cgroup {
+    if mode == Mode::RootCgroup {
         // The wrapper removes the cgroup right after the final record (a cancel returns, and
         // the record is read, in between).
         c.wait_wrapper_exit(&st);
@@ -133,12 +113,9 @@ fn tasks(pid: i32) -> usize {
 
 #[test]
 fn a_zombie_leader_whose_thread_runs_is_stopped_by_cancel_in_both_modes() {
-    for mode in MODES {
-        if !has_cgroup2(mode) {
-            continue;
-        }
+    for_each_mode(&ROOT_MODES, |mode| {
         let root = TestRoot::new();
-        let id = format!("zl-{mode:?}").to_lowercase();
+        let id = format!("zl-{}", mode.tag());
         let c = ctx(&root, &id);
         let run = start(
             &root,
@@ -175,17 +152,14 @@ fn a_zombie_leader_whose_thread_runs_is_stopped_by_cancel_in_both_modes() {
             !sent.is_empty(),
             "no signal to the zombie leader's process"
         );
-    }
+    });
 }
 
 #[test]
 fn a_zombie_leader_left_by_a_shell_that_exits_is_stopped_before_finished_in_both_modes() {
-    for mode in MODES {
-        if !has_cgroup2(mode) {
-            continue;
-        }
+    for_each_mode(&ROOT_MODES, |mode| {
         let root = TestRoot::new();
-        let id = format!("zlsh-{mode:?}").to_lowercase();
+        let id = format!("zlsh-{}", mode.tag());
         let c = ctx(&root, &id);
         let zl_pid = root.dir.path().join("zl.pid");
         let script = format!(
@@ -221,7 +195,7 @@ fn a_zombie_leader_left_by_a_shell_that_exits_is_stopped_before_finished_in_both
             "{mode:?}: cleanup does not name {zl}: {st}"
         );
         sweep(&root.run_dir(&id), &[zl]);
-    }
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -261,15 +235,12 @@ fn nobody_ar(root: &TestRoot, deleg: Option<&Delegated>, args: &[&str]) -> (i32,
 
 #[test]
 fn a_pid_hopping_escapee_as_nobody_is_stopped_or_named_in_both_modes() {
-    for mode in MODES {
-        if !has_cgroup2(mode) {
-            continue;
-        }
+    for_each_mode(&ROOT_MODES, |mode| {
         let root = TestRoot::new();
         nobody_root(&root);
         let deleg =
-            (mode == Mode::Cgroup).then(|| Delegated::new("hop").expect("delegate a cgroup"));
-        let id = format!("hop-{mode:?}").to_lowercase();
+            (mode == Mode::RootCgroup).then(|| Delegated::new("hop").expect("delegate a cgroup"));
+        let id = format!("hop-{}", mode.tag());
         let c = ctx(&root, &id);
         let mut args = vec!["start", "-d", "--grace", "1s"];
         args.extend(mode.opts());
@@ -298,7 +269,7 @@ fn a_pid_hopping_escapee_as_nobody_is_stopped_or_named_in_both_modes() {
         ensure!(c, code == 0 || code == 75, "cancel: {code} {err}");
         honest(&root, &id, mode, "cancelled", &[]);
         sweep(&dir, &[]);
-    }
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -306,12 +277,9 @@ fn a_pid_hopping_escapee_as_nobody_is_stopped_or_named_in_both_modes() {
 
 #[test]
 fn a_marked_process_outside_the_tree_is_stopped_when_the_leader_exits_in_both_modes() {
-    for mode in MODES {
-        if !has_cgroup2(mode) {
-            continue;
-        }
+    for_each_mode(&ROOT_MODES, |mode| {
         let root = TestRoot::new();
-        let id = format!("outsider-{mode:?}").to_lowercase();
+        let id = format!("outsider-{}", mode.tag());
         let c = ctx(&root, &id);
         let gate = root.dir.path().join("gate");
         // The leader waits until the outsider runs, then exits 0.
@@ -345,7 +313,7 @@ fn a_marked_process_outside_the_tree_is_stopped_when_the_leader_exits_in_both_mo
             "{mode:?}: cleanup: {st}"
         );
         let _ = child.wait();
-    }
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -353,15 +321,12 @@ fn a_marked_process_outside_the_tree_is_stopped_when_the_leader_exits_in_both_mo
 
 #[test]
 fn a_non_dumpable_daemon_after_kill_9_of_the_wrapper_is_stopped_or_named_in_both_modes() {
-    for mode in MODES {
-        if !has_cgroup2(mode) {
-            continue;
-        }
+    for_each_mode(&ROOT_MODES, |mode| {
         let root = TestRoot::new();
         nobody_root(&root);
         let deleg =
-            (mode == Mode::Cgroup).then(|| Delegated::new("nd").expect("delegate a cgroup"));
-        let id = format!("nondump-{mode:?}").to_lowercase();
+            (mode == Mode::RootCgroup).then(|| Delegated::new("nd").expect("delegate a cgroup"));
+        let id = format!("nondump-{}", mode.tag());
         let c = ctx(&root, &id);
         let fxs = fixture_path();
         let script = format!("{fxs} nondumpable-daemon; exec {fxs} sleep-ms 600000");
@@ -388,12 +353,12 @@ fn a_non_dumpable_daemon_after_kill_9_of_the_wrapper_is_stopped_or_named_in_both
         c.eq(&code, &0, format_args!("cancel: {err}"));
         let st = root.wait_final(&id, CMD);
         match mode {
-            Mode::Cgroup => {
+            _ if mode.cgroup() => {
                 c.eq(&st["state"], "cancelled", "st[\"state\"]");
                 dpin.wait_all_gone(CMD)
                     .unwrap_or_else(|p| c.fail(format_args!("daemon {p:?} alive")));
             }
-            Mode::Procfs => {
+            _ => {
                 // Its environment is unreadable to nobody: it may be the run's. Named with the
                 // processes that may have left the run, and the run is `unknown`, `unprovable`.
                 if !dpin.alive().is_empty() {
@@ -411,7 +376,7 @@ fn a_non_dumpable_daemon_after_kill_9_of_the_wrapper_is_stopped_or_named_in_both
         }
         let _ = dpin.signal(daemon, libc::SIGKILL);
         sweep(&dir, &[daemon]);
-    }
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -419,7 +384,7 @@ fn a_non_dumpable_daemon_after_kill_9_of_the_wrapper_is_stopped_or_named_in_both
 
 #[test]
 fn an_env_i_setsid_escapee_after_kill_9_of_the_wrapper_is_stopped_in_cgroup_mode() {
-    if !has_cgroup2(Mode::Cgroup) {
+    if !has_cgroup2(Mode::RootCgroup) {
         return;
     }
     for by in ["cancel", "watchdog"] {
@@ -437,7 +402,7 @@ fn an_env_i_setsid_escapee_after_kill_9_of_the_wrapper_is_stopped_in_cgroup_mode
         let run = start(
             &root,
             &id,
-            Mode::Cgroup,
+            Mode::RootCgroup,
             &["--grace", "1s", "--lease", "1h"],
             &["sh", "-c", &script],
         );
@@ -490,12 +455,9 @@ fn a_workload_behind_its_own_subreaper_is_stopped_in_both_modes() {
     let Ok(tini) = which("tini") else {
         panic!("tini is not installed (bash .ci/test installs it)");
     };
-    for mode in MODES {
-        if !has_cgroup2(mode) {
-            continue;
-        }
+    for_each_mode(&ROOT_MODES, |mode| {
         let root = TestRoot::new();
-        let id = format!("tini-{mode:?}").to_lowercase();
+        let id = format!("tini-{}", mode.tag());
         let c = ctx(&root, &id);
         let script = format!(
             "setsid {fx} sleep-ms 600000 & {fx} tree --children 1",
@@ -520,7 +482,7 @@ fn a_workload_behind_its_own_subreaper_is_stopped_in_both_modes() {
         c.wait_gone(&pin, "pin");
         honest(&root, &id, mode, "cancelled", &[]);
         sweep(&run.dir, &[]);
-    }
+    });
 }
 
 fn which(p: &str) -> Result<String, ()> {
@@ -538,12 +500,9 @@ fn which(p: &str) -> Result<String, ()> {
 
 #[test]
 fn a_fork_loop_during_the_stop_is_stopped_or_named_in_both_modes() {
-    for mode in MODES {
-        if !has_cgroup2(mode) {
-            continue;
-        }
+    for_each_mode(&ROOT_MODES, |mode| {
         let root = TestRoot::new();
-        let id = format!("forkloop-{mode:?}").to_lowercase();
+        let id = format!("forkloop-{}", mode.tag());
         let c = ctx(&root, &id);
         let run = start(
             &root,
@@ -561,7 +520,7 @@ fn a_fork_loop_during_the_stop_is_stopped_or_named_in_both_modes() {
         ensure!(c, code == 0, "{err}");
         honest(&root, &id, mode, "cancelled", &[run.leader]);
         sweep(&run.dir, &[]);
-    }
+    });
 }
 
 /// Orphaned (the wrapper killed), a procfs stop looks at /proc again and again: after its first
@@ -571,12 +530,9 @@ fn a_fork_loop_during_the_stop_is_stopped_or_named_in_both_modes() {
 /// found by those narrower looks, or it outlives a run called cancelled.
 #[test]
 fn a_fork_loop_after_kill_9_of_the_wrapper_is_stopped_or_named_in_both_modes() {
-    for mode in MODES {
-        if !has_cgroup2(mode) {
-            continue;
-        }
+    for_each_mode(&ROOT_MODES, |mode| {
         let root = TestRoot::new();
-        let id = format!("orphanloop-{mode:?}").to_lowercase();
+        let id = format!("orphanloop-{}", mode.tag());
         let c = ctx(&root, &id);
         let run = start(
             &root,
@@ -603,17 +559,14 @@ fn a_fork_loop_after_kill_9_of_the_wrapper_is_stopped_or_named_in_both_modes() {
         ensure!(c, code == 0, "{err}");
         honest(&root, &id, mode, "cancelled", &[run.leader]);
         sweep(&run.dir, &[]);
-    }
+    });
 }
 
 #[test]
 fn stopping_an_outer_run_stops_a_nested_run_and_its_cgroup_in_both_modes() {
-    for mode in MODES {
-        if !has_cgroup2(mode) {
-            continue;
-        }
+    for_each_mode(&ROOT_MODES, |mode| {
         let root = TestRoot::new();
-        let id = format!("outer-{mode:?}").to_lowercase();
+        let id = format!("outer-{}", mode.tag());
         let c = ctx(&root, &id);
         let inner_root = root.dir.path().join("inner-runs");
         let ar = agent_run_bin().display().to_string();
@@ -641,7 +594,7 @@ fn stopping_an_outer_run_stops_a_nested_run_and_its_cgroup_in_both_modes() {
             &fs::read_to_string(inner_root.join("inner/status.json")).unwrap(),
         )
         .unwrap();
-        if mode == Mode::Cgroup {
+        if mode == Mode::RootCgroup {
             let outer_cg = root.status(&id)["containment"]["cgroup"]
                 .as_str()
                 .unwrap()
@@ -661,7 +614,7 @@ fn stopping_an_outer_run_stops_a_nested_run_and_its_cgroup_in_both_modes() {
         pin.wait_all_gone(CMD)
             .unwrap_or_else(|p| c.fail(format_args!("{mode:?}: inner {p:?} alive")));
         honest(&root, &id, mode, "cancelled", &[run.leader]);
-    }
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -669,14 +622,14 @@ fn stopping_an_outer_run_stops_a_nested_run_and_its_cgroup_in_both_modes() {
 
 #[test]
 fn a_record_naming_a_cgroup_that_is_not_the_runs_kills_nothing_else_and_the_runs_own_is_stopped() {
-    if !has_cgroup2(Mode::Cgroup) {
+    if !has_cgroup2(Mode::RootCgroup) {
         return;
     }
     let root = TestRoot::new();
     let victim_run = start(
         &root,
         "victim",
-        Mode::Cgroup,
+        Mode::RootCgroup,
         &[],
         &[&fixture_path(), "tree", "--children", "1"],
     );
@@ -697,7 +650,7 @@ fn a_record_naming_a_cgroup_that_is_not_the_runs_kills_nothing_else_and_the_runs
         let run = start(
             &root,
             &id,
-            Mode::Cgroup,
+            Mode::RootCgroup,
             &[],
             &[&fixture_path(), "tree", "--children", "1"],
         );
@@ -725,7 +678,7 @@ fn a_record_naming_a_cgroup_that_is_not_the_runs_kills_nothing_else_and_the_runs
 
 #[test]
 fn the_final_record_carries_the_cpu_the_run_used_and_an_explicit_parent_is_checked() {
-    if !has_cgroup2(Mode::Cgroup) {
+    if !has_cgroup2(Mode::RootCgroup) {
         return;
     }
     let root = TestRoot::new();

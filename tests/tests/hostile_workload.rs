@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use agent_run_tests::ctx;
 use agent_run_tests::hostile_run::{files_of, said_pid, workload, Mode, Run, Side, CMD};
+use agent_run_tests::mode_tests;
 use agent_run_tests::{ensure, wait_until_dbg, Pinned, TestRoot};
 use serde_json::Value;
 
@@ -127,17 +128,10 @@ fn zombies_of(parent: i32) -> usize {
         .unwrap_or(0)
 }
 
-#[test]
-fn a_pid_hopper_on_term_is_killed_through_its_cgroup_as_root() {
-    a_pid_hopper_on_term_is_killed_through_its_cgroup(Mode::RootCgroup);
-}
-
-#[test]
-fn a_pid_hopper_on_term_is_killed_through_its_cgroup_as_nobody_delegated() {
-    if Mode::all().contains(&Mode::NobodyDelegated) {
-        a_pid_hopper_on_term_is_killed_through_its_cgroup(Mode::NobodyDelegated);
-    }
-}
+mode_tests!(a_pid_hopper_on_term_is_killed_through_its_cgroup;
+    a_pid_hopper_on_term_is_killed_through_its_cgroup_as_root => RootCgroup,
+    a_pid_hopper_on_term_is_killed_through_its_cgroup_as_nobody_delegated => NobodyDelegated,
+);
 
 #[test]
 fn a_process_moved_into_the_runs_cgroup_from_outside_is_killed_with_the_run() {
@@ -246,22 +240,11 @@ fn a_damaged_run_file_never_stops_a_stop(mode: Mode) {
     }
 }
 
-#[test]
-fn a_damaged_run_file_never_stops_a_stop_as_root() {
-    a_damaged_run_file_never_stops_a_stop(Mode::RootCgroup);
-}
-
-#[test]
-fn a_damaged_run_file_never_stops_a_stop_as_nobody_in_procfs_mode() {
-    a_damaged_run_file_never_stops_a_stop(Mode::NobodyProcfs);
-}
-
-#[test]
-fn a_damaged_run_file_never_stops_a_stop_as_nobody_delegated() {
-    if Mode::all().contains(&Mode::NobodyDelegated) {
-        a_damaged_run_file_never_stops_a_stop(Mode::NobodyDelegated);
-    }
-}
+mode_tests!(a_damaged_run_file_never_stops_a_stop;
+    a_damaged_run_file_never_stops_a_stop_as_root => RootCgroup,
+    a_damaged_run_file_never_stops_a_stop_as_nobody_in_procfs_mode => NobodyProcfs,
+    a_damaged_run_file_never_stops_a_stop_as_nobody_delegated => NobodyDelegated,
+);
 
 // ---------------------------------------------------------------------------------------------
 // F3: a forged final record is not believed while the kernel contradicts it
@@ -307,15 +290,10 @@ fn a_forged_final_record_is_not_believed(mode: Mode) {
     c.eq(&st["state"], "cancelled", "the wrapper's record");
 }
 
-#[test]
-fn a_forged_final_record_is_not_believed_as_root() {
-    a_forged_final_record_is_not_believed(Mode::RootCgroup);
-}
-
-#[test]
-fn a_forged_final_record_is_not_believed_as_nobody_in_procfs_mode() {
-    a_forged_final_record_is_not_believed(Mode::NobodyProcfs);
-}
+mode_tests!(a_forged_final_record_is_not_believed;
+    a_forged_final_record_is_not_believed_as_root => RootCgroup,
+    a_forged_final_record_is_not_believed_as_nobody_in_procfs_mode => NobodyProcfs,
+);
 
 // ---------------------------------------------------------------------------------------------
 // F4: a rewritten `containment` hides nothing: the run's cgroup is found by its name
@@ -373,22 +351,17 @@ fn a_rewritten_containment_hides_nothing(mode: Mode, by_watchdog: bool) {
     );
 }
 
-#[test]
-fn a_rewritten_containment_hides_nothing_from_cancel_as_root() {
-    a_rewritten_containment_hides_nothing(Mode::RootCgroup, false);
-}
+mode_tests!(|m| a_rewritten_containment_hides_nothing(m, false);
+    a_rewritten_containment_hides_nothing_from_cancel_as_root => RootCgroup,
+);
 
-#[test]
-fn a_rewritten_containment_hides_nothing_from_the_watchdog_as_root() {
-    a_rewritten_containment_hides_nothing(Mode::RootCgroup, true);
-}
+mode_tests!(|m| a_rewritten_containment_hides_nothing(m, true);
+    a_rewritten_containment_hides_nothing_from_the_watchdog_as_root => RootCgroup,
+);
 
-#[test]
-fn a_rewritten_containment_hides_nothing_as_nobody_delegated() {
-    if Mode::all().contains(&Mode::NobodyDelegated) {
-        a_rewritten_containment_hides_nothing(Mode::NobodyDelegated, false);
-    }
-}
+mode_tests!(|m| a_rewritten_containment_hides_nothing(m, false);
+    a_rewritten_containment_hides_nothing_as_nobody_delegated => NobodyDelegated,
+);
 
 // ---------------------------------------------------------------------------------------------
 // F5: an escape is named where the kernel cannot refuse it; never `cancelled` over it
@@ -493,15 +466,10 @@ fn a_wrapper_stopped_again_and_again_is_taken_over(mode: Mode) {
     );
 }
 
-#[test]
-fn a_wrapper_stopped_again_and_again_is_taken_over_as_root() {
-    a_wrapper_stopped_again_and_again_is_taken_over(Mode::RootCgroup);
-}
-
-#[test]
-fn a_wrapper_stopped_again_and_again_is_taken_over_as_nobody_in_procfs_mode() {
-    a_wrapper_stopped_again_and_again_is_taken_over(Mode::NobodyProcfs);
-}
+mode_tests!(a_wrapper_stopped_again_and_again_is_taken_over;
+    a_wrapper_stopped_again_and_again_is_taken_over_as_root => RootCgroup,
+    a_wrapper_stopped_again_and_again_is_taken_over_as_nobody_in_procfs_mode => NobodyProcfs,
+);
 
 #[test]
 fn a_wrapper_moved_into_a_frozen_cgroup_of_the_workloads_is_thawed_and_taken_over() {
@@ -573,15 +541,10 @@ fn a_touched_lock_does_not_keep_an_orphan_alive(mode: Mode) {
     stopped_honestly(&side, &run, &Pinned::new(&[]));
 }
 
-#[test]
-fn a_touched_lock_does_not_keep_an_orphan_alive_as_root() {
-    a_touched_lock_does_not_keep_an_orphan_alive(Mode::RootCgroup);
-}
-
-#[test]
-fn a_touched_lock_does_not_keep_an_orphan_alive_as_nobody_in_procfs_mode() {
-    a_touched_lock_does_not_keep_an_orphan_alive(Mode::NobodyProcfs);
-}
+mode_tests!(a_touched_lock_does_not_keep_an_orphan_alive;
+    a_touched_lock_does_not_keep_an_orphan_alive_as_root => RootCgroup,
+    a_touched_lock_does_not_keep_an_orphan_alive_as_nobody_in_procfs_mode => NobodyProcfs,
+);
 
 // ---------------------------------------------------------------------------------------------
 // F8: only the run's starter renews its lease
@@ -630,15 +593,10 @@ fn the_workload_cannot_renew_its_own_lease(mode: Mode) {
     ensure!(c, !c.events("renew_refused").is_empty(), "no renew_refused");
 }
 
-#[test]
-fn the_workload_cannot_renew_its_own_lease_as_root() {
-    the_workload_cannot_renew_its_own_lease(Mode::RootCgroup);
-}
-
-#[test]
-fn the_workload_cannot_renew_its_own_lease_as_nobody() {
-    the_workload_cannot_renew_its_own_lease(Mode::NobodyProcfs);
-}
+mode_tests!(the_workload_cannot_renew_its_own_lease;
+    the_workload_cannot_renew_its_own_lease_as_root => RootCgroup,
+    the_workload_cannot_renew_its_own_lease_as_nobody => NobodyProcfs,
+);
 
 /// The workload writes itself a far lease and stops its wrapper, so nothing reads lease.json
 /// for it: the watchdog goes by the deadline the wrapper published in its heartbeat thread's
@@ -678,15 +636,10 @@ fn a_stopped_wrapper_behind_a_forged_lease_is_stopped_at_its_true_deadline(mode:
     );
 }
 
-#[test]
-fn a_stopped_wrapper_behind_a_forged_lease_is_stopped_at_its_true_deadline_as_root() {
-    a_stopped_wrapper_behind_a_forged_lease_is_stopped_at_its_true_deadline(Mode::RootCgroup);
-}
-
-#[test]
-fn a_stopped_wrapper_behind_a_forged_lease_is_stopped_at_its_true_deadline_as_nobody() {
-    a_stopped_wrapper_behind_a_forged_lease_is_stopped_at_its_true_deadline(Mode::NobodyProcfs);
-}
+mode_tests!(a_stopped_wrapper_behind_a_forged_lease_is_stopped_at_its_true_deadline;
+    a_stopped_wrapper_behind_a_forged_lease_is_stopped_at_its_true_deadline_as_root => RootCgroup,
+    a_stopped_wrapper_behind_a_forged_lease_is_stopped_at_its_true_deadline_as_nobody => NobodyProcfs,
+);
 
 // ---------------------------------------------------------------------------------------------
 // F9, F10, F11: what people read

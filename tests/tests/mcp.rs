@@ -19,7 +19,7 @@ use agent_run_tests::facts::require_root;
 use agent_run_tests::mcp::Client;
 use agent_run_tests::mcp_wire::Wire;
 use agent_run_tests::remote::{processes_mentioning, SshServer};
-use agent_run_tests::workload::spew_bytes;
+use agent_run_tests::workload::{fx, spew_bytes, DEAF};
 use agent_run_tests::{
     agent_run_bin, ctx, ensure, fixture_bin, processes_with_env, wait_ready, wait_until, Pinned,
     TestRoot,
@@ -767,20 +767,7 @@ fn a_shutdown_that_outlasts_the_clients_patience_still_stops_the_run() {
     // stop: the server is killed while the cancel is on its way, and the run stops all the same.
     let w = World::local();
     let mut c = w.client(&[], false);
-    let tree = json!([
-        fixture_bin(),
-        "tree",
-        "--children",
-        "2",
-        "--leader-term",
-        "ignore",
-        "--leader-hup",
-        "ignore",
-        "--member-term",
-        "ignore",
-        "--member-hup",
-        "ignore"
-    ]);
+    let tree = json!(fx(&format!("tree --children 2 {DEAF}")));
     let (r, _) = c.tool("start", json!({"argv": tree, "grace_s": 8}), T);
     let id = text(&r["run_id"]);
     let run = ctx(&w.root, &id);
@@ -1455,20 +1442,7 @@ fn a_task_is_its_run_another_server_answers_for_it_and_a_client_without_tasks_ge
     let w = World::local();
     let mut a = w.client(&[], true);
     // Its processes ignore TERM and HUP: its stop takes the whole grace, 3 s.
-    let tree = json!([
-        fixture_bin(),
-        "tree",
-        "--children",
-        "2",
-        "--leader-term",
-        "ignore",
-        "--leader-hup",
-        "ignore",
-        "--member-term",
-        "ignore",
-        "--member-hup",
-        "ignore"
-    ]);
+    let tree = json!(fx(&format!("tree --children 2 {DEAF}")));
     let r = a.call("run", json!({"argv": tree, "grace_s": 3}), T);
     let task_id = text(&r["task"]["taskId"]);
     let (id, _) = task_id.split_once('@').unwrap();

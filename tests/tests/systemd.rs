@@ -20,6 +20,7 @@ use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
+use agent_run_tests::cases;
 use agent_run_tests::systemd::{Boot, Systemd};
 use agent_run_tests::{poll_until, proc_stat, wait_until_dbg, Pinned, FINAL_STATES};
 use serde_json::Value;
@@ -350,20 +351,11 @@ fn starts_and_says_ready(unit: Unit) {
     }
 }
 
-#[test]
-fn the_user_unit_starts_for_a_lingering_user_as_the_doc_says_and_says_ready() {
-    starts_and_says_ready(Unit::User);
-}
-
-#[test]
-fn the_system_template_starts_for_a_user_as_the_doc_says_and_says_ready() {
-    starts_and_says_ready(Unit::Template);
-}
-
-#[test]
-fn the_system_template_starts_for_root_with_the_doc_drop_in_and_says_ready() {
-    starts_and_says_ready(Unit::Root);
-}
+cases!(starts_and_says_ready;
+    the_user_unit_starts_for_a_lingering_user_as_the_doc_says_and_says_ready => Unit::User,
+    the_system_template_starts_for_a_user_as_the_doc_says_and_says_ready => Unit::Template,
+    the_system_template_starts_for_root_with_the_doc_drop_in_and_says_ready => Unit::Root,
+);
 
 // ---------------------------------------------------------------------------------------------
 // The systemd watchdog: pings keep the same daemon; a stopped one is restarted
@@ -426,20 +418,11 @@ fn pings_and_a_stopped_daemon_is_restarted(unit: Unit) {
     assert!(journal.contains("Watchdog timeout"), "{s:?}\n{journal}");
 }
 
-#[test]
-fn the_user_unit_pings_its_watchdog_and_a_stopped_daemon_is_restarted() {
-    pings_and_a_stopped_daemon_is_restarted(Unit::User);
-}
-
-#[test]
-fn the_system_template_pings_its_watchdog_and_a_stopped_daemon_is_restarted() {
-    pings_and_a_stopped_daemon_is_restarted(Unit::Template);
-}
-
-#[test]
-fn the_root_instance_pings_its_watchdog_and_a_stopped_daemon_is_restarted() {
-    pings_and_a_stopped_daemon_is_restarted(Unit::Root);
-}
+cases!(pings_and_a_stopped_daemon_is_restarted;
+    the_user_unit_pings_its_watchdog_and_a_stopped_daemon_is_restarted => Unit::User,
+    the_system_template_pings_its_watchdog_and_a_stopped_daemon_is_restarted => Unit::Template,
+    the_root_instance_pings_its_watchdog_and_a_stopped_daemon_is_restarted => Unit::Root,
+);
 
 // ---------------------------------------------------------------------------------------------
 // Under each unit's sandbox: an orphaned run and a stuck one of its user, held in cgroups
@@ -617,20 +600,11 @@ fn stops_orphaned_and_stuck_cgroup_runs_under_its_sandbox(unit: Unit) {
     assert_eq!(unit.main_pid(&sd).0, main, "the watchdog was restarted");
 }
 
-#[test]
-fn the_user_unit_stops_an_orphaned_and_a_stuck_cgroup_run_of_its_user_under_its_sandbox() {
-    stops_orphaned_and_stuck_cgroup_runs_under_its_sandbox(Unit::User);
-}
-
-#[test]
-fn the_system_template_stops_an_orphaned_and_a_stuck_cgroup_run_of_its_user_under_its_sandbox() {
-    stops_orphaned_and_stuck_cgroup_runs_under_its_sandbox(Unit::Template);
-}
-
-#[test]
-fn the_root_instance_stops_an_orphaned_and_a_stuck_cgroup_run_of_root_under_its_sandbox() {
-    stops_orphaned_and_stuck_cgroup_runs_under_its_sandbox(Unit::Root);
-}
+cases!(stops_orphaned_and_stuck_cgroup_runs_under_its_sandbox;
+    the_user_unit_stops_an_orphaned_and_a_stuck_cgroup_run_of_its_user_under_its_sandbox => Unit::User,
+    the_system_template_stops_an_orphaned_and_a_stuck_cgroup_run_of_its_user_under_its_sandbox => Unit::Template,
+    the_root_instance_stops_an_orphaned_and_a_stuck_cgroup_run_of_root_under_its_sandbox => Unit::Root,
+);
 
 // ---------------------------------------------------------------------------------------------
 // agent-run under logind and user managers

@@ -1,6 +1,6 @@
-//! Helpers of the controls tests (`tests/tests/controls.rs`): a real terminal (a tmux server of
-//! the test's own, on a private socket, with a pane of a given size) to type into and read back,
-//! and small wrappers around detached runs.
+//! A real terminal for the tests of people at a terminal (`tests/tests/terminal_users.rs`): a
+//! tmux server of the test's own, on a private socket, with a pane of a given size, to type into
+//! and read back.
 //!
 //! The tmux server is stopped on drop (`kill-server`, which hangs up every pane: a foreground
 //! agent-run in a pane stops its run on that HUP), then killed by its pid, pinned with a pidfd,
@@ -57,16 +57,7 @@ impl Tmux {
     }
 
     fn must(&self, cmd: &mut Command) -> String {
-        let out = cmd
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e} (is tmux installed?)"));
-        if !out.status.success() {
-            panic!(
-                "{cmd:?} failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+        let out = crate::must_succeed(cmd, " (is tmux installed?)");
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 

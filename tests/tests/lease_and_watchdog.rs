@@ -30,7 +30,7 @@ use agent_run_shared::{procfs, sys as shared_sys};
 use agent_run_tests::ctx::T;
 use agent_run_tests::facts::{exclusive_cpu, shared_cpu};
 use agent_run_tests::hostile::{write_lease, Daemon};
-use agent_run_tests::workload::{fx, start_args};
+use agent_run_tests::workload::{fx, start_args, DEAF};
 use agent_run_tests::{
     ctx, describe_output, ensure, fixture_bin, proc_stat, session_members, wait_ready, Ctx,
     Detached, Pinned, Ready, Reaper, Spawned, TestRoot,
@@ -52,7 +52,11 @@ const FORGED_BOOT_ID: &str = "00000000-0000-0000-0000-000000000000";
 /// The fixture with `args` in a new session (the product's own spawn: setsid, clean signals, no
 /// inherited descriptor), stdin and stderr on /dev/null, stdout to `stdout` (or /dev/null), and,
 /// with `run`, the run's environment marker.
-fn spawn_in_session(args: &[&str], run: Option<(&str, &Path)>, stdout: Option<&Path>) -> Child {
+fn spawn_in_session(
+    args: &[impl AsRef<std::ffi::OsStr>],
+    run: Option<(&str, &Path)>,
+    stdout: Option<&Path>,
+) -> Child {
     let mut cmd = Command::new(fixture_bin());
     cmd.args(args)
         .env_remove("AGENT_RUN_ID")
@@ -84,19 +88,12 @@ fn spawn_in_session(args: &[&str], run: Option<(&str, &Path)>, stdout: Option<&P
 }
 
 /// The fixture's `tree` options for a tree that ignores TERM and HUP everywhere.
-const STUBBORN_TREE: [&str; 11] = [
-    "tree",
-    "--children",
-    "1",
-    "--leader-term",
-    "ignore",
-    "--leader-hup",
-    "ignore",
-    "--member-term",
-    "ignore",
-    "--member-hup",
-    "ignore",
-];
+fn stubborn_tree() -> Vec<String> {
+    format!("tree --children 1 {DEAF}")
+        .split_whitespace()
+        .map(String::from)
+        .collect()
+}
 
 /// A pid and start time that belonged to a process of this boot that is now gone (reaped).
 fn dead_process() -> (i32, u64) {
@@ -577,7 +574,7 @@ fn sigterm_to_the_watchdog_mid_stop_lets_the_stop_finish_then_exits_0() {
     let dir = make_run_dir(&root, c.id);
     let mut children = Reaper::default();
     children.push(spawn_in_session(
-        &STUBBORN_TREE,
+        &stubborn_tree(),
         Some((c.id, &dir)),
         Some(&c.file("stdout.log")),
     ));
@@ -1081,7 +1078,7 @@ fn a_thousand_run_dirs_with_two_hundred_leases_expiring_together_are_all_stopped
         let stubborn = i % 40 == 13;
         let pid = if stubborn {
             children.push(spawn_in_session(
-                &STUBBORN_TREE,
+                &stubborn_tree(),
                 Some((&id, &dir)),
                 Some(&dir.join("stdout.log")),
             ))

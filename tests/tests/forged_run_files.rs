@@ -12,6 +12,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use agent_run_tests::cases;
 use agent_run_tests::hostile::{
     as_nobody, edit_status, epoch_now, events_named, outcome, pin_tree, plant, signals_to,
     write_lease, Daemon, Detached, Plant, Victim, CMD, NOBODY,
@@ -184,15 +185,10 @@ fn a_record_missing_any_identity_key_still_gets_its_run_stopped(user: User) {
     }
 }
 
-#[test]
-fn a_record_missing_any_identity_key_still_gets_its_run_stopped_as_root() {
-    a_record_missing_any_identity_key_still_gets_its_run_stopped(User::Root);
-}
-
-#[test]
-fn a_record_missing_any_identity_key_still_gets_its_run_stopped_as_nobody() {
-    a_record_missing_any_identity_key_still_gets_its_run_stopped(User::Nobody);
-}
+cases!(a_record_missing_any_identity_key_still_gets_its_run_stopped;
+    a_record_missing_any_identity_key_still_gets_its_run_stopped_as_root => User::Root,
+    a_record_missing_any_identity_key_still_gets_its_run_stopped_as_nobody => User::Nobody,
+);
 
 /// A rewrite of a record, as the workload would do it.
 type Forgery<'a> = dyn Fn(&mut serde_json::Map<String, Value>) + 'a;

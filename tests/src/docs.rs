@@ -1,4 +1,4 @@
-//! Helpers for `tests/tests/first_contact.rs`: the man page generator, `--help` texts, and the
+//! Helpers for `tests/tests/docs_match_binaries.rs`: the man page generator, `--help` texts, and the
 //! command lines the README and the contract show, read back so a test can hold them against
 //! the binaries.
 
