@@ -13,7 +13,7 @@
 //! | G-4 | a damaged lease.json meant "no lease" (wrapper) or "skip forever" (watchdog) | `a_garbage_lease_json_*`, `a_truncated_lease_json_*`, `an_orphan_whose_lease_json_is_garbage_*` |
 //! | G-5 | `cancel` of a SIGSTOPped wrapper without a lease exited 75 and the run lived on | `cancel_continues_a_sigstopped_wrapper_*` |
 //! | G-6 | a stale header comment in `tests/tests/watchdog.rs` (now lease_and_watchdog.rs) | none (a comment) |
-//! | G-7 | `cancel` of a corrupt non-final record wrote `unknown` and stopped nothing | `cancel_of_a_run_whose_status_json_is_corrupt_*` |
+//! | G-7 | `cancel` of a corrupt non-final record wrote `unknown` and stopped nothing | `a_corrupt_status_json_does_not_stop_a_stop_cancel_goes_by_kernel_facts` |
 //! | G-8 | logind detection defaults | none here: unit tests in `shared/src/hostpolicy.rs`; under logind in `tests/tests/systemd.rs` |
 //!
 //! Every test drives the real binaries on real processes in its own run root and asserts on
