@@ -3,8 +3,8 @@
 
 use crate::act::act;
 use crate::assess::{assess, delay_until, Action, Looks, Policy, Seen, Subject, Verdict};
-use crate::fast::{self, Entry, Fast, Pass, Settled};
-use crate::ledger::Ledger;
+use crate::ledger::{Ledger, Settled};
+use crate::pass::{self, Entry, Pass};
 use crate::notify::Notifier;
 use crate::watched::{self, Watched};
 use agent_run_shared::root::Root;
@@ -104,7 +104,7 @@ pub fn run_once(root: &Root, policy: &Policy) -> Vec<String> {
     let before = Watched::load(root);
     let mut after = Watched::default();
     for e in ents {
-        if let Fast::Final(_) = pass.classify(&e, &looks.cgroups) {
+        if pass.classify(&e, &looks.cgroups).is_some() {
             continue;
         }
         let name = e.name;
@@ -231,8 +231,8 @@ fn describe(s: &Subject, action: Action, r: agent_run_shared::Result<String>) ->
 
 /// The root, opened for a pass, and the entries in it that could be run dirs.
 fn entries(root: &Root) -> Option<(OwnedFd, Vec<Entry>)> {
-    let listed = fast::open_root(root.path()).and_then(|fd| {
-        let ents = fast::entries(&fd)?;
+    let listed = pass::open_root(root.path()).and_then(|fd| {
+        let ents = pass::entries(&fd)?;
         Ok((fd, ents))
     });
     match listed {
@@ -582,7 +582,7 @@ impl Daemon {
                 .is_some_and(|k| Settled::of(r.pass.root(), name).as_ref() == Some(k))
             {
                 // unchanged
-            } else if let Fast::Final(k) = r.pass.classify(&e, &r.looks.cgroups) {
+            } else if let Some(k) = r.pass.classify(&e, &r.looks.cgroups) {
                 self.forget(name);
                 self.skipped.remove(name);
                 self.settled.insert(name.clone(), k);

@@ -12,9 +12,10 @@
 pub mod act;
 pub mod assess;
 pub mod daemon;
-pub mod fast;
+pub mod held;
 pub mod ledger;
 pub mod notify;
+pub mod pass;
 pub mod watched;
 
 pub use assess::{Action, Policy, Seen, Verdict};
