@@ -114,7 +114,11 @@ pub struct Carry {
 impl Carry {
     pub fn new(ledger: Ledger) -> Carry {
         Carry {
-            old: ledger.entries.into_iter().map(|(n, k)| (n, Some(k))).collect(),
+            old: ledger
+                .entries
+                .into_iter()
+                .map(|(n, k)| (n, Some(k)))
+                .collect(),
             ..Carry::default()
         }
     }

@@ -78,6 +78,23 @@ pub fn entries(dirfd: &OwnedFd) -> std::io::Result<Vec<Entry>> {
     Ok(out)
 }
 
+/// The root, opened for a pass, and the entries in it that could be run dirs (a failure is
+/// logged: the pass then has nothing to do).
+pub fn list(root: &agent_run_shared::root::Root) -> Option<(OwnedFd, Vec<Entry>)> {
+    let listed = open_root(root.path()).and_then(|fd| {
+        let ents = entries(&fd)?;
+        Ok((fd, ents))
+    });
+    match listed {
+        Ok(l) => Some(l),
+        Err(e) => {
+            let root = root.path().display();
+            crate::report::log(&format!("cannot list {root}: {e}"));
+            None
+        }
+    }
+}
+
 /// Open the root for a pass (a directory, never through a symlink at its last component).
 pub fn open_root(path: &Path) -> std::io::Result<OwnedFd> {
     Ok(rfs::open(
@@ -484,11 +501,7 @@ mod tests {
             )
         );
         let (changed, p) = s.pass(ledger);
-        assert_eq!(
-            changed,
-            None,
-            "the rewritten record was taken as final"
-        );
+        assert_eq!(changed, None, "the rewritten record was taken as final");
         assert_eq!(p.carry.as_ref().unwrap().kept(), 0);
         let next = p.into_ledger().expect("the entry is dropped");
         assert!(next.entries.is_empty());
@@ -499,7 +512,7 @@ mod tests {
     #[test]
     fn a_forged_ledger_entry_does_not_hide_a_wrapper_that_holds_a_lock() {
         use std::os::fd::AsFd;
-        let s = Scratch::new(&record(State::Finished).to_json());
+        let s = Scratch::new(record(State::Finished).to_json());
         let (_, p) = s.pass(Ledger::default());
         let mut ledger = p.into_ledger().unwrap();
         let lock = std::fs::File::create(s.root.join("held")).unwrap();
