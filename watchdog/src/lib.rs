@@ -18,6 +18,7 @@ pub mod ledger;
 pub mod notify;
 pub mod once;
 pub mod pass;
+pub mod peek;
 pub mod report;
 pub mod root_lock;
 pub mod watched;

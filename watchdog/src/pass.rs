@@ -16,8 +16,8 @@
 //!   no symlink anywhere on the way, never a blocked open; `fstat`: a regular file of ours, at
 //!   most [`MAX_READ`] bytes; one `read` of `st_size + 1` bytes that must return exactly the
 //!   size;
-//! - the record's own parse ([`parse_status`], serde_json): what the careful path would refuse
-//!   is refused, and the state must be final;
+//! - a [`Peek`] at the record (serde_json, borrowed): what the careful path would refuse or
+//!   read otherwise is refused, and the state must be final;
 //! - no live wrapper: no flock on the run dir's inode, and none held by the record's
 //!   `wrapper_pid` ([`Flocks`], /proc/locks read once per pass, on first need: a wrapper holds
 //!   its run's lock for its whole life, and writes its final record a moment before it exits);
@@ -33,9 +33,10 @@
 
 use crate::held::{CgroupParents, Flocks};
 use crate::ledger::{Carry, Known, Ledger, Settled, RACY};
+use crate::peek::Peek;
 use agent_run_shared::cgroup::{name_for, RunCgroups};
 use agent_run_shared::id::RunId;
-use agent_run_shared::record::{parse_status, ContainmentMode};
+use agent_run_shared::record::ContainmentMode;
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, ResolveFlags, StatxFlags};
 use std::cell::OnceCell;
 use std::os::fd::OwnedFd;
@@ -119,6 +120,8 @@ pub struct Pass {
     racy_before_ns: i64,
     /// The cgroup parents the records name, each once (a root's records name one or two).
     parents: Vec<Rc<str>>,
+    /// The buffer records are read into.
+    buf: Vec<u8>,
 }
 
 impl Pass {
@@ -132,6 +135,7 @@ impl Pass {
             carry: None,
             racy_before_ns: racy_before_ns(),
             parents: Vec::new(),
+            buf: Vec::new(),
         }
     }
 
@@ -169,11 +173,13 @@ impl Pass {
             return None;
         }
         let dir_ino = self.run_dir_inode(&e.name)?;
+        // The name of the run's cgroup: `agent-run.<id>.<dir inode, hex>`.
+        let base = name_for(&e.name, dir_ino);
         let (known, kept) = match self.carried(&e.name, dir_ino) {
             Some(k) => (k, true),
-            None => (self.read_known(&e.name, dir_ino)?, false),
+            None => (self.read_known(&e.name, dir_ino, &base)?, false),
         };
-        if self.may_be_held(&e.name, &known, run_cgroups) {
+        if self.may_be_held(&base, &known, run_cgroups) {
             return None;
         }
         let key = known.status;
@@ -217,7 +223,7 @@ impl Pass {
     /// Open, read and parse `ID/status.json`: the facts of a final record, `None` for anything
     /// else (not final, not a regular file of ours, too big, refused by the record's parse, a
     /// cgroup that is not this run's).
-    fn read_known(&mut self, name: &str, dir_ino: u64) -> Option<Known> {
+    fn read_known(&mut self, name: &str, dir_ino: u64, base: &str) -> Option<Known> {
         let fd = rfs::openat2(
             &self.root,
             format!("{name}/status.json"),
@@ -235,29 +241,28 @@ impl Pass {
             return None;
         }
         // One byte more than the size: a file that grew since the fstat is not read in part.
-        let mut buf = vec![0u8; size as usize + 1];
-        let n = rustix::io::read(&fd, &mut buf[..]).ok()?;
+        self.buf.resize(size as usize + 1, 0);
+        let n = rustix::io::read(&fd, &mut self.buf[..]).ok()?;
         if n as u64 != size {
             return None;
         }
-        let record = parse_status(std::str::from_utf8(&buf[..n]).ok()?).ok()?;
+        let record = Peek::of(&self.buf[..n])?;
         if !record.state.is_final() {
             return None;
         }
         let cgroup_parent = match record.containment {
-            // This run's cgroup (`agent-run.<id>.<dir inode, hex>`) under an absolute parent
+            // This run's cgroup (`base`) under an absolute parent
             // (one the ledger can hold: no control character); any other name is not this
             // run's, and the careful path says what it is.
             Some(c) if c.mode == ContainmentMode::Cgroup => {
                 let cg = c.cgroup?;
-                let (parent, base) = cg.rsplit_once('/')?;
-                if base != name_for(name, dir_ino)
-                    || !parent.starts_with('/')
-                    || parent.chars().any(char::is_control)
+                let cg: &str = &cg;
+                let (parent, named) = cg.rsplit_once('/')?;
+                if named != base || !parent.starts_with('/') || parent.chars().any(char::is_control)
                 {
                     return None;
                 }
-                Some(self.intern(parent))
+                Some(intern(&mut self.parents, parent))
             }
             _ => None,
         };
@@ -276,30 +281,29 @@ impl Pass {
     /// Whether the kernel says anything may still hold the run: a flock of its wrapper (the
     /// record cannot name another inode than the run dir's own), a run cgroup of this run
     /// anywhere (a forged record may name another or none), or the cgroup the record names.
-    fn may_be_held(&mut self, name: &str, k: &Known, run_cgroups: &OnceCell<RunCgroups>) -> bool {
+    fn may_be_held(&mut self, base: &str, k: &Known, run_cgroups: &OnceCell<RunCgroups>) -> bool {
         match self.flocks.get_or_init(Flocks::read) {
             Some(f) if !f.may_hold(k.dir_ino, k.wrapper_pid) => {}
             _ => return true,
         }
-        let base = name_for(name, k.dir_ino);
         let all = run_cgroups.get_or_init(agent_run_shared::cgroup::run_cgroups);
-        if all.contains_key(&base) {
+        if all.contains_key(base) {
             return true;
         }
         k.cgroup_parent
             .as_ref()
-            .is_some_and(|p| !self.cgroups.gone(p, &base))
+            .is_some_and(|p| !self.cgroups.gone(p, base))
     }
+}
 
-    /// The one `Rc` of a cgroup parent.
-    fn intern(&mut self, parent: &str) -> Rc<str> {
-        if let Some(p) = self.parents.iter().find(|p| &***p == parent) {
-            return Rc::clone(p);
-        }
-        let p: Rc<str> = Rc::from(parent);
-        self.parents.push(Rc::clone(&p));
-        p
+/// The one `Rc` of a cgroup parent among `parents`.
+fn intern(parents: &mut Vec<Rc<str>>, parent: &str) -> Rc<str> {
+    if let Some(p) = parents.iter().find(|p| &***p == parent) {
+        return Rc::clone(p);
     }
+    let p: Rc<str> = Rc::from(parent);
+    parents.push(Rc::clone(&p));
+    p
 }
 
 fn ctime_ns(sec: i64, nsec: i64) -> i64 {
@@ -398,17 +402,19 @@ mod tests {
             // a key twice (serde refuses duplicates), before or after
             good.replacen('{', "{\"state\": \"running\",", 1),
             good.replacen("\"cwd\"", "\"pid\": 1, \"cwd\"", 1),
-            // another schema, a key missing, a value of another type
+            // another schema, a key missing, a key the pass reads of another type (the others
+            // are checked as JSON only: crate::peek)
             good.replacen("\"schema\": 1", "\"schema\": 2", 1),
             good.replacen("\"schema\": 1", "\"schema\": 1.0", 1),
             good.replacen("\"run_id\"", "\"run_idx\"", 1),
-            good.replacen("\"cwd\": \"\"", "\"cwd\": 5", 1),
+            good.replacen("\"wrapper_pid\": null", "\"wrapper_pid\": \"1\"", 1),
+            good.replacen("\"finished\"", "\"done\"", 1),
             // the state inside a nested object does not count
             serde_json::Value::Object(nested).to_string(),
-            // nested deeper than serde goes
+            // a state nested deeper than serde goes
             good.replacen(
-                "\"labels\": {}",
-                &format!("\"labels\": {}1{}", "[".repeat(500), "]".repeat(500)),
+                "\"state\": \"finished\"",
+                &format!("\"state\": {}1{}", "[".repeat(500), "]".repeat(500)),
                 1,
             ),
             // not an object, nothing
@@ -428,6 +434,14 @@ mod tests {
             assert_eq!(f, None, "final for the pass: {c}");
             assert!(p.into_ledger().is_none(), "entered: {c}");
         }
+        // A value nested 30,000 deep in a key the pass does not read costs no stack: serde
+        // skips it without recursion (the careful path then refuses it by its type).
+        let deep = good.replacen(
+            "\"labels\": {}",
+            &format!("\"labels\": {}1{}", "[".repeat(30_000), "]".repeat(30_000)),
+            1,
+        );
+        let _ = Scratch::new(deep).pass(Ledger::default());
         let mut bad = good.clone().into_bytes();
         let at = good.find("\"cwd\": \"").unwrap() + 8;
         bad.insert(at, 0xff);
