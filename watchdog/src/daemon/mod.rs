@@ -1,6 +1,6 @@
 //! The daemon: event-driven over the root (inotify, a pidfd per live wrapper in one epoll set,
 //! a deadline heap), with a full pass every `scan_interval` as the backstop. Its parts:
-//! [`rescan`] (the full pass, in slices), [`events`] (one run looked at and filed), [`stops`]
+//! `rescan` (the full pass, in slices), `events` (one run looked at and filed), `stops`
 //! (stops on threads of their own, and the deadlines).
 
 mod events;
