@@ -1,9 +1,10 @@
 //! The settled ledger: what one `--once` pass learnt about the run dirs it found final for
 //! sure, kept in the root as `.watchdog.settled`, so that the next pass does not open, read and
-//! scan a record that has not changed since: for such a dir it costs two `statx` calls (the dir,
-//! as always, and its status.json) instead of five syscalls and a scan.
+//! parse a record that has not changed since: for such a dir it costs two `statx` calls (the
+//! dir, as always, and its status.json) instead of four syscalls and a parse. It halves the CPU
+//! of a `--once` pass over 100,000 final runs (docs/benchmarks.md).
 //!
-//! An entry is a record's facts that the fast path ([`crate::fast`]) uses (`wrapper_pid`, the
+//! An entry is a record's facts that the pass ([`crate::pass`]) uses (`wrapper_pid`, the
 //! cgroup parent the record names), under the status.json it read them from: its inode, size
 //! and inode change time (`ctime`), and the run dir's inode. The entry counts only while all of
 //! them are what `statx` says now. The change time is the kernel's: a write, a rename into place,
@@ -11,7 +12,7 @@
 //!
 //! The file is in the root, so the workload (same uid) can rewrite it. That gives it nothing
 //! it does not have already: it can write a final record into its own status.json, which the
-//! fast path and the careful path both take as final. What a record cannot forge is checked on
+//! pass and the careful path both take as final. What a record cannot forge is checked on
 //! every pass for a ledger entry exactly as for a record read afresh: the run dir is ours with
 //! mode 0700 (statx), status.json is a regular file of ours (statx), the wrapper named holds no
 //! flock (/proc/locks), no run cgroup of this run exists on the cgroup2 mount (the pass's walk),
@@ -22,11 +23,11 @@
 //! timestamps, an in-place rewrite in the same clock tick could keep the change time the pass
 //! saw (the "racy git" problem). It is read afresh until it is older.
 
-use crate::fast::Settled;
 use agent_run_shared::root::Root;
+use rustix::fs::{self as rfs, AtFlags, StatxFlags};
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::os::fd::OwnedFd;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -41,6 +42,33 @@ pub const CAP: u64 = 64 << 20;
 
 /// How old a record's change time must be for its entry to be kept.
 pub const RACY: Duration = Duration::from_secs(2);
+
+/// What a settled run is kept under: status.json's inode and inode change time. The change time
+/// is the kernel's: every write, rename into place, chmod or `utimensat` sets it to the present,
+/// and no call sets it to a chosen value (mtime can be set back, so it is not the key).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Settled {
+    pub ctime_ns: i64,
+    pub ino: u64,
+}
+
+impl Settled {
+    /// The key of `ID/status.json` relative to the root's fd now (one `statx`, never
+    /// following a symlink at the file itself).
+    pub fn of(root: &OwnedFd, name: &str) -> Option<Settled> {
+        let s = rfs::statx(
+            root,
+            format!("{name}/status.json"),
+            AtFlags::SYMLINK_NOFOLLOW,
+            StatxFlags::CTIME | StatxFlags::INO,
+        )
+        .ok()?;
+        Some(Settled {
+            ctime_ns: s.stx_ctime.tv_sec * 1_000_000_000 + i64::from(s.stx_ctime.tv_nsec),
+            ino: s.stx_ino,
+        })
+    }
+}
 
 /// What a pass knows of a final run dir, and under which kernel facts.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -65,57 +93,56 @@ pub struct Ledger {
     pub entries: Vec<(String, Known)>,
 }
 
-/// A pass's use of the ledger it started from: its entries, matched to the dirs as the pass
-/// meets them (in listing order: a cursor; a name out of order is looked up in an index made
-/// then), and what the pass learns, for the next ledger.
+/// A pass's use of the ledger it started from: its entries, each taken once when the pass
+/// meets its dir, and what the pass found final, for the next ledger.
+///
+/// The pass meets the dirs in the order the root lists them, which is the order the last pass
+/// wrote them in: the entry after the last one taken is almost always the one asked for. A
+/// name out of that order (a run added or removed since) is found by an index, made on the
+/// first such name. A hash lookup for every dir costs a cache miss each: a tenth of the pass.
 #[derive(Default)]
 pub struct Carry {
-    old: Vec<(String, Known)>,
-    met: Vec<bool>,
+    old: Vec<(String, Option<Known>)>,
     cursor: usize,
-    index: Option<NameMap<u32>>,
-    /// Every dir found final, in the order met: an index into `old`, or into `fresh` with
-    /// [`FRESH`] set.
-    order: Vec<u32>,
-    fresh: Vec<(String, Known)>,
-    /// Entries of `old` kept.
+    index: Option<HashMap<String, usize>>,
+    /// Every dir found final, in the order met.
+    next: Vec<(String, Known)>,
+    /// Entries of the ledger kept.
     kept: usize,
 }
 
-const FRESH: u32 = 1 << 31;
-
 impl Carry {
     pub fn new(ledger: Ledger) -> Carry {
-        let n = ledger.entries.len();
         Carry {
-            met: vec![false; n],
-            order: Vec::with_capacity(n),
-            old: ledger.entries,
+            old: ledger
+                .entries
+                .into_iter()
+                .map(|(n, k)| (n, Some(k)))
+                .collect(),
             ..Carry::default()
         }
     }
 
-    /// The ledger entry for `name` not met yet, by its index, if there is one.
-    pub fn find(&mut self, name: &str) -> Option<(u32, &Known)> {
+    /// The ledger's entry for `name`, once (the pass checks it against the kernel's facts).
+    pub fn take(&mut self, name: &str) -> Option<Known> {
         let i = if self.old.get(self.cursor).is_some_and(|(n, _)| n == name) {
             self.cursor
         } else {
             let old = &self.old;
             let index = self.index.get_or_insert_with(|| {
-                let mut m = NameMap::with_capacity_and_hasher(old.len(), Default::default());
-                for (i, (n, _)) in old.iter().enumerate() {
-                    m.entry(n.clone()).or_insert(i as u32);
-                }
-                m
+                let names = old.iter().enumerate().map(|(i, (n, _))| (n.clone(), i));
+                names.rev().collect()
             });
-            *index.get(name)? as usize
+            *index.get(name)?
         };
-        if self.met[i] {
-            return None;
-        }
-        self.met[i] = true;
         self.cursor = i + 1;
-        Some((i as u32, &self.old[i].1))
+        self.old[i].1.take()
+    }
+
+    /// A dir found final: from its ledger entry (`kept`), or from its record read afresh.
+    pub fn note(&mut self, name: String, k: Known, kept: bool) {
+        self.kept += usize::from(kept);
+        self.next.push((name, k));
     }
 
     /// How many entries of the ledger the pass started from still held.
@@ -123,83 +150,16 @@ impl Carry {
         self.kept
     }
 
-    /// The status.json key of entry `i`.
-    pub fn status_of(&self, i: u32) -> Settled {
-        self.old[i as usize].1.status
-    }
-
-    /// The entry `i` ([`Carry::find`]) still holds: it goes into the next ledger.
-    pub fn keep(&mut self, i: u32) {
-        self.kept += 1;
-        self.order.push(i);
-    }
-
-    /// A dir found final from its record read afresh.
-    pub fn learn(&mut self, name: String, k: Known) {
-        self.order.push(FRESH | self.fresh.len() as u32);
-        self.fresh.push((name, k));
-    }
-
     /// The ledger for the next pass: every dir found final, in the order met, except those
     /// whose status.json changed after `racy_before_ns` ([`RACY`]); `None` when that is the
     /// ledger the pass started from (every entry kept, none added: nothing to write).
-    pub fn into_ledger(mut self, racy_before_ns: i64) -> Option<Ledger> {
-        if self.fresh.is_empty() && self.kept == self.old.len() {
+    pub fn into_ledger(self, racy_before_ns: i64) -> Option<Ledger> {
+        if self.kept == self.old.len() && self.next.len() == self.kept {
             return None;
         }
-        let mut entries = Vec::with_capacity(self.order.len());
-        for i in self.order {
-            let (name, k) = if i & FRESH != 0 {
-                std::mem::take(&mut self.fresh[(i & !FRESH) as usize])
-            } else {
-                std::mem::take(&mut self.old[i as usize])
-            };
-            if k.status.ctime_ns <= racy_before_ns {
-                entries.push((name, k));
-            }
-        }
+        let mut entries = self.next;
+        entries.retain(|(_, k)| k.status.ctime_ns <= racy_before_ns);
         Some(Ledger { entries })
-    }
-}
-
-/// A map by run dir name with a cheap hash: a pass looks up 100,000 names, and SipHash's
-/// protection against chosen collisions buys little against a same-user workload, which can
-/// slow a pass down as well by making 100,000 run dirs.
-pub type NameMap<V> = HashMap<String, V, BuildHasherDefault<NameHasher>>;
-
-/// The hasher of [`NameMap`]: 8 bytes at a time, each mixed in with splitmix64's finalizer.
-#[derive(Default)]
-pub struct NameHasher(u64);
-
-impl NameHasher {
-    fn mix(&mut self, w: u64) {
-        let mut z = (self.0 ^ w).wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        self.0 = z ^ (z >> 31);
-    }
-}
-
-impl Hasher for NameHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            self.mix(u64::from_le_bytes(c.try_into().expect("8 bytes")));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut b = [0u8; 8];
-            b[..rest.len()].copy_from_slice(rest);
-            self.mix(u64::from_le_bytes(b) ^ (rest.len() as u64) << 59);
-        }
-    }
-
-    fn write_u8(&mut self, i: u8) {
-        self.mix(u64::from(i));
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
     }
 }
 
@@ -220,8 +180,8 @@ impl Ledger {
 
     /// The text of the ledger: the magic line, one `p PARENT` line per cgroup parent, then one
     /// line per entry: `NAME DIR_INO STATUS_INO CTIME_NS SIZE WRAPPER_PID|- PARENT_INDEX|-`,
-    /// tab-separated. Names are run ids; parents hold no control character (the fast path's
-    /// scan takes no string with one).
+    /// tab-separated. Names are run ids; parents hold no control character (the pass takes no cgroup
+    /// name with one).
     pub fn render(&self) -> String {
         let mut parents: Vec<&Rc<str>> = Vec::new();
         let mut out = String::with_capacity(64 * self.entries.len() + 64);

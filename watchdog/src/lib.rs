@@ -12,10 +12,18 @@
 pub mod act;
 pub mod assess;
 pub mod daemon;
-pub mod fast;
+pub mod decide;
+pub mod held;
 pub mod ledger;
 pub mod notify;
+pub mod once;
+pub mod pass;
+pub mod peek;
+pub mod report;
+pub mod root_lock;
 pub mod watched;
 
 pub use assess::{Action, Policy, Seen, Verdict};
-pub use daemon::{lock_root, run, run_once, Options, RootBusy, ROOT_LOCK};
+pub use daemon::{run, Options};
+pub use once::run_once;
+pub use root_lock::{lock_root, RootBusy, ROOT_LOCK};
