@@ -8,6 +8,7 @@
 //! ([`exit_table`]) when that table is out of date.
 #![forbid(unsafe_code)]
 
+mod examples;
 mod exit_table;
 
 #[allow(dead_code)]
@@ -163,6 +164,7 @@ fn write_man(
     if has_exit_table(&name) {
         buf.extend_from_slice(exit_table::roff().as_bytes());
     }
+    buf.extend_from_slice(examples::roff(&name).as_bytes());
     if cmd.get_version().is_some() {
         man.render_version_section(&mut buf)?;
     }
