@@ -149,7 +149,7 @@ pub fn assess(
     };
     if let Some(what) = dir.repaired() {
         // Opening the dir set its mode back (the workload can chmod its own dir): said.
-        eprintln!("agent-run-watchdog: {name}: {what}");
+        crate::report::log(&format!("{name}: {what}"));
         let _ = dir
             .journal("watchdog")
             .event("damaged", serde_json::json!({"what": what}));

@@ -5,8 +5,56 @@ use crate::assess::{Action, Subject};
 use agent_run_shared::root::Root;
 use std::time::Duration;
 
+/// One log line on stderr. Under journald (stderr is the stream `$JOURNAL_STREAM` names) the
+/// journal stamps it; anywhere else (a terminal, a file, cron's mail) it starts with the time.
 pub fn log(msg: &str) {
-    eprintln!("agent-run-watchdog: {msg}");
+    match stamped() {
+        true => eprintln!(
+            "{} agent-run-watchdog: {msg}",
+            agent_run_shared::time::rfc3339(std::time::SystemTime::now())
+        ),
+        false => eprintln!("agent-run-watchdog: {msg}"),
+    }
+}
+
+/// Whether log lines carry their own time: stderr is not the journal's stream.
+fn stamped() -> bool {
+    static STAMPED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *STAMPED.get_or_init(|| !stderr_is(std::env::var("JOURNAL_STREAM").ok().as_deref()))
+}
+
+/// Whether stderr is the stream `journal_stream` ("DEVICE:INODE", as systemd sets it) names.
+fn stderr_is(journal_stream: Option<&str>) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Some((dev, ino)) = journal_stream.and_then(|v| v.split_once(':')) else {
+        return false;
+    };
+    let Ok(meta) = std::fs::File::open("/proc/self/fd/2").and_then(|f| f.metadata()) else {
+        return false;
+    };
+    dev.parse() == Ok(meta.dev()) && ino.parse() == Ok(meta.ino())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn only_the_stream_journal_stream_names_is_the_journal() {
+        let meta = std::fs::File::open("/proc/self/fd/2")
+            .and_then(|f| f.metadata())
+            .expect("stderr");
+        let ours = format!("{}:{}", meta.dev(), meta.ino());
+        assert!(stderr_is(Some(&ours)));
+        assert!(!stderr_is(Some(&format!(
+            "{}:{}",
+            meta.dev(),
+            meta.ino() + 1
+        ))));
+        assert!(!stderr_is(Some("garbage")));
+        assert!(!stderr_is(None));
+    }
 }
 
 /// Say (log and journal) that a run's lease.json is damaged and what the watchdog goes by
