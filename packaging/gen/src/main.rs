@@ -8,6 +8,7 @@
 //! ([`exit_table`]) when that table is out of date.
 #![forbid(unsafe_code)]
 
+mod complete_ids;
 mod examples;
 mod exit_table;
 
@@ -108,6 +109,20 @@ fn generate(out: &Path) -> anyhow::Result<()> {
             let name = cmd.get_name().to_string();
             clap_complete::generate_to(shell, &mut cmd, &name, &comp)?;
         }
+    }
+    // The ids of runs, after clap's completion of options and subcommands.
+    let subs = complete_ids::id_subcommands(&run);
+    for (file, add) in [
+        (
+            "agent-run.bash",
+            complete_ids::bash as fn(&str, &_) -> String,
+        ),
+        ("_agent-run", complete_ids::zsh),
+        ("agent-run.fish", complete_ids::fish),
+    ] {
+        let path = comp.join(file);
+        let text = fs::read_to_string(&path)?;
+        fs::write(&path, add(&text, &subs))?;
     }
     Ok(())
 }
