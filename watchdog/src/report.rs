@@ -35,28 +35,6 @@ fn stderr_is(journal_stream: Option<&str>) -> bool {
     dev.parse() == Ok(meta.dev()) && ino.parse() == Ok(meta.ino())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::unix::fs::MetadataExt;
-
-    #[test]
-    fn only_the_stream_journal_stream_names_is_the_journal() {
-        let meta = std::fs::File::open("/proc/self/fd/2")
-            .and_then(|f| f.metadata())
-            .expect("stderr");
-        let ours = format!("{}:{}", meta.dev(), meta.ino());
-        assert!(stderr_is(Some(&ours)));
-        assert!(!stderr_is(Some(&format!(
-            "{}:{}",
-            meta.dev(),
-            meta.ino() + 1
-        ))));
-        assert!(!stderr_is(Some("garbage")));
-        assert!(!stderr_is(None));
-    }
-}
-
 /// Say (log and journal) that a run's lease.json is damaged and what the watchdog goes by
 /// instead, unless it said so already for the same damage (`said`). True when the damage
 /// changed (said now, or repaired).
@@ -128,5 +106,27 @@ pub fn journal_once(root: &Root, name: &str, why: &str) {
     if let Ok(dir) = root.open_run_dir(&id) {
         let j = dir.journal("watchdog");
         let _ = j.event("skipped", serde_json::json!({"why": why}));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn only_the_stream_journal_stream_names_is_the_journal() {
+        let meta = std::fs::File::open("/proc/self/fd/2")
+            .and_then(|f| f.metadata())
+            .expect("stderr");
+        let ours = format!("{}:{}", meta.dev(), meta.ino());
+        assert!(stderr_is(Some(&ours)));
+        assert!(!stderr_is(Some(&format!(
+            "{}:{}",
+            meta.dev(),
+            meta.ino() + 1
+        ))));
+        assert!(!stderr_is(Some("garbage")));
+        assert!(!stderr_is(None));
     }
 }

@@ -68,6 +68,8 @@ pub enum Command {
     List(ListArgs),
     /// Remove final run dirs older than DUR
     Gc(GcArgs),
+    /// Remove runs by id: only runs that are over (cancel a running one first)
+    Rm(RmArgs),
     /// Print agent-run's version, the record schema, its features and what this host offers
     Version(VersionArgs),
     /// Run a command on HOST through OpenSSH with a lease, renewals, a second-channel cancel and
@@ -375,6 +377,18 @@ pub struct VersionArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct RmArgs {
+    /// The runs to remove. A run that is not over, or whose record says it is over while a
+    /// process of it lives (a record the workload rewrote), is refused with 75: cancel it first.
+    /// The others are removed all the same
+    #[arg(value_name = "RUN_ID", required = true)]
+    pub run_ids: Vec<String>,
+    /// Only say what would be removed
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct GcArgs {
     /// Remove final runs that ended more than DUR ago. A run whose record says it is over
     /// while its cgroup still holds processes (a record the workload rewrote) is skipped, with
@@ -387,7 +401,7 @@ pub struct GcArgs {
 }
 
 const SUBCOMMANDS: &[&str] = &[
-    "start", "cancel", "renew", "status", "wait", "attach", "logs", "list", "gc", "remote",
+    "start", "cancel", "renew", "status", "wait", "attach", "logs", "list", "gc", "rm", "remote",
     "version", "help",
 ];
 

@@ -271,9 +271,51 @@ pub fn list(root: Option<&Path>, args: ListArgs) -> anyhow::Result<u8> {
     Ok(exit::OK)
 }
 
+/// Whether the final run in `dir` (its record `st`) may be removed: the kernel must agree that
+/// it is over. No live process holds its lock, its cgroup is empty, and nothing of it lives
+/// where a process of it could have gone. Otherwise the record was forged, and the dir is the
+/// evidence. `cgroups`: one walk of the cgroup2 mount for every run asked about. The error
+/// says why not, and how on.
+pub fn may_remove(
+    dir: &agent_run_shared::run_dir::RunDir,
+    st: &agent_run_shared::record::Status,
+    cgroups: &agent_run_shared::cgroup::RunCgroups,
+) -> Result<(), String> {
+    let name = dir.id().as_str();
+    if !st.state.is_final() {
+        return Err(format!(
+            "it is {}, not over (agent-run cancel {name} first)",
+            st.state.as_str()
+        ));
+    }
+    let shared = Shared {
+        cgroups: Some(cgroups),
+        ..Shared::default()
+    };
+    let look = Look::take_with(dir, Ok(st.clone()), &shared);
+    if look.believed().is_none() || !matches!(look.holder, Holder::Nobody) {
+        let why = match look.doubt() {
+            Some(d) => d.note(),
+            None => "a process holds the run's lock".to_string(),
+        };
+        return Err(format!(
+            "its record says {}, {why} (agent-run cancel {name})",
+            st.state.as_str()
+        ));
+    }
+    // The facts a record cannot fake: the run's marker (by /proc scans alone), or a process
+    // where one that left the run's cgroup could be.
+    if agent_run_shared::takeover::final_doubted(dir, &look, st, &dir.journal("gc")) {
+        return Err(format!(
+            "its record says {}, but a process of the run may live on (agent-run cancel {name})",
+            st.state.as_str()
+        ));
+    }
+    Ok(())
+}
+
 /// `agent-run gc`.
 pub fn gc(root: Option<&Path>, args: GcArgs) -> anyhow::Result<u8> {
-    use agent_run_shared::takeover::final_doubted;
     let Some(root) = open_root(root)? else {
         return Ok(exit::OK);
     };
@@ -304,32 +346,8 @@ pub fn gc(root: Option<&Path>, args: GcArgs) -> anyhow::Result<u8> {
         if ended.is_none_or(|e| now - e < args.older_than.as_secs_f64()) {
             continue;
         }
-        // The kernel must agree that the run is over: no live process holds its lock, its
-        // cgroup is empty. Otherwise the record was forged, and the dir is the evidence.
-        let shared = Shared {
-            cgroups: Some(&cgroups),
-            ..Shared::default()
-        };
-        let look = Look::take_with(&dir, Ok(st.clone()), &shared);
-        if look.believed().is_none() || !matches!(look.holder, Holder::Nobody) {
-            let why = match look.doubt() {
-                Some(d) => d.note(),
-                None => "a process holds the run's lock".to_string(),
-            };
-            eprintln!(
-                "agent-run: {name}: skipped: its record says {}, {why} (agent-run cancel {name})",
-                st.state.as_str(),
-            );
-            continue;
-        }
-        // The facts a record cannot fake: the run's marker (by /proc scans alone), or a
-        // process where one that left the run's cgroup could be.
-        if final_doubted(&dir, &look, &st, &dir.journal("gc")) {
-            eprintln!(
-                "agent-run: {name}: skipped: its record says {}, but a process of the run may \
-                 live on (agent-run cancel {name})",
-                st.state.as_str(),
-            );
+        if let Err(why) = may_remove(&dir, &st, &cgroups) {
+            eprintln!("agent-run: {name}: skipped: {why}");
             continue;
         }
         if args.dry_run {

@@ -16,6 +16,7 @@ mod phases;
 mod ptyio;
 mod remote;
 mod renew;
+mod rm;
 mod runs;
 mod select;
 mod signals;
@@ -79,6 +80,7 @@ fn run(cli: cli::Cli) -> anyhow::Result<u8> {
         cli::Command::Logs(args) => logs::logs(root, args),
         cli::Command::List(args) => list::list(root, args),
         cli::Command::Gc(args) => list::gc(root, args),
+        cli::Command::Rm(args) => rm::rm(root, args),
         cli::Command::Remote(args) => remote::remote(args),
         cli::Command::Version(args) => version::version(args),
     }

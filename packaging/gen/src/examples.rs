@@ -82,6 +82,10 @@ pub const EXAMPLES: &[(&str, &[(&str, &str)])] = &[
         ],
     ),
     (
+        "agent-run-rm",
+        &[("agent-run rm build-7 train-3", "Remove two runs that are over.")],
+    ),
+    (
         "agent-run-remote",
         &[(
             "agent-run remote build-host --lease 60s --timeout 30m --label job=42 -- make -j8 test",

@@ -14,7 +14,8 @@ pub(super) fn same_command(id: &RunId, st: &Status, argv: &[OsString]) -> anyhow
     fail(
         exit::DATA_MISMATCH,
         format!(
-            "run {id} exists with a different command: {:?} (asked for {:?})",
+            "run {id} exists with a different command: {:?} (asked for {:?}); use another id, \
+             or remove this run first: agent-run rm {id}",
             st.argv,
             argv.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>()
         ),
