@@ -550,6 +550,13 @@ impl RunCgroup {
         }
     }
 
+    /// Whether the cgroup is frozen (`cgroup.events`: `frozen 1`), by its own `cgroup.freeze`
+    /// or an ancestor's.
+    pub fn frozen(&self) -> bool {
+        crate::procfs::read_kernel_file(self.path.join("cgroup.events"))
+            .is_ok_and(|s| s.lines().any(|l| l.trim() == "frozen 1"))
+    }
+
     /// `cgroup.events`, opened for poll(2): it signals POLLPRI when `populated` changes.
     pub fn events_fd(&self) -> Option<File> {
         File::open(self.path.join("cgroup.events")).ok()

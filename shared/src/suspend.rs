@@ -10,10 +10,13 @@
 //! (`suspend`, `resume`). A run held in a cgroup can freeze it here instead (`cgroup.freeze`),
 //! behind the same function.
 
+use crate::cgroup::RunCgroup;
 use crate::journal::Journal;
 use crate::pid::Pid;
 use crate::procfs;
 use crate::procset::{discover, Depth, RunScope};
+use crate::record::Status;
+use crate::run_dir::RunDir;
 use crate::sys;
 use serde_json::json;
 use std::collections::HashSet;
@@ -80,4 +83,33 @@ pub fn set_suspended(scope: &RunScope, suspended: bool, journal: Option<&Journal
     let mut pids: Vec<Pid> = done.into_iter().collect();
     pids.sort();
     pids
+}
+
+/// Whether a run that is not over is suspended: its cgroup (`cgroup`, found by name) is
+/// frozen, or it has processes and every one of them is stopped (SIGSTOP, Ctrl-Z). By /proc
+/// alone, the leader is asked first (verified by its start time), and the run's tree is looked
+/// for only when the leader is stopped.
+pub fn is_suspended(dir: &RunDir, st: &Status, cgroup: Option<&RunCgroup>) -> bool {
+    let members: Vec<Pid> = match cgroup {
+        Some(cg) if cg.frozen() => return true,
+        Some(cg) => cg.members(),
+        None => {
+            let Some(leader) = st.leader() else {
+                return false;
+            };
+            let ours =
+                procfs::stat(leader.pid).is_some_and(|s| s.start_ticks == leader.start_ticks);
+            if !ours || !procfs::stopped_or_stopping(leader.pid) {
+                return false;
+            }
+            let Some(scope) = dir.scope_held(st, None, None) else {
+                return false;
+            };
+            discover(&scope, Depth::Tree, &HashSet::new())
+                .iter()
+                .map(|s| s.pid)
+                .collect()
+        }
+    };
+    !members.is_empty() && members.iter().all(|&p| procfs::stopped_or_stopping(p))
 }

@@ -3,7 +3,7 @@
 
 use crate::cli::{GcArgs, ListArgs};
 use crate::human;
-use crate::runs::{note, open_root, root_entries};
+use crate::runs::{open_root, root_entries};
 use agent_run_shared::exit;
 use agent_run_shared::id::RunId;
 use agent_run_shared::record::{ContainmentMode, State};
@@ -35,6 +35,8 @@ struct Row {
     launch_exit_code: Option<i32>,
     term_signal: Option<String>,
     note: Option<String>,
+    /// Every process of the run is stopped, or its cgroup frozen (shown as `suspended`).
+    suspended: bool,
     outcome: Option<u8>,
     labels: BTreeMap<String, String>,
     created_at: String,
@@ -56,7 +58,7 @@ impl Row {
             "lease_unreadable": self.lease_unreadable,
             "timeout_remaining_s": self.timeout_left.map(round),
             "exit_code": self.exit_code, "launch_exit_code": self.launch_exit_code,
-            "term_signal": self.term_signal, "note": self.note,
+            "term_signal": self.term_signal, "note": self.note, "suspended": self.suspended,
             "final": self.state.is_final(), "outcome_exit_code": self.outcome,
             "labels": self.labels, "created_at": self.created_at,
             "started_at": self.started_at, "ended_at": self.ended_at,
@@ -83,7 +85,10 @@ fn list_entry(root: &Root, name: &str) -> Result<Row, String> {
         .timeout_deadline_epoch()
         .filter(|_| !st.state.is_final())
         .map(|d| d - now);
-    let note = note(&dir, &st);
+    let look = crate::runs::look_with(&dir, &st);
+    let note = crate::runs::note_of(&look);
+    let suspended = !st.state.is_final()
+        && agent_run_shared::suspend::is_suspended(&dir, &st, look.cgroup.as_ref());
     let outcome = exit::for_record(&st);
     let colour = human::state_colour(&st);
     Ok(Row {
@@ -93,6 +98,7 @@ fn list_entry(root: &Root, name: &str) -> Result<Row, String> {
         lease_unreadable,
         timeout_left,
         note,
+        suspended,
         outcome,
         colour,
         state: st.state,
@@ -116,7 +122,10 @@ const LIST_WIDTH: usize = 80;
 
 /// One human line of `list`. `id_w` and `state_w` are the column widths.
 fn list_line(r: &Row, id_w: usize, state_w: usize, colour: bool) -> String {
-    let state = r.state.as_str();
+    let state = match r.suspended {
+        true => "suspended",
+        false => r.state.as_str(),
+    };
     let detail = match (r.note.as_deref(), r.reason.as_deref()) {
         (Some(n), _) => format!(" ({})", short_note(n)),
         (None, Some(reason)) => format!(" ({})", human::printable(reason)),

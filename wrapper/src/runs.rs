@@ -200,6 +200,13 @@ pub fn record_value_of(dir: &RunDir, st: &Status, look: &Look) -> Value {
         );
         m.insert("note".into(), json!(note_of(look)));
         m.insert(
+            "suspended".into(),
+            json!(
+                !st.state.is_final()
+                    && agent_run_shared::suspend::is_suspended(dir, st, look.cgroup.as_ref())
+            ),
+        );
+        m.insert(
             "lease_deadline_epoch".into(),
             json!(lease.as_ref().map(|l| l.deadline_epoch)),
         );

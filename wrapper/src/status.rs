@@ -120,10 +120,15 @@ fn unreadable(dir: &RunDir, err: anyhow::Error, json: bool) -> anyhow::Result<u8
 /// The human summary of one record: what ran, where, since when, how it ended.
 fn summary(dir: &RunDir, st: &Status, colour: bool) -> String {
     let v = record_value(dir, st);
+    // A run whose processes are all stopped (Ctrl-Z, SIGSTOP, a frozen cgroup) says so.
+    let word = match v["suspended"].as_bool() {
+        Some(true) => "suspended",
+        _ => st.state.as_str(),
+    };
     let mut line = format!(
         "run {}: {}",
         human::printable(&st.run_id),
-        human::paint(st, st.state.as_str(), colour)
+        human::paint(st, word, colour)
     );
     if let Some(r) = &st.reason {
         line += &format!(" ({})", human::printable(r));
