@@ -14,6 +14,7 @@ use crate::journal::Journal;
 use crate::pid::Pid;
 use crate::procfs;
 use crate::procset::{discover, Depth, RunScope};
+use crate::reason::Reason;
 use crate::sys;
 use serde_json::json;
 use std::collections::HashSet;
@@ -25,9 +26,9 @@ const MAX_ROUNDS: usize = 50;
 /// Stop (`suspended`) or continue every process of the run. Returns the pids signalled.
 pub fn set_suspended(scope: &RunScope, suspended: bool, journal: Option<&Journal>) -> Vec<Pid> {
     let (sig, name, reason) = if suspended {
-        (libc::SIGSTOP, "STOP", "suspend")
+        (libc::SIGSTOP, "STOP", Reason::Suspend)
     } else {
-        (libc::SIGCONT, "CONT", "resume")
+        (libc::SIGCONT, "CONT", Reason::Resume)
     };
     // Continuing makes nothing new appear that is not running already: two looks are enough.
     let rounds = if suspended { MAX_ROUNDS } else { 2 };
