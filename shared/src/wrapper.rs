@@ -266,7 +266,7 @@ pub fn verify_wrapper(
     }
     // A `cancel`, a `status`, the watchdog: holding the lock for a look or a takeover.
     if procfs::sig_dispositions(pid)
-        .is_some_and(|d| d.blocks(sys::PARTY_MARK) && !d.blocks(libc::SIGTERM))
+        .is_some_and(|d| d.blocks(sys::PARTY_MARK) && !d.blocks(Sig::Term))
     {
         return Err(format!("pid {pid} is an agent-run party, not a wrapper"));
     }
@@ -316,7 +316,7 @@ fn exits_within(pidfd: &OwnedFd, t: Duration) -> bool {
 
 /// Send `sig` to a verified wrapper (ESRCH, it just exited, is success).
 fn send_to_wrapper(w: &VerifiedWrapper, sig: Sig) -> Result<()> {
-    match sys::pidfd_send_signal(w.fd.as_fd(), sig.number(), false) {
+    match sys::pidfd_send_signal(w.fd.as_fd(), sig) {
         Ok(()) => Ok(()),
         Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
         Err(e) => Err(Error::io("signal", format!("wrapper pid {}", w.pid), e)),

@@ -191,7 +191,7 @@ impl Launch {
         if !procfs::stopped_or_stopping(k.pid) {
             return;
         }
-        let r = sys::pidfd_send_signal(fd.as_fd(), libc::SIGCONT, false);
+        let r = sys::pidfd_send_signal(fd.as_fd(), Sig::Cont);
         let _ = self.journal.event(
             "signal",
             json!({

@@ -230,7 +230,7 @@ impl Launch {
     fn verify_leader(&mut self, pid: Pid, keeper: anyhow::Result<()>) -> Result<procfs::Stat, u8> {
         let Some(stat) = procfs::stat(pid) else {
             // Our unreaped child: the pid is still its own. Journalled like every signal.
-            let r = sys::kill(pid, libc::SIGKILL, false);
+            let r = sys::kill_process(pid, Sig::Kill);
             let _ = self.journal.event(
                 "signal",
                 json!({"target": format!("pid:{pid}"), "signal": "KILL", "reason": Reason::LaunchFailed,
