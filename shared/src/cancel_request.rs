@@ -5,6 +5,7 @@
 //! `link(2)` from a complete temp file, and read as a file the run could have planted.
 
 use crate::error::Result;
+use crate::reason::Reason;
 use crate::run_dir::{caps, files, RunDir};
 use crate::sys;
 use serde_json::json;
@@ -13,7 +14,7 @@ impl RunDir {
     /// Write cancel.json (who asked and why) unless one exists: created with `link(2)` from a
     /// complete temp file, so it appears whole and exactly one caller creates it. Returns whether
     /// this call created it.
-    pub fn request_cancel(&self, source: &str, reason: &str) -> Result<bool> {
+    pub fn request_cancel(&self, source: &str, reason: Reason) -> Result<bool> {
         let doc = json!({
             "source": source,
             "reason": reason,
@@ -24,10 +25,11 @@ impl RunDir {
         self.write_new(files::CANCEL, format!("{doc}\n").as_bytes())
     }
 
-    /// The reason in cancel.json, if there is one (read as a file the run could have planted).
-    pub fn cancel_reason(&self) -> Option<String> {
+    /// The reason in cancel.json, if there is one and the contract names it (read as a file
+    /// the run could have planted).
+    pub fn cancel_reason(&self) -> Option<Reason> {
         let bytes = self.read_run_file(files::CANCEL, caps::CANCEL).ok()?;
         let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
-        Some(v.get("reason")?.as_str()?.to_string())
+        v.get("reason")?.as_str().and_then(Reason::parse)
     }
 }

@@ -24,13 +24,13 @@ pub fn transition(
     dir: &RunDir,
     st: &mut Status,
     to: State,
-    reason: Option<&str>,
+    reason: Option<Reason>,
     journal: Option<&Journal>,
 ) -> Result<()> {
     debug_assert!(!to.is_final());
     let from = st.state;
     st.state = to;
-    st.reason = reason.map(str::to_string);
+    st.reason = reason.map(String::from);
     dir.write_status(st)?;
     if let Some(j) = journal {
         let _ = j.event(
@@ -48,7 +48,7 @@ pub fn finalize(
     dir: &RunDir,
     st: &mut Status,
     state: State,
-    reason: Option<&str>,
+    reason: Option<Reason>,
     report: Option<&Report>,
     journal: Option<&Journal>,
 ) -> Result<()> {
@@ -70,7 +70,7 @@ pub fn finalize(
     } else if escaped {
         Some(Reason::Escaped.into())
     } else {
-        reason.map(str::to_string)
+        reason.map(String::from)
     };
     if let Some(r) = report
         .filter(|r| !r.signals.is_empty() || !r.survivors.is_empty() || !r.escapees.is_empty())

@@ -50,6 +50,10 @@ pub enum Reason {
     RecordFailed,
     /// `keeper_stopped`: the run had stopped the output keeper; journal only.
     KeeperStopped,
+    /// `renew`: the wrapper is woken to re-read its lease; journal only.
+    Renew,
+    /// `attach`: the wrapper is woken by an attach within the disconnect grace; journal only.
+    Attach,
 }
 
 /// The reasons that are plain words, with their spelling.
@@ -71,6 +75,8 @@ const WORDS: &[(Reason, &str)] = &[
     (Reason::LaunchFailed, "launch_failed"),
     (Reason::RecordFailed, "record_failed"),
     (Reason::KeeperStopped, "keeper_stopped"),
+    (Reason::Renew, "renew"),
+    (Reason::Attach, "attach"),
 ];
 
 impl Reason {
@@ -101,6 +107,13 @@ impl Reason {
 impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.as_str())
+    }
+}
+
+/// As its spelling, so a journal line or record says the same as [`Reason::as_str`].
+impl serde::Serialize for Reason {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.as_str())
     }
 }
 

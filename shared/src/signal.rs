@@ -11,6 +11,11 @@ pub enum Sig {
     Kill,
     Term,
     Cont,
+    Stop,
+    Tstp,
+    Chld,
+    Winch,
+    Pipe,
     Usr1,
     Other(i32),
 }
@@ -25,6 +30,11 @@ impl Sig {
             Sig::Kill => libc::SIGKILL,
             Sig::Term => libc::SIGTERM,
             Sig::Cont => libc::SIGCONT,
+            Sig::Stop => libc::SIGSTOP,
+            Sig::Tstp => libc::SIGTSTP,
+            Sig::Chld => libc::SIGCHLD,
+            Sig::Winch => libc::SIGWINCH,
+            Sig::Pipe => libc::SIGPIPE,
             Sig::Usr1 => libc::SIGUSR1,
             Sig::Other(n) => n,
         }
@@ -39,6 +49,11 @@ impl Sig {
             libc::SIGKILL => Sig::Kill,
             libc::SIGTERM => Sig::Term,
             libc::SIGCONT => Sig::Cont,
+            libc::SIGSTOP => Sig::Stop,
+            libc::SIGTSTP => Sig::Tstp,
+            libc::SIGCHLD => Sig::Chld,
+            libc::SIGWINCH => Sig::Winch,
+            libc::SIGPIPE => Sig::Pipe,
             libc::SIGUSR1 => Sig::Usr1,
             n => Sig::Other(n),
         }
@@ -53,6 +68,11 @@ impl Sig {
             Sig::Kill => "KILL".into(),
             Sig::Term => "TERM".into(),
             Sig::Cont => "CONT".into(),
+            Sig::Stop => "STOP".into(),
+            Sig::Tstp => "TSTP".into(),
+            Sig::Chld => "CHLD".into(),
+            Sig::Winch => "WINCH".into(),
+            Sig::Pipe => "PIPE".into(),
             Sig::Usr1 => "USR1".into(),
             Sig::Other(n) => SIG_NAMES
                 .iter()

@@ -15,8 +15,10 @@ use crate::journal::Journal;
 use crate::pid::Pid;
 use crate::procfs;
 use crate::procset::{discover, Depth, RunScope};
+use crate::reason::Reason;
 use crate::record::Status;
 use crate::run_dir::RunDir;
+use crate::signal::Sig;
 use crate::sys;
 use serde_json::json;
 use std::collections::HashSet;
@@ -27,10 +29,10 @@ const MAX_ROUNDS: usize = 50;
 
 /// Stop (`suspended`) or continue every process of the run. Returns the pids signalled.
 pub fn set_suspended(scope: &RunScope, suspended: bool, journal: Option<&Journal>) -> Vec<Pid> {
-    let (sig, name, reason) = if suspended {
-        (libc::SIGSTOP, "STOP", "suspend")
+    let (sig, reason) = if suspended {
+        (Sig::Stop, Reason::Suspend)
     } else {
-        (libc::SIGCONT, "CONT", "resume")
+        (Sig::Cont, Reason::Resume)
     };
     // Continuing makes nothing new appear that is not running already: two looks are enough.
     let rounds = if suspended { MAX_ROUNDS } else { 2 };
@@ -58,11 +60,15 @@ pub fn set_suspended(scope: &RunScope, suspended: bool, journal: Option<&Journal
                 continue;
             }
             let mut group = st.pid == leader && !grouped;
-            let mut result = sys::pidfd_send_signal(fd.as_fd(), sig, group);
+            let mut result = if group {
+                sys::pidfd_send_signal_group(fd.as_fd(), sig)
+            } else {
+                sys::pidfd_send_signal(fd.as_fd(), sig)
+            };
             if group && result.is_err() {
                 // A kernel before 6.9: the leader alone, its group members one by one.
                 group = false;
-                result = sys::pidfd_send_signal(fd.as_fd(), sig, false);
+                result = sys::pidfd_send_signal(fd.as_fd(), sig);
             }
             grouped |= group && result.is_ok();
             if let Some(j) = journal {
@@ -74,7 +80,7 @@ pub fn set_suspended(scope: &RunScope, suspended: bool, journal: Option<&Journal
                 let _ = j.event(
                     "signal",
                     json!({"target": target, "pid": st.pid.get(), "start_ticks": st.start_ticks,
-                           "signal": name, "reason": reason,
+                           "signal": sig.name(), "reason": reason,
                            "error": result.as_ref().err().map(|e| e.to_string())}),
                 );
             }

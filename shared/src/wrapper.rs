@@ -21,6 +21,7 @@ use crate::journal::Journal;
 use crate::lock::{is_agent_run_exe, LockIds};
 use crate::pid::Pid;
 use crate::procfs;
+use crate::reason::Reason;
 use crate::record::{State, Status};
 use crate::run_dir::RunDir;
 use crate::stop::Sig;
@@ -265,7 +266,7 @@ pub fn verify_wrapper(
     }
     // A `cancel`, a `status`, the watchdog: holding the lock for a look or a takeover.
     if procfs::sig_dispositions(pid)
-        .is_some_and(|d| d.blocks(sys::PARTY_MARK) && !d.blocks(libc::SIGTERM))
+        .is_some_and(|d| d.blocks(sys::PARTY_MARK) && !d.blocks(Sig::Term))
     {
         return Err(format!("pid {pid} is an agent-run party, not a wrapper"));
     }
@@ -315,7 +316,7 @@ fn exits_within(pidfd: &OwnedFd, t: Duration) -> bool {
 
 /// Send `sig` to a verified wrapper (ESRCH, it just exited, is success).
 fn send_to_wrapper(w: &VerifiedWrapper, sig: Sig) -> Result<()> {
-    match sys::pidfd_send_signal(w.fd.as_fd(), sig.number(), false) {
+    match sys::pidfd_send_signal(w.fd.as_fd(), sig) {
         Ok(()) => Ok(()),
         Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
         Err(e) => Err(Error::io("signal", format!("wrapper pid {}", w.pid), e)),
@@ -327,7 +328,7 @@ fn send_to_wrapper(w: &VerifiedWrapper, sig: Sig) -> Result<()> {
 pub fn signal_wrapper(
     w: &VerifiedWrapper,
     sig: Sig,
-    reason: &str,
+    reason: Reason,
     why: Option<&str>,
     journal: &Journal,
 ) -> Result<()> {
@@ -350,7 +351,7 @@ pub fn signal_wrapper(
 /// Let a wrapper that cannot act run again: thaw the cgroup it is in when that cgroup is
 /// frozen (the workload may have moved it into one of its own and frozen it; writable where
 /// the workload's was), and CONT it when it is stopped. Journalled.
-pub fn unfreeze_wrapper(w: &VerifiedWrapper, reason: &str, journal: &Journal) {
+pub fn unfreeze_wrapper(w: &VerifiedWrapper, reason: Reason, journal: &Journal) {
     if let Some(cg) = procfs::cgroup_of(w.pid())
         .and_then(|rel| crate::cgroup::mount().map(|m| m.join(rel.trim_start_matches('/'))))
     {
@@ -376,7 +377,12 @@ pub fn unfreeze_wrapper(w: &VerifiedWrapper, reason: &str, journal: &Journal) {
 /// End a wrapper that made no progress: thaw and CONT it (a frozen or stopped process takes
 /// a KILL too, but its descriptors, and so the run's lock, are let go only as it runs), KILL
 /// it, and wait up to `wait` for its exit. Returns whether it exited.
-pub fn kill_wrapper(w: &VerifiedWrapper, reason: &str, journal: &Journal, wait: Duration) -> bool {
+pub fn kill_wrapper(
+    w: &VerifiedWrapper,
+    reason: Reason,
+    journal: &Journal,
+    wait: Duration,
+) -> bool {
     unfreeze_wrapper(w, reason, journal);
     let _ = signal_wrapper(
         w,

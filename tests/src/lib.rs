@@ -739,6 +739,7 @@ pub mod sys {
     use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 
     use agent_run_shared::pid::Pid;
+    use agent_run_shared::signal::Sig;
     use agent_run_shared::sys as shared;
 
     fn pid_of(pid: i32) -> io::Result<Pid> {
@@ -756,7 +757,7 @@ pub mod sys {
 
     /// pidfd_send_signal(2) to the one process behind `fd`. ESRCH means it has exited.
     pub fn pidfd_send_signal(fd: BorrowedFd<'_>, sig: i32) -> io::Result<()> {
-        shared::pidfd_send_signal(fd, sig, false)
+        shared::pidfd_send_signal(fd, Sig::from_number(sig))
     }
 
     /// pidfd_getfd(2): a copy of descriptor `target` of the process behind `pidfd`.
@@ -800,13 +801,13 @@ pub mod sys {
 
     /// kill(2) to one positive pid (never 0 or -1, which reach many processes).
     pub fn kill(pid: i32, sig: i32) -> io::Result<()> {
-        shared::kill(pid_of(pid)?, sig, false)
+        shared::kill_process(pid_of(pid)?, Sig::from_number(sig))
     }
 
     /// kill(2) to the process group `pgid` (positive: never the caller's own group or every
     /// process), as a terminal sends Ctrl-C to its foreground group.
     pub fn kill_group(pgid: i32, sig: i32) -> io::Result<()> {
-        shared::kill(pid_of(pgid)?, sig, true)
+        shared::kill_group(pid_of(pgid)?, Sig::from_number(sig))
     }
 
     /// SIGKILL to `pid` through a pidfd, so that a pid reused meanwhile is never hit. Ok when

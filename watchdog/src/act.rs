@@ -34,7 +34,7 @@ pub fn act(subject: &Subject, action: Action) -> Result<String> {
                 dir,
                 &mut st,
                 State::Unknown,
-                Some(&Reason::HostRebooted.as_str()),
+                Some(Reason::HostRebooted),
                 None,
                 Some(&journal),
             )?;

@@ -57,6 +57,7 @@ use agent_run_shared::journal::Journal;
 use agent_run_shared::output::{Output, StreamCount, FILE as OUTPUT_FILE};
 use agent_run_shared::pid::Identity;
 use agent_run_shared::run_dir::{files, RunDir};
+use agent_run_shared::signal::Sig;
 use agent_run_shared::{procfs, sys};
 use anyhow::Context;
 use serde_json::json;
@@ -174,7 +175,7 @@ pub fn spawn(
     let policy = *policy;
     let body_path = path.clone();
     // INT, HUP and TERM are not our end (EOF is); PIPE: we write files only.
-    let ignored = [libc::SIGINT, libc::SIGHUP, libc::SIGTERM, libc::SIGPIPE];
+    let ignored = [Sig::Int, Sig::Hup, Sig::Term, Sig::Pipe];
     let pid = sys::fork_helper(
         &keep,
         std::os::fd::AsFd::as_fd(&null),

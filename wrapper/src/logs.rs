@@ -42,7 +42,7 @@ pub fn claim_lost_run(dir: &RunDir) {
         let _ = agent_run_shared::wrapper::signal_wrapper(
             &w,
             agent_run_shared::stop::Sig::Usr1,
-            "attach",
+            agent_run_shared::reason::Reason::Attach,
             Some("someone attached within the disconnect grace"),
             &journal,
         );

@@ -12,6 +12,7 @@ use crate::runs::open_run;
 use crate::select::{self, Picked};
 use agent_run_shared::exit;
 use agent_run_shared::lease::{Lease, LeaseToken};
+use agent_run_shared::reason::Reason;
 use agent_run_shared::stop::Sig;
 use agent_run_shared::sys;
 use agent_run_shared::verdict::Look;
@@ -159,7 +160,7 @@ fn renew_one(
     let _ = signal_wrapper(
         wrapper,
         Sig::Usr1,
-        "renew",
+        Reason::Renew,
         Some("re-read lease.json"),
         &journal,
     );

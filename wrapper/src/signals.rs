@@ -44,11 +44,11 @@ impl Signals {
             winch: Arc::default(),
         };
         for (sig, flag) in [
-            (libc::SIGTERM, &s.term),
-            (libc::SIGINT, &s.int),
-            (libc::SIGHUP, &s.hup),
-            (libc::SIGCHLD, &s.chld),
-            (libc::SIGUSR1, &s.usr1),
+            (Sig::Term, &s.term),
+            (Sig::Int, &s.int),
+            (Sig::Hup, &s.hup),
+            (Sig::Chld, &s.chld),
+            (Sig::Usr1, &s.usr1),
         ] {
             // The flag first, then the wake-up: the loop never wakes to an unset flag.
             s.catch(sig, flag)?;
@@ -57,22 +57,22 @@ impl Signals {
     }
 
     /// `sig` sets `flag`, then wakes the loop.
-    fn catch(&self, sig: libc::c_int, flag: &Arc<AtomicBool>) -> io::Result<()> {
-        signal_hook::flag::register(sig, Arc::clone(flag))?;
-        signal_hook::low_level::pipe::register_raw(sig, self.wake)?;
+    fn catch(&self, sig: Sig, flag: &Arc<AtomicBool>) -> io::Result<()> {
+        signal_hook::flag::register(sig.number(), Arc::clone(flag))?;
+        signal_hook::low_level::pipe::register_raw(sig.number(), self.wake)?;
         Ok(())
     }
 
     /// Catch TSTP too (Ctrl-Z): the supervising wrapper suspends the whole run, then itself,
     /// instead of stopping alone.
     pub fn catch_tstp(&self) -> io::Result<()> {
-        self.catch(libc::SIGTSTP, &self.tstp)
+        self.catch(Sig::Tstp, &self.tstp)
     }
 
     /// Catch WINCH too (`--pty` with a caller's terminal): the wrapper copies the terminal's
     /// new size to the workload's pty.
     pub fn catch_winch(&self) -> io::Result<()> {
-        self.catch(libc::SIGWINCH, &self.winch)
+        self.catch(Sig::Winch, &self.winch)
     }
 
     /// Whether the caller's terminal changed size (SIGWINCH) since the last call.

@@ -38,9 +38,9 @@ use std::time::{Duration, Instant};
 pub enum Outcome {
     /// The leader exited on its own.
     LeaderExited(WaitStatus),
-    /// A stop was asked for: "signal:TERM", "cancel_request", "lease_expired", "timeout",
-    /// "caller_lost".
-    Stop(String),
+    /// A stop was asked for: a signal, a cancel request, the lease, the timeout, the caller,
+    /// the keeper's loss.
+    Stop(Reason),
 }
 
 /// The limits the wrapper enforces itself.
@@ -153,17 +153,17 @@ fn deadline_passed(
 ) -> Option<Outcome> {
     if lease_left.is_some_and(|l| l <= 0.0) {
         let _ = journal.event("lease_expired", json!({}));
-        return Some(Outcome::Stop(Reason::LeaseExpired.into()));
+        return Some(Outcome::Stop(Reason::LeaseExpired));
     }
     if let Some((at, len)) = limits.timeout {
         if now >= at {
             let _ = journal.event("timeout", json!({"timeout_ms": len.as_millis() as u64}));
-            return Some(Outcome::Stop(Reason::Timeout.into()));
+            return Some(Outcome::Stop(Reason::Timeout));
         }
     }
     if caller.is_some_and(|c| c.grace_over(now)) {
         let _ = journal.event("caller_lost_grace_over", json!({}));
-        return Some(Outcome::Stop(Reason::CallerLost.into()));
+        return Some(Outcome::Stop(Reason::CallerLost));
     }
     None
 }
@@ -254,7 +254,7 @@ fn keeper_ended(end: Result<(), String>, journal: &Journal) -> Option<Outcome> {
             // itself: the run is stopped, as a cancel would.
             let _ = journal.event("keeper_lost", json!({"error": why}));
             human::say(&why);
-            Some(Outcome::Stop("keeper_lost".into()))
+            Some(Outcome::Stop(Reason::KeeperLost))
         }
     }
 }
@@ -363,7 +363,7 @@ impl Caller {
         }
         match self.policy {
             OnDisconnect::Keep => None,
-            OnDisconnect::Cancel => Some(Outcome::Stop(Reason::CallerLost.into())),
+            OnDisconnect::Cancel => Some(Outcome::Stop(Reason::CallerLost)),
             OnDisconnect::Grace(d) => {
                 self.grace_until = Some(Instant::now() + d);
                 None
@@ -473,12 +473,10 @@ fn earliest_due(lease: Option<f64>, timeout: Option<f64>) -> Option<(f64, DueKin
 
 /// A TERM that follows a cancel.json is that cancel; its `reason` (the watchdog writes
 /// "lease_expired") wins. Any other signal is "signal:NAME".
-fn stop_reason(dir: &RunDir, sig: Sig) -> String {
+fn stop_reason(dir: &RunDir, sig: Sig) -> Reason {
     if sig == Sig::Term && dir.stat_file(files::CANCEL).is_some() {
         // Read without following a symlink: a planted link is not a cancel request's reason.
-        return dir
-            .cancel_reason()
-            .unwrap_or_else(|| Reason::CancelRequest.into());
+        return dir.cancel_reason().unwrap_or(Reason::CancelRequest);
     }
-    Reason::Signal(sig).into()
+    Reason::Signal(sig)
 }

@@ -1,6 +1,7 @@
 //! A process's signal facts from /proc/PID/status: ignored, caught, blocked, pending, stopped; and the marks agent-run leaves in its mask.
 
 use super::*;
+use crate::signal::Sig;
 
 /// Signal facts from /proc/PID/status (`SigIgn`, `SigCgt`, `SigBlk`, `SigPnd` | `ShdPnd`
 /// bitmasks, bit N-1 = signal N; and whether `State:` is T or t).
@@ -17,20 +18,28 @@ pub struct SigDispositions {
 
 impl SigDispositions {
     /// Whether signal `sig` is ignored (SIG_IGN): it can run no handler for it.
-    pub fn ignores(&self, sig: i32) -> bool {
-        sig > 0 && sig <= 64 && self.ignored & (1u64 << (sig - 1)) != 0
+    pub fn ignores(&self, sig: Sig) -> bool {
+        self.ignored & bit(sig) != 0
     }
 
     /// Whether signal `sig` is in the (main thread's) mask.
-    pub fn blocks(&self, sig: i32) -> bool {
-        sig > 0 && sig <= 64 && self.blocked & (1u64 << (sig - 1)) != 0
+    pub fn blocks(&self, sig: Sig) -> bool {
+        self.blocked & bit(sig) != 0
     }
 
     /// Whether the mask says "stopping its run" ([`crate::sys::mark_stopping`]): the mark
     /// blocked while TERM is not (the wrapper blocks every signal, for a moment, around its
     /// clones; it never blocks TERM otherwise).
     pub fn marks_stopping(&self) -> bool {
-        self.blocks(crate::sys::STOPPING_MARK) && !self.blocks(libc::SIGTERM)
+        self.blocks(crate::sys::STOPPING_MARK) && !self.blocks(Sig::Term)
+    }
+}
+
+/// The bit of `sig` in a /proc mask (bit N-1 for signal N); 0 outside 1..=64.
+fn bit(sig: Sig) -> u64 {
+    match sig.number() {
+        n @ 1..=64 => 1u64 << (n - 1),
+        _ => 0,
     }
 }
 
@@ -44,8 +53,7 @@ pub fn marks_stopping(pid: Pid) -> bool {
 /// Whether the wrapper `pid` wrote its run's final record itself, by its main thread's signal
 /// mask (see [`crate::sys::mark_final`]). `false` when it is gone or unreadable.
 pub fn marks_final(pid: Pid) -> bool {
-    sig_dispositions(pid)
-        .is_some_and(|d| d.blocks(crate::sys::FINAL_MARK) && !d.blocks(libc::SIGTERM))
+    sig_dispositions(pid).is_some_and(|d| d.blocks(crate::sys::FINAL_MARK) && !d.blocks(Sig::Term))
 }
 
 /// Read SigIgn/SigCgt/SigBlk of a process. `None` when it is gone.

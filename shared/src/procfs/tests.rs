@@ -1,4 +1,5 @@
 use super::*;
+use crate::signal::Sig;
 
 #[test]
 fn a_stopped_process_is_seen_and_a_continued_one_is_not() {
@@ -17,23 +18,13 @@ fn a_stopped_process_is_seen_and_a_continued_one_is_not() {
             std::thread::yield_now();
         }
     };
-    assert_eq!(send(pid, libc::SIGSTOP), 0);
+    crate::sys::kill_process(pid, Sig::Stop).unwrap();
     within(true);
-    assert_eq!(send(pid, libc::SIGCONT), 0);
+    crate::sys::kill_process(pid, Sig::Cont).unwrap();
     within(false);
-    assert_eq!(send(pid, libc::SIGKILL), 0);
+    crate::sys::kill_process(pid, Sig::Kill).unwrap();
     child.wait().unwrap();
     assert!(!stopped_or_stopping(pid), "reaped");
-}
-
-/// kill(2), through rustix.
-fn send(pid: Pid, sig: i32) -> i32 {
-    let p = rustix::process::Pid::from_raw(pid.get()).unwrap();
-    let sig = rustix::process::Signal::from_named_raw(sig).unwrap();
-    match rustix::process::kill_process(p, sig) {
-        Ok(()) => 0,
-        Err(e) => e.raw_os_error(),
-    }
 }
 
 #[test]
@@ -227,8 +218,11 @@ fn the_tree_below_us_holds_a_grandchild_by_its_own_parent_link_and_not_our_paren
     assert!(tree.iter().all(|s| s.pid != me && s.pid.get() != 1));
     assert!(tree.iter().all(|s| s.pid.get() != stat(me).unwrap().ppid));
     let sleep_fd = crate::sys::pidfd_open(sleep).unwrap();
-    crate::sys::pidfd_send_signal(std::os::fd::AsFd::as_fd(&sleep_fd), libc::SIGKILL, false)
-        .unwrap();
+    crate::sys::pidfd_send_signal(
+        std::os::fd::AsFd::as_fd(&sleep_fd),
+        crate::signal::Sig::Kill,
+    )
+    .unwrap();
     child.wait().unwrap();
     assert!(tree_below(Pid::this()).unwrap().iter().all(|s| s.pid != sh));
 }
@@ -292,7 +286,7 @@ fn sig_ignored_bit_maps_to_signal_number() {
         ignored: 0x0000000000384004,
         ..Default::default()
     };
-    assert!(d.ignores(libc::SIGTERM));
-    assert!(d.ignores(libc::SIGQUIT));
-    assert!(!d.ignores(libc::SIGHUP));
+    assert!(d.ignores(Sig::Term));
+    assert!(d.ignores(Sig::Quit));
+    assert!(!d.ignores(Sig::Hup));
 }

@@ -59,7 +59,7 @@ impl Children {
     /// TERM to every child not yet reaped.
     pub fn stop_all(&self) {
         for (_, fd) in self.0.lock().unwrap().drain(..) {
-            let _ = sys::pidfd_send_signal(fd.as_fd(), libc::SIGTERM, false);
+            let _ = sys::pidfd_send_signal(fd.as_fd(), crate::signal::Sig::Term);
         }
     }
 

@@ -7,6 +7,7 @@
 
 use super::children::exited;
 use crate::pid::Pid;
+use crate::signal::Sig;
 use crate::sys;
 use std::fs;
 use std::io;
@@ -88,11 +89,11 @@ impl Master {
     /// merely hung on a dead link goes too. Blocks for at most a second. Err(message) when a
     /// signal could not be sent (ESRCH, already gone, is success).
     pub fn stop(self) -> Result<(), String> {
-        for sig in [libc::SIGTERM, libc::SIGKILL] {
+        for sig in [Sig::Term, Sig::Kill] {
             if exited(&self.fd, Duration::ZERO) {
                 break;
             }
-            if let Err(e) = sys::pidfd_send_signal(self.fd.as_fd(), sig, false) {
+            if let Err(e) = sys::pidfd_send_signal(self.fd.as_fd(), sig) {
                 if e.raw_os_error() != Some(libc::ESRCH) {
                     return Err(format!("cannot stop the master ssh {}: {e}", self.pid));
                 }

@@ -29,6 +29,7 @@ use crate::journal::Journal;
 use crate::pid::Pid;
 use crate::procfs::{self, Stat};
 use crate::procset::{discover_in, Depth, RunScope, Snapshot};
+use crate::reason::Reason;
 use crate::record::{Cleanup, Proof};
 pub use crate::signal::Sig;
 use crate::sys;
@@ -140,7 +141,7 @@ struct Member {
 
 struct Stopper<'a> {
     scope: &'a RunScope,
-    reason: &'a str,
+    reason: Reason,
     journal: Option<&'a Journal>,
     t0: Instant,
     members: HashMap<Pid, Member>,
@@ -177,7 +178,7 @@ enum Gone {
 pub fn stop_run(
     scope: &RunScope,
     timings: &Timings,
-    reason: &str,
+    reason: Reason,
     journal: Option<&Journal>,
     mut escalation: Option<&mut dyn Escalation>,
 ) -> Report {
@@ -194,7 +195,7 @@ impl<'a> Stopper<'a> {
     fn new(
         scope: &'a RunScope,
         timings: &Timings,
-        reason: &'a str,
+        reason: Reason,
         journal: Option<&'a Journal>,
     ) -> Stopper<'a> {
         Stopper {

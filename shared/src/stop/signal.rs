@@ -34,7 +34,7 @@ impl Stopper<'_> {
         // The group, in one call through the leader's pidfd: it also reaches members forked
         // since the scan. Members outside the group get their own signal below.
         let leader = self.scope.leader.pid;
-        let grouped = targets.contains(&leader) && self.send(leader, main, true);
+        let grouped = targets.contains(&leader) && self.send_group(leader, main);
         for &p in &targets {
             let m = &self.members[&p];
             let in_group = m.stat.pgid == leader.get();
@@ -42,27 +42,39 @@ impl Stopper<'_> {
             if grouped && in_group {
                 self.report.signalled.push(p);
             } else {
-                self.send(p, main, false);
+                self.send(p, main);
             }
             if level == Level::Term && self.hup_enabled && ignores_term(p) {
-                self.send(p, Sig::Hup, false);
+                self.send(p, Sig::Hup);
             }
             if stopped && level != Level::Kill {
-                self.send(p, Sig::Cont, false);
+                self.send(p, Sig::Cont);
             }
         }
         crate::fault::point(point);
     }
 
-    /// One signal through a member's pidfd (`group`: to its whole process group). Returns
-    /// whether it was delivered; ESRCH marks the member gone.
-    pub(super) fn send(&mut self, pid: Pid, sig: Sig, group: bool) -> bool {
+    /// One signal to one member, through its pidfd. Returns whether it was delivered; ESRCH
+    /// marks the member gone.
+    pub(super) fn send(&mut self, pid: Pid, sig: Sig) -> bool {
+        self.deliver(pid, sig, false)
+    }
+
+    /// One signal to the whole process group a member leads, through its pidfd. Returns
+    /// whether it was delivered.
+    pub(super) fn send_group(&mut self, pid: Pid, sig: Sig) -> bool {
+        self.deliver(pid, sig, true)
+    }
+
+    /// [`Self::send`] (`group` false) or [`Self::send_group`], journalled.
+    fn deliver(&mut self, pid: Pid, sig: Sig, group: bool) -> bool {
         let Some(m) = self.members.get_mut(&pid) else {
             return false;
         };
-        let result = match &m.fd {
-            Some(fd) => sys::pidfd_send_signal(fd.as_fd(), sig.number(), group),
-            None => send_without_pidfd(&m.stat, sig, group),
+        let result = match (&m.fd, group) {
+            (Some(fd), false) => sys::pidfd_send_signal(fd.as_fd(), sig),
+            (Some(fd), true) => sys::pidfd_send_signal_group(fd.as_fd(), sig),
+            (None, _) => send_without_pidfd(&m.stat, sig, group),
         };
         let target = if group {
             format!("group:{}", m.stat.pgid)
@@ -137,7 +149,7 @@ impl Stopper<'_> {
 }
 
 fn ignores_term(p: Pid) -> bool {
-    procfs::sig_dispositions(p).is_some_and(|d| d.ignores(libc::SIGTERM))
+    procfs::sig_dispositions(p).is_some_and(|d| d.ignores(Sig::Term))
 }
 
 /// Fallback for kernels without pidfds: re-check the start time, then kill(2). The window
@@ -150,5 +162,9 @@ fn send_without_pidfd(st: &Stat, sig: Sig, group: bool) -> std::io::Result<()> {
     if group && st.pgid != st.pid.get() {
         return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
     }
-    sys::kill(st.pid, sig.number(), group)
+    if group {
+        sys::kill_group(st.pid, sig)
+    } else {
+        sys::kill_process(st.pid, sig)
+    }
 }

@@ -30,7 +30,7 @@ pub fn single_threaded() -> Option<bool> {
 pub fn fork_helper<F: FnOnce() -> u8>(
     keep: &[RawFd],
     null: BorrowedFd<'_>,
-    ignore: &[i32],
+    ignore: &[Sig],
     reset: u64,
     name: &std::ffi::CStr,
     title: &[&[u8]],
@@ -72,7 +72,7 @@ pub(super) fn helper_setup(
     keep: &[RawFd],
     null: RawFd,
     signals: u64,
-    ignore: &[i32],
+    ignore: &[Sig],
     name: &std::ffi::CStr,
     title: &[&[u8]],
 ) -> io::Result<()> {
@@ -89,7 +89,7 @@ pub(super) fn helper_setup(
     child_reset_signals_keep_mask(signals);
     for &sig in ignore {
         // SAFETY: installing SIG_IGN touches no memory of ours.
-        unsafe { libc::signal(sig, libc::SIG_IGN) };
+        unsafe { libc::signal(sig.number(), libc::SIG_IGN) };
     }
     // SAFETY: an empty set built on the stack.
     unsafe {

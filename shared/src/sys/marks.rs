@@ -7,45 +7,45 @@ use super::*;
 /// process can change it (ptrace aside). `cancel` reads it instead of the record's `cancelling`,
 /// which the run can write. URG: ignored by default, never used by agent-run, so a URG sent
 /// meanwhile to another of the wrapper's threads does nothing.
-pub const STOPPING_MARK: libc::c_int = libc::SIGURG;
+pub const STOPPING_MARK: Sig = Sig::Other(libc::SIGURG);
 
 /// Say, in this thread's signal mask, that this wrapper is stopping its run (the main thread,
 /// at the stop's start; never undone: a stop is the run's end). See [`STOPPING_MARK`].
 pub fn mark_stopping() {
-    mask_signal(STOPPING_MARK, true);
+    mask_signal(STOPPING_MARK.number(), true);
 }
 
 /// The signal whose block in a wrapper's main thread says that the wrapper wrote its run's
 /// final record itself: a final record is believed while its wrapper still lives (its last
 /// moments, the keeper's exit) only with this mark, so a record the workload forged while the
 /// wrapper runs is not. VTALRM: never used by agent-run.
-pub const FINAL_MARK: libc::c_int = libc::SIGVTALRM;
+pub const FINAL_MARK: Sig = Sig::Other(libc::SIGVTALRM);
 
 /// Say, in this thread's signal mask, that this wrapper wrote its final record (the main
 /// thread, just before the write; never undone). See [`FINAL_MARK`].
 pub fn mark_final() {
-    mask_signal(FINAL_MARK, true);
+    mask_signal(FINAL_MARK.number(), true);
 }
 
 /// The signal whose block in a process's main thread says it is an agent-run party (`cancel`,
 /// `status`, the watchdog: anything but a wrapper): whoever finds it holding a run's lock (a
 /// takeover, or a look that holds the lock for a moment) never takes it for the run's wrapper.
 /// PWR: never used by agent-run.
-pub const PARTY_MARK: libc::c_int = libc::SIGPWR;
+pub const PARTY_MARK: Sig = Sig::Other(libc::SIGPWR);
 
 /// Say, in this thread's signal mask (the main thread, at the start), that this process is an
 /// agent-run party, not a wrapper. See [`PARTY_MARK`].
 pub fn mark_party() {
-    mask_signal(PARTY_MARK, true);
+    mask_signal(PARTY_MARK.number(), true);
 }
 
 /// Take both marks out of this thread's mask at launch: a mask is inherited across exec, so a
 /// caller that blocked URG or VTALRM must not make a new wrapper look as if it were stopping
 /// or done.
 pub fn clear_marks() {
-    mask_signal(STOPPING_MARK, false);
-    mask_signal(FINAL_MARK, false);
-    mask_signal(PARTY_MARK, false);
+    mask_signal(STOPPING_MARK.number(), false);
+    mask_signal(FINAL_MARK.number(), false);
+    mask_signal(PARTY_MARK.number(), false);
 }
 
 /// Name this thread (the main thread: the process) `name`, as /proc/PID/comm shows it: the

@@ -6,7 +6,8 @@
 //! rustix does not offer is a raw call, each block with its safety argument:
 //! `pidfd_send_signal` with flags, clone3, the `rt_sigaction` reset of every signal and
 //! `close_range` for `pre_exec`, SIGPIPE's default action. This is the only module of the
-//! library that may use `unsafe`, and it imports nothing of the library but [`Pid`]. Functions
+//! library that may use `unsafe`, and it imports nothing of the library but [`Pid`] and
+//! [`Sig`]. Functions
 //! marked async-signal-safe are the only ones a `pre_exec` closure may call.
 //!
 //! One file per concern: `signals` and `marks` (kill, masks, actions; what a process shows
@@ -40,6 +41,7 @@ pub use signals::*;
 pub use spawn::*;
 
 use crate::pid::Pid;
+use crate::signal::Sig;
 use rustix::event::{epoll, PollFlags, Timespec};
 use rustix::fs::inotify;
 use rustix::process::{Resource, Rlimit, Signal, WaitOptions};
@@ -59,18 +61,19 @@ pub(super) fn timespec(d: Duration) -> Option<Timespec> {
     Timespec::try_from(d).ok()
 }
 
-/// A signal number as rustix's typed signal. `None` for 0 and numbers the kernel has no
-/// signal for (EINVAL to the caller).
-pub(super) fn signal(sig: i32) -> Option<Signal> {
-    if let Some(s) = Signal::from_named_raw(sig) {
-        return Some(s);
+/// A signal as rustix's typed signal. EINVAL for numbers the kernel has no signal for.
+pub(super) fn signal(sig: Sig) -> io::Result<Signal> {
+    let n = sig.number();
+    if let Some(s) = Signal::from_named_raw(n) {
+        return Ok(s);
     }
     // SAFETY: a number in the kernel's signal range (1..=64), so a valid, non-zero signal.
     // rustix's caveat about libc's reserved real-time numbers concerns signals this process
     // would block, catch or consume; these are only ever sent to other processes.
     (1..=64)
-        .contains(&sig)
-        .then(|| unsafe { Signal::from_raw_unchecked(sig) })
+        .contains(&n)
+        .then(|| unsafe { Signal::from_raw_unchecked(n) })
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
 /// The errno of the last failed call, without allocating.

@@ -2,24 +2,23 @@
 
 use super::*;
 
-/// kill(2) to one process, or with `group` to the process group whose id is `pid`. Only for
-/// kernels without pidfds, after the caller re-checked the process's start time. `Pid` is > 0,
-/// so the target is never 0 or -1 (our own group, or every process we may signal).
-pub fn kill(pid: Pid, sig: i32, group: bool) -> io::Result<()> {
-    let p = rustix_pid(pid);
-    let r = match (sig, group) {
-        (0, false) => rustix::process::test_kill_process(p),
-        (0, true) => rustix::process::test_kill_process_group(p),
-        _ => {
-            let s = signal(sig).ok_or(io::Error::from_raw_os_error(libc::EINVAL))?;
-            if group {
-                rustix::process::kill_process_group(p, s)
-            } else {
-                rustix::process::kill_process(p, s)
-            }
-        }
-    };
-    Ok(r?)
+/// kill(2) to one process. Only for kernels without pidfds, after the caller re-checked the
+/// process's start time, or for our own unreaped child. `Pid` is > 0, so the target is never 0
+/// or -1 (our own group, or every process we may signal).
+pub fn kill_process(pid: Pid, sig: Sig) -> io::Result<()> {
+    Ok(rustix::process::kill_process(
+        rustix_pid(pid),
+        signal(sig)?,
+    )?)
+}
+
+/// kill(2) to the process group whose id is `pgid` (> 0: never our own group nor every
+/// process). Only for kernels without pidfds, after the caller re-checked its leader.
+pub fn kill_group(pgid: Pid, sig: Sig) -> io::Result<()> {
+    Ok(rustix::process::kill_process_group(
+        rustix_pid(pgid),
+        signal(sig)?,
+    )?)
 }
 
 /// Stop this process (SIGSTOP to ourselves) until someone continues it (`fg`, SIGCONT): what
@@ -56,18 +55,26 @@ pub fn nondefault_signals() -> u64 {
 /// `PIDFD_SIGNAL_PROCESS_GROUP` (linux/pidfd.h, kernel 6.9+): signal the pidfd's whole group.
 pub(super) const PIDFD_SIGNAL_PROCESS_GROUP: libc::c_uint = 4;
 
-/// Send `sig` to the process behind `pidfd` (pidfd_send_signal(2)). With `group`, to its
-/// whole process group (kernel 6.9+; older kernels answer EINVAL). Raw: rustix's
-/// `pidfd_send_signal` takes no flags, and its `Signal` has no 0 (the existence probe).
-pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, sig: i32, group: bool) -> io::Result<()> {
-    let flags = if group { PIDFD_SIGNAL_PROCESS_GROUP } else { 0 };
+/// Send `sig` to the process behind `pidfd` (pidfd_send_signal(2)).
+pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, sig: Sig) -> io::Result<()> {
+    pidfd_signal(pidfd, sig, 0)
+}
+
+/// Send `sig` to the whole process group of the process behind `pidfd` (kernel 6.9+; older
+/// kernels answer EINVAL).
+pub fn pidfd_send_signal_group(pidfd: BorrowedFd<'_>, sig: Sig) -> io::Result<()> {
+    pidfd_signal(pidfd, sig, PIDFD_SIGNAL_PROCESS_GROUP)
+}
+
+/// pidfd_send_signal(2) with `flags`. Raw: rustix's `pidfd_send_signal` takes no flags.
+fn pidfd_signal(pidfd: BorrowedFd<'_>, sig: Sig, flags: libc::c_uint) -> io::Result<()> {
     // SAFETY: a valid fd, a signal number and a NULL siginfo (the kernel fills it in as for
     // kill(2)); no memory of ours is written.
     let r = unsafe {
         libc::syscall(
             libc::SYS_pidfd_send_signal,
             pidfd.as_raw_fd(),
-            sig,
+            sig.number(),
             std::ptr::null::<libc::siginfo_t>(),
             flags,
         )

@@ -2,10 +2,11 @@ use super::*;
 use std::os::fd::AsFd;
 
 #[test]
-fn pidfd_of_self_can_be_opened_and_signalled_with_zero() {
+fn pidfd_of_self_can_be_opened_and_signalled() {
+    // CONT to a running process: delivered, and nothing happens.
     let fd = pidfd_open(Pid::this()).unwrap();
-    pidfd_send_signal(fd.as_fd(), 0, false).unwrap();
-    kill(Pid::this(), 0, false).unwrap();
+    pidfd_send_signal(fd.as_fd(), Sig::Cont).unwrap();
+    kill_process(Pid::this(), Sig::Cont).unwrap();
 }
 
 /// Whether the pidfd polls readable (its process exited) within `t`.
@@ -28,7 +29,7 @@ fn a_killed_child_polls_readable_and_is_reaped_with_its_signal() {
     let pid = Pid::new(child.id().into()).unwrap();
     let fd = pidfd_open(pid).unwrap();
     assert!(!exits_within(&fd, Duration::ZERO), "alive");
-    kill(pid, libc::SIGKILL, false).unwrap();
+    kill_process(pid, Sig::Kill).unwrap();
     assert!(exits_within(&fd, Duration::from_secs(30)));
     assert_eq!(
         waitpid_nohang(Some(pid)).unwrap(),

@@ -300,7 +300,7 @@ impl Takeover<'_> {
         w: &VerifiedWrapper,
         look: &Look,
     ) -> std::result::Result<Step, Failure> {
-        let reason = self.req.reason.as_str();
+        let reason = self.req.reason;
         let now = Instant::now();
         // Whether the wrapper is stopping is a kernel fact (its signal mask), never the
         // record's word: then it is never signalled again (a second TERM would cut its grace
@@ -316,7 +316,7 @@ impl Takeover<'_> {
                 && !self.requested
                 && self
                     .dir
-                    .request_cancel(self.req.by, &reason)
+                    .request_cancel(self.req.by, reason)
                     .unwrap_or_else(|e| {
                         self.notes
                             .push(format!("{e}; signalling the wrapper without it"));
@@ -326,8 +326,8 @@ impl Takeover<'_> {
             let since = self.we_signalled.unwrap_or(first);
             let stale = now.duration_since(since) > Duration::from_secs(1);
             if created || stale {
-                unfreeze_wrapper(w, &reason, self.journal);
-                if let Err(e) = signal_wrapper(w, Sig::Term, &reason, None, self.journal) {
+                unfreeze_wrapper(w, reason, self.journal);
+                if let Err(e) = signal_wrapper(w, Sig::Term, reason, None, self.journal) {
                     self.notes.push(e.to_string());
                 }
                 self.we_signalled = Some(now);
@@ -353,7 +353,7 @@ impl Takeover<'_> {
         };
         let _ = self.journal.event(
             "takeover",
-            json!({"why": why, "wrapper_pid": w.pid().get(), "reason": &*reason}),
+            json!({"why": why, "wrapper_pid": w.pid().get(), "reason": reason}),
         );
         self.notes.push(format!(
             "{why}: killed it (pid {}) and stopped the run",
@@ -364,7 +364,7 @@ impl Takeover<'_> {
         } else {
             TookOver::Idle
         });
-        if !kill_wrapper(w, &reason, self.journal, Duration::from_secs(2)) {
+        if !kill_wrapper(w, reason, self.journal, Duration::from_secs(2)) {
             return Ok(Step::Wait);
         }
         Ok(Step::Again)

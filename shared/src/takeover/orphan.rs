@@ -35,22 +35,16 @@ pub fn finish_orphan(
         ControlFlow::Continue(open) => open,
     };
     hold_by_look(&mut st, &look);
-    let _ = dir.request_cancel(by, &reason.as_str());
+    let _ = dir.request_cancel(by, reason);
     let _ = journal.event(
         "takeover",
-        json!({"why": how, "reason": &*reason.as_str(), "state": st.state.as_str()}),
+        json!({"why": how, "reason": reason, "state": st.state.as_str()}),
     );
     let scope = scope_of(dir, &st, look.cgroup.clone(), journal);
     if st.state != State::Cancelling {
         // A record that cannot be written (a full disk, a dir made read-only) never keeps
         // the processes alive.
-        let _ = transition(
-            dir,
-            &mut st,
-            State::Cancelling,
-            Some(&reason.as_str()),
-            Some(journal),
-        );
+        let _ = transition(dir, &mut st, State::Cancelling, Some(reason), Some(journal));
     }
     let mut timings = timings_of(&st);
     if took_over.is_some() {
@@ -58,7 +52,7 @@ pub fn finish_orphan(
         timings.grace = Duration::ZERO;
     }
     let mut report = match &scope {
-        Some(scope) => stop_run(scope, &timings, &reason.as_str(), Some(journal), None),
+        Some(scope) => stop_run(scope, &timings, reason, Some(journal), None),
         None => Report::default(),
     };
     // The cgroup is empty: where a process that left it could be, who is there?
@@ -81,25 +75,19 @@ pub fn finish_orphan(
     if let Some(cg) = &look.cgroup {
         st.resources = Some(cg.resources());
     }
-    finalize(
-        dir,
-        &mut st,
-        state,
-        Some(&why.as_str()),
-        Some(&report),
-        Some(journal),
-    )
-    .or_else(|e| match dir.read_status() {
-        // Another party finished it meanwhile (a squatted or stalled lock gives no
-        // exclusivity): that record is the answer.
-        Ok(fin) if fin.state.is_final() => {
-            st = fin;
-            Ok(())
-        }
-        _ => Err(Failure::RecordFailed(format!(
-            "the run's processes were stopped, but its final record could not be written: {e}"
-        ))),
-    })?;
+    finalize(dir, &mut st, state, Some(why), Some(&report), Some(journal)).or_else(
+        |e| match dir.read_status() {
+            // Another party finished it meanwhile (a squatted or stalled lock gives no
+            // exclusivity): that record is the answer.
+            Ok(fin) if fin.state.is_final() => {
+                st = fin;
+                Ok(())
+            }
+            _ => Err(Failure::RecordFailed(format!(
+                "the run's processes were stopped, but its final record could not be written: {e}"
+            ))),
+        },
+    )?;
     if let Some(cg) = &look.cgroup {
         remove_cgroup(cg, journal);
     }

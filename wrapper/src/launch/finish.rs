@@ -58,7 +58,7 @@ impl Launch {
             &self.dir,
             &mut self.st,
             ended.state,
-            ended.reason.as_deref(),
+            ended.reason,
             ended.report.as_ref(),
             Some(&self.journal),
         );
@@ -91,7 +91,7 @@ impl Launch {
     /// by the same routine as a cancel.
     fn leader_exited(&mut self, scope: &RunScope, ws: WaitStatus, signals: &Signals) -> Ended {
         let report = self.leftovers(scope).then(|| {
-            let r = self.stop_what_is_left(scope, "leader_exited", signals);
+            let r = self.stop_what_is_left(scope, Reason::LeaderExited, signals);
             reap::reap_all(None);
             r
         });
@@ -141,13 +141,13 @@ impl Launch {
         &mut self,
         scope: &RunScope,
         leader: Identity,
-        reason: String,
+        reason: Reason,
         signals: &Signals,
         limits: &Limits,
     ) -> Ended {
         // Said before the TERM goes out (a dead stderr is no reason to wait).
-        human::say(&stop_message(self.dir.id().as_str(), &reason, limits));
-        let report = self.stop_what_is_left(scope, &reason, signals);
+        human::say(&stop_message(self.dir.id().as_str(), reason, limits));
+        let report = self.stop_what_is_left(scope, reason, signals);
         let (ws, _) = reap::reap_all(Some(leader.pid));
         // The stop may have reaped the leader itself (it reaps the dead children it finds).
         let ws = ws.or(report.leader_exit);
@@ -162,7 +162,7 @@ impl Launch {
     /// The stop of the run's processes, after the `cancelling` record. The stop comes first: a
     /// record that cannot be written (a full disk) is reported, but never keeps the run's
     /// processes alive.
-    fn stop_what_is_left(&mut self, scope: &RunScope, reason: &str, signals: &Signals) -> Report {
+    fn stop_what_is_left(&mut self, scope: &RunScope, reason: Reason, signals: &Signals) -> Report {
         // First, the kernel fact a `cancel` trusts over the record (which the run can write):
         // this wrapper is stopping, so a TERM now would cut the grace short.
         sys::mark_stopping();
@@ -218,7 +218,7 @@ impl Launch {
 /// stop), and the leader's wait status (None: it was not reaped).
 struct Ended {
     state: State,
-    reason: Option<String>,
+    reason: Option<Reason>,
     report: Option<Report>,
     leader_status: Option<WaitStatus>,
 }
@@ -256,26 +256,26 @@ pub(super) fn failure_tail(dir: &RunDir, id: &str, st: &Status) {
 }
 
 /// What a foreground run says on stderr when it is stopped, before the TERM goes out.
-pub(super) fn stop_message(id: &str, reason: &str, limits: &Limits) -> String {
+pub(super) fn stop_message(id: &str, reason: Reason, limits: &Limits) -> String {
     match reason {
-        r if r.starts_with("signal:") => {
-            let sig = &r["signal:".len()..];
+        Reason::Signal(sig) => {
+            let sig = sig.name();
             format!("{sig}: stopping run {id} (TERM sent; again to KILL)")
         }
-        "cancel_request" => {
+        Reason::CancelRequest => {
             format!("cancel requested from another connection: stopping run {id} (TERM sent)")
         }
-        "lease_expired" => format!(
+        Reason::LeaseExpired => format!(
             "the lease expired without a renewal: stopping run {id} (TERM sent; again to KILL)"
         ),
-        "timeout" => format!(
+        Reason::Timeout => format!(
             "timeout of {} reached: stopping run {id} (TERM sent; again to KILL)",
             limits
                 .timeout
                 .map_or("?".into(), |(_, t)| human::duration(t.as_secs_f64()))
         ),
-        "caller_lost" => format!("the caller went away: stopping run {id} (TERM sent)"),
-        "keeper_lost" => format!(
+        Reason::CallerLost => format!("the caller went away: stopping run {id} (TERM sent)"),
+        Reason::KeeperLost => format!(
             "the output keeper died, so the pty has no reader: stopping run {id} (TERM sent)"
         ),
         other => format!("{other}: stopping run {id} (TERM sent)"),

@@ -169,7 +169,9 @@ impl Launch {
         let mut out = agent_run_shared::output::collect(&self.dir, pending, Duration::ZERO);
         out.settled = true;
         // A pty run's keeper that died mid-run was journalled then, as the stop's reason.
-        if !out.complete && self.st.reason.as_deref() != Some("keeper_lost") {
+        if !out.complete
+            && self.st.reason.as_deref().and_then(Reason::parse) != Some(Reason::KeeperLost)
+        {
             let _ = self.journal.event(
                 "keeper_lost",
                 json!({"pid": k.pid.get(), "why": "the output keeper exited without its counts (output.json)"}),
@@ -189,13 +191,13 @@ impl Launch {
         if !procfs::stopped_or_stopping(k.pid) {
             return;
         }
-        let r = sys::pidfd_send_signal(fd.as_fd(), libc::SIGCONT, false);
+        let r = sys::pidfd_send_signal(fd.as_fd(), Sig::Cont);
         let _ = self.journal.event(
             "signal",
             json!({
                 "target": format!("pid:{}", k.pid),
                 "signal": "CONT",
-                "reason": "keeper_stopped",
+                "reason": Reason::KeeperStopped,
                 "error": r.err().map(|e| e.to_string()),
             }),
         );

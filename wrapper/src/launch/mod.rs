@@ -31,6 +31,7 @@ use agent_run_shared::pid::{Identity, Pid};
 use agent_run_shared::procset::{discover, Depth, RunScope};
 use agent_run_shared::pty::{self, Pty};
 use agent_run_shared::reap;
+use agent_run_shared::reason::Reason;
 use agent_run_shared::record::{Containment, Proof, State, Status};
 use agent_run_shared::root::{resolve_root, Root};
 use agent_run_shared::run_dir::{files, RunDir};

@@ -230,10 +230,10 @@ impl Launch {
     fn verify_leader(&mut self, pid: Pid, keeper: anyhow::Result<()>) -> Result<procfs::Stat, u8> {
         let Some(stat) = procfs::stat(pid) else {
             // Our unreaped child: the pid is still its own. Journalled like every signal.
-            let r = sys::kill(pid, libc::SIGKILL, false);
+            let r = sys::kill_process(pid, Sig::Kill);
             let _ = self.journal.event(
                 "signal",
-                json!({"target": format!("pid:{pid}"), "signal": "KILL", "reason": "launch_failed",
+                json!({"target": format!("pid:{pid}"), "signal": "KILL", "reason": Reason::LaunchFailed,
                        "error": r.err().map(|e| e.to_string())}),
             );
             reap::reap_all(Some(pid));
@@ -254,7 +254,7 @@ impl Launch {
         };
         self.st.set_leader(stat.identity());
         if let Some(msg) = failed {
-            let report = self.stop_spawned(pid, "launch_failed");
+            let report = self.stop_spawned(pid, Reason::LaunchFailed);
             self.st.cleanup = Some(report.to_cleanup());
             return Err(self.launch_failed(exit::SOFTWARE, &msg));
         }
@@ -287,7 +287,7 @@ impl Launch {
         crate::phases::mark("running_record");
         if let Err(e) = written {
             human::say(&format!("{e}; stopping the workload"));
-            self.stop_spawned(pid, "record_failed");
+            self.stop_spawned(pid, Reason::RecordFailed);
             return Err(exit::SOFTWARE);
         }
         Ok(())
@@ -350,7 +350,7 @@ impl Launch {
     pub(super) fn stop_spawned(
         &mut self,
         pid: Pid,
-        reason: &str,
+        reason: Reason,
     ) -> agent_run_shared::stop::Report {
         let scope = self.scope();
         let report = stop_run(&scope, &self.timings, reason, Some(&self.journal), None);
