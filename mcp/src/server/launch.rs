@@ -4,7 +4,7 @@
 use super::progress::Progress;
 use super::watch::Watched;
 use super::{Answer, Inner, LAUNCH_TIMEOUT, TASK_AFTER};
-use crate::host::Host;
+use crate::host::{Call, Host};
 use crate::keeper::{DETACHED_LABEL, OWNER_LABEL};
 use crate::probe::{probe, Probe, Read};
 use crate::tools::{self, Launch, LaunchArgs};
@@ -85,7 +85,7 @@ impl Inner {
         w.push("--".into());
         w.extend(l.argv.iter().map(OsString::from));
         let reply = host
-            .agent_run_leased(&w, LAUNCH_TIMEOUT, &self.keeper.token)
+            .agent_run(&w, LAUNCH_TIMEOUT, Call::Leased(&self.keeper.token))
             .await?;
         let line = reply
             .stdout

@@ -1,7 +1,7 @@
 //! The tools that read or stop runs by id: `status`, `cancel`, `logs`, `list`.
 
 use super::{Answer, Inner, CANCEL_TIMEOUT};
-use crate::host::Host;
+use crate::host::{Call, Host};
 use crate::keeper::OWNER_LABEL;
 use crate::probe::{probe, Read};
 use crate::tools::{self, IdsArgs, ListArgs, LogsArgs};
@@ -137,7 +137,7 @@ impl Inner {
     ) -> Result<Vec<Value>, String> {
         let mut w = vec!["cancel", "--json"];
         w.extend(ids.iter().map(String::as_str));
-        let reply = host.agent_run(&w, CANCEL_TIMEOUT).await?;
+        let reply = host.agent_run(&w, CANCEL_TIMEOUT, Call::Plain).await?;
         for id in ids {
             self.keeper.release(&host.name, id);
         }
@@ -279,7 +279,9 @@ impl Inner {
             return Err(format!("limit is 1 to 200, not {limit}"));
         }
         w.push(format!("--limit={limit}"));
-        let reply = host.agent_run(&w, Duration::from_secs(60)).await?;
+        let reply = host
+            .agent_run(&w, Duration::from_secs(60), Call::Plain)
+            .await?;
         let Ok(Value::Array(mut runs)) = serde_json::from_slice::<Value>(&reply.stdout) else {
             return Err(format!(
                 "list on {} (exit {}): {}",
