@@ -113,8 +113,7 @@ impl Inner {
         Ok((id, line))
     }
 
-    pub(super) async fn start(&self, args: Option<JsonObject>) -> Answer {
-        let a: LaunchArgs = tools::parse("start", args)?;
+    pub(super) async fn start(&self, a: LaunchArgs) -> Answer {
         let l = a.check("start")?;
         let host = self.host(a.host.as_deref())?;
         let detach = a.detach.unwrap_or(false);
@@ -146,12 +145,7 @@ impl Inner {
         Ok(view::answer(&doc, failed).into())
     }
 
-    pub(super) async fn run(
-        &self,
-        args: Option<JsonObject>,
-        ctx: &RequestContext<RoleServer>,
-    ) -> Answer {
-        let a: LaunchArgs = tools::parse("run", args)?;
+    pub(super) async fn run(&self, a: LaunchArgs, ctx: &RequestContext<RoleServer>) -> Answer {
         let l = a.check("run")?;
         let wait = a.wait()?;
         let tail = tools::bytes("tail_bytes", a.tail_bytes, tools::DEFAULT_TAIL)?;

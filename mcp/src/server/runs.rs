@@ -6,7 +6,6 @@ use crate::keeper::OWNER_LABEL;
 use crate::probe::{probe, Read};
 use crate::tools::{self, IdsArgs, ListArgs, LogsArgs};
 use crate::view::{self, RunError, RunView, Runs};
-use rmcp::model::*;
 use serde::Serialize;
 use serde_json::Value;
 use std::sync::Arc;
@@ -120,8 +119,7 @@ impl Inner {
         .into())
     }
 
-    pub(super) async fn status(&self, args: Option<JsonObject>) -> Answer {
-        let a: IdsArgs = tools::parse("status", args)?;
+    pub(super) async fn status(&self, a: IdsArgs) -> Answer {
         a.only_for("status")?;
         let ids = a.ids()?;
         let host = self.host(a.host.as_deref())?;
@@ -160,8 +158,7 @@ impl Inner {
         }
     }
 
-    pub(super) async fn cancel(&self, args: Option<JsonObject>) -> Answer {
-        let a: IdsArgs = tools::parse("cancel", args)?;
+    pub(super) async fn cancel(&self, a: IdsArgs) -> Answer {
         a.only_for("cancel")?;
         let ids = a.ids()?;
         let host = self.host(a.host.as_deref())?;
@@ -190,8 +187,7 @@ impl Inner {
         .into())
     }
 
-    pub(super) async fn logs(&self, args: Option<JsonObject>) -> Answer {
-        let a: LogsArgs = tools::parse("logs", args)?;
+    pub(super) async fn logs(&self, a: LogsArgs) -> Answer {
         let id = tools::run_id(&a.run_id)?;
         let host = self.host(a.host.as_deref())?;
         let stream = a.stream.as_deref().unwrap_or("stdout");
@@ -246,8 +242,7 @@ impl Inner {
         Ok(view::answer(&doc, false).into())
     }
 
-    pub(super) async fn list(&self, args: Option<JsonObject>) -> Answer {
-        let a: ListArgs = tools::parse("list", args)?;
+    pub(super) async fn list(&self, a: ListArgs) -> Answer {
         let host = self.host(a.host.as_deref())?;
         let mut w: Vec<String> = vec!["list".into(), "--json".into()];
         if let Some(s) = &a.state {
