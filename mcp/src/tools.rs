@@ -8,6 +8,7 @@
 
 use crate::keeper::{DETACHED_LABEL, OWNER_LABEL};
 use agent_run_shared::id::RunId;
+use agent_run_shared::record::State;
 use rmcp::model::{Tool, ToolAnnotations};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -36,18 +37,24 @@ pub const MAX_GRACE_S: f64 = agent_run_shared::stop::MAX_GRACE.as_secs() as f64;
 pub const MAX_TIMEOUT_S: f64 = 10.0 * 365.0 * 86400.0;
 /// How many runs one status, wait or cancel may name.
 pub const MAX_IDS: usize = 20;
-/// The states `list` filters on (agent-run's `list --state`).
-pub const LIST_STATES: [&str; 9] = [
-    "active",
-    "final",
-    "starting",
-    "running",
-    "cancelling",
-    "finished",
-    "cancelled",
-    "launch_failed",
-    "unknown",
-];
+/// The states `list` filters on (agent-run's `list --state`): `active` (not final), `final`,
+/// or a state of the record, spelt as shared's [`State::as_str`] spells it.
+pub fn list_states() -> Vec<&'static str> {
+    use State::*;
+    let states = [
+        Starting,
+        Running,
+        Cancelling,
+        Finished,
+        Cancelled,
+        LaunchFailed,
+        Unknown,
+    ];
+    ["active", "final"]
+        .into_iter()
+        .chain(states.map(State::as_str))
+        .collect()
+}
 
 fn schema(v: Value) -> Arc<Map<String, Value>> {
     match v {
@@ -340,7 +347,7 @@ fn cancel_tool(hs: &Value) -> Tool {
 fn list_tool(hs: &Value) -> Tool {
     let mut p = Map::new();
     p.insert("host".into(), hs.clone());
-    p.insert("state".into(), json!({"type": "string", "enum": LIST_STATES, "description": "Only runs in this state: active (not final), final, or a state name."}));
+    p.insert("state".into(), json!({"type": "string", "enum": list_states(), "description": "Only runs in this state: active (not final), final, or a state name."}));
     p.insert("labels".into(), json!({"type": "object", "additionalProperties": {"type": "string"}, "description": "Only runs with all these labels; the value \"*\" matches any value."}));
     p.insert("mine".into(), json!({"type": "boolean", "default": false, "description": "Only the runs this server started (its owner label)."}));
     p.insert("limit".into(), json!({"type": "integer", "minimum": 1, "maximum": 200, "default": 20, "description": "At most this many (the newest)."}));

@@ -246,11 +246,9 @@ impl Inner {
         let host = self.host(a.host.as_deref())?;
         let mut w: Vec<String> = vec!["list".into(), "--json".into()];
         if let Some(s) = &a.state {
-            if !tools::LIST_STATES.contains(&s.as_str()) {
-                return Err(format!(
-                    "state is one of {}, not {s:?}",
-                    tools::LIST_STATES.join(", ")
-                ));
+            let states = tools::list_states();
+            if !states.contains(&s.as_str()) {
+                return Err(format!("state is one of {}, not {s:?}", states.join(", ")));
             }
             w.push(format!("--state={s}"));
         }
