@@ -1604,6 +1604,17 @@ def final_times(root, ids):
     return ended, pending
 
 
+def end_round(ctx, p, root, figures):
+    """The end of a round of live runs: the load into its figures, the daemon `p` stopped, the
+    processes of the runs still alive counted (`left`) and killed, the root removed."""
+    figures["load"] = loadavg()
+    stop_daemon(ctx, p)
+    time.sleep(0.2)
+    figures["left"] = len(tagged_pids(SESSION_VAR, ctx.procs.session))
+    ctx.procs.kill_tagged(SESSION_VAR, ctx.procs.session)
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def live_runs(ctx, n):
     """n detached `sleep` runs with a lease each; the watchdog idle beside them; every run
     stopped by one many-id cancel; then n more stopped by lease expiry."""
@@ -1640,13 +1651,8 @@ def live_runs(ctx, n):
         "return_ms": cancel_ms,
         "last_final_ms": (max(ended.values()) - t_sig) * 1000 if ended else None,
         "not_final": pending,
-        "load": loadavg(),
     }
-    stop_daemon(ctx, p)
-    time.sleep(0.2)
-    out["cancel"]["left"] = len(tagged_pids(SESSION_VAR, ctx.procs.session))
-    ctx.procs.kill_tagged(SESSION_VAR, ctx.procs.session)
-    shutil.rmtree(root, ignore_errors=True)
+    end_round(ctx, p, root, out["cancel"])
 
     # Round 2: lease expiry (the wrappers enforce their own leases; the watchdog watches too).
     root = ctx.fresh_root("live-lease")
@@ -1672,19 +1678,40 @@ def live_runs(ctx, n):
         "last_deadline_to_last_final_ms": (max(ended.values()) - max(deadlines.values())) * 1000 if ended and deadlines else None,
         "not_final": pending,
         "states": sorted({f"{(read_json(root / r / 'status.json') or {}).get('state')}/{(read_json(root / r / 'status.json') or {}).get('reason')}" for r in ids[:: max(1, n // 20)]}),
-        "load": loadavg(),
     }
-    stop_daemon(ctx, p)
-    time.sleep(0.2)
-    out["lease"]["left"] = len(tagged_pids(SESSION_VAR, ctx.procs.session))
-    ctx.procs.kill_tagged(SESSION_VAR, ctx.procs.session)
-    shutil.rmtree(root, ignore_errors=True)
+    end_round(ctx, p, root, out["lease"])
     return out
 
 
 # --------------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------------
+
+
+def paras(a, *texts):
+    """Markdown paragraphs or headings: each text, then a blank line."""
+    for t in texts:
+        a(t)
+        a("")
+
+
+def table_head(a, head):
+    """A table's header row, then its rule."""
+    a(head)
+    a("|" + "---|" * (head.count("|") - 1))
+
+
+def measured(a, r, keys, skipped):
+    """(key, label, result) for each (key, label) with a result in `r`. A skipped one gets the
+    row `skipped` instead, formatted with its label and why."""
+    for k, label in keys:
+        x = r.get(k)
+        if x is None:
+            continue
+        if "skip" in x:
+            a(skipped.format(label=label, why=x["skip"]))
+            continue
+        yield k, label, x
 
 
 def where_table(a, head, cols, rows):
@@ -1918,6 +1945,420 @@ def before_after(R):
     return B
 
 
+def launch_phases_section(a, ph):
+    """Section 1, where the time of one launch goes: the phases (`AGENT_RUN_PHASES`), the time
+    around `main`, the keeper's marks, each process's CPU, and what the design pays."""
+    a("")
+    a("Where the time of one launch goes (`AGENT_RUN_PHASES`, each phase's own time; its own loop after the interleaved one; \"fs\" is the run root's filesystem; \"tmpfs, no cgroup\" runs with `AGENT_RUN_CGROUP=off`, to show the phases the run's cgroup adds):")
+    a("")
+    wheres = [w for w in ("fs", "tmpfs", "tmpfs, no cgroup") if w in ph]
+    names = [row[0] for row in ph[wheres[0]]["rows"]]
+    for w in wheres[1:]:
+        names += [row[0] for row in ph[w]["rows"] if row[0] not in names]
+
+    def row_of(rows, name):
+        row = next((x for x in rows if x[0] == name), None)
+        return (row[2], row[3]) if row else None
+
+    where_table(a, "phase", [(w, ph[w]["rows"]) for w in wheres],
+                [(f"**{n}**" if n == "total" else f"`{n}`", lambda rows, n=n: row_of(rows, n)) for n in names])
+    outs = [(w, ph[w].get("outside")) for w in wheres if ph[w].get("outside")]
+    if outs:
+        a("")
+        a("Around `main` (the harness notes CLOCK_MONOTONIC at its `posix_spawn` and after its `waitpid`; the line gives the clock at `main`'s entry): \"before main\" is the harness's spawn, the exec of the static binary and the C library's start; \"after exit\" is the exit of the wrapper's process (its teardown) until the harness's wait returns:")
+        a("")
+        spans = (("before_main", "before main"), ("main", "main (the phases above)"), ("after_exit", "after exit"), ("wall", "**wall**"))
+        where_table(a, "span", outs, [(label, lambda o, k=k: o.get(k)) for k, label in spans])
+    ks = [(w, ph[w].get("keeper")) for w in wheres if ph[w].get("keeper")]
+    if ks:
+        a("")
+        a("The keeper's own line: its marks on the wrapper's clock, µs since the wrapper's `main`. It is forked in `keeper`, after the spawn. The marks are forked; go (the workload has exec'd and is recorded running: the keeper waits for that before its own start, so those steps never wait behind it for a CPU); ready (sources and journal set up); EOF (the workload's last writer gone); exit (logs synced, output.json written):")
+        a("")
+        where_table(a, "keeper mark", ks, [(f"`{n}`", lambda rows, n=n: row_of(rows, n)) for n in [row[0] for row in ks[0][1]]])
+    cs = [(w, ph[w].get("cpu")) for w in wheres if ph[w].get("cpu")]
+    if cs:
+        a("")
+        a("Each process's own CPU, at its exit (getrusage: user + system µs; the kernel's split of the two is by ticks, so only the sum is exact; and its minor page faults). Two cores run three processes at a launch (the wrapper, the keeper, the workload), so the CPU of each is time the others may wait for:")
+        a("")
+
+        def field_of(fields, role, k):
+            f = {name: (m, p99) for name, _, m, p99 in fields.get(role, [])}
+            return f.get(k)
+
+        where_table(a, "process", cs, [
+            ("wrapper: CPU µs", lambda c: field_of(c, "wrapper", "cpu_us")),
+            ("wrapper: minor faults", lambda c: field_of(c, "wrapper", "minflt")),
+            ("keeper: CPU µs", lambda c: field_of(c, "keeper", "cpu_us")),
+            ("keeper: minor faults", lambda c: field_of(c, "keeper", "minflt")),
+        ])
+    a("")
+    paras(
+        a,
+        "The ext4 rows also move with the filesystem's recent deletions. This machine's root has no journal. There, at every file creation, ext4's inode allocator skips every inode deleted in the last 60 s (360 s while its inode table block is dirty), reading each one's on-disk copy. After a bulk delete (a test suite's run roots, the scale scenario's 100,000 dirs) a file creation took 1.1 ms here instead of 0.02 ms, for minutes. The disk probe above shows the state this scenario met.",
+        "What a launch must pay by the contract: the starting record before the spawn, pid == pgid == sid verified, the keeper (every byte kept), and the final record durable before exit. `final_record` is one fsync of status.json after it is exchanged into place, on the ext4 driver. On this machine's root, ext4 without a journal mounted `discard`, that fsync is a device flush.",
+        "What the design adds above that floor, each in the table:",
+    )
+    a("- the run's cgroup: `cgroup_parent` reads /proc/self/mountinfo, ~60 µs in a fresh process here because the kernel formats every mount for it; `cgroup` and `cgroup_rm` make and remove it, the kernel making and removing its ~20 interface files;")
+    a("- the keeper's fork (`keeper`), right after the spawn, so the copy of the wrapper's page tables runs beside the workload's exec; its logs are opened before the spawn, in `keeper_prep`;")
+    a("- the records and the journal;")
+    a("- the scan for leftovers at the leader's exit (`leftovers`): the pids handed out since the leader, one by one when they are few, for a process that left the run's cgroup and tree; pidfd_open(2) says which of them lead a thread group, one syscall per pid;")
+    a("- the parse of `start`'s options.")
+    a("")
+    a("Costs removed earlier, each measured side by side:")
+    a("")
+    a("- The keeper's start raced the workload's exec and the `running` record for a CPU. The keeper now waits for both: ~0.2 ms of the median, more of the p99.")
+    a("- musl's opendir for the listings at the leader's exit mapped a page per listing and unmapped it at closedir: ~20 µs here.")
+    a("- The keeper's three 1 MiB buffers were mapped at its start and unmapped at its exit. Now they are mapped at their first use, and a keeper that only splices under its cap maps none: ~80 µs of the keeper's CPU, which the wrapper's final record waits for.")
+    a("- The workload's clone child and the keeper reset all 64 signal actions. Now they reset only those not at their default, read once from /proc/self/status for both: ~60 syscalls fewer while the wrapper waits for the exec.")
+    a("- A descriptor per caught signal: one wake-up descriptor now serves every handler, 12 syscalls fewer.")
+    a("- A second read of the cgroup's members at the leader's exit, when the cgroup had just said it was empty.")
+    a("- The rename over the old record cost a synchronous block allocation and, on a `discard` mount, a discard: ~4 ms a record here. Now it is an exchange and an unlink.")
+    a("- The second flush of the final record: the dir's fsync, where the file's fsync carries the rename.")
+    a("- The listing of /proc at the leader's exit.")
+    a("- The heartbeat's thread for a run over within 250 ms. It starts at 250 ms, if the run lasts (`threads`).")
+    a("- The wait for the keeper's teardown before the final record. The record goes out at the EOF of the keeper's done pipe, once output.json is in place, and the keeper's exit runs beside it: `keeper_wait` 83 -> 2 µs, the launch 27 µs shorter on tmpfs and 60 µs on ext4, interleaved. `keeper_exit` is the wait for that exit after the record.")
+    a("- The read of /proc/PID/status for each pid that scan probes, to skip threads. pidfd_open refuses a pid that does not lead its thread group: `leftovers` 111 -> 85 µs median on tmpfs, interleaved, 1,000 launches each.")
+    a("")
+    a("Tried and left out, measured side by side:")
+    a("")
+    a("- a non-PIE binary (no relocations at start: under 0.02 ms);")
+    a("- opt-level 2 or 3 instead of `s` (no faster, 0.4 MB larger);")
+    a("- reading /proc/self/mountinfo into a 16 KiB stack buffer (slower: four fresh stack pages to fault in);")
+    a("- a thread started at `main`'s entry to read /proc/self/mountinfo and /proc/self/cgroup beside the argument parse. It was worse by 0.12 ms, interleaved: the thread's stack, its start and its own faults cost more than the ~50 µs it could overlap (`parse` 50 -> 106 µs, `cgroup_parent` 147 -> 194 µs);")
+    a("- reading the workload's /proc/PID/stat before the keeper's fork instead of after it. No change: the fork itself, ~0.1 ms, is the wrapper's page tables and fds, and it runs while the workload execs.")
+
+
+def launch_section(a, r, ctx, peers, summ):
+    """Section 1: the launch overhead of `true` through each wrapper, and where its time goes."""
+    paras(
+        a,
+        "## 1. Launch overhead: `true` through each wrapper",
+        "Wall time from `posix_spawn` to `waitpid` returning, stdio on /dev/null. agent-run runs with `--quiet` and a fresh run id each time (it creates the run dir, writes three records, fsyncs the final one); the streaming row runs it without `--quiet`, as `ssh host agent-run ID -- cmd` does (its streaming thread copies the logs to stdout).",
+    )
+    a("Every wrapper is measured in the same rounds, one launch each per round (interleaved), so a load spike hits them alike. agent-run runs three times per round: with its root on the run root's filesystem (quiet and streaming), and on a tmpfs (/dev/shm), where its fsyncs and file creations cost next to nothing.")
+    dp = r.get("disk_probe") or {}
+    if dp.get("create_us") is not None:
+        a("")
+        a(f"The run root's disk just before this scenario: a file creation took {fms(dp['create_us'] / 1000, 3)} ms (median), and {fms((dp.get('create_fsync_us') or 0) / 1000, 3)} ms with an fsync after each directory's three files, as back-to-back launches do. A launch creates about ten files: on this VM both have ranged from under 0.05 ms to 1.1 ms between runs of the same binary (the host's disk after a build or a GiB of logs), and the ext4 rows move with it.")
+    a("")
+    table_head(a, "| wrapper | n | median ms | p90 ms | p99 ms | over bare: median / p99 | target |")
+    rows = [(p.name, p.label) for p in peers] + [("agent-run-stream", "agent-run, streaming (no `--quiet`)"), ("agent-run-tmpfs", "agent-run, root on tmpfs"), ("agent-run-tmpfs-nocg", "agent-run, root on tmpfs, `AGENT_RUN_CGROUP=off` (no run cgroup: not a target, the price of the containment)")]
+    for name, label, x in measured(a, r, rows, "| {label} | — | {why} | | | | |"):
+        tgt = TARGETS["launch"] if name.startswith("agent-run") and not name.endswith("-nocg") else ""
+        over = "—" if name == "bare" else f"{fms(x['over_bare'])} / {fms(x.get('p99_over_bare'))}"
+        a(f"| {label} | {x['n']} | {fms(x['median'])} | {fms(x['p90'])} | {fms(x['p99'])} | {over} | {tgt} |")
+    cg, nocg = r.get("agent-run-tmpfs", {}), r.get("agent-run-tmpfs-nocg", {})
+    if "median" in cg and "median" in nocg:
+        a("")
+        a(f"The run's cgroup, side by side on tmpfs: it costs {fms(cg['median'] - nocg['median'])} ms of the median and {fms(cg['p99'] - nocg['p99'])} ms of the p99 (the row without it runs in the procfs mode, which the contract keeps for hosts without a usable cgroup2). Its parts are in the phase table below. They are: finding the cgroup2 mount (/proc/self/mountinfo: the kernel formats every mount, ~60 µs in a fresh process here) and the wrapper's own cgroup; making and removing the directory; the clone into it (a css_set made for the new cgroup, linked to each of this hybrid host's ten hierarchies) and the workload's exit from it. The last part is reading its cpu.stat for the record. The kernel also frees what the cgroup used later, in its own threads (RCU callbacks and workqueues), which may be part of the p99's difference (not measured apart). This is the [containment] design's price, and tini pays none of it.")
+    nz = r.get("noise")
+    if nz:
+        a("")
+        a(f"This machine's own noise, measured just before the scenario: a busy loop pinned to each of its {nz['cpus']} CPUs for {nz['secs']:g} s saw {nz['gaps_over_0_5ms_per_cpu_s']:.1f} gaps over 0.5 ms and {nz['gaps_over_1ms_per_cpu_s']:.1f} over 1 ms per CPU-second (the longest {fms(nz['max_gap_ms'])} ms): the CPU taken away by the host or by the guest kernel's own threads. A launch that meets one is one of the slowest. How often that happens grows with the launch's length and with the number of processes it waits for (agent-run: the wrapper, the workload, the keeper). So the p99s above measure this noise as much as the wrapper. At ~2 gaps over 1 ms per CPU-second, a 2.3 ms launch that keeps both CPUs busy meets one about once in 100-150 launches: the p99's neighbourhood.")
+    a("")
+    a("How to time a launch: `AGENT_RUN_PHASES=/abs/file agent-run ID -- true` makes the wrapper append, at its exit, one JSON line to that file with the time at the end of each launch phase (microseconds from `main`'s entry: `parse`, `root`, `run_dir`, `lock`, ... `spawn`, `verify`, `running_record`, ... `final_record`, `exit`). The line also carries `zero_monotonic_us`, CLOCK_MONOTONIC at `main`'s entry, so a harness that notes the same clock around its spawn and wait sees the time before `main` and after the exit; the keeper, forked from the wrapper, appends a line of its own (`\"role\": \"keeper\"`) on the same clock. `python3 bench/phases.py /abs/file` prints the median and p99 of each phase's own time over all the lines (`--markdown` for a table), then the keeper's marks. Unset, the variable costs one getenv; it is never passed to the workload. For syscall counts of one launch: `strace -f -c -o /tmp/s agent-run --root /tmp/r ID -- true`.")
+    ph = r.get("phases") or {}
+    if ph:
+        launch_phases_section(a, ph)
+    ti = r.get("tini", {})
+    for name, where in (("agent-run", "run root's fs"), ("agent-run-stream", "run root's fs, streaming"), ("agent-run-tmpfs", "tmpfs")):
+        x = r.get(name, {})
+        if "over_bare" not in x:
+            continue
+        if "over_bare" in ti:
+            ok_med = x["over_bare"] <= ti["over_bare"] + 2.0
+            ok_99 = x["p99_over_bare"] <= ti["p99_over_bare"] + 2.0
+            ok = True if ok_med and ok_99 else ("meets at the median; **p99 misses**" if ok_med else False)
+            got = f"{fms(x['over_bare'])} / {fms(x['p99_over_bare'])} ms (tini {fms(ti['over_bare'])} / {fms(ti['p99_over_bare'])})"
+        else:
+            ok, got = None, f"{fms(x['over_bare'])} ms (no tini to compare)"
+        summ.append((f"launch overhead over bare, median / p99 ({where})", TARGETS["launch"], got, ok))
+    a("")
+
+
+def stop_section(a, r, ctx, peers, summ):
+    """Section 2: stop latency, TERM to the wrapper until no process of the tree is left."""
+    a("## 2. Stop latency: TERM to the wrapper until no process of the tree is left")
+    a("")
+    a(f"TERM goes to the wrapper (for bare and `setsid`, which exec, to the workload itself). \"all gone\" is the time until every process of the tree seen before the signal has exited and the wrapper has exited (pidfd + poll on each); agent-run writes its final record before it exits, so this includes the record. \"record\" is agent-run's `ended_at` minus the signal time (1 ms resolution; `ended_at` is stamped just before the final record is written and fsynced). When processes are still alive at the cap ({ctx.n(1.5, 0.5):g} s for (a) and (d), grace + {ctx.n(1.0, 0.5):g} s for (b), grace + {ctx.n(1.5, 0.5):g} s for (c)), the cell says what survived and the trial is not repeated beyond "
+      f"{ctx.n(3, 1)}. Survivors are killed by pid afterwards. agent-run runs with `--grace {ctx.grace_s:g}s` (HUP step at the default 500 ms); `timeout` with `-k {ctx.grace_s:g}s`, its strongest setting (it escalates only while its own child lives, and exits with it); `tini -g` forwards the signal to the child's group and waits for the child.")
+    a("")
+    for scen in STOP_SCENARIOS:
+        rr = r.get(scen["key"])
+        if rr is None:
+            continue
+        paras(
+            a,
+            f"### {scen['title']}",
+            f"`{shlex.join(scen['cmd'])}`",
+        )
+        table_head(a, "| wrapper | trials | all gone: median / p90 / p99 ms | record (ended_at) median / p99 ms | outcome |")
+        for p in peers:
+            x = rr[p.name]
+            if "skip" in x:
+                a(f"| {p.label} | — | {x['skip']} | | |")
+                continue
+            allc = "—"
+            if "all" in x:
+                s = x["all"]
+                allc = f"{fms(s['median'])} / {fms(s['p90'])} / {fms(s['p99'])}"
+            rec = f"{fms(x['record']['median'])} / {fms(x['record']['p99'])}" if "record" in x else ""
+            if x.get("survivors"):
+                w = x.get("wrapper_ms")
+                if x.get("execs"):
+                    wtxt = "no wrapper process"
+                elif w and x["wrapper_exited"] == x["survived_trials"]:
+                    wtxt = f"the wrapper exited after {fms(w['median'])} ms, leaving them"
+                else:
+                    wtxt = "the wrapper was still waiting at the cap"
+                what = ", ".join(x["survivors"])
+                outcome = f"**survives**: {what} ({x['survived_trials']}/{x['trials']} trials); {wtxt}"
+            else:
+                outcome = "all gone" + (f"; {', '.join(x['states'])}" if x.get("states") else "")
+            a(f"| {p.label} | {x['trials']} | {allc} | {rec} | {outcome} |")
+        if rr.get("_load"):
+            a("")
+            a(f"Load average over this scenario: {rr['_load'][0]} at the start, {rr['_load'][-1]} at the end.")
+        x = rr.get("agent-run", {})
+        if "skip" not in x:
+            key = scen["key"]
+            if key == "coop":
+                val = x.get("all", {}).get("median")
+                summ.append(("cooperative stop to final record (median / p99)", TARGETS["stop_coop"], f"{fms(val)} / {fms(x.get('all', {}).get('p99'))} ms", stop_verdict(x, 20)))
+            elif key == "shell":
+                val = x.get("all", {}).get("median")
+                summ.append(("interactive shell stop (median / p99)", TARGETS["stop_shell"], f"{fms(val)} / {fms(x.get('all', {}).get('p99'))} ms", stop_verdict(x, 50)))
+            elif key == "stubborn":
+                val = x.get("all", {}).get("median")
+                ld = rr.get("_load", ["?", "?"])
+                summ.append(("stubborn child: stop minus grace (median / p99)", TARGETS["stop_stubborn"], f"{fms(val)} / {fms(x.get('all', {}).get('p99'))} ms (load {ld[0]} → {ld[-1]})", stop_verdict(x, 50)))
+            else:
+                summ.append(("setsid escapee", TARGETS["stop_escapee"], "survivors" if x.get("survivors") else f"all gone, {fms(x.get('all', {}).get('median'))} ms", not x.get("survivors")))
+        a("")
+
+
+def footprint_section(a, r, ctx, peers, summ):
+    """Section 3: the wrapper's own memory and CPU while a `sleep` runs."""
+    d = r["_dur"]
+    paras(
+        a,
+        f"## 3. The wrapper's own footprint while `sleep {d:g}` runs",
+        f"Peak RSS is VmHWM of the wrapper process itself (not its children), sampled 0.25 s before the workload ends; CPU is the wrapper's own (all threads, from /proc/PID/task/*/schedstat): total over its life so far, and the steady state after its first 0.5 s. All wrappers ran side by side, {r['agent-run']['rounds']} rounds; medians. bare and `setsid` exec the workload: there is no wrapper process, the figures are `sleep`'s own. File-backed pages (the binary's text, libc) are shared with every other process mapping the same files; anonymous pages are the wrapper's own.",
+    )
+    table_head(a, "| wrapper | peak RSS (VmHWM) | of which anon / file-backed (at the sample) | threads | CPU total ms | steady-state CPU ms (per s) | target |")
+    keys = [p.name for p in peers] + ["agent-run (streaming)"]
+    labels = {p.name: p.label for p in peers}
+    labels["agent-run (streaming)"] = "agent-run, streaming (no `--quiet`)"
+    for k, label, x in measured(a, r, [(k, labels[k]) for k in keys], "| {label} | {why} | | | | | |"):
+        note = " (`sleep` itself)" if x["execs"] else ""
+        tgt = TARGETS["rss"] if k.startswith("agent-run") else ""
+        per_s = x["steady_cpu_ms"] / x["steady_s"] if x["steady_s"] > 0 else 0
+        a(f"| {label} | {x['hwm_kb'] / 1024:.2f} MiB{note} | {x['anon_kb'] / 1024:.2f} / {x['file_kb'] / 1024:.2f} MiB | {x['threads']} | {fms(x['cpu_ms'])} | {fms(x['steady_cpu_ms'])} ({per_s:.3f}) | {tgt} |")
+    x = r["agent-run"]
+    summ.append(("wrapper peak RSS (`--quiet`)", TARGETS["rss"], f"{x['hwm_kb'] / 1024:.2f} MiB", x["hwm_kb"] < 2048))
+    x = r.get("agent-run (streaming)")
+    if x and "skip" not in x:
+        summ.append(("wrapper peak RSS (streaming)", TARGETS["rss"], f"{x['hwm_kb'] / 1024:.2f} MiB", x["hwm_kb"] < 2048))
+    a("")
+
+
+def output_section(a, r, ctx, peers, summ):
+    """Section 4: output throughput and first-byte latency."""
+    size = r["size"]
+    paras(
+        a,
+        f"## 4. Output: {size // MiB} MiB written by the workload (`head -c {size} /dev/zero`)",
+        "Throughput from spawn until the harness has read EOF on the pipe and reaped the wrapper (GB/s = 10^9 bytes/s, median of the runs; min in brackets). agent-run runs without `--quiet`: the workload writes a pipe, the output keeper splices it into stdout.log, and the wrapper sends the log to its stdout, a pipe the harness drains. \"every byte once\" checks the byte count read from the pipe, and for agent-run also the size of stdout.log. Every measurement starts after `sync`, in rotating order. agent-run's log goes to disk and is fsynced before the run's counts appear (docs/contract.md, output.json), all inside the measured time. The disk reference (the same workload writing a file on the same filesystem, no pipe, no fsync) and the disk's own write speed bound it. `cat` and the disk reference pay no fsync.",
+    )
+    table_head(a, "| path | runs | GB/s (min) | % of cat | % of the disk reference | every byte once | target |")
+    rows = r["rows"]
+    cat = rows.get("cat FILE -> pipe", {}).get("gbps")
+    ref = rows.get("ref: workload -> file (disk)", {}).get("gbps")
+    order = ["cat FILE -> pipe", "ref: workload -> file (disk)"] + [p.name for p in peers if p.name != "agent-run"] + ["agent-run (log + stream)"]
+    labels = {p.name: f"{p.label} (workload writes the pipe)" for p in peers}
+    labels["cat FILE -> pipe"] = "`cat` of the same bytes (a file in page cache) -> pipe"
+    labels["ref: workload -> file (disk)"] = "reference: workload -> a file on this disk, no pipe"
+    labels["agent-run (log + stream)"] = "agent-run: workload -> stdout.log, wrapper -> pipe"
+    for k, label, x in measured(a, rows, [(k, labels.get(k, k)) for k in order], "| {label} | — | {why} | | | | |"):
+        once = "yes" if x["all_bytes"] else "**no**"
+        if x["log_ok"] is not None:
+            once += ", log " + ("complete" if x["log_ok"] else "**wrong size**")
+        pc = f"{100 * x['gbps'] / cat:.0f}%" if cat and not k.startswith("ref") else ""
+        pr = f"{100 * x['gbps'] / ref:.0f}%" if ref and k.startswith("agent-run") else ""
+        tgt = TARGETS["stream"] if k.startswith("agent-run") else ""
+        a(f"| {label} | {x['runs']} | {x['gbps']:.2f} ({x['gbps_min']:.2f}) | {pc} | {pr} | {once} | {tgt} |")
+    x = rows.get("agent-run (log + stream)")
+    if x and cat:
+        ok = x["gbps"] >= 1.0 and x["gbps"] >= 0.8 * cat and x["all_bytes"] and x["log_ok"]
+        floor = f" (1 GB/s is above what `cat` itself reaches here, {cat:.2f} GB/s, and the disk reference, {ref:.2f})" if ref and x["gbps"] < 1.0 and max(cat, ref) < 1.0 else ""
+        summ.append(("streaming throughput", TARGETS["stream"], f"{x['gbps']:.2f} GB/s, {100 * x['gbps'] / cat:.0f}% of cat; every byte once: {'yes' if x['all_bytes'] and x['log_ok'] else 'NO'}{floor}", ok))
+    fb = r.get("first_byte")
+    if fb:
+        a("")
+        a("First-byte latency (spawn until the first line `echo ready` reaches the harness; `sh -c 'echo ready; sleep 0.3'`):")
+        a("")
+        table_head(a, "| wrapper | n | median ms | p90 ms | p99 ms |")
+        for p in peers:
+            x = fb.get(p.name)
+            if x:
+                a(f"| {p.label} | {x['n']} | {fms(x['median'])} | {fms(x['p90'])} | {fms(x['p99'])} |")
+    a("")
+
+
+def watchdog_section(a, r, ctx, peers, summ):
+    """Section 5: the watchdog's rescan, idle CPU and lease lateness."""
+    paras(
+        a,
+        "## 5. Watchdog",
+        "Run dirs are fabricated (mode 0700, files 0600) from the schema of a status.json that agent-run itself wrote. \"final\" runs are `finished`. \"live\" pending runs are `running` with a lease a day away and a live wrapper (one shared process stands in for every wrapper): the watchdog pins the wrapper and holds the run until its lease + grace + slack. \"orphan\" pending runs are `running` with a lease a day away, a dead wrapper and a live process (one shared session leader): the watchdog owns them and holds them until the lease expires.",
+    )
+    rs = r.get("rescan", {})
+    if rs:
+        paras(
+            a,
+            "### One full rescan: `agent-run-watchdog --once`",
+            "CPU is user + sys of the process from `wait4` rusage (median of the repeats; the 10,000 pending rows ran once).",
+        )
+        table_head(a, "| run dirs | CPU ms | wall ms | target |")
+        for k, x in rs.items():
+            tgt = TARGETS["rescan"] if k == "final 10000" else ""
+            a(f"| {k} | {fms(x['cpu_ms'])} | {fms(x['wall_ms'])} | {tgt} |")
+        x = rs.get("final 10000")
+        if x:
+            summ.append(("rescan of 10,000 final run dirs (CPU)", TARGETS["rescan"], f"{fms(x['cpu_ms'])} ms", x["cpu_ms"] < 100))
+        a("")
+    idle = r.get("idle", {})
+    if idle:
+        a("### The daemon idle over final runs (default `--scan-interval 30s`)")
+        a("")
+        table_head(a, "| final runs | startup to READY=1 | startup CPU ms | CPU while idle | over | per hour (extrapolated) | peak RSS |")
+        for n, x in idle.items():
+            per_h = x["cpu_ms"] / x["secs"] * 3600
+            a(f"| {int(n):,} | {x['ready_s'] * 1000:.0f} ms | {fms(x['startup_cpu_ms'])} | {fms(x['cpu_ms'])} ms | {x['secs']:.0f} s | {per_h / 1000:.2f} s | {(x['hwm_kb'] or 0) / 1024:.1f} MiB |")
+        k1 = idle.get(1000) or idle.get("1000")
+        if k1:
+            summ.append(("daemon CPU while idle, 1,000 final runs", TARGETS["idle"], f"{fms(k1['cpu_ms'])} ms over {k1['secs']:.0f} s", k1["cpu_ms"] / k1["secs"] < 1.0))
+        a("")
+    lat = r.get("lateness", [])
+    if lat:
+        paras(
+            a,
+            "### Lease lateness",
+            "K orphaned runs, each with its own live process (a `sleep` in its own session carrying the run's `AGENT_RUN_ID` and `AGENT_RUN_DIR`), get leases expiring at staggered deadlines after the daemon's READY=1, while N − K other runs have leases pending a day away. Lateness (\"final\") = the moment the harness sees the final record in status.json (it stats the runs past their deadline every millisecond) minus the lease deadline; \"act\" = the watchdog's first journal line for the run minus the deadline; then the stop (act → the journal's stop_end) and the final record (stop_end → seen; includes the fsync). Journal times have 1 ms resolution. Default `--scan-interval 30s`: a window longer than 30 s includes one periodic full rescan.",
+        )
+        table_head(a, "| pending leases (N) | fillers | K, spacing, window | startup to READY | startup CPU | final: p50 / p99 / max ms | act: p50 / p99 ms | act → stop_end p50 / max ms | stop_end → final seen p50 / max ms | not final | CPU during window | peak RSS | load average (start → end) |")
+        for x in lat:
+            s, sa = x["lateness"], x["act_lateness"]
+            bad = f" ({', '.join(x['bad_states'])})" if x["bad_states"] else ""
+            if x.get("not_final") and x.get("pending_states"):
+                bad += f" (at the end: {', '.join(x['pending_states'])})"
+            s1, s2 = x.get("act_to_stop_end", {}), x.get("stop_end_to_final", {})
+            a(f"| {x['n']:,} | {x['kind']} | {x['k']}, {x['spacing_s']:g} s, {x['window_s']:.0f} s | {x['ready_s'] * 1000:.0f} ms | {fms(x['ready_cpu_ms'])} ms | {fms(s['median'])} / {fms(s['p99'])} / {fms(s['max'])} | {fms(sa['median'])} / {fms(sa['p99'])} | {fms(s1.get('median'))} / {fms(s1.get('max'))} | {fms(s2.get('median'))} / {fms(s2.get('max'))} | {x['not_final']}{bad} | {fms(x['run_cpu_ms'])} ms | {(x['hwm_kb'] or 0) / 1024:.1f} MiB | {' → '.join(x.get('load', ['?']))} |")
+        a("")
+        a("Design of the fixture: the K measured runs are orphans, each with its own live process carrying the run's marker (AGENT_RUN_ID and AGENT_RUN_DIR: the watchdog takes a process for an orphaned run's only by both). They are present with leases a day away before the daemon starts. After READY=1 each gets its staggered deadline through a lease.json renamed into place, as `agent-run renew` writes it. The N − K fillers are \"live\" or \"orphan-own\". A live filler's record names one shared process as the wrapper: the watchdog reads and checks each record every pass, and holds none of them, since that process is not an agent-run holding the run's lock. \"orphan-own\" is the literal load: every filler an orphan with its own marked process, held by the watchdog until a lease a day away. An earlier \"orphan\" kind, whose fillers shared one session leader, is gone: a shared process is no filler's by the trust rules, so those runs were settled at once, and its figures measured that, not pending leases.")
+        own = [x for x in lat if x["kind"] == "orphan-own" and x.get("pid_max")]
+        if own:
+            x = own[-1]
+            a("")
+            window = (x['pid_max'] - 300 - x['tasks']) / 100000
+            a(f"How the orphan-own row stays on target: a watchdog stop of an orphan held by scanning alone looks at /proc again and again. It looks first, at each deadline, once every member is gone, and a second empty time, which procfs mode needs to call a stop done, since a fork racing a scan can hide from one look. One look of every pid reads the stat of all {x['tasks']:,} processes (tens of µs each here). A look may skip the older pids only while the pid counter cannot have come around since the look they were read in. By time alone (`procfs::no_wrap_within`: the free pids at 100,000 forks a second; safety CS-78, R-23) that is {window * 1000:.0f} ms with kernel.pid_max = {x['pid_max']:,} and {x['tasks']:,} tasks, shorter than one look of such a table. So before the change every look of every stop read the whole table (p99 1,573 ms). The watchdog now follows the counter (`pid_counter`, safety CS-82): it reads `ns_last_pid` at a quarter of that bound, so the chain of readings says how far the counter moved. While that is short of a whole cycle, a stop's first look is the last look of every pid for the older pids plus a fresh read of the pids handed out since. Its later looks read only those. The act → stop_end time above is then the stop itself: TERM, the pidfd wake-up at the exit, and the looks that call the run empty (at most one every 25 ms while stops overlap). A run held in a cgroup needs no look at all to know it is empty (`cgroup.events`).")
+        top = max(x["n"] for x in lat)
+        big = [x for x in lat if x["n"] == top]
+        for x in big:
+            p99 = x["lateness"]["p99"]
+            ok = None if p99 is None else (p99 < 100 and x["not_final"] == 0 and not x["bad_states"])
+            if ok is False and x["lateness"]["median"] is not None and x["lateness"]["median"] < 100 and x["not_final"] == 0:
+                ok = "meets at the median; **p99 misses**"
+            ld = x.get("load", ["?", "?"])
+            summ.append((f"lease lateness p99, {x['n']:,} pending ({x['kind']} fillers)", TARGETS["lateness"], f"{fms(p99)} ms" + (f", {x['not_final']} not final" if x["not_final"] else "") + f" (load {ld[0]} → {ld[-1]})", ok))
+        a("")
+
+
+def cancel_section(a, x, ctx, peers, summ):
+    """Section 6: the `agent-run cancel` round trip."""
+    paras(
+        a,
+        "## 6. `agent-run cancel` round trip",
+        "A detached cooperative run (`agent-run -d ID -- bash -c '<cooperative tree>'`), then `agent-run cancel ID` timed from spawn to exit (it returns once the final record is written).",
+    )
+    table_head(a, "| step | n | median ms | p90 ms | p99 ms |")
+    a(f"| `agent-run -d` until it returns (run is `running`) | {x['detach']['n']} | {fms(x['detach']['median'])} | {fms(x['detach']['p90'])} | {fms(x['detach']['p99'])} |")
+    a(f"| `agent-run cancel` round trip | {x['cancel']['n']} | {fms(x['cancel']['median'])} | {fms(x['cancel']['p90'])} | {fms(x['cancel']['p99'])} |")
+    a("")
+    a("Outcomes: " + ", ".join(f"{k} x{v}" for k, v in x["outcomes"].items()) + f"; processes of the run alive 10 ms after cancel returned: {x['left_behind']}.")
+    a("")
+
+
+def scale_section(a, r, ctx, peers, summ):
+    """Section 7: many run dirs, and many live runs."""
+    paras(
+        a,
+        "## 7. Scale: 1,000 / 10,000 / 100,000 run dirs, and 1,000 live runs",
+        "Final run dirs are copies of one run dir agent-run wrote (`bench/fixtures.py`: status.json with the run id and cgroup name rewritten, events.jsonl, stdout.log, stderr.log, lock, pid, pgid). CPU is user + sys of the process (`wait4` rusage), peak RSS its `ru_maxrss`; every figure is a warm pass (one unmeasured pass first, which also writes the settled ledger `.watchdog.settled` that the measured `--once` passes read: an unchanged final record costs them two `statx`, not a read), median of the repeats. The warm pass comes 2.1 s after the fixture is written: the ledger takes no record changed within the last 2 s, and runs before 12-02 measured the newest records of the fixture read in full at every pass. \"growth\" is the CPU ratio to the size 10x smaller (linear: 10x).",
+        "### One `agent-run-watchdog --once` pass over final run dirs",
+    )
+    table_head(a, "| run dirs | CPU ms (user + sys) | wall ms | peak RSS | growth per 10x | load average | target |")
+    prev = None
+    for n, x in sorted(r["once"].items(), key=lambda kv: int(kv[0])):
+        n = int(n)
+        g = f"{x['cpu_ms'] / prev[1]:.1f}x" if prev and prev[0] * 10 == n and prev[1] > 0 else "—"
+        tgt = "< 1 s CPU, linear or better" if n == 100000 else ""
+        a(f"| {n:,} | {fms(x['cpu_ms'])} ({fms(x['user_ms'])} + {fms(x['sys_ms'])}) | {fms(x['wall_ms'])} | {x['maxrss_kb'] / 1024:.1f} MiB | {g} | {x['load']} | {tgt} |")
+        if n == 100000:
+            summ.append(("`--once` pass over 100,000 final run dirs (CPU)", "< 1 s CPU, linear or better", f"{fms(x['cpu_ms'])} ms, {x['maxrss_kb'] / 1024:.1f} MiB (load {x['load']})", x["cpu_ms"] < 1000))
+        prev = (n, x["cpu_ms"])
+    d = r.get("daemon") or {}
+    if d:
+        a("")
+        a(f"The daemon's first pass (startup to READY=1) over {d['n']:,} final run dirs: {d['ready_s'] * 1000:.0f} ms wall, {fms(d['cpu_ms'])} ms CPU, peak RSS {(d['hwm_kb'] or 0) / 1024:.1f} MiB.")
+    a("")
+    a("### `agent-run list` and `gc`")
+    a("")
+    table_head(a, "| run dirs | command | CPU ms (user + sys) | wall ms | peak RSS | load average |")
+    for n, rows in sorted(r["list"].items(), key=lambda kv: int(kv[0])):
+        for key, x in rows.items():
+            a(f"| {int(n):,} | `{key}` | {fms(x['cpu_ms'])} ({fms(x['user_ms'])} + {fms(x['sys_ms'])}) | {fms(x['wall_ms'])} | {x['maxrss_kb'] / 1024:.1f} MiB | {x['load']} |")
+    g = r.get("gc_all")
+    if g:
+        a(f"| {g['n']:,} | `gc --older-than 0s` (removes every run) | {fms(g['cpu_ms'])} | {fms(g['wall_ms'])} | {g['maxrss_kb'] / 1024:.1f} MiB | exit {g['code']}, {g['left']} entries left |")
+    lv = r.get("live") or {}
+    if lv:
+        n = lv["n"]
+        a("")
+        paras(
+            a,
+            f"### {n:,} concurrent live runs on this machine",
+            f"`agent-run -d --lease 1h ID -- sleep 100000`, {n:,} times in a row; then the watchdog daemon on that root; then ONE `agent-run cancel ID1 ... ID{n}`. A second round of {n:,} runs with a short lease is left to expire (the wrappers enforce their own leases; the daemon watches too).",
+        )
+        dm = lv["daemon"]
+        c = lv["cancel"]
+        le = lv["lease"]
+        table_head(a, "| figure | value |")
+        a(f"| launch rate (`agent-run -d` in a row) | {lv['launch_rate']:.0f} runs/s ({lv['launch_s']:.1f} s for {n:,}) |")
+        a(f"| wrappers alive after the launches | {lv['wrappers_alive']:,} |")
+        a(f"| total RSS of the wrappers (PSS: shared pages split) | {lv['rss_total_kb'] / 1024:.0f} MiB ({lv['pss_total_kb'] / 1024:.0f} MiB PSS) |")
+        a(f"| watchdog daemon: startup to READY=1 / its CPU | {dm['ready_s'] * 1000:.0f} ms / {fms(dm['startup_cpu_ms'])} ms |")
+        a(f"| watchdog daemon: CPU while idle beside {n:,} live wrappers | {fms(dm['idle_cpu_ms'])} ms over {dm['idle_s']:.0f} s (load {dm['load']}) |")
+        a(f"| one `cancel` of {n:,} ids: until it returned / until the last final record (`ended_at`) | {fms(c['return_ms'])} ms / {fms(c['last_final_ms'])} ms; exit {c['code']}, {c['not_final']} not final, {c['left']} processes left (load {c['load']}) |")
+        s_ = le["lateness"]
+        a(f"| lease expiry ({le['lease_s']} s leases): `ended_at` minus the deadline, p50 / p99 / max | {fms(s_['median'])} / {fms(s_['p99'])} / {fms(s_['max'])} ms (n = {s_['n']}); {le['not_final']} not final, {le['left']} processes left; states {', '.join(le['states'])} (load {le['load']}) |")
+        a(f"| lease expiry: last deadline to the last final record | {fms(le['last_deadline_to_last_final_ms'])} ms |")
+        summ.append((f"{n:,} live runs: one many-id cancel, to the last final record", "every run final, nothing left", f"{fms(c['last_final_ms'])} ms, {c['not_final']} not final, {c['left']} left", c["not_final"] == 0 and c["left"] == 0 and c["code"] == 0))
+        summ.append((f"{n:,} live runs: idle watchdog CPU", TARGETS["idle"], f"{fms(dm['idle_cpu_ms'])} ms over {dm['idle_s']:.0f} s", dm["idle_cpu_ms"] / dm["idle_s"] < 10.0))
+    a("")
+
+
+SECTIONS = (
+    ("launch", launch_section),
+    ("stop", stop_section),
+    ("footprint", footprint_section),
+    ("output", output_section),
+    ("watchdog", watchdog_section),
+    ("cancel", cancel_section),
+    ("scale", scale_section),
+)
+
+
 def render(ctx, peers, command, started, elapsed):
     R = ctx.results
     m = machine(ctx.tmp)
@@ -1925,10 +2366,11 @@ def render(ctx, peers, command, started, elapsed):
     L = []
     a = L.append
     mode = "quick (CI size)" if ctx.quick else "full"
-    a("# agent-run benchmarks")
-    a("")
-    a(f"Generated by `bench/bench.py` ({mode} mode) on {started} in {elapsed / 60:.1f} min. Do not edit by hand: re-run the command below.")
-    a("")
+    paras(
+        a,
+        "# agent-run benchmarks",
+        f"Generated by `bench/bench.py` ({mode} mode) on {started} in {elapsed / 60:.1f} min. Do not edit by hand: re-run the command below.",
+    )
     a("```")
     a(command)
     a("```")
@@ -1942,423 +2384,9 @@ def render(ctx, peers, command, started, elapsed):
     header_end = len(L)
     summ = []  # (figure, target, measured, ok)
 
-    # ---------------- launch
-    if "launch" in R:
-        r = R["launch"]
-        a("## 1. Launch overhead: `true` through each wrapper")
-        a("")
-        a("Wall time from `posix_spawn` to `waitpid` returning, stdio on /dev/null. agent-run runs with `--quiet` and a fresh run id each time (it creates the run dir, writes three records, fsyncs the final one); the streaming row runs it without `--quiet`, as `ssh host agent-run ID -- cmd` does (its streaming thread copies the logs to stdout).")
-        a("")
-        a("Every wrapper is measured in the same rounds, one launch each per round (interleaved), so a load spike hits them alike. agent-run runs three times per round: with its root on the run root's filesystem (quiet and streaming), and on a tmpfs (/dev/shm), where its fsyncs and file creations cost next to nothing.")
-        dp = r.get("disk_probe") or {}
-        if dp.get("create_us") is not None:
-            a("")
-            a(f"The run root's disk just before this scenario: a file creation took {fms(dp['create_us'] / 1000, 3)} ms (median), and {fms((dp.get('create_fsync_us') or 0) / 1000, 3)} ms with an fsync after each directory's three files, as back-to-back launches do. A launch creates about ten files: on this VM both have ranged from under 0.05 ms to 1.1 ms between runs of the same binary (the host's disk after a build or a GiB of logs), and the ext4 rows move with it.")
-        a("")
-        a("| wrapper | n | median ms | p90 ms | p99 ms | over bare: median / p99 | target |")
-        a("|---|---|---|---|---|---|---|")
-        rows = [(p.name, p.label) for p in peers] + [("agent-run-stream", "agent-run, streaming (no `--quiet`)"), ("agent-run-tmpfs", "agent-run, root on tmpfs"), ("agent-run-tmpfs-nocg", "agent-run, root on tmpfs, `AGENT_RUN_CGROUP=off` (no run cgroup: not a target, the price of the containment)")]
-        for name, label in rows:
-            x = r.get(name)
-            if x is None:
-                continue
-            if "skip" in x:
-                a(f"| {label} | — | {x['skip']} | | | | |")
-                continue
-            tgt = TARGETS["launch"] if name.startswith("agent-run") and not name.endswith("-nocg") else ""
-            over = "—" if name == "bare" else f"{fms(x['over_bare'])} / {fms(x.get('p99_over_bare'))}"
-            a(f"| {label} | {x['n']} | {fms(x['median'])} | {fms(x['p90'])} | {fms(x['p99'])} | {over} | {tgt} |")
-        cg, nocg = r.get("agent-run-tmpfs", {}), r.get("agent-run-tmpfs-nocg", {})
-        if "median" in cg and "median" in nocg:
-            a("")
-            a(f"The run's cgroup, side by side on tmpfs: it costs {fms(cg['median'] - nocg['median'])} ms of the median and {fms(cg['p99'] - nocg['p99'])} ms of the p99 (the row without it runs in the procfs mode, which the contract keeps for hosts without a usable cgroup2). Its parts are in the phase table below. They are: finding the cgroup2 mount (/proc/self/mountinfo: the kernel formats every mount, ~60 µs in a fresh process here) and the wrapper's own cgroup; making and removing the directory; the clone into it (a css_set made for the new cgroup, linked to each of this hybrid host's ten hierarchies) and the workload's exit from it. The last part is reading its cpu.stat for the record. The kernel also frees what the cgroup used later, in its own threads (RCU callbacks and workqueues), which may be part of the p99's difference (not measured apart). This is the [containment] design's price, and tini pays none of it.")
-        nz = r.get("noise")
-        if nz:
-            a("")
-            a(f"This machine's own noise, measured just before the scenario: a busy loop pinned to each of its {nz['cpus']} CPUs for {nz['secs']:g} s saw {nz['gaps_over_0_5ms_per_cpu_s']:.1f} gaps over 0.5 ms and {nz['gaps_over_1ms_per_cpu_s']:.1f} over 1 ms per CPU-second (the longest {fms(nz['max_gap_ms'])} ms): the CPU taken away by the host or by the guest kernel's own threads. A launch that meets one is one of the slowest. How often that happens grows with the launch's length and with the number of processes it waits for (agent-run: the wrapper, the workload, the keeper). So the p99s above measure this noise as much as the wrapper. At ~2 gaps over 1 ms per CPU-second, a 2.3 ms launch that keeps both CPUs busy meets one about once in 100-150 launches: the p99's neighbourhood.")
-        a("")
-        a("How to time a launch: `AGENT_RUN_PHASES=/abs/file agent-run ID -- true` makes the wrapper append, at its exit, one JSON line to that file with the time at the end of each launch phase (microseconds from `main`'s entry: `parse`, `root`, `run_dir`, `lock`, ... `spawn`, `verify`, `running_record`, ... `final_record`, `exit`). The line also carries `zero_monotonic_us`, CLOCK_MONOTONIC at `main`'s entry, so a harness that notes the same clock around its spawn and wait sees the time before `main` and after the exit; the keeper, forked from the wrapper, appends a line of its own (`\"role\": \"keeper\"`) on the same clock. `python3 bench/phases.py /abs/file` prints the median and p99 of each phase's own time over all the lines (`--markdown` for a table), then the keeper's marks. Unset, the variable costs one getenv; it is never passed to the workload. For syscall counts of one launch: `strace -f -c -o /tmp/s agent-run --root /tmp/r ID -- true`.")
-        ph = r.get("phases") or {}
-        if ph:
-            a("")
-            a("Where the time of one launch goes (`AGENT_RUN_PHASES`, each phase's own time; its own loop after the interleaved one; \"fs\" is the run root's filesystem; \"tmpfs, no cgroup\" runs with `AGENT_RUN_CGROUP=off`, to show the phases the run's cgroup adds):")
-            a("")
-            wheres = [w for w in ("fs", "tmpfs", "tmpfs, no cgroup") if w in ph]
-            names = [row[0] for row in ph[wheres[0]]["rows"]]
-            for w in wheres[1:]:
-                names += [row[0] for row in ph[w]["rows"] if row[0] not in names]
-
-            def row_of(rows, name):
-                row = next((x for x in rows if x[0] == name), None)
-                return (row[2], row[3]) if row else None
-
-            where_table(a, "phase", [(w, ph[w]["rows"]) for w in wheres],
-                        [(f"**{n}**" if n == "total" else f"`{n}`", lambda rows, n=n: row_of(rows, n)) for n in names])
-            outs = [(w, ph[w].get("outside")) for w in wheres if ph[w].get("outside")]
-            if outs:
-                a("")
-                a("Around `main` (the harness notes CLOCK_MONOTONIC at its `posix_spawn` and after its `waitpid`; the line gives the clock at `main`'s entry): \"before main\" is the harness's spawn, the exec of the static binary and the C library's start; \"after exit\" is the exit of the wrapper's process (its teardown) until the harness's wait returns:")
-                a("")
-                spans = (("before_main", "before main"), ("main", "main (the phases above)"), ("after_exit", "after exit"), ("wall", "**wall**"))
-                where_table(a, "span", outs, [(label, lambda o, k=k: o.get(k)) for k, label in spans])
-            ks = [(w, ph[w].get("keeper")) for w in wheres if ph[w].get("keeper")]
-            if ks:
-                a("")
-                a("The keeper's own line: its marks on the wrapper's clock, µs since the wrapper's `main`. It is forked in `keeper`, after the spawn. The marks are forked; go (the workload has exec'd and is recorded running: the keeper waits for that before its own start, so those steps never wait behind it for a CPU); ready (sources and journal set up); EOF (the workload's last writer gone); exit (logs synced, output.json written):")
-                a("")
-                where_table(a, "keeper mark", ks, [(f"`{n}`", lambda rows, n=n: row_of(rows, n)) for n in [row[0] for row in ks[0][1]]])
-            cs = [(w, ph[w].get("cpu")) for w in wheres if ph[w].get("cpu")]
-            if cs:
-                a("")
-                a("Each process's own CPU, at its exit (getrusage: user + system µs; the kernel's split of the two is by ticks, so only the sum is exact; and its minor page faults). Two cores run three processes at a launch (the wrapper, the keeper, the workload), so the CPU of each is time the others may wait for:")
-                a("")
-
-                def field_of(fields, role, k):
-                    f = {name: (m, p99) for name, _, m, p99 in fields.get(role, [])}
-                    return f.get(k)
-
-                where_table(a, "process", cs, [
-                    ("wrapper: CPU µs", lambda c: field_of(c, "wrapper", "cpu_us")),
-                    ("wrapper: minor faults", lambda c: field_of(c, "wrapper", "minflt")),
-                    ("keeper: CPU µs", lambda c: field_of(c, "keeper", "cpu_us")),
-                    ("keeper: minor faults", lambda c: field_of(c, "keeper", "minflt")),
-                ])
-            a("")
-            a("The ext4 rows also move with the filesystem's recent deletions. This machine's root has no journal. There, at every file creation, ext4's inode allocator skips every inode deleted in the last 60 s (360 s while its inode table block is dirty), reading each one's on-disk copy. After a bulk delete (a test suite's run roots, the scale scenario's 100,000 dirs) a file creation took 1.1 ms here instead of 0.02 ms, for minutes. The disk probe above shows the state this scenario met.")
-            a("")
-            a("What a launch must pay by the contract: the starting record before the spawn, pid == pgid == sid verified, the keeper (every byte kept), and the final record durable before exit. `final_record` is one fsync of status.json after it is exchanged into place, on the ext4 driver. On this machine's root, ext4 without a journal mounted `discard`, that fsync is a device flush.")
-            a("")
-            a("What the design adds above that floor, each in the table:")
-            a("")
-            a("- the run's cgroup: `cgroup_parent` reads /proc/self/mountinfo, ~60 µs in a fresh process here because the kernel formats every mount for it; `cgroup` and `cgroup_rm` make and remove it, the kernel making and removing its ~20 interface files;")
-            a("- the keeper's fork (`keeper`), right after the spawn, so the copy of the wrapper's page tables runs beside the workload's exec; its logs are opened before the spawn, in `keeper_prep`;")
-            a("- the records and the journal;")
-            a("- the scan for leftovers at the leader's exit (`leftovers`): the pids handed out since the leader, one by one when they are few, for a process that left the run's cgroup and tree; pidfd_open(2) says which of them lead a thread group, one syscall per pid;")
-            a("- the parse of `start`'s options.")
-            a("")
-            a("Costs removed earlier, each measured side by side:")
-            a("")
-            a("- The keeper's start raced the workload's exec and the `running` record for a CPU. The keeper now waits for both: ~0.2 ms of the median, more of the p99.")
-            a("- musl's opendir for the listings at the leader's exit mapped a page per listing and unmapped it at closedir: ~20 µs here.")
-            a("- The keeper's three 1 MiB buffers were mapped at its start and unmapped at its exit. Now they are mapped at their first use, and a keeper that only splices under its cap maps none: ~80 µs of the keeper's CPU, which the wrapper's final record waits for.")
-            a("- The workload's clone child and the keeper reset all 64 signal actions. Now they reset only those not at their default, read once from /proc/self/status for both: ~60 syscalls fewer while the wrapper waits for the exec.")
-            a("- A descriptor per caught signal: one wake-up descriptor now serves every handler, 12 syscalls fewer.")
-            a("- A second read of the cgroup's members at the leader's exit, when the cgroup had just said it was empty.")
-            a("- The rename over the old record cost a synchronous block allocation and, on a `discard` mount, a discard: ~4 ms a record here. Now it is an exchange and an unlink.")
-            a("- The second flush of the final record: the dir's fsync, where the file's fsync carries the rename.")
-            a("- The listing of /proc at the leader's exit.")
-            a("- The heartbeat's thread for a run over within 250 ms. It starts at 250 ms, if the run lasts (`threads`).")
-            a("- The wait for the keeper's teardown before the final record. The record goes out at the EOF of the keeper's done pipe, once output.json is in place, and the keeper's exit runs beside it: `keeper_wait` 83 -> 2 µs, the launch 27 µs shorter on tmpfs and 60 µs on ext4, interleaved. `keeper_exit` is the wait for that exit after the record.")
-            a("- The read of /proc/PID/status for each pid that scan probes, to skip threads. pidfd_open refuses a pid that does not lead its thread group: `leftovers` 111 -> 85 µs median on tmpfs, interleaved, 1,000 launches each.")
-            a("")
-            a("Tried and left out, measured side by side:")
-            a("")
-            a("- a non-PIE binary (no relocations at start: under 0.02 ms);")
-            a("- opt-level 2 or 3 instead of `s` (no faster, 0.4 MB larger);")
-            a("- reading /proc/self/mountinfo into a 16 KiB stack buffer (slower: four fresh stack pages to fault in);")
-            a("- a thread started at `main`'s entry to read /proc/self/mountinfo and /proc/self/cgroup beside the argument parse. It was worse by 0.12 ms, interleaved: the thread's stack, its start and its own faults cost more than the ~50 µs it could overlap (`parse` 50 -> 106 µs, `cgroup_parent` 147 -> 194 µs);")
-            a("- reading the workload's /proc/PID/stat before the keeper's fork instead of after it. No change: the fork itself, ~0.1 ms, is the wrapper's page tables and fds, and it runs while the workload execs.")
-        ti = r.get("tini", {})
-        for name, where in (("agent-run", "run root's fs"), ("agent-run-stream", "run root's fs, streaming"), ("agent-run-tmpfs", "tmpfs")):
-            x = r.get(name, {})
-            if "over_bare" not in x:
-                continue
-            if "over_bare" in ti:
-                ok_med = x["over_bare"] <= ti["over_bare"] + 2.0
-                ok_99 = x["p99_over_bare"] <= ti["p99_over_bare"] + 2.0
-                ok = True if ok_med and ok_99 else ("meets at the median; **p99 misses**" if ok_med else False)
-                got = f"{fms(x['over_bare'])} / {fms(x['p99_over_bare'])} ms (tini {fms(ti['over_bare'])} / {fms(ti['p99_over_bare'])})"
-            else:
-                ok, got = None, f"{fms(x['over_bare'])} ms (no tini to compare)"
-            summ.append((f"launch overhead over bare, median / p99 ({where})", TARGETS["launch"], got, ok))
-        a("")
-
-    # ---------------- stop
-    if "stop" in R:
-        r = R["stop"]
-        a("## 2. Stop latency: TERM to the wrapper until no process of the tree is left")
-        a("")
-        a(f"TERM goes to the wrapper (for bare and `setsid`, which exec, to the workload itself). \"all gone\" is the time until every process of the tree seen before the signal has exited and the wrapper has exited (pidfd + poll on each); agent-run writes its final record before it exits, so this includes the record. \"record\" is agent-run's `ended_at` minus the signal time (1 ms resolution; `ended_at` is stamped just before the final record is written and fsynced). When processes are still alive at the cap ({ctx.n(1.5, 0.5):g} s for (a) and (d), grace + {ctx.n(1.0, 0.5):g} s for (b), grace + {ctx.n(1.5, 0.5):g} s for (c)), the cell says what survived and the trial is not repeated beyond "
-          f"{ctx.n(3, 1)}. Survivors are killed by pid afterwards. agent-run runs with `--grace {ctx.grace_s:g}s` (HUP step at the default 500 ms); `timeout` with `-k {ctx.grace_s:g}s`, its strongest setting (it escalates only while its own child lives, and exits with it); `tini -g` forwards the signal to the child's group and waits for the child.")
-        a("")
-        for scen in STOP_SCENARIOS:
-            rr = r.get(scen["key"])
-            if rr is None:
-                continue
-            a(f"### {scen['title']}")
-            a("")
-            a(f"`{shlex.join(scen['cmd'])}`")
-            a("")
-            a("| wrapper | trials | all gone: median / p90 / p99 ms | record (ended_at) median / p99 ms | outcome |")
-            a("|---|---|---|---|---|")
-            for p in peers:
-                x = rr[p.name]
-                if "skip" in x:
-                    a(f"| {p.label} | — | {x['skip']} | | |")
-                    continue
-                allc = "—"
-                if "all" in x:
-                    s = x["all"]
-                    allc = f"{fms(s['median'])} / {fms(s['p90'])} / {fms(s['p99'])}"
-                rec = f"{fms(x['record']['median'])} / {fms(x['record']['p99'])}" if "record" in x else ""
-                if x.get("survivors"):
-                    w = x.get("wrapper_ms")
-                    if x.get("execs"):
-                        wtxt = "no wrapper process"
-                    elif w and x["wrapper_exited"] == x["survived_trials"]:
-                        wtxt = f"the wrapper exited after {fms(w['median'])} ms, leaving them"
-                    else:
-                        wtxt = "the wrapper was still waiting at the cap"
-                    what = ", ".join(x["survivors"])
-                    outcome = f"**survives**: {what} ({x['survived_trials']}/{x['trials']} trials); {wtxt}"
-                else:
-                    outcome = "all gone" + (f"; {', '.join(x['states'])}" if x.get("states") else "")
-                a(f"| {p.label} | {x['trials']} | {allc} | {rec} | {outcome} |")
-            if rr.get("_load"):
-                a("")
-                a(f"Load average over this scenario: {rr['_load'][0]} at the start, {rr['_load'][-1]} at the end.")
-            x = rr.get("agent-run", {})
-            if "skip" not in x:
-                key = scen["key"]
-                if key == "coop":
-                    val = x.get("all", {}).get("median")
-                    summ.append(("cooperative stop to final record (median / p99)", TARGETS["stop_coop"], f"{fms(val)} / {fms(x.get('all', {}).get('p99'))} ms", stop_verdict(x, 20)))
-                elif key == "shell":
-                    val = x.get("all", {}).get("median")
-                    summ.append(("interactive shell stop (median / p99)", TARGETS["stop_shell"], f"{fms(val)} / {fms(x.get('all', {}).get('p99'))} ms", stop_verdict(x, 50)))
-                elif key == "stubborn":
-                    val = x.get("all", {}).get("median")
-                    ld = rr.get("_load", ["?", "?"])
-                    summ.append(("stubborn child: stop minus grace (median / p99)", TARGETS["stop_stubborn"], f"{fms(val)} / {fms(x.get('all', {}).get('p99'))} ms (load {ld[0]} → {ld[-1]})", stop_verdict(x, 50)))
-                else:
-                    summ.append(("setsid escapee", TARGETS["stop_escapee"], "survivors" if x.get("survivors") else f"all gone, {fms(x.get('all', {}).get('median'))} ms", not x.get("survivors")))
-            a("")
-
-    # ---------------- footprint
-    if "footprint" in R:
-        r = R["footprint"]
-        d = r["_dur"]
-        a(f"## 3. The wrapper's own footprint while `sleep {d:g}` runs")
-        a("")
-        a(f"Peak RSS is VmHWM of the wrapper process itself (not its children), sampled 0.25 s before the workload ends; CPU is the wrapper's own (all threads, from /proc/PID/task/*/schedstat): total over its life so far, and the steady state after its first 0.5 s. All wrappers ran side by side, {r['agent-run']['rounds']} rounds; medians. bare and `setsid` exec the workload: there is no wrapper process, the figures are `sleep`'s own. File-backed pages (the binary's text, libc) are shared with every other process mapping the same files; anonymous pages are the wrapper's own.")
-        a("")
-        a("| wrapper | peak RSS (VmHWM) | of which anon / file-backed (at the sample) | threads | CPU total ms | steady-state CPU ms (per s) | target |")
-        a("|---|---|---|---|---|---|---|")
-        keys = [p.name for p in peers] + ["agent-run (streaming)"]
-        labels = {p.name: p.label for p in peers}
-        labels["agent-run (streaming)"] = "agent-run, streaming (no `--quiet`)"
-        for k in keys:
-            x = r.get(k)
-            if x is None:
-                continue
-            if "skip" in x:
-                a(f"| {labels[k]} | {x['skip']} | | | | | |")
-                continue
-            note = " (`sleep` itself)" if x["execs"] else ""
-            tgt = TARGETS["rss"] if k.startswith("agent-run") else ""
-            per_s = x["steady_cpu_ms"] / x["steady_s"] if x["steady_s"] > 0 else 0
-            a(f"| {labels[k]} | {x['hwm_kb'] / 1024:.2f} MiB{note} | {x['anon_kb'] / 1024:.2f} / {x['file_kb'] / 1024:.2f} MiB | {x['threads']} | {fms(x['cpu_ms'])} | {fms(x['steady_cpu_ms'])} ({per_s:.3f}) | {tgt} |")
-        x = r["agent-run"]
-        summ.append(("wrapper peak RSS (`--quiet`)", TARGETS["rss"], f"{x['hwm_kb'] / 1024:.2f} MiB", x["hwm_kb"] < 2048))
-        x = r.get("agent-run (streaming)")
-        if x and "skip" not in x:
-            summ.append(("wrapper peak RSS (streaming)", TARGETS["rss"], f"{x['hwm_kb'] / 1024:.2f} MiB", x["hwm_kb"] < 2048))
-        a("")
-
-    # ---------------- output
-    if "output" in R:
-        r = R["output"]
-        size = r["size"]
-        a(f"## 4. Output: {size // MiB} MiB written by the workload (`head -c {size} /dev/zero`)")
-        a("")
-        a("Throughput from spawn until the harness has read EOF on the pipe and reaped the wrapper (GB/s = 10^9 bytes/s, median of the runs; min in brackets). agent-run runs without `--quiet`: the workload writes a pipe, the output keeper splices it into stdout.log, and the wrapper sends the log to its stdout, a pipe the harness drains. \"every byte once\" checks the byte count read from the pipe, and for agent-run also the size of stdout.log. Every measurement starts after `sync`, in rotating order. agent-run's log goes to disk and is fsynced before the run's counts appear (docs/contract.md, output.json), all inside the measured time. The disk reference (the same workload writing a file on the same filesystem, no pipe, no fsync) and the disk's own write speed bound it. `cat` and the disk reference pay no fsync.")
-        a("")
-        a("| path | runs | GB/s (min) | % of cat | % of the disk reference | every byte once | target |")
-        a("|---|---|---|---|---|---|---|")
-        rows = r["rows"]
-        cat = rows.get("cat FILE -> pipe", {}).get("gbps")
-        ref = rows.get("ref: workload -> file (disk)", {}).get("gbps")
-        order = ["cat FILE -> pipe", "ref: workload -> file (disk)"] + [p.name for p in peers if p.name != "agent-run"] + ["agent-run (log + stream)"]
-        labels = {p.name: f"{p.label} (workload writes the pipe)" for p in peers}
-        labels["cat FILE -> pipe"] = "`cat` of the same bytes (a file in page cache) -> pipe"
-        labels["ref: workload -> file (disk)"] = "reference: workload -> a file on this disk, no pipe"
-        labels["agent-run (log + stream)"] = "agent-run: workload -> stdout.log, wrapper -> pipe"
-        for k in order:
-            x = rows.get(k)
-            if x is None:
-                continue
-            if "skip" in x:
-                a(f"| {labels.get(k, k)} | — | {x['skip']} | | | | |")
-                continue
-            once = "yes" if x["all_bytes"] else "**no**"
-            if x["log_ok"] is not None:
-                once += ", log " + ("complete" if x["log_ok"] else "**wrong size**")
-            pc = f"{100 * x['gbps'] / cat:.0f}%" if cat and not k.startswith("ref") else ""
-            pr = f"{100 * x['gbps'] / ref:.0f}%" if ref and k.startswith("agent-run") else ""
-            tgt = TARGETS["stream"] if k.startswith("agent-run") else ""
-            a(f"| {labels.get(k, k)} | {x['runs']} | {x['gbps']:.2f} ({x['gbps_min']:.2f}) | {pc} | {pr} | {once} | {tgt} |")
-        x = rows.get("agent-run (log + stream)")
-        if x and cat:
-            ok = x["gbps"] >= 1.0 and x["gbps"] >= 0.8 * cat and x["all_bytes"] and x["log_ok"]
-            floor = f" (1 GB/s is above what `cat` itself reaches here, {cat:.2f} GB/s, and the disk reference, {ref:.2f})" if ref and x["gbps"] < 1.0 and max(cat, ref) < 1.0 else ""
-            summ.append(("streaming throughput", TARGETS["stream"], f"{x['gbps']:.2f} GB/s, {100 * x['gbps'] / cat:.0f}% of cat; every byte once: {'yes' if x['all_bytes'] and x['log_ok'] else 'NO'}{floor}", ok))
-        fb = r.get("first_byte")
-        if fb:
-            a("")
-            a("First-byte latency (spawn until the first line `echo ready` reaches the harness; `sh -c 'echo ready; sleep 0.3'`):")
-            a("")
-            a("| wrapper | n | median ms | p90 ms | p99 ms |")
-            a("|---|---|---|---|---|")
-            for p in peers:
-                x = fb.get(p.name)
-                if x:
-                    a(f"| {p.label} | {x['n']} | {fms(x['median'])} | {fms(x['p90'])} | {fms(x['p99'])} |")
-        a("")
-
-    # ---------------- watchdog
-    if "watchdog" in R:
-        r = R["watchdog"]
-        a("## 5. Watchdog")
-        a("")
-        a("Run dirs are fabricated (mode 0700, files 0600) from the schema of a status.json that agent-run itself wrote. \"final\" runs are `finished`. \"live\" pending runs are `running` with a lease a day away and a live wrapper (one shared process stands in for every wrapper): the watchdog pins the wrapper and holds the run until its lease + grace + slack. \"orphan\" pending runs are `running` with a lease a day away, a dead wrapper and a live process (one shared session leader): the watchdog owns them and holds them until the lease expires.")
-        a("")
-        rs = r.get("rescan", {})
-        if rs:
-            a("### One full rescan: `agent-run-watchdog --once`")
-            a("")
-            a("CPU is user + sys of the process from `wait4` rusage (median of the repeats; the 10,000 pending rows ran once).")
-            a("")
-            a("| run dirs | CPU ms | wall ms | target |")
-            a("|---|---|---|---|")
-            for k, x in rs.items():
-                tgt = TARGETS["rescan"] if k == "final 10000" else ""
-                a(f"| {k} | {fms(x['cpu_ms'])} | {fms(x['wall_ms'])} | {tgt} |")
-            x = rs.get("final 10000")
-            if x:
-                summ.append(("rescan of 10,000 final run dirs (CPU)", TARGETS["rescan"], f"{fms(x['cpu_ms'])} ms", x["cpu_ms"] < 100))
-            a("")
-        idle = r.get("idle", {})
-        if idle:
-            a("### The daemon idle over final runs (default `--scan-interval 30s`)")
-            a("")
-            a("| final runs | startup to READY=1 | startup CPU ms | CPU while idle | over | per hour (extrapolated) | peak RSS |")
-            a("|---|---|---|---|---|---|---|")
-            for n, x in idle.items():
-                per_h = x["cpu_ms"] / x["secs"] * 3600
-                a(f"| {int(n):,} | {x['ready_s'] * 1000:.0f} ms | {fms(x['startup_cpu_ms'])} | {fms(x['cpu_ms'])} ms | {x['secs']:.0f} s | {per_h / 1000:.2f} s | {(x['hwm_kb'] or 0) / 1024:.1f} MiB |")
-            k1 = idle.get(1000) or idle.get("1000")
-            if k1:
-                summ.append(("daemon CPU while idle, 1,000 final runs", TARGETS["idle"], f"{fms(k1['cpu_ms'])} ms over {k1['secs']:.0f} s", k1["cpu_ms"] / k1["secs"] < 1.0))
-            a("")
-        lat = r.get("lateness", [])
-        if lat:
-            a("### Lease lateness")
-            a("")
-            a("K orphaned runs, each with its own live process (a `sleep` in its own session carrying the run's `AGENT_RUN_ID` and `AGENT_RUN_DIR`), get leases expiring at staggered deadlines after the daemon's READY=1, while N − K other runs have leases pending a day away. Lateness (\"final\") = the moment the harness sees the final record in status.json (it stats the runs past their deadline every millisecond) minus the lease deadline; \"act\" = the watchdog's first journal line for the run minus the deadline; then the stop (act → the journal's stop_end) and the final record (stop_end → seen; includes the fsync). Journal times have 1 ms resolution. Default `--scan-interval 30s`: a window longer than 30 s includes one periodic full rescan.")
-            a("")
-            a("| pending leases (N) | fillers | K, spacing, window | startup to READY | startup CPU | final: p50 / p99 / max ms | act: p50 / p99 ms | act → stop_end p50 / max ms | stop_end → final seen p50 / max ms | not final | CPU during window | peak RSS | load average (start → end) |")
-            a("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-            for x in lat:
-                s, sa = x["lateness"], x["act_lateness"]
-                bad = f" ({', '.join(x['bad_states'])})" if x["bad_states"] else ""
-                if x.get("not_final") and x.get("pending_states"):
-                    bad += f" (at the end: {', '.join(x['pending_states'])})"
-                s1, s2 = x.get("act_to_stop_end", {}), x.get("stop_end_to_final", {})
-                a(f"| {x['n']:,} | {x['kind']} | {x['k']}, {x['spacing_s']:g} s, {x['window_s']:.0f} s | {x['ready_s'] * 1000:.0f} ms | {fms(x['ready_cpu_ms'])} ms | {fms(s['median'])} / {fms(s['p99'])} / {fms(s['max'])} | {fms(sa['median'])} / {fms(sa['p99'])} | {fms(s1.get('median'))} / {fms(s1.get('max'))} | {fms(s2.get('median'))} / {fms(s2.get('max'))} | {x['not_final']}{bad} | {fms(x['run_cpu_ms'])} ms | {(x['hwm_kb'] or 0) / 1024:.1f} MiB | {' → '.join(x.get('load', ['?']))} |")
-            a("")
-            a("Design of the fixture: the K measured runs are orphans, each with its own live process carrying the run's marker (AGENT_RUN_ID and AGENT_RUN_DIR: the watchdog takes a process for an orphaned run's only by both). They are present with leases a day away before the daemon starts. After READY=1 each gets its staggered deadline through a lease.json renamed into place, as `agent-run renew` writes it. The N − K fillers are \"live\" or \"orphan-own\". A live filler's record names one shared process as the wrapper: the watchdog reads and checks each record every pass, and holds none of them, since that process is not an agent-run holding the run's lock. \"orphan-own\" is the literal load: every filler an orphan with its own marked process, held by the watchdog until a lease a day away. An earlier \"orphan\" kind, whose fillers shared one session leader, is gone: a shared process is no filler's by the trust rules, so those runs were settled at once, and its figures measured that, not pending leases.")
-            own = [x for x in lat if x["kind"] == "orphan-own" and x.get("pid_max")]
-            if own:
-                x = own[-1]
-                a("")
-                window = (x['pid_max'] - 300 - x['tasks']) / 100000
-                a(f"How the orphan-own row stays on target: a watchdog stop of an orphan held by scanning alone looks at /proc again and again. It looks first, at each deadline, once every member is gone, and a second empty time, which procfs mode needs to call a stop done, since a fork racing a scan can hide from one look. One look of every pid reads the stat of all {x['tasks']:,} processes (tens of µs each here). A look may skip the older pids only while the pid counter cannot have come around since the look they were read in. By time alone (`procfs::no_wrap_within`: the free pids at 100,000 forks a second; safety CS-78, R-23) that is {window * 1000:.0f} ms with kernel.pid_max = {x['pid_max']:,} and {x['tasks']:,} tasks, shorter than one look of such a table. So before the change every look of every stop read the whole table (p99 1,573 ms). The watchdog now follows the counter (`pid_counter`, safety CS-82): it reads `ns_last_pid` at a quarter of that bound, so the chain of readings says how far the counter moved. While that is short of a whole cycle, a stop's first look is the last look of every pid for the older pids plus a fresh read of the pids handed out since. Its later looks read only those. The act → stop_end time above is then the stop itself: TERM, the pidfd wake-up at the exit, and the looks that call the run empty (at most one every 25 ms while stops overlap). A run held in a cgroup needs no look at all to know it is empty (`cgroup.events`).")
-            top = max(x["n"] for x in lat)
-            big = [x for x in lat if x["n"] == top]
-            for x in big:
-                p99 = x["lateness"]["p99"]
-                ok = None if p99 is None else (p99 < 100 and x["not_final"] == 0 and not x["bad_states"])
-                if ok is False and x["lateness"]["median"] is not None and x["lateness"]["median"] < 100 and x["not_final"] == 0:
-                    ok = "meets at the median; **p99 misses**"
-                ld = x.get("load", ["?", "?"])
-                summ.append((f"lease lateness p99, {x['n']:,} pending ({x['kind']} fillers)", TARGETS["lateness"], f"{fms(p99)} ms" + (f", {x['not_final']} not final" if x["not_final"] else "") + f" (load {ld[0]} → {ld[-1]})", ok))
-            a("")
-
-    # ---------------- cancel
-    if "cancel" in R:
-        x = R["cancel"]
-        a("## 6. `agent-run cancel` round trip")
-        a("")
-        a("A detached cooperative run (`agent-run -d ID -- bash -c '<cooperative tree>'`), then `agent-run cancel ID` timed from spawn to exit (it returns once the final record is written).")
-        a("")
-        a("| step | n | median ms | p90 ms | p99 ms |")
-        a("|---|---|---|---|---|")
-        a(f"| `agent-run -d` until it returns (run is `running`) | {x['detach']['n']} | {fms(x['detach']['median'])} | {fms(x['detach']['p90'])} | {fms(x['detach']['p99'])} |")
-        a(f"| `agent-run cancel` round trip | {x['cancel']['n']} | {fms(x['cancel']['median'])} | {fms(x['cancel']['p90'])} | {fms(x['cancel']['p99'])} |")
-        a("")
-        a("Outcomes: " + ", ".join(f"{k} x{v}" for k, v in x["outcomes"].items()) + f"; processes of the run alive 10 ms after cancel returned: {x['left_behind']}.")
-        a("")
-
-    # ---------------- scale
-    if "scale" in R:
-        r = R["scale"]
-        a("## 7. Scale: 1,000 / 10,000 / 100,000 run dirs, and 1,000 live runs")
-        a("")
-        a("Final run dirs are copies of one run dir agent-run wrote (`bench/fixtures.py`: status.json with the run id and cgroup name rewritten, events.jsonl, stdout.log, stderr.log, lock, pid, pgid). CPU is user + sys of the process (`wait4` rusage), peak RSS its `ru_maxrss`; every figure is a warm pass (one unmeasured pass first, which also writes the settled ledger `.watchdog.settled` that the measured `--once` passes read: an unchanged final record costs them two `statx`, not a read), median of the repeats. The warm pass comes 2.1 s after the fixture is written: the ledger takes no record changed within the last 2 s, and runs before 12-02 measured the newest records of the fixture read in full at every pass. \"growth\" is the CPU ratio to the size 10x smaller (linear: 10x).")
-        a("")
-        a("### One `agent-run-watchdog --once` pass over final run dirs")
-        a("")
-        a("| run dirs | CPU ms (user + sys) | wall ms | peak RSS | growth per 10x | load average | target |")
-        a("|---|---|---|---|---|---|---|")
-        prev = None
-        for n, x in sorted(r["once"].items(), key=lambda kv: int(kv[0])):
-            n = int(n)
-            g = f"{x['cpu_ms'] / prev[1]:.1f}x" if prev and prev[0] * 10 == n and prev[1] > 0 else "—"
-            tgt = "< 1 s CPU, linear or better" if n == 100000 else ""
-            a(f"| {n:,} | {fms(x['cpu_ms'])} ({fms(x['user_ms'])} + {fms(x['sys_ms'])}) | {fms(x['wall_ms'])} | {x['maxrss_kb'] / 1024:.1f} MiB | {g} | {x['load']} | {tgt} |")
-            if n == 100000:
-                summ.append(("`--once` pass over 100,000 final run dirs (CPU)", "< 1 s CPU, linear or better", f"{fms(x['cpu_ms'])} ms, {x['maxrss_kb'] / 1024:.1f} MiB (load {x['load']})", x["cpu_ms"] < 1000))
-            prev = (n, x["cpu_ms"])
-        d = r.get("daemon") or {}
-        if d:
-            a("")
-            a(f"The daemon's first pass (startup to READY=1) over {d['n']:,} final run dirs: {d['ready_s'] * 1000:.0f} ms wall, {fms(d['cpu_ms'])} ms CPU, peak RSS {(d['hwm_kb'] or 0) / 1024:.1f} MiB.")
-        a("")
-        a("### `agent-run list` and `gc`")
-        a("")
-        a("| run dirs | command | CPU ms (user + sys) | wall ms | peak RSS | load average |")
-        a("|---|---|---|---|---|---|")
-        for n, rows in sorted(r["list"].items(), key=lambda kv: int(kv[0])):
-            for key, x in rows.items():
-                a(f"| {int(n):,} | `{key}` | {fms(x['cpu_ms'])} ({fms(x['user_ms'])} + {fms(x['sys_ms'])}) | {fms(x['wall_ms'])} | {x['maxrss_kb'] / 1024:.1f} MiB | {x['load']} |")
-        g = r.get("gc_all")
-        if g:
-            a(f"| {g['n']:,} | `gc --older-than 0s` (removes every run) | {fms(g['cpu_ms'])} | {fms(g['wall_ms'])} | {g['maxrss_kb'] / 1024:.1f} MiB | exit {g['code']}, {g['left']} entries left |")
-        lv = r.get("live") or {}
-        if lv:
-            n = lv["n"]
-            a("")
-            a(f"### {n:,} concurrent live runs on this machine")
-            a("")
-            a(f"`agent-run -d --lease 1h ID -- sleep 100000`, {n:,} times in a row; then the watchdog daemon on that root; then ONE `agent-run cancel ID1 ... ID{n}`. A second round of {n:,} runs with a short lease is left to expire (the wrappers enforce their own leases; the daemon watches too).")
-            a("")
-            dm = lv["daemon"]
-            c = lv["cancel"]
-            le = lv["lease"]
-            a("| figure | value |")
-            a("|---|---|")
-            a(f"| launch rate (`agent-run -d` in a row) | {lv['launch_rate']:.0f} runs/s ({lv['launch_s']:.1f} s for {n:,}) |")
-            a(f"| wrappers alive after the launches | {lv['wrappers_alive']:,} |")
-            a(f"| total RSS of the wrappers (PSS: shared pages split) | {lv['rss_total_kb'] / 1024:.0f} MiB ({lv['pss_total_kb'] / 1024:.0f} MiB PSS) |")
-            a(f"| watchdog daemon: startup to READY=1 / its CPU | {dm['ready_s'] * 1000:.0f} ms / {fms(dm['startup_cpu_ms'])} ms |")
-            a(f"| watchdog daemon: CPU while idle beside {n:,} live wrappers | {fms(dm['idle_cpu_ms'])} ms over {dm['idle_s']:.0f} s (load {dm['load']}) |")
-            a(f"| one `cancel` of {n:,} ids: until it returned / until the last final record (`ended_at`) | {fms(c['return_ms'])} ms / {fms(c['last_final_ms'])} ms; exit {c['code']}, {c['not_final']} not final, {c['left']} processes left (load {c['load']}) |")
-            s_ = le["lateness"]
-            a(f"| lease expiry ({le['lease_s']} s leases): `ended_at` minus the deadline, p50 / p99 / max | {fms(s_['median'])} / {fms(s_['p99'])} / {fms(s_['max'])} ms (n = {s_['n']}); {le['not_final']} not final, {le['left']} processes left; states {', '.join(le['states'])} (load {le['load']}) |")
-            a(f"| lease expiry: last deadline to the last final record | {fms(le['last_deadline_to_last_final_ms'])} ms |")
-            summ.append((f"{n:,} live runs: one many-id cancel, to the last final record", "every run final, nothing left", f"{fms(c['last_final_ms'])} ms, {c['not_final']} not final, {c['left']} left", c["not_final"] == 0 and c["left"] == 0 and c["code"] == 0))
-            summ.append((f"{n:,} live runs: idle watchdog CPU", TARGETS["idle"], f"{fms(dm['idle_cpu_ms'])} ms over {dm['idle_s']:.0f} s", dm["idle_cpu_ms"] / dm["idle_s"] < 10.0))
-        a("")
+    for name, section in SECTIONS:
+        if name in R:
+            section(a, R[name], ctx, peers, summ)
 
     if ctx.errors:
         a("## Harness errors")

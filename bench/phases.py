@@ -130,6 +130,18 @@ def outside_main(lines, spans):
     return {k: (statistics.median(v), q(v, 0.99)) for k, v in parts.items()}
 
 
+def print_rows(rows, md, head):
+    """(name, n, median µs, p99 µs) rows: a table under `head` with --markdown, else text."""
+    if md:
+        print(f"| {head} | n | median µs | p99 µs |")
+        print("|---|---|---|---|")
+    for name, count, m, p99 in rows:
+        if md:
+            print(f"| {name} | {count} | {m:.0f} | {p99:.0f} |")
+        else:
+            print(f"{name:16s} n {count:5d}  median {m:8.0f} us  p99 {p99:8.0f} us")
+
+
 def main(argv):
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
@@ -137,28 +149,14 @@ def main(argv):
     md = "--markdown" in argv[1:]
     with open(argv[0]) as f:
         n, rows = summarise(f)
-    if md:
-        print(f"| phase | n | median µs | p99 µs |")
-        print("|---|---|---|---|")
-    else:
+    if not md:
         print(f"{n} launches")
-    for name, count, m, p99 in rows:
-        if md:
-            print(f"| {name} | {count} | {m:.0f} | {p99:.0f} |")
-        else:
-            print(f"{name:16s} n {count:5d}  median {m:8.0f} us  p99 {p99:8.0f} us")
+    print_rows(rows, md, "phase")
     with open(argv[0]) as f:
         helpers = summarise_helpers(f)
     if helpers:
         print("\nthe keeper's marks, µs since the wrapper's main:" if not md else "")
-        if md:
-            print("| keeper mark | n | median µs | p99 µs |")
-            print("|---|---|---|---|")
-        for name, count, m, p99 in helpers:
-            if md:
-                print(f"| {name} | {count} | {m:.0f} | {p99:.0f} |")
-            else:
-                print(f"{name:16s} n {count:5d}  median {m:8.0f} us  p99 {p99:8.0f} us")
+        print_rows(helpers, md, "keeper mark")
     with open(argv[0]) as f:
         cpu = summarise_cpu(f)
     if cpu:

@@ -63,6 +63,22 @@ impl Reply {
     }
 }
 
+/// How a call of agent-run reaches the host, beyond its words.
+#[derive(Clone, Copy)]
+pub enum Call<'a> {
+    /// A call that ends when we stop waiting for it.
+    Plain,
+    /// With the lease token in agent-run's environment (`start`, `renew`), never on a command
+    /// line: here in the child's environment; over ssh on the channel's stdin, which the remote
+    /// shell reads into the variable before it execs agent-run.
+    Leased(&'a LeaseToken),
+    /// A call that must reach the host even if we stop waiting for it (the cancels of a
+    /// shutdown): here, the child is not killed when its future is dropped, and is in a process
+    /// group of its own. Over ssh it is killed like any channel (no ssh outlives the server);
+    /// the host's stop goes on once the command has reached it.
+    Lasting,
+}
+
 enum Kind {
     Local,
     Ssh(Conn),
@@ -139,47 +155,18 @@ impl Host {
         }
     }
 
-    /// Run agent-run with `words` on the host, for at most `timeout`.
+    /// Run agent-run with `words` on the host, for at most `timeout`, as `call` says.
     pub async fn agent_run<S: AsRef<OsStr>>(
         &self,
         words: &[S],
         timeout: Duration,
+        call: Call<'_>,
     ) -> Result<Reply, String> {
-        self.agent_run_with(words, timeout, false, None).await
-    }
-
-    /// [`Host::agent_run`] with the lease token in agent-run's environment (`start`, `renew`),
-    /// never on a command line: here in the child's environment; over ssh on the channel's
-    /// stdin, which the remote shell reads into the variable before it execs agent-run.
-    pub async fn agent_run_leased<S: AsRef<OsStr>>(
-        &self,
-        words: &[S],
-        timeout: Duration,
-        token: &LeaseToken,
-    ) -> Result<Reply, String> {
-        self.agent_run_with(words, timeout, false, Some(token))
-            .await
-    }
-
-    /// [`Host::agent_run`] for a call that must reach the host even if we stop waiting for it
-    /// (the cancels of a shutdown): here, the child is not killed when its future is dropped,
-    /// and is in a process group of its own. Over ssh it is killed like any channel (no ssh
-    /// outlives the server); the host's stop goes on once the command has reached it.
-    pub async fn agent_run_lasting<S: AsRef<OsStr>>(
-        &self,
-        words: &[S],
-        timeout: Duration,
-    ) -> Result<Reply, String> {
-        self.agent_run_with(words, timeout, true, None).await
-    }
-
-    async fn agent_run_with<S: AsRef<OsStr>>(
-        &self,
-        words: &[S],
-        timeout: Duration,
-        lasting: bool,
-        token: Option<&LeaseToken>,
-    ) -> Result<Reply, String> {
+        let (lasting, token) = match call {
+            Call::Plain => (false, None),
+            Call::Leased(t) => (false, Some(t)),
+            Call::Lasting => (true, None),
+        };
         let reply = match &self.kind {
             Kind::Local => {
                 let argv = self.argv(words);
@@ -308,7 +295,7 @@ impl Host {
             .features
             .get_or_try_init(|| async {
                 let reply = self
-                    .agent_run(&["version", "--json"], Duration::from_secs(30))
+                    .agent_run(&["version", "--json"], Duration::from_secs(30), Call::Plain)
                     .await?;
                 let doc: Option<Value> = (reply.code == Some(0))
                     .then(|| serde_json::from_slice(&reply.stdout).ok())

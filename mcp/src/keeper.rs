@@ -7,7 +7,7 @@
 //! Detached runs are never in it (they have no lease and outlive the server). A run leaves the set
 //! when its host says it is final.
 
-use crate::host::Host;
+use crate::host::{Call, Host};
 use crate::token::LeaseToken;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -108,7 +108,7 @@ impl Keeper {
         let mut words: Vec<&str> = vec!["renew", &lease];
         words.extend(ids.iter().map(String::as_str));
         let reply = host
-            .agent_run_leased(&words, Duration::from_secs(30), &self.token)
+            .agent_run(&words, Duration::from_secs(30), Call::Leased(&self.token))
             .await?;
         let doc: Option<Value> = serde_json::from_slice(&reply.stdout).ok();
         // One id gives one object (exit 69 when it is final or gone); several give an array
@@ -172,7 +172,7 @@ impl Keeper {
             work.push(async move {
                 let mut words: Vec<&str> = vec!["cancel", "--json"];
                 words.extend(ids.iter().map(String::as_str));
-                match host.agent_run_lasting(&words, wait).await {
+                match host.agent_run(&words, wait, Call::Lasting).await {
                     Ok(r) if r.code == Some(0) => {
                         format!("cancelled {} run(s) on {}", ids.len(), host.name)
                     }
@@ -199,6 +199,7 @@ impl Keeper {
             .agent_run(
                 &["list", "--json", "--state=active", &owner, &detached],
                 Duration::from_secs(30),
+                Call::Plain,
             )
             .await?;
         let Ok(Value::Array(runs)) = serde_json::from_slice::<Value>(&reply.stdout) else {

@@ -8,9 +8,11 @@
 
 use crate::keeper::{DETACHED_LABEL, OWNER_LABEL};
 use agent_run_shared::id::RunId;
+use agent_run_shared::record::State;
 use rmcp::model::{Tool, ToolAnnotations};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::sync::Arc;
@@ -35,18 +37,24 @@ pub const MAX_GRACE_S: f64 = agent_run_shared::stop::MAX_GRACE.as_secs() as f64;
 pub const MAX_TIMEOUT_S: f64 = 10.0 * 365.0 * 86400.0;
 /// How many runs one status, wait or cancel may name.
 pub const MAX_IDS: usize = 20;
-/// The states `list` filters on (agent-run's `list --state`).
-pub const LIST_STATES: [&str; 9] = [
-    "active",
-    "final",
-    "starting",
-    "running",
-    "cancelling",
-    "finished",
-    "cancelled",
-    "launch_failed",
-    "unknown",
-];
+/// The states `list` filters on (agent-run's `list --state`): `active` (not final), `final`,
+/// or a state of the record, spelt as shared's [`State::as_str`] spells it.
+pub fn list_states() -> Vec<&'static str> {
+    use State::*;
+    let states = [
+        Starting,
+        Running,
+        Cancelling,
+        Finished,
+        Cancelled,
+        LaunchFailed,
+        Unknown,
+    ];
+    ["active", "final"]
+        .into_iter()
+        .chain(states.map(State::as_str))
+        .collect()
+}
 
 fn schema(v: Value) -> Arc<Map<String, Value>> {
     match v {
@@ -152,13 +160,38 @@ fn object(props: Map<String, Value>, required: &[&str]) -> Arc<Map<String, Value
     }))
 }
 
-fn annotations(read_only: bool, destructive: bool, idempotent: bool) -> ToolAnnotations {
+/// What a tool does to runs, for the client's hints.
+#[derive(Clone, Copy)]
+enum Effect {
+    /// Reads runs: nothing changes, a second call is harmless (status, logs, wait, list).
+    Reads,
+    /// Starts a run: each call starts another (run, start).
+    Starts,
+    /// Stops runs: a second call changes nothing (cancel).
+    Stops,
+}
+
+/// A tool: its name, its title, its effect, its description for the model, its inputs.
+fn tool(
+    name: &'static str,
+    title: &str,
+    effect: Effect,
+    about: impl Into<Cow<'static, str>>,
+    input: Arc<Map<String, Value>>,
+) -> Tool {
+    let (read_only, destructive, idempotent) = match effect {
+        Effect::Reads => (true, false, true),
+        Effect::Starts => (false, true, false),
+        Effect::Stops => (false, true, true),
+    };
     let mut a = ToolAnnotations::new();
     a.read_only_hint = Some(read_only);
     a.destructive_hint = Some(destructive);
     a.idempotent_hint = Some(idempotent);
     a.open_world_hint = Some(true);
-    a
+    Tool::new(name, about, input)
+        .with_title(title)
+        .with_annotations(a)
 }
 
 /// `host`, and `run_id` or `run_ids`: the inputs of status, wait and cancel.
@@ -196,25 +229,21 @@ fn run_tool(hosts: &[String], any: bool) -> Tool {
             "description": "How many bytes of the end of stdout and of stderr to return."
         }),
     );
-    Tool::new(
-        "run",
-        format!(
-            "Run a command on a host and wait for it to end (up to wait_s seconds, default {DEFAULT_WAIT_S}). \
-             Returns run_id first, then the state, the exit code, a summary, and the last bytes of stdout and \
-             stderr with their sizes (verbose: true adds the host's full record). Every process the command starts belongs to the run: a cancel stops all \
-             of them, and the record says how it ended (finished, cancelled, launch_failed, unknown). \
-             A command still going when wait_s is up keeps running: the answer has state \"running\"; then call \
-             wait (to wait more), logs (output so far), status, or cancel with its run_id. \
-             stdin is /dev/null, so a command that prompts fails instead of hanging. \
-             The run is tied to this server: if the server dies the host stops it within the server's lease, and \
-             a clean shutdown of the server cancels it (use start with detach: true for work that must outlive \
-             the session). Clients that support MCP tasks get a task for a run still going after 1 s: its \
-             status is the run's, and cancelling the task cancels the run."
-        ),
-        object(p, &[]),
-    )
-    .with_title("Run a command")
-    .with_annotations(annotations(false, true, false))
+    let about = format!(
+        "Run a command on a host and wait for it to end (up to wait_s seconds, default {DEFAULT_WAIT_S}). \
+         Returns run_id first, then the state, the exit code, a summary, and the last bytes of stdout and \
+         stderr with their sizes (verbose: true adds the host's full record). Every process the command starts belongs to the run: a cancel stops all \
+         of them, and the record says how it ended (finished, cancelled, launch_failed, unknown). \
+         A command still going when wait_s is up keeps running: the answer has state \"running\"; then call \
+         wait (to wait more), logs (output so far), status, or cancel with its run_id. \
+         stdin is /dev/null, so a command that prompts fails instead of hanging. \
+         The run is tied to this server: if the server dies the host stops it within the server's lease, and \
+         a clean shutdown of the server cancels it (use start with detach: true for work that must outlive \
+         the session). Clients that support MCP tasks get a task for a run still going after 1 s: its \
+         status is the run's, and cancelling the task cancels the run."
+    );
+    let input = object(p, &[]);
+    tool("run", "Run a command", Effect::Starts, about, input)
 }
 
 fn start_tool(hosts: &[String], any: bool) -> Tool {
@@ -226,31 +255,29 @@ fn start_tool(hosts: &[String], any: bool) -> Tool {
             "description": "false (default): the run is tied to this server session: leased and renewed by the server, stopped by the host if the server dies, cancelled when the server shuts down. true: the run outlives this server (no lease; nothing stops it but its timeout_s, a cancel or its own end), for work that must survive the session; find it again later with list."
         }),
     );
-    Tool::new(
+    let about = "Start a command on a host and return at once with its run_id, without waiting. Same inputs as run, \
+     plus detach. Then use wait, logs, status and cancel with the run_id. With detach: false (default) \
+     the run is tied to this server (leased; stopped by the host if the server dies; cancelled when the \
+     server shuts down). With detach: true it outlives the server and this session (set timeout_s to \
+     bound it), and a later session finds it with list.";
+    let input = object(p, &[]);
+    tool(
         "start",
-        "Start a command on a host and return at once with its run_id, without waiting. Same inputs as run, \
-         plus detach. Then use wait, logs, status and cancel with the run_id. With detach: false (default) \
-         the run is tied to this server (leased; stopped by the host if the server dies; cancelled when the \
-         server shuts down). With detach: true it outlives the server and this session (set timeout_s to \
-         bound it), and a later session finds it with list.",
-        object(p, &[]),
+        "Start a command in the background",
+        Effect::Starts,
+        about,
+        input,
     )
-    .with_title("Start a command in the background")
-    .with_annotations(annotations(false, true, false))
 }
 
 fn status_tool(hs: &Value) -> Tool {
-    Tool::new(
-        "status",
-        "The current state of runs on a host: state (starting, running, cancelling, or final: finished, \
-         cancelled, launch_failed, unknown), reason, exit code, a summary (how long it ran), the sizes of its \
-         output (the offsets to read on from with logs), and what to do next; verbose: true adds the host's full \
-         record (lease and timeout left, labels, cleanup). Works for any run id on that host, also one started \
-         by another session or agent.",
-        object(ids_properties(hs), &[]),
-    )
-    .with_title("Status of runs")
-    .with_annotations(annotations(true, false, true))
+    let about = "The current state of runs on a host: state (starting, running, cancelling, or final: finished, \
+     cancelled, launch_failed, unknown), reason, exit code, a summary (how long it ran), the sizes of its \
+     output (the offsets to read on from with logs), and what to do next; verbose: true adds the host's full \
+     record (lease and timeout left, labels, cleanup). Works for any run id on that host, also one started \
+     by another session or agent.";
+    let input = object(ids_properties(hs), &[]);
+    tool("status", "Status of runs", Effect::Reads, about, input)
 }
 
 fn logs_tool(hs: &Value) -> Tool {
@@ -262,16 +289,12 @@ fn logs_tool(hs: &Value) -> Tool {
     p.insert("offset".into(), json!({"type": "integer", "minimum": 0, "description": "Byte offset to read from (instead of tail_bytes)."}));
     p.insert("tail_bytes".into(), json!({"type": "integer", "minimum": 0, "maximum": max, "default": DEFAULT_TAIL, "description": "Without offset: how many bytes of the end to read."}));
     p.insert("max_bytes".into(), json!({"type": "integer", "minimum": 1, "maximum": max, "default": 16384, "description": "With offset: the most bytes to return."}));
-    Tool::new(
-        "logs",
-        "Read a run's output from the host's log files: stdout or stderr, by byte offset or from the end, at \
-         most max_bytes per call. Without offset: the last tail_bytes bytes. To read a long log in order, start \
-         at offset 0 and call again with offset = next_offset while more is true. A final run's logs no \
-         longer grow. Text is UTF-8 with invalid bytes replaced.",
-        object(p, &["run_id"]),
-    )
-    .with_title("Read a run's output")
-    .with_annotations(annotations(true, false, true))
+    let about = "Read a run's output from the host's log files: stdout or stderr, by byte offset or from the end, at \
+     most max_bytes per call. Without offset: the last tail_bytes bytes. To read a long log in order, start \
+     at offset 0 and call again with offset = next_offset while more is true. A final run's logs no \
+     longer grow. Text is UTF-8 with invalid bytes replaced.";
+    let input = object(p, &["run_id"]);
+    tool("logs", "Read a run's output", Effect::Reads, about, input)
 }
 
 fn wait_tool(hs: &Value) -> Tool {
@@ -301,53 +324,41 @@ fn wait_tool(hs: &Value) -> Tool {
             "description": "How many bytes of the end of each run's stdout and stderr to return."
         }),
     );
-    Tool::new(
-        "wait",
-        format!(
-            "Wait until runs on a host are final, at most timeout_s seconds (default {DEFAULT_WAIT_S}, at most {MAX_WAIT_S}), \
-             then return each run's state, exit code and output tails. With any: true, return as soon as one \
-             of them is final. With idle_s, also return once a run has written nothing for idle_s seconds \
-             (idle: true in its answer). A run still going when the time is up comes back with state running: \
-             call wait again. Waiting never stops a run."
-        ),
-        object(p, &[]),
-    )
-    .with_title("Wait for runs")
-    .with_annotations(annotations(true, false, true))
+    let about = format!(
+        "Wait until runs on a host are final, at most timeout_s seconds (default {DEFAULT_WAIT_S}, at most {MAX_WAIT_S}), \
+         then return each run's state, exit code and output tails. With any: true, return as soon as one \
+         of them is final. With idle_s, also return once a run has written nothing for idle_s seconds \
+         (idle: true in its answer). A run still going when the time is up comes back with state running: \
+         call wait again. Waiting never stops a run."
+    );
+    let input = object(p, &[]);
+    tool("wait", "Wait for runs", Effect::Reads, about, input)
 }
 
 fn cancel_tool(hs: &Value) -> Tool {
-    Tool::new(
-        "cancel",
-        "Stop runs on a host, with everything they started: TERM to every process of the run, HUP, then KILL \
-         after the run's grace (5 s unless grace_s was given), and only then the final record. Returns each \
-         final record: cancelled (no process of the run is left), finished (it ended first), or unknown \
-         (processes survived; their pids are listed). Cancelling a final run changes nothing.",
-        object(ids_properties(hs), &[]),
-    )
-    .with_title("Cancel runs")
-    .with_annotations(annotations(false, true, true))
+    let about = "Stop runs on a host, with everything they started: TERM to every process of the run, HUP, then KILL \
+     after the run's grace (5 s unless grace_s was given), and only then the final record. Returns each \
+     final record: cancelled (no process of the run is left), finished (it ended first), or unknown \
+     (processes survived; their pids are listed). Cancelling a final run changes nothing.";
+    let input = object(ids_properties(hs), &[]);
+    tool("cancel", "Cancel runs", Effect::Stops, about, input)
 }
 
 fn list_tool(hs: &Value) -> Tool {
     let mut p = Map::new();
     p.insert("host".into(), hs.clone());
-    p.insert("state".into(), json!({"type": "string", "enum": LIST_STATES, "description": "Only runs in this state: active (not final), final, or a state name."}));
+    p.insert("state".into(), json!({"type": "string", "enum": list_states(), "description": "Only runs in this state: active (not final), final, or a state name."}));
     p.insert("labels".into(), json!({"type": "object", "additionalProperties": {"type": "string"}, "description": "Only runs with all these labels; the value \"*\" matches any value."}));
     p.insert("mine".into(), json!({"type": "boolean", "default": false, "description": "Only the runs this server started (its owner label)."}));
     p.insert("limit".into(), json!({"type": "integer", "minimum": 1, "maximum": 200, "default": 20, "description": "At most this many (the newest)."}));
-    Tool::new(
-        "list",
-        format!(
-            "List runs on a host, newest first: run_id, state, reason, exit code, age, labels. Filter by state, \
-             by labels, mine: true for the runs of this server. Runs started through this server carry the \
-             labels {OWNER_LABEL} and {DETACHED_LABEL}: use list to find a run again after a restart or in \
-             another session, then status, logs, wait or cancel it by run_id."
-        ),
-        object(p, &[]),
-    )
-    .with_title("List runs")
-    .with_annotations(annotations(true, false, true))
+    let about = format!(
+        "List runs on a host, newest first: run_id, state, reason, exit code, age, labels. Filter by state, \
+         by labels, mine: true for the runs of this server. Runs started through this server carry the \
+         labels {OWNER_LABEL} and {DETACHED_LABEL}: use list to find a run again after a restart or in \
+         another session, then status, logs, wait or cancel it by run_id."
+    );
+    let input = object(p, &[]);
+    tool("list", "List runs", Effect::Reads, about, input)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 use super::progress::Progress;
 use super::watch::Watched;
 use super::{Answer, Inner, LAUNCH_TIMEOUT, TASK_AFTER};
-use crate::host::Host;
+use crate::host::{Call, Host};
 use crate::keeper::{DETACHED_LABEL, OWNER_LABEL};
 use crate::probe::{probe, Probe, Read};
 use crate::tools::{self, Launch, LaunchArgs};
@@ -85,7 +85,7 @@ impl Inner {
         w.push("--".into());
         w.extend(l.argv.iter().map(OsString::from));
         let reply = host
-            .agent_run_leased(&w, LAUNCH_TIMEOUT, &self.keeper.token)
+            .agent_run(&w, LAUNCH_TIMEOUT, Call::Leased(&self.keeper.token))
             .await?;
         let line = reply
             .stdout
@@ -113,8 +113,7 @@ impl Inner {
         Ok((id, line))
     }
 
-    pub(super) async fn start(&self, args: Option<JsonObject>) -> Answer {
-        let a: LaunchArgs = tools::parse("start", args)?;
+    pub(super) async fn start(&self, a: LaunchArgs) -> Answer {
         let l = a.check("start")?;
         let host = self.host(a.host.as_deref())?;
         let detach = a.detach.unwrap_or(false);
@@ -146,12 +145,7 @@ impl Inner {
         Ok(view::answer(&doc, failed).into())
     }
 
-    pub(super) async fn run(
-        &self,
-        args: Option<JsonObject>,
-        ctx: &RequestContext<RoleServer>,
-    ) -> Answer {
-        let a: LaunchArgs = tools::parse("run", args)?;
+    pub(super) async fn run(&self, a: LaunchArgs, ctx: &RequestContext<RoleServer>) -> Answer {
         let l = a.check("run")?;
         let wait = a.wait()?;
         let tail = tools::bytes("tail_bytes", a.tail_bytes, tools::DEFAULT_TAIL)?;

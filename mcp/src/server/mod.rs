@@ -19,6 +19,8 @@ use crate::Hosts;
 use rmcp::model::*;
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData as McpError, ServerHandler};
+use serde::de::DeserializeOwned;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -102,13 +104,13 @@ impl ServerHandler for Server {
         let inner = &self.inner;
         let args = request.arguments;
         let answer = match request.name.as_ref() {
-            "run" => inner.run(args, &context).await,
-            "start" => inner.start(args).await,
-            "status" => inner.status(args).await,
-            "logs" => inner.logs(args).await,
-            "wait" => inner.wait(args, &context).await,
-            "cancel" => inner.cancel(args).await,
-            "list" => inner.list(args).await,
+            "run" => with("run", args, |a| inner.run(a, &context)).await,
+            "start" => with("start", args, |a| inner.start(a)).await,
+            "status" => with("status", args, |a| inner.status(a)).await,
+            "logs" => with("logs", args, |a| inner.logs(a)).await,
+            "wait" => with("wait", args, |a| inner.wait(a, &context)).await,
+            "cancel" => with("cancel", args, |a| inner.cancel(a)).await,
+            "list" => with("list", args, |a| inner.list(a)).await,
             other => {
                 return Err(McpError::invalid_params(
                     format!(
@@ -136,6 +138,15 @@ impl ServerHandler for Server {
     ) -> Result<(), McpError> {
         self.inner.clone().cancel_task(&request.task_id).await
     }
+}
+
+/// Call a tool with its arguments parsed (a mismatch is a message for the model).
+async fn with<A: DeserializeOwned, F: Future<Output = Answer>>(
+    tool: &str,
+    args: Option<JsonObject>,
+    call: impl FnOnce(A) -> F,
+) -> Answer {
+    call(tools::parse(tool, args)?).await
 }
 
 impl Inner {

@@ -1,12 +1,11 @@
 //! The tools that read or stop runs by id: `status`, `cancel`, `logs`, `list`.
 
 use super::{Answer, Inner, CANCEL_TIMEOUT};
-use crate::host::Host;
+use crate::host::{Call, Host};
 use crate::keeper::OWNER_LABEL;
 use crate::probe::{probe, Read};
 use crate::tools::{self, IdsArgs, ListArgs, LogsArgs};
 use crate::view::{self, RunError, RunView, Runs};
-use rmcp::model::*;
 use serde::Serialize;
 use serde_json::Value;
 use std::sync::Arc;
@@ -120,8 +119,7 @@ impl Inner {
         .into())
     }
 
-    pub(super) async fn status(&self, args: Option<JsonObject>) -> Answer {
-        let a: IdsArgs = tools::parse("status", args)?;
+    pub(super) async fn status(&self, a: IdsArgs) -> Answer {
         a.only_for("status")?;
         let ids = a.ids()?;
         let host = self.host(a.host.as_deref())?;
@@ -137,7 +135,7 @@ impl Inner {
     ) -> Result<Vec<Value>, String> {
         let mut w = vec!["cancel", "--json"];
         w.extend(ids.iter().map(String::as_str));
-        let reply = host.agent_run(&w, CANCEL_TIMEOUT).await?;
+        let reply = host.agent_run(&w, CANCEL_TIMEOUT, Call::Plain).await?;
         for id in ids {
             self.keeper.release(&host.name, id);
         }
@@ -160,8 +158,7 @@ impl Inner {
         }
     }
 
-    pub(super) async fn cancel(&self, args: Option<JsonObject>) -> Answer {
-        let a: IdsArgs = tools::parse("cancel", args)?;
+    pub(super) async fn cancel(&self, a: IdsArgs) -> Answer {
         a.only_for("cancel")?;
         let ids = a.ids()?;
         let host = self.host(a.host.as_deref())?;
@@ -190,8 +187,7 @@ impl Inner {
         .into())
     }
 
-    pub(super) async fn logs(&self, args: Option<JsonObject>) -> Answer {
-        let a: LogsArgs = tools::parse("logs", args)?;
+    pub(super) async fn logs(&self, a: LogsArgs) -> Answer {
         let id = tools::run_id(&a.run_id)?;
         let host = self.host(a.host.as_deref())?;
         let stream = a.stream.as_deref().unwrap_or("stdout");
@@ -246,16 +242,13 @@ impl Inner {
         Ok(view::answer(&doc, false).into())
     }
 
-    pub(super) async fn list(&self, args: Option<JsonObject>) -> Answer {
-        let a: ListArgs = tools::parse("list", args)?;
+    pub(super) async fn list(&self, a: ListArgs) -> Answer {
         let host = self.host(a.host.as_deref())?;
         let mut w: Vec<String> = vec!["list".into(), "--json".into()];
         if let Some(s) = &a.state {
-            if !tools::LIST_STATES.contains(&s.as_str()) {
-                return Err(format!(
-                    "state is one of {}, not {s:?}",
-                    tools::LIST_STATES.join(", ")
-                ));
+            let states = tools::list_states();
+            if !states.contains(&s.as_str()) {
+                return Err(format!("state is one of {}, not {s:?}", states.join(", ")));
             }
             w.push(format!("--state={s}"));
         }
@@ -279,7 +272,9 @@ impl Inner {
             return Err(format!("limit is 1 to 200, not {limit}"));
         }
         w.push(format!("--limit={limit}"));
-        let reply = host.agent_run(&w, Duration::from_secs(60)).await?;
+        let reply = host
+            .agent_run(&w, Duration::from_secs(60), Call::Plain)
+            .await?;
         let Ok(Value::Array(mut runs)) = serde_json::from_slice::<Value>(&reply.stdout) else {
             return Err(format!(
                 "list on {} (exit {}): {}",

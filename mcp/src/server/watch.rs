@@ -10,7 +10,6 @@ use crate::host::Host;
 use crate::probe::{look, probe, Look, Probe, Read};
 use crate::tools::{self, IdsArgs};
 use crate::view;
-use rmcp::model::*;
 use rmcp::service::{RequestContext, RoleServer};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -173,12 +172,7 @@ impl Inner {
         }
     }
 
-    pub(super) async fn wait(
-        &self,
-        args: Option<JsonObject>,
-        ctx: &RequestContext<RoleServer>,
-    ) -> Answer {
-        let a: IdsArgs = tools::parse("wait", args)?;
+    pub(super) async fn wait(&self, a: IdsArgs, ctx: &RequestContext<RoleServer>) -> Answer {
         let ids = a.ids()?;
         let limit = tools::wait_bound("timeout_s", a.timeout_s)?;
         let idle = a.idle()?;
