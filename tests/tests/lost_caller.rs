@@ -125,6 +125,13 @@ fn a_lost_caller_cancels_a_run_without_a_lease_by_default() {
     );
     ensure!(c, noticed < 10.0, "noticed after {noticed:.1}s");
     ar_code(&root, &["wait", "dflt"], 129);
+    let said = ar_code(&root, &["status", "dflt"], 0);
+    let human = String::from_utf8_lossy(&said.stdout).into_owned();
+    ensure!(
+        c,
+        human.contains("129 (caller lost"),
+        "status does not say what 129 means: {human}"
+    );
 }
 
 #[test]

@@ -103,10 +103,17 @@ pub fn wait_final(dir: &RunDir, timeout: Option<Duration>) -> anyhow::Result<Sta
                         Ok(st) => st.state.as_str().to_string(),
                         Err(e) => format!("without a readable record ({e})"),
                     };
-                    let why = look.doubt().map(|d| d.note()).unwrap_or("waiting".into());
+                    let why = look
+                        .doubt()
+                        .map(|d| format!(" ({})", d.note()))
+                        .unwrap_or_default();
+                    let waited = crate::human::duration(timeout.unwrap_or_default().as_secs_f64());
                     return fail(
                         exit::TEMPFAIL,
-                        format!("run {} is still {state} ({why})", dir.id()),
+                        format!(
+                            "wait gave up after {waited}; {} is still {state}{why}",
+                            dir.id()
+                        ),
                     );
                 }
                 step.min(d - now)

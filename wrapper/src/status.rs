@@ -229,16 +229,23 @@ fn when(f: &mut Fields, st: &Status, v: &Value) {
 
 /// How it ended or is held: the exit, the containment, the caller, the cleanup, the errors.
 fn how_it_ended(f: &mut Fields, st: &Status, v: &Value) {
-    match (&st.term_signal, exit::for_record(st)) {
-        (Some(s), _) if st.state == agent_run_shared::record::State::Finished => {
-            f.put("signal", human::signal_text(s))
-        }
-        (Some(s), Some(c)) => f.put("exit", format!("{c} (the leader ended by {s})")),
-        (None, Some(c)) if st.state == agent_run_shared::record::State::LaunchFailed => {
+    use agent_run_shared::record::State;
+    // Why a run that did not finish by itself ended, in words: 129 is "caller lost".
+    let why = st
+        .reason
+        .as_deref()
+        .filter(|_| !matches!(st.state, State::Finished | State::LaunchFailed))
+        .map(|r| human::printable(&r.replace('_', " ")));
+    match (&st.term_signal, exit::for_record(st), why) {
+        (Some(s), _, _) if st.state == State::Finished => f.put("signal", human::signal_text(s)),
+        (Some(s), Some(c), Some(w)) => f.put("exit", format!("{c} ({w}; the leader ended by {s})")),
+        (Some(s), Some(c), None) => f.put("exit", format!("{c} (the leader ended by {s})")),
+        (None, Some(c), _) if st.state == State::LaunchFailed => {
             f.put("exit", format!("{c} (the launch failed)"))
         }
-        (None, Some(c)) => f.put("exit", c.to_string()),
-        (_, None) => {}
+        (None, Some(c), Some(w)) => f.put("exit", format!("{c} ({w})")),
+        (None, Some(c), None) => f.put("exit", c.to_string()),
+        (_, None, _) => {}
     }
     if let Some(mode) = v["containment"]["mode"].as_str() {
         let cg = v["containment"]["cgroup"]

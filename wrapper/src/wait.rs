@@ -72,9 +72,14 @@ pub fn wait(root: Option<&Path>, args: WaitArgs) -> anyhow::Result<u8> {
                         .filter(|st| !st.state.is_final())
                         .map(|st| format!("{} ({})", st.run_id, st.state.as_str()))
                         .collect();
+                    let waited =
+                        crate::human::duration(args.timeout.unwrap_or_default().as_secs_f64());
                     return fail(
                         exit::TEMPFAIL,
-                        format!("still waiting for {}", waiting.join(", ")),
+                        format!(
+                            "wait gave up after {waited}; still running: {}",
+                            waiting.join(", ")
+                        ),
                     );
                 }
                 step.min(d - now)
