@@ -596,6 +596,12 @@ pub fn unverifiable(scope: &RunScope, snap: &Snapshot) -> Vec<Pid> {
                 && s.pid != Pid::this()
                 && procfs::real_uid(s.pid) == Some(scope.uid)
                 && procfs::environ_unreadable(s.pid)
+                // Other runs' wrappers and keepers hide their environment too (the wrapper holds
+                // its lease token): they are not this run's (by name, as the escape look).
+                && !matches!(
+                    procfs::comm(s.pid).as_deref(),
+                    Some("agent-run" | "agent-run-keep")
+                )
         })
         .map(|s| s.pid)
         .collect()

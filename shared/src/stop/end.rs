@@ -85,9 +85,6 @@ impl Stopper<'_> {
     /// the run and hides its environment may be the run's. It is not signalled, but named.
     /// (Root reads every environment: nothing is hidden from it, and no look is needed.)
     fn name_hidden(&mut self) {
-        // By scanning alone, after the wrapper is gone: a process of the user that started after
-        // the run and hides its environment may be the run'self. It is not signalled, but named.
-        // (Root reads every environment: nothing is hidden from it, and no look is needed.)
         if self.scope.wrapper.is_none() && self.scope.cgroup.is_none() && sys::geteuid() != 0 {
             // The last look serves (it began after the last member was seen gone); one of only
             // the newer pids, with the first look for the older ones.
@@ -98,6 +95,9 @@ impl Stopper<'_> {
                 hidden.sort();
                 hidden.dedup();
             }
+            // A process on its way out (killed a moment ago, its memory already released) is
+            // no hidden one: the ones that end within a short while are not named.
+            let hidden = still_alive_after(hidden, HIDDEN_SETTLE);
             // Named with the escapees: it may have left the run, nothing proves it did.
             for p in hidden {
                 if !self.members.contains_key(&p) && !self.report.escapees.contains(&p) {
@@ -110,4 +110,51 @@ impl Stopper<'_> {
             }
         }
     }
+}
+
+/// How long [`still_alive_after`] gives a hidden process to end.
+const HIDDEN_SETTLE: Duration = Duration::from_millis(300);
+
+/// The processes of `pids` still alive after `settle` (each waited on through its pidfd; one
+/// that cannot be pinned is kept if /proc still shows it alive).
+fn still_alive_after(pids: Vec<Pid>, settle: Duration) -> Vec<Pid> {
+    if pids.is_empty() {
+        return pids;
+    }
+    let pinned: Vec<(Pid, Option<std::os::fd::OwnedFd>)> = pids
+        .into_iter()
+        .map(|p| (p, sys::pidfd_open(p).ok()))
+        .collect();
+    let deadline = Instant::now() + settle;
+    let mut gone = vec![false; pinned.len()];
+    loop {
+        let mut fds: Vec<sys::PollFd> = Vec::new();
+        let mut index = Vec::new();
+        for (i, (_, fd)) in pinned.iter().enumerate() {
+            if let (Some(fd), false) = (fd, gone[i]) {
+                fds.push(sys::PollFd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+                index.push(i);
+            }
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if fds.is_empty() || left.is_zero() {
+            break;
+        }
+        let _ = sys::poll(&mut fds, Some(left));
+        for (k, f) in fds.iter().enumerate() {
+            if f.revents != 0 {
+                gone[index[k]] = true;
+            }
+        }
+    }
+    pinned
+        .into_iter()
+        .zip(gone)
+        .filter(|((p, _), gone)| !gone && procfs::stat(*p).is_some_and(|s| !s.is_dead()))
+        .map(|((p, _), _)| p)
+        .collect()
 }

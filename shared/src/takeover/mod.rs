@@ -6,7 +6,8 @@
 //! - **A live wrapper** is asked: cancel.json, then TERM through its verified pidfd (CONT and a
 //!   thaw first when it is stopped or frozen). It gets a bounded time to make progress: its
 //!   run's grace + 2 s from the ask ([`Patience::Grace`]), or a second for a wrapper the
-//!   watchdog found already past its deadline ([`Patience::Brief`]). A wrapper still not done then is
+//!   watchdog found already past its deadline ([`Patience::Brief`]) unless that wrapper begins
+//!   its own stop once asked (then its grace + 2 s too). A wrapper still not done then is
 //!   taken over ([`crate::wrapper::kill_wrapper`]: thaw, CONT, KILL), unless it is visibly
 //!   finishing (it is stopping, running, and nothing of its run is left but its output keeper).
 //! - **Nobody holds the run** (its wrapper is gone): the caller takes the lock and stops the run
@@ -130,6 +131,7 @@ pub fn finish(dir: &RunDir, req: &Request) -> std::result::Result<Finished, Fail
         lock: dir.lock(),
         notes: Vec::new(),
         asked: None,
+        first_look: None,
         we_signalled: None,
         requested: false,
         took_over: None,
@@ -240,9 +242,12 @@ struct Takeover<'a> {
     journal: &'a Journal,
     lock: RunLock,
     notes: Vec<String>,
-    /// When we first found the live wrapper (the ask, or found stopping): its time to finish
-    /// counts from here.
+    /// When we asked the live wrapper (our TERM), or first found it stopping: its time to
+    /// finish counts from here.
     asked: Option<Instant>,
+    /// When we first found the live wrapper, not yet asked (a TERM of ours follows a second
+    /// later if it does not start its stop).
+    first_look: Option<Instant>,
     /// When we last signalled it.
     we_signalled: Option<Instant>,
     /// Whether we tried to create cancel.json (once).
@@ -306,7 +311,7 @@ impl Takeover<'_> {
         // record's word: then it is never signalled again (a second TERM would cut its grace
         // short).
         let stopping = procfs::marks_stopping(w.pid());
-        let first = *self.asked.get_or_insert(now);
+        let seen = *self.first_look.get_or_insert(now);
         let mut signalled = false;
         if !stopping {
             // Exactly one caller signals: the one that creates cancel.json. A cancel.json that
@@ -323,7 +328,7 @@ impl Takeover<'_> {
                         true
                     });
             self.requested = true;
-            let since = self.we_signalled.unwrap_or(first);
+            let since = self.we_signalled.unwrap_or(seen);
             let stale = now.duration_since(since) > Duration::from_secs(1);
             if created || stale {
                 unfreeze_wrapper(w, reason, self.journal);
@@ -337,9 +342,17 @@ impl Takeover<'_> {
         if self.req.until == Until::Asked && (signalled || stopping) {
             return Ok(Step::Done);
         }
-        let patience = match self.req.patience {
-            Patience::Grace => timings_of_look(look).grace + SLACK,
-            Patience::Brief => BRIEF,
+        if !(signalled || stopping) && self.asked.is_none() {
+            // Not asked yet (another caller's cancel.json is there): a TERM of ours follows
+            // within a second. The wrapper's time to finish counts from the ask.
+            return Ok(Step::Wait);
+        }
+        let first = *self.asked.get_or_insert(now);
+        // A wrapper in its own stop gets its grace from the ask, whatever the caller's
+        // patience: it makes progress (a stuck one, CONTinued and asked, may have just begun).
+        let patience = match (self.req.patience, stopping) {
+            (Patience::Grace, _) | (Patience::Brief, true) => timings_of_look(look).grace + SLACK,
+            (Patience::Brief, false) => BRIEF,
         };
         if first.elapsed() < patience || finishing(w, look) {
             return Ok(Step::Wait);
