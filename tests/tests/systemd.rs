@@ -302,6 +302,11 @@ fn starts_and_says_ready(unit: Unit) {
         journal.contains(&format!("watching {}", unit.runs())),
         "{journal}"
     );
+    // Under journald the journal stamps each line: the watchdog adds no time of its own.
+    assert!(
+        journal.contains("]: agent-run-watchdog: watching"),
+        "the watchdog stamps its own lines under journald:\n{journal}"
+    );
     for bad in ["Unknown key", "ignoring", "Failed", "status="] {
         assert!(
             !journal.contains(bad),

@@ -141,8 +141,12 @@ fn the_watchdog_stops_a_run_whose_wrapper_was_killed_at_its_timeout() {
     let watchdog = Daemon::start(root.watchdog_cmd(), &["--scan-interval", "30s"]);
     const N: usize = 24;
     // Deadlines 40 ms apart from a common start, whatever the launches take: run i's timeout
-    // counts from its own start.
-    let base = Instant::now() + Duration::from_secs(6);
+    // counts from its own start. The start leaves room for N launches at three times the pace
+    // of one measured now (a loaded machine launches slower), and 6 s at least.
+    let t = Instant::now();
+    ar_code(&root, &["--quiet", "pace", "--", "true"], 0);
+    let room = (t.elapsed() * 3 * N as u32).max(Duration::from_secs(6));
+    let base = Instant::now() + room;
     let runs: Vec<DetachedTree> = (0..N)
         .map(|i| {
             let due = base + Duration::from_millis(40 * i as u64);

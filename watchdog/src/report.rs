@@ -20,19 +20,25 @@ pub fn log(msg: &str) {
 /// Whether log lines carry their own time: stderr is not the journal's stream.
 fn stamped() -> bool {
     static STAMPED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *STAMPED.get_or_init(|| !stderr_is(std::env::var("JOURNAL_STREAM").ok().as_deref()))
+    *STAMPED.get_or_init(|| {
+        !is_stream(
+            std::io::stderr(),
+            std::env::var("JOURNAL_STREAM").ok().as_deref(),
+        )
+    })
 }
 
-/// Whether stderr is the stream `journal_stream` ("DEVICE:INODE", as systemd sets it) names.
-fn stderr_is(journal_stream: Option<&str>) -> bool {
-    use std::os::unix::fs::MetadataExt;
+/// Whether `fd` is the stream `journal_stream` ("DEVICE:INODE", as systemd sets it) names.
+fn is_stream(fd: impl std::os::fd::AsFd, journal_stream: Option<&str>) -> bool {
     let Some((dev, ino)) = journal_stream.and_then(|v| v.split_once(':')) else {
         return false;
     };
-    let Ok(meta) = std::fs::File::open("/proc/self/fd/2").and_then(|f| f.metadata()) else {
+    // fstat of the descriptor itself: the journal's stream is a socket, which a path like
+    // /proc/self/fd/2 cannot open.
+    let Ok(st) = rustix::fs::fstat(fd) else {
         return false;
     };
-    dev.parse() == Ok(meta.dev()) && ino.parse() == Ok(meta.ino())
+    dev.parse() == Ok(st.st_dev) && ino.parse() == Ok(st.st_ino)
 }
 
 /// Say (log and journal) that a run's lease.json is damaged and what the watchdog goes by
@@ -112,21 +118,20 @@ pub fn journal_once(root: &Root, name: &str, why: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::MetadataExt;
 
     #[test]
-    fn only_the_stream_journal_stream_names_is_the_journal() {
-        let meta = std::fs::File::open("/proc/self/fd/2")
-            .and_then(|f| f.metadata())
-            .expect("stderr");
-        let ours = format!("{}:{}", meta.dev(), meta.ino());
-        assert!(stderr_is(Some(&ours)));
-        assert!(!stderr_is(Some(&format!(
-            "{}:{}",
-            meta.dev(),
-            meta.ino() + 1
-        ))));
-        assert!(!stderr_is(Some("garbage")));
-        assert!(!stderr_is(None));
+    fn only_the_stream_journal_stream_names_is_the_journal_even_a_socket() {
+        // The journal's stream is a socket.
+        let (a, b) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+        let st = rustix::fs::fstat(&a).expect("fstat");
+        let named = format!("{}:{}", st.st_dev, st.st_ino);
+        assert!(is_stream(&a, Some(&named)));
+        assert!(!is_stream(&b, Some(&named)));
+        assert!(!is_stream(
+            &a,
+            Some(&format!("{}:{}", st.st_dev, st.st_ino + 1))
+        ));
+        assert!(!is_stream(&a, Some("garbage")));
+        assert!(!is_stream(&a, None));
     }
 }
