@@ -128,6 +128,14 @@ impl<'a> Ctx<'a> {
         }
     }
 
+    /// status.json now has every field of `expected` (`what` names it in a failure); the
+    /// record, for further checks.
+    pub fn record(self, what: &str, expected: Value) -> Value {
+        let st = self.status();
+        self.fields(&st, what, expected);
+        st
+    }
+
     // --- commands
 
     /// `agent-run --root <root> ARGS...` to completion, exit code unchecked.
@@ -213,6 +221,11 @@ impl<'a> Ctx<'a> {
     pub fn events(self, name: &str) -> Vec<Value> {
         let all = self.root.events(self.id).into_iter();
         all.filter(|e| e["event"] == name).collect()
+    }
+
+    /// The journal's events named `name` that `keep` accepts.
+    pub fn events_where(self, name: &str, keep: impl Fn(&Value) -> bool) -> Vec<Value> {
+        self.events(name).into_iter().filter(|e| keep(e)).collect()
     }
 
     /// The journal's events named `name` so far: none while events.jsonl does not exist yet (a

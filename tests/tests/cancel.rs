@@ -383,7 +383,7 @@ fn a_cancelling_record_whose_wrapper_died_mid_stop_is_told_apart_and_finished_by
 
     // The other run was never touched.
     f.all_alive(&fresh_tree, "the fresh run after the takeover");
-    f.fields(&f.status(), "the fresh run", json!({"state": "running"}));
+    f.record("the fresh run", json!({"state": "running"}));
     f.ctl(&["cancel", f.id], 0);
     f.gone_now(&fresh_tree, "the fresh run after its own cancel");
     f.wait_gone(&fresh.wrapper_pin, "the fresh run's wrapper");
@@ -408,7 +408,7 @@ fn two_runs_of_one_user_cancel_one_and_the_other_lives_and_finishes() {
     b.all_alive(&tree_b, "the other run after the cancel");
     b.all_alive(&run_b.leader_pin, "the other run's leader");
     b.all_alive(&run_b.wrapper_pin, "the other run's wrapper");
-    b.fields(&b.status(), "the other run", json!({"state": "running"}));
+    b.record("the other run", json!({"state": "running"}));
 
     let mut stdin = run_b.proc.child.stdin.take().expect("piped stdin");
     stdin
@@ -499,7 +499,7 @@ fn ten_concurrent_cancels_stop_the_run_once_and_every_caller_prints_the_same_rec
     let outs = concurrent_cancels(c, 10);
     c.gone_now(&tree, "after every cancel returned");
     all_print_the_final_record(c, &outs);
-    c.fields(&c.status(), "status.json", json!({"state": "cancelled"}));
+    c.record("status.json", json!({"state": "cancelled"}));
     c.eq(c.final_state_events(), 1, "final state events");
     c.eq(c.events("stop_begin").len(), 1, "stop_begin events");
     c.eq(
@@ -551,7 +551,7 @@ fn ten_concurrent_cancels_of_an_orphaned_run_take_it_over_once_and_agree() {
     let outs = concurrent_cancels(c, 10);
     c.gone_now(&tree, "after every cancel returned");
     all_print_the_final_record(c, &outs);
-    c.fields(&c.status(), "status.json", json!({"state": "cancelled"}));
+    c.record("status.json", json!({"state": "cancelled"}));
     c.eq(c.final_state_events(), 1, "final state events");
     c.eq(c.events("takeover").len(), 1, "takeovers");
     c.eq(c.events("stop_begin").len(), 1, "stop_begin events");
@@ -604,7 +604,7 @@ fn cancel_refuses_a_foreign_or_symlinked_run_dir_and_sets_an_opened_one_back_to_
         format_args!("cancel does not say what it repaired: {said}"),
     );
     c.gone_now(&tree, "after the cancel");
-    c.fields(&c.status(), "the record", json!({"state": "cancelled"}));
+    c.record("the record", json!({"state": "cancelled"}));
 }
 
 #[test]
@@ -651,7 +651,7 @@ fn cancel_wait_running_out_exits_75_naming_the_state() {
         in_time,
         format_args!("cancel --wait 1s returned after {took:?}"),
     );
-    c.fields(&c.status(), "status.json", json!({"state": "cancelling"}));
+    c.record("status.json", json!({"state": "cancelling"}));
     c.all_alive(&tree, "the stubborn tree within its grace");
     let said = text(&c.ctl(&["wait", c.id, "--timeout", "200ms"], 75).stderr);
     c.check(

@@ -140,7 +140,7 @@ fn planted_request_and_forged_state_do_not_keep_cancel_from_stopping_the_run(
     c.gone_now(&tree, "right after cancel returned");
     let printed = c.parse(&out, "cancel");
     c.fields(&printed, "cancel's output", json!({"state": "cancelled"}));
-    c.fields(&c.status(), "status.json", json!({"state": "cancelled"}));
+    c.record("status.json", json!({"state": "cancelled"}));
     let terms = terms_from_cancel(c);
     c.eq(terms, 1, "TERMs from cancel to the wrapper");
     c.wait_gone(&run.wrapper_pin, "the wrapper after cancel");
@@ -269,11 +269,8 @@ fn a_recorded_wrapper_pid_that_belongs_to_an_unrelated_process_is_not_signalled_
         "the record",
         json!({"state": "cancelled", "reason": "cancel_request"}),
     );
-    let to_wrapper: Vec<Value> = c
-        .events("signal")
-        .into_iter()
-        .filter(|e| e["target"] == format!("pid:{}", run.wrapper))
-        .collect();
+    let to_wrapper: Vec<Value> =
+        c.events_where("signal", |e| e["target"] == format!("pid:{}", run.wrapper));
     c.eq(to_wrapper.len(), 1, "TERMs to the true wrapper");
     c.all_alive(&unrelated.pin, "the unrelated process at the end");
 }
@@ -303,8 +300,7 @@ fn a_record_forged_to_another_boot_over_live_processes_is_rewritten_and_the_run_
     );
     c.ctl(&["cancel", c.id], 0);
     c.gone_now(&tree, "the run's processes");
-    c.fields(
-        &c.status(),
+    c.record(
         "the record",
         json!({"state": "cancelled", "proof": "cgroup_empty"}),
     );
@@ -353,8 +349,7 @@ fn a_record_of_an_earlier_boot_with_nothing_of_it_held_is_host_rebooted_and_noth
     c.fields(entry.unwrap_or(&Value::Null), "list --json", rebooted);
     c.ctl(&["cancel", c.id], 0);
     c.all_alive(&unrelated.pin, "the process the old record names");
-    c.fields(
-        &c.status(),
+    c.record(
         "the record",
         json!({"state": "unknown", "reason": "host_rebooted"}),
     );

@@ -973,11 +973,7 @@ fn a_forged_final_record_under_a_live_wrapper_is_replaced_by_the_wrappers_own_on
         serde_json::json!({"state": "cancelled", "reason": "cancel_request", "exit_code": null}),
     );
     // The wrapper's own stop replaced the forgery (its `cancelling`, then its final record).
-    let finals: Vec<Value> = c
-        .events("state")
-        .into_iter()
-        .filter(|e| e["to"] == "cancelled")
-        .collect();
+    let finals: Vec<Value> = c.events_where("state", |e| e["to"] == "cancelled");
     c.eq(finals.len(), 1, "final state events");
     c.eq(
         finals[0]["by"].as_str(),

@@ -80,7 +80,7 @@ fn a_run_id_of_128_characters_is_accepted() {
         "ran\n",
         "the command's count",
     );
-    c.fields(&c.status(), "the record", json!({"state": "finished"}));
+    c.record("the record", json!({"state": "finished"}));
 }
 
 #[test]

@@ -299,11 +299,7 @@ fn a_two_second_lease_without_renewal_cancels_the_run_and_exits_124_with_the_tre
     );
     let out = c.finish_within(wrapper, T, 124);
     let elapsed = started.elapsed();
-    c.fields(
-        &c.status(),
-        "the record",
-        outcome("cancelled", "lease_expired"),
-    );
+    c.record("the record", outcome("cancelled", "lease_expired"));
     c.wait_gone_within(&pinned, Duration::from_secs(10), "the run's tree");
     c.eq(
         session_members(ready.sid),
@@ -340,8 +336,7 @@ fn renewals_every_700_ms_keep_a_two_second_lease_alive_past_four_seconds_then_it
         renewals += 1;
     }
     let alive_at = started.elapsed();
-    c.fields(
-        &c.status(),
+    c.record(
         &format!("the record after {alive_at:?} and {renewals} renewals"),
         json!({"state": "running"}),
     );
@@ -425,7 +420,7 @@ fn after_kill_9_of_the_wrapper_the_watchdog_stops_the_leased_workload_at_the_dea
                 dog.stderr()
             ),
         );
-        c.fields(&c.status(), "the record", json!({"state": "running"}));
+        c.record("the record", json!({"state": "running"}));
     } else {
         eprintln!("too slow to check the run before its deadline; checking ended_at only");
     }
@@ -515,8 +510,7 @@ fn a_sigstopped_wrapper_past_its_lease_is_taken_over_and_the_run_is_cancelled() 
         }
     });
     let deadline = c.lease_deadline();
-    c.fields(
-        &c.status(),
+    c.record(
         "the record once the wrapper is stopped (else the scenario did not happen)",
         json!({"state": "running"}),
     );
@@ -652,11 +646,7 @@ fn a_record_from_an_earlier_boot_becomes_unknown_and_the_process_it_names_is_not
     let mut cmd = root.watchdog_cmd();
     let out = agent_run_tests::run_with_timeout(cmd.arg("--once"), T);
     c.code(&out, 0, "agent-run-watchdog --once");
-    c.fields(
-        &c.status(),
-        "the record",
-        outcome("unknown", "host_rebooted"),
-    );
+    c.record("the record", outcome("unknown", "host_rebooted"));
     c.eq(
         unrelated.alive(),
         vec![pid],
@@ -818,7 +808,7 @@ fn in_process_run_once_leaves_a_live_wrapper_alone_until_lease_plus_grace_plus_s
         Vec::<String>::new(),
         "the lines of a pass within grace + slack",
     );
-    c.fields(&c.status(), "the record", json!({"state": "running"}));
+    c.record("the record", json!({"state": "running"}));
     c.all_alive(&pinned, "the wrapper and the tree within grace + slack");
 
     // Past deadline + grace + slack (the published deadline is rounded up to a second):
@@ -1022,11 +1012,7 @@ fn watchdog_once_skips_corrupt_dirs_with_one_line_each_and_reconciles_a_due_run(
     let mut cmd = root.watchdog_cmd();
     let out = agent_run_tests::run_with_timeout(cmd.arg("--once"), T);
     c.code(&out, 0, "agent-run-watchdog --once");
-    c.fields(
-        &c.status(),
-        "the record",
-        outcome("unknown", "wrapper_lost"),
-    );
+    c.record("the record", outcome("unknown", "wrapper_lost"));
     assert_skipped_once(c, &set, &String::from_utf8_lossy(&out.stderr));
 }
 

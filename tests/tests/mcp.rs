@@ -727,11 +727,7 @@ fn a_clean_shutdown_cancels_tied_runs_and_keeps_detached_ones() {
         json!({"state": "cancelled", "reason": "cancel_request"}),
     );
     detached_run.all_alive(&dp, "the detached run goes on");
-    detached_run.fields(
-        &detached_run.status(),
-        "the detached run's record",
-        json!({"state": "running"}),
-    );
+    detached_run.record("the detached run's record", json!({"state": "running"}));
     // Another session finds it by its label, and stops it.
     let mut b = w.client(&[], false);
     let (ls, _) = b.tool(

@@ -409,7 +409,7 @@ fn an_orphan_whose_lease_json_is_garbage_is_stopped_by_the_watchdog_after_the_or
 
     c.watchdog_once("1h");
     c.all_alive(&pins, "after a watchdog pass within the orphan grace");
-    c.fields(&c.status(), "status.json", json!({"state": "running"}));
+    c.record("status.json", json!({"state": "running"}));
 
     let out = c.watchdog_once("0");
     c.gone_now(&pins, "right after the watchdog pass past the orphan grace");
@@ -808,11 +808,7 @@ fn term_to_a_wrapper_denied_pidfds_stops_the_tree_without_them_and_exits_143() {
         Vec::<String>::new(),
         "pidfds the wrapper holds",
     );
-    c.fields(
-        &c.status(),
-        "status.json",
-        json!({"state": "running", "pid": ready.pid}),
-    );
+    c.record("status.json", json!({"state": "running", "pid": ready.pid}));
 
     c.signal(&wrapper_pin, wrapper, libc::SIGTERM);
     c.finish(proc, 143);
@@ -824,10 +820,7 @@ fn term_to_a_wrapper_denied_pidfds_stops_the_tree_without_them_and_exits_143() {
         "status.json",
         json!({"state": "cancelled", "reason": "signal:TERM"}),
     );
-    let failed: Vec<Value> = c
-        .events("signal")
-        .into_iter()
-        .filter(|e| e["by"] == "wrapper" && !e["error"].is_null())
-        .collect();
+    let failed: Vec<Value> =
+        c.events_where("signal", |e| e["by"] == "wrapper" && !e["error"].is_null());
     c.eq(failed, Vec::<Value>::new(), "signals that failed");
 }
