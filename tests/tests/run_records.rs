@@ -159,7 +159,7 @@ fn the_root_and_run_dir_are_0700_and_every_run_file_0600_even_with_umask_0() {
         &root,
         "modes",
         &["--lease", "1h"],
-        &[&fixture_path(), "tree", "--children", "1"],
+        &fx("tree --children 1"),
         |cmd| {
             // SAFETY: umask(2) is async-signal-safe and cannot fail.
             unsafe {

@@ -13,7 +13,7 @@ use std::process::Stdio;
 use agent_run_tests::contain::marked;
 use agent_run_tests::facts::{cleanup_signals, path_str};
 use agent_run_tests::foreground::*;
-use agent_run_tests::workload::{fixture_path, fx, strings, DEAF, DEAF_CHILD};
+use agent_run_tests::workload::{fixture_path, fx, logged_tree, strings, DEAF, DEAF_CHILD};
 use agent_run_tests::{children_of, ensure, proc_stat, session_members, Ctx, Pinned, TestRoot};
 use serde_json::Value;
 
@@ -92,24 +92,8 @@ fn signal_to_wrapper_stops_the_worker_tree(sig: i32, name: &str, code: i32) {
     let root = TestRoot::new();
     let log = root.dir.path().join("tree.log");
     let id = format!("tree-{}", name.to_lowercase());
-    let mut run = Run::start(
-        &root,
-        &id,
-        &[],
-        &[
-            &fixture_path(),
-            "tree",
-            "--children",
-            "1",
-            "--grandchildren",
-            "--leader-term",
-            "log-exit",
-            "--member-term",
-            "log-exit",
-            "--log",
-            path_str(&log),
-        ],
-    );
+    let tree = "--children 1 --grandchildren --leader-term log-exit --member-term log-exit";
+    let mut run = Run::start(&root, &id, &[], &logged_tree(tree, &log));
     let c = run.c;
     let ready = c.ready();
     let pinned = Pinned::new(&ready.all_pids());
@@ -352,26 +336,9 @@ fn a_child_ignoring_term_and_hup_is_killed_at_the_grace() {
 fn a_leader_exiting_on_term_does_not_strand_a_same_group_descendant_ignoring_term_and_hup() {
     let root = TestRoot::new();
     let log = root.dir.path().join("tree.log");
-    let mut run = Run::start(
-        &root,
-        "outlived",
-        &["--grace", "2s"],
-        &[
-            &fixture_path(),
-            "tree",
-            "--children",
-            "1",
-            "--grandchildren",
-            "--leader-term",
-            "log-exit",
-            "--member-term",
-            "ignore",
-            "--member-hup",
-            "ignore",
-            "--log",
-            path_str(&log),
-        ],
-    );
+    let tree = "--children 1 --grandchildren --leader-term log-exit --member-term ignore";
+    let argv = logged_tree(&format!("{tree} --member-hup ignore"), &log);
+    let mut run = Run::start(&root, "outlived", &["--grace", "2s"], &argv);
     let c = run.c;
     let ready = c.ready();
     let pinned = Pinned::new(&ready.all_pids());
@@ -495,12 +462,7 @@ fn a_second_term_during_the_grace_kills_at_once() {
 #[test]
 fn a_setsid_double_forked_escapee_is_stopped_on_cancel() {
     let root = TestRoot::new();
-    let mut run = Run::start(
-        &root,
-        "escapee",
-        &[],
-        &[&fixture_path(), "tree", "--children", "1", "--escapee"],
-    );
+    let mut run = Run::start(&root, "escapee", &[], &fx("tree --children 1 --escapee"));
     let c = run.c;
     let ready = c.ready();
     let pinned = Pinned::new(&ready.all_pids());
@@ -755,20 +717,10 @@ fn cancelling_one_run_leaves_another_run_under_the_same_root_running_to_its_fini
         &root,
         "doomed",
         &[],
-        &[
-            &fixture_path(),
-            "tree",
-            "--children",
-            "2",
-            "--grandchildren",
-        ],
+        &fx("tree --children 2 --grandchildren"),
     );
-    let mut other = Run::start_holding_stdin(
-        &root,
-        "other",
-        &[],
-        &["sh", "-c", "sleep 600 & read line; kill $!"],
-    );
+    let other_argv = ["sh", "-c", "sleep 600 & read line; kill $!"];
+    let mut other = Run::start_with(&root, "other", &[], &other_argv, hold_stdin);
     let ready = doomed.c.ready();
     let doomed_pins = Pinned::new(&ready.all_pids());
     let st = other.c.wait_state(&["running"]);
