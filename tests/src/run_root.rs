@@ -25,6 +25,8 @@ pub const FINAL_STATES: [&str; 4] = ["finished", "cancelled", "launch_failed", "
 pub struct TestRoot {
     /// The temporary directory holding the root; removed when the TestRoot is dropped.
     pub dir: tempfile::TempDir,
+    /// The test's share of the CPU ([`crate::facts::shared_cpu`]), when it holds one.
+    _cpu: Option<std::sync::RwLockReadGuard<'static, ()>>,
 }
 
 impl Default for TestRoot {
@@ -36,7 +38,7 @@ impl Default for TestRoot {
 impl Drop for TestRoot {
     /// Removes the cgroups of this test's runs: agent-run removes a run's cgroup when the run
     /// ends, but not that of a run whose record a test forged, or that a test gave up on. Only a
-    /// cgroup named for one of the run dirs below this root's temporary dir ([`run_cgroup_names`],
+    /// cgroup named for one of the run dirs below this root's temporary dir (`run_cgroup_names`,
     /// so a test's second root counts too), once it is empty. One that cannot be removed fails
     /// the test (unless it is failing already): a test leaves no cgroup behind.
     ///
@@ -124,7 +126,16 @@ impl TestRoot {
             .prefix("agent-run-test.")
             .tempdir()
             .expect("cannot create a temporary directory");
-        TestRoot { dir }
+        TestRoot { dir, _cpu: None }
+    }
+
+    /// [`TestRoot::new`] for a test that shares the CPU with the other tests of its file
+    /// ([`crate::facts::shared_cpu`]), held until the root is dropped.
+    pub fn sharing_cpu() -> TestRoot {
+        let cpu = crate::facts::shared_cpu();
+        let mut root = TestRoot::new();
+        root._cpu = Some(cpu);
+        root
     }
 
     /// The run root passed as `--root`.

@@ -28,7 +28,7 @@ use agent_run_shared::run_dir::RunDir;
 use agent_run_shared::time::{epoch_now, rfc3339_now};
 use agent_run_shared::{procfs, sys as shared_sys};
 use agent_run_tests::ctx::T;
-use agent_run_tests::facts::{exclusive_cpu, shared_cpu};
+use agent_run_tests::facts::exclusive_cpu;
 use agent_run_tests::hostile::{write_lease, Daemon};
 use agent_run_tests::workload::{fx, start_args, DEAF};
 use agent_run_tests::{
@@ -282,8 +282,7 @@ fn terminate(c: Ctx<'_>, dog: Daemon) -> std::process::Output {
 
 #[test]
 fn a_two_second_lease_without_renewal_cancels_the_run_and_exits_124_with_the_tree_gone() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "wd-lease-unrenewed");
     let started = Instant::now();
     let wrapper = Spawned::spawn(root.cmd().args(start_args(
@@ -317,8 +316,7 @@ fn a_two_second_lease_without_renewal_cancels_the_run_and_exits_124_with_the_tre
 
 #[test]
 fn renewals_every_700_ms_keep_a_two_second_lease_alive_past_four_seconds_then_it_expires() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "wd-lease-renewed");
     let started = Instant::now();
     let wrapper = Spawned::spawn(root.cmd().args(start_args(
@@ -373,8 +371,7 @@ fn renewals_every_700_ms_keep_a_two_second_lease_alive_past_four_seconds_then_it
 
 #[test]
 fn the_wrappers_own_lease_is_enforced_on_time_for_several_detached_runs() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let ids = ["wd-lateness-1", "wd-lateness-2", "wd-lateness-3"];
     let runs: Vec<(Detached, Ready, Pinned)> = ids
         .iter()
@@ -397,8 +394,7 @@ fn the_wrappers_own_lease_is_enforced_on_time_for_several_detached_runs() {
 
 #[test]
 fn after_kill_9_of_the_wrapper_the_watchdog_stops_the_leased_workload_at_the_deadline() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "wd-killed-wrapper-leased");
     let dog = watchdog(&root, &[]);
     let (run, ready, pinned) = start_tree(c, "--lease 2s", "tree --children 2 --grandchildren");
@@ -450,8 +446,7 @@ fn after_kill_9_of_the_wrapper_the_watchdog_stops_the_leased_workload_at_the_dea
 #[test]
 fn after_kill_9_of_the_wrapper_of_a_run_without_lease_the_watchdog_stops_it_after_the_orphan_grace()
 {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "wd-killed-wrapper-unleased");
     let dog = watchdog(&root, &["--orphan-grace", "2s"]);
     let (run, ready, pinned) = start_tree(c, "", "tree --children 2 --grandchildren");
@@ -493,8 +488,7 @@ fn after_kill_9_of_the_wrapper_of_a_run_without_lease_the_watchdog_stops_it_afte
 
 #[test]
 fn a_sigstopped_wrapper_past_its_lease_is_taken_over_and_the_run_is_cancelled() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "wd-stopped-wrapper");
     let dog = watchdog(&root, &["--slack", "1s"]);
     let (run, _, pinned) = start_tree(
@@ -561,8 +555,7 @@ fn a_sigstopped_wrapper_past_its_lease_is_taken_over_and_the_run_is_cancelled() 
 
 #[test]
 fn sigterm_to_the_watchdog_mid_stop_lets_the_stop_finish_then_exits_0() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let _r = open_root(&root);
     let c = ctx(&root, "wd-sigterm-mid-stop");
     let dir = make_run_dir(&root, c.id);
@@ -630,8 +623,7 @@ fn sigterm_to_the_watchdog_mid_stop_lets_the_stop_finish_then_exits_0() {
 
 #[test]
 fn a_record_from_an_earlier_boot_becomes_unknown_and_the_process_it_names_is_not_signalled() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let _r = open_root(&root);
     let c = ctx(&root, "wd-rebooted-binary");
     let dir = make_run_dir(&root, c.id);
@@ -661,8 +653,7 @@ fn a_record_from_an_earlier_boot_becomes_unknown_and_the_process_it_names_is_not
 
 #[test]
 fn in_process_run_once_marks_a_record_from_an_earlier_boot_unknown_without_signalling() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let r = open_root(&root);
     // One old record names a live process of this boot (unrelated: the pid was reused), the
     // other names nothing alive.
@@ -719,8 +710,7 @@ fn in_process_run_once_marks_a_record_from_an_earlier_boot_unknown_without_signa
 
 #[test]
 fn in_process_run_once_marks_an_orphan_without_processes_unknown_wrapper_lost() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let r = open_root(&root);
     let c = ctx(&root, "wd-orphan-empty-inproc");
     let dir = make_run_dir(&root, c.id);
@@ -742,8 +732,7 @@ fn in_process_run_once_marks_an_orphan_without_processes_unknown_wrapper_lost() 
 
 #[test]
 fn in_process_run_once_stops_an_orphan_whose_lease_expired_and_cancels_it() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let r = open_root(&root);
     let c = ctx(&root, "wd-orphan-leased-inproc");
     let dir = make_run_dir(&root, c.id);
@@ -780,8 +769,7 @@ fn in_process_run_once_stops_an_orphan_whose_lease_expired_and_cancels_it() {
 
 #[test]
 fn in_process_run_once_leaves_a_live_wrapper_alone_until_lease_plus_grace_plus_slack() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let r = open_root(&root);
     let c = ctx(&root, "wd-live-wrapper-inproc");
     // A real wrapper, alive but doing nothing (SIGSTOPped: stuck). Its deadline is the one it
@@ -966,8 +954,7 @@ fn assert_skipped_once(c: Ctx<'_>, set: &CorruptSet, stderr: &str) {
 
 #[test]
 fn the_daemon_skips_corrupt_symlinked_and_foreign_dirs_with_one_line_each_and_stops_a_due_run() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let _r = open_root(&root);
     let set = populate_corrupt(&root, "wd-corrupt-daemon");
     let c = ctx(&root, "wd-corrupt-daemon-due");
@@ -997,8 +984,7 @@ fn the_daemon_skips_corrupt_symlinked_and_foreign_dirs_with_one_line_each_and_st
 
 #[test]
 fn watchdog_once_skips_corrupt_dirs_with_one_line_each_and_reconciles_a_due_run() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let _r = open_root(&root);
     let set = populate_corrupt(&root, "wd-corrupt-once");
     let c = ctx(&root, "wd-corrupt-once-due");
@@ -1226,8 +1212,7 @@ fn fast_verdict(root: &TestRoot, name: &str) -> agent_run_watchdog::fast::Fast {
 #[test]
 fn the_fast_path_settles_only_surely_final_dirs_and_hands_hostile_ones_to_the_careful_path() {
     use agent_run_watchdog::fast::{Fast, MAX_FAST};
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let _r = open_root(&root);
     let boot = procfs::boot_id();
     let (dead, ticks) = dead_process();
@@ -1537,8 +1522,7 @@ fn a_lease_that_falls_due_during_a_long_rescan_is_enforced_without_waiting_for_i
 /// next full pass (here the one SIGHUP starts), and the orphan it now describes is stopped.
 #[test]
 fn a_settled_record_rewritten_in_place_with_its_mtime_put_back_is_read_again_by_the_next_pass() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let _r = open_root(&root);
     let boot = procfs::boot_id();
     let mut children = Reaper::default();
@@ -1609,8 +1593,7 @@ fn a_settled_record_rewritten_in_place_with_its_mtime_put_back_is_read_again_by_
 fn an_escapee_forked_after_the_watchdog_took_the_orphan_in_is_stopped_at_the_lease_in_procfs_mode()
 {
     use agent_run_tests::contain::{marked, sweep, SweepOnDrop};
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let id = "wd-late-escapee";
     let c = ctx(&root, id);
     let dog = watchdog(&root, &[]);

@@ -9,7 +9,6 @@ use std::os::unix::fs::PermissionsExt;
 
 use agent_run_tests::cli::*;
 use agent_run_tests::ctx::T;
-use agent_run_tests::facts::shared_cpu;
 use agent_run_tests::workload::fixture_path;
 use agent_run_tests::{ctx, describe_output, ensure, wait_ready, Pinned, TestRoot};
 
@@ -18,8 +17,7 @@ use agent_run_tests::{ctx, describe_output, ensure, wait_ready, Pinned, TestRoot
 
 #[test]
 fn cwd_env_and_labels_reach_the_workload_and_the_record_but_values_stay_out_of_it() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "ce");
     let work = root.dir.path().join("work dir");
     fs::create_dir(&work).unwrap();
@@ -142,8 +140,7 @@ fn cwd_env_and_labels_reach_the_workload_and_the_record_but_values_stay_out_of_i
 
 #[test]
 fn bad_cwd_env_and_labels_are_refused_with_64_before_anything_is_created() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     for (args, says) in [
         (vec!["-C", "/nonexistent/dir"], "--cwd /nonexistent/dir"),
         (vec!["-C", "/etc/passwd"], "not a directory"),
@@ -172,8 +169,7 @@ fn bad_cwd_env_and_labels_are_refused_with_64_before_anything_is_created() {
 
 #[test]
 fn an_unsafe_root_is_refused_with_the_command_that_fixes_it() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let dir = root.root();
     fs::create_dir(&dir).unwrap();
     fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();

@@ -19,8 +19,7 @@ use serde_json::Value;
 
 #[test]
 fn version_reports_the_features_and_this_hosts_cgroup() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let v = json_of(&ar_code(&root, &["version", "--json"], 0));
     assert_eq!(v["version"], agent_run_shared::VERSION, "v[\"version\"]");
     assert_eq!(v["schema"], 1, "v[\"schema\"]");
