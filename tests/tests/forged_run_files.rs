@@ -20,7 +20,7 @@ use agent_run_tests::hostile::{
 use agent_run_tests::{
     agent_run_bin, ctx, ensure, fixture_bin, wait_until_dbg, watchdog_bin, Pinned, TestRoot,
 };
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// Who plays controller and workload: root, or `nobody` in a root of its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -510,11 +510,7 @@ fn fifos_sockets_symlinks_and_huge_files_in_run_dirs_hang_nothing_and_other_leas
                 &0,
                 format_args!("cancel with a planted {file} ({kind:?}): {cerr}"),
             );
-            c.eq(
-                &root.status(id)["state"],
-                "cancelled",
-                "root.status(id)[\"state\"]",
-            );
+            ctx(&root, id).record("the record", json!({"state": "cancelled"}));
         }
         tree.wait_all_gone(CMD)
             .unwrap_or_else(|p| c.fail(format_args!("{id}: {p:?} alive")));

@@ -14,7 +14,7 @@ use agent_run_tests::{
     agent_run_bin, ctx, ensure, fixture_bin, proc_stat, wait_ready, wait_until_dbg, Pinned,
     TestRoot,
 };
-use serde_json::Value;
+use serde_json::{json, Value};
 
 // ---------------------------------------------------------------------------------------------
 // Output for people, on a real terminal, and its JSON twin
@@ -104,11 +104,7 @@ fn a_foreground_run_says_on_stderr_why_it_stops() {
             && screen.contains(", exit 130"),
         "{screen}"
     );
-    c.eq(
-        &root.status("fg-int")["reason"],
-        "signal:INT",
-        "root.status(\"fg-int\")[\"reason\"]",
-    );
+    ctx(&root, "fg-int").record("the record", json!({"reason": "signal:INT"}));
 
     let c = ctx(&root, "fg-cancel");
     // A cancel from another connection.
@@ -380,11 +376,7 @@ fn ctrl_z_suspends_every_process_of_the_run_and_fg_resumes_them() {
         screen.contains("agent-run: run zz suspended (5 processes stopped); fg resumes it"),
         "{screen}"
     );
-    c.eq(
-        &root.status("zz")["state"],
-        "running",
-        "root.status(\"zz\")[\"state\"]",
-    );
+    ctx(&root, "zz").record("the record", json!({"state": "running"}));
 
     t.line("fg");
     states(&|s| s != 'T');
@@ -407,11 +399,7 @@ fn ctrl_z_suspends_every_process_of_the_run_and_fg_resumes_them() {
     t.wait_prompt(T);
     c.wait_gone(&tree, "tree");
     c.wait_gone(&wrapper_pin, "wrapper pin");
-    c.eq(
-        &root.status("zz")["reason"],
-        "signal:INT",
-        "root.status(\"zz\")[\"reason\"]",
-    );
+    ctx(&root, "zz").record("the record", json!({"reason": "signal:INT"}));
 }
 
 #[test]
