@@ -27,6 +27,8 @@ pub struct TestRoot {
     pub dir: tempfile::TempDir,
     /// The test's share of the CPU ([`crate::facts::shared_cpu`]), when it holds one.
     _cpu: Option<std::sync::RwLockReadGuard<'static, ()>>,
+    /// Kill what this root's runs left alive when the test ends ([`crate::cli::sweep`]).
+    sweep: bool,
 }
 
 impl Default for TestRoot {
@@ -47,6 +49,9 @@ impl Drop for TestRoot {
     /// cgroups is killed first, so no process of it outlives the test. A passing test that left
     /// one fails, and its leftovers are killed too.
     fn drop(&mut self) {
+        if self.sweep {
+            crate::cli::sweep(self);
+        }
         let failing = std::thread::panicking();
         let wait = Duration::from_secs(10);
         let left = remove_run_cgroups_killing(self.dir.path(), wait, failing);
@@ -126,7 +131,11 @@ impl TestRoot {
             .prefix("agent-run-test.")
             .tempdir()
             .expect("cannot create a temporary directory");
-        TestRoot { dir, _cpu: None }
+        TestRoot {
+            dir,
+            _cpu: None,
+            sweep: false,
+        }
     }
 
     /// [`TestRoot::new`] for a test that shares the CPU with the other tests of its file
@@ -135,6 +144,14 @@ impl TestRoot {
         let cpu = crate::facts::shared_cpu();
         let mut root = TestRoot::new();
         root._cpu = Some(cpu);
+        root
+    }
+
+    /// [`TestRoot::new`] that kills, by pid, whatever of its runs is alive when the test ends,
+    /// pass or fail, before the root is removed ([`crate::cli::sweep`]).
+    pub fn swept() -> TestRoot {
+        let mut root = TestRoot::new();
+        root.sweep = true;
         root
     }
 

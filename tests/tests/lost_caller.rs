@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use agent_run_tests::cli::*;
 use agent_run_tests::ctx::T;
-use agent_run_tests::facts::shared_cpu;
 use agent_run_tests::remote::SshServer;
 use agent_run_tests::tmux::shell_path;
 use agent_run_tests::{
@@ -103,9 +102,8 @@ fn assert_keeps_running(root: &TestRoot, id: &str, tree: &Pinned, policy: &str) 
 
 #[test]
 fn a_lost_caller_cancels_a_run_without_a_lease_by_default() {
-    let _cpu = shared_cpu();
     let srv = SshServer::start_as_root();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "dflt");
     let (tree, killed) = lose_the_caller(&srv, &root, "dflt", &[]);
     let st = root.wait_final("dflt", T);
@@ -130,9 +128,8 @@ fn a_lost_caller_cancels_a_run_without_a_lease_by_default() {
 
 #[test]
 fn a_lost_caller_leaves_a_leased_run_to_its_lease_by_default_and_keep_keeps_it() {
-    let _cpu = shared_cpu();
     let srv = SshServer::start_as_root();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let (leased, _) = lose_the_caller(&srv, &root, "leased", &["--lease", "60s"]);
     let (kept, _) = lose_the_caller(&srv, &root, "kept", &["--on-disconnect", "keep"]);
     assert_keeps_running(&root, "leased", &leased, "keep");
@@ -145,9 +142,8 @@ fn a_lost_caller_leaves_a_leased_run_to_its_lease_by_default_and_keep_keeps_it()
 
 #[test]
 fn a_lost_caller_with_a_grace_is_stopped_after_it_unless_someone_attaches_or_renews() {
-    let _cpu = shared_cpu();
     let srv = SshServer::start_as_root();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "grace");
     // Nobody comes back: stopped once the grace is over.
     let (gone, _) = lose_the_caller(&srv, &root, "grace", &["--on-disconnect", "2s"]);

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use agent_run_tests::cli::*;
 use agent_run_tests::ctx::T;
-use agent_run_tests::facts::{exclusive_cpu, shared_cpu};
+use agent_run_tests::facts::exclusive_cpu;
 use agent_run_tests::hostile::Daemon;
 use agent_run_tests::remote::SshServer;
 use agent_run_tests::workload::fixture_path;
@@ -248,9 +248,8 @@ fn a_stopped_wrapper_past_its_timeout_is_taken_over_by_the_watchdog() {
 
 #[test]
 fn remote_timeout_stops_the_run_on_the_host() {
-    let _cpu = shared_cpu();
     let srv = SshServer::start_as_root();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "rt");
     let host = srv.host();
     let fx = fixture_path();

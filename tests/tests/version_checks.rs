@@ -9,7 +9,6 @@ use std::os::unix::fs::PermissionsExt;
 
 use agent_run_tests::cli::*;
 use agent_run_tests::ctx::T;
-use agent_run_tests::facts::shared_cpu;
 use agent_run_tests::remote::SshServer;
 use agent_run_tests::{describe_output, exit_code, run_with_timeout, TestRoot};
 use serde_json::Value;
@@ -78,9 +77,8 @@ fn remote_refused(srv: &SshServer, root: &TestRoot, bin: &str, args: &[&str]) ->
 
 #[test]
 fn remote_says_when_the_hosts_agent_run_is_missing_or_too_old_and_starts_nothing() {
-    let _cpu = shared_cpu();
     let srv = SshServer::start_as_root();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let host = srv.host();
     let stderr = remote_refused(
         &srv,

@@ -23,8 +23,7 @@ use serde_json::json;
 /// every process gone. Before: `--once` never stopped it.
 #[test]
 fn watchdog_once_stops_an_orphan_past_its_orphan_grace() {
-    let root = TestRoot::new();
-    let _sweep = Sweep(&root);
+    let root = TestRoot::swept();
     let id = "fc-orphan";
     let c = ctx(&root, id);
     let fx = fixture_bin();
