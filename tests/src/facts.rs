@@ -123,6 +123,15 @@ pub fn count_lines(path: &Path) -> usize {
     fs::read_to_string(path).map_or(0, |t| t.lines().count())
 }
 
+/// Creates the directory `path` with mode 0700 (its parent must exist); panics otherwise.
+pub fn private_dir(path: &Path) {
+    use std::os::unix::fs::DirBuilderExt;
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(path)
+        .unwrap_or_else(|e| panic!("cannot create {}: {e}", path.display()));
+}
+
 /// A named pipe in the test's temporary dir: a workload blocked on `read line < FIFO` goes on
 /// when the test releases it ([`crate::ctx::Ctx::release`]), so no test waits on a clock.
 pub fn make_fifo(root: &TestRoot, name: &str) -> PathBuf {

@@ -28,7 +28,7 @@ use agent_run_shared::run_dir::RunDir;
 use agent_run_shared::time::{epoch_now, rfc3339_now};
 use agent_run_shared::{procfs, sys as shared_sys};
 use agent_run_tests::ctx::T;
-use agent_run_tests::facts::exclusive_cpu;
+use agent_run_tests::facts::{exclusive_cpu, private_dir};
 use agent_run_tests::hostile::{write_lease, Daemon};
 use agent_run_tests::workload::{fx, start_args, DEAF};
 use agent_run_tests::{
@@ -856,10 +856,7 @@ fn populate_corrupt(root: &TestRoot, prefix: &str) -> CorruptSet {
     // `unknown` if the watchdog followed the link).
     let link_id = format!("{prefix}-symlinked");
     let elsewhere = root.dir.path().join("elsewhere");
-    fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&elsewhere)
-        .unwrap();
+    private_dir(&elsewhere);
     write_record(
         &elsewhere,
         &record_with(&link_id, dead, dead, dead, ticks, &boot),

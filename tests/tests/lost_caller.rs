@@ -161,25 +161,11 @@ fn a_lost_caller_with_a_grace_is_stopped_after_it_unless_someone_attaches_or_ren
     // An attach within the grace keeps it.
     let (attached, _) = lose_the_caller(&srv, &root, "attached", &["--on-disconnect", "3s"]);
     let attach = Spawned::wrapper(&root, &["attach", "attached"]);
-    wait_until_dbg("caller_reclaimed", T, || {
-        let names = root.event_names("attached");
-        if names.iter().any(|n| n == "caller_reclaimed") {
-            Ok(())
-        } else {
-            Err(names)
-        }
-    });
+    wait_reclaimed(&root, "attached");
     // A renew does too (a lease given now).
     let (renewed, _) = lose_the_caller(&srv, &root, "renewed", &["--on-disconnect", "3s"]);
     ar_code(&root, &["renew", "renewed", "--lease", "60s"], 0);
-    wait_until_dbg("caller_reclaimed", T, || {
-        let names = root.event_names("renewed");
-        if names.iter().any(|n| n == "caller_reclaimed") {
-            Ok(())
-        } else {
-            Err(names)
-        }
-    });
+    wait_reclaimed(&root, "renewed");
     // Past both graces, both runs still run.
     let until = epoch(&root.status("renewed"), "caller_lost_at") + 4.0;
     while agent_run_shared::time::epoch_now() < until {
@@ -206,4 +192,16 @@ fn a_lost_caller_with_a_grace_is_stopped_after_it_unless_someone_attaches_or_ren
         &143,
         format_args!("{}", describe_output("attach", &out)),
     );
+}
+
+/// Waits until the journal of run `id` says `caller_reclaimed`.
+fn wait_reclaimed(root: &TestRoot, id: &str) {
+    wait_until_dbg("caller_reclaimed", T, || {
+        let names = root.event_names(id);
+        if names.iter().any(|n| n == "caller_reclaimed") {
+            Ok(())
+        } else {
+            Err(names)
+        }
+    });
 }

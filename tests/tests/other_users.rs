@@ -7,7 +7,7 @@
 //! dead), and SIGKILLed by pid when the test ends. Run ids start with `rel-`.
 
 use std::fs;
-use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
@@ -15,7 +15,7 @@ use agent_run_shared::id::RunId;
 use agent_run_shared::record::{State, Status};
 use agent_run_shared::root::Root;
 use agent_run_tests::cases;
-use agent_run_tests::facts::path_str;
+use agent_run_tests::facts::{path_str, private_dir};
 use agent_run_tests::hazards::*;
 use agent_run_tests::hostile::{as_nobody, NOBODY};
 use agent_run_tests::workload::fx_args;
@@ -85,10 +85,7 @@ fn another_user_can_neither_read_nor_cancel_a_run_of_root_even_with_agent_run_ro
     attacker_fails(&root, id, &mut watchdog, &[]);
     // Its own root, with a symlink to the victim's run dir.
     let own = root.dir.path().join("attacker");
-    fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&own)
-        .expect("attacker root");
+    private_dir(&own);
     symlink(&dir, own.join(id)).expect("attacker symlink");
     std::os::unix::fs::lchown(own.join(id), Some(NOBODY), Some(NOBODY)).expect("chown link");
     std::os::unix::fs::chown(&own, Some(NOBODY), Some(NOBODY)).expect("chown attacker root");

@@ -8,14 +8,14 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use agent_run_tests::facts::path_str;
+use agent_run_tests::facts::{path_str, private_dir};
 use agent_run_tests::hazards::*;
 use agent_run_tests::workload::{fx_args, start_argv};
 use agent_run_tests::{
@@ -133,15 +133,9 @@ fn a_run_dir_planted_as_a_symlink_before_launch_is_refused_with_78_and_nothing_r
     let root = TestRoot::sharing_cpu();
     let id = "rel-planted-dir";
     let c = ctx(&root, id);
-    fs::DirBuilder::new()
-        .mode(0o700)
-        .create(root.root())
-        .expect("cannot create the root");
+    private_dir(&root.root());
     let elsewhere = root.dir.path().join("elsewhere");
-    fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&elsewhere)
-        .expect("cannot create the target dir");
+    private_dir(&elsewhere);
     symlink(&elsewhere, root.run_dir(id)).expect("cannot plant the run dir symlink");
     let counter = root.dir.path().join("ran");
     let command = fx_args(&["count", path_str(&counter)]);
@@ -201,10 +195,7 @@ fn symlinks_raced_into_a_new_run_dir_during_launch_are_never_written_through() {
     const ROUNDS_PER_FILE: usize = 3;
     let root = TestRoot::sharing_cpu();
     let sentinel = Sentinel::new(&root, b"sentinel: agent-run must never write here\n");
-    fs::DirBuilder::new()
-        .mode(0o700)
-        .create(root.root())
-        .expect("cannot create the root");
+    private_dir(&root.root());
     // file planted -> exit code -> launches
     let mut tally: BTreeMap<&str, BTreeMap<i32, usize>> = BTreeMap::new();
     for round in 0..PLANTED.len() * ROUNDS_PER_FILE {
