@@ -104,8 +104,13 @@ pub fn first_json_object(text: &str) -> Option<Value> {
 
 /// `cleanup.signals` of a record: the signal names in the order first sent.
 pub fn cleanup_signals(st: &Value) -> Vec<String> {
-    let names = st["cleanup"]["signals"].as_array().into_iter().flatten();
-    names.filter_map(|s| s.as_str().map(String::from)).collect()
+    let names = strs(&st["cleanup"]["signals"]).unwrap_or_default();
+    names.into_iter().map(String::from).collect()
+}
+
+/// The strings of a JSON array, None when `v` is not an array.
+pub fn strs(v: &Value) -> Option<Vec<&str>> {
+    Some(v.as_array()?.iter().filter_map(Value::as_str).collect())
 }
 
 /// Bytes as text, invalid UTF-8 replaced.

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use agent_run_shared::pty::{self, Pty, Size};
 use agent_run_tests::facts::epoch_now;
+use agent_run_tests::facts::strs;
 use agent_run_tests::{
     agent_run_bin, ctx, describe_output, ensure, exit_code, proc_stat, run_with_timeout,
     session_members, wait_child, wait_until, Pinned, Spawned, TestRoot, FINAL_STATES,
@@ -407,12 +408,7 @@ fn an_interactive_bash_under_pty_is_cancelled_like_one_without() {
     let pinned = pin_run(&root, "bash", pid);
     cancel(&root, "bash");
     let st = assert_stopped(&root, "bash", pid, &pinned, "cancel_request");
-    let signals: Vec<&str> = st["cleanup"]["signals"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
+    let signals = strs(&st["cleanup"]["signals"]).expect("cleanup.signals is an array");
     ensure!(
         ctx(&root, "bash"),
         signals.len() > 1,

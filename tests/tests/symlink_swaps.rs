@@ -385,9 +385,9 @@ fn a_lock_file_swapped_for_a_symlink_is_named_and_the_run_is_still_cancelled() {
     let root = TestRoot::sharing_cpu();
     let id = "rel-swap-lock";
     let c = ctx(&root, id);
+    let dir = root.run_dir(id);
     let sentinel = Sentinel::new(&root, b"sentinel: not a lock\n");
     let run = start_foreground(&root, id, true);
-    let dir = root.run_dir(id);
     swap_for_symlink(&dir, "lock", &sentinel.path);
 
     // The wrapper still holds the run's lock on the run dir itself: it is found, and asked.

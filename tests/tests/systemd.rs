@@ -21,6 +21,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use agent_run_tests::cases;
+use agent_run_tests::facts::strs;
 use agent_run_tests::systemd::{Boot, Systemd};
 use agent_run_tests::{poll_until, proc_stat, wait_until_dbg, Pinned, FINAL_STATES};
 use serde_json::Value;
@@ -762,12 +763,7 @@ fn with_kill_user_processes_a_run_from_a_login_session_is_warned_of_and_cancelle
                 .is_some_and(|w| w.contains("KillUserProcesses"))
     });
     assert!(said, "no warning in the run's journal\n{}", why());
-    let warnings: Vec<&str> = st["warnings"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
+    let warnings = strs(&st["warnings"]).unwrap_or_default();
     assert!(
         warnings.len() == 1
             && warnings[0].contains("KillUserProcesses=yes")

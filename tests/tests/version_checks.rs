@@ -9,9 +9,9 @@ use std::os::unix::fs::PermissionsExt;
 
 use agent_run_tests::cli::*;
 use agent_run_tests::ctx::T;
+use agent_run_tests::facts::strs;
 use agent_run_tests::remote::SshServer;
 use agent_run_tests::{describe_output, exit_code, run_with_timeout, TestRoot};
-use serde_json::Value;
 
 // ---------------------------------------------------------------------------------------------
 // version
@@ -22,12 +22,7 @@ fn version_reports_the_features_and_this_hosts_cgroup() {
     let v = json_of(&ar_code(&root, &["version", "--json"], 0));
     assert_eq!(v["version"], agent_run_shared::VERSION, "v[\"version\"]");
     assert_eq!(v["schema"], 1, "v[\"schema\"]");
-    let features: Vec<&str> = v["features"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
+    let features = strs(&v["features"]).expect("features is an array");
     for f in [
         "timeout",
         "cwd",
