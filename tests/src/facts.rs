@@ -108,6 +108,11 @@ pub fn cleanup_signals(st: &Value) -> Vec<String> {
     names.into_iter().map(String::from).collect()
 }
 
+/// The fields of a final record that say how the run ended: `{"state": …, "reason": …}`.
+pub fn ended(state: &str, reason: &str) -> Value {
+    serde_json::json!({"state": state, "reason": reason})
+}
+
 /// The strings of a JSON array, None when `v` is not an array.
 pub fn strs(v: &Value) -> Option<Vec<&str>> {
     Some(v.as_array()?.iter().filter_map(Value::as_str).collect())

@@ -19,6 +19,7 @@ use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use agent_run_tests::ctx::{ctx, Ctx, CMD};
+use agent_run_tests::facts::ended;
 use agent_run_tests::facts::*;
 use agent_run_tests::workload::*;
 use agent_run_tests::{describe_output, exit_code, Pinned, Spawned, TestRoot};
@@ -101,7 +102,7 @@ fn cancel_stops_the_worker_tree_and_nothing_is_left_when_it_returns() {
     c.fields(
         &printed,
         "cancel's output",
-        json!({"state": "cancelled", "reason": "cancel_request"}),
+        ended("cancelled", "cancel_request"),
     );
     let st = c.status();
     c.eq(
@@ -152,11 +153,7 @@ fn cancel_of_a_foreground_run_writes_cancel_json_and_the_wrapper_exits_143() {
     c.gone_now(&fg.wrapper_pin, "the wrapper after it exited");
 
     let st = c.status();
-    c.fields(
-        &st,
-        "status.json",
-        json!({"state": "cancelled", "reason": "cancel_request"}),
-    );
+    c.fields(&st, "status.json", ended("cancelled", "cancel_request"));
     c.eq(
         &c.parse(&out, "cancel")["ended_at"],
         &st["ended_at"],
@@ -218,11 +215,7 @@ fn term_to_the_wrapper_stops_leader_children_and_grandchildren() {
     fg.proc.signal(libc::SIGTERM);
     let st = c.wait_final();
     c.gone_now(&tree, "when the record became final");
-    c.fields(
-        &st,
-        "status.json",
-        json!({"state": "cancelled", "reason": "signal:TERM"}),
-    );
+    c.fields(&st, "status.json", ended("cancelled", "signal:TERM"));
     for pid in ready.all_pids() {
         c.eq(
             logged(&log, pid, "TERM"),

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use agent_run_tests::ctx::{ctx, Ctx};
 use agent_run_tests::ensure;
+use agent_run_tests::facts::ended;
 use agent_run_tests::facts::*;
 use agent_run_tests::workload::*;
 use agent_run_tests::{fixture_bin, proc_stat, Pinned, TestRoot};
@@ -264,11 +265,7 @@ fn a_recorded_wrapper_pid_that_belongs_to_an_unrelated_process_is_not_signalled_
     c.all_alive(&unrelated.pin, "the unrelated process");
     c.gone_now(&tree, "the run's processes");
     let st = c.wait_final();
-    c.fields(
-        &st,
-        "the record",
-        json!({"state": "cancelled", "reason": "cancel_request"}),
-    );
+    c.fields(&st, "the record", ended("cancelled", "cancel_request"));
     let to_wrapper: Vec<Value> =
         c.events_where("signal", |e| e["target"] == format!("pid:{}", run.wrapper));
     c.eq(to_wrapper.len(), 1, "TERMs to the true wrapper");
@@ -349,8 +346,5 @@ fn a_record_of_an_earlier_boot_with_nothing_of_it_held_is_host_rebooted_and_noth
     c.fields(entry.unwrap_or(&Value::Null), "list --json", rebooted);
     c.ctl(&["cancel", c.id], 0);
     c.all_alive(&unrelated.pin, "the process the old record names");
-    c.record(
-        "the record",
-        json!({"state": "unknown", "reason": "host_rebooted"}),
-    );
+    c.record("the record", ended("unknown", "host_rebooted"));
 }

@@ -13,6 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use agent_run_tests::cases;
+use agent_run_tests::facts::ended;
 use agent_run_tests::hostile::{
     as_nobody, edit_status, epoch_now, events_named, outcome, pin_tree, plant, signals_to,
     write_lease, Daemon, Detached, Plant, Victim, CMD, NOBODY,
@@ -904,7 +905,7 @@ fn a_workload_that_forges_a_final_record_and_kills_its_wrapper_is_still_cancelle
         c.fields(
             &c.status(),
             "status.json",
-            serde_json::json!({"state": "cancelled", "reason": "cancel_request"}),
+            ended("cancelled", "cancel_request"),
         );
         let said = c.events("record_contradicted");
         c.eq(said.len(), 1, "record_contradicted events");
@@ -935,7 +936,7 @@ fn the_watchdog_stops_a_run_whose_forged_final_record_its_cgroup_contradicts() {
     c.fields(
         &c.status(),
         "status.json",
-        serde_json::json!({"state": "cancelled", "reason": "wrapper_lost"}),
+        ended("cancelled", "wrapper_lost"),
     );
     c.eq(
         c.events("record_contradicted").len(),

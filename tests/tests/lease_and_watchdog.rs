@@ -28,7 +28,7 @@ use agent_run_shared::run_dir::RunDir;
 use agent_run_shared::time::{epoch_now, rfc3339_now};
 use agent_run_shared::{procfs, sys as shared_sys};
 use agent_run_tests::ctx::T;
-use agent_run_tests::facts::{exclusive_cpu, private_dir};
+use agent_run_tests::facts::{ended, exclusive_cpu, private_dir};
 use agent_run_tests::hostile::{write_lease, Daemon};
 use agent_run_tests::workload::{fx, start_args, DEAF};
 use agent_run_tests::{
@@ -190,11 +190,6 @@ fn policy(slack: Duration) -> Policy {
 // ---------------------------------------------------------------------------------------------
 // Reading outcomes
 
-/// The state and reason a final record must have.
-fn outcome(state: &str, reason: &str) -> Value {
-    json!({"state": state, "reason": reason})
-}
-
 /// The record of a run held by /proc scans alone whose wrapper was lost, once the watchdog
 /// stopped it at its lease: what it found is stopped, but nothing can prove that nothing of it
 /// is left (a process that left its session and cleared its environment is not to be found).
@@ -298,7 +293,7 @@ fn a_two_second_lease_without_renewal_cancels_the_run_and_exits_124_with_the_tre
     );
     let out = c.finish_within(wrapper, T, 124);
     let elapsed = started.elapsed();
-    c.record("the record", outcome("cancelled", "lease_expired"));
+    c.record("the record", ended("cancelled", "lease_expired"));
     c.wait_gone_within(&pinned, Duration::from_secs(10), "the run's tree");
     c.eq(
         session_members(ready.sid),
@@ -353,7 +348,7 @@ fn renewals_every_700_ms_keep_a_two_second_lease_alive_past_four_seconds_then_it
     let renewals_ended = epoch_now();
     c.finish_within(wrapper, T, 124);
     let st = c.status();
-    c.fields(&st, "the record", outcome("cancelled", "lease_expired"));
+    c.fields(&st, "the record", ended("cancelled", "lease_expired"));
     c.wait_gone_within(&pinned, Duration::from_secs(10), "the run's tree");
     let ended = c.epoch(&st, "ended_at");
     ensure!(
@@ -381,7 +376,7 @@ fn the_wrappers_own_lease_is_enforced_on_time_for_several_detached_runs() {
     for (id, (run, _, pinned)) in ids.iter().zip(&runs) {
         let c = ctx(&root, id);
         let st = c.wait_final();
-        c.fields(&st, "the record", outcome("cancelled", "lease_expired"));
+        c.fields(&st, "the record", ended("cancelled", "lease_expired"));
         c.wait_gone_within(pinned, Duration::from_secs(10), "the run's tree");
         c.wait_gone_within(&run.wrapper_pin, Duration::from_secs(10), "the wrapper");
         figures.push(report_lateness(c, "detached, 1 s"));
@@ -422,7 +417,7 @@ fn after_kill_9_of_the_wrapper_the_watchdog_stops_the_leased_workload_at_the_dea
     }
 
     let st = c.wait_final();
-    c.fields(&st, "the record", outcome("cancelled", "lease_expired"));
+    c.fields(&st, "the record", ended("cancelled", "lease_expired"));
     c.wait_gone_within(&pinned, Duration::from_secs(10), "the run's tree");
     let ended = c.epoch(&st, "ended_at");
     ensure!(
@@ -470,7 +465,7 @@ fn after_kill_9_of_the_wrapper_of_a_run_without_lease_the_watchdog_stops_it_afte
     }
 
     let st = c.wait_final();
-    c.fields(&st, "the record", outcome("cancelled", "wrapper_lost"));
+    c.fields(&st, "the record", ended("cancelled", "wrapper_lost"));
     c.wait_gone_within(&pinned, Duration::from_secs(10), "the run's tree");
     let ended = c.epoch(&st, "ended_at");
     ensure!(
@@ -510,7 +505,7 @@ fn a_sigstopped_wrapper_past_its_lease_is_taken_over_and_the_run_is_cancelled() 
     );
 
     let st = c.wait_final();
-    c.fields(&st, "the record", outcome("cancelled", "lease_expired"));
+    c.fields(&st, "the record", ended("cancelled", "lease_expired"));
     c.wait_gone_within(&pinned, Duration::from_secs(10), "the run's tree");
     // The stuck wrapper was killed by the watchdog (the Pinned drop would kill it otherwise).
     c.wait_gone_within(
@@ -638,7 +633,7 @@ fn a_record_from_an_earlier_boot_becomes_unknown_and_the_process_it_names_is_not
     let mut cmd = root.watchdog_cmd();
     let out = agent_run_tests::run_with_timeout(cmd.arg("--once"), T);
     c.code(&out, 0, "agent-run-watchdog --once");
-    c.record("the record", outcome("unknown", "host_rebooted"));
+    c.record("the record", ended("unknown", "host_rebooted"));
     c.eq(
         unrelated.alive(),
         vec![pid],
@@ -684,7 +679,7 @@ fn in_process_run_once_marks_a_record_from_an_earlier_boot_unknown_without_signa
     );
     for run in [c, ctx(&root, empty_id)] {
         let st = run.status();
-        run.fields(&st, "the record", outcome("unknown", "host_rebooted"));
+        run.fields(&st, "the record", ended("unknown", "host_rebooted"));
         run.eq(run.events("signal"), Vec::<Value>::new(), "signal events");
         ensure!(
             run,
@@ -724,7 +719,7 @@ fn in_process_run_once_marks_an_orphan_without_processes_unknown_wrapper_lost() 
     let took = started.elapsed();
     c.eq(lines.len(), 1, format_args!("the pass's lines: {lines:?}"));
     let st = c.status();
-    c.fields(&st, "the record", outcome("unknown", "wrapper_lost"));
+    c.fields(&st, "the record", ended("unknown", "wrapper_lost"));
     c.eq(c.events("signal"), Vec::<Value>::new(), "signal events");
     ensure!(c, st["ended_at"].is_string(), "the record has no ended_at");
     eprintln!("orphan without processes reconciled in {took:?}");
@@ -805,7 +800,7 @@ fn in_process_run_once_leaves_a_live_wrapper_alone_until_lease_plus_grace_plus_s
     let lines = run_once(&r, &policy(Duration::from_secs(2)));
     c.eq(lines.len(), 1, format_args!("the pass's lines: {lines:?}"));
     let st = c.status();
-    c.fields(&st, "the record", outcome("cancelled", "lease_expired"));
+    c.fields(&st, "the record", ended("cancelled", "lease_expired"));
     c.wait_gone_within(&pinned, Duration::from_secs(5), "the wrapper and the tree");
     c.wait_cgroup_removed(&st, "after the pass that took over");
     let target = format!("pid:{wrapper}");
@@ -995,7 +990,7 @@ fn watchdog_once_skips_corrupt_dirs_with_one_line_each_and_reconciles_a_due_run(
     let mut cmd = root.watchdog_cmd();
     let out = agent_run_tests::run_with_timeout(cmd.arg("--once"), T);
     c.code(&out, 0, "agent-run-watchdog --once");
-    c.record("the record", outcome("unknown", "wrapper_lost"));
+    c.record("the record", ended("unknown", "wrapper_lost"));
     assert_skipped_once(c, &set, &String::from_utf8_lossy(&out.stderr));
 }
 

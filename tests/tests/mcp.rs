@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use agent_run_shared::time::{epoch_now, parse_rfc3339};
-use agent_run_tests::facts::require_root;
+use agent_run_tests::facts::{ended, require_root};
 use agent_run_tests::mcp::Client;
 use agent_run_tests::mcp_wire::Wire;
 use agent_run_tests::remote::{processes_mentioning, SshServer};
@@ -724,7 +724,7 @@ fn a_clean_shutdown_cancels_tied_runs_and_keeps_detached_ones() {
     tied_run.fields(
         &st,
         "the tied run's record",
-        json!({"state": "cancelled", "reason": "cancel_request"}),
+        ended("cancelled", "cancel_request"),
     );
     detached_run.all_alive(&dp, "the detached run goes on");
     detached_run.record("the detached run's record", json!({"state": "running"}));
@@ -1380,7 +1380,7 @@ fn the_server_never_outlives_its_client_even_while_its_stdin_stays_open() {
     tied_run.fields(
         &st,
         "the tied run's record",
-        json!({"state": "cancelled", "reason": "cancel_request"}),
+        ended("cancelled", "cancel_request"),
     );
     ensure!(
         tied_run,
@@ -1425,11 +1425,7 @@ fn a_server_whose_client_dies_leaves_no_ssh_behind() {
     run.wait_gone_within(s.server_pin(), T, "the server, after its client");
     run.wait_gone_within(&pins, Duration::from_secs(10), "the tied run's tree");
     let st = run.wait_final();
-    run.fields(
-        &st,
-        "its record",
-        json!({"state": "cancelled", "reason": "cancel_request"}),
-    );
+    run.fields(&st, "its record", ended("cancelled", "cancel_request"));
     w.assert_ssh_cleaned_up(Duration::from_secs(5));
 }
 
@@ -1488,7 +1484,7 @@ fn a_task_is_its_run_another_server_answers_for_it_and_a_client_without_tasks_ge
     run.fields(
         &st,
         "the record when tasks/cancel answered",
-        json!({"state": "cancelled", "reason": "cancel_request"}),
+        ended("cancelled", "cancel_request"),
     );
     ensure!(
         run,

@@ -13,6 +13,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use agent_run_tests::ctx::{ctx, Ctx};
+use agent_run_tests::facts::ended;
 use agent_run_tests::facts::*;
 use agent_run_tests::workload::*;
 use agent_run_tests::{describe_output, Pinned, Spawned, TestRoot};
@@ -276,11 +277,7 @@ fn renew_with_a_shorter_lease_makes_the_run_expire_at_the_new_deadline() {
     let st = c.wait_final();
     let took = t0.elapsed();
     c.gone_now(&tree, "when the lease-expiry record became final");
-    c.fields(
-        &st,
-        "status.json",
-        json!({"state": "cancelled", "reason": "lease_expired"}),
-    );
+    c.fields(&st, "status.json", ended("cancelled", "lease_expired"));
     c.check(
         took >= Duration::from_millis(900),
         format_args!("ended {took:?} after a 1 s renew"),
