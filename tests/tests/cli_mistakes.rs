@@ -91,7 +91,7 @@ fn a_mistyped_subcommand_exits_64_creates_nothing_and_runs_nothing() {
     // The implicit form with `--` still starts a run, and runs the program.
     ar_code(&root, &["fc-with-dashes", "--quiet", "--", prog], 0);
     ensure!(c, marker.exists(), "agent-run ID -- PROG did not run PROG");
-    ctx(&root, "fc-with-dashes").record("the record", json!({"state": "finished"}));
+    c.record("the record", json!({"state": "finished"}));
 }
 
 // =============================================================================================

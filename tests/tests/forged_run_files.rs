@@ -511,7 +511,7 @@ fn fifos_sockets_symlinks_and_huge_files_in_run_dirs_hang_nothing_and_other_leas
                 &0,
                 format_args!("cancel with a planted {file} ({kind:?}): {cerr}"),
             );
-            ctx(&root, id).record("the record", json!({"state": "cancelled"}));
+            c.record("the record", json!({"state": "cancelled"}));
         }
         tree.wait_all_gone(CMD)
             .unwrap_or_else(|p| c.fail(format_args!("{id}: {p:?} alive")));

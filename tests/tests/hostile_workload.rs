@@ -258,7 +258,7 @@ fn a_forged_final_record_is_not_believed(mode: Mode) {
     let run = start(&side, "forger", &[], forge);
     run.go_and_wait("done");
     let c = ctx(&root, "forger");
-    ctx(&root, "forger").record("the record", json!({"state": "finished"}));
+    c.record("the forged record", json!({"state": "finished"}));
     // wait and attach do not return on it; status says what the kernel says.
     let (code, _, err) = side.ctl(&["wait", "forger", "--timeout", "1s"]);
     c.eq(code, 75, format_args!("wait on a forged record: {err}"));

@@ -799,7 +799,7 @@ fn a_run_named_like_the_keeper_mode_is_an_ordinary_run() {
     let o = run(&root, &["__keep", "--", "sh", "-c", "echo hi"]);
     ensure!(c, o.status.success(), "{}", describe_output("__keep", &o));
     c.eq(&o.stdout, b"hi\n", "o.stdout");
-    ctx(&root, "__keep").record("the record", json!({"state": "finished"}));
+    c.record("the record", json!({"state": "finished"}));
 }
 
 #[test]

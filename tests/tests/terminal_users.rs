@@ -104,7 +104,7 @@ fn a_foreground_run_says_on_stderr_why_it_stops() {
             && screen.contains(", exit 130"),
         "{screen}"
     );
-    ctx(&root, "fg-int").record("the record", json!({"reason": "signal:INT"}));
+    c.record("the record", json!({"reason": "signal:INT"}));
 
     let c = ctx(&root, "fg-cancel");
     // A cancel from another connection.
@@ -376,7 +376,7 @@ fn ctrl_z_suspends_every_process_of_the_run_and_fg_resumes_them() {
         screen.contains("agent-run: run zz suspended (5 processes stopped); fg resumes it"),
         "{screen}"
     );
-    ctx(&root, "zz").record("the record", json!({"state": "running"}));
+    c.record("the record", json!({"state": "running"}));
 
     t.line("fg");
     states(&|s| s != 'T');
@@ -399,7 +399,7 @@ fn ctrl_z_suspends_every_process_of_the_run_and_fg_resumes_them() {
     t.wait_prompt(T);
     c.wait_gone(&tree, "tree");
     c.wait_gone(&wrapper_pin, "wrapper pin");
-    ctx(&root, "zz").record("the record", json!({"reason": "signal:INT"}));
+    c.record("the record", json!({"reason": "signal:INT"}));
 }
 
 #[test]

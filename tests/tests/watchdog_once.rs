@@ -68,7 +68,7 @@ fn watchdog_once_stops_an_orphan_past_its_orphan_grace() {
         &ready.all_pids(),
         "--once stopped the run within its grace",
     );
-    ctx(&root, id).record("the record", json!({"state": "running"}));
+    c.record("the record", json!({"state": "running"}));
 
     // Passes every 100 ms, as a tight timer would run them, with a 1 s orphan grace.
     let grace = 1.0;
