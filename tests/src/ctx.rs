@@ -501,6 +501,15 @@ impl<'a> Ctx<'a> {
 
     // --- starting runs
 
+    /// An orphan: `start --detach ID -- COMMAND...` (a fixture tree), its tree pinned, then its
+    /// wrapper SIGKILLed and gone.
+    pub fn orphan(self, command: &[String]) -> (Detached, Ready, Pinned) {
+        let run = self.start_detached("", command);
+        let (ready, tree) = self.pin_tree();
+        self.kill_wrapper(run.wrapper, &run.wrapper_pin);
+        (run, ready, tree)
+    }
+
     /// `start --detach OPTS... ID -- COMMAND...`: exit 0 and one JSON line with the contract's
     /// keys; its wrapper and leader pinned.
     pub fn start_detached(self, opts: &str, command: &[String]) -> Detached {

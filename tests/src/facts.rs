@@ -142,6 +142,14 @@ pub fn private_dir(path: &Path) {
         .unwrap_or_else(|e| panic!("cannot create {}: {e}", path.display()));
 }
 
+/// Creates the directory `path` and gives it `mode` (umask aside); panics otherwise.
+pub fn dir_with_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    fs::create_dir(path).unwrap_or_else(|e| panic!("cannot create {}: {e}", path.display()));
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .unwrap_or_else(|e| panic!("cannot chmod {}: {e}", path.display()));
+}
+
 /// A named pipe in the test's temporary dir: a workload blocked on `read line < FIFO` goes on
 /// when the test releases it ([`crate::ctx::Ctx::release`]), so no test waits on a clock.
 pub fn make_fifo(root: &TestRoot, name: &str) -> PathBuf {

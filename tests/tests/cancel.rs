@@ -422,9 +422,7 @@ fn two_runs_of_one_user_cancel_one_and_the_other_lives_and_finishes() {
 fn kill_9_of_the_wrapper_then_cancel_stops_the_workload_and_writes_a_final_record() {
     let root = TestRoot::new();
     let c = ctx(&root, "orphan");
-    let run = c.start_detached("", &fx("tree --children 2 --grandchildren --escapee"));
-    let (ready, tree) = c.pin_tree();
-    c.kill_wrapper(run.wrapper, &run.wrapper_pin);
+    let (_run, ready, tree) = c.orphan(&fx("tree --children 2 --grandchildren --escapee"));
     c.all_alive(&tree, "the workload after the wrapper's death");
     let doc = c.json(&["status", "--json", c.id]);
     let orphan = json!({"state": "running", "note": "wrapper gone, not reconciled"});
@@ -455,9 +453,7 @@ fn kill_9_of_the_wrapper_then_cancel_stops_the_workload_and_writes_a_final_recor
 fn cancel_of_an_orphan_whose_processes_are_gone_records_unknown_and_wait_exits_75() {
     let root = TestRoot::new();
     let c = ctx(&root, "vanished");
-    let run = c.start_detached("", &fx("tree --children 1 --grandchildren"));
-    let (_, tree) = c.pin_tree();
-    c.kill_wrapper(run.wrapper, &run.wrapper_pin);
+    let (_run, _, tree) = c.orphan(&fx("tree --children 1 --grandchildren"));
     for pid in tree.pids() {
         c.signal(&tree, pid, libc::SIGKILL);
     }
@@ -538,9 +534,7 @@ fn ten_concurrent_cancels_stop_the_run_once_and_every_caller_prints_the_same_rec
 fn ten_concurrent_cancels_of_an_orphaned_run_take_it_over_once_and_agree() {
     let root = TestRoot::new();
     let c = ctx(&root, "orphan-crowd");
-    let run = c.start_detached("", &fx("tree --children 2 --grandchildren"));
-    let (_, tree) = c.pin_tree();
-    c.kill_wrapper(run.wrapper, &run.wrapper_pin);
+    let (_run, _, tree) = c.orphan(&fx("tree --children 2 --grandchildren"));
     let outs = concurrent_cancels(c, 10);
     c.gone_now(&tree, "after every cancel returned");
     all_print_the_final_record(c, &outs);

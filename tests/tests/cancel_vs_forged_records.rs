@@ -204,9 +204,7 @@ fn a_record_whose_pid_now_belongs_to_an_unrelated_process_lends_it_nothing_and_t
 {
     let root = TestRoot::new();
     let c = ctx(&root, "reused");
-    let run = c.start_detached("", &fx("tree --children 1"));
-    let (_, tree) = c.pin_tree();
-    c.kill_wrapper(run.wrapper, &run.wrapper_pin);
+    let (_run, _, tree) = c.orphan(&fx("tree --children 1"));
 
     let unrelated = Unrelated::spawn();
     c.edit_status(|st| {
@@ -276,9 +274,7 @@ fn a_recorded_wrapper_pid_that_belongs_to_an_unrelated_process_is_not_signalled_
 fn a_record_forged_to_another_boot_over_live_processes_is_rewritten_and_the_run_is_stopped() {
     let root = TestRoot::new();
     let c = ctx(&root, "rebooted");
-    let run = c.start_detached("", &fx("tree --children 1"));
-    let (_, tree) = c.pin_tree();
-    c.kill_wrapper(run.wrapper, &run.wrapper_pin);
+    let (_run, _, tree) = c.orphan(&fx("tree --children 1"));
     let forged_boot = "00000000-0000-4000-8000-000000000000";
     assert_ne!(
         boot_id(),
@@ -307,11 +303,9 @@ fn a_record_forged_to_another_boot_over_live_processes_is_rewritten_and_the_run_
 fn a_record_of_an_earlier_boot_with_nothing_of_it_held_is_host_rebooted_and_nothing_is_signalled() {
     let root = TestRoot::new();
     let c = ctx(&root, "old-boot");
-    let run = c.start_detached("", &fx("tree --children 1"));
-    let (_, tree) = c.pin_tree();
+    let (_run, _, tree) = c.orphan(&fx("tree --children 1"));
     // The run's processes are not its any more (its cgroup and marker are what find them):
     // take them out of its cgroup and clear the record's cgroup, as after a reboot.
-    c.kill_wrapper(run.wrapper, &run.wrapper_pin);
     let cg = c.status()["containment"]["cgroup"]
         .as_str()
         .map(str::to_string);

@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use agent_run_tests::cases;
-use agent_run_tests::facts::ended;
+use agent_run_tests::facts::{dir_with_mode, ended};
 use agent_run_tests::hostile::{
     as_nobody, edit_status, epoch_now, events_named, outcome, pin_tree, plant, signals_to,
     write_lease, Daemon, Detached, Plant, Victim, CMD, NOBODY,
@@ -319,13 +319,11 @@ fn the_watchdog_as_root_never_signals_pid_1_inside_a_pid_namespace() {
     // the record's start_ticks. The watchdog runs inside the namespace as root.
     let root = TestRoot::new();
     let r = root.root();
-    fs::create_dir(&r).unwrap();
-    fs::set_permissions(&r, fs::Permissions::from_mode(0o700)).unwrap();
+    dir_with_mode(&r, 0o700);
     let id = "pid1";
     let c = ctx(&root, id);
     let dir = r.join(id);
-    fs::create_dir(&dir).unwrap();
-    fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+    dir_with_mode(&dir, 0o700);
     for variant in ["no wrapper_start_ticks", "init's true start ticks"] {
         let mut rec = serde_json::json!({
             "schema": 1, "run_id": id, "state": "running", "reason": null, "exit_code": null,

@@ -9,6 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 
 use agent_run_tests::cli::*;
 use agent_run_tests::ctx::T;
+use agent_run_tests::facts::dir_with_mode;
 use agent_run_tests::workload::fixture_path;
 use agent_run_tests::{ctx, describe_output, ensure, wait_ready, Pinned, TestRoot};
 
@@ -171,8 +172,7 @@ fn bad_cwd_env_and_labels_are_refused_with_64_before_anything_is_created() {
 fn an_unsafe_root_is_refused_with_the_command_that_fixes_it() {
     let root = TestRoot::sharing_cpu();
     let dir = root.root();
-    fs::create_dir(&dir).unwrap();
-    fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+    dir_with_mode(&dir, 0o777);
     let out = ar_code(&root, &["list"], 78);
     let want = format!(
         "agent-run: run root {p} is writable by its group and others (mode 0777): chmod 700 {p}\n",
