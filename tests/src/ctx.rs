@@ -501,6 +501,13 @@ impl<'a> Ctx<'a> {
 
     // --- starting runs
 
+    /// `fixture tree OPTS... --log LOG`, LOG being `<id>.log` in the test's temporary dir: a
+    /// tree whose signal handlers log there. The command and LOG.
+    pub fn logged_tree(self, opts: &str) -> (Vec<String>, PathBuf) {
+        let log = self.root.dir.path().join(format!("{}.log", self.id));
+        (crate::workload::logged_tree(opts, &log), log)
+    }
+
     /// An orphan: `start --detach ID -- COMMAND...` (a fixture tree), its tree pinned, then its
     /// wrapper SIGKILLed and gone.
     pub fn orphan(self, command: &[String]) -> (Detached, Ready, Pinned) {

@@ -70,6 +70,10 @@ fn all_print_the_final_record(c: Ctx, outs: &[Output]) {
     }
 }
 
+/// A tree whose every process logs TERM and exits.
+const COOPERATIVE: &str =
+    "--children 2 --grandchildren --leader-term log-exit --member-term log-exit";
+
 // =============================================================================================
 // cancel
 
@@ -77,9 +81,8 @@ fn all_print_the_final_record(c: Ctx, outs: &[Output]) {
 fn cancel_stops_the_worker_tree_and_nothing_is_left_when_it_returns() {
     let root = TestRoot::new();
     let c = ctx(&root, "worker");
-    let log = root.dir.path().join("worker.log");
-    let tree_opts = "--children 2 --grandchildren --leader-term log-exit --member-term log-exit";
-    let run = c.start_detached("", &logged_tree(tree_opts, &log));
+    let (argv, log) = c.logged_tree(COOPERATIVE);
+    let run = c.start_detached("", &argv);
     let (ready, tree) = c.pin_tree();
 
     let t0 = Instant::now();
@@ -208,9 +211,8 @@ fn cancel_of_a_foreground_run_writes_cancel_json_and_the_wrapper_exits_143() {
 fn term_to_the_wrapper_stops_leader_children_and_grandchildren() {
     let root = TestRoot::new();
     let c = ctx(&root, "term-wrapper");
-    let log = root.dir.path().join("worker.log");
-    let tree_opts = "--children 2 --grandchildren --leader-term log-exit --member-term log-exit";
-    let fg = c.start_foreground("--quiet", &logged_tree(tree_opts, &log), Stdio::null());
+    let (argv, log) = c.logged_tree(COOPERATIVE);
+    let fg = c.start_foreground("--quiet", &argv, Stdio::null());
     let (ready, tree) = c.pin_tree();
     fg.proc.signal(libc::SIGTERM);
     let st = c.wait_final();
@@ -231,14 +233,10 @@ fn term_to_the_wrapper_stops_leader_children_and_grandchildren() {
 fn term_to_the_leader_alone_ends_the_run_and_its_group_is_stopped_before_the_final_record() {
     let root = TestRoot::new();
     let c = ctx(&root, "term-leader");
-    let log = root.dir.path().join("worker.log");
     // The members handle TERM and HUP and stay: only the stop routine's KILL ends them.
-    let tree_opts = "--children 2 --grandchildren --member-term log-stay --member-hup log-stay";
-    let fg = c.start_foreground(
-        "--quiet --grace 1s",
-        &logged_tree(tree_opts, &log),
-        Stdio::null(),
-    );
+    let (argv, log) =
+        c.logged_tree("--children 2 --grandchildren --member-term log-stay --member-hup log-stay");
+    let fg = c.start_foreground("--quiet --grace 1s", &argv, Stdio::null());
     let (ready, tree) = c.pin_tree();
     c.signal(&tree, ready.pid, libc::SIGTERM);
 
@@ -271,10 +269,10 @@ fn a_cancelling_record_whose_wrapper_died_mid_stop_is_told_apart_and_finished_by
     let root = TestRoot::new();
     let c = ctx(&root, "stuck");
     let f = ctx(&root, "fresh");
-    let log = root.dir.path().join("worker.log");
     // Everyone handles TERM and stays; HUP (default) ends them, but only 5 s into a stop.
-    let tree_opts = "--children 1 --grandchildren --leader-term log-stay --member-term log-stay";
-    let run = c.start_detached("--hup-after 5s --grace 60s", &logged_tree(tree_opts, &log));
+    let (argv, log) =
+        c.logged_tree("--children 1 --grandchildren --leader-term log-stay --member-term log-stay");
+    let run = c.start_detached("--hup-after 5s --grace 60s", &argv);
     let (ready, tree) = c.pin_tree();
     let fresh = f.start_detached("", &fx("tree --children 1"));
     let (_, fresh_tree) = f.pin_tree();
@@ -481,9 +479,8 @@ fn cancel_of_an_orphan_whose_processes_are_gone_records_unknown_and_wait_exits_7
 fn ten_concurrent_cancels_stop_the_run_once_and_every_caller_prints_the_same_record() {
     let root = TestRoot::new();
     let c = ctx(&root, "crowd");
-    let log = root.dir.path().join("worker.log");
-    let tree_opts = "--children 2 --grandchildren --leader-term log-exit --member-term log-exit";
-    let run = c.start_detached("", &logged_tree(tree_opts, &log));
+    let (argv, log) = c.logged_tree(COOPERATIVE);
+    let run = c.start_detached("", &argv);
     let (ready, tree) = c.pin_tree();
     let outs = concurrent_cancels(c, 10);
     c.gone_now(&tree, "after every cancel returned");
@@ -617,11 +614,10 @@ fn cancel_of_a_final_run_prints_it_and_exits_0_without_touching_it() {
 fn cancel_wait_running_out_exits_75_naming_the_state() {
     let root = TestRoot::new();
     let c = ctx(&root, "stubborn");
-    let log = root.dir.path().join("worker.log");
     let stay =
         "--leader-term log-stay --leader-hup log-stay --member-term log-stay --member-hup log-stay";
-    let tree_opts = format!("--children 1 --grandchildren {stay}");
-    let run = c.start_detached("--grace 60s", &logged_tree(&tree_opts, &log));
+    let (argv, _log) = c.logged_tree(&format!("--children 1 --grandchildren {stay}"));
+    let run = c.start_detached("--grace 60s", &argv);
     let (_, tree) = c.pin_tree();
 
     let t0 = Instant::now();

@@ -155,9 +155,8 @@ fn planted_request_and_forged_state_do_not_keep_cancel_from_stopping_the_run(
 fn a_record_forged_back_to_running_mid_stop_does_not_make_a_second_cancel_cut_the_grace() {
     let root = TestRoot::new();
     let c = ctx(&root, "forged-running");
-    let log = root.dir.path().join("worker.log");
-    let tree_opts = "--children 1 --leader-term ignore --member-term ignore";
-    let run = c.start_running("--grace 3s --hup-after 0", &logged_tree(tree_opts, &log));
+    let (argv, _log) = c.logged_tree("--children 1 --leader-term ignore --member-term ignore");
+    let run = c.start_running("--grace 3s --hup-after 0", &argv);
     let (_, tree) = c.pin_tree();
     ensure!(
         c,
