@@ -95,8 +95,7 @@ fn signal_to_wrapper_stops_the_worker_tree(sig: i32, name: &str, code: i32) {
     let tree = "--children 1 --grandchildren --leader-term log-exit --member-term log-exit";
     let mut run = Run::start(&root, &id, &[], &logged_tree(tree, &log));
     let c = run.c;
-    let ready = c.ready();
-    let pinned = Pinned::new(&ready.all_pids());
+    let (ready, pinned) = c.pin_tree();
     let st = c.wait_state(&["running"]);
     c.eq(
         &(int(c, &st, "pid"), int(c, &st, "pgid"), int(c, &st, "sid")),
@@ -304,8 +303,7 @@ fn a_child_ignoring_term_and_hup_is_killed_at_the_grace() {
     let root = TestRoot::new();
     let mut run = Run::start(&root, "ignorer", &["--grace", "1s"], &fx(DEAF_CHILD));
     let c = run.c;
-    let ready = c.ready();
-    let pinned = Pinned::new(&ready.all_pids());
+    let (ready, pinned) = c.pin_tree();
     let child = ready.members[0];
     let ign = sig_mask(child, "SigIgn").unwrap_or_default();
     c.eq(
@@ -340,8 +338,7 @@ fn a_leader_exiting_on_term_does_not_strand_a_same_group_descendant_ignoring_ter
     let argv = logged_tree(&format!("{tree} --member-hup ignore"), &log);
     let mut run = Run::start(&root, "outlived", &["--grace", "2s"], &argv);
     let c = run.c;
-    let ready = c.ready();
-    let pinned = Pinned::new(&ready.all_pids());
+    let (ready, pinned) = c.pin_tree();
     for &m in &ready.members {
         let pgid = proc_stat(m).map(|s| s.2);
         c.eq(
@@ -421,15 +418,10 @@ while :; do sleep 0.05; done"#;
 #[test]
 fn a_second_term_during_the_grace_kills_at_once() {
     let root = TestRoot::new();
-    let mut run = Run::start(
-        &root,
-        "stubborn",
-        &["--grace", "30s"],
-        &fx(&format!("tree --children 1 --grandchildren {DEAF}")),
-    );
+    let argv = fx(&format!("tree --children 1 --grandchildren {DEAF}"));
+    let mut run = Run::start(&root, "stubborn", &["--grace", "30s"], &argv);
     let c = run.c;
-    let ready = c.ready();
-    let pinned = Pinned::new(&ready.all_pids());
+    let (ready, pinned) = c.pin_tree();
 
     run.signal(libc::SIGTERM);
     c.wait_state(&["cancelling"]);
@@ -464,8 +456,7 @@ fn a_setsid_double_forked_escapee_is_stopped_on_cancel() {
     let root = TestRoot::new();
     let mut run = Run::start(&root, "escapee", &[], &fx("tree --children 1 --escapee"));
     let c = run.c;
-    let ready = c.ready();
-    let pinned = Pinned::new(&ready.all_pids());
+    let (ready, pinned) = c.pin_tree();
     let escapees: Vec<i32> = ready
         .members
         .iter()
@@ -721,8 +712,7 @@ fn cancelling_one_run_leaves_another_run_under_the_same_root_running_to_its_fini
     );
     let other_argv = ["sh", "-c", "sleep 600 & read line; kill $!"];
     let mut other = Run::start_with(&root, "other", &[], &other_argv, hold_stdin);
-    let ready = doomed.c.ready();
-    let doomed_pins = Pinned::new(&ready.all_pids());
+    let (ready, doomed_pins) = doomed.c.pin_tree();
     let st = other.c.wait_state(&["running"]);
     let (leader, sid) = (int(other.c, &st, "pid"), int(other.c, &st, "sid"));
     let sleeper = other.c.wait("the other run's sleep", || {
