@@ -15,13 +15,13 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agent_run_shared::pty::{self, Pty, Size};
-use agent_run_tests::facts::epoch_now;
-use agent_run_tests::facts::strs;
+use agent_run_tests::ctx::Ctx;
+use agent_run_tests::facts::{epoch_now, strs};
 use agent_run_tests::{
     agent_run_bin, ctx, describe_output, ensure, exit_code, proc_stat, run_with_timeout,
     session_members, wait_child, wait_until, Pinned, Spawned, TestRoot, FINAL_STATES,
@@ -143,18 +143,12 @@ fn stdout_and_stderr_keep_their_order_and_all_go_to_stdout_log() {
     let mut cmd = root.cmd();
     cmd.args(["order", "--pty", "--", "sh", "-c"])
         .arg("for i in 1 2 3; do echo out$i; echo err$i >&2; done");
-    let what = format!("{cmd:?}");
-    let out = run_with_timeout(&mut cmd, LONG);
-    c.eq(
-        &exit_code(&out.status),
-        &0,
-        format_args!("{}", describe_output(&what, &out)),
-    );
+    let out = run_ok(c, &mut cmd);
     let want = b"out1\r\nerr1\r\nout2\r\nerr2\r\nout3\r\nerr3\r\n";
     c.eq(
         &String::from_utf8_lossy(&out.stdout),
         &String::from_utf8_lossy(want),
-        format_args!("{}", describe_output(&what, &out)),
+        format_args!("{}", describe_output("agent-run order --pty", &out)),
     );
     let dir = root.run_dir("order");
     c.eq(
@@ -370,13 +364,7 @@ fn cancel(root: &TestRoot, id: &str) {
     let c = ctx(root, id);
     let mut cmd = root.cmd();
     cmd.args(["cancel", id]);
-    let what = format!("{cmd:?}");
-    let out = run_with_timeout(&mut cmd, LONG);
-    c.eq(
-        &exit_code(&out.status),
-        &0,
-        format_args!("{}", describe_output(&what, &out)),
-    );
+    run_ok(c, &mut cmd);
 }
 
 #[test]
@@ -432,7 +420,21 @@ fn orphaned_pty_run(root: &TestRoot, id: &str) -> (i32, Pinned) {
         &Some(libc::SIGKILL),
         "out.status.signal_number()",
     );
+    // The output path does not depend on the wrapper: the workload still runs, on its pty.
+    ensure!(
+        c,
+        pinned.alive().contains(&pid),
+        "the workload after its wrapper was killed"
+    );
     (pid, pinned)
+}
+
+/// Runs `cmd` to completion; it must exit 0.
+fn run_ok(c: Ctx<'_>, cmd: &mut Command) -> Output {
+    let what = format!("{cmd:?}");
+    let out = run_with_timeout(cmd, LONG);
+    c.code(&out, 0, &what);
+    out
 }
 
 trait SignalNumber {
@@ -451,21 +453,9 @@ fn a_pty_run_whose_wrapper_was_killed_is_stopped_by_the_watchdog_and_leaves_noth
     let root = TestRoot::new();
     let c = ctx(&root, "wd");
     let (pid, pinned) = orphaned_pty_run(&root, "wd");
-    // The output path does not depend on the wrapper: the workload still runs, on its pty.
-    ensure!(
-        c,
-        pinned.alive().contains(&pid),
-        "pinned.alive().contains(&pid)"
-    );
     let mut cmd = root.watchdog_cmd();
     cmd.args(["--once", "--orphan-grace", "0s"]);
-    let what = format!("{cmd:?}");
-    let out = run_with_timeout(&mut cmd, LONG);
-    c.eq(
-        &exit_code(&out.status),
-        &0,
-        format_args!("{}", describe_output(&what, &out)),
-    );
+    run_ok(c, &mut cmd);
     let st = root.wait_final("wd", LONG);
     ensure!(
         c,
@@ -484,13 +474,7 @@ fn a_pty_run_whose_wrapper_was_killed_is_stopped_by_the_watchdog_and_leaves_noth
 #[test]
 fn a_pty_run_whose_wrapper_was_killed_is_stopped_by_cancel_and_leaves_nothing() {
     let root = TestRoot::new();
-    let c = ctx(&root, "wc");
     let (pid, pinned) = orphaned_pty_run(&root, "wc");
-    ensure!(
-        c,
-        pinned.alive().contains(&pid),
-        "pinned.alive().contains(&pid)"
-    );
     cancel(&root, "wc");
     assert_stopped(&root, "wc", pid, &pinned, "cancel_request");
 }
