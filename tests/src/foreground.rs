@@ -115,6 +115,18 @@ impl<'a> Run<'a> {
         }
         st
     }
+
+    /// TERM to the wrapper, which must exit 143 with a `cancelled` record (`signal:TERM`) and
+    /// nothing of `pinned` or of the session `sid` left; the record.
+    pub fn stop_by_term(&mut self, pinned: &Pinned, sid: i32) -> Value {
+        self.signal(libc::SIGTERM);
+        self.finish(143);
+        let st = self.final_record();
+        self.c
+            .fields(&st, "the record", outcome("cancelled", Some("signal:TERM")));
+        nothing_left(self.c, pinned, sid);
+        st
+    }
 }
 
 impl Drop for Run<'_> {
