@@ -80,6 +80,15 @@ impl<'a> Side<'a> {
         Detached::start(self.root, self.agent_run(), id, opts, argv)
     }
 
+    /// A tree leased for an hour, with a 1 s grace, whose wrapper is then SIGKILLed: the
+    /// watchdog's to stop. The run and its pinned tree.
+    fn leased_orphan(&self, id: &str) -> (Detached, Pinned) {
+        let run = self.start(id, &["--lease", "1h", "--grace", "1s"], &strs(&tree()));
+        let (_, tree) = pin_tree(self.root, id);
+        run.kill_wrapper();
+        (run, tree)
+    }
+
     fn ctl(&self, args: &[&str]) -> (i32, String, String) {
         outcome(self.agent_run().args(args))
     }
@@ -405,13 +414,7 @@ fn fifos_sockets_symlinks_and_huge_files_in_run_dirs_hang_nothing_and_other_leas
     let c = ctx(&root, "on-time");
     let side = Side::new(&root, User::Root);
     // The run whose lease must be enforced on time while the others are hostile.
-    let leased = side.start(
-        "on-time",
-        &["--lease", "1h", "--grace", "1s"],
-        &strs(&tree()),
-    );
-    let (_, leased_tree) = pin_tree(&root, "on-time");
-    leased.kill_wrapper();
+    let (leased, leased_tree) = side.leased_orphan("on-time");
     let mut planted = Vec::new();
     let mut sockets = Vec::new();
     for file in ["status.json", "lease.json", "cancel.json"] {
@@ -609,9 +612,7 @@ fn a_run_dir_whose_mode_was_changed_is_set_back_and_its_lease_enforced_on_time()
     let root = TestRoot::new();
     let c = ctx(&root, "mode");
     let side = Side::new(&root, User::Root);
-    let run = side.start("mode", &["--lease", "1h", "--grace", "1s"], &strs(&tree()));
-    let (_, tree) = pin_tree(&root, "mode");
-    run.kill_wrapper();
+    let (run, tree) = side.leased_orphan("mode");
     let deadline = epoch_now() + 1.0;
     side.lease(&run.dir, deadline);
     // The workload can chmod its own run dir: that never keeps it from being stopped.
@@ -642,9 +643,7 @@ fn a_skipped_run_is_looked_at_again_once_its_dir_is_given_back() {
     let root = TestRoot::new();
     let c = ctx(&root, "hup");
     let side = Side::new(&root, User::Root);
-    let run = side.start("hup", &["--lease", "1h", "--grace", "1s"], &strs(&tree()));
-    let (_, tree) = pin_tree(&root, "hup");
-    run.kill_wrapper();
+    let (run, tree) = side.leased_orphan("hup");
     side.lease(&run.dir, epoch_now() - 1.0);
     // A run dir owned by someone else is not ours to act on: skipped, nothing signalled.
     std::os::unix::fs::chown(&run.dir, Some(NOBODY), Some(NOBODY)).unwrap();
@@ -672,13 +671,7 @@ fn a_damaged_lease_is_reported_once_and_its_last_valid_deadline_is_kept() {
     let root = TestRoot::new();
     let c = ctx(&root, "damaged");
     let side = Side::new(&root, User::Root);
-    let run = side.start(
-        "damaged",
-        &["--lease", "1h", "--grace", "1s"],
-        &strs(&tree()),
-    );
-    let (_, tree) = pin_tree(&root, "damaged");
-    run.kill_wrapper();
+    let (run, tree) = side.leased_orphan("damaged");
     let deadline = epoch_now() + 3.0;
     side.lease(&run.dir, deadline);
     let dog = Daemon::start(side.watchdog(), &[]);
@@ -771,9 +764,7 @@ fn a_squatter_on_a_dead_wrappers_lock_does_not_keep_the_run_from_being_cancelled
     for (n, marked) in [true, false].iter().enumerate() {
         let id = format!("squat-{n}");
         let c = ctx(&root, &id);
-        let run = side.start(&id, &["--lease", "1h", "--grace", "1s"], &strs(&tree()));
-        let (_, tree) = pin_tree(&root, &id);
-        run.kill_wrapper();
+        let (run, tree) = side.leased_orphan(&id);
         // flock(1) holds the lock while its child sleeps; with the run's marker it is the
         // run's own, without it an outsider.
         let mut cmd = Command::new("flock");

@@ -171,9 +171,9 @@ fn bad_cwd_env_and_labels_are_refused_with_64_before_anything_is_created() {
 #[test]
 fn an_unsafe_root_is_refused_with_the_command_that_fixes_it() {
     let root = TestRoot::sharing_cpu();
-    let dir = root.root();
-    dir_with_mode(&dir, 0o777);
+    dir_with_mode(&root.root(), 0o777);
     let out = ar_code(&root, &["list"], 78);
+    let dir = root.root();
     let want = format!(
         "agent-run: run root {p} is writable by its group and others (mode 0777): chmod 700 {p}\n",
         p = dir.display()
