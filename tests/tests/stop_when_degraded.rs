@@ -760,7 +760,9 @@ fn a_wrapper_denied_pidfds_still_supervises_its_workload_and_passes_its_exit_cod
     deny_pidfd_open(&mut cmd, libc::EMFILE);
     let tree = fx("tree --children 1 --leader-exit 7");
     let (proc, _wrapper, wrapper_pin) = c.spawn_start(cmd, "--quiet", &tree);
-    let (ready, pins) = c.pin_tree();
+    // The leader exits at once: its tree is pinned, not checked alive.
+    let ready = c.ready();
+    let pins = Pinned::new(&ready.all_pids());
 
     c.finish(proc, 7);
     c.gone_now(&pins, "after the wrapper exited");
