@@ -19,7 +19,6 @@ use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use agent_run_tests::ctx::{ctx, Ctx, CMD};
-use agent_run_tests::facts::ended;
 use agent_run_tests::facts::*;
 use agent_run_tests::workload::*;
 use agent_run_tests::{describe_output, exit_code, Pinned, Spawned, TestRoot};

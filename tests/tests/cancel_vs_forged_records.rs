@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use agent_run_tests::ctx::{ctx, Ctx};
 use agent_run_tests::ensure;
-use agent_run_tests::facts::ended;
 use agent_run_tests::facts::*;
 use agent_run_tests::workload::*;
 use agent_run_tests::{fixture_bin, proc_stat, Pinned, TestRoot};

@@ -13,7 +13,6 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use agent_run_tests::ctx::{ctx, Ctx};
-use agent_run_tests::facts::ended;
 use agent_run_tests::facts::*;
 use agent_run_tests::workload::*;
 use agent_run_tests::{describe_output, Pinned, Spawned, TestRoot};

@@ -36,7 +36,6 @@ use std::time::{Duration, Instant};
 
 use agent_run_tests::contain::marked;
 use agent_run_tests::ctx::{ctx, Detached, CMD, T};
-use agent_run_tests::facts::ended;
 use agent_run_tests::facts::*;
 use agent_run_tests::workload::*;
 use agent_run_tests::{
