@@ -416,7 +416,7 @@ impl Drop for Fleet {
         // none behind.
         let wait = Duration::from_secs(10);
         let left: Vec<String> = (self.hosts.iter())
-            .flat_map(|h| super::remove_run_cgroups(&h.dir, wait))
+            .flat_map(|h| crate::run_cgroups::remove_run_cgroups(&h.dir, wait))
             .collect();
         if !left.is_empty() && !std::thread::panicking() {
             panic!("the fleet's runs left cgroups behind: {left:#?}");

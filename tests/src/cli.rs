@@ -105,14 +105,19 @@ pub struct Sweep<'a>(pub &'a TestRoot);
 
 impl Drop for Sweep<'_> {
     fn drop(&mut self) {
-        let root = self.0.root();
-        let prefix = root.as_os_str().as_encoded_bytes().to_vec();
-        crate::kill_until_gone(50, || {
-            let mut left = processes_with_env("AGENT_RUN_DIR", |v| v.starts_with(&prefix));
-            left.extend(wrappers_of(self.0));
-            left
-        });
+        sweep(self.0);
     }
+}
+
+/// Kills, by pid (through pidfds), whatever of the runs of `root` is alive: workloads by their
+/// `AGENT_RUN_DIR` marker, wrappers by the `--root` in their argv. Never fails.
+pub fn sweep(root: &TestRoot) {
+    let prefix = root.root().as_os_str().as_encoded_bytes().to_vec();
+    crate::kill_until_gone(50, || {
+        let mut left = processes_with_env("AGENT_RUN_DIR", |v| v.starts_with(&prefix));
+        left.extend(wrappers_of(root));
+        left
+    });
 }
 
 pub fn text(b: &[u8]) -> String {

@@ -128,6 +128,14 @@ impl<'a> Ctx<'a> {
         }
     }
 
+    /// status.json now has every field of `expected` (`what` names it in a failure); the
+    /// record, for further checks.
+    pub fn record(self, what: &str, expected: Value) -> Value {
+        let st = self.status();
+        self.fields(&st, what, expected);
+        st
+    }
+
     // --- commands
 
     /// `agent-run --root <root> ARGS...` to completion, exit code unchecked.
@@ -213,6 +221,11 @@ impl<'a> Ctx<'a> {
     pub fn events(self, name: &str) -> Vec<Value> {
         let all = self.root.events(self.id).into_iter();
         all.filter(|e| e["event"] == name).collect()
+    }
+
+    /// The journal's events named `name` that `keep` accepts.
+    pub fn events_where(self, name: &str, keep: impl Fn(&Value) -> bool) -> Vec<Value> {
+        self.events(name).into_iter().filter(|e| keep(e)).collect()
     }
 
     /// The journal's events named `name` so far: none while events.jsonl does not exist yet (a
@@ -487,6 +500,22 @@ impl<'a> Ctx<'a> {
     }
 
     // --- starting runs
+
+    /// `fixture tree OPTS... --log LOG`, LOG being `<id>.log` in the test's temporary dir: a
+    /// tree whose signal handlers log there. The command and LOG.
+    pub fn logged_tree(self, opts: &str) -> (Vec<String>, PathBuf) {
+        let log = self.root.dir.path().join(format!("{}.log", self.id));
+        (crate::workload::logged_tree(opts, &log), log)
+    }
+
+    /// An orphan: `start --detach ID -- COMMAND...` (a fixture tree), its tree pinned, then its
+    /// wrapper SIGKILLed and gone.
+    pub fn orphan(self, command: &[String]) -> (Detached, Ready, Pinned) {
+        let run = self.start_detached("", command);
+        let (ready, tree) = self.pin_tree();
+        self.kill_wrapper(run.wrapper, &run.wrapper_pin);
+        (run, ready, tree)
+    }
 
     /// `start --detach OPTS... ID -- COMMAND...`: exit 0 and one JSON line with the contract's
     /// keys; its wrapper and leader pinned.

@@ -104,8 +104,18 @@ pub fn first_json_object(text: &str) -> Option<Value> {
 
 /// `cleanup.signals` of a record: the signal names in the order first sent.
 pub fn cleanup_signals(st: &Value) -> Vec<String> {
-    let names = st["cleanup"]["signals"].as_array().into_iter().flatten();
-    names.filter_map(|s| s.as_str().map(String::from)).collect()
+    let names = strs(&st["cleanup"]["signals"]).unwrap_or_default();
+    names.into_iter().map(String::from).collect()
+}
+
+/// The fields of a final record that say how the run ended: `{"state": …, "reason": …}`.
+pub fn ended(state: &str, reason: &str) -> Value {
+    serde_json::json!({"state": state, "reason": reason})
+}
+
+/// The strings of a JSON array, None when `v` is not an array.
+pub fn strs(v: &Value) -> Option<Vec<&str>> {
+    Some(v.as_array()?.iter().filter_map(Value::as_str).collect())
 }
 
 /// Bytes as text, invalid UTF-8 replaced.
@@ -121,6 +131,23 @@ pub fn path_str(path: &Path) -> &str {
 /// How many lines a file has (0 when it cannot be read).
 pub fn count_lines(path: &Path) -> usize {
     fs::read_to_string(path).map_or(0, |t| t.lines().count())
+}
+
+/// Creates the directory `path` with mode 0700 (its parent must exist); panics otherwise.
+pub fn private_dir(path: &Path) {
+    use std::os::unix::fs::DirBuilderExt;
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(path)
+        .unwrap_or_else(|e| panic!("cannot create {}: {e}", path.display()));
+}
+
+/// Creates the directory `path` and gives it `mode` (umask aside); panics otherwise.
+pub fn dir_with_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    fs::create_dir(path).unwrap_or_else(|e| panic!("cannot create {}: {e}", path.display()));
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .unwrap_or_else(|e| panic!("cannot chmod {}: {e}", path.display()));
 }
 
 /// A named pipe in the test's temporary dir: a workload blocked on `read line < FIFO` goes on

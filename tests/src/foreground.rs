@@ -16,19 +16,17 @@ use crate::{
     FINAL_STATES, RECORD_KEYS,
 };
 
-/// Every state of the contract.
-pub const STATES: [&str; 7] = [
-    "starting",
-    "running",
-    "cancelling",
-    "finished",
-    "cancelled",
-    "launch_failed",
-    "unknown",
-];
+/// The states of the contract before a final one ([`FINAL_STATES`]).
+pub const ACTIVE_STATES: [&str; 3] = ["starting", "running", "cancelling"];
 
 // ---------------------------------------------------------------------------------------------
 // A run under test
+
+/// For [`Run::start_with`]: stdin a pipe that the test holds open until [`Run::close_stdin`] or
+/// the end of the test.
+pub fn hold_stdin(cmd: &mut Command) {
+    cmd.stdin(Stdio::piped());
+}
 
 /// One `agent-run` wrapper started by a test in the foreground (`agent-run OPTS ID -- ARGV`, the
 /// form without `start`), with its output drained and (optionally) its stdin held open. Its
@@ -51,19 +49,6 @@ impl<'a> Run<'a> {
         argv: &[impl AsRef<std::ffi::OsStr>],
     ) -> Run<'a> {
         Run::start_with(root, id, opts, argv, |_| {})
-    }
-
-    /// Like [`Run::start`], with stdin a pipe that the test holds open until [`Run::close_stdin`]
-    /// or the end of the test.
-    pub fn start_holding_stdin(
-        root: &'a TestRoot,
-        id: &'a str,
-        opts: &[&str],
-        argv: &[impl AsRef<std::ffi::OsStr>],
-    ) -> Run<'a> {
-        Run::start_with(root, id, opts, argv, |cmd| {
-            cmd.stdin(Stdio::piped());
-        })
     }
 
     /// Like [`Run::start`], with the command adjusted by `configure` before it is spawned.
@@ -128,6 +113,18 @@ impl<'a> Run<'a> {
         if let Err(e) = check_record(&st) {
             self.c.fail(format_args!("invalid final record: {e}"));
         }
+        st
+    }
+
+    /// TERM to the wrapper, which must exit 143 with a `cancelled` record (`signal:TERM`) and
+    /// nothing of `pinned` or of the session `sid` left; the record.
+    pub fn stop_by_term(&mut self, pinned: &Pinned, sid: i32) -> Value {
+        self.signal(libc::SIGTERM);
+        self.finish(143);
+        let st = self.final_record();
+        self.c
+            .fields(&st, "the record", outcome("cancelled", Some("signal:TERM")));
+        nothing_left(self.c, pinned, sid);
         st
     }
 }
@@ -216,7 +213,7 @@ pub fn check_record(v: &Value) -> Result<(), String> {
         return Err(format!("schema {}", v["schema"]));
     }
     let state = v["state"].as_str().ok_or("state is not a string")?;
-    if !STATES.contains(&state) {
+    if !ACTIVE_STATES.contains(&state) && !FINAL_STATES.contains(&state) {
         return Err(format!("unknown state {state:?}"));
     }
     for key in [

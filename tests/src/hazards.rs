@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs;
-use std::io::{self};
+use std::io;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -63,7 +63,7 @@ impl Detached {
         mut base: Command,
         id: &str,
         opts: &[&str],
-        argv: &[&str],
+        argv: &[impl AsRef<std::ffi::OsStr>],
     ) -> Detached {
         base.args(["start", "-d"])
             .args(opts)

@@ -114,16 +114,7 @@ impl Client {
         let ready = c.reply(0, Duration::from_secs(60));
         c.protocol = ready["protocol"].clone();
         let driver_pid = c.child.id() as i32;
-        c.server = crate::wait_until(
-            "the server among the client's children",
-            Duration::from_secs(10),
-            || {
-                children_of(driver_pid).into_iter().find(|&p| {
-                    std::fs::read_link(format!("/proc/{p}/exe"))
-                        .is_ok_and(|e| e.file_name() == Some(OsStr::new("agent-run-mcp")))
-                })
-            },
-        );
+        c.server = server_under(driver_pid, "the server among the client's children");
         c.pins.push(Pinned::new(&[c.server]));
         c
     }
@@ -242,4 +233,14 @@ impl Drop for Client {
         self.pins.clear();
         let _ = self.child.try_wait();
     }
+}
+
+/// Waits (10 s) until an `agent-run-mcp` process is a child of `parent`, and returns its pid.
+pub(crate) fn server_under(parent: i32, what: &str) -> i32 {
+    crate::wait_until(what, Duration::from_secs(10), || {
+        children_of(parent).into_iter().find(|&p| {
+            std::fs::read_link(format!("/proc/{p}/exe"))
+                .is_ok_and(|e| e.file_name() == Some(OsStr::new("agent-run-mcp")))
+        })
+    })
 }

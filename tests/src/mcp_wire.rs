@@ -7,8 +7,8 @@
 //! child of a shell (its "client"), the test holding the server's stdin: killing the shell leaves
 //! the server's stdin open. Every process made here is pinned and killed, by pid, on drop.
 
-use crate::mcp::mcp_bin;
-use crate::{children_of, Pinned};
+use crate::mcp::{mcp_bin, server_under};
+use crate::Pinned;
 use serde_json::{json, Value};
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Write};
@@ -70,16 +70,7 @@ impl Wire {
         let first = child.id() as i32;
         let mut pins = vec![Pinned::new(&[first])];
         let (server, parent) = if behind {
-            let server = crate::wait_until(
-                "the server under its shell",
-                Duration::from_secs(10),
-                || {
-                    children_of(first).into_iter().find(|&p| {
-                        std::fs::read_link(format!("/proc/{p}/exe"))
-                            .is_ok_and(|e| e.file_name() == Some(OsStr::new("agent-run-mcp")))
-                    })
-                },
-            );
+            let server = server_under(first, "the server under its shell");
             pins.push(Pinned::new(&[server]));
             (server, Some(first))
         } else {

@@ -621,7 +621,7 @@ impl Systemd {
         }
         if let Some(mut child) = self.unshare.take() {
             // unshare reaps PID 1, whose exit waits for every process of its namespace.
-            match crate::wait_deadline(&mut child, Duration::from_secs(60)) {
+            match crate::commands::wait_deadline(&mut child, Duration::from_secs(60)) {
                 Ok(Some(_)) => {}
                 other => {
                     let _ = child.kill();

@@ -69,6 +69,10 @@ fn all_print_the_final_record(c: Ctx, outs: &[Output]) {
     }
 }
 
+/// A tree whose every process logs TERM and exits.
+const COOPERATIVE: &str =
+    "--children 2 --grandchildren --leader-term log-exit --member-term log-exit";
+
 // =============================================================================================
 // cancel
 
@@ -76,9 +80,8 @@ fn all_print_the_final_record(c: Ctx, outs: &[Output]) {
 fn cancel_stops_the_worker_tree_and_nothing_is_left_when_it_returns() {
     let root = TestRoot::new();
     let c = ctx(&root, "worker");
-    let log = root.dir.path().join("worker.log");
-    let tree_opts = "--children 2 --grandchildren --leader-term log-exit --member-term log-exit";
-    let run = c.start_detached("", &logged_tree(tree_opts, &log));
+    let (argv, log) = c.logged_tree(COOPERATIVE);
+    let run = c.start_detached("", &argv);
     let (ready, tree) = c.pin_tree();
 
     let t0 = Instant::now();
@@ -101,7 +104,7 @@ fn cancel_stops_the_worker_tree_and_nothing_is_left_when_it_returns() {
     c.fields(
         &printed,
         "cancel's output",
-        json!({"state": "cancelled", "reason": "cancel_request"}),
+        ended("cancelled", "cancel_request"),
     );
     let st = c.status();
     c.eq(
@@ -152,11 +155,7 @@ fn cancel_of_a_foreground_run_writes_cancel_json_and_the_wrapper_exits_143() {
     c.gone_now(&fg.wrapper_pin, "the wrapper after it exited");
 
     let st = c.status();
-    c.fields(
-        &st,
-        "status.json",
-        json!({"state": "cancelled", "reason": "cancel_request"}),
-    );
+    c.fields(&st, "status.json", ended("cancelled", "cancel_request"));
     c.eq(
         &c.parse(&out, "cancel")["ended_at"],
         &st["ended_at"],
@@ -211,18 +210,13 @@ fn cancel_of_a_foreground_run_writes_cancel_json_and_the_wrapper_exits_143() {
 fn term_to_the_wrapper_stops_leader_children_and_grandchildren() {
     let root = TestRoot::new();
     let c = ctx(&root, "term-wrapper");
-    let log = root.dir.path().join("worker.log");
-    let tree_opts = "--children 2 --grandchildren --leader-term log-exit --member-term log-exit";
-    let fg = c.start_foreground("--quiet", &logged_tree(tree_opts, &log), Stdio::null());
+    let (argv, log) = c.logged_tree(COOPERATIVE);
+    let fg = c.start_foreground("--quiet", &argv, Stdio::null());
     let (ready, tree) = c.pin_tree();
     fg.proc.signal(libc::SIGTERM);
     let st = c.wait_final();
     c.gone_now(&tree, "when the record became final");
-    c.fields(
-        &st,
-        "status.json",
-        json!({"state": "cancelled", "reason": "signal:TERM"}),
-    );
+    c.fields(&st, "status.json", ended("cancelled", "signal:TERM"));
     for pid in ready.all_pids() {
         c.eq(
             logged(&log, pid, "TERM"),
@@ -238,14 +232,10 @@ fn term_to_the_wrapper_stops_leader_children_and_grandchildren() {
 fn term_to_the_leader_alone_ends_the_run_and_its_group_is_stopped_before_the_final_record() {
     let root = TestRoot::new();
     let c = ctx(&root, "term-leader");
-    let log = root.dir.path().join("worker.log");
     // The members handle TERM and HUP and stay: only the stop routine's KILL ends them.
-    let tree_opts = "--children 2 --grandchildren --member-term log-stay --member-hup log-stay";
-    let fg = c.start_foreground(
-        "--quiet --grace 1s",
-        &logged_tree(tree_opts, &log),
-        Stdio::null(),
-    );
+    let (argv, log) =
+        c.logged_tree("--children 2 --grandchildren --member-term log-stay --member-hup log-stay");
+    let fg = c.start_foreground("--quiet --grace 1s", &argv, Stdio::null());
     let (ready, tree) = c.pin_tree();
     c.signal(&tree, ready.pid, libc::SIGTERM);
 
@@ -278,10 +268,10 @@ fn a_cancelling_record_whose_wrapper_died_mid_stop_is_told_apart_and_finished_by
     let root = TestRoot::new();
     let c = ctx(&root, "stuck");
     let f = ctx(&root, "fresh");
-    let log = root.dir.path().join("worker.log");
     // Everyone handles TERM and stays; HUP (default) ends them, but only 5 s into a stop.
-    let tree_opts = "--children 1 --grandchildren --leader-term log-stay --member-term log-stay";
-    let run = c.start_detached("--hup-after 5s --grace 60s", &logged_tree(tree_opts, &log));
+    let (argv, log) =
+        c.logged_tree("--children 1 --grandchildren --leader-term log-stay --member-term log-stay");
+    let run = c.start_detached("--hup-after 5s --grace 60s", &argv);
     let (ready, tree) = c.pin_tree();
     let fresh = f.start_detached("", &fx("tree --children 1"));
     let (_, fresh_tree) = f.pin_tree();
@@ -383,7 +373,7 @@ fn a_cancelling_record_whose_wrapper_died_mid_stop_is_told_apart_and_finished_by
 
     // The other run was never touched.
     f.all_alive(&fresh_tree, "the fresh run after the takeover");
-    f.fields(&f.status(), "the fresh run", json!({"state": "running"}));
+    f.record("the fresh run", json!({"state": "running"}));
     f.ctl(&["cancel", f.id], 0);
     f.gone_now(&fresh_tree, "the fresh run after its own cancel");
     f.wait_gone(&fresh.wrapper_pin, "the fresh run's wrapper");
@@ -408,7 +398,7 @@ fn two_runs_of_one_user_cancel_one_and_the_other_lives_and_finishes() {
     b.all_alive(&tree_b, "the other run after the cancel");
     b.all_alive(&run_b.leader_pin, "the other run's leader");
     b.all_alive(&run_b.wrapper_pin, "the other run's wrapper");
-    b.fields(&b.status(), "the other run", json!({"state": "running"}));
+    b.record("the other run", json!({"state": "running"}));
 
     let mut stdin = run_b.proc.child.stdin.take().expect("piped stdin");
     stdin
@@ -429,9 +419,7 @@ fn two_runs_of_one_user_cancel_one_and_the_other_lives_and_finishes() {
 fn kill_9_of_the_wrapper_then_cancel_stops_the_workload_and_writes_a_final_record() {
     let root = TestRoot::new();
     let c = ctx(&root, "orphan");
-    let run = c.start_detached("", &fx("tree --children 2 --grandchildren --escapee"));
-    let (ready, tree) = c.pin_tree();
-    c.kill_wrapper(run.wrapper, &run.wrapper_pin);
+    let (_run, ready, tree) = c.orphan(&fx("tree --children 2 --grandchildren --escapee"));
     c.all_alive(&tree, "the workload after the wrapper's death");
     let doc = c.json(&["status", "--json", c.id]);
     let orphan = json!({"state": "running", "note": "wrapper gone, not reconciled"});
@@ -462,9 +450,7 @@ fn kill_9_of_the_wrapper_then_cancel_stops_the_workload_and_writes_a_final_recor
 fn cancel_of_an_orphan_whose_processes_are_gone_records_unknown_and_wait_exits_75() {
     let root = TestRoot::new();
     let c = ctx(&root, "vanished");
-    let run = c.start_detached("", &fx("tree --children 1 --grandchildren"));
-    let (_, tree) = c.pin_tree();
-    c.kill_wrapper(run.wrapper, &run.wrapper_pin);
+    let (_run, _, tree) = c.orphan(&fx("tree --children 1 --grandchildren"));
     for pid in tree.pids() {
         c.signal(&tree, pid, libc::SIGKILL);
     }
@@ -492,14 +478,13 @@ fn cancel_of_an_orphan_whose_processes_are_gone_records_unknown_and_wait_exits_7
 fn ten_concurrent_cancels_stop_the_run_once_and_every_caller_prints_the_same_record() {
     let root = TestRoot::new();
     let c = ctx(&root, "crowd");
-    let log = root.dir.path().join("worker.log");
-    let tree_opts = "--children 2 --grandchildren --leader-term log-exit --member-term log-exit";
-    let run = c.start_detached("", &logged_tree(tree_opts, &log));
+    let (argv, log) = c.logged_tree(COOPERATIVE);
+    let run = c.start_detached("", &argv);
     let (ready, tree) = c.pin_tree();
     let outs = concurrent_cancels(c, 10);
     c.gone_now(&tree, "after every cancel returned");
     all_print_the_final_record(c, &outs);
-    c.fields(&c.status(), "status.json", json!({"state": "cancelled"}));
+    c.record("status.json", json!({"state": "cancelled"}));
     c.eq(c.final_state_events(), 1, "final state events");
     c.eq(c.events("stop_begin").len(), 1, "stop_begin events");
     c.eq(
@@ -545,13 +530,11 @@ fn ten_concurrent_cancels_stop_the_run_once_and_every_caller_prints_the_same_rec
 fn ten_concurrent_cancels_of_an_orphaned_run_take_it_over_once_and_agree() {
     let root = TestRoot::new();
     let c = ctx(&root, "orphan-crowd");
-    let run = c.start_detached("", &fx("tree --children 2 --grandchildren"));
-    let (_, tree) = c.pin_tree();
-    c.kill_wrapper(run.wrapper, &run.wrapper_pin);
+    let (_run, _, tree) = c.orphan(&fx("tree --children 2 --grandchildren"));
     let outs = concurrent_cancels(c, 10);
     c.gone_now(&tree, "after every cancel returned");
     all_print_the_final_record(c, &outs);
-    c.fields(&c.status(), "status.json", json!({"state": "cancelled"}));
+    c.record("status.json", json!({"state": "cancelled"}));
     c.eq(c.final_state_events(), 1, "final state events");
     c.eq(c.events("takeover").len(), 1, "takeovers");
     c.eq(c.events("stop_begin").len(), 1, "stop_begin events");
@@ -604,7 +587,7 @@ fn cancel_refuses_a_foreign_or_symlinked_run_dir_and_sets_an_opened_one_back_to_
         format_args!("cancel does not say what it repaired: {said}"),
     );
     c.gone_now(&tree, "after the cancel");
-    c.fields(&c.status(), "the record", json!({"state": "cancelled"}));
+    c.record("the record", json!({"state": "cancelled"}));
 }
 
 #[test]
@@ -630,11 +613,10 @@ fn cancel_of_a_final_run_prints_it_and_exits_0_without_touching_it() {
 fn cancel_wait_running_out_exits_75_naming_the_state() {
     let root = TestRoot::new();
     let c = ctx(&root, "stubborn");
-    let log = root.dir.path().join("worker.log");
     let stay =
         "--leader-term log-stay --leader-hup log-stay --member-term log-stay --member-hup log-stay";
-    let tree_opts = format!("--children 1 --grandchildren {stay}");
-    let run = c.start_detached("--grace 60s", &logged_tree(&tree_opts, &log));
+    let (argv, _log) = c.logged_tree(&format!("--children 1 --grandchildren {stay}"));
+    let run = c.start_detached("--grace 60s", &argv);
     let (_, tree) = c.pin_tree();
 
     let t0 = Instant::now();
@@ -651,7 +633,7 @@ fn cancel_wait_running_out_exits_75_naming_the_state() {
         in_time,
         format_args!("cancel --wait 1s returned after {took:?}"),
     );
-    c.fields(&c.status(), "status.json", json!({"state": "cancelling"}));
+    c.record("status.json", json!({"state": "cancelling"}));
     c.all_alive(&tree, "the stubborn tree within its grace");
     let said = text(&c.ctl(&["wait", c.id, "--timeout", "200ms"], 75).stderr);
     c.check(

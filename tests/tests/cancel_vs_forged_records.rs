@@ -140,7 +140,7 @@ fn planted_request_and_forged_state_do_not_keep_cancel_from_stopping_the_run(
     c.gone_now(&tree, "right after cancel returned");
     let printed = c.parse(&out, "cancel");
     c.fields(&printed, "cancel's output", json!({"state": "cancelled"}));
-    c.fields(&c.status(), "status.json", json!({"state": "cancelled"}));
+    c.record("status.json", json!({"state": "cancelled"}));
     let terms = terms_from_cancel(c);
     c.eq(terms, 1, "TERMs from cancel to the wrapper");
     c.wait_gone(&run.wrapper_pin, "the wrapper after cancel");
@@ -154,9 +154,8 @@ fn planted_request_and_forged_state_do_not_keep_cancel_from_stopping_the_run(
 fn a_record_forged_back_to_running_mid_stop_does_not_make_a_second_cancel_cut_the_grace() {
     let root = TestRoot::new();
     let c = ctx(&root, "forged-running");
-    let log = root.dir.path().join("worker.log");
-    let tree_opts = "--children 1 --leader-term ignore --member-term ignore";
-    let run = c.start_running("--grace 3s --hup-after 0", &logged_tree(tree_opts, &log));
+    let (argv, _log) = c.logged_tree("--children 1 --leader-term ignore --member-term ignore");
+    let run = c.start_running("--grace 3s --hup-after 0", &argv);
     let (_, tree) = c.pin_tree();
     ensure!(
         c,
@@ -203,9 +202,7 @@ fn a_record_whose_pid_now_belongs_to_an_unrelated_process_lends_it_nothing_and_t
 {
     let root = TestRoot::new();
     let c = ctx(&root, "reused");
-    let run = c.start_detached("", &fx("tree --children 1"));
-    let (_, tree) = c.pin_tree();
-    c.kill_wrapper(run.wrapper, &run.wrapper_pin);
+    let (_run, _, tree) = c.orphan(&fx("tree --children 1"));
 
     let unrelated = Unrelated::spawn();
     c.edit_status(|st| {
@@ -264,16 +261,9 @@ fn a_recorded_wrapper_pid_that_belongs_to_an_unrelated_process_is_not_signalled_
     c.all_alive(&unrelated.pin, "the unrelated process");
     c.gone_now(&tree, "the run's processes");
     let st = c.wait_final();
-    c.fields(
-        &st,
-        "the record",
-        json!({"state": "cancelled", "reason": "cancel_request"}),
-    );
-    let to_wrapper: Vec<Value> = c
-        .events("signal")
-        .into_iter()
-        .filter(|e| e["target"] == format!("pid:{}", run.wrapper))
-        .collect();
+    c.fields(&st, "the record", ended("cancelled", "cancel_request"));
+    let to_wrapper: Vec<Value> =
+        c.events_where("signal", |e| e["target"] == format!("pid:{}", run.wrapper));
     c.eq(to_wrapper.len(), 1, "TERMs to the true wrapper");
     c.all_alive(&unrelated.pin, "the unrelated process at the end");
 }
@@ -282,9 +272,7 @@ fn a_recorded_wrapper_pid_that_belongs_to_an_unrelated_process_is_not_signalled_
 fn a_record_forged_to_another_boot_over_live_processes_is_rewritten_and_the_run_is_stopped() {
     let root = TestRoot::new();
     let c = ctx(&root, "rebooted");
-    let run = c.start_detached("", &fx("tree --children 1"));
-    let (_, tree) = c.pin_tree();
-    c.kill_wrapper(run.wrapper, &run.wrapper_pin);
+    let (_run, _, tree) = c.orphan(&fx("tree --children 1"));
     let forged_boot = "00000000-0000-4000-8000-000000000000";
     assert_ne!(
         boot_id(),
@@ -303,8 +291,7 @@ fn a_record_forged_to_another_boot_over_live_processes_is_rewritten_and_the_run_
     );
     c.ctl(&["cancel", c.id], 0);
     c.gone_now(&tree, "the run's processes");
-    c.fields(
-        &c.status(),
+    c.record(
         "the record",
         json!({"state": "cancelled", "proof": "cgroup_empty"}),
     );
@@ -314,11 +301,9 @@ fn a_record_forged_to_another_boot_over_live_processes_is_rewritten_and_the_run_
 fn a_record_of_an_earlier_boot_with_nothing_of_it_held_is_host_rebooted_and_nothing_is_signalled() {
     let root = TestRoot::new();
     let c = ctx(&root, "old-boot");
-    let run = c.start_detached("", &fx("tree --children 1"));
-    let (_, tree) = c.pin_tree();
+    let (_run, _, tree) = c.orphan(&fx("tree --children 1"));
     // The run's processes are not its any more (its cgroup and marker are what find them):
     // take them out of its cgroup and clear the record's cgroup, as after a reboot.
-    c.kill_wrapper(run.wrapper, &run.wrapper_pin);
     let cg = c.status()["containment"]["cgroup"]
         .as_str()
         .map(str::to_string);
@@ -353,9 +338,5 @@ fn a_record_of_an_earlier_boot_with_nothing_of_it_held_is_host_rebooted_and_noth
     c.fields(entry.unwrap_or(&Value::Null), "list --json", rebooted);
     c.ctl(&["cancel", c.id], 0);
     c.all_alive(&unrelated.pin, "the process the old record names");
-    c.fields(
-        &c.status(),
-        "the record",
-        json!({"state": "unknown", "reason": "host_rebooted"}),
-    );
+    c.record("the record", ended("unknown", "host_rebooted"));
 }

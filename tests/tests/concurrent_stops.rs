@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use agent_run_tests::facts::{exclusive_cpu, shared_cpu};
+use agent_run_tests::facts::exclusive_cpu;
 use agent_run_tests::hazards::*;
 use agent_run_tests::workload::{fx_args, start_argv};
 use agent_run_tests::Reaper;
@@ -326,8 +326,7 @@ fn two_hundred_concurrent_runs_half_cancelled_by_three_cancellers_each_end_with_
 #[test]
 fn ten_concurrent_cancels_of_a_run_whose_wrapper_was_kill_9ed_take_it_over_once_and_agree() {
     const CANCELS: usize = 10;
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let id = "rel-crowd";
     let c = ctx(&root, id);
     // Members that ignore TERM and HUP keep the takeover's stop busy until KILL at 1 s, so the

@@ -16,7 +16,7 @@ use agent_run_tests::contain::{
 };
 use agent_run_tests::hostile::{as_nobody, epoch_now, outcome, write_lease, Detached, CMD, NOBODY};
 use agent_run_tests::modes::{for_each_mode, Mode, ROOT_MODES};
-use agent_run_tests::workload::fixture_path;
+use agent_run_tests::workload::{fixture_path, fx};
 use agent_run_tests::{agent_run_bin, ctx, ensure, wait_ready, Pinned, TestRoot};
 use serde_json::Value;
 
@@ -29,7 +29,13 @@ fn has_cgroup2(mode: Mode) -> bool {
     true
 }
 
-fn start(root: &TestRoot, id: &str, mode: Mode, extra: &[&str], argv: &[&str]) -> Detached {
+fn start<S: AsRef<std::ffi::OsStr>>(
+    root: &TestRoot,
+    id: &str,
+    mode: Mode,
+    extra: &[&str],
+    argv: &[S],
+) -> Detached {
     let mut opts = mode.opts();
     opts.extend(extra);
     Detached::start(root, root.cmd(), id, &opts, argv)
@@ -117,13 +123,7 @@ fn a_zombie_leader_whose_thread_runs_is_stopped_by_cancel_in_both_modes() {
         let root = TestRoot::new();
         let id = format!("zl-{}", mode.tag());
         let c = ctx(&root, &id);
-        let run = start(
-            &root,
-            &id,
-            mode,
-            &["--grace", "2s"],
-            &[&fixture_path(), "zombie-leader"],
-        );
+        let run = start(&root, &id, mode, &["--grace", "2s"], &fx("zombie-leader"));
         check_mode(&root, &id, mode);
         let leader = run.leader;
         let pin = Pinned::new(&[leader]);
@@ -504,13 +504,7 @@ fn a_fork_loop_during_the_stop_is_stopped_or_named_in_both_modes() {
         let root = TestRoot::new();
         let id = format!("forkloop-{}", mode.tag());
         let c = ctx(&root, &id);
-        let run = start(
-            &root,
-            &id,
-            mode,
-            &["--grace", "1s"],
-            &[&fixture_path(), "fork-loop"],
-        );
+        let run = start(&root, &id, mode, &["--grace", "1s"], &fx("fork-loop"));
         ensure!(
             c,
             eventually(CMD, || marked(&run.dir).len() >= 20),
@@ -541,7 +535,7 @@ fn a_fork_loop_after_kill_9_of_the_wrapper_is_stopped_or_named_in_both_modes() {
             // A short grace: the whole stop fits in the time the narrower looks may be used
             // (a third of a second here: pid_max 32,768 at up to 100,000 forks a second).
             &["--grace", "100ms"],
-            &[&fixture_path(), "fork-loop", "setsid"],
+            &fx("fork-loop setsid"),
         );
         ensure!(
             c,
@@ -631,7 +625,7 @@ fn a_record_naming_a_cgroup_that_is_not_the_runs_kills_nothing_else_and_the_runs
         "victim",
         Mode::RootCgroup,
         &[],
-        &[&fixture_path(), "tree", "--children", "1"],
+        &fx("tree --children 1"),
     );
     let vready = wait_ready(&victim_run.dir.join("stdout.log"), CMD);
     let vpin = Pinned::new(&vready.all_pids());
@@ -647,13 +641,7 @@ fn a_record_naming_a_cgroup_that_is_not_the_runs_kills_nothing_else_and_the_runs
         // The record's cgroup is only a hint: the run's own is found by its name, and the
         // forged one is never written to.
         let id = format!("forger-{i}");
-        let run = start(
-            &root,
-            &id,
-            Mode::RootCgroup,
-            &[],
-            &[&fixture_path(), "tree", "--children", "1"],
-        );
+        let run = start(&root, &id, Mode::RootCgroup, &[], &fx("tree --children 1"));
         let c = ctx(&root, &id);
         let (_, pins) = c.pin_tree();
         run.kill_wrapper();

@@ -252,11 +252,7 @@ fn relaunch_of_an_active_run_attaches_and_exits_as_the_run_does() {
         "the attached relaunch's stdout",
     );
     c.eq(count_lines(&counter), 1, "runs of the command");
-    c.fields(
-        &c.status(),
-        "status.json",
-        json!({"state": "finished", "exit_code": 6}),
-    );
+    c.record("status.json", json!({"state": "finished", "exit_code": 6}));
     c.wait_gone(&run.wrapper_pin, "the wrapper");
 }
 

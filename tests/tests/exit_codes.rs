@@ -11,7 +11,7 @@ use std::os::unix::fs::PermissionsExt;
 
 use agent_run_tests::facts::path_str;
 use agent_run_tests::foreground::*;
-use agent_run_tests::workload::fixture_path;
+use agent_run_tests::workload::fx;
 use agent_run_tests::{ensure, proc_stat, TestRoot};
 use serde_json::Value;
 
@@ -23,12 +23,7 @@ fn the_workloads_exit_code_passes_through() {
     let root = TestRoot::new();
     for code in [0, 3, 42, 255] {
         let id = format!("exit-{code}");
-        let mut run = Run::start(
-            &root,
-            &id,
-            &[],
-            &[&fixture_path(), "exit", &code.to_string()],
-        );
+        let mut run = Run::start(&root, &id, &[], &fx(&format!("exit {code}")));
         let c = run.c;
         run.finish(code);
         let st = run.final_record();
@@ -50,12 +45,7 @@ fn a_workload_killed_by_a_signal_exits_128_plus_n_with_the_signal_named() {
     let root = TestRoot::new();
     for (sig, name) in [(libc::SIGKILL, "KILL"), (libc::SIGTERM, "TERM")] {
         let id = format!("signal-{name}");
-        let mut run = Run::start(
-            &root,
-            &id,
-            &[],
-            &[&fixture_path(), "signal", &sig.to_string()],
-        );
+        let mut run = Run::start(&root, &id, &[], &fx(&format!("signal {sig}")));
         let c = run.c;
         run.finish(128 + sig);
         let st = run.final_record();

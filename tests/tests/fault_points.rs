@@ -15,7 +15,6 @@ use std::time::{Duration, SystemTime};
 
 use agent_run_shared::fault;
 use agent_run_tests::contain::marked;
-use agent_run_tests::facts::shared_cpu;
 use agent_run_tests::hazards::*;
 use agent_run_tests::workload::{fx_args, start_argv};
 use agent_run_tests::{ctx, describe_output, ensure, Pinned, Spawned, TestRoot, RECORD_KEYS};
@@ -220,8 +219,7 @@ struct FaultRun {
 /// Start a run with `AGENT_RUN_FAULT=<point>`, bring the wrapper to the point, let it die, then
 /// finish the run with `finisher` and check that the outcome is final, whole and truthful.
 fn wrapper_killed_at(point: &str, finisher: Finisher) {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let id = format!("rel-fault-{point}-by-{}", finisher.role());
     let watch = RecordWatch::start(root.run_dir(&id).join("status.json"));
     let run = FaultRun {

@@ -13,6 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use agent_run_tests::cases;
+use agent_run_tests::facts::{dir_with_mode, ended};
 use agent_run_tests::hostile::{
     as_nobody, edit_status, epoch_now, events_named, outcome, pin_tree, plant, signals_to,
     write_lease, Daemon, Detached, Plant, Victim, CMD, NOBODY,
@@ -20,7 +21,7 @@ use agent_run_tests::hostile::{
 use agent_run_tests::{
     agent_run_bin, ctx, ensure, fixture_bin, wait_until_dbg, watchdog_bin, Pinned, TestRoot,
 };
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// Who plays controller and workload: root, or `nobody` in a root of its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,6 +78,15 @@ impl<'a> Side<'a> {
 
     fn start(&self, id: &str, opts: &[&str], argv: &[&str]) -> Detached {
         Detached::start(self.root, self.agent_run(), id, opts, argv)
+    }
+
+    /// A tree leased for an hour, with a 1 s grace, whose wrapper is then SIGKILLed: the
+    /// watchdog's to stop. The run and its pinned tree.
+    fn leased_orphan(&self, id: &str) -> (Detached, Pinned) {
+        let run = self.start(id, &["--lease", "1h", "--grace", "1s"], &strs(&tree()));
+        let (_, tree) = pin_tree(self.root, id);
+        run.kill_wrapper();
+        (run, tree)
     }
 
     fn ctl(&self, args: &[&str]) -> (i32, String, String) {
@@ -318,13 +328,11 @@ fn the_watchdog_as_root_never_signals_pid_1_inside_a_pid_namespace() {
     // the record's start_ticks. The watchdog runs inside the namespace as root.
     let root = TestRoot::new();
     let r = root.root();
-    fs::create_dir(&r).unwrap();
-    fs::set_permissions(&r, fs::Permissions::from_mode(0o700)).unwrap();
+    dir_with_mode(&r, 0o700);
     let id = "pid1";
     let c = ctx(&root, id);
     let dir = r.join(id);
-    fs::create_dir(&dir).unwrap();
-    fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+    dir_with_mode(&dir, 0o700);
     for variant in ["no wrapper_start_ticks", "init's true start ticks"] {
         let mut rec = serde_json::json!({
             "schema": 1, "run_id": id, "state": "running", "reason": null, "exit_code": null,
@@ -406,13 +414,7 @@ fn fifos_sockets_symlinks_and_huge_files_in_run_dirs_hang_nothing_and_other_leas
     let c = ctx(&root, "on-time");
     let side = Side::new(&root, User::Root);
     // The run whose lease must be enforced on time while the others are hostile.
-    let leased = side.start(
-        "on-time",
-        &["--lease", "1h", "--grace", "1s"],
-        &strs(&tree()),
-    );
-    let (_, leased_tree) = pin_tree(&root, "on-time");
-    leased.kill_wrapper();
+    let (leased, leased_tree) = side.leased_orphan("on-time");
     let mut planted = Vec::new();
     let mut sockets = Vec::new();
     for file in ["status.json", "lease.json", "cancel.json"] {
@@ -510,11 +512,7 @@ fn fifos_sockets_symlinks_and_huge_files_in_run_dirs_hang_nothing_and_other_leas
                 &0,
                 format_args!("cancel with a planted {file} ({kind:?}): {cerr}"),
             );
-            c.eq(
-                &root.status(id)["state"],
-                "cancelled",
-                "root.status(id)[\"state\"]",
-            );
+            c.record("the record", json!({"state": "cancelled"}));
         }
         tree.wait_all_gone(CMD)
             .unwrap_or_else(|p| c.fail(format_args!("{id}: {p:?} alive")));
@@ -614,9 +612,7 @@ fn a_run_dir_whose_mode_was_changed_is_set_back_and_its_lease_enforced_on_time()
     let root = TestRoot::new();
     let c = ctx(&root, "mode");
     let side = Side::new(&root, User::Root);
-    let run = side.start("mode", &["--lease", "1h", "--grace", "1s"], &strs(&tree()));
-    let (_, tree) = pin_tree(&root, "mode");
-    run.kill_wrapper();
+    let (run, tree) = side.leased_orphan("mode");
     let deadline = epoch_now() + 1.0;
     side.lease(&run.dir, deadline);
     // The workload can chmod its own run dir: that never keeps it from being stopped.
@@ -647,9 +643,7 @@ fn a_skipped_run_is_looked_at_again_once_its_dir_is_given_back() {
     let root = TestRoot::new();
     let c = ctx(&root, "hup");
     let side = Side::new(&root, User::Root);
-    let run = side.start("hup", &["--lease", "1h", "--grace", "1s"], &strs(&tree()));
-    let (_, tree) = pin_tree(&root, "hup");
-    run.kill_wrapper();
+    let (run, tree) = side.leased_orphan("hup");
     side.lease(&run.dir, epoch_now() - 1.0);
     // A run dir owned by someone else is not ours to act on: skipped, nothing signalled.
     std::os::unix::fs::chown(&run.dir, Some(NOBODY), Some(NOBODY)).unwrap();
@@ -677,13 +671,7 @@ fn a_damaged_lease_is_reported_once_and_its_last_valid_deadline_is_kept() {
     let root = TestRoot::new();
     let c = ctx(&root, "damaged");
     let side = Side::new(&root, User::Root);
-    let run = side.start(
-        "damaged",
-        &["--lease", "1h", "--grace", "1s"],
-        &strs(&tree()),
-    );
-    let (_, tree) = pin_tree(&root, "damaged");
-    run.kill_wrapper();
+    let (run, tree) = side.leased_orphan("damaged");
     let deadline = epoch_now() + 3.0;
     side.lease(&run.dir, deadline);
     let dog = Daemon::start(side.watchdog(), &[]);
@@ -776,9 +764,7 @@ fn a_squatter_on_a_dead_wrappers_lock_does_not_keep_the_run_from_being_cancelled
     for (n, marked) in [true, false].iter().enumerate() {
         let id = format!("squat-{n}");
         let c = ctx(&root, &id);
-        let run = side.start(&id, &["--lease", "1h", "--grace", "1s"], &strs(&tree()));
-        let (_, tree) = pin_tree(&root, &id);
-        run.kill_wrapper();
+        let (run, tree) = side.leased_orphan(&id);
         // flock(1) holds the lock while its child sleeps; with the run's marker it is the
         // run's own, without it an outsider.
         let mut cmd = Command::new("flock");
@@ -908,7 +894,7 @@ fn a_workload_that_forges_a_final_record_and_kills_its_wrapper_is_still_cancelle
         c.fields(
             &c.status(),
             "status.json",
-            serde_json::json!({"state": "cancelled", "reason": "cancel_request"}),
+            ended("cancelled", "cancel_request"),
         );
         let said = c.events("record_contradicted");
         c.eq(said.len(), 1, "record_contradicted events");
@@ -939,7 +925,7 @@ fn the_watchdog_stops_a_run_whose_forged_final_record_its_cgroup_contradicts() {
     c.fields(
         &c.status(),
         "status.json",
-        serde_json::json!({"state": "cancelled", "reason": "wrapper_lost"}),
+        ended("cancelled", "wrapper_lost"),
     );
     c.eq(
         c.events("record_contradicted").len(),
@@ -973,11 +959,7 @@ fn a_forged_final_record_under_a_live_wrapper_is_replaced_by_the_wrappers_own_on
         serde_json::json!({"state": "cancelled", "reason": "cancel_request", "exit_code": null}),
     );
     // The wrapper's own stop replaced the forgery (its `cancelling`, then its final record).
-    let finals: Vec<Value> = c
-        .events("state")
-        .into_iter()
-        .filter(|e| e["to"] == "cancelled")
-        .collect();
+    let finals: Vec<Value> = c.events_where("state", |e| e["to"] == "cancelled");
     c.eq(finals.len(), 1, "final state events");
     c.eq(
         finals[0]["by"].as_str(),

@@ -12,7 +12,6 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use agent_run_tests::facts::shared_cpu;
 use agent_run_tests::hazards::*;
 use agent_run_tests::workload::{fx_args, start_argv};
 use agent_run_tests::{
@@ -117,8 +116,7 @@ fn assert_enospc_reported(root: &TestRoot, id: &str, what: &str, out: &Output) {
 
 #[test]
 fn a_full_disk_does_not_keep_a_cancelled_tree_alive_and_a_later_cancel_finishes_the_record() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let Some(_fs) = small_tmpfs(&root) else {
         return;
     };
@@ -191,12 +189,11 @@ fn a_full_disk_does_not_keep_a_cancelled_tree_alive_and_a_later_cancel_finishes_
 
 #[test]
 fn term_to_the_wrapper_on_a_full_disk_stops_the_tree_and_exits_non_zero_naming_the_record() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let id = "rel-disk-term";
+    let root = TestRoot::sharing_cpu();
     let Some(_fs) = small_tmpfs(&root) else {
         return;
     };
-    let id = "rel-disk-term";
     let watch = RecordWatch::start(root.run_dir(id).join("status.json"));
     let wrapper = Spawned::spawn(agent_run(&root).args(start_argv(
         &["--quiet", "--grace", "1s"],

@@ -12,7 +12,7 @@ use agent_run_tests::ctx;
 use agent_run_tests::hostile_run::{files_of, said_pid, workload, Mode, Run, Side, CMD};
 use agent_run_tests::mode_tests;
 use agent_run_tests::{ensure, wait_until_dbg, Pinned, TestRoot};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// The grace every run here gets: short, so a KILL comes soon.
 const GRACE: &str = "1s";
@@ -258,11 +258,7 @@ fn a_forged_final_record_is_not_believed(mode: Mode) {
     let run = start(&side, "forger", &[], forge);
     run.go_and_wait("done");
     let c = ctx(&root, "forger");
-    c.eq(
-        &root.status("forger")["state"],
-        "finished",
-        "the forged record",
-    );
+    c.record("the forged record", json!({"state": "finished"}));
     // wait and attach do not return on it; status says what the kernel says.
     let (code, _, err) = side.ctl(&["wait", "forger", "--timeout", "1s"]);
     c.eq(code, 75, format_args!("wait on a forged record: {err}"));

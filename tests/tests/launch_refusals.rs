@@ -11,7 +11,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Output;
 
-use agent_run_tests::facts::{geteuid, path_str};
+use agent_run_tests::facts::{dir_with_mode, geteuid, path_str};
 use agent_run_tests::workload::fixture_path;
 use agent_run_tests::{ctx, describe_output, ensure, TestRoot};
 use serde_json::json;
@@ -80,7 +80,7 @@ fn a_run_id_of_128_characters_is_accepted() {
         "ran\n",
         "the command's count",
     );
-    c.fields(&c.status(), "the record", json!({"state": "finished"}));
+    c.record("the record", json!({"state": "finished"}));
 }
 
 #[test]
@@ -184,8 +184,7 @@ fn a_root_owned_by_another_user_exits_78() {
     }
     let root = TestRoot::new();
     let dir = root.root();
-    fs::create_dir(&dir).unwrap();
-    fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+    dir_with_mode(&dir, 0o700);
     std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
     assert_refused_as_unsafe(&root, "foreign-root", &dir, &dir);
 }
@@ -194,8 +193,7 @@ fn a_root_owned_by_another_user_exits_78() {
 fn a_root_that_is_a_symlink_exits_78() {
     let root = TestRoot::new();
     let real = root.dir.path().join("real-root");
-    fs::create_dir(&real).unwrap();
-    fs::set_permissions(&real, fs::Permissions::from_mode(0o700)).unwrap();
+    dir_with_mode(&real, 0o700);
     std::os::unix::fs::symlink(&real, root.root()).unwrap();
     assert_refused_as_unsafe(&root, "via-link", &root.root(), &real);
 }
@@ -205,8 +203,7 @@ fn a_run_dir_that_is_a_symlink_exits_78() {
     let root = TestRoot::new();
     let elsewhere = root.dir.path().join("elsewhere");
     for dir in [root.root(), elsewhere.clone()] {
-        fs::create_dir(&dir).unwrap();
-        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+        dir_with_mode(&dir, 0o700);
     }
     std::os::unix::fs::symlink(&elsewhere, root.run_dir("linked")).unwrap();
     assert_refused_as_unsafe(&root, "linked", &root.run_dir("linked"), &elsewhere);

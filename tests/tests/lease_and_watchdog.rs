@@ -28,7 +28,7 @@ use agent_run_shared::run_dir::RunDir;
 use agent_run_shared::time::{epoch_now, rfc3339_now};
 use agent_run_shared::{procfs, sys as shared_sys};
 use agent_run_tests::ctx::T;
-use agent_run_tests::facts::{exclusive_cpu, shared_cpu};
+use agent_run_tests::facts::{ended, exclusive_cpu, private_dir};
 use agent_run_tests::hostile::{write_lease, Daemon};
 use agent_run_tests::workload::{fx, start_args, DEAF};
 use agent_run_tests::{
@@ -190,11 +190,6 @@ fn policy(slack: Duration) -> Policy {
 // ---------------------------------------------------------------------------------------------
 // Reading outcomes
 
-/// The state and reason a final record must have.
-fn outcome(state: &str, reason: &str) -> Value {
-    json!({"state": state, "reason": reason})
-}
-
 /// The record of a run held by /proc scans alone whose wrapper was lost, once the watchdog
 /// stopped it at its lease: what it found is stopped, but nothing can prove that nothing of it
 /// is left (a process that left its session and cleared its environment is not to be found).
@@ -282,8 +277,7 @@ fn terminate(c: Ctx<'_>, dog: Daemon) -> std::process::Output {
 
 #[test]
 fn a_two_second_lease_without_renewal_cancels_the_run_and_exits_124_with_the_tree_gone() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "wd-lease-unrenewed");
     let started = Instant::now();
     let wrapper = Spawned::spawn(root.cmd().args(start_args(
@@ -299,11 +293,7 @@ fn a_two_second_lease_without_renewal_cancels_the_run_and_exits_124_with_the_tre
     );
     let out = c.finish_within(wrapper, T, 124);
     let elapsed = started.elapsed();
-    c.fields(
-        &c.status(),
-        "the record",
-        outcome("cancelled", "lease_expired"),
-    );
+    c.record("the record", ended("cancelled", "lease_expired"));
     c.wait_gone_within(&pinned, Duration::from_secs(10), "the run's tree");
     c.eq(
         session_members(ready.sid),
@@ -321,8 +311,7 @@ fn a_two_second_lease_without_renewal_cancels_the_run_and_exits_124_with_the_tre
 
 #[test]
 fn renewals_every_700_ms_keep_a_two_second_lease_alive_past_four_seconds_then_it_expires() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "wd-lease-renewed");
     let started = Instant::now();
     let wrapper = Spawned::spawn(root.cmd().args(start_args(
@@ -340,8 +329,7 @@ fn renewals_every_700_ms_keep_a_two_second_lease_alive_past_four_seconds_then_it
         renewals += 1;
     }
     let alive_at = started.elapsed();
-    c.fields(
-        &c.status(),
+    c.record(
         &format!("the record after {alive_at:?} and {renewals} renewals"),
         json!({"state": "running"}),
     );
@@ -360,7 +348,7 @@ fn renewals_every_700_ms_keep_a_two_second_lease_alive_past_four_seconds_then_it
     let renewals_ended = epoch_now();
     c.finish_within(wrapper, T, 124);
     let st = c.status();
-    c.fields(&st, "the record", outcome("cancelled", "lease_expired"));
+    c.fields(&st, "the record", ended("cancelled", "lease_expired"));
     c.wait_gone_within(&pinned, Duration::from_secs(10), "the run's tree");
     let ended = c.epoch(&st, "ended_at");
     ensure!(
@@ -378,8 +366,7 @@ fn renewals_every_700_ms_keep_a_two_second_lease_alive_past_four_seconds_then_it
 
 #[test]
 fn the_wrappers_own_lease_is_enforced_on_time_for_several_detached_runs() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let ids = ["wd-lateness-1", "wd-lateness-2", "wd-lateness-3"];
     let runs: Vec<(Detached, Ready, Pinned)> = ids
         .iter()
@@ -389,7 +376,7 @@ fn the_wrappers_own_lease_is_enforced_on_time_for_several_detached_runs() {
     for (id, (run, _, pinned)) in ids.iter().zip(&runs) {
         let c = ctx(&root, id);
         let st = c.wait_final();
-        c.fields(&st, "the record", outcome("cancelled", "lease_expired"));
+        c.fields(&st, "the record", ended("cancelled", "lease_expired"));
         c.wait_gone_within(pinned, Duration::from_secs(10), "the run's tree");
         c.wait_gone_within(&run.wrapper_pin, Duration::from_secs(10), "the wrapper");
         figures.push(report_lateness(c, "detached, 1 s"));
@@ -402,8 +389,7 @@ fn the_wrappers_own_lease_is_enforced_on_time_for_several_detached_runs() {
 
 #[test]
 fn after_kill_9_of_the_wrapper_the_watchdog_stops_the_leased_workload_at_the_deadline() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "wd-killed-wrapper-leased");
     let dog = watchdog(&root, &[]);
     let (run, ready, pinned) = start_tree(c, "--lease 2s", "tree --children 2 --grandchildren");
@@ -425,13 +411,13 @@ fn after_kill_9_of_the_wrapper_the_watchdog_stops_the_leased_workload_at_the_dea
                 dog.stderr()
             ),
         );
-        c.fields(&c.status(), "the record", json!({"state": "running"}));
+        c.record("the record", json!({"state": "running"}));
     } else {
         eprintln!("too slow to check the run before its deadline; checking ended_at only");
     }
 
     let st = c.wait_final();
-    c.fields(&st, "the record", outcome("cancelled", "lease_expired"));
+    c.fields(&st, "the record", ended("cancelled", "lease_expired"));
     c.wait_gone_within(&pinned, Duration::from_secs(10), "the run's tree");
     let ended = c.epoch(&st, "ended_at");
     ensure!(
@@ -455,8 +441,7 @@ fn after_kill_9_of_the_wrapper_the_watchdog_stops_the_leased_workload_at_the_dea
 #[test]
 fn after_kill_9_of_the_wrapper_of_a_run_without_lease_the_watchdog_stops_it_after_the_orphan_grace()
 {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "wd-killed-wrapper-unleased");
     let dog = watchdog(&root, &["--orphan-grace", "2s"]);
     let (run, ready, pinned) = start_tree(c, "", "tree --children 2 --grandchildren");
@@ -480,7 +465,7 @@ fn after_kill_9_of_the_wrapper_of_a_run_without_lease_the_watchdog_stops_it_afte
     }
 
     let st = c.wait_final();
-    c.fields(&st, "the record", outcome("cancelled", "wrapper_lost"));
+    c.fields(&st, "the record", ended("cancelled", "wrapper_lost"));
     c.wait_gone_within(&pinned, Duration::from_secs(10), "the run's tree");
     let ended = c.epoch(&st, "ended_at");
     ensure!(
@@ -498,8 +483,7 @@ fn after_kill_9_of_the_wrapper_of_a_run_without_lease_the_watchdog_stops_it_afte
 
 #[test]
 fn a_sigstopped_wrapper_past_its_lease_is_taken_over_and_the_run_is_cancelled() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "wd-stopped-wrapper");
     let dog = watchdog(&root, &["--slack", "1s"]);
     let (run, _, pinned) = start_tree(
@@ -515,14 +499,13 @@ fn a_sigstopped_wrapper_past_its_lease_is_taken_over_and_the_run_is_cancelled() 
         }
     });
     let deadline = c.lease_deadline();
-    c.fields(
-        &c.status(),
+    c.record(
         "the record once the wrapper is stopped (else the scenario did not happen)",
         json!({"state": "running"}),
     );
 
     let st = c.wait_final();
-    c.fields(&st, "the record", outcome("cancelled", "lease_expired"));
+    c.fields(&st, "the record", ended("cancelled", "lease_expired"));
     c.wait_gone_within(&pinned, Duration::from_secs(10), "the run's tree");
     // The stuck wrapper was killed by the watchdog (the Pinned drop would kill it otherwise).
     c.wait_gone_within(
@@ -567,8 +550,7 @@ fn a_sigstopped_wrapper_past_its_lease_is_taken_over_and_the_run_is_cancelled() 
 
 #[test]
 fn sigterm_to_the_watchdog_mid_stop_lets_the_stop_finish_then_exits_0() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let _r = open_root(&root);
     let c = ctx(&root, "wd-sigterm-mid-stop");
     let dir = make_run_dir(&root, c.id);
@@ -636,8 +618,7 @@ fn sigterm_to_the_watchdog_mid_stop_lets_the_stop_finish_then_exits_0() {
 
 #[test]
 fn a_record_from_an_earlier_boot_becomes_unknown_and_the_process_it_names_is_not_signalled() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let _r = open_root(&root);
     let c = ctx(&root, "wd-rebooted-binary");
     let dir = make_run_dir(&root, c.id);
@@ -652,11 +633,7 @@ fn a_record_from_an_earlier_boot_becomes_unknown_and_the_process_it_names_is_not
     let mut cmd = root.watchdog_cmd();
     let out = agent_run_tests::run_with_timeout(cmd.arg("--once"), T);
     c.code(&out, 0, "agent-run-watchdog --once");
-    c.fields(
-        &c.status(),
-        "the record",
-        outcome("unknown", "host_rebooted"),
-    );
+    c.record("the record", ended("unknown", "host_rebooted"));
     c.eq(
         unrelated.alive(),
         vec![pid],
@@ -671,8 +648,7 @@ fn a_record_from_an_earlier_boot_becomes_unknown_and_the_process_it_names_is_not
 
 #[test]
 fn in_process_run_once_marks_a_record_from_an_earlier_boot_unknown_without_signalling() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let r = open_root(&root);
     // One old record names a live process of this boot (unrelated: the pid was reused), the
     // other names nothing alive.
@@ -703,7 +679,7 @@ fn in_process_run_once_marks_a_record_from_an_earlier_boot_unknown_without_signa
     );
     for run in [c, ctx(&root, empty_id)] {
         let st = run.status();
-        run.fields(&st, "the record", outcome("unknown", "host_rebooted"));
+        run.fields(&st, "the record", ended("unknown", "host_rebooted"));
         run.eq(run.events("signal"), Vec::<Value>::new(), "signal events");
         ensure!(
             run,
@@ -729,8 +705,7 @@ fn in_process_run_once_marks_a_record_from_an_earlier_boot_unknown_without_signa
 
 #[test]
 fn in_process_run_once_marks_an_orphan_without_processes_unknown_wrapper_lost() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let r = open_root(&root);
     let c = ctx(&root, "wd-orphan-empty-inproc");
     let dir = make_run_dir(&root, c.id);
@@ -744,7 +719,7 @@ fn in_process_run_once_marks_an_orphan_without_processes_unknown_wrapper_lost() 
     let took = started.elapsed();
     c.eq(lines.len(), 1, format_args!("the pass's lines: {lines:?}"));
     let st = c.status();
-    c.fields(&st, "the record", outcome("unknown", "wrapper_lost"));
+    c.fields(&st, "the record", ended("unknown", "wrapper_lost"));
     c.eq(c.events("signal"), Vec::<Value>::new(), "signal events");
     ensure!(c, st["ended_at"].is_string(), "the record has no ended_at");
     eprintln!("orphan without processes reconciled in {took:?}");
@@ -752,8 +727,7 @@ fn in_process_run_once_marks_an_orphan_without_processes_unknown_wrapper_lost() 
 
 #[test]
 fn in_process_run_once_stops_an_orphan_whose_lease_expired_and_cancels_it() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let r = open_root(&root);
     let c = ctx(&root, "wd-orphan-leased-inproc");
     let dir = make_run_dir(&root, c.id);
@@ -790,8 +764,7 @@ fn in_process_run_once_stops_an_orphan_whose_lease_expired_and_cancels_it() {
 
 #[test]
 fn in_process_run_once_leaves_a_live_wrapper_alone_until_lease_plus_grace_plus_slack() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let r = open_root(&root);
     let c = ctx(&root, "wd-live-wrapper-inproc");
     // A real wrapper, alive but doing nothing (SIGSTOPped: stuck). Its deadline is the one it
@@ -818,7 +791,7 @@ fn in_process_run_once_leaves_a_live_wrapper_alone_until_lease_plus_grace_plus_s
         Vec::<String>::new(),
         "the lines of a pass within grace + slack",
     );
-    c.fields(&c.status(), "the record", json!({"state": "running"}));
+    c.record("the record", json!({"state": "running"}));
     c.all_alive(&pinned, "the wrapper and the tree within grace + slack");
 
     // Past deadline + grace + slack (the published deadline is rounded up to a second):
@@ -827,7 +800,7 @@ fn in_process_run_once_leaves_a_live_wrapper_alone_until_lease_plus_grace_plus_s
     let lines = run_once(&r, &policy(Duration::from_secs(2)));
     c.eq(lines.len(), 1, format_args!("the pass's lines: {lines:?}"));
     let st = c.status();
-    c.fields(&st, "the record", outcome("cancelled", "lease_expired"));
+    c.fields(&st, "the record", ended("cancelled", "lease_expired"));
     c.wait_gone_within(&pinned, Duration::from_secs(5), "the wrapper and the tree");
     c.wait_cgroup_removed(&st, "after the pass that took over");
     let target = format!("pid:{wrapper}");
@@ -878,10 +851,7 @@ fn populate_corrupt(root: &TestRoot, prefix: &str) -> CorruptSet {
     // `unknown` if the watchdog followed the link).
     let link_id = format!("{prefix}-symlinked");
     let elsewhere = root.dir.path().join("elsewhere");
-    fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&elsewhere)
-        .unwrap();
+    private_dir(&elsewhere);
     write_record(
         &elsewhere,
         &record_with(&link_id, dead, dead, dead, ticks, &boot),
@@ -976,8 +946,7 @@ fn assert_skipped_once(c: Ctx<'_>, set: &CorruptSet, stderr: &str) {
 
 #[test]
 fn the_daemon_skips_corrupt_symlinked_and_foreign_dirs_with_one_line_each_and_stops_a_due_run() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let _r = open_root(&root);
     let set = populate_corrupt(&root, "wd-corrupt-daemon");
     let c = ctx(&root, "wd-corrupt-daemon-due");
@@ -1007,8 +976,7 @@ fn the_daemon_skips_corrupt_symlinked_and_foreign_dirs_with_one_line_each_and_st
 
 #[test]
 fn watchdog_once_skips_corrupt_dirs_with_one_line_each_and_reconciles_a_due_run() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let _r = open_root(&root);
     let set = populate_corrupt(&root, "wd-corrupt-once");
     let c = ctx(&root, "wd-corrupt-once-due");
@@ -1022,11 +990,7 @@ fn watchdog_once_skips_corrupt_dirs_with_one_line_each_and_reconciles_a_due_run(
     let mut cmd = root.watchdog_cmd();
     let out = agent_run_tests::run_with_timeout(cmd.arg("--once"), T);
     c.code(&out, 0, "agent-run-watchdog --once");
-    c.fields(
-        &c.status(),
-        "the record",
-        outcome("unknown", "wrapper_lost"),
-    );
+    c.record("the record", ended("unknown", "wrapper_lost"));
     assert_skipped_once(c, &set, &String::from_utf8_lossy(&out.stderr));
 }
 
@@ -1240,8 +1204,7 @@ fn fast_verdict(root: &TestRoot, name: &str) -> Option<agent_run_watchdog::ledge
 #[test]
 fn the_fast_path_settles_only_surely_final_dirs_and_hands_hostile_ones_to_the_careful_path() {
     use agent_run_watchdog::pass::MAX_READ;
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let _r = open_root(&root);
     let boot = procfs::boot_id();
     let (dead, ticks) = dead_process();
@@ -1551,8 +1514,7 @@ fn a_lease_that_falls_due_during_a_long_rescan_is_enforced_without_waiting_for_i
 /// next full pass (here the one SIGHUP starts), and the orphan it now describes is stopped.
 #[test]
 fn a_settled_record_rewritten_in_place_with_its_mtime_put_back_is_read_again_by_the_next_pass() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let _r = open_root(&root);
     let boot = procfs::boot_id();
     let mut children = Reaper::default();
@@ -1623,8 +1585,7 @@ fn a_settled_record_rewritten_in_place_with_its_mtime_put_back_is_read_again_by_
 fn an_escapee_forked_after_the_watchdog_took_the_orphan_in_is_stopped_at_the_lease_in_procfs_mode()
 {
     use agent_run_tests::contain::{marked, sweep, SweepOnDrop};
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let id = "wd-late-escapee";
     let c = ctx(&root, id);
     let dog = watchdog(&root, &[]);

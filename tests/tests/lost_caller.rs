@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use agent_run_tests::cli::*;
 use agent_run_tests::ctx::T;
-use agent_run_tests::facts::shared_cpu;
 use agent_run_tests::remote::SshServer;
 use agent_run_tests::tmux::shell_path;
 use agent_run_tests::{
     agent_run_bin, ctx, describe_output, ensure, exit_code, fixture_bin, wait_ready,
     wait_until_dbg, Pinned, Spawned, TestRoot,
 };
+use serde_json::json;
 
 // ---------------------------------------------------------------------------------------------
 // A caller that disappears: ssh without a pty, SIGKILLed while the workload is silent
@@ -102,9 +102,8 @@ fn assert_keeps_running(root: &TestRoot, id: &str, tree: &Pinned, policy: &str) 
 
 #[test]
 fn a_lost_caller_cancels_a_run_without_a_lease_by_default() {
-    let _cpu = shared_cpu();
     let srv = SshServer::start_as_root();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "dflt");
     let (tree, killed) = lose_the_caller(&srv, &root, "dflt", &[]);
     let st = root.wait_final("dflt", T);
@@ -136,9 +135,8 @@ fn a_lost_caller_cancels_a_run_without_a_lease_by_default() {
 
 #[test]
 fn a_lost_caller_leaves_a_leased_run_to_its_lease_by_default_and_keep_keeps_it() {
-    let _cpu = shared_cpu();
     let srv = SshServer::start_as_root();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let (leased, _) = lose_the_caller(&srv, &root, "leased", &["--lease", "60s"]);
     let (kept, _) = lose_the_caller(&srv, &root, "kept", &["--on-disconnect", "keep"]);
     assert_keeps_running(&root, "leased", &leased, "keep");
@@ -151,9 +149,8 @@ fn a_lost_caller_leaves_a_leased_run_to_its_lease_by_default_and_keep_keeps_it()
 
 #[test]
 fn a_lost_caller_with_a_grace_is_stopped_after_it_unless_someone_attaches_or_renews() {
-    let _cpu = shared_cpu();
     let srv = SshServer::start_as_root();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "grace");
     // Nobody comes back: stopped once the grace is over.
     let (gone, _) = lose_the_caller(&srv, &root, "grace", &["--on-disconnect", "2s"]);
@@ -171,39 +168,17 @@ fn a_lost_caller_with_a_grace_is_stopped_after_it_unless_someone_attaches_or_ren
     // An attach within the grace keeps it.
     let (attached, _) = lose_the_caller(&srv, &root, "attached", &["--on-disconnect", "3s"]);
     let attach = Spawned::wrapper(&root, &["attach", "attached"]);
-    wait_until_dbg("caller_reclaimed", T, || {
-        let names = root.event_names("attached");
-        if names.iter().any(|n| n == "caller_reclaimed") {
-            Ok(())
-        } else {
-            Err(names)
-        }
-    });
+    wait_reclaimed(&root, "attached");
     // A renew does too (a lease given now).
     let (renewed, _) = lose_the_caller(&srv, &root, "renewed", &["--on-disconnect", "3s"]);
     ar_code(&root, &["renew", "renewed", "--lease", "60s"], 0);
-    wait_until_dbg("caller_reclaimed", T, || {
-        let names = root.event_names("renewed");
-        if names.iter().any(|n| n == "caller_reclaimed") {
-            Ok(())
-        } else {
-            Err(names)
-        }
-    });
+    wait_reclaimed(&root, "renewed");
     // Past both graces, both runs still run.
     let until = epoch(&root.status("renewed"), "caller_lost_at") + 4.0;
     while agent_run_shared::time::epoch_now() < until {
         std::thread::sleep(Duration::from_millis(50));
-        c.eq(
-            &root.status("attached")["state"],
-            "running",
-            "root.status(\"attached\")[\"state\"]",
-        );
-        c.eq(
-            &root.status("renewed")["state"],
-            "running",
-            "root.status(\"renewed\")[\"state\"]",
-        );
+        ctx(&root, "attached").record("the record", json!({"state": "running"}));
+        ctx(&root, "renewed").record("the record", json!({"state": "running"}));
     }
     c.eq(
         &attached.alive().len(),
@@ -224,4 +199,16 @@ fn a_lost_caller_with_a_grace_is_stopped_after_it_unless_someone_attaches_or_ren
         &143,
         format_args!("{}", describe_output("attach", &out)),
     );
+}
+
+/// Waits until the journal of run `id` says `caller_reclaimed`.
+fn wait_reclaimed(root: &TestRoot, id: &str) {
+    wait_until_dbg("caller_reclaimed", T, || {
+        let names = root.event_names(id);
+        if names.iter().any(|n| n == "caller_reclaimed") {
+            Ok(())
+        } else {
+            Err(names)
+        }
+    });
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use agent_run_tests::cli::*;
 use agent_run_tests::ctx::T;
-use agent_run_tests::facts::{exclusive_cpu, shared_cpu};
+use agent_run_tests::facts::exclusive_cpu;
 use agent_run_tests::{ctx, describe_output, ensure, exit_code, Spawned, TestRoot};
 
 // ---------------------------------------------------------------------------------------------
@@ -74,8 +74,7 @@ fn a_hundred_runs_are_cancelled_in_one_call() {
 
 #[test]
 fn status_renew_and_wait_take_several_ids_and_say_which_failed() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "live");
     ar_code(&root, &["done0", "--", "true"], 0);
     ar_code(&root, &["done3", "--", "sh", "-c", "exit 3"], 3);

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use agent_run_shared::time::{epoch_now, parse_rfc3339};
-use agent_run_tests::facts::require_root;
+use agent_run_tests::facts::{cleanup_signals, ended, require_root};
 use agent_run_tests::mcp::Client;
 use agent_run_tests::mcp_wire::Wire;
 use agent_run_tests::remote::{processes_mentioning, SshServer};
@@ -318,11 +318,7 @@ fn run_here_returns_the_output_the_exit_code_and_the_record() {
     // A launch failure is a tool error that still carries the record.
     let (r, err) = c.tool("run", json!({"argv": ["/no/such/program"]}), T);
     ensure!(run, err, "{r}");
-    run.eq(
-        &(r["state"].as_str(), r["exit_code"].as_i64()),
-        &(Some("launch_failed"), Some(127)),
-        "(r[\"state\"].as_str(), r[\"exit_code\"].as_i64())",
-    );
+    run.fields(&r, "r", json!({"state": "launch_failed", "exit_code": 127}));
 
     // A run still going when wait_s is up answers with its id, and wait picks it up.
     let (slow, _) = c.tool(
@@ -330,11 +326,7 @@ fn run_here_returns_the_output_the_exit_code_and_the_record() {
         json!({"command": "sleep 2; echo late", "wait_s": 0.3}),
         T,
     );
-    run.eq(
-        &(slow["state"].as_str(), slow["final"].as_bool()),
-        &(Some("running"), Some(false)),
-        format_args!("{slow}"),
-    );
+    run.fields(&slow, "slow", json!({"state": "running", "final": false}));
     ensure!(run, text(&slow["next"]).contains("wait"), "{slow}");
     let (quick, _) = c.tool("start", json!({"command": "exit 5"}), T);
     let ids = json!([slow["run_id"], quick["run_id"]]);
@@ -365,11 +357,7 @@ fn run_here_returns_the_output_the_exit_code_and_the_record() {
     run.eq(&s["state"], "finished", "s[\"state\"]");
     run.eq(&s["stdout"]["bytes"], 4, "s[\"stdout\"][\"bytes\"]");
     let (l, _) = c.tool("logs", json!({"run_id": id, "stream": "stderr"}), T);
-    run.eq(
-        &(l["text"].as_str(), l["final"].as_bool()),
-        &(Some("err\n"), Some(true)),
-        "(l[\"text\"].as_str(), l[\"final\"].as_bool())",
-    );
+    run.fields(&l, "l", json!({"text": "err\n", "final": true}));
     c.close(T);
 }
 
@@ -387,11 +375,7 @@ fn run_over_sshd_returns_the_output_the_exit_code_and_the_record() {
     let id = text(&r["run_id"]);
     let run = ctx(&w.root, &id);
     run.eq(&r["host"], &w.host(), "r[\"host\"]");
-    run.eq(
-        &(r["state"].as_str(), r["exit_code"].as_i64()),
-        &(Some("finished"), Some(4)),
-        format_args!("{r}"),
-    );
+    run.fields(&r, "r", json!({"state": "finished", "exit_code": 4}));
     let want = spew_bytes(200000);
     run.eq(&r["stdout"]["bytes"], 200000, "r[\"stdout\"][\"bytes\"]");
     run.eq(
@@ -410,11 +394,7 @@ fn run_over_sshd_returns_the_output_the_exit_code_and_the_record() {
         "r[\"stderr\"][\"text\"].as_str().unwrap().as_bytes() == &spew_bytes(3000)[..]"
     );
     let st = w.root.status(&id);
-    run.eq(
-        &(st["state"].as_str(), st["exit_code"].as_i64()),
-        &(Some("finished"), Some(4)),
-        "(st[\"state\"].as_str(), st[\"exit_code\"].as_i64())",
-    );
+    run.fields(&st, "st", json!({"state": "finished", "exit_code": 4}));
     run.eq(
         &r["record"]["run_id"],
         id.as_str(),
@@ -508,11 +488,7 @@ fn a_task_cancelled_through_the_protocol_stops_every_process() {
     );
     let to_status = t0.elapsed();
     w.assert_nothing_of(id);
-    run.eq(
-        &(st["state"].as_str(), st["reason"].as_str()),
-        &(Some("cancelled"), Some("cancel_request")),
-        format_args!("{st}"),
-    );
+    run.fields(&st, "the record", ended("cancelled", "cancel_request"));
     ensure!(
         run,
         text(&polled["raw"]["statusMessage"]).contains("cancelled"),
@@ -556,11 +532,7 @@ fn an_abandoned_run_call_cancels_its_run() {
     pins.wait_all_gone(Duration::from_secs(10))
         .unwrap_or_else(|left| run.fail(format_args!("left after the abandoned call: {left:?}")));
     let st = w.root.wait_final(&id, T);
-    run.eq(
-        &(st["state"].as_str(), st["reason"].as_str()),
-        &(Some("cancelled"), Some("cancel_request")),
-        format_args!("{st}"),
-    );
+    run.fields(&st, "the record", ended("cancelled", "cancel_request"));
     let ended = parse_rfc3339(st["ended_at"].as_str().unwrap()).unwrap();
     eprintln!(
         "mcp-figure: notifications/cancelled -> final record {:.0} ms",
@@ -607,11 +579,7 @@ fn a_killed_server_leaves_its_runs_to_their_leases() {
         p.wait_all_gone(Duration::from_secs(20))
             .unwrap_or_else(|left| run.fail(format_args!("{id}: left after the lease: {left:?}")));
         let st = w.root.wait_final(id, T);
-        run.eq(
-            &(st["state"].as_str(), st["reason"].as_str()),
-            &(Some("cancelled"), Some("lease_expired")),
-            format_args!("{st}"),
-        );
+        run.fields(&st, "the record", ended("cancelled", "lease_expired"));
         w.assert_nothing_of(id);
     }
     eprintln!("mcp-figure: server SIGKILLed -> both runs stopped by their hosts in {:.1} s (lease {lease} s)", t0.elapsed().as_secs_f64());
@@ -630,11 +598,7 @@ fn a_restarted_server_takes_back_and_finishes_a_run_of_its_predecessor() {
     let args = ["--owner", owner.as_str(), "--lease", "20s"];
     let mut a = w.client(&args, false);
     // The run ends when the test says so (a file appears), not after some time.
-    let go = w.root.dir.path().join("go");
-    let script = format!(
-        "echo started; while [ ! -e '{}' ]; do sleep 0.05; done; echo done; exit 7",
-        go.display()
-    );
+    let (go, script) = gated(&w, "echo done; exit 7");
     let (r, _) = a.tool("start", json!({"command": script}), T);
     let id = text(&r["run_id"]);
     let run = ctx(&w.root, &id);
@@ -682,11 +646,7 @@ fn a_restarted_server_takes_back_and_finishes_a_run_of_its_predecessor() {
         Duration::from_secs(60),
     );
     ensure!(run, !err, "{r}");
-    run.eq(
-        &(r["state"].as_str(), r["exit_code"].as_i64()),
-        &(Some("finished"), Some(7)),
-        format_args!("{r}"),
-    );
+    run.fields(&r, "r", json!({"state": "finished", "exit_code": 7}));
     run.eq(
         &r["stdout"]["text"],
         "started\ndone\n",
@@ -721,17 +681,10 @@ fn a_clean_shutdown_cancels_tied_runs_and_keeps_detached_ones() {
     );
     tied_run.wait_gone_within(&tp, Duration::from_secs(10), "the tied run's tree");
     let st = tied_run.wait_final();
-    tied_run.fields(
-        &st,
-        "the tied run's record",
-        json!({"state": "cancelled", "reason": "cancel_request"}),
-    );
+    let want = ended("cancelled", "cancel_request");
+    tied_run.fields(&st, "the tied run's record", want);
     detached_run.all_alive(&dp, "the detached run goes on");
-    detached_run.fields(
-        &detached_run.status(),
-        "the detached run's record",
-        json!({"state": "running"}),
-    );
+    detached_run.record("the detached run's record", json!({"state": "running"}));
     // Another session finds it by its label, and stops it.
     let mut b = w.client(&[], false);
     let (ls, _) = b.tool(
@@ -780,18 +733,10 @@ fn a_shutdown_that_outlasts_the_clients_patience_still_stops_the_run() {
     pins.wait_all_gone(Duration::from_secs(15))
         .unwrap_or_else(|left| run.fail(format_args!("left: {left:?}")));
     let st = w.root.wait_final(&id, T);
-    run.eq(
-        &(st["state"].as_str(), st["reason"].as_str()),
-        &(Some("cancelled"), Some("cancel_request")),
-        format_args!("{st}"),
-    );
+    run.fields(&st, "the record", ended("cancelled", "cancel_request"));
     ensure!(
         run,
-        st["cleanup"]["signals"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|s| s == "KILL"),
+        cleanup_signals(&st).iter().any(|s| s == "KILL"),
         "{st}"
     );
     eprintln!(
@@ -1290,11 +1235,7 @@ fn a_run_that_became_a_task_gets_no_more_progress() {
 fn wait_with_idle_s_returns_when_a_run_goes_quiet_and_the_run_goes_on() {
     let w = World::local();
     let mut c = w.client(&[], false);
-    let go = w.root.dir.path().join("go");
-    let quiet = format!(
-        "echo started; while [ ! -e '{}' ]; do sleep 0.05; done; echo done",
-        go.display()
-    );
+    let (go, quiet) = gated(&w, "echo done");
     let (r, _) = c.tool("start", json!({"command": quiet}), T);
     let id = text(&r["run_id"]);
     let run = ctx(&w.root, &id);
@@ -1306,11 +1247,7 @@ fn wait_with_idle_s_returns_when_a_run_goes_quiet_and_the_run_goes_on() {
     );
     let took = t0.elapsed();
     ensure!(run, !err, "{r}");
-    run.eq(
-        &(r["state"].as_str(), r["idle"].as_bool()),
-        &(Some("running"), Some(true)),
-        format_args!("{r}"),
-    );
+    run.fields(&r, "r", json!({"state": "running", "idle": true}));
     ensure!(
         run,
         r["idle_for_s"].as_f64().is_some_and(|s| s >= 1.0),
@@ -1381,11 +1318,8 @@ fn the_server_never_outlives_its_client_even_while_its_stdin_stays_open() {
     let gone = t0.elapsed();
     tied_run.wait_gone_within(&tp, Duration::from_secs(10), "the tied run's tree");
     let st = tied_run.wait_final();
-    tied_run.fields(
-        &st,
-        "the tied run's record",
-        json!({"state": "cancelled", "reason": "cancel_request"}),
-    );
+    let want = ended("cancelled", "cancel_request");
+    tied_run.fields(&st, "the tied run's record", want);
     ensure!(
         tied_run,
         s.stderr().contains("shutting down (the parent"),
@@ -1429,11 +1363,7 @@ fn a_server_whose_client_dies_leaves_no_ssh_behind() {
     run.wait_gone_within(s.server_pin(), T, "the server, after its client");
     run.wait_gone_within(&pins, Duration::from_secs(10), "the tied run's tree");
     let st = run.wait_final();
-    run.fields(
-        &st,
-        "its record",
-        json!({"state": "cancelled", "reason": "cancel_request"}),
-    );
+    run.fields(&st, "its record", ended("cancelled", "cancel_request"));
     w.assert_ssh_cleaned_up(Duration::from_secs(5));
 }
 
@@ -1489,18 +1419,11 @@ fn a_task_is_its_run_another_server_answers_for_it_and_a_client_without_tasks_ge
     let ack = b.request(json!({"op": "tasks_cancel", "task_id": task_id}), T);
     run.eq(&ack["ok"], true, format_args!("{ack}"));
     let st = w.root.status(id);
-    run.fields(
-        &st,
-        "the record when tasks/cancel answered",
-        json!({"state": "cancelled", "reason": "cancel_request"}),
-    );
+    let want = ended("cancelled", "cancel_request");
+    run.fields(&st, "the record when tasks/cancel answered", want);
     ensure!(
         run,
-        st["cleanup"]["signals"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|s| s == "KILL"),
+        cleanup_signals(&st).iter().any(|s| s == "KILL"),
         "{st}"
     );
     pins.wait_all_gone(Duration::ZERO)
@@ -1628,4 +1551,15 @@ fn start_and_renew_get_the_servers_lease_token_in_their_environment_only() {
             .unwrap();
         run.eq(&out.status.code(), &Some(0), "cancel");
     }
+}
+
+/// A script that prints `started`, waits until the test creates the file GO, then runs `then`;
+/// GO and the script. The run ends when the test says so, not after some time.
+fn gated(w: &World, then: &str) -> (PathBuf, String) {
+    let go = w.root.dir.path().join("go");
+    let script = format!(
+        "echo started; while [ ! -e '{}' ]; do sleep 0.05; done; {then}",
+        go.display()
+    );
+    (go, script)
 }

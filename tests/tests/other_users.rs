@@ -7,7 +7,7 @@
 //! dead), and SIGKILLed by pid when the test ends. Run ids start with `rel-`.
 
 use std::fs;
-use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
@@ -15,8 +15,7 @@ use agent_run_shared::id::RunId;
 use agent_run_shared::record::{State, Status};
 use agent_run_shared::root::Root;
 use agent_run_tests::cases;
-use agent_run_tests::facts::path_str;
-use agent_run_tests::facts::shared_cpu;
+use agent_run_tests::facts::{path_str, private_dir};
 use agent_run_tests::hazards::*;
 use agent_run_tests::hostile::{as_nobody, NOBODY};
 use agent_run_tests::workload::fx_args;
@@ -45,8 +44,7 @@ fn attacker_fails(root: &TestRoot, id: &str, cmd: &mut Command, codes: &[i32]) {
 #[test]
 fn another_user_can_neither_read_nor_cancel_a_run_of_root_even_with_agent_run_root_pointing_at_it()
 {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let id = "rel-foreign";
     let c = ctx(&root, id);
     let run = start_detached(&root, id, &["--grace", "1s"], &fx_args(&PLAIN_TREE));
@@ -87,10 +85,7 @@ fn another_user_can_neither_read_nor_cancel_a_run_of_root_even_with_agent_run_ro
     attacker_fails(&root, id, &mut watchdog, &[]);
     // Its own root, with a symlink to the victim's run dir.
     let own = root.dir.path().join("attacker");
-    fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&own)
-        .expect("attacker root");
+    private_dir(&own);
     symlink(&dir, own.join(id)).expect("attacker symlink");
     std::os::unix::fs::lchown(own.join(id), Some(NOBODY), Some(NOBODY)).expect("chown link");
     std::os::unix::fs::chown(&own, Some(NOBODY), Some(NOBODY)).expect("chown attacker root");
@@ -138,8 +133,7 @@ enum Forgery {
 /// session, so that a stop that trusted the record would reach it): cancel must refuse with 77,
 /// the watchdog must leave it, and the process must live.
 fn forged_record_names_nothing_that_is_signalled(forgery: Forgery) {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let id = match forgery {
         Forgery::OtherUsersUid => "rel-forged-uid",
         Forgery::WrongStartTicks => "rel-forged-ticks",

@@ -15,17 +15,18 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agent_run_shared::pty::{self, Pty, Size};
-use agent_run_tests::facts::epoch_now;
+use agent_run_tests::ctx::Ctx;
+use agent_run_tests::facts::{epoch_now, strs};
 use agent_run_tests::{
     agent_run_bin, ctx, describe_output, ensure, exit_code, proc_stat, run_with_timeout,
     session_members, wait_child, wait_until, Pinned, Spawned, TestRoot, FINAL_STATES,
 };
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// The deadline for anything that normally takes milliseconds.
 const LONG: Duration = Duration::from_secs(20);
@@ -131,8 +132,8 @@ fn a_buffering_program_shows_each_line_within_100ms_under_pty_and_not_without() 
         ctl[0].1 - ctl[0].0 > 2.0,
         "without --pty the first line was not held back, so this test proves nothing: {ctl:?}"
     );
-    live_run.eq(&live_run.status()["pty"], true, "pty of the --pty run");
-    buffered_run.eq(&buffered_run.status()["pty"], false, "pty of the plain run");
+    live_run.record("the --pty run", json!({"pty": true}));
+    buffered_run.record("the plain run", json!({"pty": false}));
 }
 
 #[test]
@@ -142,18 +143,12 @@ fn stdout_and_stderr_keep_their_order_and_all_go_to_stdout_log() {
     let mut cmd = root.cmd();
     cmd.args(["order", "--pty", "--", "sh", "-c"])
         .arg("for i in 1 2 3; do echo out$i; echo err$i >&2; done");
-    let what = format!("{cmd:?}");
-    let out = run_with_timeout(&mut cmd, LONG);
-    c.eq(
-        &exit_code(&out.status),
-        &0,
-        format_args!("{}", describe_output(&what, &out)),
-    );
+    let out = run_ok(c, &mut cmd);
     let want = b"out1\r\nerr1\r\nout2\r\nerr2\r\nout3\r\nerr3\r\n";
     c.eq(
         &String::from_utf8_lossy(&out.stdout),
         &String::from_utf8_lossy(want),
-        format_args!("{}", describe_output(&what, &out)),
+        format_args!("{}", describe_output("agent-run order --pty", &out)),
     );
     let dir = root.run_dir("order");
     c.eq(
@@ -369,13 +364,7 @@ fn cancel(root: &TestRoot, id: &str) {
     let c = ctx(root, id);
     let mut cmd = root.cmd();
     cmd.args(["cancel", id]);
-    let what = format!("{cmd:?}");
-    let out = run_with_timeout(&mut cmd, LONG);
-    c.eq(
-        &exit_code(&out.status),
-        &0,
-        format_args!("{}", describe_output(&what, &out)),
-    );
+    run_ok(c, &mut cmd);
 }
 
 #[test]
@@ -407,12 +396,7 @@ fn an_interactive_bash_under_pty_is_cancelled_like_one_without() {
     let pinned = pin_run(&root, "bash", pid);
     cancel(&root, "bash");
     let st = assert_stopped(&root, "bash", pid, &pinned, "cancel_request");
-    let signals: Vec<&str> = st["cleanup"]["signals"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
+    let signals = strs(&st["cleanup"]["signals"]).expect("cleanup.signals is an array");
     ensure!(
         ctx(&root, "bash"),
         signals.len() > 1,
@@ -436,7 +420,21 @@ fn orphaned_pty_run(root: &TestRoot, id: &str) -> (i32, Pinned) {
         &Some(libc::SIGKILL),
         "out.status.signal_number()",
     );
+    // The output path does not depend on the wrapper: the workload still runs, on its pty.
+    ensure!(
+        c,
+        pinned.alive().contains(&pid),
+        "the workload after its wrapper was killed"
+    );
     (pid, pinned)
+}
+
+/// Runs `cmd` to completion; it must exit 0.
+fn run_ok(c: Ctx<'_>, cmd: &mut Command) -> Output {
+    let what = format!("{cmd:?}");
+    let out = run_with_timeout(cmd, LONG);
+    c.code(&out, 0, &what);
+    out
 }
 
 trait SignalNumber {
@@ -455,21 +453,9 @@ fn a_pty_run_whose_wrapper_was_killed_is_stopped_by_the_watchdog_and_leaves_noth
     let root = TestRoot::new();
     let c = ctx(&root, "wd");
     let (pid, pinned) = orphaned_pty_run(&root, "wd");
-    // The output path does not depend on the wrapper: the workload still runs, on its pty.
-    ensure!(
-        c,
-        pinned.alive().contains(&pid),
-        "pinned.alive().contains(&pid)"
-    );
     let mut cmd = root.watchdog_cmd();
     cmd.args(["--once", "--orphan-grace", "0s"]);
-    let what = format!("{cmd:?}");
-    let out = run_with_timeout(&mut cmd, LONG);
-    c.eq(
-        &exit_code(&out.status),
-        &0,
-        format_args!("{}", describe_output(&what, &out)),
-    );
+    run_ok(c, &mut cmd);
     let st = root.wait_final("wd", LONG);
     ensure!(
         c,
@@ -488,13 +474,7 @@ fn a_pty_run_whose_wrapper_was_killed_is_stopped_by_the_watchdog_and_leaves_noth
 #[test]
 fn a_pty_run_whose_wrapper_was_killed_is_stopped_by_cancel_and_leaves_nothing() {
     let root = TestRoot::new();
-    let c = ctx(&root, "wc");
     let (pid, pinned) = orphaned_pty_run(&root, "wc");
-    ensure!(
-        c,
-        pinned.alive().contains(&pid),
-        "pinned.alive().contains(&pid)"
-    );
     cancel(&root, "wc");
     assert_stopped(&root, "wc", pid, &pinned, "cancel_request");
 }

@@ -20,8 +20,7 @@ use serde_json::Value;
 /// the lease was given in: lease.json, the journal's launch event, renew's output.
 #[test]
 fn lease_s_is_always_a_float() {
-    let root = TestRoot::new();
-    let _sweep = Sweep(&root);
+    let root = TestRoot::swept();
     for (i, lease) in ["90", "2m", "1500ms", "1.5s"].into_iter().enumerate() {
         let id = format!("fc-ls{i}");
         let c = ctx(&root, &id);
@@ -52,8 +51,7 @@ fn lease_s_is_always_a_float() {
 /// still shows its lease. Before: "lease: 595.2s left" for a finished run.
 #[test]
 fn a_final_run_has_no_lease_left_in_status() {
-    let root = TestRoot::new();
-    let _sweep = Sweep(&root);
+    let root = TestRoot::swept();
     let c = ctx(&root, "fc-done");
     ar_code(&root, &["--lease", "10m", "fc-done", "--", "true"], 0);
     let v: Value =
@@ -104,8 +102,7 @@ fn a_final_run_has_no_lease_left_in_status() {
 /// `outcome_exit_code` all give that code. Before: `exit_code` was 127/126.
 #[test]
 fn a_launch_failure_records_launch_exit_code_and_a_null_exit_code() {
-    let root = TestRoot::new();
-    let _sweep = Sweep(&root);
+    let root = TestRoot::swept();
     let not_exec = root.dir.path().join("not-executable");
     fs::write(&not_exec, "#!/bin/sh\ntrue\n").unwrap();
     fs::set_permissions(&not_exec, fs::Permissions::from_mode(0o644)).unwrap();
@@ -190,8 +187,7 @@ fn a_run_from_a_deleted_directory_records_what_the_kernel_says() {
 /// would leave the first beat alone, and a watchdog counting an orphan's grace from it.
 #[test]
 fn a_lasting_run_beats_every_second_after_the_late_start_of_its_heartbeat() {
-    let root = TestRoot::new();
-    let _sweep = Sweep(&root);
+    let root = TestRoot::swept();
     let id = "fc-beat";
     let c = ctx(&root, id);
     ar_code(&root, &["-d", id, "--", "sleep", "60"], 0);

@@ -38,8 +38,7 @@ fn remote_cmd(srv: &SshServer, root: &TestRoot, xdg: &Path, bin: &Path, args: &[
 #[test]
 fn remote_never_loses_the_output_of_a_command_that_fails_at_once() {
     let srv = SshServer::start_as_root();
-    let root = TestRoot::new();
-    let _sweep = Sweep(&root);
+    let root = TestRoot::swept();
     let xdg = tempfile::tempdir().unwrap();
     let script = "printf 'out 1\\nout 2\\n'; printf 'err 1\\n' >&2; exit 7";
     for i in 0..20 {
@@ -142,8 +141,7 @@ fn remote_never_loses_the_output_of_a_command_that_fails_at_once() {
 #[test]
 fn remote_with_agent_run_missing_on_the_host_says_so_and_exits_72() {
     let srv = SshServer::start_as_root();
-    let root = TestRoot::new();
-    let _sweep = Sweep(&root);
+    let root = TestRoot::swept();
     let xdg = tempfile::tempdir().unwrap();
     let missing = Path::new("/nonexistent/agent-run");
     let not_exec = root.dir.path().join("agent-run-not-executable");

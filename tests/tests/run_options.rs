@@ -9,7 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 
 use agent_run_tests::cli::*;
 use agent_run_tests::ctx::T;
-use agent_run_tests::facts::shared_cpu;
+use agent_run_tests::facts::dir_with_mode;
 use agent_run_tests::workload::fixture_path;
 use agent_run_tests::{ctx, describe_output, ensure, wait_ready, Pinned, TestRoot};
 
@@ -18,8 +18,7 @@ use agent_run_tests::{ctx, describe_output, ensure, wait_ready, Pinned, TestRoot
 
 #[test]
 fn cwd_env_and_labels_reach_the_workload_and_the_record_but_values_stay_out_of_it() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "ce");
     let work = root.dir.path().join("work dir");
     fs::create_dir(&work).unwrap();
@@ -142,8 +141,7 @@ fn cwd_env_and_labels_reach_the_workload_and_the_record_but_values_stay_out_of_i
 
 #[test]
 fn bad_cwd_env_and_labels_are_refused_with_64_before_anything_is_created() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     for (args, says) in [
         (vec!["-C", "/nonexistent/dir"], "--cwd /nonexistent/dir"),
         (vec!["-C", "/etc/passwd"], "not a directory"),
@@ -172,12 +170,10 @@ fn bad_cwd_env_and_labels_are_refused_with_64_before_anything_is_created() {
 
 #[test]
 fn an_unsafe_root_is_refused_with_the_command_that_fixes_it() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
-    let dir = root.root();
-    fs::create_dir(&dir).unwrap();
-    fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+    let root = TestRoot::sharing_cpu();
+    dir_with_mode(&root.root(), 0o777);
     let out = ar_code(&root, &["list"], 78);
+    let dir = root.root();
     let want = format!(
         "agent-run: run root {p} is writable by its group and others (mode 0777): chmod 700 {p}\n",
         p = dir.display()

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use agent_run_tests::facts::{cleanup_signals, geteuid, is_rfc3339_ms, path_str};
 use agent_run_tests::foreground::*;
 use agent_run_tests::workload::{fixture_path, fx, strings, DEAF_CHILD};
-use agent_run_tests::{ensure, proc_stat, Pinned, TestRoot};
+use agent_run_tests::{ensure, proc_stat, TestRoot};
 use serde_json::Value;
 
 // ---------------------------------------------------------------------------------------------
@@ -78,8 +78,7 @@ fn a_tight_reader_never_sees_a_partial_status_json_or_a_state_out_of_order() {
     };
     let mut run = Run::start(&root, "polled", &["--grace", "1s"], &fx(DEAF_CHILD));
     let c = run.c;
-    let ready = c.ready();
-    let pinned = Pinned::new(&ready.all_pids());
+    let (ready, pinned) = c.pin_tree();
     // Cancel only once the reader has seen `running` (it may be starved on a loaded host).
     c.wait("the reader to see running", || {
         if saw_running.load(Ordering::SeqCst) {
@@ -159,7 +158,7 @@ fn the_root_and_run_dir_are_0700_and_every_run_file_0600_even_with_umask_0() {
         &root,
         "modes",
         &["--lease", "1h"],
-        &[&fixture_path(), "tree", "--children", "1"],
+        &fx("tree --children 1"),
         |cmd| {
             // SAFETY: umask(2) is async-signal-safe and cannot fail.
             unsafe {
@@ -171,8 +170,7 @@ fn the_root_and_run_dir_are_0700_and_every_run_file_0600_even_with_umask_0() {
         },
     );
     let c = run.c;
-    let ready = c.ready();
-    let pinned = Pinned::new(&ready.all_pids());
+    let (ready, pinned) = c.pin_tree();
     c.wait_state(&["running"]);
     ensure!(
         c,
@@ -193,8 +191,7 @@ fn pid_and_pgid_files_and_status_json_name_the_leader_the_kernel_shows() {
     let argv = [fixture.as_str(), "tree", "--children", "1"];
     let mut run = Run::start(&root, "ids", &[], &argv);
     let c = run.c;
-    let ready = c.ready();
-    let pinned = Pinned::new(&ready.all_pids());
+    let (ready, pinned) = c.pin_tree();
     let st = c.wait_state(&["running"]);
     let dir = root.run_dir("ids");
     for name in ["pid", "pgid"] {
@@ -238,8 +235,7 @@ fn the_journal_records_the_launch_every_state_change_and_every_signal_with_targe
     let root = TestRoot::new();
     let mut run = Run::start(&root, "journal", &["--grace", "1s"], &fx(DEAF_CHILD));
     let c = run.c;
-    let ready = c.ready();
-    let pinned = Pinned::new(&ready.all_pids());
+    let (ready, pinned) = c.pin_tree();
     c.wait_state(&["running"]);
     run.signal(libc::SIGTERM);
     run.finish(143);

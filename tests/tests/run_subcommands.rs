@@ -87,11 +87,7 @@ fn wait_blocks_until_the_run_is_final_and_exits_as_the_run_did() {
     c.all_alive(&run.leader_pin, "the leader while wait blocks");
     c.release(&fifo);
     c.finish(waiter, 7);
-    c.fields(
-        &c.status(),
-        "status.json",
-        json!({"state": "finished", "exit_code": 7}),
-    );
+    c.record("status.json", json!({"state": "finished", "exit_code": 7}));
     c.ctl(&["wait", c.id], 7);
     c.wait_gone(&run.wrapper_pin, "the wrapper");
 
@@ -280,11 +276,7 @@ fn renew_with_a_shorter_lease_makes_the_run_expire_at_the_new_deadline() {
     let st = c.wait_final();
     let took = t0.elapsed();
     c.gone_now(&tree, "when the lease-expiry record became final");
-    c.fields(
-        &st,
-        "status.json",
-        json!({"state": "cancelled", "reason": "lease_expired"}),
-    );
+    c.fields(&st, "status.json", ended("cancelled", "lease_expired"));
     c.check(
         took >= Duration::from_millis(900),
         format_args!("ended {took:?} after a 1 s renew"),
@@ -511,7 +503,7 @@ fn gc_removes_final_run_dirs_older_than_the_age_and_never_active_or_unreadable_o
         );
     }
     c.all_alive(&tree, "the active run after gc");
-    c.fields(&c.status(), "the active run", json!({"state": "running"}));
+    c.record("the active run", json!({"state": "running"}));
 
     c.ctl(&["cancel", c.id], 0);
     c.gone_now(&tree, "after cancel");

@@ -18,6 +18,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use agent_run_tests::contain::cgroup2_mount;
+use agent_run_tests::facts::dir_with_mode;
 use agent_run_tests::hostile::{as_nobody, outcome, NOBODY};
 use agent_run_tests::{agent_run_bin, diagnostics, proc_stat, wait_run, Pinned, Spawned, TestRoot};
 use serde_json::Value;
@@ -429,8 +430,7 @@ fn a_cwd_that_cannot_be_entered_is_a_launch_failure_70_not_a_command_that_cannot
     fs::create_dir(root.root()).unwrap();
     std::os::unix::fs::chown(root.root(), Some(NOBODY), Some(NOBODY)).unwrap();
     let locked = root.dir.path().join("root-only");
-    fs::create_dir(&locked).unwrap();
-    fs::set_permissions(&locked, fs::Permissions::from_mode(0o700)).unwrap();
+    dir_with_mode(&locked, 0o700);
     let l = locked.display().to_string();
     for (entry, knob) in PATHS {
         let id = format!("locked-{entry}");

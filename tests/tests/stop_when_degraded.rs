@@ -264,7 +264,7 @@ fn after_kill_9_of_the_wrapper_cancel_sends_term_to_a_marked_setsid_escapee_at_t
     c.gone_now(&pins, "right after cancel returned");
     c.nothing_left(leader_sid, "right after cancel returned");
     let printed = c.parse(&out, "cancel");
-    let want = json!({"state": "cancelled", "reason": "cancel_request"});
+    let want = ended("cancelled", "cancel_request");
     c.fields(&printed, "cancel's output", want.clone());
     c.fields(&c.status(), "status.json", want);
 
@@ -326,7 +326,7 @@ fn a_garbage_lease_json_keeps_the_last_deadline_and_the_foreground_run_ends_leas
     c.gone_now(&pins, "after the wrapper exited");
     c.nothing_left(ready.sid, "after the wrapper exited");
     let st = c.status();
-    let want = json!({"state": "cancelled", "reason": "lease_expired"});
+    let want = ended("cancelled", "lease_expired");
     c.fields(&st, "status.json", want);
     let ended = c.epoch(&st, "ended_at");
     c.check(
@@ -368,11 +368,7 @@ fn a_truncated_lease_json_does_not_disable_the_lease_of_a_detached_run() {
     c.replace("lease.json", &lease[..lease.len() / 2]);
 
     let st = c.wait_state(&FINAL_STATES);
-    c.fields(
-        &st,
-        "status.json",
-        json!({"state": "cancelled", "reason": "lease_expired"}),
-    );
+    c.fields(&st, "status.json", ended("cancelled", "lease_expired"));
     c.wait_gone(&pins, "the tree");
     c.nothing_left(ready.sid, "after the final record");
     let ended = c.epoch(&st, "ended_at");
@@ -409,13 +405,13 @@ fn an_orphan_whose_lease_json_is_garbage_is_stopped_by_the_watchdog_after_the_or
 
     c.watchdog_once("1h");
     c.all_alive(&pins, "after a watchdog pass within the orphan grace");
-    c.fields(&c.status(), "status.json", json!({"state": "running"}));
+    c.record("status.json", json!({"state": "running"}));
 
     let out = c.watchdog_once("0");
     c.gone_now(&pins, "right after the watchdog pass past the orphan grace");
     c.nothing_left(ready.sid, "right after the watchdog pass");
     let st = c.status();
-    let want = json!({"state": "cancelled", "reason": "wrapper_lost"});
+    let want = ended("cancelled", "wrapper_lost");
     if st.get("state") != Some(&json!("cancelled")) {
         c.fail(format_args!(
             "the watchdog did not stop the orphan\n{}",
@@ -456,7 +452,7 @@ fn cancel_continues_a_sigstopped_wrapper_of_a_run_without_lease_and_the_run_ends
     c.gone_now(&pins, "right after cancel returned");
     c.nothing_left(ready.sid, "right after cancel returned");
     let printed = c.parse(&out, "cancel");
-    let want = json!({"state": "cancelled", "reason": "cancel_request"});
+    let want = ended("cancelled", "cancel_request");
     c.fields(&printed, "cancel's output", want.clone());
     c.fields(&c.status(), "status.json", want);
     let events = root.events(c.id);
@@ -712,7 +708,7 @@ fn a_wrapper_stalled_between_mkdir_and_flock_while_cancel_declares_the_launch_lo
 
     let out = c.ctl(&["cancel", c.id], 0);
     let printed = c.parse(&out, "cancel");
-    let want = json!({"state": "unknown", "reason": "wrapper_lost"});
+    let want = ended("unknown", "wrapper_lost");
     c.fields(&printed, "cancel's output", want);
     let record = c.bytes("status.json");
 
@@ -763,6 +759,7 @@ fn a_wrapper_denied_pidfds_still_supervises_its_workload_and_passes_its_exit_cod
     deny_pidfd_open(&mut cmd, libc::EMFILE);
     let tree = fx("tree --children 1 --leader-exit 7");
     let (proc, _wrapper, wrapper_pin) = c.spawn_start(cmd, "--quiet", &tree);
+    // The leader exits at once: its tree is pinned, not checked alive.
     let ready = c.ready();
     let pins = Pinned::new(&ready.all_pids());
 
@@ -808,26 +805,15 @@ fn term_to_a_wrapper_denied_pidfds_stops_the_tree_without_them_and_exits_143() {
         Vec::<String>::new(),
         "pidfds the wrapper holds",
     );
-    c.fields(
-        &c.status(),
-        "status.json",
-        json!({"state": "running", "pid": ready.pid}),
-    );
+    c.record("status.json", json!({"state": "running", "pid": ready.pid}));
 
     c.signal(&wrapper_pin, wrapper, libc::SIGTERM);
     c.finish(proc, 143);
     c.gone_now(&pins, "after the wrapper exited");
     c.nothing_left(ready.sid, "after the wrapper exited");
     let st = c.status();
-    c.fields(
-        &st,
-        "status.json",
-        json!({"state": "cancelled", "reason": "signal:TERM"}),
-    );
-    let failed: Vec<Value> = c
-        .events("signal")
-        .into_iter()
-        .filter(|e| e["by"] == "wrapper" && !e["error"].is_null())
-        .collect();
+    c.fields(&st, "status.json", ended("cancelled", "signal:TERM"));
+    let failed: Vec<Value> =
+        c.events_where("signal", |e| e["by"] == "wrapper" && !e["error"].is_null());
     c.eq(failed, Vec::<Value>::new(), "signals that failed");
 }

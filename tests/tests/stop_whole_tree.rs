@@ -7,13 +7,13 @@
 //! to one deadline; every failure prints the run's diagnostics.
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use agent_run_tests::contain::marked;
 use agent_run_tests::facts::{cleanup_signals, path_str};
 use agent_run_tests::foreground::*;
-use agent_run_tests::workload::{fixture_path, fx, strings, DEAF, DEAF_CHILD};
+use agent_run_tests::workload::{fixture_path, fx, logged_tree, strings, DEAF, DEAF_CHILD};
 use agent_run_tests::{children_of, ensure, proc_stat, session_members, Ctx, Pinned, TestRoot};
 use serde_json::Value;
 
@@ -92,27 +92,10 @@ fn signal_to_wrapper_stops_the_worker_tree(sig: i32, name: &str, code: i32) {
     let root = TestRoot::new();
     let log = root.dir.path().join("tree.log");
     let id = format!("tree-{}", name.to_lowercase());
-    let mut run = Run::start(
-        &root,
-        &id,
-        &[],
-        &[
-            &fixture_path(),
-            "tree",
-            "--children",
-            "1",
-            "--grandchildren",
-            "--leader-term",
-            "log-exit",
-            "--member-term",
-            "log-exit",
-            "--log",
-            path_str(&log),
-        ],
-    );
+    let tree = "--children 1 --grandchildren --leader-term log-exit --member-term log-exit";
+    let mut run = Run::start(&root, &id, &[], &logged_tree(tree, &log));
     let c = run.c;
-    let ready = c.ready();
-    let pinned = Pinned::new(&ready.all_pids());
+    let (ready, pinned) = c.pin_tree();
     let st = c.wait_state(&["running"]);
     c.eq(
         &(int(c, &st, "pid"), int(c, &st, "pgid"), int(c, &st, "sid")),
@@ -214,11 +197,7 @@ fn term_to_the_wrapper_stops_the_seed_articles_bash_worker_and_its_grandchild() 
     pids.sort_unstable();
     let pinned = Pinned::new(&pids);
 
-    run.signal(libc::SIGTERM);
-    run.finish(143);
-    let st = run.final_record();
-    c.fields(&st, "the record", outcome("cancelled", Some("signal:TERM")));
-    nothing_left(c, &pinned, sid);
+    run.stop_by_term(&pinned, sid);
     let text = fs::read_to_string(&log).unwrap_or_default();
     ensure!(
         c,
@@ -278,11 +257,7 @@ fn interactive_shell_is_hung_up_at_once(id: &str, shell: &[&str], timings: &[&st
         }
     });
 
-    run.signal(libc::SIGTERM);
-    run.finish(143);
-    let st = run.final_record();
-    c.fields(&st, "the record", outcome("cancelled", Some("signal:TERM")));
-    nothing_left(c, &pinned, sid);
+    let st = run.stop_by_term(&pinned, sid);
     c.eq(
         &cleanup_signals(&st),
         &strings(&["TERM", "HUP"]),
@@ -320,8 +295,7 @@ fn a_child_ignoring_term_and_hup_is_killed_at_the_grace() {
     let root = TestRoot::new();
     let mut run = Run::start(&root, "ignorer", &["--grace", "1s"], &fx(DEAF_CHILD));
     let c = run.c;
-    let ready = c.ready();
-    let pinned = Pinned::new(&ready.all_pids());
+    let (ready, pinned) = c.pin_tree();
     let child = ready.members[0];
     let ign = sig_mask(child, "SigIgn").unwrap_or_default();
     c.eq(
@@ -330,11 +304,7 @@ fn a_child_ignoring_term_and_hup_is_killed_at_the_grace() {
         format_args!("the child {child} should ignore TERM and HUP: SigIgn {ign:016x}"),
     );
 
-    run.signal(libc::SIGTERM);
-    run.finish(143);
-    let st = run.final_record();
-    c.fields(&st, "the record", outcome("cancelled", Some("signal:TERM")));
-    nothing_left(c, &pinned, ready.sid);
+    let st = run.stop_by_term(&pinned, ready.sid);
     c.eq(
         &cleanup_signals(&st),
         &strings(&["TERM", "HUP", "KILL"]),
@@ -352,29 +322,11 @@ fn a_child_ignoring_term_and_hup_is_killed_at_the_grace() {
 fn a_leader_exiting_on_term_does_not_strand_a_same_group_descendant_ignoring_term_and_hup() {
     let root = TestRoot::new();
     let log = root.dir.path().join("tree.log");
-    let mut run = Run::start(
-        &root,
-        "outlived",
-        &["--grace", "2s"],
-        &[
-            &fixture_path(),
-            "tree",
-            "--children",
-            "1",
-            "--grandchildren",
-            "--leader-term",
-            "log-exit",
-            "--member-term",
-            "ignore",
-            "--member-hup",
-            "ignore",
-            "--log",
-            path_str(&log),
-        ],
-    );
+    let tree = "--children 1 --grandchildren --leader-term log-exit --member-term ignore";
+    let argv = logged_tree(&format!("{tree} --member-hup ignore"), &log);
+    let mut run = Run::start(&root, "outlived", &["--grace", "2s"], &argv);
     let c = run.c;
-    let ready = c.ready();
-    let pinned = Pinned::new(&ready.all_pids());
+    let (ready, pinned) = c.pin_tree();
     for &m in &ready.members {
         let pgid = proc_stat(m).map(|s| s.2);
         c.eq(
@@ -384,11 +336,7 @@ fn a_leader_exiting_on_term_does_not_strand_a_same_group_descendant_ignoring_ter
         );
     }
 
-    run.signal(libc::SIGTERM);
-    run.finish(143);
-    let st = run.final_record();
-    c.fields(&st, "the record", outcome("cancelled", Some("signal:TERM")));
-    nothing_left(c, &pinned, ready.sid);
+    let st = run.stop_by_term(&pinned, ready.sid);
     let text = fs::read_to_string(&log).unwrap_or_default();
     ensure!(
         c,
@@ -428,11 +376,7 @@ while :; do sleep 0.05; done"#;
     let (leader, sid) = (int(c, &st, "pid"), int(c, &st, "sid"));
     let pinned = Pinned::new(&[leader]);
 
-    run.signal(libc::SIGTERM);
-    run.finish(143);
-    let st = run.final_record();
-    c.fields(&st, "the record", outcome("cancelled", Some("signal:TERM")));
-    nothing_left(c, &pinned, sid);
+    let st = run.stop_by_term(&pinned, sid);
     let text = fs::read_to_string(&log).unwrap_or_default();
     ensure!(
         c,
@@ -454,15 +398,10 @@ while :; do sleep 0.05; done"#;
 #[test]
 fn a_second_term_during_the_grace_kills_at_once() {
     let root = TestRoot::new();
-    let mut run = Run::start(
-        &root,
-        "stubborn",
-        &["--grace", "30s"],
-        &fx(&format!("tree --children 1 --grandchildren {DEAF}")),
-    );
+    let argv = fx(&format!("tree --children 1 --grandchildren {DEAF}"));
+    let mut run = Run::start(&root, "stubborn", &["--grace", "30s"], &argv);
     let c = run.c;
-    let ready = c.ready();
-    let pinned = Pinned::new(&ready.all_pids());
+    let (ready, pinned) = c.pin_tree();
 
     run.signal(libc::SIGTERM);
     c.wait_state(&["cancelling"]);
@@ -471,11 +410,7 @@ fn a_second_term_during_the_grace_kills_at_once() {
         &ready.all_pids(),
         "the tree ignores TERM and HUP: all of it must still be alive while cancelling",
     );
-    run.signal(libc::SIGTERM);
-    run.finish(143);
-    let st = run.final_record();
-    c.fields(&st, "the record", outcome("cancelled", Some("signal:TERM")));
-    nothing_left(c, &pinned, ready.sid);
+    let st = run.stop_by_term(&pinned, ready.sid);
     ensure!(
         c,
         cleanup_signals(&st).contains(&"KILL".to_string()),
@@ -495,15 +430,9 @@ fn a_second_term_during_the_grace_kills_at_once() {
 #[test]
 fn a_setsid_double_forked_escapee_is_stopped_on_cancel() {
     let root = TestRoot::new();
-    let mut run = Run::start(
-        &root,
-        "escapee",
-        &[],
-        &[&fixture_path(), "tree", "--children", "1", "--escapee"],
-    );
+    let mut run = Run::start(&root, "escapee", &[], &fx("tree --children 1 --escapee"));
     let c = run.c;
-    let ready = c.ready();
-    let pinned = Pinned::new(&ready.all_pids());
+    let (ready, pinned) = c.pin_tree();
     let escapees: Vec<i32> = ready
         .members
         .iter()
@@ -525,11 +454,7 @@ fn a_setsid_double_forked_escapee_is_stopped_on_cancel() {
         "the orphaned escapee should be reparented to the wrapper, a child subreaper",
     );
 
-    run.signal(libc::SIGTERM);
-    run.finish(143);
-    let st = run.final_record();
-    c.fields(&st, "the record", outcome("cancelled", Some("signal:TERM")));
-    nothing_left(c, &pinned, ready.sid);
+    run.stop_by_term(&pinned, ready.sid);
 }
 
 /// A workload that double-forks a setsid escapee with the run's marker scrubbed from its
@@ -562,42 +487,33 @@ fn scrubbed_escapee(run: &Run<'_>, pidfile: &Path, sid: i32) -> (i32, Pinned) {
     (pid, pinned)
 }
 
+/// A run of [`scrubbed_escapee_script`] ending with `then`, and the file where its escapee
+/// writes its pid.
+fn start_scrubbed<'a>(root: &'a TestRoot, id: &'a str, then: &str) -> (Run<'a>, PathBuf) {
+    let pidfile = root.dir.path().join("escapee.pid");
+    let script = scrubbed_escapee_script(then);
+    let argv = ["sh", "-c", &script, "sh", path_str(&pidfile)];
+    (Run::start(root, id, &[], &argv), pidfile)
+}
+
 #[test]
 fn a_setsid_escapee_without_the_runs_marker_is_stopped_on_cancel() {
     let root = TestRoot::new();
-    let pidfile = root.dir.path().join("escapee.pid");
-    let script = scrubbed_escapee_script("exec sleep 600");
-    let mut run = Run::start(
-        &root,
-        "scrubbed",
-        &[],
-        &["sh", "-c", &script, "sh", path_str(&pidfile)],
-    );
+    let (mut run, pidfile) = start_scrubbed(&root, "scrubbed", "exec sleep 600");
     let c = run.c;
     let st = c.wait_state(&["running"]);
     let (leader, sid) = (int(c, &st, "pid"), int(c, &st, "sid"));
     let (_, escapee) = scrubbed_escapee(&run, &pidfile, sid);
     let pinned = Pinned::new(&[leader]);
 
-    run.signal(libc::SIGTERM);
-    run.finish(143);
-    let st = run.final_record();
-    c.fields(&st, "the record", outcome("cancelled", Some("signal:TERM")));
-    nothing_left(c, &pinned, sid);
+    run.stop_by_term(&pinned, sid);
     nothing_left(c, &escapee, sid);
 }
 
 #[test]
 fn a_setsid_escapee_without_the_runs_marker_left_by_a_workload_that_exits_0_is_stopped() {
     let root = TestRoot::new();
-    let pidfile = root.dir.path().join("escapee.pid");
-    let script = scrubbed_escapee_script("exit 0");
-    let mut run = Run::start(
-        &root,
-        "scrubbed-left",
-        &[],
-        &["sh", "-c", &script, "sh", path_str(&pidfile)],
-    );
+    let (mut run, pidfile) = start_scrubbed(&root, "scrubbed-left", "exit 0");
     let c = run.c;
     run.finish(0);
     let st = run.final_record();
@@ -675,11 +591,7 @@ fn the_background_jobs_of_a_job_control_shell_are_stopped_on_cancel() {
         );
     }
 
-    run.signal(libc::SIGTERM);
-    run.finish(143);
-    let st = run.final_record();
-    c.fields(&st, "the record", outcome("cancelled", Some("signal:TERM")));
-    nothing_left(c, &pinned, sid);
+    run.stop_by_term(&pinned, sid);
 }
 
 /// A workload whose leader exits 0 and leaves `tree_opts` processes behind: they must be stopped
@@ -755,22 +667,11 @@ fn cancelling_one_run_leaves_another_run_under_the_same_root_running_to_its_fini
         &root,
         "doomed",
         &[],
-        &[
-            &fixture_path(),
-            "tree",
-            "--children",
-            "2",
-            "--grandchildren",
-        ],
+        &fx("tree --children 2 --grandchildren"),
     );
-    let mut other = Run::start_holding_stdin(
-        &root,
-        "other",
-        &[],
-        &["sh", "-c", "sleep 600 & read line; kill $!"],
-    );
-    let ready = doomed.c.ready();
-    let doomed_pins = Pinned::new(&ready.all_pids());
+    let other_argv = ["sh", "-c", "sleep 600 & read line; kill $!"];
+    let mut other = Run::start_with(&root, "other", &[], &other_argv, hold_stdin);
+    let (ready, doomed_pins) = doomed.c.pin_tree();
     let st = other.c.wait_state(&["running"]);
     let (leader, sid) = (int(other.c, &st, "pid"), int(other.c, &st, "sid"));
     let sleeper = other.c.wait("the other run's sleep", || {

@@ -8,15 +8,14 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use agent_run_tests::facts::path_str;
-use agent_run_tests::facts::shared_cpu;
+use agent_run_tests::facts::{path_str, private_dir};
 use agent_run_tests::hazards::*;
 use agent_run_tests::workload::{fx_args, start_argv};
 use agent_run_tests::{
@@ -131,19 +130,12 @@ fn refused<S: AsRef<str>>(root: &TestRoot, id: &str, args: &[S], codes: &[i32]) 
 
 #[test]
 fn a_run_dir_planted_as_a_symlink_before_launch_is_refused_with_78_and_nothing_runs_through_it() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let id = "rel-planted-dir";
     let c = ctx(&root, id);
-    fs::DirBuilder::new()
-        .mode(0o700)
-        .create(root.root())
-        .expect("cannot create the root");
+    private_dir(&root.root());
     let elsewhere = root.dir.path().join("elsewhere");
-    fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&elsewhere)
-        .expect("cannot create the target dir");
+    private_dir(&elsewhere);
     symlink(&elsewhere, root.run_dir(id)).expect("cannot plant the run dir symlink");
     let counter = root.dir.path().join("ran");
     let command = fx_args(&["count", path_str(&counter)]);
@@ -201,13 +193,9 @@ fn symlinks_raced_into_a_new_run_dir_during_launch_are_never_written_through() {
         "cancel.json",
     ];
     const ROUNDS_PER_FILE: usize = 3;
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let sentinel = Sentinel::new(&root, b"sentinel: agent-run must never write here\n");
-    fs::DirBuilder::new()
-        .mode(0o700)
-        .create(root.root())
-        .expect("cannot create the root");
+    private_dir(&root.root());
     // file planted -> exit code -> launches
     let mut tally: BTreeMap<&str, BTreeMap<i32, usize>> = BTreeMap::new();
     for round in 0..PLANTED.len() * ROUNDS_PER_FILE {
@@ -292,8 +280,7 @@ fn symlinks_raced_into_a_new_run_dir_during_launch_are_never_written_through() {
 #[test]
 fn log_and_id_files_swapped_for_symlinks_after_launch_are_never_written_through_and_cancel_still_stops_the_tree(
 ) {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let id = "rel-swap-logs";
     let c = ctx(&root, id);
     let sentinel = Sentinel::new(&root, b"sentinel: secret text that must not be streamed\n");
@@ -348,8 +335,7 @@ fn log_and_id_files_swapped_for_symlinks_after_launch_are_never_written_through_
 #[test]
 fn a_status_json_swapped_for_a_symlink_is_named_by_cancel_and_replaced_not_followed_by_the_wrapper()
 {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let id = "rel-swap-status";
     let c = ctx(&root, id);
     let run = start_foreground(&root, id, true);
@@ -396,13 +382,12 @@ fn a_status_json_swapped_for_a_symlink_is_named_by_cancel_and_replaced_not_follo
 
 #[test]
 fn a_lock_file_swapped_for_a_symlink_is_named_and_the_run_is_still_cancelled() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let id = "rel-swap-lock";
     let c = ctx(&root, id);
+    let dir = root.run_dir(id);
     let sentinel = Sentinel::new(&root, b"sentinel: not a lock\n");
     let run = start_foreground(&root, id, true);
-    let dir = root.run_dir(id);
     swap_for_symlink(&dir, "lock", &sentinel.path);
 
     // The wrapper still holds the run's lock on the run dir itself: it is found, and asked.
@@ -421,8 +406,7 @@ fn a_lock_file_swapped_for_a_symlink_is_named_and_the_run_is_still_cancelled() {
 
 #[test]
 fn a_cancel_json_planted_as_a_symlink_is_neither_written_through_nor_believed() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let id = "rel-swap-cancel-json";
     let c = ctx(&root, id);
     // Believable, were it followed: a watchdog's lease expiry.
@@ -449,8 +433,7 @@ fn a_cancel_json_planted_as_a_symlink_is_neither_written_through_nor_believed() 
 
 #[test]
 fn a_run_dir_swapped_for_a_symlink_after_launch_makes_cancel_exit_78_and_signal_nothing() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let victim_root = TestRoot::new();
     let id = "rel-swap-dir";
     let c = ctx(&root, id);

@@ -21,6 +21,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use agent_run_tests::cases;
+use agent_run_tests::facts::strs;
 use agent_run_tests::systemd::{Boot, Systemd};
 use agent_run_tests::{poll_until, proc_stat, wait_until_dbg, Pinned, FINAL_STATES};
 use serde_json::Value;
@@ -657,6 +658,19 @@ fn parties(st: &Value) -> [(i64, u64); 2] {
     ]
 }
 
+/// Every party of the record `st` (its wrapper and leader) is alive, or gone: `alive` says
+/// which, `what` what it must have survived or not.
+fn check_parties(sd: &Systemd, st: &Value, alive: bool, what: &str, why: &dyn Fn() -> String) {
+    let verdict = if alive { "died with" } else { "outlived" };
+    for (pid, ticks) in parties(st) {
+        assert!(
+            sd.alive(pid, ticks) == alive,
+            "{pid} {verdict} {what}\n{}",
+            why()
+        );
+    }
+}
+
 #[test]
 fn a_lingering_users_run_gets_a_delegated_scope_with_no_setup_and_cancel_leaves_nothing() {
     let sd = Systemd::boot();
@@ -767,12 +781,7 @@ fn with_kill_user_processes_a_run_from_a_login_session_is_warned_of_and_cancelle
                 .is_some_and(|w| w.contains("KillUserProcesses"))
     });
     assert!(said, "no warning in the run's journal\n{}", why());
-    let warnings: Vec<&str> = st["warnings"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
+    let warnings = strs(&st["warnings"]).unwrap_or_default();
     assert!(
         warnings.len() == 1
             && warnings[0].contains("KillUserProcesses=yes")
@@ -787,13 +796,7 @@ fn with_kill_user_processes_a_run_from_a_login_session_is_warned_of_and_cancelle
         why()
     );
     wait_sessions_gone(&sd);
-    for (pid, ticks) in parties(&st) {
-        assert!(
-            !sd.alive(pid, ticks),
-            "{pid} outlived the session\n{}",
-            why()
-        );
-    }
+    check_parties(&sd, &st, false, "the session", &why);
 }
 
 #[test]
@@ -825,13 +828,7 @@ fn with_kill_user_processes_a_lingering_users_runs_leave_the_session_and_outlive
         );
         assert_eq!(st["warnings"], serde_json::json!([]), "{}", why());
         assert_eq!(sd.status(dir)["state"], "running", "{}", why());
-        for (pid, ticks) in parties(st) {
-            assert!(
-                sd.alive(pid, ticks),
-                "{pid} died with the session\n{}",
-                why()
-            );
-        }
+        check_parties(&sd, st, true, "the session", &why);
     }
 }
 
@@ -850,12 +847,8 @@ fn a_detached_run_of_a_user_who_does_not_linger_outlives_the_login_session_it_st
     assert_eq!(st["containment"]["mode"], "procfs", "{}", why());
     wait_sessions_ended(&sd);
     assert_eq!(sd.status(dir)["state"], "running", "{}", why());
-    for (pid, ticks) in parties(&st) {
-        assert!(
-            sd.alive(pid, ticks),
-            "{pid} died with the session\n{}",
-            why()
-        );
+    check_parties(&sd, &st, true, "the session", &why);
+    for (pid, _) in parties(&st) {
         let host = sd.host_pid(pid as i32).expect("on the host");
         let cgroup = fs::read_to_string(format!("/proc/{host}/cgroup")).unwrap_or_default();
         assert!(
@@ -868,13 +861,7 @@ fn a_detached_run_of_a_user_who_does_not_linger_outlives_the_login_session_it_st
     sd.run(sd.user("bob", "agent-run").args(["cancel", "n1"]));
     let st = sd.wait_state(dir, Duration::from_secs(60), |s| FINAL_STATES.contains(&s));
     assert_eq!(st["state"], "cancelled", "{}", why());
-    for (pid, ticks) in parties(&st) {
-        assert!(
-            !sd.alive(pid, ticks),
-            "{pid} outlived the cancel\n{}",
-            why()
-        );
-    }
+    check_parties(&sd, &st, false, "the cancel", &why);
 }
 
 #[test]
@@ -890,13 +877,7 @@ fn with_kill_user_processes_a_user_in_kill_exclude_users_is_not_warned_and_the_r
     let why = || format!("{}\n{}", sd.run_diagnostics(dir), sd.diagnostics());
     assert_eq!(st["warnings"], serde_json::json!([]), "{}", why());
     assert_eq!(sd.status(dir)["state"], "running", "{}", why());
-    for (pid, ticks) in parties(&st) {
-        assert!(
-            sd.alive(pid, ticks),
-            "{pid} died with the session\n{}",
-            why()
-        );
-    }
+    check_parties(&sd, &st, true, "the session", &why);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -8,14 +8,13 @@ use std::fs;
 
 use agent_run_tests::cli::*;
 use agent_run_tests::ctx::T;
-use agent_run_tests::facts::shared_cpu;
 use agent_run_tests::tmux::{shell_path, Tmux};
 use agent_run_tests::workload::fixture_path;
 use agent_run_tests::{
     agent_run_bin, ctx, ensure, fixture_bin, proc_stat, wait_ready, wait_until_dbg, Pinned,
     TestRoot,
 };
-use serde_json::Value;
+use serde_json::{json, Value};
 
 // ---------------------------------------------------------------------------------------------
 // Output for people, on a real terminal, and its JSON twin
@@ -30,8 +29,7 @@ fn tmux_root(root: &TestRoot) -> String {
 
 #[test]
 fn cancel_and_a_final_relaunch_say_one_line_on_a_terminal_and_give_json_otherwise() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "train-3");
     let t = Tmux::new(120, 40, &[]);
     let ar_t = tmux_root(&root);
@@ -85,8 +83,7 @@ fn cancel_and_a_final_relaunch_say_one_line_on_a_terminal_and_give_json_otherwis
 
 #[test]
 fn a_foreground_run_says_on_stderr_why_it_stops() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "fg-int");
     let t = Tmux::new(120, 40, &[]);
     let ar_t = tmux_root(&root);
@@ -107,11 +104,7 @@ fn a_foreground_run_says_on_stderr_why_it_stops() {
             && screen.contains(", exit 130"),
         "{screen}"
     );
-    c.eq(
-        &root.status("fg-int")["reason"],
-        "signal:INT",
-        "root.status(\"fg-int\")[\"reason\"]",
-    );
+    c.record("the record", json!({"reason": "signal:INT"}));
 
     let c = ctx(&root, "fg-cancel");
     // A cancel from another connection.
@@ -154,8 +147,7 @@ fn a_foreground_run_says_on_stderr_why_it_stops() {
 
 #[test]
 fn status_on_a_terminal_quotes_the_command_and_names_the_signal() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "segv");
     let t = Tmux::new(120, 50, &[]);
     let ar_t = tmux_root(&root);
@@ -246,8 +238,7 @@ fn status_on_a_terminal_quotes_the_command_and_names_the_signal() {
 
 #[test]
 fn list_on_a_terminal_is_newest_first_fits_80_columns_and_is_coloured_unless_no_color() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "live");
     let t = Tmux::new(80, 50, &[]);
     let ar_t = tmux_root(&root);
@@ -347,8 +338,7 @@ fn list_on_a_terminal_is_newest_first_fits_80_columns_and_is_coloured_unless_no_
 
 #[test]
 fn ctrl_z_suspends_every_process_of_the_run_and_fg_resumes_them() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "zz");
     let t = Tmux::new(120, 40, &[]);
     let ar_t = tmux_root(&root);
@@ -386,11 +376,7 @@ fn ctrl_z_suspends_every_process_of_the_run_and_fg_resumes_them() {
         screen.contains("agent-run: run zz suspended (5 processes stopped); fg resumes it"),
         "{screen}"
     );
-    c.eq(
-        &root.status("zz")["state"],
-        "running",
-        "root.status(\"zz\")[\"state\"]",
-    );
+    c.record("the record", json!({"state": "running"}));
 
     t.line("fg");
     states(&|s| s != 'T');
@@ -413,17 +399,12 @@ fn ctrl_z_suspends_every_process_of_the_run_and_fg_resumes_them() {
     t.wait_prompt(T);
     c.wait_gone(&tree, "tree");
     c.wait_gone(&wrapper_pin, "wrapper pin");
-    c.eq(
-        &root.status("zz")["reason"],
-        "signal:INT",
-        "root.status(\"zz\")[\"reason\"]",
-    );
+    c.record("the record", json!({"reason": "signal:INT"}));
 }
 
 #[test]
 fn programs_that_prompt_fail_fast_instead_of_waiting_for_a_terminal() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let t = Tmux::new(120, 40, &[]);
     let ar_t = tmux_root(&root);
     // On a real terminal, in the foreground: the workload has no controlling terminal (its own

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use agent_run_tests::cli::*;
 use agent_run_tests::ctx::T;
-use agent_run_tests::facts::{exclusive_cpu, shared_cpu};
+use agent_run_tests::facts::exclusive_cpu;
 use agent_run_tests::hostile::Daemon;
 use agent_run_tests::remote::SshServer;
 use agent_run_tests::workload::fixture_path;
@@ -41,8 +41,7 @@ fn percentile(v: &[f64], p: f64) -> f64 {
 
 #[test]
 fn a_timeout_stops_a_foreground_run_with_124_and_says_so() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "tmo");
     let fx = fixture_path();
     let run = Spawned::wrapper(
@@ -99,8 +98,7 @@ fn a_timeout_stops_a_foreground_run_with_124_and_says_so() {
 
 #[test]
 fn renewals_do_not_extend_a_timeout() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "renewed");
     let run = detached(
         &root,
@@ -214,8 +212,7 @@ fn the_watchdog_stops_a_run_whose_wrapper_was_killed_at_its_timeout() {
 
 #[test]
 fn a_stopped_wrapper_past_its_timeout_is_taken_over_by_the_watchdog() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "stuck");
     fs::create_dir(root.root()).unwrap();
     fs::set_permissions(root.root(), fs::Permissions::from_mode(0o700)).unwrap();
@@ -255,9 +252,8 @@ fn a_stopped_wrapper_past_its_timeout_is_taken_over_by_the_watchdog() {
 
 #[test]
 fn remote_timeout_stops_the_run_on_the_host() {
-    let _cpu = shared_cpu();
     let srv = SshServer::start_as_root();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "rt");
     let host = srv.host();
     let fx = fixture_path();

@@ -9,27 +9,20 @@ use std::os::unix::fs::PermissionsExt;
 
 use agent_run_tests::cli::*;
 use agent_run_tests::ctx::T;
-use agent_run_tests::facts::shared_cpu;
+use agent_run_tests::facts::strs;
 use agent_run_tests::remote::SshServer;
 use agent_run_tests::{describe_output, exit_code, run_with_timeout, TestRoot};
-use serde_json::Value;
 
 // ---------------------------------------------------------------------------------------------
 // version
 
 #[test]
 fn version_reports_the_features_and_this_hosts_cgroup() {
-    let _cpu = shared_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let v = json_of(&ar_code(&root, &["version", "--json"], 0));
     assert_eq!(v["version"], agent_run_shared::VERSION, "v[\"version\"]");
     assert_eq!(v["schema"], 1, "v[\"schema\"]");
-    let features: Vec<&str> = v["features"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
+    let features = strs(&v["features"]).expect("features is an array");
     for f in [
         "timeout",
         "cwd",
@@ -79,9 +72,8 @@ fn remote_refused(srv: &SshServer, root: &TestRoot, bin: &str, args: &[&str]) ->
 
 #[test]
 fn remote_says_when_the_hosts_agent_run_is_missing_or_too_old_and_starts_nothing() {
-    let _cpu = shared_cpu();
     let srv = SshServer::start_as_root();
-    let root = TestRoot::new();
+    let root = TestRoot::sharing_cpu();
     let host = srv.host();
     let stderr = remote_refused(
         &srv,

@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 
 use agent_run_tests::ctx::T;
 use agent_run_tests::foreground::*;
-use agent_run_tests::workload::fixture_path;
+use agent_run_tests::workload::fx;
 use agent_run_tests::{ctx, describe_output, ensure, fixture_bin, run_with_timeout, TestRoot};
 
 /// Starts `cmd` the way a careless parent would: SIGINT, SIGPIPE, SIGHUP and the real-time
@@ -124,7 +124,7 @@ fn no_fd_mask_or_ignored_signal_of_the_wrapper_leaks_into_the_workload() {
     );
 
     let root = TestRoot::new();
-    let mut run = Run::start_with(&root, "env", &[], &[&fixture_path(), "env"], start_leaky);
+    let mut run = Run::start_with(&root, "env", &[], &fx("env"), start_leaky);
     let c = run.c;
     run.finish(0);
     let st = run.final_record();

@@ -64,7 +64,7 @@ fn fnv1a(text: &str) -> u64 {
 
 /// The workspace's `target/` directory (the parent of the binaries' profile directory).
 pub(crate) fn target_dir() -> PathBuf {
-    let profile = crate::profile_dir();
+    let profile = crate::bins::profile_dir();
     profile.parent().unwrap_or(&profile).to_path_buf()
 }
 
