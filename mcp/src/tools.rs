@@ -40,19 +40,9 @@ pub const MAX_IDS: usize = 20;
 /// The states `list` filters on (agent-run's `list --state`): `active` (not final), `final`,
 /// or a state of the record, spelt as shared's [`State::as_str`] spells it.
 pub fn list_states() -> Vec<&'static str> {
-    use State::*;
-    let states = [
-        Starting,
-        Running,
-        Cancelling,
-        Finished,
-        Cancelled,
-        LaunchFailed,
-        Unknown,
-    ];
     ["active", "final"]
         .into_iter()
-        .chain(states.map(State::as_str))
+        .chain(State::ALL.map(State::as_str))
         .collect()
 }
 

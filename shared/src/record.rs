@@ -80,6 +80,25 @@ pub enum State {
 }
 
 impl State {
+    /// Every state, in the order of a run's life.
+    pub const ALL: [State; 7] = [
+        State::Starting,
+        State::Running,
+        State::Cancelling,
+        State::Finished,
+        State::Cancelled,
+        State::LaunchFailed,
+        State::Unknown,
+    ];
+
+    /// The words `list --state` takes: every state's, then `active` (not final) and `final`.
+    pub fn filter_words() -> impl Iterator<Item = &'static str> {
+        State::ALL
+            .into_iter()
+            .map(State::as_str)
+            .chain(["active", "final"])
+    }
+
     /// Final states are written once and never change.
     pub fn is_final(self) -> bool {
         matches!(

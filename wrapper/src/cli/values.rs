@@ -79,26 +79,16 @@ pub(super) fn policy(s: &str) -> Result<OnDisconnect, String> {
     OnDisconnect::parse(s).map_err(|e| e.to_string())
 }
 
-/// The states `list --state` takes: the record's, or `active` (not final) and `final`.
-const LIST_STATES: &[&str] = &[
-    "starting",
-    "running",
-    "cancelling",
-    "finished",
-    "cancelled",
-    "launch_failed",
-    "unknown",
-    "active",
-    "final",
-];
-
+/// A word `list --state` takes: a state of the record, `active` (not final) or `final`.
 pub(super) fn state_filter(s: &str) -> Result<String, String> {
-    if LIST_STATES.contains(&s) {
+    use agent_run_shared::record::State;
+    if State::filter_words().any(|w| w == s) {
         Ok(s.to_string())
     } else {
+        let words: Vec<&str> = State::filter_words().collect();
         Err(format!(
             "invalid --state {s:?}: expected one of {}",
-            LIST_STATES.join(", ")
+            words.join(", ")
         ))
     }
 }
