@@ -36,6 +36,11 @@
 //! writeback (sync_file_range, asynchronous): the fsync at EOF, before output.json, then waits
 //! for the last pages instead of a whole gigabyte the page cache was still holding.
 //!
+//! The order of the appends across the logs goes to `output.idx` (0600, made by the keeper when
+//! it starts; see [`crate::output_order`]): after each round that appended, one write of one
+//! 16-byte record per stream that moved (the log's new end), before the streamer's wake-up.
+//! `attach` and `logs` replay both logs in that order.
+//!
 //! `notify`, when given, is how the wrapper's streaming thread learns of new bytes: after each
 //! round of appends the keeper writes one byte into it (non-blocking: a full pipe already holds
 //! a wake-up, so EAGAIN is ignored), and its exit closes it (the streamer reads EOF). Not
@@ -53,6 +58,7 @@
 
 use crate::cancel;
 use agent_run_shared::id::RunId;
+use crate::output_order::IndexWriter;
 use agent_run_shared::journal::Journal;
 use agent_run_shared::output::{Output, StreamCount, FILE as OUTPUT_FILE};
 use agent_run_shared::pid::Identity;
@@ -227,12 +233,14 @@ struct Source {
     splice: bool,
     /// Bytes appended since the last start of the log's writeback.
     unflushed: u64,
+    /// The log's end after our last append (its size, unless the run truncated it).
+    end: u64,
 }
 
 /// The keeper's state across its sources.
 struct Keep {
     /// The run dir, opened when a file of it is written: the keeper holds only its sources,
-    /// its logs and the journal.
+    /// its logs, output.idx and the journal.
     dir: PathBuf,
     limit: Option<u64>,
     stop: bool,
@@ -246,6 +254,8 @@ struct Keep {
     /// since the last byte written into it.
     notify: Option<OwnedFd>,
     appended: bool,
+    /// output.idx: the order of the appends across the logs.
+    index: IndexWriter,
 }
 
 /// The keeper's life, in the forked child: drain until every source is at EOF, then write
@@ -309,10 +319,13 @@ fn run(
             eof: false,
             splice,
             unflushed: 0,
+            end: 0,
         });
     }
+    let run_dir = open_dir(dir).ok();
     let mut k = Keep {
-        journal: open_dir(dir).ok().map(|d| d.journal("keeper")),
+        journal: run_dir.as_ref().map(|d| d.journal("keeper")),
+        index: IndexWriter::open(run_dir.as_ref()),
         dir: dir.to_path_buf(),
         limit,
         stop,
@@ -359,7 +372,12 @@ impl Keep {
             };
             for (j, &i) in live.iter().enumerate() {
                 if ready[j] {
-                    self.drain(&mut sources[i], TURN);
+                    let s = &mut sources[i];
+                    let end = s.end;
+                    self.drain(s, TURN);
+                    if s.end != end {
+                        self.index.note(s.stream, s.end);
+                    }
                 }
             }
             if self.since_check >= self.check_every {
@@ -376,6 +394,8 @@ impl Keep {
         if !std::mem::take(&mut self.appended) {
             return;
         }
+        // The order first: a streamer woken by the byte finds the records of what it reads.
+        self.index.flush();
         if let Some(fd) = &self.notify {
             let _ = rustix::io::write(fd, b"+");
         }
@@ -462,7 +482,7 @@ impl Keep {
     /// One splice (or read + write) of up to `want` bytes into the log.
     fn write_some(&mut self, src: &mut Source, want: usize) -> Step {
         if src.splice {
-            let _ = src.log.seek(SeekFrom::End(0));
+            let at = src.log.seek(SeekFrom::End(0)).unwrap_or(src.end);
             match rustix::pipe::splice(
                 &src.fd,
                 None,
@@ -472,7 +492,10 @@ impl Keep {
                 rustix::pipe::SpliceFlags::NONBLOCK | rustix::pipe::SpliceFlags::MOVE,
             ) {
                 Ok(0) => return Step::Eof,
-                Ok(n) => return Step::Moved(n),
+                Ok(n) => {
+                    src.end = at + n as u64;
+                    return Step::Moved(n);
+                }
                 Err(rustix::io::Errno::AGAIN) => return Step::Again,
                 Err(rustix::io::Errno::INTR) => return Step::Moved(0),
                 Err(rustix::io::Errno::NOSPC | rustix::io::Errno::DQUOT) => {
@@ -489,12 +512,15 @@ impl Keep {
             Step::Moved(n) => n,
             other => return other,
         };
-        let _ = src.log.seek(SeekFrom::End(0));
+        let at = src.log.seek(SeekFrom::End(0)).unwrap_or(src.end);
         let mut done = 0;
         while done < n {
             match src.log.write(&self.buf[done..n]) {
                 Ok(0) => return Step::Full(done, n - done),
-                Ok(k) => done += k,
+                Ok(k) => {
+                    done += k;
+                    src.end = at + done as u64;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 // ENOSPC, EDQUOT, EIO: these bytes are lost to the log; counted.
                 Err(_) => return Step::Full(done, n - done),
@@ -524,8 +550,10 @@ impl Keep {
                 src.written
             ),
         };
-        let _ = src.log.seek(SeekFrom::End(0));
-        let _ = src.log.write_all(line.as_bytes());
+        let at = src.log.seek(SeekFrom::End(0)).unwrap_or(src.end);
+        if src.log.write_all(line.as_bytes()).is_ok() {
+            src.end = at + line.len() as u64;
+        }
         self.appended = true;
         if let Some(j) = &self.journal {
             let _ = j.event(
@@ -554,7 +582,11 @@ impl Keep {
         if free < reserve {
             for s in sources.iter_mut() {
                 if s.capped.is_none() {
+                    let end = s.end;
                     self.cap(s, "disk_reserve");
+                    if s.end != end {
+                        self.index.note(s.stream, s.end);
+                    }
                 }
             }
         }
@@ -571,13 +603,15 @@ impl Keep {
                     s.dropped - kept
                 );
                 let (a, b) = s.ring.halves();
-                let _ = s.log.seek(SeekFrom::End(0));
+                let at = s.log.seek(SeekFrom::End(0)).unwrap_or(s.end);
                 let ok = s.log.write_all(line.as_bytes()).is_ok()
                     && s.log.write_all(a).is_ok()
                     && s.log.write_all(b).is_ok();
                 if ok {
                     s.dropped -= kept;
                     s.written += kept;
+                    s.end = at + line.len() as u64 + kept;
+                    self.index.note(s.stream, s.end);
                 }
             }
             // Durable before the counts appear. A log we never wrote costs no fsync (a new empty
@@ -589,6 +623,7 @@ impl Keep {
                 let _ = s.log.sync_data();
             }
         }
+        self.index.flush();
         let count = |st: Stream| {
             sources.iter().find(|s| s.stream == st).map_or_else(
                 || StreamCount {

@@ -12,6 +12,7 @@ mod keeper;
 mod launch;
 mod list;
 mod logs;
+mod output_order;
 mod phases;
 mod ptyio;
 mod remote;
