@@ -7,7 +7,7 @@
 //! `agent-run-keep`). It runs in its own session and process group, stays in the wrapper's
 //! cgroup (never the run's), carries no marker of its run (the wrapper's own environment has
 //! none: the workload's `AGENT_RUN_ID`/`AGENT_RUN_DIR` are set only in the workload's), holds
-//! no descriptor but its sources and logs (never the run's lock; stdio on /dev/null), and
+//! no descriptor but its sources, logs, output.idx and journal (never the run's lock; stdio on /dev/null), and
 //! ignores INT, HUP, TERM and PIPE (SIG_IGN): it outlives a SIGKILLed wrapper and keeps
 //! draining. Nothing stops it; its one signal is a CONT from its wrapper if the run has
 //! SIGSTOPped it (`Launch::continue_stopped_keeper`). It ends by EOF: when every writer of
@@ -322,10 +322,14 @@ fn run(
             end: 0,
         });
     }
+    // The run dir's own descriptor is dropped once its files are open.
     let run_dir = open_dir(dir).ok();
+    let journal = run_dir.as_ref().map(|d| d.journal("keeper"));
+    let index = IndexWriter::open(run_dir.as_ref());
+    drop(run_dir);
     let mut k = Keep {
-        journal: run_dir.as_ref().map(|d| d.journal("keeper")),
-        index: IndexWriter::open(run_dir.as_ref()),
+        journal,
+        index,
         dir: dir.to_path_buf(),
         limit,
         stop,
