@@ -27,7 +27,9 @@ fn alternating() -> String {
 
 /// `agent-run --root R ARGS` with its stdout and stderr into one file: what a terminal shows.
 fn merged(root: &TestRoot, args: &[&str]) -> (i32, String) {
-    let path = root.root().join(format!(".merged.{}", args.join("_").len()));
+    let path = root
+        .root()
+        .join(format!(".merged.{}", args.join("_").len()));
     let f = File::create(&path).unwrap();
     let mut child = root
         .cmd()
@@ -53,7 +55,11 @@ fn notes(b: &[u8]) -> Vec<String> {
 }
 
 fn finished_alternating(root: &TestRoot, id: &str) {
-    ar_code(root, &["start", "--quiet", id, "--", "sh", "-c", ALTERNATE], 0);
+    ar_code(
+        root,
+        &["start", "--quiet", id, "--", "sh", "-c", ALTERNATE],
+        0,
+    );
 }
 
 #[test]
@@ -98,7 +104,10 @@ fn attach_and_logs_replay_stdout_and_stderr_in_the_order_written() {
             "fo-order",
         ],
     );
-    assert_eq!((code, text.as_str()), (0, "err3\nout4\nerr4\nout5\nerr5\nout6\nerr6\n"));
+    assert_eq!(
+        (code, text.as_str()),
+        (0, "err3\nout4\nerr4\nout5\nerr5\nout6\nerr6\n")
+    );
 }
 
 #[test]
@@ -111,10 +120,20 @@ fn logs_follow_from_the_last_n_lines_follows_both_logs_until_the_end() {
          while [ ! -e {g} ]; do sleep 0.05; done; echo out4; sleep 0.1; echo err4 >&2",
         g = gate.display()
     );
-    ar_code(&root, &["start", "-d", "fo-tail", "--", "sh", "-c", &script], 0);
+    ar_code(
+        &root,
+        &["start", "-d", "fo-tail", "--", "sh", "-c", &script],
+        0,
+    );
     let dir = root.run_dir("fo-tail");
     wait_until("three lines in each log", LONG, || {
-        let full = |n: &str| fs::read_to_string(dir.join(n)).unwrap_or_default().lines().count() == 3;
+        let full = |n: &str| {
+            fs::read_to_string(dir.join(n))
+                .unwrap_or_default()
+                .lines()
+                .count()
+                == 3
+        };
         (full("stdout.log") && full("stderr.log")).then_some(())
     });
     let f = Spawned::wrapper(&root, &["logs", "-f", "-n", "1", "fo-tail"]);
@@ -124,7 +143,11 @@ fn logs_follow_from_the_last_n_lines_follows_both_logs_until_the_end() {
     });
     fs::write(&gate, b"").unwrap();
     let out = f.finish(LONG);
-    assert_eq!(exit_code(&out.status), 0, "logs -f exits 0 when the run is final");
+    assert_eq!(
+        exit_code(&out.status),
+        0,
+        "logs -f exits 0 when the run is final"
+    );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "out3\nout4\n");
     assert_eq!(String::from_utf8_lossy(&out.stderr), "err3\nerr4\n");
     // -n and -f together are no longer refused; --stdout picks one log.
@@ -151,7 +174,11 @@ fn int_detaches(args: &[&str], id: &str) {
     let want = format!("agent-run: detached from {id} (still running)");
     assert_eq!(notes(&out.stderr), [want], "{args:?}'s stderr");
     // The run goes on: every process of it, and its record says so.
-    assert_eq!(run.tree.alive(), run.tree.pids(), "the run's processes after the detach");
+    assert_eq!(
+        run.tree.alive(),
+        run.tree.pids(),
+        "the run's processes after the detach"
+    );
     assert_eq!(run.wrapper_pin.alive(), [run.wrapper], "its wrapper");
     assert_eq!(root.status(id)["state"], "running");
     ar_code(&root, &["cancel", id], 0);
@@ -230,7 +257,11 @@ fn logs_by_offset_reads_on_where_it_stopped_and_says_how_text_is_carried() {
     let _sweep = Sweep(&root);
     // 'h' 'é' (two bytes) 'l' 'l' 'o' ' ' '€' (three bytes) '\n', then a byte that is not UTF-8.
     let script = r"printf 'h\303\251llo \342\202\254\n'; printf 'x\377y' >&2";
-    ar_code(&root, &["start", "--quiet", "fo-off", "--", "sh", "-c", script], 0);
+    ar_code(
+        &root,
+        &["start", "--quiet", "fo-off", "--", "sh", "-c", script],
+        0,
+    );
     let want = "héllo €\n";
     // In pieces of 3 bytes: a character is never cut, and the text adds up.
     let mut at = 0u64;
@@ -238,7 +269,15 @@ fn logs_by_offset_reads_on_where_it_stopped_and_says_how_text_is_carried() {
     let mut pieces = 0;
     loop {
         let at_s = at.to_string();
-        let args = ["logs", "fo-off", "--offset", &at_s, "--max-bytes", "3", "--json"];
+        let args = [
+            "logs",
+            "fo-off",
+            "--offset",
+            &at_s,
+            "--max-bytes",
+            "3",
+            "--json",
+        ];
         let doc = json_of(&ar_code(&root, &args, 0));
         assert_eq!(doc["run_id"], "fo-off");
         assert_eq!(doc["stream"], "stdout");
@@ -261,7 +300,11 @@ fn logs_by_offset_reads_on_where_it_stopped_and_says_how_text_is_carried() {
     }
     assert_eq!((text.as_str(), at), (want, want.len() as u64));
     // Without --json: the raw bytes; --stderr reads stderr.log; past the end, nothing.
-    let out = ar_code(&root, &["logs", "fo-off", "--offset", "1", "--max-bytes", "2"], 0);
+    let out = ar_code(
+        &root,
+        &["logs", "fo-off", "--offset", "1", "--max-bytes", "2"],
+        0,
+    );
     assert_eq!(out.stdout, "é".as_bytes());
     let out = ar_code(&root, &["logs", "fo-off", "--offset", "1", "--stderr"], 0);
     assert_eq!(out.stdout, b"\xffy");
@@ -270,11 +313,24 @@ fn logs_by_offset_reads_on_where_it_stopped_and_says_how_text_is_carried() {
         &["logs", "fo-off", "--offset", "0", "--stderr", "--json"],
         0,
     ));
-    assert_eq!((&doc["stream"], &doc["lossy"]), (&"stderr".into(), &true.into()));
+    assert_eq!(
+        (&doc["stream"], &doc["lossy"]),
+        (&"stderr".into(), &true.into())
+    );
     assert_eq!(doc["text"], "x\u{fffd}y");
-    assert_eq!((doc["next_offset"].as_u64(), doc["more"].as_bool()), (Some(3), Some(false)));
-    let doc = json_of(&ar_code(&root, &["logs", "fo-off", "--offset", "99", "--json"], 0));
-    assert_eq!((&doc["text"], doc["next_offset"].as_u64()), (&"".into(), Some(99)));
+    assert_eq!(
+        (doc["next_offset"].as_u64(), doc["more"].as_bool()),
+        (Some(3), Some(false))
+    );
+    let doc = json_of(&ar_code(
+        &root,
+        &["logs", "fo-off", "--offset", "99", "--json"],
+        0,
+    ));
+    assert_eq!(
+        (&doc["text"], doc["next_offset"].as_u64()),
+        (&"".into(), Some(99))
+    );
     // --offset does not go with -f or -n; --max-bytes and --json need it.
     for bad in [
         &["logs", "fo-off", "--offset", "0", "-f"][..],

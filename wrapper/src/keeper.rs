@@ -7,8 +7,8 @@
 //! `agent-run-keep`). It runs in its own session and process group, stays in the wrapper's
 //! cgroup (never the run's), carries no marker of its run (the wrapper's own environment has
 //! none: the workload's `AGENT_RUN_ID`/`AGENT_RUN_DIR` are set only in the workload's), holds
-//! no descriptor but its sources, logs, output.idx and journal (never the run's lock; stdio on /dev/null), and
-//! ignores INT, HUP, TERM and PIPE (SIG_IGN): it outlives a SIGKILLed wrapper and keeps
+//! no descriptor but its sources, logs, output.idx and journal (never the run's lock; stdio on
+//! /dev/null), and ignores INT, HUP, TERM and PIPE (SIG_IGN): it outlives a SIGKILLed wrapper and keeps
 //! draining. Nothing stops it; its one signal is a CONT from its wrapper if the run has
 //! SIGSTOPped it (`Launch::continue_stopped_keeper`). It ends by EOF: when every writer of
 //! every source is gone (the run's processes are dead) it writes its counts to
@@ -57,8 +57,8 @@
 //! thread, while draining goes on.
 
 use crate::cancel;
-use agent_run_shared::id::RunId;
 use crate::output_order::IndexWriter;
+use agent_run_shared::id::RunId;
 use agent_run_shared::journal::Journal;
 use agent_run_shared::output::{Output, StreamCount, FILE as OUTPUT_FILE};
 use agent_run_shared::pid::Identity;

@@ -139,7 +139,11 @@ pub fn logs(root: Option<&Path>, args: LogsArgs) -> anyhow::Result<u8> {
         print_tails(&dir, &args, n);
         return Ok(exit::OK);
     }
-    let int = if args.follow { Some(catch_int()?) } else { None };
+    let int = if args.follow {
+        Some(catch_int()?)
+    } else {
+        None
+    };
     // With -n, each log from the start of its last N lines.
     let from = |name| args.tail.map_or(0, |n| last_lines_at(&dir, name, n).0);
     let one = match (args.stdout, args.stderr) {

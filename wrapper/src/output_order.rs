@@ -233,7 +233,7 @@ impl Ordered {
                     buf: Vec::new(),
                     pos: 0,
                     last: [0, 0],
-            header: false,
+                    header: false,
                 });
             }
             Err(agent_run_shared::Error::Missing { .. }) if !last => {}
@@ -295,7 +295,11 @@ mod tests {
         }
         assert_eq!(
             seen,
-            [(Stream::Stdout, 5), (Stream::Stderr, 2), (Stream::Stdout, 9)]
+            [
+                (Stream::Stdout, 5),
+                (Stream::Stderr, 2),
+                (Stream::Stdout, 9)
+            ]
         );
         // A record going back is damage, as is garbage.
         std::fs::OpenOptions::new()

@@ -101,7 +101,10 @@ impl Tail {
         let bound = self
             .bound
             .map_or(u64::MAX, |b| b.saturating_sub(self.total));
-        bound.min(self.stop.map_or(u64::MAX, |s| s.saturating_sub(self.copied)))
+        bound.min(
+            self.stop
+                .map_or(u64::MAX, |s| s.saturating_sub(self.copied)),
+        )
     }
 
     /// Copy up to offset `end` of the log (not past it). Whether the copy got there, or the sink
