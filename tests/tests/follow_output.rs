@@ -392,3 +392,29 @@ fn a_damaged_or_missing_index_falls_back_to_each_logs_own_order_with_a_note() {
     std::os::unix::fs::symlink("/dev/zero", &idx).unwrap();
     check("a symlink");
 }
+
+#[test]
+fn a_live_run_without_an_index_is_still_streamed_live() {
+    // A run whose keeper made no index (an older agent-run's): attach does not wait for one.
+    let root = TestRoot::new();
+    let _sweep = Sweep(&root);
+    let id = "fo-no-index";
+    let run = detached(&root, id, &[], &[]);
+    fs::remove_file(root.run_dir(id).join("output.idx")).unwrap();
+    let f = Spawned::wrapper(&root, &["attach", id]);
+    wait_until("the ready line copied live", LONG, || {
+        String::from_utf8_lossy(&f.stdout_so_far())
+            .contains("ready")
+            .then_some(())
+    });
+    f.signal(libc::SIGINT);
+    let out = f.finish(LONG);
+    assert_eq!(exit_code(&out.status), 130, "{out:?}");
+    assert_eq!(
+        run.tree.alive(),
+        run.tree.pids(),
+        "the run after the detach"
+    );
+    ar_code(&root, &["cancel", id], 0);
+    run.assert_gone(&root, "after cancel");
+}

@@ -221,11 +221,12 @@ impl Ordered {
         self.out.copied + self.err.copied != before
     }
 
-    /// Open the index once it exists. The keeper makes it when it starts: missing while the
-    /// run is live means not yet (nothing waits to be copied); missing once final is an older
-    /// run's, or a keeper that never started.
+    /// Open the index once it exists. The keeper makes it when it starts, before it appends a
+    /// byte: missing while the logs are empty and the run is live means not yet (nothing waits
+    /// to be copied). Missing otherwise: a keeper of an older agent-run, or one that could not
+    /// make it.
     fn open_index(&mut self, last: bool) {
-        match self.dir.open_run_file(FILE) {
+        let e = match self.dir.open_run_file(FILE) {
             Ok((file, _)) => {
                 self.index = Some(IndexReader {
                     file,
@@ -235,18 +236,21 @@ impl Ordered {
                     last: [0, 0],
                     header: false,
                 });
+                return;
             }
-            Err(agent_run_shared::Error::Missing { .. }) if !last => {}
-            Err(e) => {
-                // Order matters only when both logs hold something.
-                let size = |n| self.dir.open_run_file(n).map_or(0, |(_, m)| m.len());
-                let missing = matches!(e, agent_run_shared::Error::Missing { .. });
-                if missing && (size(files::STDOUT) == 0 || size(files::STDERR) == 0) {
-                    self.fallback = true;
-                } else {
-                    self.fall_back(&format!("cannot be used ({e})"));
-                }
-            }
+            Err(e) => e,
+        };
+        let size = |n| self.dir.open_run_file(n).map_or(0, |(_, m)| m.len());
+        let (out, err) = (size(files::STDOUT), size(files::STDERR));
+        let missing = matches!(e, agent_run_shared::Error::Missing { .. });
+        if missing && !last && out == 0 && err == 0 {
+            return;
+        }
+        // Order matters only when both logs hold something.
+        if missing && (out == 0 || err == 0) {
+            self.fallback = true;
+        } else {
+            self.fall_back(&format!("cannot be used ({e})"));
         }
     }
 
