@@ -36,10 +36,8 @@
 //! writeback (sync_file_range, asynchronous): the fsync at EOF, before output.json, then waits
 //! for the last pages instead of a whole gigabyte the page cache was still holding.
 //!
-//! The order of the appends across the logs goes to `output.idx` (0600, made by the keeper when
-//! it starts; see [`crate::output_order`]): after each round that appended, one write of one
-//! 16-byte record per stream that moved (the log's new end), before the streamer's wake-up.
-//! `attach` and `logs` replay both logs in that order.
+//! The order of the appends across the logs goes to `output.idx` ([`crate::output_order`]): one
+//! write after each round that appended, before the streamer's wake-up.
 //!
 //! `notify`, when given, is how the wrapper's streaming thread learns of new bytes: after each
 //! round of appends the keeper writes one byte into it (non-blocking: a full pipe already holds
@@ -58,6 +56,7 @@
 
 use crate::cancel;
 use crate::output_order::IndexWriter;
+use crate::ring::Ring;
 use agent_run_shared::id::RunId;
 use agent_run_shared::journal::Journal;
 use agent_run_shared::output::{Output, StreamCount, FILE as OUTPUT_FILE};
@@ -557,6 +556,7 @@ impl Keep {
         let at = src.log.seek(SeekFrom::End(0)).unwrap_or(src.end);
         if src.log.write_all(line.as_bytes()).is_ok() {
             src.end = at + line.len() as u64;
+            self.index.note(src.stream, src.end);
         }
         self.appended = true;
         if let Some(j) = &self.journal {
@@ -586,11 +586,7 @@ impl Keep {
         if free < reserve {
             for s in sources.iter_mut() {
                 if s.capped.is_none() {
-                    let end = s.end;
                     self.cap(s, "disk_reserve");
-                    if s.end != end {
-                        self.index.note(s.stream, s.end);
-                    }
                 }
             }
         }
@@ -672,63 +668,6 @@ impl Keep {
     }
 }
 
-/// The last `cap` bytes pushed: a fixed buffer written with memcpy (no per-byte work, so a
-/// 10 GB stream past the cap costs its reads).
-struct Ring {
-    /// `cap` bytes from the first push on (a stream that never passes its cap never maps it).
-    buf: Vec<u8>,
-    cap: usize,
-    /// Where the next byte goes.
-    at: usize,
-    len: usize,
-}
-
-impl Ring {
-    fn new(cap: usize) -> Ring {
-        Ring {
-            buf: Vec::new(),
-            cap,
-            at: 0,
-            len: 0,
-        }
-    }
-
-    fn push(&mut self, bytes: &[u8]) {
-        let cap = self.cap;
-        if cap == 0 {
-            return;
-        }
-        if self.buf.is_empty() {
-            self.buf = vec![0; cap];
-        }
-        let bytes = &bytes[bytes.len().saturating_sub(cap)..];
-        let first = bytes.len().min(cap - self.at);
-        self.buf[self.at..self.at + first].copy_from_slice(&bytes[..first]);
-        let rest = bytes.len() - first;
-        self.buf[..rest].copy_from_slice(&bytes[first..]);
-        self.at = (self.at + bytes.len()) % cap;
-        self.len = (self.len + bytes.len()).min(cap);
-    }
-
-    fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    fn len(&self) -> usize {
-        self.len
-    }
-
-    /// The bytes in two parts, older first.
-    fn halves(&self) -> (&[u8], &[u8]) {
-        let cap = self.cap;
-        if self.len < cap {
-            (&self.buf[..self.len], &[])
-        } else {
-            (&self.buf[self.at..], &self.buf[..self.at])
-        }
-    }
-}
-
 enum Step {
     Moved(usize),
     Again,
@@ -777,33 +716,4 @@ fn request_stop(dir: &Path) -> std::thread::JoinHandle<()> {
             let _ = j.event("stop_request_failed", json!({"error": format!("{e:#}")}));
         }
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Ring;
-
-    fn contents(r: &Ring) -> Vec<u8> {
-        let (a, b) = r.halves();
-        [a, b].concat()
-    }
-
-    #[test]
-    fn the_ring_keeps_the_most_recent_bytes_in_order() {
-        let mut r = Ring::new(5);
-        r.push(b"ab");
-        assert_eq!(contents(&r), b"ab");
-        r.push(b"cde");
-        assert_eq!(contents(&r), b"abcde");
-        r.push(b"fg");
-        assert_eq!(contents(&r), b"cdefg");
-        r.push(b"0123456789");
-        assert_eq!(contents(&r), b"56789");
-        r.push(b"x");
-        assert_eq!(contents(&r), b"6789x");
-        assert_eq!(r.len(), 5);
-        let mut z = Ring::new(0);
-        z.push(b"abc");
-        assert!(z.is_empty());
-    }
 }

@@ -17,6 +17,7 @@ mod phases;
 mod ptyio;
 mod remote;
 mod renew;
+mod ring;
 mod rm;
 mod runs;
 mod select;
