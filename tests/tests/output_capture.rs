@@ -370,10 +370,15 @@ fn the_keeper_is_not_the_runs_and_ends_by_eof() {
         &2,
         format_args!("{fds:?}"),
     );
+    ensure!(
+        c,
+        fds.iter().any(|(p, _)| p.ends_with("/output.idx")),
+        "the order index is the keeper's: {fds:?}"
+    );
     c.eq(
         &fds.len(),
-        &(3 + 5 + 1),
-        format_args!("stdio, 5 passed, the journal: {fds:?}"),
+        &(3 + 5 + 1 + 1),
+        format_args!("stdio, 5 passed, the journal, output.idx: {fds:?}"),
     );
     let pin = Pinned::new(&[keeper]);
     fs::write(&go, b"").unwrap();

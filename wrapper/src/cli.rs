@@ -60,9 +60,11 @@ pub enum Command {
     Status(StatusArgs),
     /// Block until runs are final, then exit as they did
     Wait(WaitArgs),
-    /// Stream a run's output from the start, then exit as the run did
+    /// Stream a run's output from the start, in the order it was written, then exit as the run
+    /// did; Ctrl-C detaches (exit 130, the run goes on)
     Attach(AttachArgs),
-    /// Print (and with -f follow) one of a run's logs
+    /// Print (and with -f follow) a run's logs in the order they were written, or one log by
+    /// byte offset
     Logs(LogsArgs),
     /// List the runs under the root, newest first
     List(ListArgs),
@@ -339,18 +341,28 @@ pub struct LogsArgs {
     /// The run id
     #[arg(value_name = "RUN_ID")]
     pub run_id: String,
-    /// stderr.log instead of stdout.log
+    /// stderr.log only (to stdout); with --offset, the offset is in stderr.log
     #[arg(long)]
     pub stderr: bool,
-    /// stdout.log only (with --tail, which shows both logs otherwise)
+    /// stdout.log only
     #[arg(long, conflicts_with = "stderr")]
     pub stdout: bool,
-    /// Follow the log until the run is final
+    /// Follow until the run is final (Ctrl-C detaches: exit 130, the run goes on)
     #[arg(short, long)]
     pub follow: bool,
-    /// Only the last N lines (of both logs, each under a header, unless --stdout or --stderr)
-    #[arg(short = 'n', long, value_name = "N", conflicts_with = "follow")]
+    /// Only the last N lines (of both logs, each under a header, unless --stdout or --stderr);
+    /// with -f, follow from there
+    #[arg(short = 'n', long, value_name = "N")]
     pub tail: Option<usize>,
+    /// Read one log (stdout.log, or stderr.log with --stderr) from this byte offset
+    #[arg(long, value_name = "BYTES", conflicts_with_all = ["follow", "tail", "stdout"])]
+    pub offset: Option<u64>,
+    /// With --offset: at most this many bytes (default: to the log's end; 16384 with --json)
+    #[arg(long, value_name = "BYTES", requires = "offset", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_bytes: Option<u64>,
+    /// With --offset: one JSON document (text, next_offset, size, more, final, state, lossy)
+    #[arg(long, requires = "offset")]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -7,8 +7,8 @@
 //! `agent-run-keep`). It runs in its own session and process group, stays in the wrapper's
 //! cgroup (never the run's), carries no marker of its run (the wrapper's own environment has
 //! none: the workload's `AGENT_RUN_ID`/`AGENT_RUN_DIR` are set only in the workload's), holds
-//! no descriptor but its sources and logs (never the run's lock; stdio on /dev/null), and
-//! ignores INT, HUP, TERM and PIPE (SIG_IGN): it outlives a SIGKILLed wrapper and keeps
+//! no descriptor but its sources, logs, output.idx and journal (never the run's lock; stdio on
+//! /dev/null), and ignores INT, HUP, TERM and PIPE (SIG_IGN): it outlives a SIGKILLed wrapper and keeps
 //! draining. Nothing stops it; its one signal is a CONT from its wrapper if the run has
 //! SIGSTOPped it (`Launch::continue_stopped_keeper`). It ends by EOF: when every writer of
 //! every source is gone (the run's processes are dead) it writes its counts to
@@ -36,6 +36,9 @@
 //! writeback (sync_file_range, asynchronous): the fsync at EOF, before output.json, then waits
 //! for the last pages instead of a whole gigabyte the page cache was still holding.
 //!
+//! The order of the appends across the logs goes to `output.idx` ([`crate::output_order`]): one
+//! write after each round that appended, before the streamer's wake-up.
+//!
 //! `notify`, when given, is how the wrapper's streaming thread learns of new bytes: after each
 //! round of appends the keeper writes one byte into it (non-blocking: a full pipe already holds
 //! a wake-up, so EAGAIN is ignored), and its exit closes it (the streamer reads EOF). Not
@@ -52,6 +55,8 @@
 //! thread, while draining goes on.
 
 use crate::cancel;
+use crate::output_order::IndexWriter;
+use crate::ring::Ring;
 use agent_run_shared::id::RunId;
 use agent_run_shared::journal::Journal;
 use agent_run_shared::output::{Output, StreamCount, FILE as OUTPUT_FILE};
@@ -227,12 +232,14 @@ struct Source {
     splice: bool,
     /// Bytes appended since the last start of the log's writeback.
     unflushed: u64,
+    /// The log's end after our last append (its size, unless the run truncated it).
+    end: u64,
 }
 
 /// The keeper's state across its sources.
 struct Keep {
     /// The run dir, opened when a file of it is written: the keeper holds only its sources,
-    /// its logs and the journal.
+    /// its logs, output.idx and the journal.
     dir: PathBuf,
     limit: Option<u64>,
     stop: bool,
@@ -246,6 +253,8 @@ struct Keep {
     /// since the last byte written into it.
     notify: Option<OwnedFd>,
     appended: bool,
+    /// output.idx: the order of the appends across the logs.
+    index: IndexWriter,
 }
 
 /// The keeper's life, in the forked child: drain until every source is at EOF, then write
@@ -309,10 +318,17 @@ fn run(
             eof: false,
             splice,
             unflushed: 0,
+            end: 0,
         });
     }
+    // The run dir's own descriptor is dropped once its files are open.
+    let run_dir = open_dir(dir).ok();
+    let journal = run_dir.as_ref().map(|d| d.journal("keeper"));
+    let index = IndexWriter::open(run_dir.as_ref());
+    drop(run_dir);
     let mut k = Keep {
-        journal: open_dir(dir).ok().map(|d| d.journal("keeper")),
+        journal,
+        index,
         dir: dir.to_path_buf(),
         limit,
         stop,
@@ -359,7 +375,12 @@ impl Keep {
             };
             for (j, &i) in live.iter().enumerate() {
                 if ready[j] {
-                    self.drain(&mut sources[i], TURN);
+                    let s = &mut sources[i];
+                    let end = s.end;
+                    self.drain(s, TURN);
+                    if s.end != end {
+                        self.index.note(s.stream, s.end);
+                    }
                 }
             }
             if self.since_check >= self.check_every {
@@ -376,6 +397,8 @@ impl Keep {
         if !std::mem::take(&mut self.appended) {
             return;
         }
+        // The order first: a streamer woken by the byte finds the records of what it reads.
+        self.index.flush();
         if let Some(fd) = &self.notify {
             let _ = rustix::io::write(fd, b"+");
         }
@@ -462,7 +485,7 @@ impl Keep {
     /// One splice (or read + write) of up to `want` bytes into the log.
     fn write_some(&mut self, src: &mut Source, want: usize) -> Step {
         if src.splice {
-            let _ = src.log.seek(SeekFrom::End(0));
+            let at = src.log.seek(SeekFrom::End(0)).unwrap_or(src.end);
             match rustix::pipe::splice(
                 &src.fd,
                 None,
@@ -472,7 +495,10 @@ impl Keep {
                 rustix::pipe::SpliceFlags::NONBLOCK | rustix::pipe::SpliceFlags::MOVE,
             ) {
                 Ok(0) => return Step::Eof,
-                Ok(n) => return Step::Moved(n),
+                Ok(n) => {
+                    src.end = at + n as u64;
+                    return Step::Moved(n);
+                }
                 Err(rustix::io::Errno::AGAIN) => return Step::Again,
                 Err(rustix::io::Errno::INTR) => return Step::Moved(0),
                 Err(rustix::io::Errno::NOSPC | rustix::io::Errno::DQUOT) => {
@@ -489,12 +515,15 @@ impl Keep {
             Step::Moved(n) => n,
             other => return other,
         };
-        let _ = src.log.seek(SeekFrom::End(0));
+        let at = src.log.seek(SeekFrom::End(0)).unwrap_or(src.end);
         let mut done = 0;
         while done < n {
             match src.log.write(&self.buf[done..n]) {
                 Ok(0) => return Step::Full(done, n - done),
-                Ok(k) => done += k,
+                Ok(k) => {
+                    done += k;
+                    src.end = at + done as u64;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 // ENOSPC, EDQUOT, EIO: these bytes are lost to the log; counted.
                 Err(_) => return Step::Full(done, n - done),
@@ -524,8 +553,11 @@ impl Keep {
                 src.written
             ),
         };
-        let _ = src.log.seek(SeekFrom::End(0));
-        let _ = src.log.write_all(line.as_bytes());
+        let at = src.log.seek(SeekFrom::End(0)).unwrap_or(src.end);
+        if src.log.write_all(line.as_bytes()).is_ok() {
+            src.end = at + line.len() as u64;
+            self.index.note(src.stream, src.end);
+        }
         self.appended = true;
         if let Some(j) = &self.journal {
             let _ = j.event(
@@ -571,13 +603,15 @@ impl Keep {
                     s.dropped - kept
                 );
                 let (a, b) = s.ring.halves();
-                let _ = s.log.seek(SeekFrom::End(0));
+                let at = s.log.seek(SeekFrom::End(0)).unwrap_or(s.end);
                 let ok = s.log.write_all(line.as_bytes()).is_ok()
                     && s.log.write_all(a).is_ok()
                     && s.log.write_all(b).is_ok();
                 if ok {
                     s.dropped -= kept;
                     s.written += kept;
+                    s.end = at + line.len() as u64 + kept;
+                    self.index.note(s.stream, s.end);
                 }
             }
             // Durable before the counts appear. A log we never wrote costs no fsync (a new empty
@@ -589,6 +623,7 @@ impl Keep {
                 let _ = s.log.sync_data();
             }
         }
+        self.index.flush();
         let count = |st: Stream| {
             sources.iter().find(|s| s.stream == st).map_or_else(
                 || StreamCount {
@@ -630,63 +665,6 @@ impl Keep {
             let _ = t.join();
         }
         written
-    }
-}
-
-/// The last `cap` bytes pushed: a fixed buffer written with memcpy (no per-byte work, so a
-/// 10 GB stream past the cap costs its reads).
-struct Ring {
-    /// `cap` bytes from the first push on (a stream that never passes its cap never maps it).
-    buf: Vec<u8>,
-    cap: usize,
-    /// Where the next byte goes.
-    at: usize,
-    len: usize,
-}
-
-impl Ring {
-    fn new(cap: usize) -> Ring {
-        Ring {
-            buf: Vec::new(),
-            cap,
-            at: 0,
-            len: 0,
-        }
-    }
-
-    fn push(&mut self, bytes: &[u8]) {
-        let cap = self.cap;
-        if cap == 0 {
-            return;
-        }
-        if self.buf.is_empty() {
-            self.buf = vec![0; cap];
-        }
-        let bytes = &bytes[bytes.len().saturating_sub(cap)..];
-        let first = bytes.len().min(cap - self.at);
-        self.buf[self.at..self.at + first].copy_from_slice(&bytes[..first]);
-        let rest = bytes.len() - first;
-        self.buf[..rest].copy_from_slice(&bytes[first..]);
-        self.at = (self.at + bytes.len()) % cap;
-        self.len = (self.len + bytes.len()).min(cap);
-    }
-
-    fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    fn len(&self) -> usize {
-        self.len
-    }
-
-    /// The bytes in two parts, older first.
-    fn halves(&self) -> (&[u8], &[u8]) {
-        let cap = self.cap;
-        if self.len < cap {
-            (&self.buf[..self.len], &[])
-        } else {
-            (&self.buf[self.at..], &self.buf[..self.at])
-        }
     }
 }
 
@@ -738,33 +716,4 @@ fn request_stop(dir: &Path) -> std::thread::JoinHandle<()> {
             let _ = j.event("stop_request_failed", json!({"error": format!("{e:#}")}));
         }
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Ring;
-
-    fn contents(r: &Ring) -> Vec<u8> {
-        let (a, b) = r.halves();
-        [a, b].concat()
-    }
-
-    #[test]
-    fn the_ring_keeps_the_most_recent_bytes_in_order() {
-        let mut r = Ring::new(5);
-        r.push(b"ab");
-        assert_eq!(contents(&r), b"ab");
-        r.push(b"cde");
-        assert_eq!(contents(&r), b"abcde");
-        r.push(b"fg");
-        assert_eq!(contents(&r), b"cdefg");
-        r.push(b"0123456789");
-        assert_eq!(contents(&r), b"56789");
-        r.push(b"x");
-        assert_eq!(contents(&r), b"6789x");
-        assert_eq!(r.len(), 5);
-        let mut z = Ring::new(0);
-        z.push(b"abc");
-        assert!(z.is_empty());
-    }
 }

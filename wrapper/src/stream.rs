@@ -56,6 +56,8 @@ pub struct Tail {
     bound: Option<u64>,
     /// Bytes copied in all.
     total: u64,
+    /// Copy no further than this offset for now ([`Tail::pump_to`]).
+    stop: Option<u64>,
 }
 
 /// What one copy did.
@@ -84,6 +86,7 @@ impl Tail {
             copied: 0,
             bound: None,
             total: 0,
+            stop: None,
         }
     }
 
@@ -93,10 +96,28 @@ impl Tail {
         self
     }
 
-    /// What the bound leaves to copy (`u64::MAX` without one).
+    /// What the bound leaves to copy (`u64::MAX` without one), and at most up to the stop.
     fn left(&self) -> u64 {
-        self.bound
-            .map_or(u64::MAX, |b| b.saturating_sub(self.total))
+        let bound = self
+            .bound
+            .map_or(u64::MAX, |b| b.saturating_sub(self.total));
+        bound.min(
+            self.stop
+                .map_or(u64::MAX, |s| s.saturating_sub(self.copied)),
+        )
+    }
+
+    /// Copy up to offset `end` of the log (not past it). Whether the copy got there, or the sink
+    /// is gone (nothing more to do): false when the log ends before `end`.
+    pub fn pump_to(&mut self, end: u64) -> bool {
+        self.stop = Some(end);
+        while self.copied < end && self.open() {
+            if !self.pump() {
+                break;
+            }
+        }
+        self.stop = None;
+        self.copied >= end || !self.open()
     }
 
     /// Start from `offset` instead of the beginning.
@@ -121,6 +142,9 @@ impl Tail {
         }
         let mut moved = 0u64;
         while moved < TURN {
+            if self.stop.is_some_and(|s| self.copied >= s) {
+                return moved > 0;
+            }
             if self.left() == 0 {
                 // Past what the keeper can have written: the rest is not the run's output.
                 if self.bound.is_some() && self.sink.is_some() {
@@ -379,12 +403,17 @@ fn wait(notify: Option<&OwnedFd>, wake: Option<&OwnedFd>, timeout: Option<Durati
 /// The last `n` lines of `dir/name` (a final line without a newline counts), read backwards
 /// from the end in blocks: a 10 GB log costs a few reads. Empty when the log is missing.
 pub fn last_lines(dir: &RunDir, name: &str, n: usize) -> Vec<u8> {
+    last_lines_at(dir, name, n).1
+}
+
+/// [`last_lines`] and the offset in the log where they start (its size for none).
+pub fn last_lines_at(dir: &RunDir, name: &str, n: usize) -> (u64, Vec<u8>) {
     let Ok((mut f, md)) = dir.open_run_file(name) else {
-        return Vec::new();
+        return (0, Vec::new());
     };
     let len = md.len();
     if n == 0 || len == 0 {
-        return Vec::new();
+        return (len, Vec::new());
     }
     const BLOCK: u64 = 64 * 1024;
     // Never more than this much of one log, however long its lines.
@@ -419,7 +448,8 @@ pub fn last_lines(dir: &RunDir, name: &str, n: usize) -> Vec<u8> {
             }
         }
     }
-    tail.split_off(from)
+    let lines = tail.split_off(from);
+    (len - lines.len() as u64, lines)
 }
 
 #[cfg(test)]
