@@ -116,7 +116,11 @@ fn status_renew_and_wait_take_several_ids_and_say_which_failed() {
     ar_code(&root, &["wait", "nope", "live"], 69);
 
     // renew: the final run cannot be renewed (69), the live one is.
-    let out = ar_code(&root, &["renew", "--json", "--lease", "90s", "done0", "live"], 69);
+    let out = ar_code(
+        &root,
+        &["renew", "--json", "--lease", "90s", "done0", "live"],
+        69,
+    );
     let doc = json_of(&out);
     c.eq(
         &doc[0]["error_exit_code"],

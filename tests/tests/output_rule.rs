@@ -3,8 +3,8 @@
 //! used to print JSON unasked.
 
 use agent_run_tests::cli::*;
-use agent_run_tests::facts::shared_cpu;
 use agent_run_tests::ctx::T;
+use agent_run_tests::facts::shared_cpu;
 use agent_run_tests::{
     agent_run_bin, describe_output, exit_code, run_with_timeout, TestRoot, LEASE_TOKEN_ENV,
 };
@@ -37,10 +37,17 @@ fn sleeper(root: &TestRoot, id: &str, opts: &[&str]) -> Output {
 /// `start -d` without a token of the caller's: start makes one and hands it out.
 fn sleeper_own_token(root: &TestRoot, id: &str, opts: &[&str]) -> Output {
     let mut cmd = root.cmd();
-    cmd.env_remove(LEASE_TOKEN_ENV).args(["start", "-d"]).args(opts);
+    cmd.env_remove(LEASE_TOKEN_ENV)
+        .args(["start", "-d"])
+        .args(opts);
     cmd.args([id, "--", "sleep", "60"]);
     let out = run_with_timeout(&mut cmd, T);
-    assert_eq!(exit_code(&out.status), 0, "{}", describe_output("start -d", &out));
+    assert_eq!(
+        exit_code(&out.status),
+        0,
+        "{}",
+        describe_output("start -d", &out)
+    );
     out
 }
 
@@ -81,7 +88,10 @@ fn start_d_says_started_and_hands_the_lease_token_to_the_caller() {
     let line = json_of(&out);
     assert_eq!(line["run_id"], "o2");
     assert_eq!(line["state"], "running");
-    assert!(line["lease_token"].as_str().is_some_and(|t| t.len() >= 16), "{line}");
+    assert!(
+        line["lease_token"].as_str().is_some_and(|t| t.len() >= 16),
+        "{line}"
+    );
     ar_code(&root, &["cancel", "--all"], 0);
 }
 
@@ -98,14 +108,26 @@ fn cancel_status_renew_and_wait_print_lines_and_json_only_with_json() {
     // Several ids: a summary each for status, one JSON array with --json.
     let out = ar_code(&root, &["status", "m1", "m2"], 0);
     let said = human("status m1 m2", &out);
-    assert!(said.contains("run m1: running") && said.contains("run m2: running"), "{said}");
+    assert!(
+        said.contains("run m1: running") && said.contains("run m2: running"),
+        "{said}"
+    );
     let docs = json_of(&ar_code(&root, &["status", "--json", "m1", "m2"], 0));
     assert_eq!(docs.as_array().map(Vec::len), Some(2), "{docs}");
 
     // renew with a wrong token is refused (77) by each run, named on stderr; nothing JSON.
     let out = ar(&root, &["renew", "--token", token, "m1", "m2"]);
-    assert_eq!(out.status.code(), Some(77), "{}", describe_output("renew", &out));
-    assert!(text(&out.stdout).is_empty(), "{}", describe_output("renew", &out));
+    assert_eq!(
+        out.status.code(),
+        Some(77),
+        "{}",
+        describe_output("renew", &out)
+    );
+    assert!(
+        text(&out.stdout).is_empty(),
+        "{}",
+        describe_output("renew", &out)
+    );
     let out = ar(&root, &["renew", "--json", "--token", token, "m1", "m2"]);
     let docs = json_of(&out);
     assert_eq!(docs[1]["error_exit_code"], 77, "{docs}");
@@ -114,7 +136,10 @@ fn cancel_status_renew_and_wait_print_lines_and_json_only_with_json() {
     let out = ar_code(&root, &["cancel", "m1"], 0);
     let said = human("cancel m1", &out);
     assert_eq!(said.lines().count(), 1, "{said}");
-    assert!(said.starts_with("run m1: cancelled (cancel_request)"), "{said}");
+    assert!(
+        said.starts_with("run m1: cancelled (cancel_request)"),
+        "{said}"
+    );
     let out = ar_code(&root, &["cancel", "m2", "m3"], 0);
     let said = human("cancel m2 m3", &out);
     let lines: Vec<&str> = said.lines().collect();
@@ -128,7 +153,11 @@ fn cancel_status_renew_and_wait_print_lines_and_json_only_with_json() {
 
     // wait: its exit code says it; --json the records.
     let out = ar(&root, &["wait", "m1", "m2"]);
-    assert!(!text(&out.stdout).trim_start().starts_with('['), "{}", describe_output("wait", &out));
+    assert!(
+        !text(&out.stdout).trim_start().starts_with('['),
+        "{}",
+        describe_output("wait", &out)
+    );
     let docs = json_of(&ar(&root, &["wait", "--json", "m1", "m2"]));
     assert_eq!(docs.as_array().map(Vec::len), Some(2), "{docs}");
 }
@@ -141,12 +170,21 @@ fn a_relaunch_of_a_final_run_prints_one_line_and_the_record_only_with_json() {
     ar_code(&root, &["r1", "--", "sh", "-c", "exit 3"], 3);
     let out = ar_code(&root, &["r1", "--", "sh", "-c", "exit 3"], 3);
     let err = text(&out.stderr);
-    assert_eq!(err.lines().count(), 1, "{}", describe_output("relaunch", &out));
+    assert_eq!(
+        err.lines().count(),
+        1,
+        "{}",
+        describe_output("relaunch", &out)
+    );
     assert!(
         err.starts_with("agent-run: run r1: finished") && err.contains("not running it again"),
         "{err}"
     );
-    assert!(text(&out.stdout).is_empty(), "{}", describe_output("relaunch", &out));
+    assert!(
+        text(&out.stdout).is_empty(),
+        "{}",
+        describe_output("relaunch", &out)
+    );
     let out = ar_code(&root, &["r1", "--json", "--", "sh", "-c", "exit 3"], 3);
     assert_eq!(json_of(&out)["exit_code"], 3);
     assert_eq!(text(&out.stderr).lines().count(), 1);

@@ -271,8 +271,7 @@ pub struct RemoteArgs {
 /// Which runs a control subcommand acts on: run ids, or `--all`, or a label selector.
 #[derive(Debug, Args, Clone)]
 pub struct Selection {
-    /// The run ids (several: a line or summary each; with --json, one JSON array in the order
-    /// given)
+    /// The run ids (several: a line or summary each; --json: one array, in the order given)
     #[arg(value_name = "RUN_ID", conflicts_with_all = ["all", "select_labels"])]
     pub run_ids: Vec<String>,
     /// Every run under the root (for cancel, renew and wait: every run that is not final)
@@ -314,8 +313,7 @@ pub struct RenewArgs {
     /// unlike this option is not shown in the process list)
     #[arg(long, value_name = "TOKEN")]
     pub token: Option<String>,
-    /// Print {"deadline_epoch","lease_s"} (several runs: one JSON array of
-    /// {"run_id","deadline_epoch","lease_s"}) instead of a line a run
+    /// Print {"deadline_epoch","lease_s"} (several: an array with "run_id") instead of a line
     #[arg(long)]
     pub json: bool,
 }
@@ -324,8 +322,7 @@ pub struct RenewArgs {
 pub struct StatusArgs {
     #[command(flatten)]
     pub select: Selection,
-    /// Print status.json plus derived fields as one JSON document (several runs: one JSON array)
-    /// instead of a summary a run
+    /// Print status.json plus derived fields (several runs: one JSON array), not a summary
     #[arg(long)]
     pub json: bool,
 }

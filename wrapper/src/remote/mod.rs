@@ -364,6 +364,7 @@ mod tests {
     use super::*;
     use crate::cli::{Cli, Command};
     use clap::Parser;
+    use std::os::unix::ffi::OsStrExt;
 
     fn script(extra: &[&str]) -> String {
         let mut argv = vec!["agent-run", "remote"];
@@ -378,6 +379,40 @@ mod tests {
             token: None,
         };
         String::from_utf8(launch_script(&args, &remote, "id1").unwrap()).unwrap()
+    }
+
+    /// The switch, run by sh against a fake agent-run that has (or lacks) `json_flag`.
+    fn switched(features: &str) -> String {
+        let dir = std::env::temp_dir().join(format!("ar-switch-{}-{features}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bin = dir.join("agent-run");
+        let fake = format!(
+            "#!/bin/sh\n[ \"$1\" = version ] && {{ echo '{{\"features\":[{features}]}}'; exit 0; }}\necho \"$@\"\n"
+        );
+        std::fs::write(&bin, fake).unwrap();
+        std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .unwrap();
+        let remote = Remote {
+            bin: bin.into_os_string(),
+            root: None,
+            token: None,
+        };
+        let script = remote
+            .exec_json(&["cancel", "id1", "--wait", "1s"])
+            .unwrap();
+        let out = std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(OsStr::from_bytes(&script))
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    #[test]
+    fn json_goes_only_to_a_host_whose_agent_run_has_json_flag() {
+        assert_eq!(switched(r#""json_flag""#), "cancel --json id1 --wait 1s");
+        assert_eq!(switched(r#""labels""#), "cancel id1 --wait 1s");
     }
 
     #[test]

@@ -8,11 +8,11 @@
 //! the session is reconnected.
 
 use super::{Cancel, Event, Session, DRAIN};
+use crate::human;
 use crate::remote::outcome;
 use crate::remote::say;
-use agent_run_shared::ssh::Reply;
-use crate::human;
 use agent_run_shared::record::Status;
+use agent_run_shared::ssh::Reply;
 use serde_json::Value;
 use std::io::Write;
 use std::sync::Arc;
