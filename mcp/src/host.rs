@@ -323,6 +323,20 @@ impl Host {
         Ok(got)
     }
 
+    /// Whether the host's agent-run has `feature` (false when it cannot say).
+    pub async fn has(&self, feature: &str) -> bool {
+        self.features()
+            .await
+            .is_ok_and(|have| have.iter().any(|h| h == feature))
+    }
+
+    /// What a subcommand whose JSON output we read takes after its name: `--json` when the
+    /// host's agent-run has it (feature `json_flag`); nothing for an older one, which has no such
+    /// option on `start` and `renew` and prints JSON anyway when its stdout is not a terminal.
+    pub async fn json_flag(&self) -> Option<&'static str> {
+        self.has("json_flag").await.then_some("--json")
+    }
+
     /// Err naming what is missing when the host's agent-run lacks one of `needs`.
     pub async fn require(&self, needs: &[&str]) -> Result<(), String> {
         let have = self.features().await?;

@@ -106,6 +106,7 @@ impl Keeper {
             agent_run_shared::time::duration_arg(self.lease)
         );
         let mut words: Vec<&str> = vec!["renew", &lease];
+        words.extend(host.json_flag().await);
         words.extend(ids.iter().map(String::as_str));
         let reply = host
             .agent_run(&words, Duration::from_secs(30), Call::Leased(&self.token))

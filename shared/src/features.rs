@@ -12,6 +12,7 @@ pub const FEATURES: &[&str] = &[
     "cgroup",
     "cwd",
     "env",
+    "json_flag",
     "labels",
     "many_ids",
     "max_output",

@@ -521,7 +521,7 @@ impl<'a> Ctx<'a> {
     /// keys; its wrapper and leader pinned.
     pub fn start_detached(self, opts: &str, command: &[String]) -> Detached {
         let out = self.ctl(
-            &start_args(&format!("--detach {opts}"), self.id, command),
+            &start_args(&format!("--detach --json {opts}"), self.id, command),
             0,
         );
         let line = self.detach_line(&out);

@@ -314,7 +314,7 @@ pub struct Detached {
 /// `agent-run start --detach OPTS... ID -- COMMAND...`, checked: exit 0, state running.
 pub fn start_detached(root: &TestRoot, id: &str, opts: &[&str], command: &[String]) -> Detached {
     let c = ctx(root, id);
-    let mut all = vec!["--detach"];
+    let mut all = vec!["--detach", "--json"];
     all.extend(opts);
     let out = ctl(root, id, &start_argv(&all, id, command), 0);
     let line = json_doc(root, id, "start --detach", &out);

@@ -50,7 +50,7 @@ fn logged(log: &Path, pid: i32, signal: &str) -> usize {
 /// Spawns `agent-run cancel ID` `n` times at once and returns their outputs.
 fn concurrent_cancels(c: Ctx, n: usize) -> Vec<Output> {
     let cancels: Vec<Spawned> = (0..n)
-        .map(|_| Spawned::wrapper(c.root, &["cancel", c.id]))
+        .map(|_| Spawned::wrapper(c.root, &["cancel", "--json", c.id]))
         .collect();
     let pids: Vec<i32> = cancels.iter().map(|s| s.child.id() as i32).collect();
     let _pins = Pinned::new(&pids);
@@ -85,7 +85,7 @@ fn cancel_stops_the_worker_tree_and_nothing_is_left_when_it_returns() {
     let (ready, tree) = c.pin_tree();
 
     let t0 = Instant::now();
-    let out = c.ctl(&["cancel", c.id], 0);
+    let out = c.ctl(&["cancel", "--json", c.id], 0);
     let took = t0.elapsed();
     eprintln!("cancel of a cooperative tree returned in {took:?} (target < 50 ms)");
 
@@ -146,7 +146,7 @@ fn cancel_of_a_foreground_run_writes_cancel_json_and_the_wrapper_exits_143() {
         "the ready line's leader vs the record's pid",
     );
 
-    let cancel = Spawned::wrapper(&root, &["cancel", c.id]);
+    let cancel = Spawned::wrapper(&root, &["cancel", "--json", c.id]);
     let cancel_pid = cancel.child.id();
     let out = cancel.finish(CMD);
     c.code(&out, 0, "cancel");
@@ -347,7 +347,7 @@ fn a_cancelling_record_whose_wrapper_died_mid_stop_is_told_apart_and_finished_by
 
     // The next cancel takes over: stops what is left and writes the final record.
     let t0 = Instant::now();
-    let out = c.ctl(&["cancel", c.id], 0);
+    let out = c.ctl(&["cancel", "--json", c.id], 0);
     eprintln!(
         "takeover cancel of a stubborn orphan took {:?}",
         t0.elapsed()
@@ -425,7 +425,7 @@ fn kill_9_of_the_wrapper_then_cancel_stops_the_workload_and_writes_a_final_recor
     let orphan = json!({"state": "running", "note": "wrapper gone, not reconciled"});
     c.fields(&doc, "status --json must not claim the run is fine", orphan);
 
-    let out = c.ctl(&["cancel", c.id], 0);
+    let out = c.ctl(&["cancel", "--json", c.id], 0);
     c.gone_now(&tree, "right after cancel returned (escapee included)");
     c.session_empty(ready.sid);
     let printed = c.parse(&out, "cancel");
@@ -457,7 +457,7 @@ fn cancel_of_an_orphan_whose_processes_are_gone_records_unknown_and_wait_exits_7
     c.wait_gone(&tree, "the tree the test killed");
 
     // Nobody saw how it ended: unknown, never finished or cancelled.
-    let printed = c.json(&["cancel", c.id]);
+    let printed = c.json(&["cancel", "--json", c.id]);
     c.fields(
         &printed,
         "cancel's output",
@@ -597,7 +597,7 @@ fn cancel_of_a_final_run_prints_it_and_exits_0_without_touching_it() {
     c.finished(3);
     let before = c.bytes("status.json");
     let st = c.status();
-    let printed = c.json(&["cancel", c.id]);
+    let printed = c.json(&["cancel", "--json", c.id]);
     c.record_keys(&printed, "cancel's output");
     c.fields(
         &printed,

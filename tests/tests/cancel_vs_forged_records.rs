@@ -136,7 +136,7 @@ fn planted_request_and_forged_state_do_not_keep_cancel_from_stopping_the_run(
         !blocks(run.wrapper, libc::SIGURG),
         "the wrapper says it is stopping before any stop"
     );
-    let out = c.ctl(&["cancel", "--wait", "20s", c.id], 0);
+    let out = c.ctl(&["cancel", "--json", "--wait", "20s", c.id], 0);
     c.gone_now(&tree, "right after cancel returned");
     let printed = c.parse(&out, "cancel");
     c.fields(&printed, "cancel's output", json!({"state": "cancelled"}));
@@ -177,7 +177,7 @@ fn a_record_forged_back_to_running_mid_stop_does_not_make_a_second_cancel_cut_th
         "its wrapper is stopping the run",
         format_args!("{v}"),
     );
-    let out = c.ctl(&["cancel", "--wait", "30s", c.id], 0);
+    let out = c.ctl(&["cancel", "--json", "--wait", "30s", c.id], 0);
     let took = t0.elapsed();
     c.gone_now(&tree, "right after the second cancel returned");
     let printed = c.parse(&out, "cancel");

@@ -157,7 +157,7 @@ fn detach_of_an_existing_run_prints_its_line_and_starts_nothing() {
     let cmd = ["fc-d-final", "--", "sh", "-c", "echo once; exit 3"];
     // Returns once the run is running (0), or already final (3) if it was that fast.
     let mut first = root.cmd();
-    first.arg("-d").args(cmd);
+    first.args(["-d", "--json"]).args(cmd);
     let first = run_with_timeout(&mut first, T);
     ensure!(
         c,
@@ -168,7 +168,7 @@ fn detach_of_an_existing_run_prints_its_line_and_starts_nothing() {
     let line: Value = serde_json::from_slice(&first.stdout).unwrap();
     let st = root.wait_final("fc-d-final", T);
     c.eq(&st["exit_code"], 3, "st[\"exit_code\"]");
-    let again = ar_code(&root, &[&["-d"][..], &cmd].concat(), 3);
+    let again = ar_code(&root, &[&["-d", "--json"][..], &cmd].concat(), 3);
     c.eq(
         &text(&again.stdout).lines().count(),
         &1,
@@ -208,7 +208,7 @@ fn detach_of_an_existing_run_prints_its_line_and_starts_nothing() {
     ar_code(&root, &[&["-d"][..], &cmd].concat(), 0);
     let wrapper = root.status("fc-d-live")["wrapper_pid"].as_i64().unwrap() as i32;
     let started = Instant::now();
-    let again = ar_code(&root, &[&["-d"][..], &cmd].concat(), 0);
+    let again = ar_code(&root, &[&["-d", "--json"][..], &cmd].concat(), 0);
     ensure!(
         c,
         started.elapsed() < Duration::from_secs(10),

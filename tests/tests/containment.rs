@@ -135,7 +135,7 @@ fn a_zombie_leader_whose_thread_runs_is_stopped_by_cancel_in_both_modes() {
             "the leader never became a zombie with a live thread"
         );
         ensure!(c, alive(leader), "alive(leader)");
-        let (code, out, err) = outcome(root.cmd().args(["cancel", &id]));
+        let (code, out, err) = outcome(root.cmd().args(["cancel", "--json", &id]));
         c.eq(&code, &0, format_args!("{err}"));
         ensure!(c, out.contains("\"cancelled\""), "{out}");
         pin.wait_all_gone(CMD)

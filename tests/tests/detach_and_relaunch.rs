@@ -76,7 +76,7 @@ fn start_detach_of_a_missing_command_reports_launch_failed_with_127() {
     let root = TestRoot::new();
     let c = ctx(&root, "missing");
     let command = ["/nonexistent/agent-run-test".to_string()];
-    let out = c.ctl(&start_args("--detach", c.id, &command), 127);
+    let out = c.ctl(&start_args("--detach --json", c.id, &command), 127);
     c.fields(
         &c.detach_line(&out),
         "the detach line",
@@ -137,11 +137,11 @@ fn relaunch_of_a_finished_run_replays_its_exit_code_and_runs_nothing() {
     let before = c.bytes("status.json");
     let st = c.status();
 
-    let out = c.ctl(&args, 3);
+    let out = c.ctl(&start_args("--quiet --json", c.id, &command), 3);
     c.eq(count_lines(&counter), 1, "runs after the relaunch");
     c.eq(c.bytes("status.json"), before, "status.json changed");
-    let record = first_json_object(&text(&out.stderr));
-    let record = record.unwrap_or_else(|| c.fail(describe_output("no record on stderr", &out)));
+    let record = first_json_object(&text(&out.stdout));
+    let record = record.unwrap_or_else(|| c.fail(describe_output("no record on stdout", &out)));
     c.fields(
         &record,
         "the replayed record",

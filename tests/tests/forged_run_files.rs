@@ -293,7 +293,7 @@ fn a_record_rewritten_to_name_another_session_leader_lends_it_nothing_after_the_
             st.insert("start_ticks".into(), ticks.into());
         });
         if *by == "cancel" {
-            let (code, out, err) = side.ctl(&["cancel", &id]);
+            let (code, out, err) = side.ctl(&["cancel", "--json", &id]);
             c.eq(&code, &0, format_args!("cancel: {err}"));
             ensure!(c, out.contains("\"unknown\""), "cancel printed {out}");
         } else {

@@ -115,7 +115,11 @@ fn status_renew_and_wait_take_several_ids_and_say_which_failed() {
     ar_code(&root, &["wait", "nope", "live"], 69);
 
     // renew: the final run cannot be renewed (69), the live one is.
-    let out = ar_code(&root, &["renew", "--lease", "90s", "done0", "live"], 69);
+    let out = ar_code(
+        &root,
+        &["renew", "--json", "--lease", "90s", "done0", "live"],
+        69,
+    );
     let doc = json_of(&out);
     c.eq(
         &doc[0]["error_exit_code"],
@@ -124,7 +128,7 @@ fn status_renew_and_wait_take_several_ids_and_say_which_failed() {
     );
     c.eq(&doc[1]["run_id"], "live", "doc[1][\"run_id\"]");
     c.eq(&doc[1]["lease_s"], 90.0, "doc[1][\"lease_s\"]");
-    let renewed = json_of(&ar_code(&root, &["renew", "--all"], 0));
+    let renewed = json_of(&ar_code(&root, &["renew", "--json", "--all"], 0));
     c.eq(
         &renewed.as_array().unwrap().len(),
         &1,

@@ -39,7 +39,7 @@ fn lease_s_is_always_a_float() {
         let launch = c.events("launch").into_iter().next();
         let launch = launch.unwrap_or_else(|| c.fail("no launch event"));
         ensure!(c, launch["lease_s"].is_f64(), "--lease {lease}: {launch}");
-        let out = ar_code(&root, &["renew", &id, "--lease", lease], 0);
+        let out = ar_code(&root, &["renew", "--json", &id, "--lease", lease], 0);
         let v: Value = serde_json::from_slice(&out.stdout).unwrap();
         ensure!(c, v["lease_s"].is_f64(), "renew --lease {lease}: {v}");
         ar_code(&root, &["cancel", &id], 0);

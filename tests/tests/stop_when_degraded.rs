@@ -260,7 +260,7 @@ fn after_kill_9_of_the_wrapper_cancel_sends_term_to_a_marked_setsid_escapee_at_t
         format_args!("the escapee's parent is {ppid:?}: not reparented away from the run"),
     );
 
-    let out = c.ctl(&["cancel", c.id], 0);
+    let out = c.ctl(&["cancel", "--json", c.id], 0);
     c.gone_now(&pins, "right after cancel returned");
     c.nothing_left(leader_sid, "right after cancel returned");
     let printed = c.parse(&out, "cancel");
@@ -448,7 +448,7 @@ fn cancel_continues_a_sigstopped_wrapper_of_a_run_without_lease_and_the_run_ends
         other => Err(format!("{other:?}")),
     });
 
-    let out = c.ctl(&["cancel", c.id], 0);
+    let out = c.ctl(&["cancel", "--json", c.id], 0);
     c.gone_now(&pins, "right after cancel returned");
     c.nothing_left(ready.sid, "right after cancel returned");
     let printed = c.parse(&out, "cancel");
@@ -544,7 +544,7 @@ fn a_launch_declared_lost_by_cancel_is_final_unknown_and_the_id_never_runs_its_c
         "the fault point left no run dir, or a record",
     );
 
-    let out = c.ctl(&["cancel", c.id], 0);
+    let out = c.ctl(&["cancel", "--json", c.id], 0);
     let printed = c.parse(&out, "cancel");
     for key in RECORD_KEYS {
         c.check(
@@ -706,7 +706,7 @@ fn a_wrapper_stalled_between_mkdir_and_flock_while_cancel_declares_the_launch_lo
         "the held wrapper has no run dir, or already a record",
     );
 
-    let out = c.ctl(&["cancel", c.id], 0);
+    let out = c.ctl(&["cancel", "--json", c.id], 0);
     let printed = c.parse(&out, "cancel");
     let want = ended("unknown", "wrapper_lost");
     c.fields(&printed, "cancel's output", want);

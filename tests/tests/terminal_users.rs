@@ -45,8 +45,8 @@ fn cancel_and_a_final_relaunch_say_one_line_on_a_terminal_and_give_json_otherwis
         "{said}"
     );
     run.assert_gone(&root, "after the cancel");
-    // The twin: not a terminal, or --json on one: the record.
-    let doc = json_of(&ar_code(&root, &["cancel", "train-3"], 0));
+    // The twin: --json, on a terminal or not: the record.
+    let doc = json_of(&ar_code(&root, &["cancel", "--json", "train-3"], 0));
     c.eq(
         &(doc["state"].as_str(), doc["outcome_exit_code"].as_u64()),
         &(Some("cancelled"), Some(143)),
@@ -58,7 +58,7 @@ fn cancel_and_a_final_relaunch_say_one_line_on_a_terminal_and_give_json_otherwis
     c.eq(&doc["run_id"], "train-3", "doc[\"run_id\"]");
 
     let c = ctx(&root, "fin");
-    // A relaunch of a final run: one line on the terminal's stderr, the record otherwise.
+    // A relaunch of a final run: one line on stderr, and with --json the record on stdout.
     let fx = fixture_path();
     ar_code(&root, &["fin", "--", &fx, "exit", "3"], 3);
     let said = t.run(
@@ -76,8 +76,8 @@ fn cancel_and_a_final_relaunch_say_one_line_on_a_terminal_and_give_json_otherwis
             && !said.contains('{'),
         "{said}"
     );
-    let out = ar_code(&root, &["fin", "--", &fx, "exit", "3"], 3);
-    let record: Value = serde_json::from_slice(&out.stderr).expect("the record on stderr");
+    let out = ar_code(&root, &["fin", "--json", "--", &fx, "exit", "3"], 3);
+    let record: Value = serde_json::from_slice(&out.stdout).expect("the record on stdout");
     c.eq(&record["exit_code"], 3, "record[\"exit_code\"]");
 }
 

@@ -25,10 +25,10 @@ use std::time::{Duration, Instant};
 const CANCEL_PARALLEL: usize = 128;
 
 /// `agent-run cancel`: one run, several, `--all` or `--label`. Several are cancelled
-/// concurrently (every wrapper is signalled before any final record is waited for), and their
-/// final records come back as one JSON array. On a terminal, without `--json`, one line a run.
+/// concurrently (every wrapper is signalled before any final record is waited for). One line a
+/// run; with `--json`, the final record (several runs: one JSON array).
 pub fn cancel(root: Option<&Path>, args: CancelArgs) -> anyhow::Result<u8> {
-    let json = args.json || !human::stdout_is_terminal();
+    let json = args.json;
     let colour = human::colour_for(human::stdout_is_terminal());
     let ids = match select::pick(root, &args.select, true)? {
         Picked::One(id) => {

@@ -21,10 +21,16 @@ use values::{
     state_filter, EnvPair,
 };
 
-/// The long help's tail: the shared exit-code table, the files and the root.
+/// The output rule, said once for every subcommand (the short help's tail, and the long one's).
+const OUTPUT_RULE: &str = "\
+Output: every subcommand prints for people on stdout (a line or a summary a run), whether stdout
+is a terminal or not; with --json, one JSON document on stdout instead. Errors and notes go to
+stderr. Colour only on a terminal, never with NO_COLOR. Exit codes and files: agent-run --help";
+
+/// The long help's tail: the output rule, the shared exit-code table, the files and the root.
 fn exit_codes_help() -> String {
     format!(
-        "{}\n\
+        "{OUTPUT_RULE}\n\n{}\n\
 Files: <root>/<run-id>/{{status.json,stdout.log,stderr.log,output.json,events.jsonl,lease.json,cancel.json,pid,pgid}}
 Root: --root DIR, else $AGENT_RUN_ROOT, else $HOME/.agent-runs",
         exit::help_text()
@@ -39,7 +45,7 @@ Root: --root DIR, else $AGENT_RUN_ROOT, else $HOME/.agent-runs",
 /// expired lease stop the whole run: TERM, HUP after 500 ms, KILL at the grace, then a final
 /// record in <root>/<RUN_ID>/status.json.
 #[derive(Debug, Parser)]
-#[command(name = "agent-run", version, after_long_help = exit_codes_help(), after_help = "Exit codes and files: agent-run --help")]
+#[command(name = "agent-run", version, after_long_help = exit_codes_help(), after_help = OUTPUT_RULE)]
 pub struct Cli {
     /// The run root (default: $AGENT_RUN_ROOT, else $HOME/.agent-runs)
     #[arg(long, global = true, value_name = "DIR")]
@@ -52,9 +58,10 @@ pub struct Cli {
 pub enum Command {
     /// Launch a run and supervise it to its final record (the default subcommand)
     Start(StartArgs),
-    /// Stop runs from a second connection and print their final records
+    /// Stop runs from a second connection and say how each ended
     Cancel(CancelArgs),
-    /// Push runs' lease deadlines to now + DUR (needs the lease token start handed out)
+    /// Push runs' lease deadlines to now + DUR and say when they end (needs the lease token start
+    /// handed out)
     Renew(RenewArgs),
     /// Show runs' records (a human summary, or status.json plus derived fields with --json)
     Status(StatusArgs),
@@ -94,9 +101,15 @@ pub struct StartArgs {
     /// process's own cgroup when this user may use it); `off` holds it by /proc scans only
     #[arg(long, value_name = "DIR|off")]
     pub cgroup: Option<String>,
-    /// Return once the run is running (or failed to launch), printing one JSON line
+    /// Return once the run is running (or failed to launch), printing `started ID (pid N)` (and
+    /// the lease token it made, if any)
     #[arg(short, long)]
     pub detach: bool,
+    /// With --detach: print one JSON line {"run_id","run_dir","pid","pgid","state","lease_token"}
+    /// instead. A relaunch of a final run: its record on stdout (the line for people goes to
+    /// stderr either way)
+    #[arg(long)]
+    pub json: bool,
     /// Do not copy the workload's output to this process's stdout/stderr
     #[arg(long)]
     pub quiet: bool,
@@ -260,7 +273,7 @@ pub struct RemoteArgs {
 /// Which runs a control subcommand acts on: run ids, or `--all`, or a label selector.
 #[derive(Debug, Args, Clone)]
 pub struct Selection {
-    /// The run ids (several: one JSON document for all of them, an array in the order given)
+    /// The run ids (several: a line or summary each; --json: one array, in the order given)
     #[arg(value_name = "RUN_ID", conflicts_with_all = ["all", "select_labels"])]
     pub run_ids: Vec<String>,
     /// Every run under the root (for cancel, renew and wait: every run that is not final)
@@ -272,10 +285,9 @@ pub struct Selection {
 }
 
 const CANCEL_HELP: &str = "\
-Output: on a terminal, one line a run (`run train-3: cancelled (cancel_request) after 1.2s, 3
-processes stopped in 4ms, exit 143`); with --json, or when stdout is not a terminal, the final
-record as `status --json` prints it (several runs: one JSON array, in the order given, newest
-first for --all and --label). Several runs are cancelled concurrently. Exit 0 once every run is
+Output: one line a run (`run train-3: cancelled (cancel_request) after 1.2s, 3 processes stopped
+in 4ms, exit 143`); with --json, the final record as `status --json` prints it (several runs: one
+JSON array, in the order given, newest first for --all and --label). Several runs are cancelled concurrently. Exit 0 once every run is
 final, whether this call stopped it or it already was; else the first failure's code (69 no
 such run, 75 not final in time, 77 refused, 78 unsafe), the others still cancelled.";
 
@@ -287,7 +299,7 @@ pub struct CancelArgs {
     /// How long to wait for the final record (default: the run's grace + 10s)
     #[arg(long, value_name = "DUR", value_parser = dur("--wait"))]
     pub wait: Option<Duration>,
-    /// Print the final record(s) as JSON even on a terminal (the default when stdout is not one)
+    /// Print the final record (several runs: one JSON array) instead of a line a run
     #[arg(long)]
     pub json: bool,
 }
@@ -303,13 +315,16 @@ pub struct RenewArgs {
     /// unlike this option is not shown in the process list)
     #[arg(long, value_name = "TOKEN")]
     pub token: Option<String>,
+    /// Print {"deadline_epoch","lease_s"} (several: an array with "run_id") instead of a line
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     #[command(flatten)]
     pub select: Selection,
-    /// Print status.json plus derived fields as one JSON document
+    /// Print status.json plus derived fields (several runs: one JSON array), not a summary
     #[arg(long)]
     pub json: bool,
 }
@@ -331,7 +346,7 @@ pub struct WaitArgs {
     /// Return as soon as one of the runs is final (default: when all of them are)
     #[arg(long)]
     pub any: bool,
-    /// Print the records of the runs waited for, as one JSON document
+    /// Print the record of the run waited for (several runs: one JSON array)
     #[arg(long)]
     pub json: bool,
 }

@@ -8,6 +8,7 @@
 
 use crate::cli::RenewArgs;
 use crate::error::fail;
+use crate::human;
 use crate::runs::open_run;
 use crate::select::{self, Picked};
 use agent_run_shared::exit;
@@ -15,14 +16,16 @@ use agent_run_shared::lease::{Lease, LeaseToken};
 use agent_run_shared::reason::Reason;
 use agent_run_shared::stop::Sig;
 use agent_run_shared::sys;
+use agent_run_shared::time::epoch_now;
 use agent_run_shared::verdict::Look;
 use agent_run_shared::wrapper::signal_wrapper;
 use serde_json::json;
 use std::path::Path;
 use std::time::Duration;
 
-/// `agent-run renew`: one run prints its new lease; several (or `--all`, `--label`) print an
-/// array of `{"run_id", "deadline_epoch", "lease_s"}`.
+/// `agent-run renew`: a line a run saying when its lease now ends. With `--json`, one run prints
+/// its new lease; several (or `--all`, `--label`) print an array of
+/// `{"run_id", "deadline_epoch", "lease_s"}`.
 pub fn renew(root: Option<&Path>, args: RenewArgs) -> anyhow::Result<u8> {
     // The token lives in this process's memory: closed to other processes of its user.
     let _ = sys::set_non_dumpable();
@@ -33,7 +36,11 @@ pub fn renew(root: Option<&Path>, args: RenewArgs) -> anyhow::Result<u8> {
     let ids = match select::pick(root, &args.select, true)? {
         Picked::One(id) => {
             let lease = renew_one(root, &id, args.lease, token.as_ref())?;
-            println!("{}", brief(&lease));
+            if args.json {
+                println!("{}", brief(&lease));
+            } else {
+                println!("{}", renewed_line(&id, &lease, epoch_now()));
+            }
             return Ok(exit::OK);
         }
         Picked::Many(ids) => ids,
@@ -53,9 +60,10 @@ pub fn renew(root: Option<&Path>, args: RenewArgs) -> anyhow::Result<u8> {
     let mut docs = Vec::new();
     for id in &ids {
         match renew_one(root, id, args.lease, token.as_ref()) {
-            Ok(l) => docs.push(
+            Ok(l) if args.json => docs.push(
                 json!({"run_id": id, "deadline_epoch": l.deadline_epoch, "lease_s": l.lease_s}),
             ),
+            Ok(l) => println!("{}", renewed_line(id, &l, epoch_now())),
             Err(e) => {
                 let (doc, c) = select::error_entry(id, &e);
                 docs.push(doc);
@@ -65,8 +73,23 @@ pub fn renew(root: Option<&Path>, args: RenewArgs) -> anyhow::Result<u8> {
             }
         }
     }
-    select::print_json(&serde_json::Value::Array(docs));
+    if args.json {
+        select::print_json(&serde_json::Value::Array(docs));
+    }
     Ok(code)
+}
+
+/// What `renew` says of a run for people: `renewed ID: the lease ends at 14:03:10 UTC (in 10m)`.
+fn renewed_line(id: &str, l: &Lease, now: f64) -> String {
+    let secs = l.deadline_epoch.max(0.0) as u64 % 86_400;
+    format!(
+        "renewed {}: the lease ends at {:02}:{:02}:{:02} UTC (in {})",
+        human::printable(id),
+        secs / 3600,
+        secs % 3600 / 60,
+        secs % 60,
+        human::duration((l.deadline_epoch - now).round())
+    )
 }
 
 /// What `renew` prints of a lease: its deadline and length (the signature is the run dir's).
@@ -165,4 +188,19 @@ fn renew_one(
         &journal,
     );
     Ok(lease)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_renewed_line_says_when_the_lease_ends_and_in_how_long() {
+        let l = Lease {
+            deadline_epoch: 86_400.0 * 3.0 + 14.0 * 3600.0 + 3.0 * 60.0 + 10.0,
+            ..Lease::from_now(Duration::from_secs(600))
+        };
+        let line = renewed_line("d1", &l, l.deadline_epoch - 600.0);
+        assert_eq!(line, "renewed d1: the lease ends at 14:03:10 UTC (in 10m)");
+    }
 }

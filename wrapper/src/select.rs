@@ -1,10 +1,11 @@
 //! Which runs `status`, `cancel`, `renew` and `wait` act on: one run id (the output of one
-//! record, as always), several ids, `--all`, or a label selector (one JSON document for all of
-//! them: an array in the order asked, newest first for `--all` and `--label`).
+//! record, as always), several ids, `--all`, or a label selector (a line or summary a run, in
+//! the order asked, newest first for `--all` and `--label`; with `--json`, one JSON array in
+//! that order).
 //!
 //! A run that cannot be acted on (no such run, unsafe, refused) does not stop the others: its
-//! entry in the array says why (`{"run_id", "state": null, "error", "error_exit_code"}`), its
-//! reason goes to stderr, and the exit code is the first such code.
+//! reason goes to stderr, its entry in the JSON array says why (`{"run_id", "state": null,
+//! "error", "error_exit_code"}`), and the exit code is the first such code.
 
 use crate::cli::Selection;
 use crate::error::{exit_code_of, fail};
@@ -20,7 +21,7 @@ use std::path::Path;
 pub enum Picked {
     /// One run id given by itself: the subcommand's single-run output.
     One(String),
-    /// Several ids, or a selector: one document for all of them.
+    /// Several ids, or a selector: a line a run, or one JSON array for all of them.
     Many(Vec<String>),
 }
 

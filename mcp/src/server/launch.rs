@@ -58,6 +58,7 @@ impl Inner {
             crate::random_hex(8).map_err(|e| format!("no random bytes: {e}"))?
         );
         let mut w: Vec<OsString> = vec!["start".into(), "--detach".into()];
+        w.extend(host.json_flag().await.map(OsString::from));
         // One word per option, `--opt=VALUE`: a value that begins with '-' (a cwd, a label
         // key) can never be read as an option of its own.
         let mut opt = |k: &str, v: String| w.push(format!("{k}={v}").into());

@@ -1,4 +1,5 @@
-//! `start --detach`: a wrapper of our own in its own session; the caller gets one JSON line.
+//! `start --detach`: a wrapper of our own in its own session; the caller gets one line (one JSON
+//! line with `--json`).
 
 use super::relaunch::same_command;
 use super::*;
@@ -50,8 +51,10 @@ pub fn duration_arg(d: Duration) -> String {
 }
 
 /// `start --detach`: start a wrapper of our own in its own session with stdio on /dev/null, and
-/// return once its record says `running` (or the run is already final), printing one JSON line
-/// `{"run_id","run_dir","pid","pgid","state"}` on stdout and nothing else there.
+/// return once its record says `running` (or the run is already final), printing on stdout
+/// `started ID (pid N); agent-run attach ID to follow` and, when this start made the run's lease
+/// token, a line that says it ([`said`]); with `--json`, one JSON line
+/// `{"run_id","run_dir","pid","pgid","state","lease_token"}` and nothing else there.
 ///
 /// The same for a run id that exists (a relaunch, which never runs the command twice and never
 /// attaches): the line with the run's current state; the exit code is the run's own when it is
@@ -90,12 +93,16 @@ pub fn detach_parent(
                 .as_ref()
                 .is_some_and(|c| st.wrapper_pid == Some(c.id() as i32));
             // The token goes to the one who started the run, never to a relaunch's caller.
-            let token = token.filter(|_| ours).map(|t| t.token.expose());
-            let line = json!({
-                "run_id": st.run_id, "run_dir": path, "pid": st.pid, "pgid": st.pgid,
-                "state": st.state.as_str(), "lease_token": token,
-            });
-            println!("{line}");
+            let token = token.filter(|_| ours);
+            if args.json {
+                let line = json!({
+                    "run_id": st.run_id, "run_dir": path, "pid": st.pid, "pgid": st.pgid,
+                    "state": st.state.as_str(), "lease_token": token.map(|t| t.token.expose()),
+                });
+                println!("{line}");
+            } else {
+                print!("{}", said(&st, ours, token.filter(|t| t.handed_out)));
+            }
             if st.state.is_final() {
                 if let (true, Some(e)) = (ours, &st.error) {
                     eprintln!("agent-run: {e}");
@@ -121,6 +128,32 @@ pub fn detach_parent(
         }
         std::thread::sleep(Duration::from_millis(2));
     }
+}
+
+/// What `start -d` says for people: `started ID (pid N); agent-run attach ID to follow` for the
+/// run it started, `run ID is already STATE (pid N); ...` for one that was there, the final line
+/// for a run that is over; then the lease token it made (the caller's only copy), if any.
+fn said(st: &Status, ours: bool, token: Option<&Token>) -> String {
+    let id = human::printable(&st.run_id);
+    let pid = st.pid.map_or("?".to_string(), |p| p.to_string());
+    let mut out = if st.state.is_final() {
+        human::final_line(st, human::colour_for(human::stdout_is_terminal()))
+    } else if ours {
+        format!("started {id} (pid {pid}); agent-run attach {id} to follow")
+    } else {
+        format!(
+            "run {id} is already {} (pid {pid}); agent-run attach {id} to follow",
+            st.state.as_str()
+        )
+    };
+    out.push('\n');
+    if let Some(t) = token {
+        let t = t.token.expose();
+        out.push_str(&format!(
+            "lease token: {t} (renew: AGENT_RUN_LEASE_TOKEN={t} agent-run renew {id})\n"
+        ));
+    }
+    out
 }
 
 /// The wrapper of a detached run: this program, in its own session, stdio on /dev/null.

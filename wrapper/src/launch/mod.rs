@@ -143,7 +143,7 @@ pub fn start(root: Option<&Path>, mut args: StartArgs) -> anyhow::Result<u8> {
         return detach_parent(&root, &id, argv, &args, token.as_ref());
     }
     let Some(dir) = root.create_run_dir(&id)? else {
-        return relaunch(&root, &id, argv, args.quiet, args.detached_child);
+        return relaunch(&root, &id, argv, args.quiet, args.detached_child, args.json);
     };
     fault::point("after_run_dir");
     crate::phases::mark("run_dir");

@@ -23,7 +23,8 @@ pub(super) fn same_command(id: &RunId, st: &Status, argv: &[OsString]) -> anyhow
 }
 
 /// Relaunch of an existing run id: never runs the command twice. In the foreground: a final run
-/// prints its record on stderr and exits as it did; an active one is attached to. The wrapper
+/// says how it ended in one line on stderr (and with `json` prints its record on stdout) and
+/// exits as it did; an active one is attached to. The wrapper
 /// that `--detach` started (`detached`) found the id taken by a launch racing it: it leaves the
 /// answer to its parent, which reads the record, and returns at once.
 pub fn relaunch(
@@ -32,6 +33,7 @@ pub fn relaunch(
     argv: &[OsString],
     quiet: bool,
     detached: bool,
+    json: bool,
 ) -> anyhow::Result<u8> {
     let dir = root.open_run_dir(id)?;
     let st = runs::read_record_waiting(&dir, Duration::from_secs(10))?;
@@ -40,12 +42,11 @@ pub fn relaunch(
         return Ok(exit::for_record(&st).unwrap_or(exit::OK));
     }
     if st.state.is_final() {
-        // A person sees what happened in one line; a program gets the record.
-        if human::stderr_is_terminal() {
-            let line = human::final_line(&st, human::colour_for(true));
-            eprintln!("agent-run: {line}; not running it again");
-        } else {
-            eprint!("{}", runs::record_json(&dir, &st));
+        // A person sees what happened in one line; a program asks for the record.
+        let line = human::final_line(&st, human::colour_for(human::stderr_is_terminal()));
+        eprintln!("agent-run: {line}; not running it again");
+        if json {
+            print!("{}", runs::record_json(&dir, &st));
         }
         return Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE));
     }

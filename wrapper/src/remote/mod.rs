@@ -158,10 +158,15 @@ fn launch_script(args: &RemoteArgs, remote: &Remote, id: &str) -> anyhow::Result
     start.extend([OsString::from(id), OsString::from("--")]);
     start.extend(args.command.iter().cloned());
     let mut script = READ_TOKEN.as_bytes().to_vec();
-    script.extend_from_slice(b"out=$(");
-    script.extend(remote.line(&start)?);
+    let assign = |words: &[OsString]| -> anyhow::Result<Vec<u8>> {
+        let mut a = b"out=$(".to_vec();
+        a.extend(remote.line(words)?);
+        a.push(b')');
+        Ok(a)
+    };
+    script.extend(remote.json_switch(assign(&start)?, assign(&with_json(&start))?)?);
     script.extend_from_slice(
-        b"); rc=$?; unset AGENT_RUN_LEASE_TOKEN; [ -n \"$out\" ] || exit \"$rc\"; ",
+        b"; rc=$?; unset AGENT_RUN_LEASE_TOKEN; [ -n \"$out\" ] || exit \"$rc\"; ",
     );
     script.extend(remote.exec(&["attach", id])?);
     Ok(script)
@@ -204,7 +209,35 @@ pub fn bin_missing(host: &str, bin: &OsStr, code: Option<i32>, what: &str) -> u8
     exit::REMOTE_BIN_MISSING
 }
 
+/// `words` with `--json` after the subcommand (the first word).
+fn with_json<S: AsRef<OsStr>>(words: &[S]) -> Vec<OsString> {
+    let mut all: Vec<OsString> = words.iter().map(|w| w.as_ref().to_owned()).collect();
+    all.insert(1.min(all.len()), OsString::from("--json"));
+    all
+}
+
 impl Remote {
+    /// `case $(BIN version --json) in (*"json_flag"*) JSON;; (*) PLAIN;; esac`: the host's
+    /// agent-run prints JSON with `--json` when it has that feature; an older one has no such
+    /// option on `start` and `renew`, and prints JSON anyway when its stdout is not a terminal
+    /// (as a channel's is not). One short process on the host, no round trip.
+    fn json_switch(&self, plain: Vec<u8>, json: Vec<u8>) -> anyhow::Result<Vec<u8>> {
+        let mut s = b"case $(".to_vec();
+        s.extend(self.line(&[OsString::from("version"), OsString::from("--json")])?);
+        s.extend_from_slice(b" 2>/dev/null) in (*'\"json_flag\"'*) ");
+        s.extend(json);
+        s.extend_from_slice(b" ;; (*) ");
+        s.extend(plain);
+        s.extend_from_slice(b" ;; esac");
+        Ok(s)
+    }
+
+    /// [`Remote::exec`] of a subcommand whose JSON output we read: with `--json` when the host's
+    /// agent-run has it ([`Remote::json_switch`]).
+    fn exec_json(&self, words: &[&str]) -> anyhow::Result<Vec<u8>> {
+        self.json_switch(self.exec(words)?, self.exec(&with_json(words))?)
+    }
+
     /// `BIN [--root DIR] WORDS...`, quoted for the remote shell.
     fn line(&self, words: &[OsString]) -> anyhow::Result<Vec<u8>> {
         let mut all = vec![self.bin.clone()];
@@ -258,7 +291,8 @@ fn cancel(args: &RemoteArgs, remote: &Remote, id: &str) -> anyhow::Result<u8> {
             format!("{}ms", (g + Duration::from_secs(10)).as_millis()),
         ]);
     }
-    let reply = one_shot(args, &remote.exec(&words)?)?;
+    let words: Vec<&str> = words.iter().map(String::as_str).collect();
+    let reply = one_shot(args, &remote.exec_json(&words)?)?;
     if shell_cannot_run(reply.0) {
         let what = format!("run {id} was not cancelled");
         return Ok(bin_missing(&args.host, &remote.bin, reply.0, &what));
@@ -330,6 +364,7 @@ mod tests {
     use super::*;
     use crate::cli::{Cli, Command};
     use clap::Parser;
+    use std::os::unix::ffi::OsStrExt;
 
     fn script(extra: &[&str]) -> String {
         let mut argv = vec!["agent-run", "remote"];
@@ -344,6 +379,40 @@ mod tests {
             token: None,
         };
         String::from_utf8(launch_script(&args, &remote, "id1").unwrap()).unwrap()
+    }
+
+    /// The switch, run by sh against a fake agent-run that has (or lacks) `json_flag`.
+    fn switched(features: &str) -> String {
+        let dir = std::env::temp_dir().join(format!("ar-switch-{}-{features}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bin = dir.join("agent-run");
+        let fake = format!(
+            "#!/bin/sh\n[ \"$1\" = version ] && {{ echo '{{\"features\":[{features}]}}'; exit 0; }}\necho \"$@\"\n"
+        );
+        std::fs::write(&bin, fake).unwrap();
+        std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .unwrap();
+        let remote = Remote {
+            bin: bin.into_os_string(),
+            root: None,
+            token: None,
+        };
+        let script = remote
+            .exec_json(&["cancel", "id1", "--wait", "1s"])
+            .unwrap();
+        let out = std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(OsStr::from_bytes(&script))
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    #[test]
+    fn json_goes_only_to_a_host_whose_agent_run_has_json_flag() {
+        assert_eq!(switched(r#""json_flag""#), "cancel --json id1 --wait 1s");
+        assert_eq!(switched(r#""labels""#), "cancel id1 --wait 1s");
     }
 
     #[test]

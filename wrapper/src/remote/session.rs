@@ -452,6 +452,13 @@ impl Session<'_> {
             .exec(words)
             .expect("run ids and numbers hold no NUL byte")
     }
+
+    /// [`Session::script`] of a subcommand whose JSON we read (`--json` when the host has it).
+    fn script_json(&self, words: &[&str]) -> Vec<u8> {
+        self.remote
+            .exec_json(words)
+            .expect("run ids and numbers hold no NUL byte")
+    }
 }
 
 /// The pause before the `n`th consecutive retry: 0, 250 ms, 500 ms, ... up to [`MAX_BACKOFF`].

@@ -569,7 +569,7 @@ class AgentRun(object):
 
     def renew(self, run_id, lease_ms, token):
         """agent-run renew RUN_ID [--lease]: (rc, out, err); a refusal (77) fails the task, saying why."""
-        args = ["renew", run_id] + (["--lease", "%dms" % lease_ms] if lease_ms else [])
+        args = ["renew"] + self.json_flag() + [run_id] + (["--lease", "%dms" % lease_ms] if lease_ms else [])
         rc, out, err = self.call(*args, token=token)
         if rc == EXIT_NOPERM:
             self.fail("renew %s" % run_id, rc, out, err, run_id=run_id, hint=(
@@ -608,6 +608,11 @@ class AgentRun(object):
         if self.root:
             info["root"] = self.root
         return info
+
+    def json_flag(self):
+        """["--json"] when the host's agent-run has it on every subcommand (feature json_flag); [] for an
+        older one, which prints JSON anyway when its stdout is not a terminal."""
+        return ["--json"] if "json_flag" in (self.version().get("features") or []) else []
 
     def require(self, features):
         have = set(self.version().get("features") or [])
@@ -1067,7 +1072,7 @@ def main():
                  run_id=rec["run_id"], record=rec, agent_run=ar.info())
         if argv is not None and not module.check_mode:
             # `start -d` of an existing id never runs anything; it refuses a different command (65).
-            rc, out, err = ar.call("start", "-d", rec["run_id"], "--", *argv)
+            rc, out, err = ar.call("start", "-d", *ar.json_flag(), rec["run_id"], "--", *argv)
             if rc == 65:
                 fail("run %s exists on this host with a different command (%s, not %s): give the task another id, "
                      "or cancel and remove the old run" % (rec["run_id"], json.dumps(rec.get("argv")), json.dumps(argv)),
@@ -1090,7 +1095,7 @@ def main():
         needed = list(NEEDED_ALWAYS) + [feat for opt, feat in NEEDED_FOR.items() if p.get(opt) is not None
                                         and (opt != "timeout" or timeout_ms)]
         ar.require(needed)
-        args = ["start", "--detach"]
+        args = ["start", "--detach"] + ar.json_flag()
         if lease_ms is None:
             lease_ms = 60000
         if lease_ms:

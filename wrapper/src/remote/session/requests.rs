@@ -8,8 +8,10 @@
 //! the session is reconnected.
 
 use super::{Cancel, Event, Session, DRAIN};
+use crate::human;
 use crate::remote::outcome;
 use crate::remote::say;
+use agent_run_shared::record::Status;
 use agent_run_shared::ssh::Reply;
 use serde_json::Value;
 use std::io::Write;
@@ -22,7 +24,7 @@ impl Session<'_> {
         self.renewing = true;
         let sent = Instant::now();
         let mut script = super::super::READ_TOKEN.as_bytes().to_vec();
-        script.extend(self.script(&["renew", &self.id]));
+        script.extend(self.script_json(&["renew", &self.id]));
         let token = self
             .remote
             .token
@@ -98,7 +100,7 @@ impl Session<'_> {
     pub(super) fn send_cancel(&mut self) {
         self.cancel = Cancel::InFlight;
         let wait = format!("{}ms", self.cancel_wait.as_millis());
-        let script = self.script(&["cancel", &self.id, "--wait", &wait]);
+        let script = self.script_json(&["cancel", &self.id, "--wait", &wait]);
         let timeout = self.cancel_wait + Duration::from_secs(15);
         let (ssh, tx) = (Arc::clone(&self.ssh), self.tx.clone());
         let gen = ssh.generation();
@@ -127,9 +129,9 @@ impl Session<'_> {
                 None
             }
             Some(0) => {
-                // The final record, on stderr: stdout carries the run's own output.
-                let _ = std::io::stderr().write_all(&reply.stdout);
+                // How it ended, in one line on stderr: stdout carries the run's own output.
                 let v: Value = serde_json::from_slice(&reply.stdout).unwrap_or_default();
+                say_final(&self.id, &self.host, &v);
                 if let Some(c) = self.ended {
                     return Some(outcome(&v).unwrap_or(c));
                 }
@@ -157,5 +159,20 @@ impl Session<'_> {
             }
             None => unreachable!("a reply without a code is broken"),
         }
+    }
+}
+
+/// The one line a final record `v` (the host's `cancel --json`) gives a person, on stderr, as
+/// `cancel` prints it on the host.
+pub(super) fn say_final(id: &str, host: &str, v: &Value) {
+    match serde_json::from_value::<Status>(v.clone()) {
+        Ok(st) => say(&format!(
+            "{} (on {host})",
+            human::final_line(&st, human::colour_for(human::stderr_is_terminal()))
+        )),
+        Err(_) => say(&format!(
+            "run {id} on {host} is {}",
+            v["state"].as_str().unwrap_or("final")
+        )),
     }
 }

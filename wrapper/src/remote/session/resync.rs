@@ -11,7 +11,6 @@ use crate::remote::say;
 use crate::remote::ssh::Ssh;
 use agent_run_shared::exit;
 use serde_json::Value;
-use std::io::Write;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -114,9 +113,7 @@ impl Session<'_> {
             self.next_renew = None;
             if matches!(self.cancel, Cancel::Wanted(_)) {
                 // Over before our cancel got there: its record is the answer.
-                let mut text = serde_json::to_string_pretty(&v).unwrap_or_default();
-                text.push('\n');
-                let _ = std::io::stderr().write_all(text.as_bytes());
+                super::requests::say_final(&self.id, &self.host, &v);
                 self.cancel = Cancel::Done(v);
             }
         } else {
