@@ -32,6 +32,41 @@ impl Pid {
     }
 }
 
+/// The kernel's spelling of a pid that may be absent: 0 for none, as /proc/PID/stat writes
+/// the parent of a process whose parent is in another pid namespace.
+pub fn raw(pid: Option<Pid>) -> i32 {
+    pid.map_or(0, Pid::get)
+}
+
+/// A pid field the kernel writes 0 into for "none" (a ppid, pgid or sid in /proc/PID/stat).
+/// `None` for a negative number, which the kernel never writes.
+pub fn parse_or_none(s: &str) -> Option<Option<Pid>> {
+    match s.parse::<i32>().ok()? {
+        0 => Some(None),
+        n => Pid::new(n.into()).map(Some),
+    }
+}
+
+/// Serialized as its number.
+impl serde::Serialize for Pid {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_i32(self.get())
+    }
+}
+
+/// Read from a number; 0, negative and out-of-range numbers are refused.
+impl<'de> serde::Deserialize<'de> for Pid {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Pid, D::Error> {
+        let raw = i32::deserialize(d)?;
+        Pid::new(raw.into()).ok_or_else(|| {
+            serde::de::Error::invalid_value(
+                serde::de::Unexpected::Signed(raw.into()),
+                &"a positive pid",
+            )
+        })
+    }
+}
+
 impl fmt::Display for Pid {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.0)
@@ -55,5 +90,22 @@ mod tests {
         assert!(Pid::new(-1).is_none());
         assert!(Pid::new(i64::from(i32::MAX) + 1).is_none());
         assert_eq!(Pid::new(42).unwrap().get(), 42);
+    }
+
+    #[test]
+    fn a_pid_is_its_number_in_json_and_zero_is_refused() {
+        let p = Pid::new(42).unwrap();
+        assert_eq!(serde_json::to_string(&p).unwrap(), "42");
+        assert_eq!(serde_json::from_str::<Pid>("42").unwrap(), p);
+        assert!(serde_json::from_str::<Pid>("0").is_err());
+        assert!(serde_json::from_str::<Pid>("-1").is_err());
+    }
+
+    #[test]
+    fn the_kernels_zero_is_no_pid() {
+        assert_eq!(parse_or_none("0"), Some(None));
+        assert_eq!(parse_or_none("7"), Some(Pid::new(7)));
+        assert_eq!(parse_or_none("-1"), None);
+        assert_eq!(raw(None), 0);
     }
 }

@@ -111,10 +111,11 @@ pub fn check_record(st: &Status) -> Result<()> {
         }
         // A session leader can change neither its group nor its session: a live leader that is
         // not pid == pgid == sid is not the process the wrapper started.
-        if now.pgid != pid.get() || now.sid != pid.get() {
+        if now.pgid != Some(pid) || now.sid != Some(pid) {
             return refuse(format!(
                 "pid {pid} is alive but is not its own session and group leader (pgid {}, sid {}): it is not the run's leader",
-                now.pgid, now.sid
+                crate::pid::raw(now.pgid),
+                crate::pid::raw(now.sid)
             ));
         }
     }
