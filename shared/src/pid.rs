@@ -73,6 +73,68 @@ impl fmt::Display for Pid {
     }
 }
 
+/// A pid as a record claims it. A record is the workload's to rewrite, so a pid field may
+/// hold a number that names no process (0, or negative). That number is kept as written: the
+/// record's validation ([`crate::wrapper::check_record`]) refuses it by name, and a rewrite of
+/// the record keeps it byte for byte. [`ClaimedPid::pid`] is the way to a [`Pid`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimedPid {
+    Pid(Pid),
+    /// 0 or a negative number.
+    NotAPid(i32),
+}
+
+impl ClaimedPid {
+    /// The pid, when the number is one.
+    pub fn pid(self) -> Option<Pid> {
+        match self {
+            ClaimedPid::Pid(p) => Some(p),
+            ClaimedPid::NotAPid(_) => None,
+        }
+    }
+
+    /// The number as written.
+    pub fn raw(self) -> i32 {
+        match self {
+            ClaimedPid::Pid(p) => p.get(),
+            ClaimedPid::NotAPid(n) => n,
+        }
+    }
+}
+
+impl From<Pid> for ClaimedPid {
+    fn from(p: Pid) -> ClaimedPid {
+        ClaimedPid::Pid(p)
+    }
+}
+
+/// A number as a record holds it (a test writes a forged record with it).
+impl From<i32> for ClaimedPid {
+    fn from(raw: i32) -> ClaimedPid {
+        Pid::new(raw.into()).map_or(ClaimedPid::NotAPid(raw), ClaimedPid::Pid)
+    }
+}
+
+impl fmt::Display for ClaimedPid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.raw())
+    }
+}
+
+/// Serialized as its number.
+impl serde::Serialize for ClaimedPid {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_i32(self.raw())
+    }
+}
+
+/// Any number in i32's range, as a record could always hold.
+impl<'de> serde::Deserialize<'de> for ClaimedPid {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ClaimedPid, D::Error> {
+        i32::deserialize(d).map(ClaimedPid::from)
+    }
+}
+
 /// One process for the life of a boot: pid and start time (clock ticks since boot).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Identity {
@@ -99,6 +161,18 @@ mod tests {
         assert_eq!(serde_json::from_str::<Pid>("42").unwrap(), p);
         assert!(serde_json::from_str::<Pid>("0").is_err());
         assert!(serde_json::from_str::<Pid>("-1").is_err());
+    }
+
+    #[test]
+    fn a_claimed_pid_keeps_the_number_it_was_written_with() {
+        for text in ["42", "0", "-1", "-2147483648"] {
+            let c: ClaimedPid = serde_json::from_str(text).unwrap();
+            assert_eq!(serde_json::to_string(&c).unwrap(), text);
+            assert_eq!(c.to_string(), text);
+            assert_eq!(c.pid().is_some(), text == "42", "{text}");
+        }
+        assert!(serde_json::from_str::<ClaimedPid>("2147483648").is_err());
+        assert!(serde_json::from_str::<ClaimedPid>("\"1\"").is_err());
     }
 
     #[test]

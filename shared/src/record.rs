@@ -7,7 +7,7 @@
 //! must report it as such, never guess.
 
 use crate::error::{Error, Result};
-use crate::pid::{Identity, Pid};
+use crate::pid::{ClaimedPid, Identity, Pid};
 use crate::run_dir::{caps, files, RunDir};
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
@@ -131,12 +131,13 @@ pub struct Status {
     pub term_signal: Option<String>,
     pub argv: Vec<String>,
     pub cwd: String,
-    pub pid: Option<i32>,
-    pub pgid: Option<i32>,
-    pub sid: Option<i32>,
+    /// The leader, its group and session: claims of the record (see [`ClaimedPid`]).
+    pub pid: Option<ClaimedPid>,
+    pub pgid: Option<ClaimedPid>,
+    pub sid: Option<ClaimedPid>,
     pub start_ticks: Option<u64>,
     pub boot_id: String,
-    pub wrapper_pid: Option<i32>,
+    pub wrapper_pid: Option<ClaimedPid>,
     /// The wrapper's start time (clock ticks since boot), to tell it from a reused pid.
     #[serde(default)]
     pub wrapper_start_ticks: Option<u64>,
@@ -279,7 +280,7 @@ impl Status {
     /// something to act on.
     pub fn leader(&self) -> Option<Identity> {
         Some(Identity {
-            pid: Pid::new(self.pid?.into())?,
+            pid: self.pid?.pid()?,
             start_ticks: self.start_ticks?,
         })
     }
@@ -288,20 +289,20 @@ impl Status {
     /// claim, confirmed only by [`crate::wrapper::live_wrapper`]).
     pub fn wrapper(&self) -> Option<Identity> {
         Some(Identity {
-            pid: Pid::new(self.wrapper_pid?.into())?,
+            pid: self.wrapper_pid?.pid()?,
             start_ticks: self.wrapper_start_ticks?,
         })
     }
 
     /// Name the leader: the pid and start ticks the kernel gave for the spawned workload.
     pub fn set_leader(&mut self, leader: Identity) {
-        self.pid = Some(leader.pid.get());
+        self.pid = Some(leader.pid.into());
         self.start_ticks = Some(leader.start_ticks);
     }
 
     /// Name the wrapper (this process, with the start ticks /proc gives for it).
     pub fn set_wrapper(&mut self, pid: Pid, start_ticks: Option<u64>) {
-        self.wrapper_pid = Some(pid.get());
+        self.wrapper_pid = Some(pid.into());
         self.wrapper_start_ticks = start_ticks;
     }
 
@@ -493,7 +494,7 @@ pub(crate) mod tests {
             sid: None,
             start_ticks: None,
             boot_id: "b".into(),
-            wrapper_pid: Some(1),
+            wrapper_pid: Pid::new(1).map(ClaimedPid::from),
             wrapper_start_ticks: None,
             host: "h".into(),
             user: "u".into(),

@@ -2,7 +2,7 @@
 //! group leader, then recorded `running`.
 
 use super::*;
-use agent_run_shared::pid::raw;
+use agent_run_shared::pid::{raw, ClaimedPid};
 
 /// The descriptors the workload's child takes, besides the pty: the pipes' write ends (None
 /// with `--pty`), /dev/null as stdin (a detached run without a pty) and the run's cgroup.
@@ -267,8 +267,9 @@ impl Launch {
     /// this run: the workload is stopped rather than run blind.
     fn record_running(&mut self, stat: &procfs::Stat) -> Result<(), u8> {
         let pid = stat.identity().pid;
-        self.st.pgid = Some(raw(stat.pgid));
-        self.st.sid = Some(raw(stat.sid));
+        // pid == pgid == sid (checked before).
+        self.st.pgid = stat.pgid.map(ClaimedPid::from);
+        self.st.sid = stat.sid.map(ClaimedPid::from);
         self.st.started_at = Some(time::rfc3339_now());
         self.started = Some(Instant::now());
         fault::point("before_running");
