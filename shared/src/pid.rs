@@ -77,7 +77,7 @@ impl fmt::Display for Pid {
 /// hold a number that names no process (0, or negative). That number is kept as written: the
 /// record's validation ([`crate::wrapper::check_record`]) refuses it by name, and a rewrite of
 /// the record keeps it byte for byte. [`ClaimedPid::pid`] is the way to a [`Pid`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub enum ClaimedPid {
     Pid(Pid),
     /// 0 or a negative number.
@@ -102,6 +102,19 @@ impl ClaimedPid {
     }
 }
 
+/// In the order of the numbers.
+impl Ord for ClaimedPid {
+    fn cmp(&self, other: &ClaimedPid) -> std::cmp::Ordering {
+        self.raw().cmp(&other.raw())
+    }
+}
+
+impl PartialOrd for ClaimedPid {
+    fn partial_cmp(&self, other: &ClaimedPid) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
 impl From<Pid> for ClaimedPid {
     fn from(p: Pid) -> ClaimedPid {
         ClaimedPid::Pid(p)
@@ -112,6 +125,13 @@ impl From<Pid> for ClaimedPid {
 impl From<i32> for ClaimedPid {
     fn from(raw: i32) -> ClaimedPid {
         Pid::new(raw.into()).map_or(ClaimedPid::NotAPid(raw), ClaimedPid::Pid)
+    }
+}
+
+/// The number, as a list of them printed with `{:?}` always showed.
+impl fmt::Debug for ClaimedPid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.raw())
     }
 }
 
@@ -169,6 +189,7 @@ mod tests {
             let c: ClaimedPid = serde_json::from_str(text).unwrap();
             assert_eq!(serde_json::to_string(&c).unwrap(), text);
             assert_eq!(c.to_string(), text);
+            assert_eq!(format!("{:?}", [c]), format!("[{text}]"));
             assert_eq!(c.pid().is_some(), text == "42", "{text}");
         }
         assert!(serde_json::from_str::<ClaimedPid>("2147483648").is_err());

@@ -109,14 +109,14 @@ pub struct Cleanup {
     pub signals: Vec<String>,
     pub duration_ms: u64,
     /// Pids still alive after the KILL step and the confirmation window.
-    pub survivors: Vec<i32>,
+    pub survivors: Vec<ClaimedPid>,
     /// Pids that were signalled (the leftovers, when the leader exited on its own).
     #[serde(default)]
-    pub signalled: Vec<i32>,
+    pub signalled: Vec<ClaimedPid>,
     /// Pids that may be the run's, found where a process that left the run's cgroup could
     /// be ([`crate::escape`]), after its wrapper was lost: not signalled, named.
     #[serde(default)]
-    pub escapees: Vec<i32>,
+    pub escapees: Vec<ClaimedPid>,
 }
 
 /// The record, key for key as the contract lists it (plus the run's stop timings, so a later
