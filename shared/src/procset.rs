@@ -335,14 +335,14 @@ impl Snapshot {
         let fresh = procfs::scan_above(Some(floor.pid));
         // The floor must hold past the fresh read's last look at the counter.
         floor.top_now()?;
-        let fresh_pids: HashSet<i32> = fresh.iter().map(|s| s.pid.get()).collect();
+        let fresh_pids: HashSet<Pid> = fresh.iter().map(|s| s.pid).collect();
         let mut stats = fresh;
         stats.extend(
             base.stats
                 .iter()
                 .filter(|s| {
                     let pid = s.pid.get();
-                    (pid < floor.pid || pid > top) && !fresh_pids.contains(&pid)
+                    (pid < floor.pid || pid > top) && !fresh_pids.contains(&s.pid)
                 })
                 .copied(),
         );
