@@ -570,6 +570,40 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_number_that_is_no_pid_is_kept_as_written_and_refused_by_the_check() {
+        let mut st = sample();
+        st.state = State::Running;
+        st.boot_id = crate::procfs::boot_id();
+        st.uid = crate::sys::geteuid();
+        st.pid = Some((-1).into());
+        st.pgid = Some(0.into());
+        st.sid = Some(42.into());
+        st.start_ticks = Some(7);
+        st.wrapper_pid = Some(0.into());
+        st.wrapper_start_ticks = Some(1);
+        let text = st.to_json();
+        for key in [
+            "\"pid\": -1,",
+            "\"pgid\": 0,",
+            "\"sid\": 42,",
+            "\"wrapper_pid\": 0,",
+        ] {
+            assert!(text.contains(key), "{key} in {text}");
+        }
+        let back = parse_status(&text).unwrap();
+        assert_eq!(back.to_json(), text, "read and written back byte for byte");
+        assert_eq!((back.leader(), back.wrapper()), (None, None));
+        let refused = |st: &Status| match crate::wrapper::check_record(st) {
+            Err(Error::Identity { why }) => why,
+            other => panic!("{other:?}"),
+        };
+        assert!(refused(&back).contains("wrapper_pid 0 cannot be a wrapper"));
+        let mut st = back;
+        st.wrapper_pid = Some(i32::MAX.into());
+        assert!(refused(&st).contains("(pid -1, pgid 0, sid 42)"));
+    }
+
+    #[test]
     fn a_final_record_is_never_overwritten() {
         let (_d, rd) = crate::run_dir::temp();
         let mut st = sample();
