@@ -100,7 +100,7 @@ fn may_be_the_runs(pid: Pid, first: Identity, uid: u32) -> bool {
 fn ancestors_of_this() -> Vec<Pid> {
     let mut out = vec![Pid::this()];
     let mut at = Pid::this();
-    while let Some(parent) = procfs::stat(at).and_then(|s| Pid::new(s.ppid.into())) {
+    while let Some(parent) = procfs::stat(at).and_then(|s| s.ppid) {
         if out.contains(&parent) || out.len() > 4096 {
             break;
         }

@@ -158,10 +158,10 @@ impl LockIds {
                 &fresh
             }
         };
-        let dir = pids(table.holders(self.dir.0, self.dir.1));
+        let dir = table.holders(self.dir.0, self.dir.1);
         let file = self
             .file
-            .map(|(d, i)| pids(table.holders(d, i)))
+            .map(|(d, i)| table.holders(d, i))
             .unwrap_or_default();
         (dir, file)
     }
@@ -211,10 +211,6 @@ impl RunDir {
 
 fn lock(f: &File) -> Result<bool> {
     sys::try_lock_exclusive(f.as_fd()).map_err(|e| Error::io("lock", "run dir", e))
-}
-
-fn pids(raw: Vec<i32>) -> Vec<Pid> {
-    raw.into_iter().filter_map(|p| Pid::new(p.into())).collect()
 }
 
 /// The executables that may hold a run's lock: the wrapper, and the parties that take a run

@@ -86,7 +86,7 @@ pub enum Depth {
 /// a pass, so N runs cost one scan instead of N.
 pub struct Snapshot {
     stats: Vec<Stat>,
-    parent: HashMap<i32, i32>,
+    parent: HashMap<Pid, Pid>,
     markers: Mutex<HashMap<Pid, Option<Marker>>>,
     /// For [`Snapshot::take_indexed`]: positions in `stats` by session, by group and by marker,
     /// so a lookup costs the size of the run, not of the process table.
@@ -160,8 +160,8 @@ impl PidFloor {
 }
 
 struct Index {
-    by_sid: HashMap<i32, Vec<usize>>,
-    by_pgid: HashMap<i32, Vec<usize>>,
+    by_sid: HashMap<Pid, Vec<usize>>,
+    by_pgid: HashMap<Pid, Vec<usize>>,
     /// `None` in a look shared by stops ([`Snapshot::since`]): markers are read lazily there,
     /// only for the processes that started after a run's floor.
     by_marker: Option<ByMarker>,
@@ -215,7 +215,10 @@ impl Snapshot {
 
     /// A look made of `stats`, done now.
     fn of_stats(stats: Vec<Stat>, min_pid: Option<i32>, mark: Option<Mark>) -> Snapshot {
-        let parent = stats.iter().map(|s| (s.pid.get(), s.ppid)).collect();
+        let parent = stats
+            .iter()
+            .filter_map(|s| Some((s.pid, s.ppid?)))
+            .collect();
         Snapshot {
             stats,
             parent,
@@ -299,8 +302,12 @@ impl Snapshot {
             if st.is_dead() {
                 continue;
             }
-            index.by_sid.entry(st.sid).or_default().push(i);
-            index.by_pgid.entry(st.pgid).or_default().push(i);
+            if let Some(sid) = st.sid {
+                index.by_sid.entry(sid).or_default().push(i);
+            }
+            if let Some(pgid) = st.pgid {
+                index.by_pgid.entry(pgid).or_default().push(i);
+            }
             if let Some(by_marker) = index.by_marker.as_mut() {
                 if let Some(m) = snap.marker(st.pid) {
                     by_marker.entry((m.uid, m.run_id)).or_default().push(i);
@@ -328,14 +335,14 @@ impl Snapshot {
         let fresh = procfs::scan_above(Some(floor.pid));
         // The floor must hold past the fresh read's last look at the counter.
         floor.top_now()?;
-        let fresh_pids: HashSet<i32> = fresh.iter().map(|s| s.pid.get()).collect();
+        let fresh_pids: HashSet<Pid> = fresh.iter().map(|s| s.pid).collect();
         let mut stats = fresh;
         stats.extend(
             base.stats
                 .iter()
                 .filter(|s| {
                     let pid = s.pid.get();
-                    (pid < floor.pid || pid > top) && !fresh_pids.contains(&pid)
+                    (pid < floor.pid || pid > top) && !fresh_pids.contains(&s.pid)
                 })
                 .copied(),
         );
@@ -475,12 +482,13 @@ pub const CONTENDED_INTERVAL: std::time::Duration = std::time::Duration::from_mi
 
 /// The process group and session ids of `stats` that are no process's pid: held by the group
 /// or session alone, its leader gone (a pid the kernel's counter steps over as if in use).
-fn held_ids(stats: &[Stat]) -> HashSet<i32> {
-    let tgids: HashSet<i32> = stats.iter().map(|s| s.pid.get()).collect();
+fn held_ids(stats: &[Stat]) -> HashSet<Pid> {
+    let tgids: HashSet<Pid> = stats.iter().map(|s| s.pid).collect();
     stats
         .iter()
         .flat_map(|s| [s.pgid, s.sid])
-        .filter(|id| *id > 0 && !tgids.contains(id))
+        .flatten()
+        .filter(|id| !tgids.contains(id))
         .collect()
 }
 
@@ -536,9 +544,9 @@ pub fn discover_in(
         && leader_stat
             .filter(|s| s.start_ticks == leader.start_ticks)
             .is_some_and(|s| {
-                scope.wrapper.is_some_and(|w| s.ppid == w.get()) || has_marker(snap, s.pid, scope)
+                scope.wrapper.is_some_and(|w| s.ppid == Some(w)) || has_marker(snap, s.pid, scope)
             });
-    let mut descends: HashMap<i32, bool> = HashMap::new();
+    let mut descends: HashMap<Pid, bool> = HashMap::new();
     let mut out = Vec::new();
     let excluded = |s: &Stat| {
         s.pid == me
@@ -554,12 +562,12 @@ pub fn discover_in(
             continue;
         }
         // Members of the leader's group or session joined it after the leader started.
-        let in_group =
-            (s.pgid == leader_pid || s.sid == leader_pid) && s.start_ticks >= leader.start_ticks;
+        let in_group = (s.pgid == Some(leader.pid) || s.sid == Some(leader.pid))
+            && s.start_ticks >= leader.start_ticks;
         let member = (in_group && leader_trusted)
             || scope
                 .wrapper
-                .is_some_and(|w| descends_from(s.pid.get(), w.get(), &snap.parent, &mut descends))
+                .is_some_and(|w| descends_from(s.pid, w, &snap.parent, &mut descends))
             || ((in_group || depth == Depth::WithMarker) && has_marker(snap, s.pid, scope));
         if member {
             out.push(*s);
@@ -613,7 +621,7 @@ fn candidates<'s>(snap: &'s Snapshot, scope: &RunScope, depth: Depth) -> Vec<&'s
     let Some(index) = snap.index.as_ref().filter(|_| scope.wrapper.is_none()) else {
         return snap.stats.iter().collect();
     };
-    let leader = scope.leader.pid.get();
+    let leader = scope.leader.pid;
     let none = Vec::new();
     let mut picked: Vec<usize> = Vec::new();
     picked.extend(index.by_sid.get(&leader).unwrap_or(&none));
@@ -642,10 +650,10 @@ fn has_marker(snap: &Snapshot, pid: Pid, scope: &RunScope) -> bool {
 
 /// Whether `pid` has `ancestor` among its ancestors, memoised across one scan.
 fn descends_from(
-    pid: i32,
-    ancestor: i32,
-    parent: &HashMap<i32, i32>,
-    memo: &mut HashMap<i32, bool>,
+    pid: Pid,
+    ancestor: Pid,
+    parent: &HashMap<Pid, Pid>,
+    memo: &mut HashMap<Pid, bool>,
 ) -> bool {
     let mut chain = Vec::new();
     let mut cur = pid;
@@ -656,7 +664,7 @@ fn descends_from(
         chain.push(cur);
         match parent.get(&cur) {
             Some(&pp) if pp == ancestor => break true,
-            Some(&pp) if pp > 1 && chain.len() < 4096 => cur = pp,
+            Some(&pp) if pp.get() > 1 && chain.len() < 4096 => cur = pp,
             _ => break false,
         }
     };
@@ -687,12 +695,13 @@ mod tests {
         sh.wait().unwrap();
         let snap = Snapshot::take();
         let st = procfs::stat(sleep_pid).unwrap();
-        assert_ne!(st.sid, sleep, "sleep leads no session");
+        assert_ne!(st.sid, Some(sleep_pid), "sleep leads no session");
+        let sid = st.sid.expect("a session id");
         let held = held_ids(&snap.stats);
         // The shell was `setsid`'s child or setsid itself (it forks when it leads a group):
         // either way the session's id is no live process's pid.
-        assert!(held.contains(&st.sid), "{} not held: {held:?}", st.sid);
-        assert!(!held.contains(&sleep));
+        assert!(held.contains(&sid), "{sid} not held: {held:?}");
+        assert!(!held.contains(&sleep_pid));
         let floor = snap.pid_floor().expect("a look of every pid has a floor");
         assert!(floor.held >= 1);
         assert!(floor.holds_now(), "a look just taken holds");
@@ -709,11 +718,14 @@ mod tests {
 
     #[test]
     fn ancestry_is_followed_and_memoised() {
-        let parent: HashMap<i32, i32> = [(10, 5), (11, 10), (12, 11), (20, 1)].into();
+        let p = |n: i64| Pid::new(n).unwrap();
+        let parent: HashMap<Pid, Pid> = [(10, 5), (11, 10), (12, 11), (20, 1)]
+            .map(|(c, pp)| (p(c), p(pp)))
+            .into();
         let mut memo = HashMap::new();
-        assert!(descends_from(12, 5, &parent, &mut memo));
-        assert!(descends_from(11, 5, &parent, &mut memo));
-        assert!(!descends_from(20, 5, &parent, &mut memo));
-        assert_eq!(memo.get(&10), Some(&true));
+        assert!(descends_from(p(12), p(5), &parent, &mut memo));
+        assert!(descends_from(p(11), p(5), &parent, &mut memo));
+        assert!(!descends_from(p(20), p(5), &parent, &mut memo));
+        assert_eq!(memo.get(&p(10)), Some(&true));
     }
 }

@@ -7,7 +7,7 @@
 //! must report it as such, never guess.
 
 use crate::error::{Error, Result};
-use crate::pid::{Identity, Pid};
+use crate::pid::{ClaimedPid, Identity, Pid};
 use crate::run_dir::{caps, files, RunDir};
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
@@ -128,14 +128,14 @@ pub struct Cleanup {
     pub signals: Vec<String>,
     pub duration_ms: u64,
     /// Pids still alive after the KILL step and the confirmation window.
-    pub survivors: Vec<i32>,
+    pub survivors: Vec<ClaimedPid>,
     /// Pids that were signalled (the leftovers, when the leader exited on its own).
     #[serde(default)]
-    pub signalled: Vec<i32>,
+    pub signalled: Vec<ClaimedPid>,
     /// Pids that may be the run's, found where a process that left the run's cgroup could
     /// be ([`crate::escape`]), after its wrapper was lost: not signalled, named.
     #[serde(default)]
-    pub escapees: Vec<i32>,
+    pub escapees: Vec<ClaimedPid>,
 }
 
 /// The record, key for key as the contract lists it (plus the run's stop timings, so a later
@@ -150,12 +150,13 @@ pub struct Status {
     pub term_signal: Option<String>,
     pub argv: Vec<String>,
     pub cwd: String,
-    pub pid: Option<i32>,
-    pub pgid: Option<i32>,
-    pub sid: Option<i32>,
+    /// The leader, its group and session: claims of the record (see [`ClaimedPid`]).
+    pub pid: Option<ClaimedPid>,
+    pub pgid: Option<ClaimedPid>,
+    pub sid: Option<ClaimedPid>,
     pub start_ticks: Option<u64>,
     pub boot_id: String,
-    pub wrapper_pid: Option<i32>,
+    pub wrapper_pid: Option<ClaimedPid>,
     /// The wrapper's start time (clock ticks since boot), to tell it from a reused pid.
     #[serde(default)]
     pub wrapper_start_ticks: Option<u64>,
@@ -298,7 +299,7 @@ impl Status {
     /// something to act on.
     pub fn leader(&self) -> Option<Identity> {
         Some(Identity {
-            pid: Pid::new(self.pid?.into())?,
+            pid: self.pid?.pid()?,
             start_ticks: self.start_ticks?,
         })
     }
@@ -307,20 +308,20 @@ impl Status {
     /// claim, confirmed only by [`crate::wrapper::live_wrapper`]).
     pub fn wrapper(&self) -> Option<Identity> {
         Some(Identity {
-            pid: Pid::new(self.wrapper_pid?.into())?,
+            pid: self.wrapper_pid?.pid()?,
             start_ticks: self.wrapper_start_ticks?,
         })
     }
 
     /// Name the leader: the pid and start ticks the kernel gave for the spawned workload.
     pub fn set_leader(&mut self, leader: Identity) {
-        self.pid = Some(leader.pid.get());
+        self.pid = Some(leader.pid.into());
         self.start_ticks = Some(leader.start_ticks);
     }
 
     /// Name the wrapper (this process, with the start ticks /proc gives for it).
     pub fn set_wrapper(&mut self, pid: Pid, start_ticks: Option<u64>) {
-        self.wrapper_pid = Some(pid.get());
+        self.wrapper_pid = Some(pid.into());
         self.wrapper_start_ticks = start_ticks;
     }
 
@@ -512,7 +513,7 @@ pub(crate) mod tests {
             sid: None,
             start_ticks: None,
             boot_id: "b".into(),
-            wrapper_pid: Some(1),
+            wrapper_pid: Pid::new(1).map(ClaimedPid::from),
             wrapper_start_ticks: None,
             host: "h".into(),
             user: "u".into(),
@@ -585,6 +586,40 @@ pub(crate) mod tests {
                 "{pair:?} are written in KEYS' order"
             );
         }
+    }
+
+    #[test]
+    fn a_number_that_is_no_pid_is_kept_as_written_and_refused_by_the_check() {
+        let mut st = sample();
+        st.state = State::Running;
+        st.boot_id = crate::procfs::boot_id();
+        st.uid = crate::sys::geteuid();
+        st.pid = Some((-1).into());
+        st.pgid = Some(0.into());
+        st.sid = Some(42.into());
+        st.start_ticks = Some(7);
+        st.wrapper_pid = Some(0.into());
+        st.wrapper_start_ticks = Some(1);
+        let text = st.to_json();
+        for key in [
+            "\"pid\": -1,",
+            "\"pgid\": 0,",
+            "\"sid\": 42,",
+            "\"wrapper_pid\": 0,",
+        ] {
+            assert!(text.contains(key), "{key} in {text}");
+        }
+        let back = parse_status(&text).unwrap();
+        assert_eq!(back.to_json(), text, "read and written back byte for byte");
+        assert_eq!((back.leader(), back.wrapper()), (None, None));
+        let refused = |st: &Status| match crate::wrapper::check_record(st) {
+            Err(Error::Identity { why }) => why,
+            other => panic!("{other:?}"),
+        };
+        assert!(refused(&back).contains("wrapper_pid 0 cannot be a wrapper"));
+        let mut st = back;
+        st.wrapper_pid = Some(i32::MAX.into());
+        assert!(refused(&st).contains("(pid -1, pgid 0, sid 42)"));
     }
 
     #[test]

@@ -136,7 +136,7 @@ fn ended_as_reported(pid: Pid, pidfd: Option<&OwnedFd>, cgroup: Option<BorrowedF
         Some(dir) => cgroup_empty(dir),
         None => !crate::procfs::scan()
             .iter()
-            .any(|s| s.sid == pid.get() && s.pid != pid),
+            .any(|s| s.sid == Some(pid) && s.pid != pid),
     }
 }
 
@@ -238,7 +238,7 @@ mod tests {
             assert_eq!(child.pidfd.is_some(), !force_fork, "fork {force_fork}");
             assert_eq!(child.cgroup_entry, None);
             let st = crate::procfs::stat(child.pid).unwrap();
-            assert_eq!((st.pgid, st.sid), (child.pid.get(), child.pid.get()));
+            assert_eq!((st.pgid, st.sid), (Some(child.pid), Some(child.pid)));
             assert_eq!(reap(child.pid), WaitStatus::Exited(3));
             let lines: Vec<&str> = out.lines().collect();
             // `ls /proc/self/fd` lists its own directory fd (3): nothing of ours is above 2.

@@ -49,7 +49,7 @@ pub fn set_suspended(scope: &RunScope, suspended: bool, journal: Option<&Journal
         found.sort_by_key(|st| st.pid != leader);
         for st in found {
             done.insert(st.pid);
-            if grouped && st.pgid == leader.get() {
+            if grouped && st.pgid == Some(leader) {
                 continue;
             }
             let Ok(fd) = sys::pidfd_open(st.pid) else {
@@ -73,7 +73,7 @@ pub fn set_suspended(scope: &RunScope, suspended: bool, journal: Option<&Journal
             grouped |= group && result.is_ok();
             if let Some(j) = journal {
                 let target = if group {
-                    format!("group:{}", st.pgid)
+                    format!("group:{}", crate::pid::raw(st.pgid))
                 } else {
                     format!("pid:{}", st.pid)
                 };

@@ -19,7 +19,7 @@
 use crate::error::{Error, Result};
 use crate::journal::Journal;
 use crate::lock::{is_agent_run_exe, LockIds};
-use crate::pid::Pid;
+use crate::pid::{ClaimedPid, Pid};
 use crate::procfs;
 use crate::reason::Reason;
 use crate::record::{State, Status};
@@ -50,8 +50,10 @@ pub fn check_record(st: &Status) -> Result<()> {
             st.uid
         ));
     }
+    // The record's numbers as written: a claimed pid may be none (0, negative).
+    let raw = |c: Option<ClaimedPid>| c.map(ClaimedPid::raw);
     let this = Pid::this().get();
-    match (st.wrapper_pid, st.wrapper_start_ticks) {
+    match (raw(st.wrapper_pid), st.wrapper_start_ticks) {
         (Some(p), Some(_)) if p > 1 && p != this => {}
         (Some(p), Some(_)) => {
             return refuse(format!(
@@ -62,9 +64,9 @@ pub fn check_record(st: &Status) -> Result<()> {
         (_, None) => return refuse("the record has no wrapper_start_ticks".into()),
     }
     let leader = [
-        st.pid.map(i64::from),
-        st.pgid.map(i64::from),
-        st.sid.map(i64::from),
+        raw(st.pid).map(i64::from),
+        raw(st.pgid).map(i64::from),
+        raw(st.sid).map(i64::from),
         st.start_ticks.map(|t| t as i64),
     ];
     let known = leader.iter().filter(|v| v.is_some()).count();
@@ -85,9 +87,9 @@ pub fn check_record(st: &Status) -> Result<()> {
         ),
     }
     let (pid, pgid, sid, ticks) = (
-        st.pid.unwrap_or_default(),
-        st.pgid.unwrap_or_default(),
-        st.sid.unwrap_or_default(),
+        raw(st.pid).unwrap_or_default(),
+        raw(st.pgid).unwrap_or_default(),
+        raw(st.sid).unwrap_or_default(),
         st.start_ticks.unwrap_or_default(),
     );
     if pid <= 1 || pid == this || pgid != pid || sid != pid {
@@ -111,10 +113,11 @@ pub fn check_record(st: &Status) -> Result<()> {
         }
         // A session leader can change neither its group nor its session: a live leader that is
         // not pid == pgid == sid is not the process the wrapper started.
-        if now.pgid != pid.get() || now.sid != pid.get() {
+        if now.pgid != Some(pid) || now.sid != Some(pid) {
             return refuse(format!(
                 "pid {pid} is alive but is not its own session and group leader (pgid {}, sid {}): it is not the run's leader",
-                now.pgid, now.sid
+                crate::pid::raw(now.pgid),
+                crate::pid::raw(now.sid)
             ));
         }
     }

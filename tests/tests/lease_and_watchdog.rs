@@ -127,14 +127,14 @@ fn record_with(id: &str, pid: i32, pgid: i32, sid: i32, ticks: u64, boot_id: &st
         term_signal: None,
         argv: vec![fixture_bin().display().to_string()],
         cwd: "/".into(),
-        pid: Some(pid),
-        pgid: Some(pgid),
-        sid: Some(sid),
+        pid: Some(pid.into()),
+        pgid: Some(pgid.into()),
+        sid: Some(sid.into()),
         start_ticks: Some(ticks),
         boot_id: boot_id.to_string(),
         // A wrapper that is gone (no process can have this pid: it is above pid_max), started
         // at boot: the whole identity a record must hold, with the wrapper already dead.
-        wrapper_pid: Some(i32::MAX),
+        wrapper_pid: Some(i32::MAX.into()),
         wrapper_start_ticks: Some(0),
         host: shared_sys::hostname(),
         user: agent_run_shared::users::user_name(uid),
@@ -627,7 +627,7 @@ fn a_record_from_an_earlier_boot_becomes_unknown_and_the_process_it_names_is_not
     let pid = children.push(spawn_in_session(&["sleep-ms", "60000"], None, None));
     let unrelated = Pinned::new(&[pid]);
     let mut st = running_record(c.id, pid, FORGED_BOOT_ID);
-    st.wrapper_pid = Some(dead_process().0);
+    st.wrapper_pid = Some(dead_process().0.into());
     write_record(&dir, &st);
 
     let mut cmd = root.watchdog_cmd();
@@ -660,7 +660,7 @@ fn in_process_run_once_marks_a_record_from_an_earlier_boot_unknown_without_signa
     let pid = children.push(spawn_in_session(&["sleep-ms", "60000"], None, None));
     let unrelated = Pinned::new(&[pid]);
     let mut st = running_record(c.id, pid, FORGED_BOOT_ID);
-    st.wrapper_pid = Some(dead_process().0);
+    st.wrapper_pid = Some(dead_process().0.into());
     write_record(&dir, &st);
     write_lease(&dir, epoch_now() - 10.0, 1.0);
     let (dead, ticks) = dead_process();
@@ -711,7 +711,7 @@ fn in_process_run_once_marks_an_orphan_without_processes_unknown_wrapper_lost() 
     let dir = make_run_dir(&root, c.id);
     let (pid, ticks) = dead_process();
     let mut st = record_with(c.id, pid, pid, pid, ticks, &procfs::boot_id());
-    st.wrapper_pid = Some(dead_process().0);
+    st.wrapper_pid = Some(dead_process().0.into());
     write_record(&dir, &st);
 
     let started = Instant::now();
@@ -1418,7 +1418,7 @@ fn a_lease_that_falls_due_during_a_long_rescan_is_enforced_without_waiting_for_i
             let id = format!("wd-slice-fill-{i:05}");
             let dir = make_run_dir(&root, &id);
             let mut st = record_with(&id, stranger, spgid, ssid, sticks, &boot);
-            st.wrapper_pid = Some(holder.pid);
+            st.wrapper_pid = Some(holder.pid.into());
             st.wrapper_start_ticks = Some(holder.ticks);
             // A long command line, as real records have: the pass reads and parses each one.
             st.argv = vec!["x".repeat(16 << 10)];

@@ -160,9 +160,9 @@ fn forged_record_names_nothing_that_is_signalled(forgery: Forgery) {
     st.state = State::Running;
     st.argv = vec!["sleep".into(), "600".into()];
     st.cwd = "/".into();
-    st.pid = Some(victim);
-    st.pgid = Some(pgid);
-    st.sid = Some(sid);
+    st.pid = Some(victim.into());
+    st.pgid = Some(pgid.into());
+    st.sid = Some(sid.into());
     st.started_at = Some(agent_run_shared::time::rfc3339_now());
     st.grace_ms = Some(1000);
     st.hup_after_ms = Some(500);

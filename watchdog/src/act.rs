@@ -5,6 +5,7 @@
 use crate::assess::{Action, Due, Subject};
 use agent_run_shared::lifecycle::{finalize, timings_of};
 use agent_run_shared::lock::Taken;
+use agent_run_shared::pid::ClaimedPid;
 use agent_run_shared::reason::Reason;
 use agent_run_shared::record::State;
 use agent_run_shared::takeover::{self, Failure, Patience, Request, Until};
@@ -114,7 +115,7 @@ fn finish(subject: &Subject, reason: Reason, patience: Patience) -> Result<Strin
     }
 }
 
-fn pid_list(p: &[i32]) -> String {
+fn pid_list(p: &[ClaimedPid]) -> String {
     let v: Vec<String> = p.iter().map(|p| p.to_string()).collect();
     format!("[{}]", v.join(","))
 }

@@ -2,6 +2,7 @@
 //! (/proc/locks), and the `agent-run.*` cgroups under each parent a record names. A record is
 //! the workload's to write; these are not.
 
+use agent_run_shared::pid::Pid;
 use rustix::fs::{self as rfs, Mode, OFlags};
 use rustix::io::Errno;
 use std::collections::{HashMap, HashSet};
@@ -10,7 +11,7 @@ use std::collections::{HashMap, HashSet};
 /// its `lock` file) and the inodes (a wrapper holds its run dir's).
 #[derive(Default)]
 pub struct Flocks {
-    pids: HashSet<i32>,
+    pids: HashSet<Pid>,
     inodes: HashSet<u64>,
 }
 
@@ -37,7 +38,7 @@ impl Flocks {
             return;
         }
         let mut f = f.skip(2);
-        if let Some(pid) = f.next().and_then(|p| p.parse().ok()) {
+        if let Some(pid) = f.next().and_then(|p| Pid::new(p.parse().ok()?)) {
             self.pids.insert(pid);
         }
         let ino = f.next().and_then(|d| d.rsplit(':').next());
@@ -48,7 +49,7 @@ impl Flocks {
 
     /// Whether a wrapper may hold the run: a flock on the run dir's inode (a wrapper holds it
     /// for its whole life), or one held by the pid the record names as its wrapper.
-    pub fn may_hold(&self, dir_ino: u64, wrapper_pid: Option<i32>) -> bool {
+    pub fn may_hold(&self, dir_ino: u64, wrapper_pid: Option<Pid>) -> bool {
         self.inodes.contains(&dir_ino) || wrapper_pid.is_some_and(|p| self.pids.contains(&p))
     }
 }
@@ -104,9 +105,9 @@ mod tests {
         f.add("1: -> FLOCK  ADVISORY  WRITE 999 fe:00:77 0 EOF");
         f.add("2: POSIX  ADVISORY  WRITE 888 fe:00:88 0 EOF");
         assert!(f.may_hold(5341426, None));
-        assert!(f.may_hold(1, Some(15672)));
-        assert!(!f.may_hold(77, Some(999)));
-        assert!(!f.may_hold(88, Some(888)));
+        assert!(f.may_hold(1, Pid::new(15672)));
+        assert!(!f.may_hold(77, Pid::new(999)));
+        assert!(!f.may_hold(88, Pid::new(888)));
     }
 
     #[test]

@@ -23,6 +23,7 @@
 //! timestamps, an in-place rewrite in the same clock tick could keep the change time the pass
 //! saw (the "racy git" problem). It is read afresh until it is older.
 
+use agent_run_shared::pid::Pid;
 use agent_run_shared::root::Root;
 use rustix::fs::{self as rfs, AtFlags, StatxFlags};
 use std::collections::HashMap;
@@ -80,7 +81,7 @@ pub struct Known {
     /// status.json's size.
     pub size: u64,
     /// The record's `wrapper_pid`.
-    pub wrapper_pid: Option<i32>,
+    pub wrapper_pid: Option<Pid>,
     /// The cgroup parent the record names (the cgroup is `PARENT/agent-run.<id>.<dir inode>`),
     /// if it names one.
     pub cgroup_parent: Option<Rc<str>>,
@@ -248,7 +249,7 @@ impl Ledger {
             let size = f.next()?.parse().ok()?;
             let wrapper_pid = match f.next()? {
                 "-" => None,
-                p => Some(p.parse().ok()?),
+                p => Some(Pid::new(p.parse::<i32>().ok()?.into())?),
             };
             let cgroup_parent = match f.next()? {
                 "-" => None,
@@ -282,7 +283,7 @@ mod tests {
                 ino: 2000 + i,
             },
             size: 1400 + i,
-            wrapper_pid: (i % 2 == 0).then_some(4000 + i as i32),
+            wrapper_pid: Pid::new(4000 + i as i64).filter(|_| i % 2 == 0),
             cgroup_parent: parent.cloned(),
         }
     }

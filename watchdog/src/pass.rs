@@ -36,6 +36,7 @@ use crate::ledger::{Carry, Known, Ledger, Settled, RACY};
 use crate::peek::Peek;
 use agent_run_shared::cgroup::{name_for, RunCgroups};
 use agent_run_shared::id::RunId;
+use agent_run_shared::pid::ClaimedPid;
 use agent_run_shared::record::ContainmentMode;
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, ResolveFlags, StatxFlags};
 use std::cell::OnceCell;
@@ -273,7 +274,7 @@ impl Pass {
                 ino: st.st_ino,
             },
             size,
-            wrapper_pid: record.wrapper_pid,
+            wrapper_pid: record.wrapper_pid.and_then(ClaimedPid::pid),
             cgroup_parent,
         })
     }
@@ -321,6 +322,7 @@ fn racy_before_ns() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agent_run_shared::pid::Pid;
     use agent_run_shared::record::{State, Status};
 
     fn record(state: State) -> Status {
@@ -531,7 +533,7 @@ mod tests {
         let mut ledger = p.into_ledger().unwrap();
         let lock = std::fs::File::create(s.root.join("held")).unwrap();
         assert!(agent_run_shared::sys::try_lock_exclusive(lock.as_fd()).unwrap());
-        ledger.entries[0].1.wrapper_pid = Some(std::process::id() as i32);
+        ledger.entries[0].1.wrapper_pid = Some(Pid::this());
         let (f, p) = s.pass(ledger.clone());
         assert_eq!(f, None);
         assert_eq!(p.carry.as_ref().unwrap().kept(), 0);

@@ -11,6 +11,7 @@
 //! final record into its own status.json, which the careful path takes as final too. A peek
 //! costs two thirds of the record's parse (1.4 against 2.2 µs a record here).
 
+use agent_run_shared::pid::ClaimedPid;
 use agent_run_shared::record::{ContainmentMode, State, SCHEMA};
 use serde::de::IgnoredAny;
 use serde::Deserialize;
@@ -40,7 +41,7 @@ pub struct Peek<'a> {
     #[serde(default)]
     start_ticks: Option<IgnoredAny>,
     boot_id: IgnoredAny,
-    pub wrapper_pid: Option<i32>,
+    pub wrapper_pid: Option<ClaimedPid>,
     #[serde(default)]
     wrapper_start_ticks: Option<IgnoredAny>,
     host: IgnoredAny,
@@ -130,14 +131,14 @@ mod tests {
         ];
         for state in states {
             let mut st = record(state);
-            st.wrapper_pid = Some(4321);
+            st.wrapper_pid = Some(4321.into());
             st.containment = Some(Held::cgroup(std::path::Path::new(
                 "/sys/fs/cgroup/x/agent-run.r1.1f",
             )));
             st.argv = vec!["a \"quoted\" \\ arg\n".into(), "é".into()];
             for text in [st.to_json(), serde_json::to_string(&st).unwrap()] {
                 let p = Peek::of(text.as_bytes()).unwrap_or_else(|| panic!("{text}"));
-                assert_eq!((p.state, p.wrapper_pid), (state, Some(4321)));
+                assert_eq!((p.state, p.wrapper_pid), (state, Some(4321.into())));
                 let c = p.containment.unwrap();
                 assert_eq!(c.mode, ContainmentMode::Cgroup);
                 assert_eq!(

@@ -6,6 +6,7 @@ use crate::human;
 use crate::runs::{open_root, root_entries};
 use agent_run_shared::exit;
 use agent_run_shared::id::RunId;
+use agent_run_shared::pid::ClaimedPid;
 use agent_run_shared::record::{ContainmentMode, State};
 use agent_run_shared::root::Root;
 use agent_run_shared::spec::matches_all;
@@ -25,7 +26,8 @@ struct Row {
     run_id: String,
     state: State,
     reason: Option<String>,
-    pid: Option<i32>,
+    /// The record's leader pid, as written.
+    pid: Option<ClaimedPid>,
     age_s: Option<f64>,
     lease_left: Option<f64>,
     /// Why lease.json cannot be read (the workload can damage it), while the run is active.

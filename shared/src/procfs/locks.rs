@@ -7,23 +7,26 @@ use super::*;
 /// not in it.
 #[derive(Debug, Default, Clone)]
 pub struct LockTable {
-    held: std::collections::HashMap<(u64, u64, u64), Vec<i32>>,
+    held: std::collections::HashMap<(u64, u64, u64), Vec<Pid>>,
 }
 
 impl LockTable {
     /// Read /proc/locks.
     pub fn read() -> LockTable {
-        let mut held: std::collections::HashMap<(u64, u64, u64), Vec<i32>> = Default::default();
+        let mut held: std::collections::HashMap<(u64, u64, u64), Vec<Pid>> = Default::default();
         if let Ok(text) = read_kernel_file("/proc/locks") {
             for (maj, min, ino, pid) in text.lines().filter_map(parse_lock_line) {
-                held.entry((maj, min, ino)).or_default().push(pid);
+                // 0: a holder outside our pid namespace, which has no pid here.
+                if let Some(pid) = Pid::new(pid.into()) {
+                    held.entry((maj, min, ino)).or_default().push(pid);
+                }
             }
         }
         LockTable { held }
     }
 
     /// The pids holding a flock on (device, inode).
-    pub fn holders(&self, dev: u64, ino: u64) -> Vec<i32> {
+    pub fn holders(&self, dev: u64, ino: u64) -> Vec<Pid> {
         let key = (libc::major(dev) as u64, libc::minor(dev) as u64, ino);
         self.held.get(&key).cloned().unwrap_or_default()
     }

@@ -8,9 +8,13 @@ pub struct Stat {
     pub pid: Pid,
     /// One-letter state: R, S, D, Z, T, t, X, I ...
     pub state: u8,
-    pub ppid: i32,
-    pub pgid: i32,
-    pub sid: i32,
+    /// `None` where the kernel writes 0: for a process whose parent is in another pid
+    /// namespace, and for kernel threads.
+    pub ppid: Option<Pid>,
+    /// `None` where the kernel writes 0 (a group or session in another pid namespace, a kernel
+    /// thread).
+    pub pgid: Option<Pid>,
+    pub sid: Option<Pid>,
     /// Field 22: start time in clock ticks since boot.
     pub start_ticks: u64,
     /// Field 24: resident set size in pages.
@@ -53,6 +57,11 @@ impl Stat {
         self.flags & PF_EXITING != 0 && self.threads <= 1
     }
 
+    /// Whether it leads its own process group.
+    pub fn leads_group(&self) -> bool {
+        self.pgid == Some(self.pid)
+    }
+
     /// Stopped by a signal or a tracer: a TERM stays pending until it is continued.
     pub fn is_stopped(&self) -> bool {
         matches!(self.state, b'T' | b't')
@@ -71,9 +80,9 @@ pub fn parse_stat(line: &str) -> Option<Stat> {
     Some(Stat {
         pid,
         state: *field(3)?.as_bytes().first()?,
-        ppid: field(4)?.parse().ok()?,
-        pgid: field(5)?.parse().ok()?,
-        sid: field(6)?.parse().ok()?,
+        ppid: crate::pid::parse_or_none(field(4)?)?,
+        pgid: crate::pid::parse_or_none(field(5)?)?,
+        sid: crate::pid::parse_or_none(field(6)?)?,
         start_ticks: field(22)?.parse().ok()?,
         rss_pages: field(24)?.parse().ok()?,
         threads: field(20)?.parse().ok()?,

@@ -207,8 +207,8 @@ fn the_tree_below_us_holds_a_grandchild_by_its_own_parent_link_and_not_our_paren
     // A fork is in its parent's list before it execs; the echo came after the fork.
     let sh_stat = of(sh).expect("our child is in the tree");
     let sleep_stat = of(sleep).expect("our grandchild is in the tree");
-    assert_eq!(sh_stat.ppid, std::process::id() as i32);
-    assert_eq!(sleep_stat.ppid, sh.get());
+    assert_eq!(sh_stat.ppid, Some(Pid::this()));
+    assert_eq!(sleep_stat.ppid, Some(sh));
     assert!(
         tree.windows(2).all(|w| w[0].pid < w[1].pid),
         "sorted, no pid twice"
@@ -216,7 +216,7 @@ fn the_tree_below_us_holds_a_grandchild_by_its_own_parent_link_and_not_our_paren
     // Only what is below us: not our parent, not pid 1, not ourselves.
     let me = Pid::this();
     assert!(tree.iter().all(|s| s.pid != me && s.pid.get() != 1));
-    assert!(tree.iter().all(|s| s.pid.get() != stat(me).unwrap().ppid));
+    assert!(tree.iter().all(|s| Some(s.pid) != stat(me).unwrap().ppid));
     let sleep_fd = crate::sys::pidfd_open(sleep).unwrap();
     crate::sys::pidfd_send_signal(
         std::os::fd::AsFd::as_fd(&sleep_fd),
@@ -234,12 +234,28 @@ fn parses_a_stat_line_with_a_hostile_command_name() {
     let s = parse_stat(line).unwrap();
     assert_eq!(s.pid.get(), 4242);
     assert_eq!(s.state, b'S');
-    assert_eq!((s.ppid, s.pgid, s.sid), (1, 4242, 4242));
+    let p = |n| Pid::new(n);
+    assert_eq!((s.ppid, s.pgid, s.sid), (p(1), p(4242), p(4242)));
     assert_eq!(s.start_ticks, 987654);
     assert_eq!(s.rss_pages, 250);
     assert_eq!(s.threads, 1);
     assert_eq!(s.flags, 4194560);
     assert!(!s.is_exiting());
+}
+
+#[test]
+fn a_parent_group_or_session_in_another_namespace_is_none() {
+    // The kernel writes 0 for a parent, group or session outside our pid namespace.
+    let line = "7 (init) S 0 0 0 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 5 1000 250 1";
+    let s = parse_stat(line).unwrap();
+    assert_eq!((s.ppid, s.pgid, s.sid), (None, None, None));
+    assert!(!s.leads_group());
+    let negative = "7 (x) S -1 7 7 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 5 1000 250 1";
+    assert_eq!(
+        parse_stat(negative),
+        None,
+        "the kernel never writes a negative pid"
+    );
 }
 
 #[test]

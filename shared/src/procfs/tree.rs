@@ -59,8 +59,8 @@ pub fn keeper_of(wrapper: Pid) -> Option<Identity> {
     let mut fits = children_of(wrapper).into_iter().filter_map(|c| {
         let st = stat(c)?;
         let comm = read_kernel_file(format!("/proc/{c}/comm")).ok()?;
-        let fits = st.ppid == wrapper.get()
-            && st.sid == c.get()
+        let fits = st.ppid == Some(wrapper)
+            && st.sid == Some(c)
             && comm.trim_end() == "agent-run-keep"
             && exe(c)? == w_exe
             && cgroup(c)? == w_cgroup;
@@ -81,9 +81,9 @@ pub fn keeper_of(wrapper: Pid) -> Option<Identity> {
 /// parent whose list it came from. A process forked, or reparented, after the list it belongs
 /// in was read is missed by this look, as by a scan that read its pid's slot first.
 pub fn tree_below(root: Pid) -> Option<Vec<Stat>> {
-    let mut queue: Vec<(Pid, i32)> = Vec::new();
+    let mut queue: Vec<(Pid, Pid)> = Vec::new();
     for list in children_lists(&root.to_string())? {
-        queue.extend(parse_children(&list.ok()?).map(|c| (c, root.get())));
+        queue.extend(parse_children(&list.ok()?).map(|c| (c, root)));
     }
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::new();
@@ -93,12 +93,12 @@ pub fn tree_below(root: Pid) -> Option<Vec<Stat>> {
         }
         let Some(st) = stat(pid) else { continue };
         out.push(st);
-        if st.ppid != parent {
+        if st.ppid != Some(parent) {
             continue;
         }
         if let Some(lists) = children_lists(&pid.to_string()) {
             for list in lists.flatten() {
-                queue.extend(parse_children(&list).map(|c| (c, pid.get())));
+                queue.extend(parse_children(&list).map(|c| (c, pid)));
             }
         }
     }

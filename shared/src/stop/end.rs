@@ -19,8 +19,8 @@ impl Stopper<'_> {
                 json!({
                     "signals": r.signals.iter().map(|x| x.name()).collect::<Vec<_>>(),
                     "duration_ms": r.duration.as_millis() as u64,
-                    "survivors": pids(&r.survivors),
-                    "signalled": pids(&r.signalled),
+                    "survivors": r.survivors,
+                    "signalled": r.signalled,
                 }),
             );
         }

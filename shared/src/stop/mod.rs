@@ -119,9 +119,9 @@ impl Report {
         Cleanup {
             signals: self.signals.iter().map(|s| s.name()).collect(),
             duration_ms: self.duration.as_millis() as u64,
-            survivors: self.survivors.iter().map(|p| p.get()).collect(),
-            signalled: self.signalled.iter().map(|p| p.get()).collect(),
-            escapees: self.escapees.iter().map(|p| p.get()).collect(),
+            survivors: self.survivors.iter().map(|&p| p.into()).collect(),
+            signalled: self.signalled.iter().map(|&p| p.into()).collect(),
+            escapees: self.escapees.iter().map(|&p| p.into()).collect(),
         }
     }
 }
@@ -253,7 +253,7 @@ impl<'a> Stopper<'a> {
         }
         drop(snap);
         if !first.is_empty() {
-            self.journal_event("stop_begin", json!({ "members": pids(&first) }));
+            self.journal_event("stop_begin", json!({ "members": first }));
         }
         depth
     }
@@ -402,8 +402,4 @@ fn level_after<T: PartialOrd + Copy>(
         *kill_at = now;
     }
     Some(next)
-}
-
-fn pids(p: &[Pid]) -> Vec<i32> {
-    p.iter().map(|p| p.get()).collect()
 }

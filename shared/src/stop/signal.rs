@@ -37,7 +37,7 @@ impl Stopper<'_> {
         let grouped = targets.contains(&leader) && self.send_group(leader, main);
         for &p in &targets {
             let m = &self.members[&p];
-            let in_group = m.stat.pgid == leader.get();
+            let in_group = m.stat.pgid == Some(leader);
             let stopped = m.stat.is_stopped() || procfs::stat(p).is_some_and(|s| s.is_stopped());
             if grouped && in_group {
                 self.report.signalled.push(p);
@@ -77,7 +77,7 @@ impl Stopper<'_> {
             (None, _) => send_without_pidfd(&m.stat, sig, group),
         };
         let target = if group {
-            format!("group:{}", m.stat.pgid)
+            format!("group:{}", crate::pid::raw(m.stat.pgid))
         } else {
             format!("pid:{pid}")
         };
@@ -159,7 +159,7 @@ fn send_without_pidfd(st: &Stat, sig: Sig, group: bool) -> std::io::Result<()> {
         Some(now) if now.start_ticks == st.start_ticks => {}
         _ => return Err(std::io::Error::from_raw_os_error(libc::ESRCH)),
     }
-    if group && st.pgid != st.pid.get() {
+    if group && !st.leads_group() {
         return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
     }
     if group {

@@ -89,9 +89,9 @@ pub fn detach_parent(
         if let Some(st) = st.filter(|s| s.state != State::Starting) {
             // The id may be an earlier run's (a relaunch, or a launch that raced ours).
             same_command(id, &st, argv)?;
-            let ours = child
-                .as_ref()
-                .is_some_and(|c| st.wrapper_pid == Some(c.id() as i32));
+            let ours = child.as_ref().is_some_and(|c| {
+                st.wrapper_pid.and_then(ClaimedPid::pid) == Pid::new(c.id().into())
+            });
             // The token goes to the one who started the run, never to a relaunch's caller.
             let token = token.filter(|_| ours);
             if args.json {

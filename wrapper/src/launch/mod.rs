@@ -27,7 +27,7 @@ use agent_run_shared::journal::Journal;
 use agent_run_shared::lease::{Lease, LeaseToken, ENV_TOKEN};
 use agent_run_shared::lifecycle::{finalize, transition};
 use agent_run_shared::lock::{RunLock, Taken};
-use agent_run_shared::pid::{Identity, Pid};
+use agent_run_shared::pid::{ClaimedPid, Identity, Pid};
 use agent_run_shared::procset::{discover, Depth, RunScope};
 use agent_run_shared::pty::{self, Pty};
 use agent_run_shared::reap;

@@ -2,6 +2,7 @@
 //! group leader, then recorded `running`.
 
 use super::*;
+use agent_run_shared::pid::{raw, ClaimedPid};
 
 /// The descriptors the workload's child takes, besides the pty: the pipes' write ends (None
 /// with `--pty`), /dev/null as stdin (a detached run without a pty) and the run's cgroup.
@@ -246,9 +247,10 @@ impl Launch {
         let failed = match keeper {
             // A workload whose output nobody would drain: stopped before it runs on.
             Err(e) => Some(format!("{e:#}")),
-            Ok(()) if stat.pgid != pid.get() || stat.sid != pid.get() => Some(format!(
+            Ok(()) if stat.pgid != Some(pid) || stat.sid != Some(pid) => Some(format!(
                 "workload pid {pid} is not its own session and group leader (pgid {}, sid {})",
-                stat.pgid, stat.sid
+                raw(stat.pgid),
+                raw(stat.sid)
             )),
             Ok(()) => None,
         };
@@ -265,8 +267,9 @@ impl Launch {
     /// this run: the workload is stopped rather than run blind.
     fn record_running(&mut self, stat: &procfs::Stat) -> Result<(), u8> {
         let pid = stat.identity().pid;
-        self.st.pgid = Some(stat.pgid);
-        self.st.sid = Some(stat.sid);
+        // pid == pgid == sid (checked before).
+        self.st.pgid = stat.pgid.map(ClaimedPid::from);
+        self.st.sid = stat.sid.map(ClaimedPid::from);
         self.st.started_at = Some(time::rfc3339_now());
         self.started = Some(Instant::now());
         fault::point("before_running");
@@ -296,7 +299,7 @@ impl Launch {
     /// The spawn in the journal: the leader's identity and how it entered its cgroup.
     fn journal_spawn(&self, child: &sys::Spawned, stat: &procfs::Stat) {
         let pid = stat.identity().pid;
-        let mut spawn = json!({"pid": pid.get(), "pgid": stat.pgid, "sid": stat.sid, "start_ticks": stat.identity().start_ticks,
+        let mut spawn = json!({"pid": pid.get(), "pgid": raw(stat.pgid), "sid": raw(stat.sid), "start_ticks": stat.identity().start_ticks,
                    "cgroup_entry": child.cgroup_entry.map(sys::CgroupEntry::as_str)});
         if let Some((step, errno)) = child.report_ignored {
             // Bytes the exec'd workload wrote into the spawn's report pipe (through /proc).
