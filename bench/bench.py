@@ -2359,6 +2359,34 @@ SECTIONS = (
 )
 
 
+# What [simplify] (issue 37) removed, each measured side by side: release builds of each step,
+# `agent-run --quiet ID -- /bin/true` with the root on tmpfs, every binary in the same rounds
+# (interleaved, 400 rounds, two runs on 2026-12-06, load under 3). The figure is the change of
+# the launch median over bare, step by step: what the mechanism bought.
+SIMPLIFY_REMOVALS = (
+    ("the own C `main` and runtime start (`no_main`)", "-0.01 / +0.11"),
+    ("the hand parser of `start` beside clap", "+0.06 / +0.05"),
+    ("the keeper's CPU-affinity choreography", "+0.04 / +0.07"),
+    ("the keeper's go pipe (it starts at its fork)", "+0.16 / +0.05"),
+    ("the keeper's done pipe (the record waits for its exit)", "-0.01 / +0.03"),
+    ("clap's start-only parse (one parse for every subcommand)", "+0.06 / +0.05"),
+    ("clone3 on a stack of its own with `asm!` (now without CLONE_VM)", "+0.10 / +0.11"),
+)
+
+
+def simplify_removals(a):
+    paras(
+        a,
+        "## Removed in [simplify] (issue 37)",
+        "Each row is a mechanism whose only purpose was speed, and what removing it cost the launch median over bare, in ms, in two runs. Each was under the bar of 0.2 ms a launch, so it went. Together they cost about 0.4 ms: 1.64-1.80 ms over bare before, 2.03-2.17 ms after, against a target of tini's overhead + 2 ms. The symbol-ordering link changed only the static build's page faults and is not in this table. One mechanism stays: the musl build's heap (dlmalloc) buys 0.37 ms of a launch, measured the same way on the static build (1.52 ms over bare with it, 1.89 ms without). The watchdog's hand JSON tokenizer went too: a `--once` pass over 100,000 final runs took 430 ms of CPU before and after (its settled ledger stays: without it the pass takes 870 ms).",
+    )
+    a("| removed | launch median over bare, run 1 / run 2 (ms) |")
+    a("|---|---|")
+    for what, delta in SIMPLIFY_REMOVALS:
+        a(f"| {what} | {delta} |")
+    a("")
+
+
 def render(ctx, peers, command, started, elapsed):
     R = ctx.results
     m = machine(ctx.tmp)
@@ -2387,6 +2415,7 @@ def render(ctx, peers, command, started, elapsed):
     for name, section in SECTIONS:
         if name in R:
             section(a, R[name], ctx, peers, summ)
+    simplify_removals(a)
 
     if ctx.errors:
         a("## Harness errors")

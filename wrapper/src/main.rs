@@ -29,6 +29,11 @@ mod version;
 mod wait;
 
 /// `process::exit` flushes Rust's stdout, as returning from `main` would.
+/// Under musl, a heap that keeps its memory ([`agent_run_shared::sys::Heap`]).
+#[cfg(target_env = "musl")]
+#[global_allocator]
+static ALLOCATOR: agent_run_shared::sys::Heap = agent_run_shared::sys::Heap;
+
 fn main() {
     std::process::exit(agent_run().into())
 }

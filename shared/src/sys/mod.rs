@@ -13,11 +13,13 @@
 //! One file per concern: `signals` and `marks` (kill, masks, actions; what a process shows
 //! of itself), `process` (pidfds and the reap), `host` (facts, limits), `files` (whole reads, flock), `poll` (poll, inotify, epoll), `session`
 //! (what `pre_exec` may call), `spawn` and `exec` (the workload's clone3 and its child up
-//! to the exec), `helper` (the keeper's fork).
+//! to the exec), `helper` (the keeper's fork), `heap` (the musl binaries' allocator).
 #![allow(unsafe_code)]
 
 mod exec;
 mod files;
+#[cfg(target_env = "musl")]
+mod heap;
 mod helper;
 mod host;
 mod marks;
@@ -31,6 +33,8 @@ mod tests;
 
 pub use exec::*;
 pub use files::*;
+#[cfg(target_env = "musl")]
+pub use heap::*;
 pub use helper::*;
 pub use host::*;
 pub use marks::*;
