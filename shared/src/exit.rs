@@ -78,7 +78,7 @@ pub const TABLE: &[Row] = &[
         remote_only: true,
         ..row("72", "REMOTE_BIN_MISSING", "`remote` only: agent-run could not be run on the host (the remote shell found no such program, 127, or could not execute it, 126), or it is too old for the launch (`version --json` lacks a feature it needs); nothing was started there")
     },
-    row("75", "TEMPFAIL", "`wait --timeout` / `cancel --wait` ran out before the run was final, or the run's outcome is `unknown`; for `rm`: a run is not over (cancel it first)"),
+    row("75", "TEMPFAIL", "`wait --timeout` / `cancel --wait` ran out before the run was final, or the run's outcome is `unknown`; for `wait --idle`: the run wrote nothing for that long (it goes on); for `rm`: a run is not over (cancel it first)"),
     row("77", "NOPERM", "`renew` without the run's lease token, or a record that failed validation (`status` of a run whose record cannot be read): nothing was changed"),
     row("78", "CONFIG", "unsafe run root or run dir (owner, mode, symlink)"),
 ];

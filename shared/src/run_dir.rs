@@ -73,6 +73,7 @@ pub struct FileStat {
     /// A regular file (not a symlink, FIFO, directory...).
     pub regular: bool,
     pub modified: SystemTime,
+    pub size: u64,
 }
 
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -179,6 +180,7 @@ impl RunDir {
             ino: st.st_ino,
             regular,
             modified,
+            size: u64::try_from(st.st_size).unwrap_or(0),
         })
     }
 

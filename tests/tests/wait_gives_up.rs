@@ -1,5 +1,6 @@
 //! `wait --timeout` that runs out says so in words (`wait gave up after 1.0s; ID is still
-//! running`), exits 75, and leaves the runs running.
+//! running`), and `wait --idle DUR` returns once a run has written nothing for DUR: both exit
+//! 75 and leave the runs running.
 
 use agent_run_tests::cli::*;
 use agent_run_tests::{ctx, exit_code, TestRoot};
@@ -29,4 +30,65 @@ fn wait_that_runs_out_says_it_gave_up_and_which_runs_are_still_running() {
     ar_code(&root, &["cancel", "d1", "d2"], 0);
     d1.assert_gone(&root, "after cancel");
     d2.assert_gone(&root, "after cancel");
+}
+
+#[test]
+fn wait_idle_returns_75_once_a_run_is_silent_and_not_while_it_writes() {
+    let root = TestRoot::new();
+    let quiet = detached(&root, "quiet", &[], &["--children", "0"]);
+    let c = ctx(&root, "quiet");
+    let t0 = std::time::Instant::now();
+    let out = ar(
+        &root,
+        &["wait", "quiet", "--idle", "1s", "--timeout", "60s"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    c.eq(exit_code(&out.status), 75, "wait --idle's exit");
+    c.check(
+        err.contains("wait: quiet wrote nothing for 1.0s; it is still running"),
+        format_args!("wait --idle said: {err}"),
+    );
+    c.check(
+        t0.elapsed() >= std::time::Duration::from_secs(1),
+        format_args!(
+            "returned after {:?}, before a second of silence",
+            t0.elapsed()
+        ),
+    );
+    c.all_alive(&quiet.tree, "the quiet run after wait --idle");
+    // A run that writes every 100 ms is never idle for a second: the timeout ends the wait.
+    ar_code(
+        &root,
+        &[
+            "start",
+            "-d",
+            "chatty",
+            "--",
+            "sh",
+            "-c",
+            "while :; do echo x; sleep 0.1; done",
+        ],
+        0,
+    );
+    let out = ar(
+        &root,
+        &["wait", "chatty", "--idle", "1s", "--timeout", "3s"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    c.eq(exit_code(&out.status), 75, "wait --idle of a chatty run");
+    c.check(
+        err.contains("wait gave up after 3.0s; chatty is still running"),
+        format_args!("the chatty run's wait said: {err}"),
+    );
+    // Several runs: refused.
+    ar_code(&root, &["wait", "quiet", "chatty", "--idle", "1s"], 64);
+    ar_code(&root, &["cancel", "quiet", "chatty"], 0);
+    quiet.assert_gone(&root, "after cancel");
+    // A run that ends is waited for as always: its own exit code.
+    ar_code(
+        &root,
+        &["start", "-d", "ends", "--", "sh", "-c", "sleep 0.2; exit 3"],
+        0,
+    );
+    ar_code(&root, &["wait", "ends", "--idle", "30s"], 3);
 }

@@ -346,6 +346,10 @@ pub struct WaitArgs {
     /// Return as soon as one of the runs is final (default: when all of them are)
     #[arg(long)]
     pub any: bool,
+    /// Return (exit 75) once the run has written nothing for DUR, stdout and stderr alike; the
+    /// run goes on. One run only
+    #[arg(long, value_name = "DUR", value_parser = dur("--idle"))]
+    pub idle: Option<Duration>,
     /// Print the record of the run waited for (several runs: one JSON array)
     #[arg(long)]
     pub json: bool,

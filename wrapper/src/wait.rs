@@ -17,11 +17,17 @@ pub fn wait(root: Option<&Path>, args: WaitArgs) -> anyhow::Result<u8> {
     let ids = match select::pick(root, &args.select, true)? {
         Picked::One(id) => {
             let dir = open_run(root, &id)?;
-            let st = wait_final(&dir, args.timeout)?;
+            let st = match args.idle {
+                Some(idle) => wait_final_or_idle(&dir, idle, args.timeout)?,
+                None => wait_final(&dir, args.timeout)?,
+            };
             if args.json {
                 print_record(&dir, &st);
             }
             return Ok(exit::for_record(&st).unwrap_or(exit::SOFTWARE));
+        }
+        Picked::Many(_) if args.idle.is_some() => {
+            return fail(exit::USAGE, "--idle waits for one run: name one run id")
         }
         Picked::Many(ids) => ids,
     };
@@ -87,5 +93,51 @@ pub fn wait(root: Option<&Path>, args: WaitArgs) -> anyhow::Result<u8> {
             None => step,
         };
         ino.wait(step);
+    }
+}
+
+/// Wait until the run is final, or has written nothing for `idle` (75, the run goes on), or
+/// `timeout` (75). Silence is the logs' sizes unchanged; the keeper's writes wake the wait.
+fn wait_final_or_idle(
+    dir: &RunDir,
+    idle: Duration,
+    timeout: Option<Duration>,
+) -> anyhow::Result<Status> {
+    let ino = Inotify::new()?;
+    ino.add_watch(dir.path(), Inotify::CHANGED | Inotify::MODIFIED)?;
+    let deadline = timeout.map(|t| Instant::now() + t);
+    let sizes = || ["stdout.log", "stderr.log"].map(|f| dir.stat_file(f).map_or(0, |s| s.size));
+    let (mut seen, mut since) = (sizes(), Instant::now());
+    loop {
+        if let Some(st) = crate::runs::believed_final(dir)? {
+            return Ok(st);
+        }
+        let now = Instant::now();
+        let now_sizes = sizes();
+        if now_sizes != seen {
+            (seen, since) = (now_sizes, now);
+        }
+        if now.duration_since(since) >= idle {
+            return fail(
+                exit::TEMPFAIL,
+                format!(
+                    "wait: {} wrote nothing for {}; it is still running",
+                    dir.id(),
+                    crate::human::duration(idle.as_secs_f64())
+                ),
+            );
+        }
+        if deadline.is_some_and(|d| now >= d) {
+            let waited = crate::human::duration(timeout.unwrap_or_default().as_secs_f64());
+            return fail(
+                exit::TEMPFAIL,
+                format!("wait gave up after {waited}; {} is still running", dir.id()),
+            );
+        }
+        let mut step = (since + idle).saturating_duration_since(now);
+        if let Some(d) = deadline {
+            step = step.min(d.saturating_duration_since(now));
+        }
+        ino.wait(step.min(Duration::from_millis(500)));
     }
 }
