@@ -69,7 +69,7 @@ fn launch_load_run(root: &TestRoot, i: usize) -> LoadRun {
     let out = ctl(
         root,
         &id,
-        &start_argv(&["--detach", "--grace", "2s"], &id, &command),
+        &start_argv(&["--detach", "--json", "--grace", "2s"], &id, &command),
         0,
     );
     let line = json_doc(root, &id, "start --detach", &out);
@@ -152,7 +152,7 @@ fn two_hundred_concurrent_runs_half_cancelled_by_three_cancellers_each_end_with_
             let out = out_dir.join(format!("{}.{k}.out", run.id));
             let err = out_dir.join(format!("{}.{k}.err", run.id));
             let mut cmd = agent_run(&root);
-            cmd.args(["cancel", &run.id])
+            cmd.args(["cancel", "--json", &run.id])
                 .stdout(fs::File::create(&out).expect("cancel stdout file"))
                 .stderr(fs::File::create(&err).expect("cancel stderr file"));
             batch.push(cmd);
@@ -350,7 +350,7 @@ fn ten_concurrent_cancels_of_a_run_whose_wrapper_was_kill_9ed_take_it_over_once_
             .map(|_| {
                 s.spawn(|| {
                     let mut cmd = agent_run(&root);
-                    cmd.args(["cancel", id]);
+                    cmd.args(["cancel", "--json", id]);
                     gate.wait();
                     run_with_timeout(&mut cmd, CMD)
                 })

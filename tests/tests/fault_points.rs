@@ -360,7 +360,7 @@ impl FaultRun {
         let (root, id) = (&self.root, self.id.as_str());
         match self.finisher {
             Finisher::Cancel => {
-                let out = ctl(root, id, &["cancel", id], 0);
+                let out = ctl(root, id, &["cancel", "--json", id], 0);
                 Some(json_doc(root, id, "cancel", &out))
             }
             Finisher::Watchdog => {

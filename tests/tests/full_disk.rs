@@ -158,7 +158,7 @@ fn a_full_disk_does_not_keep_a_cancelled_tree_alive_and_a_later_cancel_finishes_
     }
 
     fs::remove_file(&filler).expect("cannot remove the filler");
-    let out = ctl(&root, id, &["cancel", id], 0);
+    let out = ctl(&root, id, &["cancel", "--json", id], 0);
     let printed = json_doc(&root, id, "cancel", &out);
     let st = observe(&root, id, "after the cancel with space").expect("status.json");
     c.eq(&printed["state"], &st["state"], "cancel's printed state");

@@ -418,7 +418,7 @@ fn a_cancel_json_planted_as_a_symlink_is_neither_written_through_nor_believed() 
     let dir = root.run_dir(id);
     swap_for_symlink(&dir, "cancel.json", &sentinel.path);
 
-    let out = ctl(&root, id, &["cancel", id], 0);
+    let out = ctl(&root, id, &["cancel", "--json", id], 0);
     let printed = json_doc(&root, id, "cancel", &out);
     wait_gone(&root, id, &run.tree.leader, "the leader after cancel");
     wait_gone(&root, id, &run.tree.members, "the members after cancel");
