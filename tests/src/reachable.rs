@@ -89,10 +89,15 @@ fn copies() -> &'static Path {
 
 /// Removes the copy directories of test processes that are gone.
 fn sweep_dead() {
-    for e in fs::read_dir(std::env::temp_dir()).into_iter().flatten().flatten() {
+    for e in fs::read_dir(std::env::temp_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
         let name = e.file_name().to_string_lossy().into_owned();
         let pid = name.strip_prefix(PREFIX).and_then(|r| r.split('.').next());
-        if pid.is_some_and(|pid| !Path::new("/proc").join(pid).exists()) {
+        let pid = pid.and_then(|p| p.parse::<u32>().ok());
+        if pid.is_some_and(|pid| !Path::new("/proc").join(pid.to_string()).exists()) {
             let _ = fs::remove_dir_all(e.path());
         }
     }
