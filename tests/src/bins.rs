@@ -4,6 +4,8 @@ use std::ffi::OsStr;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use crate::reachable::reachable;
+
 /// The cargo profile directory of the running executable: `…/target/debug/deps/t-123` and
 /// `…/target/debug/fixture` both give `…/target/debug`.
 pub(crate) fn profile_dir() -> PathBuf {
@@ -89,10 +91,11 @@ fn dep_info_newest(d: &Path) -> Option<(std::time::SystemTime, PathBuf)> {
 
 /// A binary of another workspace member: `$VAR` if set, else `<profile dir>/NAME`, which must
 /// exist and be newer than every source file of `crates` (else the test would check an old
-/// build). Panics naming [`BUILD_STEP`] when it is missing or stale.
+/// build). Panics naming [`BUILD_STEP`] when it is missing or stale. A copy every user reaches
+/// when others cannot reach it ([`reachable`]).
 pub fn workspace_bin(var: &str, name: &str, crates: &[&str]) -> PathBuf {
     if let Some(path) = std::env::var_os(var) {
-        return PathBuf::from(path);
+        return reachable(PathBuf::from(path));
     }
     let profile = profile_dir();
     let path = profile.join(name);
@@ -121,7 +124,7 @@ pub fn workspace_bin(var: &str, name: &str, crates: &[&str]) -> PathBuf {
             );
         }
     }
-    path
+    reachable(path)
 }
 
 /// The `agent-run` binary: `$AGENT_RUN_BIN`, else `<profile dir>/agent-run` ([`BUILD_STEP`]).
@@ -139,10 +142,11 @@ pub fn watchdog_bin() -> PathBuf {
 }
 
 /// The `fixture` workload: `$AGENT_RUN_FIXTURE_BIN`, else `<profile dir>/fixture` (cargo
-/// builds it before it runs this package's tests: it is a binary of this package).
+/// builds it before it runs this package's tests: it is a binary of this package). A copy
+/// every user reaches when others cannot reach it ([`reachable`]).
 pub fn fixture_bin() -> PathBuf {
     if let Some(path) = std::env::var_os("AGENT_RUN_FIXTURE_BIN") {
-        return PathBuf::from(path);
+        return reachable(PathBuf::from(path));
     }
     let beside = profile_dir().join("fixture");
     assert!(
@@ -150,5 +154,5 @@ pub fn fixture_bin() -> PathBuf {
         "{} is missing: cargo builds it for `cargo test -p agent-run-tests`",
         beside.display()
     );
-    beside
+    reachable(beside)
 }

@@ -33,6 +33,7 @@ pub mod mcp_wire;
 pub mod modes;
 pub mod pinned;
 pub mod procs;
+pub mod reachable;
 pub mod reaper;
 pub mod remote;
 pub mod run_cgroups;
