@@ -598,6 +598,11 @@ pub(crate) fn check_metadata(
         })
     };
     let p = path.display();
+    // What to use instead, in the refusal's words.
+    let (another, own) = match what {
+        "run root" => ("root (--root DIR)", "root (--root DIR)"),
+        _ => ("run id", "run id or root"),
+    };
     if md.file_type().is_symlink() {
         return unsafe_(format!(
             "{what} {p} is a symlink: use the directory itself (--root DIR) or remove the link"
@@ -605,24 +610,14 @@ pub(crate) fn check_metadata(
     }
     if !md.is_dir() {
         return unsafe_(format!(
-            "{what} {p} is not a directory: remove it or use another {}",
-            if what == "run root" {
-                "root (--root DIR)"
-            } else {
-                "run id"
-            }
+            "{what} {p} is not a directory: remove it or use another {another}"
         ));
     }
     let me = crate::sys::geteuid();
     if md.uid() != me {
         return unsafe_(format!(
-            "{what} {p} belongs to uid {}, not to you (uid {me}): use a {} of your own",
-            md.uid(),
-            if what == "run root" {
-                "root (--root DIR)"
-            } else {
-                "run id or root"
-            }
+            "{what} {p} belongs to uid {}, not to you (uid {me}): use a {own} of your own",
+            md.uid()
         ));
     }
     let mode = md.mode() & 0o7777;
