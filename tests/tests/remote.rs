@@ -422,7 +422,7 @@ fn a_cut_link_that_outlasts_the_lease_reports_unknown() {
     let c = ctx(&w.root, id);
     let mut opts = vec!["--id", id, "--lease", "4s"];
     opts.extend(FAST_KEEPALIVE);
-    let (run, ready, workload) = w.start(id, &opts, &tree(1, false));
+    let (run, _, workload) = w.start(id, &opts, &tree(1, false));
     w.net().cut();
     let out = finish(&w, id, run, 75);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -447,7 +447,7 @@ fn ctrl_c_with_the_link_up_stops_the_remote_tree() {
     let w = World::loopback();
     let id = "int-up";
     let c = ctx(&w.root, id);
-    let (run, ready, workload) = w.start(id, &["--id", id, "--lease", "30s"], &tree(2, true));
+    let (run, _, workload) = w.start(id, &["--id", id, "--lease", "30s"], &tree(2, true));
     wait_for_text("ready ", T, || run.stdout_so_far());
     run.signal(libc::SIGINT);
     let out = finish(&w, id, run, 143);
@@ -500,7 +500,7 @@ fn an_earlier_run_can_be_attached_to_queried_and_cancelled() {
     let w = World::loopback();
     let id = "earlier";
     let c = ctx(&w.root, id);
-    let (first, ready, workload) = w.start(id, &["--id", id, "--lease", "30s"], &tree(1, false));
+    let (first, _, workload) = w.start(id, &["--id", id, "--lease", "30s"], &tree(1, false));
     let attached = Spawned::spawn(&mut w.one_shot("--attach", id));
     wait_for_text("ready ", T, || attached.stdout_so_far());
 
@@ -526,7 +526,7 @@ fn an_earlier_run_can_be_attached_to_queried_and_cancelled() {
         String::from_utf8_lossy(&out.stdout).starts_with("ready "),
         "String::from_utf8_lossy(&out.stdout).starts_with(\"ready \")"
     );
-    let status = w.one_shot_exits("--status", id, 143);
+    w.one_shot_exits("--status", id, 143);
     w.assert_client_cleaned_up();
 }
 
