@@ -194,6 +194,18 @@ impl RunDir {
         let _ = rustix::fs::unlinkat(self.fd(), tmp, AtFlags::empty());
     }
 
+    /// A new temp file beside `name` (ours: made O_EXCL) holding `bytes`, closed: its name. On
+    /// failure nothing is left.
+    fn temp_with(&self, name: &str, bytes: &[u8]) -> Result<String> {
+        let (tmp, file) = self.temp_beside(name);
+        file.and_then(|mut f| {
+            f.write_all(bytes)
+                .map_err(|e| Error::io("write", self.file(&tmp), e))
+        })
+        .inspect_err(|_| self.remove_temp(&tmp))?;
+        Ok(tmp)
+    }
+
     /// Replace `name` atomically with `bytes`; fsync file and dir when `durable`.
     pub fn write_atomic(&self, name: &str, bytes: &[u8], durable: bool) -> Result<()> {
         self.replace(name, durable, |f| f.write_all(bytes))
@@ -207,12 +219,8 @@ impl RunDir {
         let Some((last, first)) = names.split_last() else {
             return Ok(());
         };
-        let (tmp, file) = self.temp_beside(last);
+        let tmp = self.temp_with(last, bytes)?;
         let result = (|| {
-            let mut f = file?;
-            f.write_all(bytes)
-                .map_err(|e| Error::io("write", self.file(&tmp), e))?;
-            drop(f);
             for name in first {
                 if rustix::fs::linkat(self.fd(), tmp.as_str(), self.fd(), *name, AtFlags::empty())
                     .is_err()
@@ -259,18 +267,13 @@ impl RunDir {
     /// then hard-linked into place, so the file appears whole and exactly one of several racing
     /// callers creates it. Returns whether this call created it.
     pub fn write_new(&self, name: &str, bytes: &[u8]) -> Result<bool> {
-        let (tmp, file) = self.temp_beside(name);
-        let result = (|| {
-            let mut f = file?;
-            f.write_all(bytes)
-                .map_err(|e| Error::io("write", self.file(&tmp), e))?;
-            drop(f);
+        let tmp = self.temp_with(name, bytes)?;
+        let result =
             match rustix::fs::linkat(self.fd(), tmp.as_str(), self.fd(), name, AtFlags::empty()) {
                 Ok(()) => Ok(true),
                 Err(rustix::io::Errno::EXIST) => Ok(false),
                 Err(e) => Err(Error::io("create", self.file(name), e.into())),
-            }
-        })();
+            };
         self.remove_temp(&tmp);
         result
     }

@@ -38,6 +38,7 @@ pub mod reaper;
 pub mod remote;
 pub mod run_cgroups;
 pub mod run_root;
+pub mod scenario;
 pub mod sys;
 pub mod systemd;
 pub mod tmux;

@@ -414,6 +414,52 @@ fn wait_all_running(
     })
 }
 
+/// Waits until the lease of each run `recs` (one a host of `hosts`, in order) ends at least
+/// `secs` after the run's creation: its worker has renewed it.
+fn wait_renewed(hosts: &[Host], recs: &[Value], secs: f64) {
+    wait_until_dbg("a renewal on every host", PLAY, || {
+        for (h, rec) in hosts.iter().zip(recs) {
+            let dir = h.root.join(rec["run_id"].as_str().unwrap());
+            let lease: Value = fs::read_to_string(dir.join("lease.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or(Value::Null);
+            let created = parse_rfc3339(rec["created_at"].as_str().unwrap()).unwrap();
+            match lease["deadline_epoch"].as_f64() {
+                Some(d) if d - created >= secs => {}
+                other => return Err(format!("{}: deadline {other:?}, created {created}", h.name)),
+            }
+        }
+        Ok(())
+    });
+}
+
+/// Waits, to `deadline`, until every host's run `ans-*` has a final record; the records.
+fn wait_all_final(fleet: &Fleet, deadline: Duration) -> Vec<Value> {
+    wait_until_dbg("every run final", deadline, || {
+        let mut finals = Vec::new();
+        for h in &fleet.hosts {
+            let (_, rec) = record_of(fleet, h, "ans-");
+            if !matches!(
+                rec["state"].as_str(),
+                Some("cancelled" | "finished" | "unknown")
+            ) {
+                return Err(format!("{}: {}", h.name, rec["state"]));
+            }
+            finals.push(rec);
+        }
+        Ok(finals)
+    })
+}
+
+/// The run `rec` on host `h` was cancelled for `reason`.
+fn cancelled_for(fleet: &Fleet, h: &Host, rec: &Value, reason: &str) {
+    let run = fleet.run(rec);
+    let what = format!("{}: {rec}", h.name);
+    run.eq(&rec["state"], "cancelled", &what);
+    run.eq(&rec["reason"], reason, &what);
+}
+
 /// Every live process of the runs `recs` (their sessions) and their wrappers, pinned.
 fn pin_runs(recs: &[Value]) -> Pinned {
     let mut pids = Vec::new();
@@ -454,21 +500,7 @@ fn ctrl_c_of_ansible_playbook_cancels_the_run_on_every_host_within_grace() {
     let runs = pin_runs(&recs);
     // Every worker is in its poll loop (it has renewed the lease once: the start gave a deadline
     // 6 s after the launch, the first renewal comes after the module's first wait of 2 s).
-    wait_until_dbg("a renewal on every host", PLAY, || {
-        for (h, rec) in fleet.hosts.iter().zip(&recs) {
-            let dir = h.root.join(rec["run_id"].as_str().unwrap());
-            let lease: Value = fs::read_to_string(dir.join("lease.json"))
-                .ok()
-                .and_then(|t| serde_json::from_str(&t).ok())
-                .unwrap_or(Value::Null);
-            let created = parse_rfc3339(rec["created_at"].as_str().unwrap()).unwrap();
-            match lease["deadline_epoch"].as_f64() {
-                Some(d) if d - created >= 7.0 => {}
-                other => return Err(format!("{}: deadline {other:?}, created {created}", h.name)),
-            }
-        }
-        Ok(())
-    });
+    wait_renewed(&fleet.hosts, &recs, 7.0);
     let controller = fleet.pin_descendants(pgid);
 
     // Ctrl-C: SIGINT to the foreground process group, as the terminal sends it.
@@ -643,33 +675,11 @@ fn sigkill_of_ansible_playbook_leaves_each_run_to_its_lease() {
     let out = play.finish(T);
     assert_eq!(out.status.code(), None, "killed by a signal");
 
-    let finals = wait_until_dbg("every run final", kill_deadline() + T, || {
-        let mut finals = Vec::new();
-        for h in &fleet.hosts {
-            let (_, rec) = record_of(&fleet, h, "ans-");
-            if !matches!(
-                rec["state"].as_str(),
-                Some("cancelled" | "finished" | "unknown")
-            ) {
-                return Err(format!("{}: {}", h.name, rec["state"]));
-            }
-            finals.push(rec);
-        }
-        Ok(finals)
-    });
+    let finals = wait_all_final(&fleet, kill_deadline() + T);
     let took = t0.elapsed();
     assert!(runs.wait_all_gone(T).is_ok(), "left: {:?}", runs.alive());
     for (h, rec) in fleet.hosts.iter().zip(&finals) {
-        fleet.run(rec).eq(
-            &rec["state"],
-            "cancelled",
-            format_args!("{}: {rec}", h.name),
-        );
-        fleet.run(rec).eq(
-            &rec["reason"],
-            "lease_expired",
-            format_args!("{}: {rec}", h.name),
-        );
+        cancelled_for(&fleet, h, rec, "lease_expired");
         fleet.run(rec).eq(
             &rec["cleanup"]["survivors"],
             &serde_json::json!([]),
@@ -1807,32 +1817,10 @@ fn sigterm_of_ansible_playbook_cancels_every_run_too() {
     play.signal(libc::SIGTERM);
     let out = play.finish(T);
     assert_eq!(out.status.code(), None, "ended by TERM: {:?}", out.status);
-    let finals = wait_until_dbg("every run final", T, || {
-        let mut finals = Vec::new();
-        for h in &fleet.hosts {
-            let (_, rec) = record_of(&fleet, h, "ans-");
-            if !matches!(
-                rec["state"].as_str(),
-                Some("cancelled" | "finished" | "unknown")
-            ) {
-                return Err(format!("{}: {}", h.name, rec["state"]));
-            }
-            finals.push(rec);
-        }
-        Ok(finals)
-    });
+    let finals = wait_all_final(&fleet, T);
     assert!(runs.wait_all_gone(T).is_ok(), "left: {:?}", runs.alive());
     for (h, rec) in fleet.hosts.iter().zip(&finals) {
-        fleet.run(rec).eq(
-            &rec["state"],
-            "cancelled",
-            format_args!("{}: {rec}", h.name),
-        );
-        fleet.run(rec).eq(
-            &rec["reason"],
-            "cancel_request",
-            format_args!("{}: {rec}", h.name),
-        );
+        cancelled_for(&fleet, h, rec, "cancel_request");
         let ended = parse_rfc3339(rec["ended_at"].as_str().unwrap()).unwrap() - t0;
         assert!(
             ended <= 4.0,
@@ -1866,21 +1854,7 @@ fn a_host_lost_mid_run_is_unreachable_and_its_run_ends_at_its_lease() {
     let recs = wait_all_running(&fleet, "ans-", 1, &play);
     // Every worker is past its first wait (it renewed once), then h02's sshd goes away with
     // every session it had; the run's wrapper, detached, stays.
-    wait_until_dbg("a renewal on every host", PLAY, || {
-        for (h, rec) in fleet.hosts.iter().zip(&recs) {
-            let dir = h.root.join(rec["run_id"].as_str().unwrap());
-            let lease: Value = fs::read_to_string(dir.join("lease.json"))
-                .ok()
-                .and_then(|t| serde_json::from_str(&t).ok())
-                .unwrap_or(Value::Null);
-            let created = parse_rfc3339(rec["created_at"].as_str().unwrap()).unwrap();
-            match lease["deadline_epoch"].as_f64() {
-                Some(d) if d - created >= 3.5 => {}
-                other => return Err(format!("{}: deadline {other:?}", h.name)),
-            }
-        }
-        Ok(())
-    });
+    wait_renewed(&fleet.hosts, &recs, 3.5);
     let lost_at = epoch_now();
     fleet.stop_sshd(1);
     // The host stops the run when the lease runs out; then the others are released.
@@ -1971,18 +1945,7 @@ fn where_stdin_cannot_carry_the_token_each_poll_is_a_module_and_renews() {
             Err(text)
         }
     });
-    let dir = h.root.join(recs[0]["run_id"].as_str().unwrap());
-    wait_until_dbg("a renewal", PLAY, || {
-        let lease: Value = fs::read_to_string(dir.join("lease.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or(Value::Null);
-        let created = parse_rfc3339(recs[0]["created_at"].as_str().unwrap()).unwrap();
-        match lease["deadline_epoch"].as_f64() {
-            Some(d) if d - created >= 3.5 => Ok(()),
-            other => Err(format!("deadline {other:?}, created {created}")),
-        }
-    });
+    wait_renewed(&fleet.hosts, &recs, 3.5);
     fs::write(h.dir.join("gate"), "").unwrap();
     let out = play.finish(PLAY);
     let play = Play {

@@ -14,14 +14,14 @@
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::{chown, symlink, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use agent_run_tests::ctx::{ctx, Ctx, CMD};
 use agent_run_tests::facts::*;
 use agent_run_tests::workload::*;
-use agent_run_tests::{describe_output, exit_code, Pinned, Spawned, TestRoot};
+use agent_run_tests::{describe_output, exit_code, Detached, Pinned, Ready, Spawned, TestRoot};
 use serde_json::{json, Value};
 
 // ---------------------------------------------------------------------------------------------
@@ -69,6 +69,19 @@ fn all_print_the_final_record(c: Ctx, outs: &[Output]) {
     }
 }
 
+/// `start --detach START_OPTS ID -- fixture tree TREE_OPTS --log LOG`: the run, the fixture's
+/// ready line, the tree pinned, and LOG.
+fn start_logged(
+    c: Ctx<'_>,
+    tree_opts: &str,
+    start_opts: &str,
+) -> (Detached, Ready, Pinned, PathBuf) {
+    let (argv, log) = c.logged_tree(tree_opts);
+    let run = c.start_detached(start_opts, &argv);
+    let (ready, tree) = c.pin_tree();
+    (run, ready, tree, log)
+}
+
 /// A tree whose every process logs TERM and exits.
 const COOPERATIVE: &str =
     "--children 2 --grandchildren --leader-term log-exit --member-term log-exit";
@@ -80,9 +93,7 @@ const COOPERATIVE: &str =
 fn cancel_stops_the_worker_tree_and_nothing_is_left_when_it_returns() {
     let root = TestRoot::new();
     let c = ctx(&root, "worker");
-    let (argv, log) = c.logged_tree(COOPERATIVE);
-    let run = c.start_detached("", &argv);
-    let (ready, tree) = c.pin_tree();
+    let (run, ready, tree, log) = start_logged(c, COOPERATIVE, "");
 
     let t0 = Instant::now();
     let out = c.ctl(&["cancel", "--json", c.id], 0);
@@ -269,10 +280,11 @@ fn a_cancelling_record_whose_wrapper_died_mid_stop_is_told_apart_and_finished_by
     let c = ctx(&root, "stuck");
     let f = ctx(&root, "fresh");
     // Everyone handles TERM and stays; HUP (default) ends them, but only 5 s into a stop.
-    let (argv, log) =
-        c.logged_tree("--children 1 --grandchildren --leader-term log-stay --member-term log-stay");
-    let run = c.start_detached("--hup-after 5s --grace 60s", &argv);
-    let (ready, tree) = c.pin_tree();
+    let (run, ready, tree, log) = start_logged(
+        c,
+        "--children 1 --grandchildren --leader-term log-stay --member-term log-stay",
+        "--hup-after 5s --grace 60s",
+    );
     let fresh = f.start_detached("", &fx("tree --children 1"));
     let (_, fresh_tree) = f.pin_tree();
 
@@ -478,9 +490,7 @@ fn cancel_of_an_orphan_whose_processes_are_gone_records_unknown_and_wait_exits_7
 fn ten_concurrent_cancels_stop_the_run_once_and_every_caller_prints_the_same_record() {
     let root = TestRoot::new();
     let c = ctx(&root, "crowd");
-    let (argv, log) = c.logged_tree(COOPERATIVE);
-    let run = c.start_detached("", &argv);
-    let (ready, tree) = c.pin_tree();
+    let (run, ready, tree, log) = start_logged(c, COOPERATIVE, "");
     let outs = concurrent_cancels(c, 10);
     c.gone_now(&tree, "after every cancel returned");
     all_print_the_final_record(c, &outs);
@@ -615,9 +625,11 @@ fn cancel_wait_running_out_exits_75_naming_the_state() {
     let c = ctx(&root, "stubborn");
     let stay =
         "--leader-term log-stay --leader-hup log-stay --member-term log-stay --member-hup log-stay";
-    let (argv, _log) = c.logged_tree(&format!("--children 1 --grandchildren {stay}"));
-    let run = c.start_detached("--grace 60s", &argv);
-    let (_, tree) = c.pin_tree();
+    let (run, _, tree, _log) = start_logged(
+        c,
+        &format!("--children 1 --grandchildren {stay}"),
+        "--grace 60s",
+    );
 
     let t0 = Instant::now();
     let out = c.ctl(&["cancel", c.id, "--wait", "1s"], 75);

@@ -15,9 +15,10 @@ use agent_run_tests::contain::{
     alive, cgroup2_mount, cgroup_of, eventually, marked, sweep, Delegated,
 };
 use agent_run_tests::hostile::{as_nobody, epoch_now, outcome, write_lease, Detached, CMD, NOBODY};
-use agent_run_tests::modes::{for_each_mode, Mode, ROOT_MODES};
+use agent_run_tests::modes::{Mode, ROOT_MODES};
+use agent_run_tests::scenario::for_each_mode_in_root;
 use agent_run_tests::workload::{fixture_path, fx};
-use agent_run_tests::{agent_run_bin, ctx, ensure, wait_ready, Pinned, TestRoot};
+use agent_run_tests::{agent_run_bin, ctx, ensure, wait_ready, Ctx, Pinned, TestRoot};
 use serde_json::Value;
 
 /// Skip cgroup mode only when the host has no cgroup2 mount, and say so.
@@ -48,6 +49,29 @@ fn check_mode(root: &TestRoot, id: &str, mode: Mode) {
         &st["containment"]["mode"],
         mode.recorded(),
         "st[\"containment\"][\"mode\"]",
+    );
+}
+
+/// `cancel ID` exits 0.
+fn cancel_ok(root: &TestRoot, id: &str) {
+    let (code, _, err) = outcome(root.cmd().args(["cancel", id]));
+    ctx(root, id).eq(code, 0, format_args!("cancel {id}: {err}"));
+}
+
+/// `cancel ID` exits 0, the run ends honestly (its leader watched), and what is left is swept.
+fn cancel_honestly(root: &TestRoot, id: &str, mode: Mode, run: &Detached) {
+    cancel_ok(root, id);
+    honest(root, id, mode, "cancelled", &[run.leader]);
+    sweep(&run.dir, &[]);
+}
+
+/// Waits until at least `n` processes have marked themselves as the run's.
+fn wait_marked(c: Ctx<'_>, run: &Detached, n: usize) {
+    ensure!(
+        c,
+        eventually(CMD, || marked(&run.dir).len() >= n),
+        "fewer than {n} processes marked: {:?}",
+        marked(&run.dir)
     );
 }
 
@@ -119,12 +143,10 @@ fn tasks(pid: i32) -> usize {
 
 #[test]
 fn a_zombie_leader_whose_thread_runs_is_stopped_by_cancel_in_both_modes() {
-    for_each_mode(&ROOT_MODES, |mode| {
-        let root = TestRoot::new();
-        let id = format!("zl-{}", mode.tag());
-        let c = ctx(&root, &id);
-        let run = start(&root, &id, mode, &["--grace", "2s"], &fx("zombie-leader"));
-        check_mode(&root, &id, mode);
+    for_each_mode_in_root(&ROOT_MODES, "zl", |mode, root, id| {
+        let c = ctx(root, id);
+        let run = start(root, id, mode, &["--grace", "2s"], &fx("zombie-leader"));
+        check_mode(root, id, mode);
         let leader = run.leader;
         let pin = Pinned::new(&[leader]);
         ensure!(
@@ -135,7 +157,7 @@ fn a_zombie_leader_whose_thread_runs_is_stopped_by_cancel_in_both_modes() {
             "the leader never became a zombie with a live thread"
         );
         ensure!(c, alive(leader), "alive(leader)");
-        let (code, out, err) = outcome(root.cmd().args(["cancel", "--json", &id]));
+        let (code, out, err) = outcome(root.cmd().args(["cancel", "--json", id]));
         c.eq(&code, &0, format_args!("{err}"));
         ensure!(c, out.contains("\"cancelled\""), "{out}");
         pin.wait_all_gone(CMD)
@@ -145,8 +167,8 @@ fn a_zombie_leader_whose_thread_runs_is_stopped_by_cancel_in_both_modes() {
             !alive(leader),
             "{mode:?}: the thread lives on after cancelled"
         );
-        honest(&root, &id, mode, "cancelled", &[leader]);
-        let sent = agent_run_tests::hostile::signals_to(&root, &id, &[leader]);
+        honest(root, id, mode, "cancelled", &[leader]);
+        let sent = agent_run_tests::hostile::signals_to(root, id, &[leader]);
         ensure!(
             c,
             !sent.is_empty(),
@@ -157,10 +179,8 @@ fn a_zombie_leader_whose_thread_runs_is_stopped_by_cancel_in_both_modes() {
 
 #[test]
 fn a_zombie_leader_left_by_a_shell_that_exits_is_stopped_before_finished_in_both_modes() {
-    for_each_mode(&ROOT_MODES, |mode| {
-        let root = TestRoot::new();
-        let id = format!("zlsh-{}", mode.tag());
-        let c = ctx(&root, &id);
+    for_each_mode_in_root(&ROOT_MODES, "zlsh", |mode, root, id| {
+        let c = ctx(root, id);
         let zl_pid = root.dir.path().join("zl.pid");
         let script = format!(
             "{} zombie-leader > /dev/null & echo $! > {}; sleep 0.6; exit 0",
@@ -169,16 +189,15 @@ fn a_zombie_leader_left_by_a_shell_that_exits_is_stopped_before_finished_in_both
         );
         let mut opts = mode.opts();
         opts.extend(["--grace", "2s"]);
-        let (code, _, err) = outcome(root.cmd().args(["start"]).args(&opts).args([
-            id.as_str(),
-            "--",
-            "bash",
-            "-c",
-            &script,
-        ]));
+        let (code, _, err) = outcome(
+            root.cmd()
+                .args(["start"])
+                .args(&opts)
+                .args([id, "--", "bash", "-c", &script]),
+        );
         c.eq(&code, &0, format_args!("{err}"));
         let zl: i32 = fs::read_to_string(&zl_pid).unwrap().trim().parse().unwrap();
-        let st = root.status(&id);
+        let st = root.status(id);
         c.eq(&st["state"], "finished", "st[\"state\"]");
         ensure!(
             c,
@@ -194,7 +213,7 @@ fn a_zombie_leader_left_by_a_shell_that_exits_is_stopped_before_finished_in_both
             signalled.contains(&(zl as i64)),
             "{mode:?}: cleanup does not name {zl}: {st}"
         );
-        sweep(&root.run_dir(&id), &[zl]);
+        sweep(&root.run_dir(id), &[zl]);
     });
 }
 
@@ -233,25 +252,30 @@ fn nobody_ar(root: &TestRoot, deleg: Option<&Delegated>, args: &[&str]) -> (i32,
     )
 }
 
+/// As nobody, in a root of nobody's: `start -d --grace 1s MODE ID -- COMMAND...`, which must
+/// succeed. In cgroup mode it starts inside a cgroup delegated to nobody (named for the id),
+/// returned to be kept until the test ends.
+fn start_as_nobody(root: &TestRoot, id: &str, mode: Mode, command: &[&str]) -> Option<Delegated> {
+    nobody_root(root);
+    let deleg = (mode == Mode::RootCgroup).then(|| Delegated::new(id).expect("delegate a cgroup"));
+    let mut args = vec!["start", "-d", "--grace", "1s"];
+    args.extend(mode.opts());
+    args.extend([id, "--"]);
+    args.extend(command);
+    let (code, _, err) = nobody_ar(root, deleg.as_ref(), &args);
+    ctx(root, id).eq(code, 0, format_args!("start as nobody: {err}"));
+    deleg
+}
+
 #[test]
 fn a_pid_hopping_escapee_as_nobody_is_stopped_or_named_in_both_modes() {
-    for_each_mode(&ROOT_MODES, |mode| {
-        let root = TestRoot::new();
-        nobody_root(&root);
-        let deleg =
-            (mode == Mode::RootCgroup).then(|| Delegated::new("hop").expect("delegate a cgroup"));
-        let id = format!("hop-{}", mode.tag());
-        let c = ctx(&root, &id);
-        let mut args = vec!["start", "-d", "--grace", "1s"];
-        args.extend(mode.opts());
-        let fxs = fixture_path();
-        args.extend([id.as_str(), "--", fxs.as_str(), "hopper"]);
-        let _sweep = agent_run_tests::contain::SweepOnDrop(root.run_dir(&id));
-        let (code, _, err) = nobody_ar(&root, deleg.as_ref(), &args);
-        c.eq(&code, &0, format_args!("{err}"));
-        check_mode(&root, &id, mode);
+    for_each_mode_in_root(&ROOT_MODES, "hop", |mode, root, id| {
+        let c = ctx(root, id);
+        let _sweep = agent_run_tests::contain::SweepOnDrop(root.run_dir(id));
+        let deleg = start_as_nobody(root, id, mode, &[&fixture_path(), "hopper"]);
+        check_mode(root, id, mode);
         if let Some(d) = &deleg {
-            let cg = root.status(&id)["containment"]["cgroup"]
+            let cg = root.status(id)["containment"]["cgroup"]
                 .as_str()
                 .unwrap()
                 .to_string();
@@ -264,10 +288,10 @@ fn a_pid_hopping_escapee_as_nobody_is_stopped_or_named_in_both_modes() {
         }
         // The leader hops away at once, so the run may be over already (its leftovers
         // stopped); a scan cannot be relied on to see a hopper anyway.
-        let dir = root.run_dir(&id);
-        let (code, _, err) = nobody_ar(&root, None, &["cancel", &id]);
+        let dir = root.run_dir(id);
+        let (code, _, err) = nobody_ar(root, None, &["cancel", id]);
         ensure!(c, code == 0 || code == 75, "cancel: {code} {err}");
-        honest(&root, &id, mode, "cancelled", &[]);
+        honest(root, id, mode, "cancelled", &[]);
         sweep(&dir, &[]);
     });
 }
@@ -277,29 +301,27 @@ fn a_pid_hopping_escapee_as_nobody_is_stopped_or_named_in_both_modes() {
 
 #[test]
 fn a_marked_process_outside_the_tree_is_stopped_when_the_leader_exits_in_both_modes() {
-    for_each_mode(&ROOT_MODES, |mode| {
-        let root = TestRoot::new();
-        let id = format!("outsider-{}", mode.tag());
-        let c = ctx(&root, &id);
+    for_each_mode_in_root(&ROOT_MODES, "outsider", |mode, root, id| {
+        let c = ctx(root, id);
         let gate = root.dir.path().join("gate");
         // The leader waits until the outsider runs, then exits 0.
         let script = format!(
             "while [ ! -e {} ]; do sleep 0.02; done; exit 0",
             gate.display()
         );
-        let run = start(&root, &id, mode, &["--grace", "1s"], &["sh", "-c", &script]);
+        let run = start(root, id, mode, &["--grace", "1s"], &["sh", "-c", &script]);
         // Started by a helper outside the wrapper's tree, carrying the run's marker (the way
         // systemd-run --user -E, tmux -e or a job queue starts work for a run).
         let mut outsider = agent_run_tests::contain::fixture(&["sleep-ms", "600000"]);
         outsider
-            .env("AGENT_RUN_ID", &id)
+            .env("AGENT_RUN_ID", id)
             .env("AGENT_RUN_DIR", &run.dir)
             .stdout(std::process::Stdio::null());
         let mut child = outsider.spawn().unwrap();
         let opid = child.id() as i32;
         let pin = Pinned::new(&[opid]);
         fs::write(&gate, b"").unwrap();
-        let st = root.wait_final(&id, CMD);
+        let st = root.wait_final(id, CMD);
         c.eq(&st["state"], "finished", "st[\"state\"]");
         pin.wait_all_gone(CMD).unwrap_or_else(|p| {
             c.fail(format_args!(
@@ -321,21 +343,12 @@ fn a_marked_process_outside_the_tree_is_stopped_when_the_leader_exits_in_both_mo
 
 #[test]
 fn a_non_dumpable_daemon_after_kill_9_of_the_wrapper_is_stopped_or_named_in_both_modes() {
-    for_each_mode(&ROOT_MODES, |mode| {
-        let root = TestRoot::new();
-        nobody_root(&root);
-        let deleg =
-            (mode == Mode::RootCgroup).then(|| Delegated::new("nd").expect("delegate a cgroup"));
-        let id = format!("nondump-{}", mode.tag());
-        let c = ctx(&root, &id);
+    for_each_mode_in_root(&ROOT_MODES, "nondump", |mode, root, id| {
+        let c = ctx(root, id);
         let fxs = fixture_path();
         let script = format!("{fxs} nondumpable-daemon; exec {fxs} sleep-ms 600000");
-        let mut args = vec!["start", "-d", "--grace", "1s"];
-        args.extend(mode.opts());
-        args.extend([id.as_str(), "--", "sh", "-c", script.as_str()]);
-        let (code, _, err) = nobody_ar(&root, deleg.as_ref(), &args);
-        c.eq(&code, &0, format_args!("{err}"));
-        let dir = root.run_dir(&id);
+        let _deleg = start_as_nobody(root, id, mode, &["sh", "-c", &script]);
+        let dir = root.run_dir(id);
         let ready = wait_ready(&dir.join("stdout.log"), CMD);
         let daemon = ready.pid;
         let dpin = Pinned::new(&[daemon]);
@@ -344,14 +357,14 @@ fn a_non_dumpable_daemon_after_kill_9_of_the_wrapper_is_stopped_or_named_in_both
             fs::read(format!("/proc/{daemon}/environ")).is_ok(),
             "root reads any environ"
         );
-        let st = root.status(&id);
+        let st = root.status(id);
         let wrapper = st["wrapper_pid"].as_i64().unwrap() as i32;
         let wpin = Pinned::new(&[wrapper]);
         let _ = wpin.signal(wrapper, libc::SIGKILL);
         c.wait_gone(&wpin, "wpin");
-        let (code, _, err) = nobody_ar(&root, None, &["cancel", &id]);
+        let (code, _, err) = nobody_ar(root, None, &["cancel", id]);
         c.eq(&code, &0, format_args!("cancel: {err}"));
-        let st = root.wait_final(&id, CMD);
+        let st = root.wait_final(id, CMD);
         match mode {
             _ if mode.cgroup() => {
                 c.eq(&st["state"], "cancelled", "st[\"state\"]");
@@ -432,8 +445,7 @@ fn an_env_i_setsid_escapee_after_kill_9_of_the_wrapper_is_stopped_in_cgroup_mode
             "the escapee left the run's cgroup",
         );
         if by == "cancel" {
-            let (code, _, err) = outcome(root.cmd().args(["cancel", &id]));
-            c.eq(&code, &0, format_args!("{err}"));
+            cancel_ok(&root, &id);
         } else {
             write_lease(&run.dir, epoch_now() - 1.0, 1.0);
             let (code, _, err) = outcome(root.watchdog_cmd().args(["--once"]));
@@ -455,32 +467,25 @@ fn a_workload_behind_its_own_subreaper_is_stopped_in_both_modes() {
     let Ok(tini) = which("tini") else {
         panic!("tini is not installed (bash .ci/test installs it)");
     };
-    for_each_mode(&ROOT_MODES, |mode| {
-        let root = TestRoot::new();
-        let id = format!("tini-{}", mode.tag());
-        let c = ctx(&root, &id);
+    for_each_mode_in_root(&ROOT_MODES, "tini", |mode, root, id| {
+        let c = ctx(root, id);
         let script = format!(
             "setsid {fx} sleep-ms 600000 & {fx} tree --children 1",
             fx = fixture_path()
         );
         let run = start(
-            &root,
-            &id,
+            root,
+            id,
             mode,
             &["--grace", "1s"],
             &[&tini, "-s", "--", "sh", "-c", &script],
         );
         let ready = wait_ready(&run.dir.join("stdout.log"), CMD);
         let pin = Pinned::new(&ready.all_pids());
-        ensure!(
-            c,
-            eventually(CMD, || marked(&run.dir).len() >= 4),
-            "eventually(CMD, || marked(&run.dir).len() >= 4)"
-        );
-        let (code, _, err) = outcome(root.cmd().args(["cancel", &id]));
-        c.eq(&code, &0, format_args!("{err}"));
+        wait_marked(c, &run, 4);
+        cancel_ok(root, id);
         c.wait_gone(&pin, "pin");
-        honest(&root, &id, mode, "cancelled", &[]);
+        honest(root, id, mode, "cancelled", &[]);
         sweep(&run.dir, &[]);
     });
 }
@@ -500,20 +505,11 @@ fn which(p: &str) -> Result<String, ()> {
 
 #[test]
 fn a_fork_loop_during_the_stop_is_stopped_or_named_in_both_modes() {
-    for_each_mode(&ROOT_MODES, |mode| {
-        let root = TestRoot::new();
-        let id = format!("forkloop-{}", mode.tag());
-        let c = ctx(&root, &id);
-        let run = start(&root, &id, mode, &["--grace", "1s"], &fx("fork-loop"));
-        ensure!(
-            c,
-            eventually(CMD, || marked(&run.dir).len() >= 20),
-            "eventually(CMD, || marked(&run.dir).len() >= 20)"
-        );
-        let (code, _, err) = outcome(root.cmd().args(["cancel", &id]));
-        ensure!(c, code == 0, "{err}");
-        honest(&root, &id, mode, "cancelled", &[run.leader]);
-        sweep(&run.dir, &[]);
+    for_each_mode_in_root(&ROOT_MODES, "forkloop", |mode, root, id| {
+        let c = ctx(root, id);
+        let run = start(root, id, mode, &["--grace", "1s"], &fx("fork-loop"));
+        wait_marked(c, &run, 20);
+        cancel_honestly(root, id, mode, &run);
     });
 }
 
@@ -524,24 +520,18 @@ fn a_fork_loop_during_the_stop_is_stopped_or_named_in_both_modes() {
 /// found by those narrower looks, or it outlives a run called cancelled.
 #[test]
 fn a_fork_loop_after_kill_9_of_the_wrapper_is_stopped_or_named_in_both_modes() {
-    for_each_mode(&ROOT_MODES, |mode| {
-        let root = TestRoot::new();
-        let id = format!("orphanloop-{}", mode.tag());
-        let c = ctx(&root, &id);
+    for_each_mode_in_root(&ROOT_MODES, "orphanloop", |mode, root, id| {
+        let c = ctx(root, id);
         let run = start(
-            &root,
-            &id,
+            root,
+            id,
             mode,
             // A short grace: the whole stop fits in the time the narrower looks may be used
             // (a third of a second here: pid_max 32,768 at up to 100,000 forks a second).
             &["--grace", "100ms"],
             &fx("fork-loop setsid"),
         );
-        ensure!(
-            c,
-            eventually(CMD, || marked(&run.dir).len() >= 20),
-            "eventually(CMD, || marked(&run.dir).len() >= 20)"
-        );
+        wait_marked(c, &run, 20);
         run.kill_wrapper();
         let before = marked(&run.dir).len();
         ensure!(
@@ -549,25 +539,20 @@ fn a_fork_loop_after_kill_9_of_the_wrapper_is_stopped_or_named_in_both_modes() {
             eventually(CMD, || marked(&run.dir).len() > before + 5),
             "the loop goes on forking without its wrapper"
         );
-        let (code, _, err) = outcome(root.cmd().args(["cancel", &id]));
-        ensure!(c, code == 0, "{err}");
-        honest(&root, &id, mode, "cancelled", &[run.leader]);
-        sweep(&run.dir, &[]);
+        cancel_honestly(root, id, mode, &run);
     });
 }
 
 #[test]
 fn stopping_an_outer_run_stops_a_nested_run_and_its_cgroup_in_both_modes() {
-    for_each_mode(&ROOT_MODES, |mode| {
-        let root = TestRoot::new();
-        let id = format!("outer-{}", mode.tag());
-        let c = ctx(&root, &id);
+    for_each_mode_in_root(&ROOT_MODES, "outer", |mode, root, id| {
+        let c = ctx(root, id);
         let inner_root = root.dir.path().join("inner-runs");
         let ar = agent_run_bin().display().to_string();
         let ir = inner_root.display().to_string();
         let run = start(
-            &root,
-            &id,
+            root,
+            id,
             mode,
             &["--grace", "2s"],
             &[
@@ -589,7 +574,7 @@ fn stopping_an_outer_run_stops_a_nested_run_and_its_cgroup_in_both_modes() {
         )
         .unwrap();
         if mode == Mode::RootCgroup {
-            let outer_cg = root.status(&id)["containment"]["cgroup"]
+            let outer_cg = root.status(id)["containment"]["cgroup"]
                 .as_str()
                 .unwrap()
                 .to_string();
@@ -603,11 +588,10 @@ fn stopping_an_outer_run_stops_a_nested_run_and_its_cgroup_in_both_modes() {
                 "inner {inner_cg} not under outer {outer_cg}"
             );
         }
-        let (code, _, err) = outcome(root.cmd().args(["cancel", &id]));
-        c.eq(&code, &0, format_args!("{err}"));
+        cancel_ok(root, id);
         pin.wait_all_gone(CMD)
             .unwrap_or_else(|p| c.fail(format_args!("{mode:?}: inner {p:?} alive")));
-        honest(&root, &id, mode, "cancelled", &[run.leader]);
+        honest(root, id, mode, "cancelled", &[run.leader]);
     });
 }
 

@@ -6,8 +6,8 @@
 //! Run ids start with `fo-`.
 
 use agent_run_shared::pty::{Pty, Size};
-use agent_run_tests::cli::{ar, ar_code, detached, json_of, Sweep};
-use agent_run_tests::{exit_code, wait_child, wait_until, Spawned, TestRoot};
+use agent_run_tests::cli::{ar, ar_code, detached, json_of};
+use agent_run_tests::{cases, exit_code, wait_child, wait_until, Spawned, TestRoot};
 use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -64,8 +64,7 @@ fn finished_alternating(root: &TestRoot, id: &str) {
 
 #[test]
 fn attach_and_logs_replay_stdout_and_stderr_in_the_order_written() {
-    let root = TestRoot::new();
-    let _sweep = Sweep(&root);
+    let root = TestRoot::swept();
     finished_alternating(&root, "fo-order");
     let dir = root.run_dir("fo-order");
     // The logs hold each stream; the index (the keeper's, 0600) holds their order.
@@ -112,8 +111,7 @@ fn attach_and_logs_replay_stdout_and_stderr_in_the_order_written() {
 
 #[test]
 fn logs_follow_from_the_last_n_lines_follows_both_logs_until_the_end() {
-    let root = TestRoot::new();
-    let _sweep = Sweep(&root);
+    let root = TestRoot::swept();
     let gate = root.root().join("gate");
     let script = format!(
         "for i in 1 2 3; do echo out$i; echo err$i >&2; done; \
@@ -158,8 +156,7 @@ fn logs_follow_from_the_last_n_lines_follows_both_logs_until_the_end() {
 
 /// A detached run of the fixture's tree, pinned, and a follower of it that gets INT.
 fn int_detaches(args: &[&str], id: &str) {
-    let root = TestRoot::new();
-    let _sweep = Sweep(&root);
+    let root = TestRoot::swept();
     let run = detached(&root, id, &[], &[]);
     let mut argv = args.to_vec();
     argv.push(id);
@@ -185,20 +182,14 @@ fn int_detaches(args: &[&str], id: &str) {
     run.assert_gone(&root, "after cancel");
 }
 
-#[test]
-fn int_on_attach_detaches_with_130_and_leaves_the_run_running() {
-    int_detaches(&["attach"], "fo-int-attach");
-}
-
-#[test]
-fn int_on_logs_follow_detaches_with_130_and_leaves_the_run_running() {
-    int_detaches(&["logs", "-f"], "fo-int-logs");
-}
+cases!(|(args, id): (&[&str], &str)| int_detaches(args, id);
+    int_on_attach_detaches_with_130_and_leaves_the_run_running => (&["attach"], "fo-int-attach"),
+    int_on_logs_follow_detaches_with_130_and_leaves_the_run_running => (&["logs", "-f"], "fo-int-logs"),
+);
 
 #[test]
 fn ctrl_c_on_attach_in_a_terminal_detaches() {
-    let root = TestRoot::new();
-    let _sweep = Sweep(&root);
+    let root = TestRoot::swept();
     let id = "fo-ctrl-c";
     let run = detached(&root, id, &[], &[]);
     let t = Pty::open(Size { cols: 80, rows: 24 }).expect("open a pty for the test");
@@ -253,8 +244,7 @@ fn ctrl_c_on_attach_in_a_terminal_detaches() {
 
 #[test]
 fn logs_by_offset_reads_on_where_it_stopped_and_says_how_text_is_carried() {
-    let root = TestRoot::new();
-    let _sweep = Sweep(&root);
+    let root = TestRoot::swept();
     // 'h' 'é' (two bytes) 'l' 'l' 'o' ' ' '€' (three bytes) '\n', then a byte that is not UTF-8.
     let script = r"printf 'h\303\251llo \342\202\254\n'; printf 'x\377y' >&2";
     ar_code(
@@ -345,8 +335,7 @@ fn logs_by_offset_reads_on_where_it_stopped_and_says_how_text_is_carried() {
 
 #[test]
 fn a_damaged_or_missing_index_falls_back_to_each_logs_own_order_with_a_note() {
-    let root = TestRoot::new();
-    let _sweep = Sweep(&root);
+    let root = TestRoot::swept();
     finished_alternating(&root, "fo-damaged");
     let idx = root.run_dir("fo-damaged").join("output.idx");
     let each = "out1\nout2\nout3\nout4\nout5\nout6\n";
@@ -396,8 +385,7 @@ fn a_damaged_or_missing_index_falls_back_to_each_logs_own_order_with_a_note() {
 #[test]
 fn a_live_run_without_an_index_is_still_streamed_live() {
     // A run whose keeper made no index (an older agent-run's): attach does not wait for one.
-    let root = TestRoot::new();
-    let _sweep = Sweep(&root);
+    let root = TestRoot::swept();
     let id = "fo-no-index";
     let run = detached(&root, id, &[], &[]);
     fs::remove_file(root.run_dir(id).join("output.idx")).unwrap();

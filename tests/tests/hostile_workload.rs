@@ -24,6 +24,25 @@ fn start(side: &Side<'_>, id: &str, opts: &[&str], damage: &str) -> Run {
     side.start(id, &all, &workload(&go, &said, damage))
 }
 
+/// As nobody, in a cgroup delegated to nobody (none where the host cannot delegate one): the
+/// run ID whose workload does the damage made from the delegated cgroup's path, waited for
+/// until it is done.
+fn damage_as_delegated<'a>(
+    root: &'a TestRoot,
+    tag: &str,
+    id: &str,
+    damage: impl FnOnce(&str) -> String,
+) -> Option<(Side<'a>, Run)> {
+    if !Mode::all().contains(&Mode::NobodyDelegated) {
+        return None;
+    }
+    let side = Side::new(root, Mode::NobodyDelegated, tag);
+    let parent = side.delegated().expect("delegated").display().to_string();
+    let run = start(&side, id, &[], &damage(&parent));
+    run.go_and_wait("done");
+    Some((side, run))
+}
+
 /// Every process of the run is gone, and the record is final: `cancelled` where the kernel
 /// can prove emptiness, else `unknown` with the reason that says why.
 fn stopped_honestly(side: &Side<'_>, run: &Run, extra: &Pinned) -> Value {
@@ -364,18 +383,15 @@ mode_tests!(|m| a_rewritten_containment_hides_nothing(m, false);
 
 #[test]
 fn a_child_moved_out_of_a_delegated_run_cgroup_is_named_and_the_run_is_unknown() {
-    if !Mode::all().contains(&Mode::NobodyDelegated) {
-        return;
-    }
     let root = TestRoot::new();
-    let side = Side::new(&root, Mode::NobodyDelegated, "f5");
-    let parent = side.delegated().expect("delegated").display().to_string();
-    let damage = format!(
-        "setsid env -i sleep 600 & c=$!; echo $c > '{parent}/cgroup.procs' && say \"pid child $c\"; \
-         kill -9 $PPID"
-    );
-    let run = start(&side, "escaper", &[], &damage);
-    run.go_and_wait("done");
+    let Some((side, run)) = damage_as_delegated(&root, "f5", "escaper", |parent| {
+        format!(
+            "setsid env -i sleep 600 & c=$!; echo $c > '{parent}/cgroup.procs' && say \"pid child $c\"; \
+             kill -9 $PPID"
+        )
+    }) else {
+        return;
+    };
     let c = ctx(&root, "escaper");
     let child = said_pid(&run.said(), "child").expect("the child moved out");
     let child_pin = Pinned::new(&[child]);
@@ -436,6 +452,23 @@ fn an_environment_cleared_child_after_a_wrapper_loss_in_procfs_mode_is_never_cal
 // ---------------------------------------------------------------------------------------------
 // F6: a stalled wrapper does not stall cancel
 
+/// `cancel` of a run whose wrapper (`wrapper`, in a failure) makes no progress succeeds within
+/// the run's grace + 10 s; the wrapper is gone and the run stopped honestly.
+fn cancel_stalled(side: &Side<'_>, run: &Run, wrapper: &str) {
+    let c = ctx(side.root, &run.id);
+    let t0 = Instant::now();
+    let (code, _, err) = side.ctl(&["cancel", &run.id]);
+    c.eq(code, 0, format_args!("cancel: {err}"));
+    ensure!(
+        c,
+        t0.elapsed() < Duration::from_secs(11),
+        "the cancel took {:?}",
+        t0.elapsed()
+    );
+    c.wait_gone(&run.wrapper_pin, wrapper);
+    stopped_honestly(side, run, &Pinned::new(&[]));
+}
+
 fn a_wrapper_stopped_again_and_again_is_taken_over(mode: Mode) {
     let root = TestRoot::new();
     let side = Side::new(&root, mode, "f6");
@@ -444,18 +477,7 @@ fn a_wrapper_stopped_again_and_again_is_taken_over(mode: Mode) {
     let run = start(&side, "stopper", &[], damage);
     run.go_and_wait("done");
     let c = ctx(&root, "stopper");
-    let t0 = Instant::now();
-    let (code, _, err) = side.ctl(&["cancel", "stopper"]);
-    c.eq(code, 0, format_args!("cancel: {err}"));
-    // Within its grace + 10 s.
-    ensure!(
-        c,
-        t0.elapsed() < Duration::from_secs(11),
-        "the cancel took {:?}",
-        t0.elapsed()
-    );
-    c.wait_gone(&run.wrapper_pin, "the wrapper that made no progress");
-    stopped_honestly(&side, &run, &Pinned::new(&[]));
+    cancel_stalled(&side, &run, "the wrapper that made no progress");
     // Between two of the workload's SIGSTOPs the wrapper may get the CPU long enough to stop
     // the run itself (its stop takes ~20 ms here): then no takeover is needed. Either way the
     // stop is journalled, and the cancel ended in time.
@@ -475,30 +497,17 @@ mode_tests!(a_wrapper_stopped_again_and_again_is_taken_over;
 
 #[test]
 fn a_wrapper_moved_into_a_frozen_cgroup_of_the_workloads_is_thawed_and_taken_over() {
-    if !Mode::all().contains(&Mode::NobodyDelegated) {
-        return;
-    }
     let root = TestRoot::new();
-    let side = Side::new(&root, Mode::NobodyDelegated, "f6f");
-    let parent = side.delegated().expect("delegated").display().to_string();
-    let damage = format!(
-        "mkdir '{parent}/ice' && echo $PPID > '{parent}/ice/cgroup.procs' && \
-         echo 1 > '{parent}/ice/cgroup.freeze' && say frozen"
-    );
-    let run = start(&side, "freezer", &[], &damage);
-    run.go_and_wait("done");
+    let Some((side, run)) = damage_as_delegated(&root, "f6f", "freezer", |parent| {
+        format!(
+            "mkdir '{parent}/ice' && echo $PPID > '{parent}/ice/cgroup.procs' && \
+             echo 1 > '{parent}/ice/cgroup.freeze' && say frozen"
+        )
+    }) else {
+        return;
+    };
     let c = ctx(&root, "freezer");
-    let t0 = Instant::now();
-    let (code, _, err) = side.ctl(&["cancel", "freezer"]);
-    c.eq(code, 0, format_args!("cancel: {err}"));
-    ensure!(
-        c,
-        t0.elapsed() < Duration::from_secs(11),
-        "the cancel took {:?}",
-        t0.elapsed()
-    );
-    c.wait_gone(&run.wrapper_pin, "the frozen wrapper");
-    stopped_honestly(&side, &run, &Pinned::new(&[]));
+    cancel_stalled(&side, &run, "the frozen wrapper");
     ensure!(c, !c.events("thaw").is_empty(), "no thaw journalled");
 }
 

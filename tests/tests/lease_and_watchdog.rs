@@ -260,6 +260,19 @@ fn start_tree(c: Ctx<'_>, opts: &str, tree: &str) -> (Detached, Ready, Pinned) {
     (run, ready, pinned)
 }
 
+/// `start --lease 2s ID -- fixture TREE` in the foreground: when it started, the wrapper, the
+/// fixture's ready line, and the whole tree pinned.
+fn start_two_second_lease(root: &TestRoot, c: Ctx<'_>) -> (Instant, Spawned, Ready, Pinned) {
+    let started = Instant::now();
+    let wrapper = Spawned::spawn(root.cmd().args(start_args(
+        "--lease 2s",
+        c.id,
+        &fx("tree --children 2 --grandchildren"),
+    )));
+    let (ready, pinned) = c.pin_tree();
+    (started, wrapper, ready, pinned)
+}
+
 /// The `agent-run-watchdog` daemon on the test's root, watching.
 fn watchdog(root: &TestRoot, args: &[&str]) -> Daemon {
     Daemon::start(root.watchdog_cmd(), args)
@@ -279,13 +292,7 @@ fn terminate(c: Ctx<'_>, dog: Daemon) -> std::process::Output {
 fn a_two_second_lease_without_renewal_cancels_the_run_and_exits_124_with_the_tree_gone() {
     let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "wd-lease-unrenewed");
-    let started = Instant::now();
-    let wrapper = Spawned::spawn(root.cmd().args(start_args(
-        "--lease 2s",
-        c.id,
-        &fx("tree --children 2 --grandchildren"),
-    )));
-    let (ready, pinned) = c.pin_tree();
+    let (started, wrapper, ready, pinned) = start_two_second_lease(&root, c);
     c.eq(
         ready.members.len(),
         4,
@@ -313,13 +320,7 @@ fn a_two_second_lease_without_renewal_cancels_the_run_and_exits_124_with_the_tre
 fn renewals_every_700_ms_keep_a_two_second_lease_alive_past_four_seconds_then_it_expires() {
     let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "wd-lease-renewed");
-    let started = Instant::now();
-    let wrapper = Spawned::spawn(root.cmd().args(start_args(
-        "--lease 2s",
-        c.id,
-        &fx("tree --children 2 --grandchildren"),
-    )));
-    let (ready, pinned) = c.pin_tree();
+    let (started, wrapper, ready, pinned) = start_two_second_lease(&root, c);
 
     // The scenario: a controller renewing every 0.7 s. Sleeping between renewals is the point.
     let mut renewals = 0;
@@ -616,19 +617,26 @@ fn sigterm_to_the_watchdog_mid_stop_lets_the_stop_finish_then_exits_0() {
 // ---------------------------------------------------------------------------------------------
 // Records from an earlier boot and orphans without processes
 
+/// A running record of an earlier boot in a new run dir: its leader's pid is now an unrelated
+/// process of this boot (the pid was reused) and its wrapper is dead. The reaper of that
+/// process, the run dir, its pid, and the process pinned.
+fn forge_earlier_boot(root: &TestRoot, id: &str) -> (Reaper, PathBuf, i32, Pinned) {
+    let dir = make_run_dir(root, id);
+    let mut children = Reaper::default();
+    let pid = children.push(spawn_in_session(&["sleep-ms", "60000"], None, None));
+    let unrelated = Pinned::new(&[pid]);
+    let mut st = running_record(id, pid, FORGED_BOOT_ID);
+    st.wrapper_pid = Some(dead_process().0.into());
+    write_record(&dir, &st);
+    (children, dir, pid, unrelated)
+}
+
 #[test]
 fn a_record_from_an_earlier_boot_becomes_unknown_and_the_process_it_names_is_not_signalled() {
     let root = TestRoot::sharing_cpu();
     let _r = open_root(&root);
     let c = ctx(&root, "wd-rebooted-binary");
-    let dir = make_run_dir(&root, c.id);
-    let mut children = Reaper::default();
-    // An unrelated process of this boot that happens to have the pid the old record names.
-    let pid = children.push(spawn_in_session(&["sleep-ms", "60000"], None, None));
-    let unrelated = Pinned::new(&[pid]);
-    let mut st = running_record(c.id, pid, FORGED_BOOT_ID);
-    st.wrapper_pid = Some(dead_process().0.into());
-    write_record(&dir, &st);
+    let (_children, _dir, pid, unrelated) = forge_earlier_boot(&root, c.id);
 
     let mut cmd = root.watchdog_cmd();
     let out = agent_run_tests::run_with_timeout(cmd.arg("--once"), T);
@@ -654,14 +662,8 @@ fn in_process_run_once_marks_a_record_from_an_earlier_boot_unknown_without_signa
     // other names nothing alive.
     let c = ctx(&root, "wd-rebooted-inproc");
     let empty_id = "wd-rebooted-inproc-empty";
-    let dir = make_run_dir(&root, c.id);
+    let (_children, dir, pid, unrelated) = forge_earlier_boot(&root, c.id);
     let empty_dir = make_run_dir(&root, empty_id);
-    let mut children = Reaper::default();
-    let pid = children.push(spawn_in_session(&["sleep-ms", "60000"], None, None));
-    let unrelated = Pinned::new(&[pid]);
-    let mut st = running_record(c.id, pid, FORGED_BOOT_ID);
-    st.wrapper_pid = Some(dead_process().0.into());
-    write_record(&dir, &st);
     write_lease(&dir, epoch_now() - 10.0, 1.0);
     let (dead, ticks) = dead_process();
     write_record(

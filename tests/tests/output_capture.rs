@@ -573,30 +573,37 @@ fn a_ten_gib_writer_against_a_small_cap_keeps_cap_plus_markers_and_counts_the_re
     );
 }
 
-/// `--quiet --max-output 2M --on-output-limit=stop ID -- sh -c SCRIPT`, to its end.
-fn run_capped_at_2m_with_stop(root: &TestRoot, id: &str, script: &str) -> Output {
+/// `--quiet --max-output 2M --on-output-limit=stop ID -- sh -c SCRIPT`, to its end, SCRIPT
+/// made with the path of a file for its pids: the output, and that path.
+fn run_capped_at_2m_with_stop(
+    root: &TestRoot,
+    id: &str,
+    script: impl FnOnce(&Path) -> String,
+) -> (Output, PathBuf) {
+    let pids = root.dir.path().join("pids");
+    let script = script(&pids);
     let opts = ["--quiet", "--max-output", "2M", "--on-output-limit=stop"];
     let args: Vec<&str> = opts
         .into_iter()
-        .chain([id, "--", "sh", "-c", script])
+        .chain([id, "--", "sh", "-c", &script])
         .collect();
-    run(root, &args)
+    (run(root, &args), pids)
 }
 
 #[test]
 fn on_output_limit_stop_ends_the_run_cancelled_output_limit_with_nothing_left() {
     let root = TestRoot::new();
     let c = ctx(&root, "out-stop");
-    let pids = root.dir.path().join("pids");
     // The writer ignores TERM and HUP, so it writes all of its 4 MiB whatever the stop's
     // speed, and the counts are exact: the cap, the kept tail (cap/8), and the rest dropped.
     // KILL comes only at the grace (5 s); the writer is done in milliseconds. Its shell and
     // the sleeper die by the TERM.
-    let script = format!(
-        "sleep 600 & echo $$ $! > {}; (trap '' TERM HUP; exec head -c 4M /dev/zero); wait",
-        pids.display()
-    );
-    let o = run_capped_at_2m_with_stop(&root, "out-stop", &script);
+    let (o, pids) = run_capped_at_2m_with_stop(&root, "out-stop", |pids| {
+        format!(
+            "sleep 600 & echo $$ $! > {}; (trap '' TERM HUP; exec head -c 4M /dev/zero); wait",
+            pids.display()
+        )
+    });
     c.eq(
         &o.status.code(),
         &Some(143),
@@ -679,12 +686,12 @@ fn on_output_limit_stop_ends_the_run_cancelled_output_limit_with_nothing_left() 
 fn a_planted_cancel_request_does_not_turn_off_the_output_limit_stop() {
     let root = TestRoot::new();
     let c = ctx(&root, "out-planted");
-    let pids = root.dir.path().join("pids");
-    let script = format!(
-        "printf x > \"$AGENT_RUN_DIR/cancel.json\"; echo $$ > {}; head -c 3M /dev/zero; exec sleep 30",
-        pids.display()
-    );
-    let o = run_capped_at_2m_with_stop(&root, "out-planted", &script);
+    let (o, pids) = run_capped_at_2m_with_stop(&root, "out-planted", |pids| {
+        format!(
+            "printf x > \"$AGENT_RUN_DIR/cancel.json\"; echo $$ > {}; head -c 3M /dev/zero; exec sleep 30",
+            pids.display()
+        )
+    });
     let st = root.status("out-planted");
     c.eq(
         &st["state"].as_str(),

@@ -27,8 +27,8 @@ use agent_run_tests::remote::{
 };
 use agent_run_tests::workload::spew_bytes;
 use agent_run_tests::{
-    agent_run_bin, ctx, describe_output, ensure, exit_code, fixture_bin, wait_ready, Pinned,
-    Spawned, TestRoot,
+    agent_run_bin, ctx, describe_output, ensure, exit_code, fixture_bin, wait_ready, Ctx, Pinned,
+    Ready, Spawned, TestRoot,
 };
 use serde_json::Value;
 
@@ -108,6 +108,30 @@ impl World {
         self.remote(&[self.srv.host().as_str(), flag, id])
     }
 
+    /// Starts `remote OPTS HOST -- COMMAND` and pins the host's workload once it is ready.
+    fn start(&self, id: &str, opts: &[&str], command: &[OsString]) -> (Spawned, Ready, Pinned) {
+        let run = Spawned::spawn(&mut self.run(opts, command));
+        let ready = wait_ready(&self.root.run_dir(id).join("stdout.log"), T);
+        let workload = Pinned::new(&ready.all_pids());
+        (run, ready, workload)
+    }
+
+    /// Runs `remote HOST FLAG ID` to its end and checks its exit code.
+    fn one_shot_exits(&self, flag: &str, id: &str, want: i32) -> Output {
+        finish(self, id, Spawned::spawn(&mut self.one_shot(flag, id)), want)
+    }
+
+    /// The run finished with exit code `code`, and the client left nothing behind.
+    fn finished_and_cleaned_up(&self, c: Ctx, id: &str, code: i64) {
+        let st = self.root.status(id);
+        c.eq(
+            (st["state"].as_str(), st["exit_code"].as_i64()),
+            (Some("finished"), Some(code)),
+            format_args!("state and exit code of {st:#}"),
+        );
+        self.assert_client_cleaned_up();
+    }
+
     fn net(&self) -> &Netns {
         self.net.as_ref().expect("a split world")
     }
@@ -120,6 +144,29 @@ impl World {
         let procs = processes_mentioning(xdg);
         assert!(procs.is_empty(), "ssh processes left: {procs:?}");
     }
+}
+
+/// `fixture tree --children N`, with grandchildren when asked.
+fn tree(children: u32, grandchildren: bool) -> Vec<OsString> {
+    let mut argv: Vec<OsString> = vec![
+        fixture_bin().into_os_string(),
+        "tree".into(),
+        "--children".into(),
+        children.to_string().into(),
+    ];
+    if grandchildren {
+        argv.push("--grandchildren".into());
+    }
+    argv
+}
+
+/// The record `st` (status.json or a one-shot's) ended in this state for this reason.
+fn ended_as(c: Ctx, st: &Value, state: &str, reason: &str) {
+    c.eq(
+        (st["state"].as_str(), st["reason"].as_str()),
+        (Some(state), Some(reason)),
+        format_args!("state and reason of {st:#}"),
+    );
 }
 
 /// Waits for a spawned `remote` and checks its exit code, explaining a failure in full.
@@ -177,13 +224,7 @@ fn remote_streams_the_output_and_exits_with_the_workloads_code() {
         strip_messages(&out.stderr) == spew_bytes(30000),
         "stderr differs: {stderr}"
     );
-    let st = w.root.status(id);
-    c.eq(
-        &(st["state"].as_str(), st["exit_code"].as_i64()),
-        &(Some("finished"), Some(3)),
-        "(st[\"state\"].as_str(), st[\"exit_code\"].as_i64())",
-    );
-    w.assert_client_cleaned_up();
+    w.finished_and_cleaned_up(c, id, 3);
 }
 
 #[test]
@@ -271,17 +312,7 @@ fn killing_the_local_client_leaves_the_run_to_its_lease() {
     let w = World::loopback();
     let id = "client-killed";
     let c = ctx(&w.root, id);
-    let fixture = fixture_bin().into_os_string();
-    let tree = [
-        fixture,
-        "tree".into(),
-        "--children".into(),
-        "2".into(),
-        "--grandchildren".into(),
-    ];
-    let run = Spawned::spawn(&mut w.run(&["--id", id, "--lease", "4s"], &tree));
-    let ready = wait_ready(&w.root.run_dir(id).join("stdout.log"), T);
-    let workload = Pinned::new(&ready.all_pids());
+    let (run, ready, workload) = w.start(id, &["--id", id, "--lease", "4s"], &tree(2, true));
     wait_for_text("ready ", T, || run.stdout_so_far());
     // The local side: `agent-run remote`, its ssh channels and its master (in a session of its
     // own, found by the control path in its command line). SIGKILL, no remote signal.
@@ -306,14 +337,8 @@ fn killing_the_local_client_leaves_the_run_to_its_lease() {
         "the workload must outlive its controller",
     );
     let st = w.root.wait_final(id, T);
-    c.eq(
-        &(st["state"].as_str(), st["reason"].as_str()),
-        &(Some("cancelled"), Some("lease_expired")),
-        "(st[\"state\"].as_str(), st[\"reason\"].as_str())",
-    );
-    workload
-        .wait_all_gone(T)
-        .unwrap_or_else(|left| c.fail(format_args!("left: {left:?}")));
+    ended_as(c, &st, "cancelled", "lease_expired");
+    c.wait_gone(&workload, "the workload");
     let lease: Value =
         serde_json::from_slice(&fs::read(w.root.run_dir(id).join("lease.json")).unwrap()).unwrap();
     let deadline = lease["deadline_epoch"].as_f64().unwrap();
@@ -387,13 +412,7 @@ exit 7"#;
         strip_messages(&out.stderr) == want_err,
         "stderr differs\n{stderr}"
     );
-    let st = w.root.status(id);
-    c.eq(
-        &(st["state"].as_str(), st["exit_code"].as_i64()),
-        &(Some("finished"), Some(7)),
-        "(st[\"state\"].as_str(), st[\"exit_code\"].as_i64())",
-    );
-    w.assert_client_cleaned_up();
+    w.finished_and_cleaned_up(c, id, 7);
 }
 
 #[test]
@@ -401,17 +420,9 @@ fn a_cut_link_that_outlasts_the_lease_reports_unknown() {
     let w = World::split();
     let id = "cut-long";
     let c = ctx(&w.root, id);
-    let tree = [
-        fixture_bin().into_os_string(),
-        "tree".into(),
-        "--children".into(),
-        "1".into(),
-    ];
     let mut opts = vec!["--id", id, "--lease", "4s"];
     opts.extend(FAST_KEEPALIVE);
-    let run = Spawned::spawn(&mut w.run(&opts, &tree));
-    let ready = wait_ready(&w.root.run_dir(id).join("stdout.log"), T);
-    let workload = Pinned::new(&ready.all_pids());
+    let (run, _, workload) = w.start(id, &opts, &tree(1, false));
     w.net().cut();
     let out = finish(&w, id, run, 75);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -422,27 +433,12 @@ fn a_cut_link_that_outlasts_the_lease_reports_unknown() {
     );
     // On the host, the lease stopped the run.
     let st = w.root.wait_final(id, T);
-    c.eq(
-        &(st["state"].as_str(), st["reason"].as_str()),
-        &(Some("cancelled"), Some("lease_expired")),
-        "(st[\"state\"].as_str(), st[\"reason\"].as_str())",
-    );
-    workload
-        .wait_all_gone(T)
-        .unwrap_or_else(|left| c.fail(format_args!("left: {left:?}")));
+    ended_as(c, &st, "cancelled", "lease_expired");
+    c.wait_gone(&workload, "the workload");
     w.net().restore();
-    let status = run_out(w.one_shot("--status", id));
-    c.eq(
-        &exit_code(&status.status),
-        &124,
-        format_args!("{}", describe_output("--status", &status)),
-    );
+    let status = w.one_shot_exits("--status", id, 124);
     let v = record(&status);
-    c.eq(
-        &(v["state"].as_str(), v["reason"].as_str()),
-        &(Some("cancelled"), Some("lease_expired")),
-        "(v[\"state\"].as_str(), v[\"reason\"].as_str())",
-    );
+    ended_as(c, &v, "cancelled", "lease_expired");
     w.assert_client_cleaned_up();
 }
 
@@ -451,28 +447,13 @@ fn ctrl_c_with_the_link_up_stops_the_remote_tree() {
     let w = World::loopback();
     let id = "int-up";
     let c = ctx(&w.root, id);
-    let tree = [
-        fixture_bin().into_os_string(),
-        "tree".into(),
-        "--children".into(),
-        "2".into(),
-        "--grandchildren".into(),
-    ];
-    let run = Spawned::spawn(&mut w.run(&["--id", id, "--lease", "30s"], &tree));
-    let ready = wait_ready(&w.root.run_dir(id).join("stdout.log"), T);
-    let workload = Pinned::new(&ready.all_pids());
+    let (run, _, workload) = w.start(id, &["--id", id, "--lease", "30s"], &tree(2, true));
     wait_for_text("ready ", T, || run.stdout_so_far());
     run.signal(libc::SIGINT);
     let out = finish(&w, id, run, 143);
-    workload
-        .wait_all_gone(T)
-        .unwrap_or_else(|left| c.fail(format_args!("left: {left:?}")));
+    c.wait_gone(&workload, "the workload");
     let st = w.root.status(id);
-    c.eq(
-        &(st["state"].as_str(), st["reason"].as_str()),
-        &(Some("cancelled"), Some("cancel_request")),
-        "(st[\"state\"].as_str(), st[\"reason\"].as_str())",
-    );
+    ended_as(c, &st, "cancelled", "cancel_request");
     let stderr = String::from_utf8_lossy(&out.stderr);
     // One line says how it ended; the record is not dumped.
     ensure!(
@@ -488,17 +469,9 @@ fn ctrl_c_with_the_link_down_cancels_once_the_link_is_back() {
     let w = World::split();
     let id = "int-down";
     let c = ctx(&w.root, id);
-    let tree = [
-        fixture_bin().into_os_string(),
-        "tree".into(),
-        "--children".into(),
-        "2".into(),
-    ];
     let mut opts = vec!["--id", id, "--lease", "20s"];
     opts.extend(FAST_KEEPALIVE);
-    let run = Spawned::spawn(&mut w.run(&opts, &tree));
-    let ready = wait_ready(&w.root.run_dir(id).join("stdout.log"), T);
-    let workload = Pinned::new(&ready.all_pids());
+    let (run, ready, workload) = w.start(id, &opts, &tree(2, false));
     wait_for_text("ready ", T, || run.stdout_so_far());
     // Down at the server's end: packets vanish, reconnection attempts hang to their timeout.
     w.net().blackhole();
@@ -512,9 +485,7 @@ fn ctrl_c_with_the_link_down_cancels_once_the_link_is_back() {
     );
     w.net().restore_server();
     let out = finish(&w, id, run, 143);
-    workload
-        .wait_all_gone(T)
-        .unwrap_or_else(|left| c.fail(format_args!("left: {left:?}")));
+    c.wait_gone(&workload, "the workload");
     let st = w.root.status(id);
     c.eq(
         &(st["state"].as_str(), st["reason"].as_str()),
@@ -529,44 +500,24 @@ fn an_earlier_run_can_be_attached_to_queried_and_cancelled() {
     let w = World::loopback();
     let id = "earlier";
     let c = ctx(&w.root, id);
-    let tree = [
-        fixture_bin().into_os_string(),
-        "tree".into(),
-        "--children".into(),
-        "1".into(),
-    ];
-    let first = Spawned::spawn(&mut w.run(&["--id", id, "--lease", "30s"], &tree));
-    let ready = wait_ready(&w.root.run_dir(id).join("stdout.log"), T);
-    let workload = Pinned::new(&ready.all_pids());
+    let (first, _, workload) = w.start(id, &["--id", id, "--lease", "30s"], &tree(1, false));
     let attached = Spawned::spawn(&mut w.one_shot("--attach", id));
     wait_for_text("ready ", T, || attached.stdout_so_far());
 
-    let status = run_out(w.one_shot("--status", id));
-    c.eq(
-        &exit_code(&status.status),
-        &75,
-        format_args!("{}", describe_output("--status", &status)),
-    );
+    let status = w.one_shot_exits("--status", id, 75);
     c.eq(
         &record(&status)["state"].as_str(),
         &Some("running"),
         "record(&status)[\"state\"].as_str()",
     );
 
-    let cancel = run_out(w.one_shot("--cancel", id));
-    c.eq(
-        &exit_code(&cancel.status),
-        &0,
-        format_args!("{}", describe_output("--cancel", &cancel)),
-    );
+    let cancel = w.one_shot_exits("--cancel", id, 0);
     c.eq(
         &record(&cancel)["state"].as_str(),
         &Some("cancelled"),
         "record(&cancel)[\"state\"].as_str()",
     );
-    workload
-        .wait_all_gone(T)
-        .unwrap_or_else(|left| c.fail(format_args!("left: {left:?}")));
+    c.wait_gone(&workload, "the workload");
 
     finish(&w, id, first, 143);
     let out = finish(&w, id, attached, 143);
@@ -575,12 +526,7 @@ fn an_earlier_run_can_be_attached_to_queried_and_cancelled() {
         String::from_utf8_lossy(&out.stdout).starts_with("ready "),
         "String::from_utf8_lossy(&out.stdout).starts_with(\"ready \")"
     );
-    let status = run_out(w.one_shot("--status", id));
-    c.eq(
-        &exit_code(&status.status),
-        &143,
-        format_args!("{}", describe_output("--status", &status)),
-    );
+    w.one_shot_exits("--status", id, 143);
     w.assert_client_cleaned_up();
 }
 

@@ -9,7 +9,7 @@
 
 use std::fs;
 use std::os::unix::fs::chown;
-use std::process::Stdio;
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use agent_run_tests::ctx::{ctx, Ctx};
@@ -411,6 +411,25 @@ fn list_shows_every_run_and_reports_corrupt_or_foreign_run_dirs_on_their_own_std
     l.wait_gone(&run.wrapper_pin, "the wrapper");
 }
 
+/// `gc --older-than AGE` removes the run `old` and keeps every run of `kept`: its output, and
+/// that output described.
+fn gc_pass(c: Ctx<'_>, age: &str, old: &str, kept: &[&str]) -> (Output, String) {
+    let out = c.ctl(&["gc", "--older-than", age], 0);
+    let what = describe_output(&format!("gc --older-than {age}"), &out);
+    let exists = |id: &str| c.root.run_dir(id).exists();
+    c.check(
+        !exists(old),
+        format_args!("the run {old}, older than {age}, is still there\n{what}"),
+    );
+    for kept in kept {
+        c.check(
+            exists(kept),
+            format_args!("gc --older-than {age} removed {kept}\n{what}"),
+        );
+    }
+    (out, what)
+}
+
 #[test]
 fn gc_removes_final_run_dirs_older_than_the_age_and_never_active_or_unreadable_ones() {
     let root = TestRoot::new();
@@ -467,18 +486,12 @@ fn gc_removes_final_run_dirs_older_than_the_age_and_never_active_or_unreadable_o
         );
     }
 
-    let out = c.ctl(&["gc", "--older-than", "1h"], 0);
-    let what = describe_output("gc --older-than 1h", &out);
-    c.check(
-        !exists("hours"),
-        format_args!("the 2 h old run is still there\n{what}"),
+    let (out, what) = gc_pass(
+        c,
+        "1h",
+        "hours",
+        &["minutes", "fresh", c.id, "trunc", "foreign"],
     );
-    for kept in ["minutes", "fresh", c.id, "trunc", "foreign"] {
-        c.check(
-            exists(kept),
-            format_args!("gc --older-than 1h removed {kept}\n{what}"),
-        );
-    }
     let stderr = text(&out.stderr);
     for skipped in ["trunc", "foreign"] {
         let reported = stderr
@@ -490,18 +503,7 @@ fn gc_removes_final_run_dirs_older_than_the_age_and_never_active_or_unreadable_o
         );
     }
 
-    let out = c.ctl(&["gc", "--older-than", "5m"], 0);
-    let what = describe_output("gc --older-than 5m", &out);
-    c.check(
-        !exists("minutes"),
-        format_args!("the 10 min old run is still there\n{what}"),
-    );
-    for kept in ["fresh", c.id, "trunc", "foreign"] {
-        c.check(
-            exists(kept),
-            format_args!("gc --older-than 5m removed {kept}\n{what}"),
-        );
-    }
+    gc_pass(c, "5m", "minutes", &["fresh", c.id, "trunc", "foreign"]);
     c.all_alive(&tree, "the active run after gc");
     c.record("the active run", json!({"state": "running"}));
 

@@ -35,11 +35,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agent_run_tests::contain::marked;
-use agent_run_tests::ctx::{ctx, Detached, CMD, T};
+use agent_run_tests::ctx::{ctx, Ctx, Detached, CMD, T};
 use agent_run_tests::facts::*;
 use agent_run_tests::workload::*;
 use agent_run_tests::{
-    describe_output, proc_stat, run_with_timeout, sys, Pinned, Reaper, Spawned, TestRoot,
+    describe_output, proc_stat, run_with_timeout, sys, Pinned, Ready, Reaper, Spawned, TestRoot,
     FINAL_STATES, RECORD_KEYS,
 };
 use serde_json::{json, Value};
@@ -165,6 +165,14 @@ fn deny_pidfd_open(cmd: &mut Command, errno: i32) {
 /// [`Listener`]).
 fn hold_flock(cmd: &mut Command) {
     seccomp(cmd, libc::SYS_flock, libc::SECCOMP_RET_USER_NOTIF);
+}
+
+/// `start --detach OPTS ID -- fixture TREE`, running: the run (its wrapper and leader pinned),
+/// the fixture's ready line, and the whole tree pinned.
+fn start_tree(c: Ctx<'_>, opts: &str, tree: &str) -> (Detached, Ready, Pinned) {
+    let run = c.start_running(opts, &fx(tree));
+    let (ready, pins) = c.pin_tree();
+    (run, ready, pins)
 }
 
 /// The `signal` events `by` sent with `signal` to the single process `pid` (`"pid:N"`).
@@ -353,13 +361,8 @@ fn a_truncated_lease_json_does_not_disable_the_lease_of_a_detached_run() {
     let root = TestRoot::new();
     let c = ctx(&root, "dg-lease-truncated");
     let _reaper = Reaper::for_run(&root, c.id);
-    let Detached {
-        wrapper,
-        wrapper_pin,
-        leader_pin: _leader_pin,
-        ..
-    } = c.start_running("--lease 3s", &fx("tree --children 1 --grandchildren"));
-    let (ready, pins) = c.pin_tree();
+    let (run, ready, pins) = start_tree(c, "--lease 3s", "tree --children 1 --grandchildren");
+    let (wrapper, wrapper_pin) = (run.wrapper, &run.wrapper_pin);
     let deadline = c.lease_deadline();
     c.wait("the wrapper asleep in its supervise loop", || {
         sleeping_in_poll(wrapper)
@@ -382,7 +385,7 @@ fn a_truncated_lease_json_does_not_disable_the_lease_of_a_detached_run() {
         "lease_unreadable events",
     );
     c.ctl(&["wait", c.id], 124);
-    c.wait_gone(&wrapper_pin, "the wrapper");
+    c.wait_gone(wrapper_pin, "the wrapper");
 }
 
 /// An orphan (its wrapper kill -9ed) whose lease.json is garbage is a run without a lease to the
@@ -393,14 +396,9 @@ fn an_orphan_whose_lease_json_is_garbage_is_stopped_by_the_watchdog_after_the_or
     let root = TestRoot::new();
     let c = ctx(&root, "dg-lease-orphan");
     let _reaper = Reaper::for_run(&root, c.id);
-    let Detached {
-        wrapper,
-        wrapper_pin,
-        leader_pin: _leader_pin,
-        ..
-    } = c.start_running("--lease 1h", &fx("tree --children 2 --grandchildren"));
-    let (ready, pins) = c.pin_tree();
-    c.kill_wrapper(wrapper, &wrapper_pin);
+    let (run, ready, pins) = start_tree(c, "--lease 1h", "tree --children 2 --grandchildren");
+    let (wrapper, wrapper_pin) = (run.wrapper, &run.wrapper_pin);
+    c.kill_wrapper(wrapper, wrapper_pin);
     c.replace("lease.json", br#"{"deadline_epoch": "x"}"#);
 
     c.watchdog_once("1h");
@@ -435,14 +433,9 @@ fn cancel_continues_a_sigstopped_wrapper_of_a_run_without_lease_and_the_run_ends
     let root = TestRoot::new();
     let c = ctx(&root, "dg-stopped-wrapper");
     let _reaper = Reaper::for_run(&root, c.id);
-    let Detached {
-        wrapper,
-        wrapper_pin,
-        leader_pin: _leader_pin,
-        ..
-    } = c.start_running("", &fx("tree --children 2 --grandchildren --escapee"));
-    let (ready, pins) = c.pin_tree();
-    c.signal(&wrapper_pin, wrapper, libc::SIGSTOP);
+    let (run, ready, pins) = start_tree(c, "", "tree --children 2 --grandchildren --escapee");
+    let (wrapper, wrapper_pin) = (run.wrapper, &run.wrapper_pin);
+    c.signal(wrapper_pin, wrapper, libc::SIGSTOP);
     c.wait("the wrapper to be stopped", || match proc_stat(wrapper) {
         Some(s) if s.0 == 'T' => Ok(()),
         other => Err(format!("{other:?}")),
@@ -466,7 +459,7 @@ fn cancel_continues_a_sigstopped_wrapper_of_a_run_without_lease_and_the_run_ends
         1,
         "CONTs from cancel to the wrapper",
     );
-    c.wait_gone(&wrapper_pin, "the wrapper");
+    c.wait_gone(wrapper_pin, "the wrapper");
     c.eq(c.final_state_events(), 1, "final state events");
 }
 
@@ -478,14 +471,9 @@ fn a_corrupt_status_json_does_not_stop_a_stop_cancel_goes_by_kernel_facts() {
     let root = TestRoot::new();
     let c = ctx(&root, "dg-corrupt-record");
     let _reaper = Reaper::for_run(&root, c.id);
-    let Detached {
-        wrapper,
-        wrapper_pin,
-        leader_pin: _leader_pin,
-        ..
-    } = c.start_running("", &fx("tree --children 2 --grandchildren"));
-    let (_, pins) = c.pin_tree();
-    c.kill_wrapper(wrapper, &wrapper_pin);
+    let (run, _, pins) = start_tree(c, "", "tree --children 2 --grandchildren");
+    let (wrapper, wrapper_pin) = (run.wrapper, &run.wrapper_pin);
+    c.kill_wrapper(wrapper, wrapper_pin);
     let record = c.bytes("status.json");
     let half = &record[..record.len() / 2];
     let truncated = fs::OpenOptions::new()

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use agent_run_tests::cli::*;
-use agent_run_tests::{ctx, wait_until_dbg, TestRoot};
+use agent_run_tests::{cases, ctx, wait_until_dbg, TestRoot};
 
 /// What `status` (human and JSON) and `list` (human and JSON) say of `id`'s state.
 fn said(root: &TestRoot, id: &str) -> (String, bool, String, bool) {
@@ -55,15 +55,10 @@ fn stop_and_continue(mode: &[&str], id: &str) {
     run.assert_gone(&root, "after cancel");
 }
 
-#[test]
-fn a_run_whose_processes_are_all_stopped_is_suspended_in_a_cgroup() {
-    stop_and_continue(&[], "stopped-cg");
-}
-
-#[test]
-fn a_run_whose_processes_are_all_stopped_is_suspended_by_proc_scans() {
-    stop_and_continue(&["--cgroup", "off"], "stopped-procfs");
-}
+cases!(|(mode, id): (&[&str], &str)| stop_and_continue(mode, id);
+    a_run_whose_processes_are_all_stopped_is_suspended_in_a_cgroup => (&[], "stopped-cg"),
+    a_run_whose_processes_are_all_stopped_is_suspended_by_proc_scans => (&["--cgroup", "off"], "stopped-procfs"),
+);
 
 #[test]
 fn a_run_whose_cgroup_is_frozen_is_suspended() {

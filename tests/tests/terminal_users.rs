@@ -19,20 +19,21 @@ use serde_json::{json, Value};
 // ---------------------------------------------------------------------------------------------
 // Output for people, on a real terminal, and its JSON twin
 
-fn tmux_root(root: &TestRoot) -> String {
-    format!(
+/// A tmux terminal of COLS x ROWS, and the shell words that run the built agent-run on `root`.
+fn terminal(root: &TestRoot, cols: u16, rows: u16) -> (Tmux, String) {
+    let agent_run = format!(
         "{} --root {}",
         shell_path(&agent_run_bin()),
         shell_path(&root.root())
-    )
+    );
+    (Tmux::new(cols, rows, &[]), agent_run)
 }
 
 #[test]
 fn cancel_and_a_final_relaunch_say_one_line_on_a_terminal_and_give_json_otherwise() {
     let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "train-3");
-    let t = Tmux::new(120, 40, &[]);
-    let ar_t = tmux_root(&root);
+    let (t, ar_t) = terminal(&root, 120, 40);
     let run = detached(&root, "train-3", &[], &["--children", "2"]);
     let said = t.run(&format!("{ar_t} cancel train-3"), T);
     let line = said.trim();
@@ -85,8 +86,7 @@ fn cancel_and_a_final_relaunch_say_one_line_on_a_terminal_and_give_json_otherwis
 fn a_foreground_run_says_on_stderr_why_it_stops() {
     let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "fg-int");
-    let t = Tmux::new(120, 40, &[]);
-    let ar_t = tmux_root(&root);
+    let (t, ar_t) = terminal(&root, 120, 40);
     let fx = shell_path(&fixture_bin());
 
     // Ctrl-C.
@@ -149,8 +149,7 @@ fn a_foreground_run_says_on_stderr_why_it_stops() {
 fn status_on_a_terminal_quotes_the_command_and_names_the_signal() {
     let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "segv");
-    let t = Tmux::new(120, 50, &[]);
-    let ar_t = tmux_root(&root);
+    let (t, ar_t) = terminal(&root, 120, 50);
     let fx = fixture_path();
     ar_code(&root, &["segv", "--", &fx, "signal", "11"], 139);
     let said = t.run(&format!("{ar_t} status segv"), T);
@@ -240,8 +239,7 @@ fn status_on_a_terminal_quotes_the_command_and_names_the_signal() {
 fn list_on_a_terminal_is_newest_first_fits_80_columns_and_is_coloured_unless_no_color() {
     let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "live");
-    let t = Tmux::new(80, 50, &[]);
-    let ar_t = tmux_root(&root);
+    let (t, ar_t) = terminal(&root, 80, 50);
     let fx = fixture_path();
     ar_code(&root, &["ok-run", "--", "true"], 0);
     ar_code(&root, &["failing", "--", "sh", "-c", "exit 3"], 3);
@@ -340,8 +338,7 @@ fn list_on_a_terminal_is_newest_first_fits_80_columns_and_is_coloured_unless_no_
 fn ctrl_z_suspends_every_process_of_the_run_and_fg_resumes_them() {
     let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "zz");
-    let t = Tmux::new(120, 40, &[]);
-    let ar_t = tmux_root(&root);
+    let (t, ar_t) = terminal(&root, 120, 40);
     let fx = shell_path(&fixture_bin());
     t.clear();
     t.line(&format!(
@@ -405,8 +402,7 @@ fn ctrl_z_suspends_every_process_of_the_run_and_fg_resumes_them() {
 #[test]
 fn programs_that_prompt_fail_fast_instead_of_waiting_for_a_terminal() {
     let root = TestRoot::sharing_cpu();
-    let t = Tmux::new(120, 40, &[]);
-    let ar_t = tmux_root(&root);
+    let (t, ar_t) = terminal(&root, 120, 40);
     // On a real terminal, in the foreground: the workload has no controlling terminal (its own
     // session), so a prompt on /dev/tty fails at once; with stdin from /dev/null, so does `read`.
     let said = t.run(

@@ -165,6 +165,27 @@ mod tests {
     use super::*;
     use std::cell::Cell;
 
+    /// (now, due, what a live wrapper's run wants).
+    type AliveCase = (f64, Option<(f64, Due)>, Alive);
+
+    /// Each case decides what it wants with this grace and policy.
+    fn check_alive(cases: &[AliveCase], grace: f64, p: &Policy) {
+        for &(now, due, want) in cases {
+            assert_eq!(
+                decide_alive(now, due, grace, p),
+                want,
+                "now {now} due {due:?}"
+            );
+        }
+    }
+
+    /// Watched, to be looked at again at `epoch`.
+    fn watch(epoch: f64) -> Alive {
+        Alive::Watch {
+            recheck_epoch: Some(epoch),
+        }
+    }
+
     fn policy() -> Policy {
         Policy {
             orphan_grace: Duration::from_secs(60),
@@ -203,20 +224,8 @@ mod tests {
                     recheck_epoch: None,
                 },
             ),
-            (
-                1000.0,
-                Some((995.0, Due::Lease)),
-                Alive::Watch {
-                    recheck_epoch: Some(1005.0),
-                },
-            ),
-            (
-                1004.9,
-                Some((995.0, Due::Lease)),
-                Alive::Watch {
-                    recheck_epoch: Some(1005.0),
-                },
-            ),
+            (1000.0, Some((995.0, Due::Lease)), watch(1005.0)),
+            (1004.9, Some((995.0, Due::Lease)), watch(1005.0)),
             (1005.0, Some((995.0, Due::Lease)), Alive::Stuck(Due::Lease)),
             (
                 2000.0,
@@ -224,46 +233,22 @@ mod tests {
                 Alive::Stuck(Due::Timeout),
             ),
             // A deadline still ahead: watched until it + grace + slack.
-            (
-                900.0,
-                Some((995.0, Due::Lease)),
-                Alive::Watch {
-                    recheck_epoch: Some(1005.0),
-                },
-            ),
-            (
-                1004.9,
-                Some((995.0, Due::Timeout)),
-                Alive::Watch {
-                    recheck_epoch: Some(1005.0),
-                },
-            ),
+            (900.0, Some((995.0, Due::Lease)), watch(1005.0)),
+            (1004.9, Some((995.0, Due::Timeout)), watch(1005.0)),
             (
                 1005.0,
                 Some((995.0, Due::Timeout)),
                 Alive::Stuck(Due::Timeout),
             ),
         ];
-        for (now, due, want) in cases {
-            assert_eq!(
-                decide_alive(now, due, 5.0, &p),
-                want,
-                "now {now} due {due:?}"
-            );
-        }
+        check_alive(&cases, 5.0, &p);
         // No grace and no slack: stuck at the deadline itself.
         let p = Policy {
             slack: Duration::ZERO,
             ..policy()
         };
         let cases = [
-            (
-                994.5,
-                Some((995.0, Due::Lease)),
-                Alive::Watch {
-                    recheck_epoch: Some(995.0),
-                },
-            ),
+            (994.5, Some((995.0, Due::Lease)), watch(995.0)),
             (995.0, Some((995.0, Due::Lease)), Alive::Stuck(Due::Lease)),
             (
                 995.0,
@@ -271,13 +256,7 @@ mod tests {
                 Alive::Stuck(Due::Timeout),
             ),
         ];
-        for (now, due, want) in cases {
-            assert_eq!(
-                decide_alive(now, due, 0.0, &p),
-                want,
-                "now {now} due {due:?}"
-            );
-        }
+        check_alive(&cases, 0.0, &p);
     }
 
     /// (now, due, gone since, remains) -> (why, when): None is now.

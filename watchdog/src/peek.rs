@@ -120,16 +120,7 @@ mod tests {
 
     #[test]
     fn a_peek_reads_what_the_records_parse_reads() {
-        let states = [
-            State::Starting,
-            State::Running,
-            State::Cancelling,
-            State::Finished,
-            State::Cancelled,
-            State::LaunchFailed,
-            State::Unknown,
-        ];
-        for state in states {
+        for state in State::ALL {
             let mut st = record(state);
             st.wrapper_pid = Some(4321.into());
             st.containment = Some(Held::cgroup(std::path::Path::new(

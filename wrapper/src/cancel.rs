@@ -43,30 +43,20 @@ pub fn cancel(root: Option<&Path>, args: CancelArgs) -> anyhow::Result<u8> {
         Picked::Many(ids) => ids,
     };
     let results = parallel(&ids, CANCEL_PARALLEL, |id| cancel_one(root, id, args.wait));
-    let mut code = exit::OK;
-    let mut docs = Vec::new();
+    let mut batch = select::Batch::default();
     for (id, r) in ids.iter().zip(results) {
         match r {
             Ok((dir, st)) => {
                 if json {
-                    docs.push(runs::record_value(&dir, &st));
+                    batch.push(runs::record_value(&dir, &st));
                 } else {
                     println!("{}", human::final_line(&st, colour));
                 }
             }
-            Err(e) => {
-                let (doc, c) = select::error_entry(id, &e);
-                docs.push(doc);
-                if code == exit::OK {
-                    code = c;
-                }
-            }
+            Err(e) => batch.failed(id, &e),
         }
     }
-    if json {
-        select::print_json(&serde_json::Value::Array(docs));
-    }
-    Ok(code)
+    Ok(batch.finish(json))
 }
 
 /// Run `f` over `items` on up to `width` threads; the results in the order of `items`.

@@ -56,27 +56,17 @@ pub fn renew(root: Option<&Path>, args: RenewArgs) -> anyhow::Result<u8> {
                 || open_run(root, id).is_ok_and(|d| d.read_lease().is_ok_and(|l| l.is_some()))
         })
         .collect();
-    let mut code = exit::OK;
-    let mut docs = Vec::new();
+    let mut batch = select::Batch::default();
     for id in &ids {
         match renew_one(root, id, args.lease, token.as_ref()) {
-            Ok(l) if args.json => docs.push(
+            Ok(l) if args.json => batch.push(
                 json!({"run_id": id, "deadline_epoch": l.deadline_epoch, "lease_s": l.lease_s}),
             ),
             Ok(l) => println!("{}", renewed_line(id, &l, epoch_now())),
-            Err(e) => {
-                let (doc, c) = select::error_entry(id, &e);
-                docs.push(doc);
-                if code == exit::OK {
-                    code = c;
-                }
-            }
+            Err(e) => batch.failed(id, &e),
         }
     }
-    if args.json {
-        select::print_json(&serde_json::Value::Array(docs));
-    }
-    Ok(code)
+    Ok(batch.finish(args.json))
 }
 
 /// What `renew` says of a run for people: `renewed ID: the lease ends at 14:03:10 UTC (in 10m)`.

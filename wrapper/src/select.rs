@@ -78,6 +78,38 @@ pub fn error_entry(id: &str, err: &anyhow::Error) -> (Value, u8) {
     )
 }
 
+/// What a command over several runs prints with `--json` (an array, an entry a run), and its
+/// exit code: that of the first run it could not act on, 0 when none.
+#[derive(Default)]
+pub struct Batch {
+    docs: Vec<Value>,
+    code: u8,
+}
+
+impl Batch {
+    /// A run's entry.
+    pub fn push(&mut self, doc: Value) {
+        self.docs.push(doc);
+    }
+
+    /// A run that could not be acted on ([`error_entry`]).
+    pub fn failed(&mut self, id: &str, err: &anyhow::Error) {
+        let (doc, code) = error_entry(id, err);
+        self.docs.push(doc);
+        if self.code == exit::OK {
+            self.code = code;
+        }
+    }
+
+    /// Prints the array when `json`; the exit code.
+    pub fn finish(self, json: bool) -> u8 {
+        if json {
+            print_json(&Value::Array(self.docs));
+        }
+        self.code
+    }
+}
+
 /// Print one JSON document (pretty, with a trailing newline) on stdout.
 pub fn print_json(v: &Value) {
     let mut s = serde_json::to_string_pretty(v).expect("json serializes");

@@ -33,31 +33,21 @@ pub fn status(root: Option<&Path>, args: StatusArgs) -> anyhow::Result<u8> {
         }
         Picked::Many(ids) => ids,
     };
-    let mut code = exit::OK;
-    let mut docs = Vec::new();
+    let mut batch = select::Batch::default();
     for (i, id) in ids.iter().enumerate() {
         let got = open_run(root, id).and_then(|dir| Ok((read_record(&dir)?, dir)));
         match got {
-            Ok((st, dir)) if args.json => docs.push(record_value(&dir, &st)),
+            Ok((st, dir)) if args.json => batch.push(record_value(&dir, &st)),
             Ok((st, dir)) => {
                 if i > 0 {
                     println!();
                 }
                 print!("{}", summary(&dir, &st, colour));
             }
-            Err(e) => {
-                let (doc, c) = select::error_entry(id, &e);
-                docs.push(doc);
-                if code == exit::OK {
-                    code = c;
-                }
-            }
+            Err(e) => batch.failed(id, &e),
         }
     }
-    if args.json {
-        select::print_json(&Value::Array(docs));
-    }
-    Ok(code)
+    Ok(batch.finish(args.json))
 }
 
 /// A run dir whose record cannot be read (removed, or not a record: the workload can do

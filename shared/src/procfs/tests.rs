@@ -1,13 +1,19 @@
 use super::*;
 use crate::signal::Sig;
 
-#[test]
-fn a_stopped_process_is_seen_and_a_continued_one_is_not() {
-    let mut child = std::process::Command::new("sleep")
+/// A child of ours, `sleep 60`, and its pid.
+fn sleeping_child() -> (std::process::Child, Pid) {
+    let child = std::process::Command::new("sleep")
         .arg("60")
         .spawn()
         .expect("sleep runs");
     let pid = Pid::new(i64::from(child.id())).unwrap();
+    (child, pid)
+}
+
+#[test]
+fn a_stopped_process_is_seen_and_a_continued_one_is_not() {
+    let (mut child, pid) = sleeping_child();
     assert!(!stopped_or_stopping(pid), "a sleeping process");
     // Pending, then state T; for a moment between the two (the signal taken, the stop not
     // yet made) neither shows, which is why callers look again.
@@ -71,11 +77,8 @@ fn a_listing_from_a_pid_starts_at_it_and_holds_every_process_from_it_up() {
         seek_lands_on_pids(),
         "this kernel's /proc listing seeks by pid"
     );
-    let mut child = std::process::Command::new("sleep")
-        .arg("30")
-        .spawn()
-        .unwrap();
-    let pid = child.id() as i32;
+    let (mut child, pid) = sleeping_child();
+    let pid = pid.get();
     let me = std::process::id() as i32;
     let from_child = listed_pids_from(pid);
     let past_child = listed_pids_from(pid + 1);
@@ -150,11 +153,8 @@ fn a_probe_of_new_pids_finds_processes_and_skips_threads() {
         "a reaped pid is no process"
     );
     // A child made now is in the probed range above it and in the listing alike.
-    let mut child = std::process::Command::new("sleep")
-        .arg("30")
-        .spawn()
-        .unwrap();
-    let pid = child.id() as i32;
+    let (mut child, pid) = sleeping_child();
+    let pid = pid.get();
     let probed = scan_above(Some(pid));
     assert!(
         probed.iter().any(|s| s.pid.get() == pid),
@@ -173,11 +173,7 @@ fn a_probe_of_new_pids_finds_processes_and_skips_threads() {
 
 #[test]
 fn a_child_of_ours_is_a_child_besides_any_other_pid() {
-    let mut child = std::process::Command::new("sleep")
-        .arg("60")
-        .spawn()
-        .unwrap();
-    let pid = Pid::new(child.id().into()).unwrap();
+    let (mut child, pid) = sleeping_child();
     // Other tests' children may come and go; ours is there until we kill it.
     assert!(children_of(Pid::this()).contains(&pid));
     assert_eq!(children_besides(Pid::this()), Some(true));
