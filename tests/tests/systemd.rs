@@ -658,16 +658,18 @@ fn parties(st: &Value) -> [(i64, u64); 2] {
     ]
 }
 
-/// Every party of the record `st` (its wrapper and leader) is alive, or gone: `alive` says
-/// which, `what` what it must have survived or not.
+/// Every party of the record `st` (its leader and wrapper) is alive, or gone: `alive` says
+/// which, `what` what it must have survived or not. Gone: the leader at once, since the record
+/// is final; the wrapper writes that record a moment before it exits, so it gets 30 s.
 fn check_parties(sd: &Systemd, st: &Value, alive: bool, what: &str, why: &dyn Fn() -> String) {
     let verdict = if alive { "died with" } else { "outlived" };
-    for (pid, ticks) in parties(st) {
-        assert!(
-            sd.alive(pid, ticks) == alive,
-            "{pid} {verdict} {what}\n{}",
-            why()
-        );
+    let [leader, wrapper] = parties(st);
+    let exit_time = Duration::from_secs(if alive { 0 } else { 30 });
+    for ((pid, ticks), patience) in [(leader, Duration::ZERO), (wrapper, exit_time)] {
+        let settled = poll_until(patience, || {
+            (sd.alive(pid, ticks) == alive).then_some(()).ok_or(())
+        });
+        assert!(settled.is_ok(), "{pid} {verdict} {what}\n{}", why());
     }
 }
 
