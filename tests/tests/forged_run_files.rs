@@ -396,10 +396,10 @@ done
         // Nothing of the run was found (pid 1 is no wrapper, and no process carries the
         // run's marker): the record says so, never that the run was stopped.
         let st = root.status(id);
-        c.eq(
-            &(st["state"].as_str(), st["reason"].as_str()),
-            &(Some("unknown"), Some("wrapper_lost")),
-            format_args!("{variant}: {st}"),
+        c.fields(
+            &st,
+            &format!("{variant}: {st}"),
+            ended("unknown", "wrapper_lost"),
         );
         let _ = fs::remove_file(dir.join("events.jsonl"));
     }
@@ -950,8 +950,7 @@ fn a_forged_final_record_under_a_live_wrapper_is_replaced_by_the_wrappers_own_on
     let run = c.start_running("", &agent_run_tests::workload::fx("tree --children 1"));
     let (_, tree) = c.pin_tree();
     forge_final(c, "finished", false);
-    c.ctl(&["cancel", c.id], 0);
-    c.gone_now(&tree, "after cancel returned");
+    c.cancel_now(&tree, "after cancel returned");
     c.wait_gone(&run.wrapper_pin, "the wrapper");
     c.fields(
         &c.status(),
