@@ -7,6 +7,7 @@
 //! The keeper is never the run's (session, cgroup, marker) and ends by EOF, never by a signal.
 //! Run ids start with `out-`.
 
+use agent_run_tests::facts::ended;
 use agent_run_tests::facts::epoch_of;
 use agent_run_tests::{
     ctx, describe_output, ensure, proc_stat, run_with_timeout, wait_until_dbg, Ctx, Pinned,
@@ -610,11 +611,7 @@ fn on_output_limit_stop_ends_the_run_cancelled_output_limit_with_nothing_left() 
         format_args!("{}", describe_output("out-stop", &o)),
     );
     let st = root.status("out-stop");
-    c.eq(
-        &(st["state"].as_str(), st["reason"].as_str()),
-        &(Some("cancelled"), Some("output_limit")),
-        format_args!("{st}"),
-    );
+    c.fields(&st, &format!("{st}"), ended("cancelled", "output_limit"));
     c.eq(
         &st["output"]["complete"],
         true,

@@ -21,6 +21,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use agent_run_shared::time::parse_rfc3339;
+use agent_run_tests::facts::ended;
 use agent_run_tests::facts::require_root;
 use agent_run_tests::remote::{
     processes_mentioning, strip_messages, wait_for_text, Netns, SshServer,
@@ -487,10 +488,10 @@ fn ctrl_c_with_the_link_down_cancels_once_the_link_is_back() {
     let out = finish(&w, id, run, 143);
     c.wait_gone(&workload, "the workload");
     let st = w.root.status(id);
-    c.eq(
-        &(st["state"].as_str(), st["reason"].as_str()),
-        &(Some("cancelled"), Some("cancel_request")),
-        format_args!("{}", describe_output("remote", &out)),
+    c.fields(
+        &st,
+        &describe_output("remote", &out),
+        ended("cancelled", "cancel_request"),
     );
     w.assert_client_cleaned_up();
 }
