@@ -104,6 +104,16 @@ impl World {
         self.remote(&args)
     }
 
+    /// The options of run `id` with a lease: `--id ID --lease LEASE`, and in a split world,
+    /// whose link a test cuts, ssh keepalives that notice a cut within seconds.
+    fn leased<'a>(&self, id: &'a str, lease: &'a str) -> Vec<&'a str> {
+        let mut opts = vec!["--id", id, "--lease", lease];
+        if self.net.is_some() {
+            opts.extend(FAST_KEEPALIVE);
+        }
+        opts
+    }
+
     /// `remote HOST FLAG ID` (`--status`, `--cancel`, `--attach`).
     fn one_shot(&self, flag: &str, id: &str) -> Command {
         self.remote(&[self.srv.host().as_str(), flag, id])
@@ -313,7 +323,7 @@ fn killing_the_local_client_leaves_the_run_to_its_lease() {
     let w = World::loopback();
     let id = "client-killed";
     let c = ctx(&w.root, id);
-    let (run, ready, workload) = w.start(id, &["--id", id, "--lease", "4s"], &tree(2, true));
+    let (run, ready, workload) = w.start(id, &w.leased(id, "4s"), &tree(2, true));
     wait_for_text("ready ", T, || run.stdout_so_far());
     // The local side: `agent-run remote`, its ssh channels and its master (in a session of its
     // own, found by the control path in its command line). SIGKILL, no remote signal.
@@ -377,9 +387,7 @@ exit 7"#;
         script.into(),
         fixture_bin().into_os_string(),
     ];
-    let mut opts = vec!["--id", id, "--lease", "20s"];
-    opts.extend(FAST_KEEPALIVE);
-    let run = Spawned::spawn(&mut w.run(&opts, &command));
+    let run = Spawned::spawn(&mut w.run(&w.leased(id, "20s"), &command));
     wait_for_text("line 3\n", T, || run.stdout_so_far());
     w.net().cut();
     let cut_at = Instant::now();
@@ -421,9 +429,7 @@ fn a_cut_link_that_outlasts_the_lease_reports_unknown() {
     let w = World::split();
     let id = "cut-long";
     let c = ctx(&w.root, id);
-    let mut opts = vec!["--id", id, "--lease", "4s"];
-    opts.extend(FAST_KEEPALIVE);
-    let (run, _, workload) = w.start(id, &opts, &tree(1, false));
+    let (run, _, workload) = w.start(id, &w.leased(id, "4s"), &tree(1, false));
     w.net().cut();
     let out = finish(&w, id, run, 75);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -448,7 +454,7 @@ fn ctrl_c_with_the_link_up_stops_the_remote_tree() {
     let w = World::loopback();
     let id = "int-up";
     let c = ctx(&w.root, id);
-    let (run, _, workload) = w.start(id, &["--id", id, "--lease", "30s"], &tree(2, true));
+    let (run, _, workload) = w.start(id, &w.leased(id, "30s"), &tree(2, true));
     wait_for_text("ready ", T, || run.stdout_so_far());
     run.signal(libc::SIGINT);
     let out = finish(&w, id, run, 143);
@@ -470,9 +476,7 @@ fn ctrl_c_with_the_link_down_cancels_once_the_link_is_back() {
     let w = World::split();
     let id = "int-down";
     let c = ctx(&w.root, id);
-    let mut opts = vec!["--id", id, "--lease", "20s"];
-    opts.extend(FAST_KEEPALIVE);
-    let (run, ready, workload) = w.start(id, &opts, &tree(2, false));
+    let (run, ready, workload) = w.start(id, &w.leased(id, "20s"), &tree(2, false));
     wait_for_text("ready ", T, || run.stdout_so_far());
     // Down at the server's end: packets vanish, reconnection attempts hang to their timeout.
     w.net().blackhole();
@@ -501,7 +505,7 @@ fn an_earlier_run_can_be_attached_to_queried_and_cancelled() {
     let w = World::loopback();
     let id = "earlier";
     let c = ctx(&w.root, id);
-    let (first, _, workload) = w.start(id, &["--id", id, "--lease", "30s"], &tree(1, false));
+    let (first, _, workload) = w.start(id, &w.leased(id, "30s"), &tree(1, false));
     let attached = Spawned::spawn(&mut w.one_shot("--attach", id));
     wait_for_text("ready ", T, || attached.stdout_so_far());
 
