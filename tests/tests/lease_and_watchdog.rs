@@ -95,6 +95,29 @@ fn stubborn_tree() -> Vec<String> {
         .collect()
 }
 
+/// The run dir of `c` made, and the fixture with `args` in it (see [`spawn_in_session`]) with
+/// its stdout to stdout.log: the dir, the reaper of the fixture, its ready line, its tree pinned.
+fn run_tree(c: Ctx, args: &[impl AsRef<std::ffi::OsStr>]) -> (PathBuf, Reaper, Ready, Pinned) {
+    let dir = make_run_dir(c.root, c.id);
+    let mut children = Reaper::default();
+    children.push(spawn_in_session(
+        args,
+        Some((c.id, &dir)),
+        Some(&c.file("stdout.log")),
+    ));
+    let (ready, pinned) = c.pin_tree();
+    (dir, children, ready, pinned)
+}
+
+/// The record of `c` is final, `unknown` for `reason`, with an `ended_at`, and nothing was
+/// signalled.
+fn ended_unsignalled(c: Ctx, reason: &str) {
+    let st = c.status();
+    c.fields(&st, "the record", ended("unknown", reason));
+    c.eq(c.events("signal"), Vec::<Value>::new(), "signal events");
+    ensure!(c, st["ended_at"].is_string(), "the record has no ended_at");
+}
+
 /// A pid and start time that belonged to a process of this boot that is now gone (reaped).
 fn dead_process() -> (i32, u64) {
     let mut child = spawn_in_session(&["sleep-ms", "600000"], None, None);
@@ -554,14 +577,7 @@ fn sigterm_to_the_watchdog_mid_stop_lets_the_stop_finish_then_exits_0() {
     let root = TestRoot::sharing_cpu();
     let _r = open_root(&root);
     let c = ctx(&root, "wd-sigterm-mid-stop");
-    let dir = make_run_dir(&root, c.id);
-    let mut children = Reaper::default();
-    children.push(spawn_in_session(
-        &stubborn_tree(),
-        Some((c.id, &dir)),
-        Some(&c.file("stdout.log")),
-    ));
-    let (ready, pinned) = c.pin_tree();
+    let (dir, _children, ready, pinned) = run_tree(c, &stubborn_tree());
     let mut st = running_record(c.id, ready.pid, &procfs::boot_id());
     st.grace_ms = Some(3000);
     write_record(&dir, &st);
@@ -680,14 +696,7 @@ fn in_process_run_once_marks_a_record_from_an_earlier_boot_unknown_without_signa
         "the pass's lines: {lines:?}"
     );
     for run in [c, ctx(&root, empty_id)] {
-        let st = run.status();
-        run.fields(&st, "the record", ended("unknown", "host_rebooted"));
-        run.eq(run.events("signal"), Vec::<Value>::new(), "signal events");
-        ensure!(
-            run,
-            st["ended_at"].is_string(),
-            "the record has no ended_at"
-        );
+        ended_unsignalled(run, "host_rebooted");
     }
     c.eq(unrelated.alive(), vec![pid], "the unrelated process");
 
@@ -720,10 +729,7 @@ fn in_process_run_once_marks_an_orphan_without_processes_unknown_wrapper_lost() 
     let lines = run_once(&r, &policy(Duration::from_secs(1)));
     let took = started.elapsed();
     c.eq(lines.len(), 1, format_args!("the pass's lines: {lines:?}"));
-    let st = c.status();
-    c.fields(&st, "the record", ended("unknown", "wrapper_lost"));
-    c.eq(c.events("signal"), Vec::<Value>::new(), "signal events");
-    ensure!(c, st["ended_at"].is_string(), "the record has no ended_at");
+    ended_unsignalled(c, "wrapper_lost");
     eprintln!("orphan without processes reconciled in {took:?}");
 }
 
@@ -732,14 +738,8 @@ fn in_process_run_once_stops_an_orphan_whose_lease_expired_and_cancels_it() {
     let root = TestRoot::sharing_cpu();
     let r = open_root(&root);
     let c = ctx(&root, "wd-orphan-leased-inproc");
-    let dir = make_run_dir(&root, c.id);
-    let mut children = Reaper::default();
-    children.push(spawn_in_session(
-        &["tree", "--children", "2", "--grandchildren"],
-        Some((c.id, &dir)),
-        Some(&c.file("stdout.log")),
-    ));
-    let (ready, pinned) = c.pin_tree();
+    let (dir, _children, ready, pinned) =
+        run_tree(c, &["tree", "--children", "2", "--grandchildren"]);
     write_record(&dir, &running_record(c.id, ready.pid, &procfs::boot_id()));
     write_lease(&dir, epoch_now() - 0.2, 1.0);
 
@@ -898,27 +898,22 @@ fn populate_corrupt(root: &TestRoot, prefix: &str) -> CorruptSet {
 /// Each skipped name is logged exactly once; the corrupt file and the foreign records are
 /// exactly as they were (`c`: the due run beside them).
 fn assert_skipped_once(c: Ctx<'_>, set: &CorruptSet, stderr: &str) {
-    for name in &set.skipped {
-        let n = stderr
-            .lines()
-            .filter(|l| l.contains(&format!("{name}: skipped")))
-            .count();
-        c.eq(
-            n,
-            1,
-            format_args!("'skipped' lines for {name:?}\n--- watchdog\n{stderr}"),
-        );
-    }
-    for name in &set.damaged {
-        let n = stderr
-            .lines()
-            .filter(|l| l.contains(&format!("{name}: status.json cannot be read")))
-            .count();
-        c.eq(
-            n,
-            1,
-            format_args!("'cannot be read' lines for {name:?}\n--- watchdog\n{stderr}"),
-        );
+    let said = [
+        (&set.skipped, "skipped"),
+        (&set.damaged, "status.json cannot be read"),
+    ];
+    for (names, line) in said {
+        for name in names {
+            let n = stderr
+                .lines()
+                .filter(|l| l.contains(&format!("{name}: {line}")))
+                .count();
+            c.eq(
+                n,
+                1,
+                format_args!("'{line}' lines for {name:?}\n--- watchdog\n{stderr}"),
+            );
+        }
     }
     let (truncated, bytes) = &set.truncated;
     c.eq(
