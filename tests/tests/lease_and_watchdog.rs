@@ -28,7 +28,7 @@ use agent_run_shared::run_dir::RunDir;
 use agent_run_shared::time::{epoch_now, rfc3339_now};
 use agent_run_shared::{procfs, sys as shared_sys};
 use agent_run_tests::ctx::T;
-use agent_run_tests::facts::{ended, exclusive_cpu, private_dir};
+use agent_run_tests::facts::{ended, private_dir};
 use agent_run_tests::hostile::{write_lease, Daemon};
 use agent_run_tests::workload::{fx, start_args, DEAF};
 use agent_run_tests::{
@@ -827,6 +827,20 @@ struct CorruptSet {
     untouched_records: Vec<PathBuf>,
 }
 
+/// The run root opened, the corrupt dirs of [`populate_corrupt`], and beside them the empty
+/// run dir of `due`, a run the watchdog must still act on: the root, the set, the due run's
+/// checks and its dir.
+fn corrupt_beside_due<'a>(
+    root: &'a TestRoot,
+    prefix: &str,
+    due: &'a str,
+) -> (Root, CorruptSet, Ctx<'a>, PathBuf) {
+    let r = open_root(root);
+    let set = populate_corrupt(root, prefix);
+    let c = ctx(root, due);
+    (r, set, c, make_run_dir(root, due))
+}
+
 fn populate_corrupt(root: &TestRoot, prefix: &str) -> CorruptSet {
     let boot = procfs::boot_id();
     let (dead, ticks) = dead_process();
@@ -944,10 +958,7 @@ fn assert_skipped_once(c: Ctx<'_>, set: &CorruptSet, stderr: &str) {
 #[test]
 fn the_daemon_skips_corrupt_symlinked_and_foreign_dirs_with_one_line_each_and_stops_a_due_run() {
     let root = TestRoot::sharing_cpu();
-    let _r = open_root(&root);
-    let set = populate_corrupt(&root, "wd-corrupt-daemon");
-    let c = ctx(&root, "wd-corrupt-daemon-due");
-    let dir = make_run_dir(&root, c.id);
+    let (_r, set, c, dir) = corrupt_beside_due(&root, "wd-corrupt-daemon", "wd-corrupt-daemon-due");
     let mut children = Reaper::default();
     let pid = children.push(spawn_in_session(
         &["sleep-ms", "600000"],
@@ -974,10 +985,7 @@ fn the_daemon_skips_corrupt_symlinked_and_foreign_dirs_with_one_line_each_and_st
 #[test]
 fn watchdog_once_skips_corrupt_dirs_with_one_line_each_and_reconciles_a_due_run() {
     let root = TestRoot::sharing_cpu();
-    let _r = open_root(&root);
-    let set = populate_corrupt(&root, "wd-corrupt-once");
-    let c = ctx(&root, "wd-corrupt-once-due");
-    let dir = make_run_dir(&root, c.id);
+    let (_r, set, c, dir) = corrupt_beside_due(&root, "wd-corrupt-once", "wd-corrupt-once-due");
     let (pid, ticks) = dead_process();
     write_record(
         &dir,
@@ -1002,8 +1010,7 @@ struct LeasedOrphan {
 
 #[test]
 fn a_thousand_run_dirs_with_two_hundred_leases_expiring_together_are_all_stopped_in_parallel() {
-    let _cpu = exclusive_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::exclusive_cpu();
     let _r = open_root(&root);
     let boot = procfs::boot_id();
     let (dead, ticks) = dead_process();
@@ -1393,8 +1400,7 @@ fn wait_for_the_pass_to_end(pid: i32, from: u64) -> Duration {
 /// until its end would be late by half a pass.
 #[test]
 fn a_lease_that_falls_due_during_a_long_rescan_is_enforced_without_waiting_for_its_end() {
-    let _cpu = exclusive_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::exclusive_cpu();
     let _r = open_root(&root);
     let boot = procfs::boot_id();
     let mut children = Reaper::default();

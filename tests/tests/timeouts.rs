@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use agent_run_tests::cli::*;
 use agent_run_tests::ctx::T;
 use agent_run_tests::facts::ended;
-use agent_run_tests::facts::exclusive_cpu;
 use agent_run_tests::hostile::Daemon;
 use agent_run_tests::remote::SshServer;
 use agent_run_tests::workload::fixture_path;
@@ -133,8 +132,7 @@ fn renewals_do_not_extend_a_timeout() {
 
 #[test]
 fn the_watchdog_stops_a_run_whose_wrapper_was_killed_at_its_timeout() {
-    let _cpu = exclusive_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::exclusive_cpu();
     fs::create_dir(root.root()).unwrap();
     fs::set_permissions(root.root(), fs::Permissions::from_mode(0o700)).unwrap();
     let watchdog = Daemon::start(root.watchdog_cmd(), &["--scan-interval", "30s"]);
