@@ -93,9 +93,11 @@ fn keeper_of(root: &TestRoot, id: &str) -> (i32, u64) {
     )
 }
 
-/// The idioms: (name, script, expected stdout.log, expected stderr.log). `$F` is a 100 KiB
-/// file of known bytes.
-fn idioms(f: &Path) -> Vec<(&'static str, String, Vec<u8>, Vec<u8>)> {
+/// An idiom: (name, script, expected stdout.log, expected stderr.log).
+type Idiom = (&'static str, String, Vec<u8>, Vec<u8>);
+
+/// The idioms. `$F` is a 100 KiB file of known bytes.
+fn idioms(f: &Path) -> Vec<Idiom> {
     let data = fs::read(f).unwrap();
     let with = |pre: &[u8], mid: &[u8], post: &[u8]| [pre, mid, post].concat();
     vec![
@@ -136,22 +138,19 @@ fn idioms(f: &Path) -> Vec<(&'static str, String, Vec<u8>, Vec<u8>)> {
 }
 
 /// The [`idioms`] with `$F` written in the test's directory, each with the id of a run of its
-/// own, `PREFIX-N`: (id, name, script, expected stdout.log, expected stderr.log).
-fn idiom_runs(
-    root: &TestRoot,
-    prefix: &str,
-) -> Vec<(String, &'static str, String, Vec<u8>, Vec<u8>)> {
+/// own, `PREFIX-N`: (id, idiom).
+fn idiom_runs(root: &TestRoot, prefix: &str) -> Vec<(String, Idiom)> {
     let f = root.dir.path().join("data");
     let bytes: Vec<u8> = (0..100 * 1024u32).map(|i| (i % 251) as u8).collect();
     fs::write(&f, bytes).unwrap();
-    let ided = |(i, (name, script, out, err))| (format!("{prefix}-{i}"), name, script, out, err);
+    let ided = |(i, idiom)| (format!("{prefix}-{i}"), idiom);
     idioms(&f).into_iter().enumerate().map(ided).collect()
 }
 
 #[test]
 fn every_idiom_that_reopens_stdout_or_stderr_keeps_every_byte_in_the_log_and_the_stream() {
     let root = TestRoot::new();
-    for (id, name, script, out, err) in idiom_runs(&root, "out-idiom") {
+    for (id, (name, script, out, err)) in idiom_runs(&root, "out-idiom") {
         let c = ctx(&root, &id);
         let o = run(&root, &[&id, "--", "bash", "-c", &script]);
         let what = format!("{name}: agent-run {id}");
@@ -225,7 +224,8 @@ fn killed_wrapper_run(root: &TestRoot, id: &str, idiom: &str) -> (Spawned, Pinne
 #[test]
 fn with_the_wrapper_sigkilled_the_keeper_drains_on_and_cancel_or_the_watchdog_records_the_counts() {
     let root = TestRoot::new();
-    for (i, (id, name, script, out, err)) in idiom_runs(&root, "out-kill").into_iter().enumerate() {
+    for (i, (id, (name, script, out, err))) in idiom_runs(&root, "out-kill").into_iter().enumerate()
+    {
         let c = ctx(&root, &id);
         let (w, pin, _) = killed_wrapper_run(&root, &id, &script);
         let (keeper, ticks) = keeper_of(&root, &id);
