@@ -535,13 +535,7 @@ fn fifos_sockets_symlinks_and_huge_files_in_run_dirs_hang_nothing_and_other_leas
     }
     ensure!(c, dog.running(), "the daemon died: {}", dog.stderr());
     drop(sockets);
-    let out = dog.stop();
-    ensure!(
-        c,
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    dog.stop_cleanly(c);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -301,13 +301,6 @@ fn watchdog(root: &TestRoot, args: &[&str]) -> Daemon {
     Daemon::start(root.watchdog_cmd(), args)
 }
 
-/// SIGTERM to the daemon, which must exit 0.
-fn terminate(c: Ctx<'_>, dog: Daemon) -> std::process::Output {
-    let out = dog.stop();
-    c.code(&out, 0, "the watchdog on SIGTERM");
-    out
-}
-
 // ---------------------------------------------------------------------------------------------
 // The wrapper's own lease
 
@@ -459,7 +452,7 @@ fn after_kill_9_of_the_wrapper_the_watchdog_stops_the_leased_workload_at_the_dea
         "watchdog lease lateness after kill -9 of the wrapper: final record {:+.0} ms",
         (ended - deadline) * 1000.0
     );
-    terminate(c, dog);
+    dog.stop_cleanly(c);
 }
 
 #[test]
@@ -502,7 +495,7 @@ fn after_kill_9_of_the_wrapper_of_a_run_without_lease_the_watchdog_stops_it_afte
         "orphan grace 2 s: final record {:.3} s after kill -9 of the wrapper",
         ended - killed_at
     );
-    terminate(c, dog);
+    dog.stop_cleanly(c);
 }
 
 #[test]
@@ -569,7 +562,7 @@ fn a_sigstopped_wrapper_past_its_lease_is_taken_over_and_the_run_is_cancelled() 
         "the watchdog stepped in {:.3} s after the deadline, before grace + slack",
         ended - deadline
     );
-    terminate(c, dog);
+    dog.stop_cleanly(c);
 }
 
 #[test]
@@ -978,7 +971,7 @@ fn the_daemon_skips_corrupt_symlinked_and_foreign_dirs_with_one_line_each_and_st
     // nor log them again nor act on them. Waiting for nothing to happen takes time by nature.
     std::thread::sleep(Duration::from_millis(3500).saturating_sub(dog_started.elapsed()));
     ensure!(c, dog.running(), "the watchdog died:\n{}", dog.stderr());
-    let out = terminate(c, dog);
+    let out = dog.stop_cleanly(c);
     assert_skipped_once(c, &set, &String::from_utf8_lossy(&out.stderr));
 }
 
@@ -1187,7 +1180,7 @@ fn a_thousand_run_dirs_with_two_hundred_leases_expiring_together_are_all_stopped
         "the last record was final {spread:.3} s after the deadline\n--- watchdog\n{}",
         dog.stderr()
     );
-    terminate(ctx(&root, &orphans[0].id), dog);
+    dog.stop_cleanly(ctx(&root, &orphans[0].id));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1509,7 +1502,7 @@ fn a_lease_that_falls_due_during_a_long_rescan_is_enforced_without_waiting_for_i
             dog.stderr()
         );
     }
-    terminate(ctx(&root, &orphans[0].0), dog);
+    dog.stop_cleanly(ctx(&root, &orphans[0].0));
 }
 
 /// A settled run is kept under its status.json's inode and change time, which no call sets to
@@ -1574,7 +1567,7 @@ fn a_settled_record_rewritten_in_place_with_its_mtime_put_back_is_read_again_by_
         other => Err(other.map(|s| s["state"].clone())),
     });
     c.fields(&st, "the record", orphan_stopped());
-    terminate(c, dog);
+    dog.stop_cleanly(c);
 }
 
 /// A run held by scanning alone (`--cgroup off`), its wrapper killed -9: a process the workload
@@ -1652,7 +1645,7 @@ fn an_escapee_forked_after_the_watchdog_took_the_orphan_in_is_stopped_at_the_lea
         marked(&run.dir)
     );
     sweep(&run.dir, &[]);
-    terminate(c, dog);
+    dog.stop_cleanly(c);
 }
 
 /// A process named agent-run (a copy of the fixture) holding the locks of run dirs, as their

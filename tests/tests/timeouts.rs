@@ -237,8 +237,7 @@ fn a_stopped_wrapper_past_its_timeout_is_taken_over_by_the_watchdog() {
         late >= 2.0 - 0.001,
         "taken over {late:.3}s after the timeout: before grace + slack"
     );
-    let out = watchdog.stop();
-    c.code(&out, 0, "the watchdog on SIGTERM");
+    watchdog.stop_cleanly(c);
 }
 
 #[test]
