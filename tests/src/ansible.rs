@@ -12,7 +12,9 @@
 
 use super::ctx::Diagnosed;
 use super::remote::{processes_mentioning, SshServer};
-use super::{agent_run_bin, processes_with_env, read_run_file, run_dir_diagnostics, Pinned};
+use super::{
+    agent_run_bin, processes_with_env, read_run_file, run_dir_diagnostics, Pinned, Spawned,
+};
 use serde_json::Value;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
@@ -128,6 +130,16 @@ pub struct Play {
 }
 
 impl Play {
+    /// What `ansible-playbook`, spawned by [`Fleet::spawn`] with its results in `results`, gave
+    /// once it exited (within `limit`); its duration is not measured.
+    pub fn finished(play: Spawned, limit: Duration, results: &Path) -> Play {
+        Play {
+            out: play.finish(limit),
+            elapsed: Duration::ZERO,
+            results: read_results(results),
+        }
+    }
+
     /// The result of task `task` on host `host`; panics listing what there is.
     pub fn result(&self, task: &str, host: &str) -> &Value {
         self.results
@@ -265,6 +277,22 @@ impl Fleet {
     }
 
     /// Runs playbook `yaml` to its end (at most `limit`), and returns what it gave.
+    /// [`Fleet::command`] started in the background, with `AGENTRUN_ANSIBLE_TRACE` set to
+    /// `trace` if given: the process, and the file its task results go to.
+    pub fn spawn(
+        &self,
+        name: &str,
+        yaml: &str,
+        extra: &[&str],
+        trace: Option<&Path>,
+    ) -> (Spawned, PathBuf) {
+        let (mut cmd, results) = self.command(name, yaml, extra);
+        if let Some(trace) = trace {
+            cmd.env("AGENTRUN_ANSIBLE_TRACE", trace);
+        }
+        (Spawned::spawn(&mut cmd), results)
+    }
+
     pub fn play(&self, name: &str, yaml: &str, extra: &[&str], limit: Duration) -> Play {
         let (mut cmd, results) = self.command(name, yaml, extra);
         let start = Instant::now();

@@ -82,9 +82,12 @@ pub fn exit_code(st: &ExitStatus) -> i32 {
     st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0))
 }
 
-type Captured = Arc<Mutex<Vec<u8>>>;
+/// What a drained pipe has given so far.
+pub type Captured = Arc<Mutex<Vec<u8>>>;
 
-fn drain(pipe: Option<impl Read + Send + 'static>) -> (Captured, Option<JoinHandle<()>>) {
+/// Reads `pipe`, if any, to its end on a thread of its own: what it has given so far, and the
+/// thread.
+pub fn drain(pipe: Option<impl Read + Send + 'static>) -> (Captured, Option<JoinHandle<()>>) {
     let buf = Captured::default();
     let handle = pipe.map(|mut pipe| {
         let buf = Arc::clone(&buf);

@@ -49,6 +49,18 @@ pub trait Diagnosed {
             self.fail(format_args!("{what}\n  left: {left:?}\n right: {right:?}"))
         }
     }
+
+    /// Every key of the object `expected` has that value in `doc`.
+    fn fields(&self, doc: &Value, what: &str, expected: Value) {
+        for (key, want) in expected.as_object().expect("expected fields are an object") {
+            crate::ensure!(
+                *self,
+                doc.get(key) == Some(want),
+                "{what}: {key} is {}, not {want}\n{doc:#}",
+                doc[key]
+            );
+        }
+    }
 }
 
 impl Diagnosed for Ctx<'_> {
@@ -118,14 +130,7 @@ impl<'a> Ctx<'a> {
 
     /// Every key of the object `expected` has that value in `doc`.
     pub fn fields(self, doc: &Value, what: &str, expected: Value) {
-        for (key, want) in expected.as_object().expect("expected fields are an object") {
-            crate::ensure!(
-                self,
-                doc.get(key) == Some(want),
-                "{what}: {key} is {}, not {want}\n{doc:#}",
-                doc[key]
-            );
-        }
+        Diagnosed::fields(&self, doc, what, expected)
     }
 
     /// status.json now has every field of `expected` (`what` names it in a failure); the
@@ -417,6 +422,12 @@ impl<'a> Ctx<'a> {
     pub fn gone_now(self, pins: &Pinned, what: &str) {
         let alive: Vec<_> = pins.alive().iter().map(|&p| (p, proc_stat(p))).collect();
         crate::ensure!(self, alive.is_empty(), "{what}: still alive: {alive:?}");
+    }
+
+    /// `cancel ID` exits 0, and then no process of `tree` is alive.
+    pub fn cancel_now(self, tree: &Pinned, what: &str) {
+        self.ctl(&["cancel", self.id], 0);
+        self.gone_now(tree, what);
     }
 
     /// Waits, to one deadline, until every pinned process is gone.

@@ -11,8 +11,9 @@ use serde_json::{json, Value};
 use crate::contain::marked;
 use crate::ctx::T;
 use crate::facts::is_rfc3339_ms;
+use crate::workload::{fx, DEAF_CHILD};
 use crate::{
-    ctx, descendants, ensure, proc_stat, session_members, Ctx, Pinned, Spawned, TestRoot,
+    ctx, descendants, ensure, proc_stat, session_members, Ctx, Pinned, Ready, Spawned, TestRoot,
     FINAL_STATES, RECORD_KEYS,
 };
 
@@ -69,6 +70,14 @@ impl<'a> Run<'a> {
             wrapper: Some(wrapper),
             stdin,
         }
+    }
+
+    /// `agent-run --grace 1s ID -- fixture DEAF_CHILD` (a child that ignores TERM and HUP), with
+    /// its tree pinned once the fixture is ready.
+    pub fn start_deaf(root: &'a TestRoot, id: &'a str) -> (Run<'a>, Ready, Pinned) {
+        let run = Run::start(root, id, &["--grace", "1s"], &fx(DEAF_CHILD));
+        let (ready, pinned) = run.c.pin_tree();
+        (run, ready, pinned)
     }
 
     pub fn wrapper_pid(&self) -> i32 {

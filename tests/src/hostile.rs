@@ -311,6 +311,13 @@ impl Daemon {
         self.finish()
     }
 
+    /// [`Daemon::stop`]; it must exit 0 (`c`'s run diagnostics come with a failure).
+    pub fn stop_cleanly(self, c: crate::Ctx) -> std::process::Output {
+        let out = self.stop();
+        c.code(&out, 0, "the watchdog on SIGTERM");
+        out
+    }
+
     /// Waits for its exit (after a signal the test sent).
     pub fn finish(mut self) -> std::process::Output {
         self.proc.take().expect("running").finish(CMD)

@@ -25,10 +25,21 @@ pub const FINAL_STATES: [&str; 4] = ["finished", "cancelled", "launch_failed", "
 pub struct TestRoot {
     /// The temporary directory holding the root; removed when the TestRoot is dropped.
     pub dir: tempfile::TempDir,
-    /// The test's share of the CPU ([`crate::facts::shared_cpu`]), when it holds one.
-    _cpu: Option<std::sync::RwLockReadGuard<'static, ()>>,
+    /// The test's hold on the CPU ([`crate::facts::shared_cpu`] or
+    /// [`crate::facts::exclusive_cpu`]), when it has one.
+    _cpu: Option<CpuHold>,
     /// Kill what this root's runs left alive when the test ends ([`crate::cli::sweep`]).
     sweep: bool,
+}
+
+/// A test's hold on the CPU of its test binary: a share, or all of it.
+enum CpuHold {
+    Shared {
+        _held: std::sync::RwLockReadGuard<'static, ()>,
+    },
+    Exclusive {
+        _held: std::sync::RwLockWriteGuard<'static, ()>,
+    },
 }
 
 impl Default for TestRoot {
@@ -143,7 +154,16 @@ impl TestRoot {
     pub fn sharing_cpu() -> TestRoot {
         let cpu = crate::facts::shared_cpu();
         let mut root = TestRoot::new();
-        root._cpu = Some(cpu);
+        root._cpu = Some(CpuHold::Shared { _held: cpu });
+        root
+    }
+
+    /// [`TestRoot::new`] for a test that measures lateness or loads the machine: it has the CPU
+    /// to itself ([`crate::facts::exclusive_cpu`]) until the root is dropped.
+    pub fn exclusive_cpu() -> TestRoot {
+        let cpu = crate::facts::exclusive_cpu();
+        let mut root = TestRoot::new();
+        root._cpu = Some(CpuHold::Exclusive { _held: cpu });
         root
     }
 

@@ -23,7 +23,7 @@ use agent_run_tests::facts::{count_lines, epoch_now, require_root};
 use agent_run_tests::{
     alive_as, ensure, proc_stat, session_members, sys, wait_until_dbg, Diagnosed, Pinned,
 };
-use serde_json::Value;
+use serde_json::{json, Value};
 
 const HOSTS: usize = 10;
 /// The deadline for a whole playbook run that should take seconds.
@@ -32,6 +32,12 @@ const PLAY: Duration = Duration::from_secs(120);
 fn serial() -> MutexGuard<'static, ()> {
     static SERIAL: Mutex<()> = Mutex::new(());
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Root, this file's lock (see [`serial`]) and a fleet of `n` hosts: what a test of a play needs.
+fn serial_fleet(n: usize) -> (MutexGuard<'static, ()>, Fleet) {
+    require_root();
+    (serial(), Fleet::new(n))
 }
 
 /// Whether the process a record names (pid + start ticks) is alive, zombies counted as gone.
@@ -102,9 +108,7 @@ fn site(fail_hosts: &[&str]) -> String {
 
 #[test]
 fn a_play_on_ten_hosts_then_a_rerun_that_runs_nothing_twice() {
-    require_root();
-    let _serial = serial();
-    let fleet = Fleet::new(HOSTS);
+    let (_serial, fleet) = serial_fleet(HOSTS);
     let fail = ["h03", "h07"];
     let book = site(&fail);
 
@@ -139,35 +143,13 @@ fn a_play_on_ten_hosts_then_a_rerun_that_runs_nothing_twice() {
         // The record on the host says the same, and the process is gone.
         let (id, rec) = record_of(&fleet, h, &format!("ans-{}-hello-", h.name));
         assert_eq!(id, run_id, "id");
+        let want = json!({"state": "finished", "exit_code": 0, "lease_token_sha256": token_sha});
+        fleet.run(&rec).fields(&rec, "the record", want);
+        let labels = json!({"ansible.host": h.name, "ansible.task": "hello",
+            "ansible.play": "fleet", "agentrun.id": run_id});
         fleet
             .run(&rec)
-            .eq(&rec["state"], "finished", format_args!("{rec}"));
-        fleet
-            .run(&rec)
-            .eq(&rec["exit_code"], 0, format_args!("{rec}"));
-        fleet.run(&rec).eq(
-            &rec["labels"]["ansible.host"],
-            h.name.as_str(),
-            format_args!("{rec}"),
-        );
-        fleet.run(&rec).eq(
-            &rec["labels"]["ansible.task"],
-            "hello",
-            format_args!("{rec}"),
-        );
-        fleet.run(&rec).eq(
-            &rec["labels"]["ansible.play"],
-            "fleet",
-            format_args!("{rec}"),
-        );
-        fleet
-            .run(&rec)
-            .eq(&rec["labels"]["agentrun.id"], run_id, format_args!("{rec}"));
-        fleet.run(&rec).eq(
-            &rec["lease_token_sha256"],
-            token_sha.as_str(),
-            format_args!("{rec}"),
-        );
+            .fields(&rec["labels"], "the record's labels", labels);
         fleet
             .run(&rec)
             .eq(&rec["argv"][3], h.name.as_str(), format_args!("{rec}"));
@@ -488,13 +470,9 @@ const LONG: &str = r#"- name: long
 
 #[test]
 fn ctrl_c_of_ansible_playbook_cancels_the_run_on_every_host_within_grace() {
-    require_root();
-    let _serial = serial();
-    let fleet = Fleet::new(HOSTS);
-    let (mut cmd, _results) = fleet.command("long", &book(LONG), &[]);
+    let (_serial, fleet) = serial_fleet(HOSTS);
     let trace = fleet.path("trace.log");
-    cmd.env("AGENTRUN_ANSIBLE_TRACE", &trace);
-    let play = agent_run_tests::Spawned::spawn(&mut cmd);
+    let (play, _results) = fleet.spawn("long", &book(LONG), &[], Some(&trace));
     let pgid = play.child.id() as i32;
     let recs = wait_all_running(&fleet, "ans-", 3, &play);
     let runs = pin_runs(&recs);
@@ -657,11 +635,8 @@ const LEASED: &str = r#"- name: leased
 
 #[test]
 fn sigkill_of_ansible_playbook_leaves_each_run_to_its_lease() {
-    require_root();
-    let _serial = serial();
-    let fleet = Fleet::new(HOSTS);
-    let (mut cmd, _results) = fleet.command("leased", &book(LEASED), &[]);
-    let play = agent_run_tests::Spawned::spawn(&mut cmd);
+    let (_serial, fleet) = serial_fleet(HOSTS);
+    let (play, _results) = fleet.spawn("leased", &book(LEASED), &[], None);
     let pid = play.child.id() as i32;
     let recs = wait_all_running(&fleet, "ans-", 3, &play);
     let runs = pin_runs(&recs);
@@ -728,9 +703,7 @@ fn alive_of(pids: &[(i32, u64)]) -> Vec<i32> {
 
 #[test]
 fn baseline_ansible_async_leaves_every_process_running_after_sigkill() {
-    require_root();
-    let _serial = serial();
-    let fleet = Fleet::new(HOSTS);
+    let (_serial, fleet) = serial_fleet(HOSTS);
     // The same command as `leased`, with Ansible's own command module and async.
     let yaml = r#"- name: async
   hosts: all
@@ -742,8 +715,7 @@ fn baseline_ansible_async_leaves_every_process_running_after_sigkill() {
       async: 600
       poll: 1
 "#;
-    let (mut cmd, _results) = fleet.command("async", yaml, &[]);
-    let play = agent_run_tests::Spawned::spawn(&mut cmd);
+    let (play, _results) = fleet.spawn("async", yaml, &[], None);
     let pid = play.child.id() as i32;
     let workloads: Vec<(i32, u64)> = wait_until_dbg("every host's workload running", PLAY, || {
         let mut found = Vec::new();
@@ -852,9 +824,7 @@ const TIMEOUTS: &str = r#"- name: timeouts
 
 #[test]
 fn a_task_timeout_stops_the_run_on_every_host() {
-    require_root();
-    let _serial = serial();
-    let fleet = Fleet::new(HOSTS);
+    let (_serial, fleet) = serial_fleet(HOSTS);
     let play = fleet.play("timeouts", &book(TIMEOUTS), &[], PLAY);
     assert_eq!(play.code(), 0, "{}", play.describe());
     let mut cancelled = 0;
@@ -874,15 +844,8 @@ fn a_task_timeout_stops_the_run_on_every_host() {
             "play.result(\"tell a timeout from a failure\", &h.name)[\"status\"]"
         );
         let (_, rec) = record_of(&fleet, h, &format!("ans-{}-limited-", h.name));
-        fleet
-            .run(&rec)
-            .eq(&rec["state"], "cancelled", format_args!("{rec}"));
-        fleet
-            .run(&rec)
-            .eq(&rec["reason"], "timeout", format_args!("{rec}"));
-        fleet
-            .run(&rec)
-            .eq(&rec["timeout_ms"], 2000, format_args!("{rec}"));
+        let want = json!({"state": "cancelled", "reason": "timeout", "timeout_ms": 2000});
+        fleet.run(&rec).fields(&rec, "the record", want);
         let took = parse_rfc3339(rec["ended_at"].as_str().unwrap()).unwrap()
             - parse_rfc3339(rec["started_at"].as_str().unwrap()).unwrap();
         ensure!(
@@ -1162,15 +1125,11 @@ fn run_gone(host: &Host, rec: &Value) -> Result<(), String> {
 
 #[test]
 fn a_cancel_before_the_run_exists_leaves_nothing_running_and_a_rerun_works() {
-    require_root();
-    let _serial = serial();
-    let fleet = Fleet::new(3);
+    let (_serial, fleet) = serial_fleet(3);
     let (h1, h2, h3) = (&fleet.hosts[0], &fleet.hosts[1], &fleet.hosts[2]);
     let pause = r#"{"pause_at": {"h01": "fence", "h02": "start", "h03": "fence"}}"#;
-    let (mut cmd, results) = fleet.command("fenced", &book(FENCED), &["-e", pause]);
     let trace = fleet.path("trace.log");
-    cmd.env("AGENTRUN_ANSIBLE_TRACE", &trace);
-    let play = agent_run_tests::Spawned::spawn(&mut cmd);
+    let (play, results) = fleet.spawn("fenced", &book(FENCED), &["-e", pause], Some(&trace));
     let pgid = play.child.id() as i32;
     let (base1, pid1) = paused(h1, "fence");
     let (base2, pid2) = paused(h2, "start");
@@ -1506,9 +1465,7 @@ fn token_uses(strace_log: &str, tokens: &[&str]) -> Vec<(String, String)> {
 
 #[test]
 fn state_started_in_one_playbook_run_and_finished_in_a_later_one() {
-    require_root();
-    let _serial = serial();
-    let fleet = Fleet::new(HOSTS);
+    let (_serial, fleet) = serial_fleet(HOSTS);
     // `cmd` runs as `sh -c CMD`: give it its $0 and $1 through argv instead.
     let started = STARTED.replace("@MD@", MD_INSTALLED).replace(
         "        cmd: 'while [ ! -e \"$0/gate\" ]; do sleep 0.05; done; echo done on $1'\n        # sh -c CMD $0 $1\n",
@@ -1663,8 +1620,7 @@ fn state_started_in_one_playbook_run_and_finished_in_a_later_one() {
         .replace("@MD@", MD_INSTALLED)
         .replace("@VICTIM@", VICTIM_TOKEN)
         .replace("@WRONG@", WRONG_TOKEN);
-    let (mut cmd, results) = fleet.command("later", &later_book, &[]);
-    let later = agent_run_tests::Spawned::spawn(&mut cmd);
+    let (later, results) = fleet.spawn("later", &later_book, &[], None);
     wait_until_dbg("every victim cancelled", PLAY, || {
         for h in &fleet.hosts {
             let (_, rec) = record_of(&fleet, h, "victim");
@@ -1696,12 +1652,7 @@ fn state_started_in_one_playbook_run_and_finished_in_a_later_one() {
         );
         fs::write(h.dir.join("gate"), "").unwrap();
     }
-    let out = later.finish(PLAY);
-    let later = Play {
-        out,
-        elapsed: Duration::ZERO,
-        results: agent_run_tests::ansible::read_results(&results),
-    };
+    let later = Play::finished(later, PLAY, &results);
     assert_eq!(later.code(), 0, "{}", later.describe());
     for (h, before) in fleet.hosts.iter().zip(&deadlines) {
         let r = later.result("look at the job", &h.name);
@@ -1803,11 +1754,8 @@ fn state_started_in_one_playbook_run_and_finished_in_a_later_one() {
 
 #[test]
 fn sigterm_of_ansible_playbook_cancels_every_run_too() {
-    require_root();
-    let _serial = serial();
-    let fleet = Fleet::new(3);
-    let (mut cmd, _results) = fleet.command("long", &book(LONG), &[]);
-    let play = agent_run_tests::Spawned::spawn(&mut cmd);
+    let (_serial, fleet) = serial_fleet(3);
+    let (play, _results) = fleet.spawn("long", &book(LONG), &[], None);
     let recs = wait_all_running(&fleet, "ans-", 3, &play);
     let runs = pin_runs(&recs);
     let workers = fleet.pin_descendants(play.child.id() as i32);
@@ -1846,11 +1794,8 @@ const LOST: &str = r#"- name: lost
 
 #[test]
 fn a_host_lost_mid_run_is_unreachable_and_its_run_ends_at_its_lease() {
-    require_root();
-    let _serial = serial();
-    let mut fleet = Fleet::new(3);
-    let (mut cmd, results) = fleet.command("lost", &book(LOST), &[]);
-    let play = agent_run_tests::Spawned::spawn(&mut cmd);
+    let (_serial, mut fleet) = serial_fleet(3);
+    let (play, results) = fleet.spawn("lost", &book(LOST), &[], None);
     let recs = wait_all_running(&fleet, "ans-", 1, &play);
     // Every worker is past its first wait (it renewed once), then h02's sshd goes away with
     // every session it had; the run's wrapper, detached, stays.
@@ -1878,12 +1823,7 @@ fn a_host_lost_mid_run_is_unreachable_and_its_run_ends_at_its_lease() {
     for h in [&fleet.hosts[0], &fleet.hosts[2]] {
         fs::write(h.dir.join("gate"), "").unwrap();
     }
-    let out = play.finish(PLAY);
-    let play = Play {
-        out,
-        elapsed: Duration::ZERO,
-        results: agent_run_tests::ansible::read_results(&results),
-    };
+    let play = Play::finished(play, PLAY, &results);
     assert_eq!(
         play.code(),
         4,
@@ -1923,14 +1863,10 @@ const SU: &str = r#"- name: su
 
 #[test]
 fn where_stdin_cannot_carry_the_token_each_poll_is_a_module_and_renews() {
-    require_root();
-    let _serial = serial();
-    let fleet = Fleet::new(1);
+    let (_serial, fleet) = serial_fleet(1);
     let h = &fleet.hosts[0];
-    let (mut cmd, results) = fleet.command("su", &book(SU), &[]);
     let trace = fleet.path("trace.log");
-    cmd.env("AGENTRUN_ANSIBLE_TRACE", &trace);
-    let play = agent_run_tests::Spawned::spawn(&mut cmd);
+    let (play, results) = fleet.spawn("su", &book(SU), &[], Some(&trace));
     let recs = wait_all_running(&fleet, "ans-", 1, &play);
     // The plugin's polls (modules: the trace says so) renew the lease past its first 3 s.
     let polls = wait_until_dbg("two polls by module", PLAY, || {
@@ -1947,12 +1883,7 @@ fn where_stdin_cannot_carry_the_token_each_poll_is_a_module_and_renews() {
     });
     wait_renewed(&fleet.hosts, &recs, 3.5);
     fs::write(h.dir.join("gate"), "").unwrap();
-    let out = play.finish(PLAY);
-    let play = Play {
-        out,
-        elapsed: Duration::ZERO,
-        results: agent_run_tests::ansible::read_results(&results),
-    };
+    let play = Play::finished(play, PLAY, &results);
     assert_eq!(play.code(), 0, "{}", play.describe());
     let r = play.result("su", &h.name);
     assert_eq!(r["status"], "ok", "{r}");

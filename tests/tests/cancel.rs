@@ -57,9 +57,12 @@ fn concurrent_cancels(c: Ctx, n: usize) -> Vec<Output> {
     cancels.into_iter().map(|s| s.finish(CMD)).collect()
 }
 
-/// Every output exited 0 and printed the record status.json holds now.
-fn all_print_the_final_record(c: Ctx, outs: &[Output]) {
-    let st = c.status();
+/// Ten cancels at once: then no process of `tree` is alive, every cancel exited 0 and printed
+/// the record status.json holds now, and that record is `cancelled`, written final once.
+fn ten_cancels_agree(c: Ctx, tree: &Pinned) {
+    let outs = concurrent_cancels(c, 10);
+    c.gone_now(tree, "after every cancel returned");
+    let st = c.record("status.json", json!({"state": "cancelled"}));
     for (i, out) in outs.iter().enumerate() {
         c.code(out, 0, &format!("cancel #{i}"));
         let printed = c.parse(out, &format!("cancel #{i}"));
@@ -67,6 +70,7 @@ fn all_print_the_final_record(c: Ctx, outs: &[Output]) {
             c.eq(&printed[key], &st[key], format_args!("cancel #{i}: {key}"));
         }
     }
+    c.eq(c.final_state_events(), 1, "final state events");
 }
 
 /// `start --detach START_OPTS ID -- fixture tree TREE_OPTS --log LOG`: the run, the fixture's
@@ -210,9 +214,8 @@ fn cancel_of_a_foreground_run_writes_cancel_json_and_the_wrapper_exits_143() {
     );
     // cancel.json is written before the wrapper is signalled.
     let signalled_at = to_wrapper[0]["ts"].as_str().unwrap_or_default();
-    let ordered = at <= signalled_at;
     c.check(
-        ordered,
+        at <= signalled_at,
         format_args!("cancel.json at {at}, TERM at {signalled_at}"),
     );
 }
@@ -254,11 +257,8 @@ fn term_to_the_leader_alone_ends_the_run_and_its_group_is_stopped_before_the_fin
     c.gone_now(&tree, "when the record became final");
     let want = json!({"state": "finished", "term_signal": "TERM", "exit_code": null});
     c.fields(&st, "status.json", want);
-    let signals = st["cleanup"]["signals"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let needed = signals.contains(&json!("TERM")) && signals.contains(&json!("KILL"));
+    let signals = cleanup_signals(&st);
+    let needed = signals.iter().any(|s| s == "TERM") && signals.iter().any(|s| s == "KILL");
     c.check(
         needed,
         format_args!("cleanup should list TERM and KILL: {}", st["cleanup"]),
@@ -386,8 +386,7 @@ fn a_cancelling_record_whose_wrapper_died_mid_stop_is_told_apart_and_finished_by
     // The other run was never touched.
     f.all_alive(&fresh_tree, "the fresh run after the takeover");
     f.record("the fresh run", json!({"state": "running"}));
-    f.ctl(&["cancel", f.id], 0);
-    f.gone_now(&fresh_tree, "the fresh run after its own cancel");
+    f.cancel_now(&fresh_tree, "the fresh run after its own cancel");
     f.wait_gone(&fresh.wrapper_pin, "the fresh run's wrapper");
 }
 
@@ -403,8 +402,7 @@ fn two_runs_of_one_user_cancel_one_and_the_other_lives_and_finishes() {
     let mut run_b = b.start_foreground("--quiet", &sh(script, &[&fixture_path()]), Stdio::piped());
     let (_, tree_b) = b.pin_tree();
 
-    a.ctl(&["cancel", a.id], 0);
-    a.gone_now(&tree_a, "the cancelled run");
+    a.cancel_now(&tree_a, "the cancelled run");
     a.wait_gone(&run_a.wrapper_pin, "the cancelled run's wrapper");
 
     b.all_alive(&tree_b, "the other run after the cancel");
@@ -444,12 +442,8 @@ fn kill_9_of_the_wrapper_then_cancel_stops_the_workload_and_writes_a_final_recor
     c.record_keys(&printed, "cancel's output");
     let want = json!({"state": "cancelled", "reason": "cancel_request", "exit_code": null});
     c.fields(&printed, "cancel's output", want);
-    let signals = printed["cleanup"]["signals"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
     c.check(
-        signals.contains(&json!("TERM")),
+        cleanup_signals(&printed).iter().any(|s| s == "TERM"),
         format_args!("cleanup: {}", printed["cleanup"]),
     );
     let st = c.status();
@@ -491,11 +485,7 @@ fn ten_concurrent_cancels_stop_the_run_once_and_every_caller_prints_the_same_rec
     let root = TestRoot::new();
     let c = ctx(&root, "crowd");
     let (run, ready, tree, log) = start_logged(c, COOPERATIVE, "");
-    let outs = concurrent_cancels(c, 10);
-    c.gone_now(&tree, "after every cancel returned");
-    all_print_the_final_record(c, &outs);
-    c.record("status.json", json!({"state": "cancelled"}));
-    c.eq(c.final_state_events(), 1, "final state events");
+    ten_cancels_agree(c, &tree);
     c.eq(c.events("stop_begin").len(), 1, "stop_begin events");
     c.eq(
         c.events("stop_escalated").len(),
@@ -541,11 +531,7 @@ fn ten_concurrent_cancels_of_an_orphaned_run_take_it_over_once_and_agree() {
     let root = TestRoot::new();
     let c = ctx(&root, "orphan-crowd");
     let (_run, _, tree) = c.orphan(&fx("tree --children 2 --grandchildren"));
-    let outs = concurrent_cancels(c, 10);
-    c.gone_now(&tree, "after every cancel returned");
-    all_print_the_final_record(c, &outs);
-    c.record("status.json", json!({"state": "cancelled"}));
-    c.eq(c.final_state_events(), 1, "final state events");
+    ten_cancels_agree(c, &tree);
     c.eq(c.events("takeover").len(), 1, "takeovers");
     c.eq(c.events("stop_begin").len(), 1, "stop_begin events");
 }

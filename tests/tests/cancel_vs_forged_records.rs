@@ -289,8 +289,7 @@ fn a_record_forged_to_another_boot_over_live_processes_is_rewritten_and_the_run_
         note.as_str().is_some_and(|n| n.contains("rewritten")),
         format_args!("status --json's note: {note}"),
     );
-    c.ctl(&["cancel", c.id], 0);
-    c.gone_now(&tree, "the run's processes");
+    c.cancel_now(&tree, "the run's processes");
     c.record(
         "the record",
         json!({"state": "cancelled", "proof": "cgroup_empty"}),

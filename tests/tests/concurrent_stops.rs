@@ -14,6 +14,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
+use agent_run_tests::facts::ended;
 use agent_run_tests::facts::exclusive_cpu;
 use agent_run_tests::hazards::*;
 use agent_run_tests::workload::{fx_args, start_argv};
@@ -369,10 +370,10 @@ fn ten_concurrent_cancels_of_a_run_whose_wrapper_was_kill_9ed_take_it_over_once_
         "every cancel returned but {alive:?} of the run are alive"
     );
     let st = root.status(id);
-    c.eq(
-        &(st["state"].as_str(), st["reason"].as_str()),
-        &(Some("cancelled"), Some("cancel_request")),
+    c.fields(
+        &st,
         "the final record",
+        ended("cancelled", "cancel_request"),
     );
     let signalled = cleanup_pids(&st, "signalled");
     ensure!(

@@ -143,8 +143,7 @@ fn tasks(pid: i32) -> usize {
 
 #[test]
 fn a_zombie_leader_whose_thread_runs_is_stopped_by_cancel_in_both_modes() {
-    for_each_mode_in_root(&ROOT_MODES, "zl", |mode, root, id| {
-        let c = ctx(root, id);
+    for_each_mode_in_root(&ROOT_MODES, "zl", |mode, root, id, c| {
         let run = start(root, id, mode, &["--grace", "2s"], &fx("zombie-leader"));
         check_mode(root, id, mode);
         let leader = run.leader;
@@ -179,8 +178,7 @@ fn a_zombie_leader_whose_thread_runs_is_stopped_by_cancel_in_both_modes() {
 
 #[test]
 fn a_zombie_leader_left_by_a_shell_that_exits_is_stopped_before_finished_in_both_modes() {
-    for_each_mode_in_root(&ROOT_MODES, "zlsh", |mode, root, id| {
-        let c = ctx(root, id);
+    for_each_mode_in_root(&ROOT_MODES, "zlsh", |mode, root, id, c| {
         let zl_pid = root.dir.path().join("zl.pid");
         let script = format!(
             "{} zombie-leader > /dev/null & echo $! > {}; sleep 0.6; exit 0",
@@ -269,8 +267,7 @@ fn start_as_nobody(root: &TestRoot, id: &str, mode: Mode, command: &[&str]) -> O
 
 #[test]
 fn a_pid_hopping_escapee_as_nobody_is_stopped_or_named_in_both_modes() {
-    for_each_mode_in_root(&ROOT_MODES, "hop", |mode, root, id| {
-        let c = ctx(root, id);
+    for_each_mode_in_root(&ROOT_MODES, "hop", |mode, root, id, c| {
         let _sweep = agent_run_tests::contain::SweepOnDrop(root.run_dir(id));
         let deleg = start_as_nobody(root, id, mode, &[&fixture_path(), "hopper"]);
         check_mode(root, id, mode);
@@ -301,8 +298,7 @@ fn a_pid_hopping_escapee_as_nobody_is_stopped_or_named_in_both_modes() {
 
 #[test]
 fn a_marked_process_outside_the_tree_is_stopped_when_the_leader_exits_in_both_modes() {
-    for_each_mode_in_root(&ROOT_MODES, "outsider", |mode, root, id| {
-        let c = ctx(root, id);
+    for_each_mode_in_root(&ROOT_MODES, "outsider", |mode, root, id, c| {
         let gate = root.dir.path().join("gate");
         // The leader waits until the outsider runs, then exits 0.
         let script = format!(
@@ -343,8 +339,7 @@ fn a_marked_process_outside_the_tree_is_stopped_when_the_leader_exits_in_both_mo
 
 #[test]
 fn a_non_dumpable_daemon_after_kill_9_of_the_wrapper_is_stopped_or_named_in_both_modes() {
-    for_each_mode_in_root(&ROOT_MODES, "nondump", |mode, root, id| {
-        let c = ctx(root, id);
+    for_each_mode_in_root(&ROOT_MODES, "nondump", |mode, root, id, c| {
         let fxs = fixture_path();
         let script = format!("{fxs} nondumpable-daemon; exec {fxs} sleep-ms 600000");
         let _deleg = start_as_nobody(root, id, mode, &["sh", "-c", &script]);
@@ -467,8 +462,7 @@ fn a_workload_behind_its_own_subreaper_is_stopped_in_both_modes() {
     let Ok(tini) = which("tini") else {
         panic!("tini is not installed (bash .ci/test installs it)");
     };
-    for_each_mode_in_root(&ROOT_MODES, "tini", |mode, root, id| {
-        let c = ctx(root, id);
+    for_each_mode_in_root(&ROOT_MODES, "tini", |mode, root, id, c| {
         let script = format!(
             "setsid {fx} sleep-ms 600000 & {fx} tree --children 1",
             fx = fixture_path()
@@ -505,8 +499,7 @@ fn which(p: &str) -> Result<String, ()> {
 
 #[test]
 fn a_fork_loop_during_the_stop_is_stopped_or_named_in_both_modes() {
-    for_each_mode_in_root(&ROOT_MODES, "forkloop", |mode, root, id| {
-        let c = ctx(root, id);
+    for_each_mode_in_root(&ROOT_MODES, "forkloop", |mode, root, id, c| {
         let run = start(root, id, mode, &["--grace", "1s"], &fx("fork-loop"));
         wait_marked(c, &run, 20);
         cancel_honestly(root, id, mode, &run);
@@ -520,8 +513,7 @@ fn a_fork_loop_during_the_stop_is_stopped_or_named_in_both_modes() {
 /// found by those narrower looks, or it outlives a run called cancelled.
 #[test]
 fn a_fork_loop_after_kill_9_of_the_wrapper_is_stopped_or_named_in_both_modes() {
-    for_each_mode_in_root(&ROOT_MODES, "orphanloop", |mode, root, id| {
-        let c = ctx(root, id);
+    for_each_mode_in_root(&ROOT_MODES, "orphanloop", |mode, root, id, c| {
         let run = start(
             root,
             id,
@@ -545,8 +537,7 @@ fn a_fork_loop_after_kill_9_of_the_wrapper_is_stopped_or_named_in_both_modes() {
 
 #[test]
 fn stopping_an_outer_run_stops_a_nested_run_and_its_cgroup_in_both_modes() {
-    for_each_mode_in_root(&ROOT_MODES, "outer", |mode, root, id| {
-        let c = ctx(root, id);
+    for_each_mode_in_root(&ROOT_MODES, "outer", |mode, root, id, c| {
         let inner_root = root.dir.path().join("inner-runs");
         let ar = agent_run_bin().display().to_string();
         let ir = inner_root.display().to_string();

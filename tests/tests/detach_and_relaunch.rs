@@ -9,7 +9,8 @@
 //! pinned, so it is killed by pid when the test ends.
 
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Output;
 use std::time::Instant;
 
 use agent_run_tests::ctx::{ctx, Ctx};
@@ -66,8 +67,7 @@ fn start_detach_returns_once_running_and_the_wrapper_lives_on_in_its_own_session
     let stdin = fs::read_link(format!("/proc/{}/fd/0", run.leader)).ok();
     c.eq(stdin, dev_null, "the detached workload's stdin");
 
-    c.ctl(&["cancel", c.id], 0);
-    c.gone_now(&tree, "after cancel");
+    c.cancel_now(&tree, "after cancel");
     c.wait_gone(&run.wrapper_pin, "the wrapper");
 }
 
@@ -125,21 +125,56 @@ fn start_detach_passes_a_cwd_and_a_label_that_begin_with_a_dash_as_values() {
 // =============================================================================================
 // Relaunch by run id
 
+/// The command of `counting` (exit 3) run once in the foreground as the run of `c`: its
+/// counter and its command.
+fn ran_once(c: Ctx) -> (PathBuf, Vec<String>) {
+    let counter = c.root.dir.path().join("counter");
+    let command = counting(&counter, 3);
+    c.ctl(&start_args("--quiet", c.id, &command), 3);
+    c.eq(count_lines(&counter), 1, "runs after the first launch");
+    (counter, command)
+}
+
+/// `sh -c SCRIPT` with `$0` a fifo made for the test to release, `$1` the fixture and `$2` the
+/// counter named `counter` in the test's directory: (fifo, counter, command).
+fn gated_counting(root: &TestRoot, counter: &str, script: &str) -> (PathBuf, PathBuf, Vec<String>) {
+    let fifo = make_fifo(root, "go");
+    let counter = root.dir.path().join(counter);
+    let command = sh(
+        script,
+        &[path_str(&fifo), &fixture_path(), path_str(&counter)],
+    );
+    (fifo, counter, command)
+}
+
+/// Launches `args` again for the run of `c`, which exits `want`; then the command counted in
+/// `counter` has run `runs` times in all, and status.json did not change.
+fn relaunch(c: Ctx, args: &[String], want: i32, counter: &Path, runs: usize) -> Output {
+    let before = c.bytes("status.json");
+    let out = c.ctl(args, want);
+    c.eq(
+        count_lines(counter),
+        runs,
+        "runs of the command after the relaunch",
+    );
+    c.eq(c.bytes("status.json"), before, "status.json changed");
+    out
+}
+
 #[test]
 fn relaunch_of_a_finished_run_replays_its_exit_code_and_runs_nothing() {
     let root = TestRoot::new();
     let c = ctx(&root, "once");
-    let counter = root.dir.path().join("counter");
-    let command = counting(&counter, 3);
-    let args = start_args("--quiet", c.id, &command);
-    c.ctl(&args, 3);
-    c.eq(count_lines(&counter), 1, "runs after the first launch");
-    let before = c.bytes("status.json");
+    let (counter, command) = ran_once(c);
     let st = c.status();
 
-    let out = c.ctl(&start_args("--quiet --json", c.id, &command), 3);
-    c.eq(count_lines(&counter), 1, "runs after the relaunch");
-    c.eq(c.bytes("status.json"), before, "status.json changed");
+    let out = relaunch(
+        c,
+        &start_args("--quiet --json", c.id, &command),
+        3,
+        &counter,
+        1,
+    );
     let record = first_json_object(&text(&out.stdout));
     let record = record.unwrap_or_else(|| c.fail(describe_output("no record on stdout", &out)));
     c.fields(
@@ -164,17 +199,19 @@ fn relaunch_of_a_finished_run_replays_its_exit_code_and_runs_nothing() {
 fn relaunch_with_a_different_command_is_refused_with_65() {
     let root = TestRoot::new();
     let c = ctx(&root, "fixed");
-    let counter = root.dir.path().join("counter");
-    c.ctl(&start_args("--quiet", c.id, &counting(&counter, 3)), 3);
-    let before = c.bytes("status.json");
-    let out = c.ctl(&start_args("--quiet", c.id, &counting(&counter, 4)), 65);
+    let (counter, _) = ran_once(c);
+    let out = relaunch(
+        c,
+        &start_args("--quiet", c.id, &counting(&counter, 4)),
+        65,
+        &counter,
+        1,
+    );
     let said = text(&out.stderr);
     c.check(
         said.starts_with("agent-run: "),
         format_args!("stderr {said:?}"),
     );
-    c.eq(count_lines(&counter), 1, "runs after the refused relaunch");
-    c.eq(c.bytes("status.json"), before, "status.json changed");
 }
 
 #[test]
@@ -187,44 +224,29 @@ fn relaunch_with_detach_and_a_different_command_is_refused_with_65_and_runs_noth
     let other = start_args("--detach", c.id, &counting(&counter, 0));
 
     // While the run is active.
-    let before = c.bytes("status.json");
-    c.ctl(&other, 65);
+    relaunch(c, &other, 65, &counter, 0);
     c.all_alive(&tree, "the run that owns the id");
-    c.eq(c.bytes("status.json"), before, "status.json changed");
 
     // Once the run is final.
     c.ctl(&["cancel", c.id], 0);
     c.wait_gone(&run.wrapper_pin, "the wrapper");
-    let before = c.bytes("status.json");
-    c.ctl(&other, 65);
-    c.eq(c.bytes("status.json"), before, "status.json changed");
-    c.eq(count_lines(&counter), 0, "runs of the refused command");
+    relaunch(c, &other, 65, &counter, 0);
 }
 
 #[test]
 fn relaunch_with_detach_of_a_finished_run_replays_its_exit_code_and_runs_nothing() {
     let root = TestRoot::new();
     let c = ctx(&root, "once-detached");
-    let counter = root.dir.path().join("counter");
-    let command = counting(&counter, 3);
-    c.ctl(&start_args("--quiet", c.id, &command), 3);
-    let before = c.bytes("status.json");
-    c.ctl(&start_args("--detach", c.id, &command), 3);
-    c.eq(count_lines(&counter), 1, "runs after the relaunch");
-    c.eq(c.bytes("status.json"), before, "status.json changed");
+    let (counter, command) = ran_once(c);
+    relaunch(c, &start_args("--detach", c.id, &command), 3, &counter, 1);
 }
 
 #[test]
 fn relaunch_of_an_active_run_attaches_and_exits_as_the_run_does() {
     let root = TestRoot::new();
     let c = ctx(&root, "active");
-    let fifo = make_fifo(&root, "go");
-    let counter = root.dir.path().join("counter");
     let script = r#"echo started; "$1" count "$2"; read line < "$0"; echo done; exit 6"#;
-    let command = sh(
-        script,
-        &[path_str(&fifo), &fixture_path(), path_str(&counter)],
-    );
+    let (fifo, counter, command) = gated_counting(&root, "counter", script);
     let run = c.start_detached("", &command);
     c.wait("the workload to count", || match count_lines(&counter) {
         1 => Ok(()),
@@ -282,13 +304,8 @@ fn simultaneous_launches_of_one_new_id_run_the_command_once_and_exit_alike() {
 
     // A command that waits: the loser must attach to the winner's run.
     let c = ctx(&root, "race-slow");
-    let fifo = make_fifo(&root, "go");
-    let counter = root.dir.path().join("counter-slow");
     let script = r#""$1" count "$2"; read line < "$0"; exit 4"#;
-    let command = sh(
-        script,
-        &[path_str(&fifo), &fixture_path(), path_str(&counter)],
-    );
+    let (fifo, counter, command) = gated_counting(&root, "counter-slow", script);
     launch_twice(c, &start_args("--quiet", c.id, &command), &|| {
         c.wait("the command to count", || match count_lines(&counter) {
             0 => Err("no line yet".to_string()),

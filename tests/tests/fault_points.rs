@@ -15,21 +15,11 @@ use std::time::{Duration, SystemTime};
 
 use agent_run_shared::fault;
 use agent_run_tests::contain::marked;
+use agent_run_tests::facts::cleanup_signals;
 use agent_run_tests::hazards::*;
 use agent_run_tests::workload::{fx_args, start_argv};
 use agent_run_tests::{ctx, describe_output, ensure, Pinned, Spawned, TestRoot, RECORD_KEYS};
 use serde_json::Value;
-
-fn cleanup_signals(st: &Value) -> Vec<String> {
-    st["cleanup"]["signals"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|v| v.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
-}
 
 // =============================================================================================
 // 1. Fault points: the wrapper SIGKILLed at each step of a launch and of a stop.

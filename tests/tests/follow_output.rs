@@ -7,12 +7,11 @@
 
 use agent_run_shared::pty::{Pty, Size};
 use agent_run_tests::cli::{ar, ar_code, detached, json_of};
-use agent_run_tests::{cases, exit_code, wait_child, wait_until, Spawned, TestRoot};
+use agent_run_tests::{cases, drain, exit_code, wait_child, wait_until, Spawned, TestRoot};
 use std::fs::{self, File};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Output, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const LONG: Duration = Duration::from_secs(60);
@@ -210,20 +209,7 @@ fn ctrl_c_on_attach_in_a_terminal_detaches() {
     let Pty { master, slave, .. } = t;
     drop(slave);
     let mut master = File::from(master);
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    {
-        let seen = Arc::clone(&seen);
-        let mut r = master.try_clone().unwrap();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = r.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                seen.lock().unwrap().extend_from_slice(&buf[..n]);
-            }
-        });
-    }
+    let (seen, _) = drain(Some(master.try_clone().unwrap()));
     let text = || String::from_utf8_lossy(&seen.lock().unwrap()).into_owned();
     wait_until("the ready line on the terminal", LONG, || {
         text().contains("ready").then_some(())

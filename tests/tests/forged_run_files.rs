@@ -19,7 +19,7 @@ use agent_run_tests::hostile::{
     write_lease, Daemon, Detached, Plant, Victim, CMD, NOBODY,
 };
 use agent_run_tests::{
-    agent_run_bin, ctx, ensure, fixture_bin, wait_until_dbg, watchdog_bin, Pinned, TestRoot,
+    agent_run_bin, ctx, ensure, fixture_bin, wait_until_dbg, watchdog_bin, Ctx, Pinned, TestRoot,
 };
 use serde_json::{json, Value};
 
@@ -33,6 +33,24 @@ enum User {
 struct Side<'a> {
     root: &'a TestRoot,
     user: User,
+}
+
+/// A test's orphan `id` of root with a 1 h lease ([`Side::leased_orphan`]): its checks, its
+/// side, the run and its tree.
+fn root_orphan<'a>(root: &'a TestRoot, id: &'a str) -> (Ctx<'a>, Side<'a>, Detached, Pinned) {
+    let side = Side::new(root, User::Root);
+    let (run, tree) = side.leased_orphan(id);
+    (ctx(root, id), side, run, tree)
+}
+
+/// Waits until the run of `c` is final and stopped by its lease (`lease_expired`), and its
+/// `tree` gone: the record, and when it was seen final (epoch seconds).
+fn stopped_by_lease(c: Ctx, tree: &Pinned, what: &str) -> (Value, f64) {
+    let st = c.root.wait_final(c.id, Duration::from_secs(20));
+    let ended = epoch_now();
+    c.eq(&st["reason"], "lease_expired", "st[\"reason\"]");
+    c.wait_gone(tree, what);
+    (st, ended)
 }
 
 impl<'a> Side<'a> {
@@ -103,12 +121,16 @@ impl<'a> Side<'a> {
         }
     }
 
-    fn lease(&self, dir: &Path, deadline: f64) {
+    /// Writes lease.json in `dir` with its deadline `secs` from now (past when negative), as
+    /// the run's user; the deadline (epoch seconds).
+    fn lease_in(&self, dir: &Path, secs: f64) -> f64 {
+        let deadline = epoch_now() + secs;
         write_lease(dir, deadline, 1.0);
         if self.user == User::Nobody {
             std::os::unix::fs::chown(dir.join("lease.json"), Some(NOBODY), Some(NOBODY))
                 .expect("chown lease");
         }
+        deadline
     }
 }
 
@@ -179,7 +201,7 @@ fn a_record_missing_any_identity_key_still_gets_its_run_stopped(user: User) {
         side.edit(&run.dir, |st| {
             st.remove(key);
         });
-        side.lease(&run.dir, epoch_now() - 60.0);
+        side.lease_in(&run.dir, -60.0);
         let (code, _, err) = outcome(side.watchdog().args(["--once", "--orphan-grace", "0"]));
         c.eq(&code, &0, format_args!("watchdog --once: {err}"));
         c.wait_gone(
@@ -297,7 +319,7 @@ fn a_record_rewritten_to_name_another_session_leader_lends_it_nothing_after_the_
             c.eq(&code, &0, format_args!("cancel: {err}"));
             ensure!(c, out.contains("\"unknown\""), "cancel printed {out}");
         } else {
-            side.lease(&run.dir, epoch_now() - 1.0);
+            side.lease_in(&run.dir, -1.0);
             let (code, _, err) = outcome(side.watchdog().args(["--once"]));
             c.eq(&code, &0, format_args!("watchdog: {err}"));
         }
@@ -396,10 +418,10 @@ done
         // Nothing of the run was found (pid 1 is no wrapper, and no process carries the
         // run's marker): the record says so, never that the run was stopped.
         let st = root.status(id);
-        c.eq(
-            &(st["state"].as_str(), st["reason"].as_str()),
-            &(Some("unknown"), Some("wrapper_lost")),
-            format_args!("{variant}: {st}"),
+        c.fields(
+            &st,
+            &format!("{variant}: {st}"),
+            ended("unknown", "wrapper_lost"),
         );
         let _ = fs::remove_file(dir.join("events.jsonl"));
     }
@@ -411,10 +433,8 @@ done
 #[test]
 fn fifos_sockets_symlinks_and_huge_files_in_run_dirs_hang_nothing_and_other_leases_hold() {
     let root = TestRoot::new();
-    let c = ctx(&root, "on-time");
-    let side = Side::new(&root, User::Root);
     // The run whose lease must be enforced on time while the others are hostile.
-    let (leased, leased_tree) = side.leased_orphan("on-time");
+    let (c, side, leased, leased_tree) = root_orphan(&root, "on-time");
     let mut planted = Vec::new();
     let mut sockets = Vec::new();
     for file in ["status.json", "lease.json", "cancel.json"] {
@@ -429,12 +449,9 @@ fn fifos_sockets_symlinks_and_huge_files_in_run_dirs_hang_nothing_and_other_leas
     let mut dog = Daemon::start(side.watchdog(), &["--scan-interval", "1s"]);
     // Let the daemon meet every planted file (a rescan and the events), then let the lease
     // of the orphan run out.
-    let deadline = epoch_now() + 2.0;
-    side.lease(&leased.dir, deadline);
-    let st = root.wait_final("on-time", Duration::from_secs(20));
-    let ended = epoch_now();
+    let deadline = side.lease_in(&leased.dir, 2.0);
+    let (st, ended) = stopped_by_lease(c, &leased_tree, "the leased tree");
     c.eq(&st["state"], "cancelled", "st[\"state\"]");
-    c.eq(&st["reason"], "lease_expired", "st[\"reason\"]");
     ensure!(
         c,
         ended - deadline < 3.0,
@@ -442,7 +459,6 @@ fn fifos_sockets_symlinks_and_huge_files_in_run_dirs_hang_nothing_and_other_leas
         ended - deadline,
         dog.stderr()
     );
-    c.wait_gone(&leased_tree, "the leased tree");
     ensure!(c, dog.running(), "the daemon died: {}", dog.stderr());
 
     // Every reader returns, and says what is wrong.
@@ -519,13 +535,7 @@ fn fifos_sockets_symlinks_and_huge_files_in_run_dirs_hang_nothing_and_other_leas
     }
     ensure!(c, dog.running(), "the daemon died: {}", dog.stderr());
     drop(sockets);
-    let out = dog.stop();
-    ensure!(
-        c,
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    dog.stop_cleanly(c);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -610,24 +620,18 @@ fn renew_journals_its_wake_up_signal_to_the_wrapper() {
 #[test]
 fn a_run_dir_whose_mode_was_changed_is_set_back_and_its_lease_enforced_on_time() {
     let root = TestRoot::new();
-    let c = ctx(&root, "mode");
-    let side = Side::new(&root, User::Root);
-    let (run, tree) = side.leased_orphan("mode");
-    let deadline = epoch_now() + 1.0;
-    side.lease(&run.dir, deadline);
+    let (c, side, run, tree) = root_orphan(&root, "mode");
+    let deadline = side.lease_in(&run.dir, 1.0);
     // The workload can chmod its own run dir: that never keeps it from being stopped.
     fs::set_permissions(&run.dir, fs::Permissions::from_mode(0o750)).unwrap();
     let dog = Daemon::start(side.watchdog(), &["--scan-interval", "1h"]);
-    let st = root.wait_final("mode", Duration::from_secs(20));
-    let ended = epoch_now();
-    c.eq(&st["reason"], "lease_expired", "st[\"reason\"]");
+    let (_, ended) = stopped_by_lease(c, &tree, "the tree after the stop");
     ensure!(
         c,
         ended - deadline < 3.0,
         "enforced {:.2}s after the deadline",
         ended - deadline
     );
-    c.wait_gone(&tree, "the tree after the stop");
     let mode = fs::metadata(&run.dir).unwrap().permissions().mode() & 0o7777;
     c.eq(&mode, &0o700, "the run dir's mode");
     ensure!(
@@ -641,10 +645,8 @@ fn a_run_dir_whose_mode_was_changed_is_set_back_and_its_lease_enforced_on_time()
 #[test]
 fn a_skipped_run_is_looked_at_again_once_its_dir_is_given_back() {
     let root = TestRoot::new();
-    let c = ctx(&root, "hup");
-    let side = Side::new(&root, User::Root);
-    let (run, tree) = side.leased_orphan("hup");
-    side.lease(&run.dir, epoch_now() - 1.0);
+    let (c, side, run, tree) = root_orphan(&root, "hup");
+    side.lease_in(&run.dir, -1.0);
     // A run dir owned by someone else is not ours to act on: skipped, nothing signalled.
     std::os::unix::fs::chown(&run.dir, Some(NOBODY), Some(NOBODY)).unwrap();
     let dog = Daemon::start(side.watchdog(), &["--scan-interval", "1h"]);
@@ -661,19 +663,14 @@ fn a_skipped_run_is_looked_at_again_once_its_dir_is_given_back() {
     // too: either way, the run is stopped at once, not at the hourly rescan).
     std::os::unix::fs::chown(&run.dir, Some(0), Some(0)).unwrap();
     dog.signal(libc::SIGHUP);
-    let st = root.wait_final("hup", Duration::from_secs(20));
-    c.eq(&st["reason"], "lease_expired", "st[\"reason\"]");
-    c.wait_gone(&tree, "the tree after the stop");
+    stopped_by_lease(c, &tree, "the tree after the stop");
 }
 
 #[test]
 fn a_damaged_lease_is_reported_once_and_its_last_valid_deadline_is_kept() {
     let root = TestRoot::new();
-    let c = ctx(&root, "damaged");
-    let side = Side::new(&root, User::Root);
-    let (run, tree) = side.leased_orphan("damaged");
-    let deadline = epoch_now() + 3.0;
-    side.lease(&run.dir, deadline);
+    let (c, side, run, tree) = root_orphan(&root, "damaged");
+    let deadline = side.lease_in(&run.dir, 3.0);
     let dog = Daemon::start(side.watchdog(), &[]);
     for garbage in [
         &b"{\"deadline_epoch\": "[..],
@@ -686,9 +683,7 @@ fn a_damaged_lease_is_reported_once_and_its_last_valid_deadline_is_kept() {
         fs::rename(&tmp, run.dir.join("lease.json")).unwrap();
         std::thread::sleep(Duration::from_millis(200));
     }
-    let st = root.wait_final("damaged", Duration::from_secs(20));
-    let ended = epoch_now();
-    c.eq(&st["reason"], "lease_expired", "st[\"reason\"]");
+    let (_, ended) = stopped_by_lease(c, &tree, "the tree after the stop");
     ensure!(
         c,
         ended >= deadline - 0.05,
@@ -701,7 +696,6 @@ fn a_damaged_lease_is_reported_once_and_its_last_valid_deadline_is_kept() {
         "stopped {:.2}s after the kept deadline",
         ended - deadline
     );
-    c.wait_gone(&tree, "the tree after the stop");
     let log = dog.stderr();
     let said = log.matches("lease.json is damaged").count();
     ensure!(
@@ -950,8 +944,7 @@ fn a_forged_final_record_under_a_live_wrapper_is_replaced_by_the_wrappers_own_on
     let run = c.start_running("", &agent_run_tests::workload::fx("tree --children 1"));
     let (_, tree) = c.pin_tree();
     forge_final(c, "finished", false);
-    c.ctl(&["cancel", c.id], 0);
-    c.gone_now(&tree, "after cancel returned");
+    c.cancel_now(&tree, "after cancel returned");
     c.wait_gone(&run.wrapper_pin, "the wrapper");
     c.fields(
         &c.status(),

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use agent_run_tests::ctx;
 use agent_run_tests::hostile_run::{files_of, said_pid, workload, Mode, Run, Side, CMD};
 use agent_run_tests::mode_tests;
-use agent_run_tests::{ensure, wait_until_dbg, Pinned, TestRoot};
+use agent_run_tests::{ensure, wait_until_dbg, Ctx, Pinned, TestRoot};
 use serde_json::{json, Value};
 
 /// The grace every run here gets: short, so a KILL comes soon.
@@ -22,6 +22,28 @@ fn start(side: &Side<'_>, id: &str, opts: &[&str], damage: &str) -> Run {
     let mut all = vec!["--grace", GRACE];
     all.extend(opts);
     side.start(id, &all, &workload(&go, &said, damage))
+}
+
+/// [`start`], then the workload let go and waited for until its damage is done: the run and
+/// its checks.
+fn start_done<'a>(side: &Side<'a>, id: &'a str, opts: &[&str], damage: &str) -> (Run, Ctx<'a>) {
+    let run = start(side, id, opts, damage);
+    run.go_and_wait("done");
+    (run, ctx(side.root, id))
+}
+
+/// [`start_done`] with a lease of `secs` seconds: also the lease's deadline, as the test can
+/// know it (taken once the start returned).
+fn start_leased_done<'a>(
+    side: &Side<'a>,
+    id: &'a str,
+    secs: u32,
+    damage: &str,
+) -> (Run, Ctx<'a>, f64) {
+    let run = start(side, id, &["--lease", &format!("{secs}s")], damage);
+    let deadline = agent_run_tests::hostile::epoch_now() + f64::from(secs);
+    run.go_and_wait("done");
+    (run, ctx(side.root, id), deadline)
 }
 
 /// As nobody, in a cgroup delegated to nobody (none where the host cannot delegate one): the
@@ -38,8 +60,7 @@ fn damage_as_delegated<'a>(
     }
     let side = Side::new(root, Mode::NobodyDelegated, tag);
     let parent = side.delegated().expect("delegated").display().to_string();
-    let run = start(&side, id, &[], &damage(&parent));
-    run.go_and_wait("done");
+    let (run, _) = start_done(&side, id, &[], &damage(&parent));
     Some((side, run))
 }
 
@@ -216,9 +237,7 @@ fn a_damaged_run_file_never_stops_a_stop(mode: Mode) {
     for (name, damage) in DAMAGE {
         // With its wrapper alive: cancel finds it by the run's lock and asks it.
         let id = format!("{name}-live");
-        let run = start(&side, &id, &[], damage);
-        run.go_and_wait("done");
-        let c = ctx(&root, &id);
+        let (run, c) = start_done(&side, &id, &[], damage);
         let t0 = Instant::now();
         let (code, _, err) = side.ctl(&["cancel", &id]);
         c.eq(
@@ -238,9 +257,7 @@ fn a_damaged_run_file_never_stops_a_stop(mode: Mode) {
         // With its wrapper SIGKILLed by the workload and a 1 s lease: the watchdog stops it.
         let id = format!("{name}-orphan");
         let damage = format!("{damage}; kill -9 $PPID");
-        let run = start(&side, &id, &["--lease", "1s"], &damage);
-        run.go_and_wait("done");
-        let c = ctx(&root, &id);
+        let (run, c) = start_done(&side, &id, &["--lease", "1s"], &damage);
         c.wait_gone(&run.wrapper_pin, "the wrapper the workload killed");
         let deadline = Instant::now() + Duration::from_secs(20);
         while run.leader_pin.alive().contains(&run.leader) && Instant::now() < deadline {
@@ -274,9 +291,7 @@ fn a_forged_final_record_is_not_believed(mode: Mode) {
     let forge = "sed -e 's/\"state\": *\"running\"/\"state\": \"finished\"/' \
                  -e 's/\"exit_code\": *null/\"exit_code\": 0/' \"$AGENT_RUN_DIR/status.json\" \
                  > \"$AGENT_RUN_DIR/.f\" && mv \"$AGENT_RUN_DIR/.f\" \"$AGENT_RUN_DIR/status.json\"";
-    let run = start(&side, "forger", &[], forge);
-    run.go_and_wait("done");
-    let c = ctx(&root, "forger");
+    let (run, c) = start_done(&side, "forger", &[], forge);
     c.record("the forged record", json!({"state": "finished"}));
     // wait and attach do not return on it; status says what the kernel says.
     let (code, _, err) = side.ctl(&["wait", "forger", "--timeout", "1s"]);
@@ -325,9 +340,7 @@ fn a_rewritten_containment_hides_nothing(mode: Mode, by_watchdog: bool) {
     // the record's containment rewritten to procfs (and then to null).
     let damage = "setsid env -i sleep 600 & say \"pid child $!\"; kill -9 $PPID";
     let opts: &[&str] = if by_watchdog { &["--lease", "1s"] } else { &[] };
-    let run = start(&side, id, opts, damage);
-    run.go_and_wait("done");
-    let c = ctx(&root, id);
+    let (run, c) = start_done(&side, id, opts, damage);
     c.wait_gone(&run.wrapper_pin, "the wrapper the workload killed");
     let child = said_pid(&run.said(), "child").expect("the child's pid");
     let child_pin = Pinned::new(&[child]);
@@ -426,9 +439,7 @@ fn an_environment_cleared_child_after_a_wrapper_loss_in_procfs_mode_is_never_cal
     let root = TestRoot::new();
     let side = Side::new(&root, Mode::NobodyProcfs, "f5p");
     let damage = "setsid env -i sleep 600 & say \"pid child $!\"; kill -9 $PPID";
-    let run = start(&side, "hider", &[], damage);
-    run.go_and_wait("done");
-    let c = ctx(&root, "hider");
+    let (run, c) = start_done(&side, "hider", &[], damage);
     let child = said_pid(&run.said(), "child").expect("the child");
     let child_pin = Pinned::new(&[child]);
     c.wait_gone(&run.wrapper_pin, "the wrapper the workload killed");
@@ -474,9 +485,7 @@ fn a_wrapper_stopped_again_and_again_is_taken_over(mode: Mode) {
     let side = Side::new(&root, mode, "f6");
     // A tight loop: the wrapper gets a few microseconds between two stops.
     let damage = "say looping; (while :; do kill -STOP $PPID 2>/dev/null; done) &";
-    let run = start(&side, "stopper", &[], damage);
-    run.go_and_wait("done");
-    let c = ctx(&root, "stopper");
+    let (run, c) = start_done(&side, "stopper", &[], damage);
     cancel_stalled(&side, &run, "the wrapper that made no progress");
     // Between two of the workload's SIGSTOPs the wrapper may get the CPU long enough to stop
     // the run itself (its stop takes ~20 ms here): then no takeover is needed. Either way the
@@ -518,9 +527,7 @@ fn a_touched_lock_does_not_keep_an_orphan_alive(mode: Mode) {
     let root = TestRoot::new();
     let side = Side::new(&root, mode, "f7");
     let damage = "kill -9 $PPID; (while :; do touch \"$AGENT_RUN_DIR/lock\"; sleep 0.3; done) &";
-    let run = start(&side, "beater", &[], damage);
-    run.go_and_wait("done");
-    let c = ctx(&root, "beater");
+    let (run, c) = start_done(&side, "beater", &[], damage);
     c.wait_gone(&run.wrapper_pin, "the wrapper the workload killed");
     let first = Instant::now();
     // Passes from a timer, as a host runs them: the grace counts from the first that saw the
@@ -573,10 +580,7 @@ fn the_workload_cannot_renew_its_own_lease(mode: Mode) {
          tr '\\0' '\\n' < /proc/$$/environ | grep -c AGENT_RUN_LEASE_TOKEN | sed 's/^/token /' >> \"$SAID\"; \
          cat /proc/$PPID/environ > /dev/null 2>&1; say \"environ $?\""
     );
-    let run = start(&side, "renewer", &["--lease", "3s"], &damage);
-    let deadline = agent_run_tests::hostile::epoch_now() + 3.0;
-    run.go_and_wait("done");
-    let c = ctx(&root, "renewer");
+    let (run, c, deadline) = start_leased_done(&side, "renewer", 3, &damage);
     let said = run.said();
     ensure!(c, said.contains("renew 77"), "the workload's renew: {said}");
     ensure!(
@@ -618,10 +622,7 @@ fn a_stopped_wrapper_behind_a_forged_lease_is_stopped_at_its_true_deadline(mode:
     let damage =
         "printf '{\"deadline_epoch\": 9999999999, \"lease_s\": 3600}' > \"$AGENT_RUN_DIR/.l\" && \
                   mv \"$AGENT_RUN_DIR/.l\" \"$AGENT_RUN_DIR/lease.json\"; kill -STOP $PPID";
-    let run = start(&side, "sleeper", &["--lease", "2s"], damage);
-    let deadline = agent_run_tests::hostile::epoch_now() + 2.0;
-    run.go_and_wait("done");
-    let c = ctx(&root, "sleeper");
+    let (run, c, deadline) = start_leased_done(&side, "sleeper", 2, damage);
     wait_until_dbg("the watchdog to stop the run", CMD, || {
         let out = agent_run_tests::run_with_timeout(
             side.watchdog().args(["--once", "--slack", "1s"]),
@@ -659,9 +660,7 @@ mode_tests!(a_stopped_wrapper_behind_a_forged_lease_is_stopped_at_its_true_deadl
 fn a_record_full_of_escape_sequences_reaches_a_terminal_escaped() {
     let root = TestRoot::new();
     let side = Side::new(&root, Mode::RootCgroup, "f9");
-    let run = start(&side, "painter", &[], "kill -9 $PPID; say done; exit 0");
-    run.go_and_wait("done");
-    let c = ctx(&root, "painter");
+    let (run, c) = start_done(&side, "painter", &[], "kill -9 $PPID; say done; exit 0");
     c.wait_gone(&run.wrapper_pin, "the wrapper");
     c.wait_gone(&run.leader_pin, "the workload");
     agent_run_tests::hostile::edit_status(&run.dir, |st| {
@@ -719,9 +718,7 @@ fn a_damaged_lease_of_an_orphan_is_said_by_the_watchdog_and_by_status() {
     let side = Side::new(&root, Mode::RootCgroup, "f11");
     let damage = "printf 'garbage' > \"$AGENT_RUN_DIR/.l\"; kill -9 $PPID; \
                   mv \"$AGENT_RUN_DIR/.l\" \"$AGENT_RUN_DIR/lease.json\"";
-    let run = start(&side, "leaseless", &["--lease", "1h"], damage);
-    run.go_and_wait("done");
-    let c = ctx(&root, "leaseless");
+    let (run, c) = start_done(&side, "leaseless", &["--lease", "1h"], damage);
     c.wait_gone(&run.wrapper_pin, "the wrapper");
     let out = agent_run_tests::run_with_timeout(side.watchdog().arg("--once"), CMD);
     let err = String::from_utf8_lossy(&out.stderr);

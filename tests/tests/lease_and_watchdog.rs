@@ -28,7 +28,7 @@ use agent_run_shared::run_dir::RunDir;
 use agent_run_shared::time::{epoch_now, rfc3339_now};
 use agent_run_shared::{procfs, sys as shared_sys};
 use agent_run_tests::ctx::T;
-use agent_run_tests::facts::{ended, exclusive_cpu, private_dir};
+use agent_run_tests::facts::{ended, private_dir};
 use agent_run_tests::hostile::{write_lease, Daemon};
 use agent_run_tests::workload::{fx, start_args, DEAF};
 use agent_run_tests::{
@@ -93,6 +93,29 @@ fn stubborn_tree() -> Vec<String> {
         .split_whitespace()
         .map(String::from)
         .collect()
+}
+
+/// The run dir of `c` made, and the fixture with `args` in it (see [`spawn_in_session`]) with
+/// its stdout to stdout.log: the dir, the reaper of the fixture, its ready line, its tree pinned.
+fn run_tree(c: Ctx, args: &[impl AsRef<std::ffi::OsStr>]) -> (PathBuf, Reaper, Ready, Pinned) {
+    let dir = make_run_dir(c.root, c.id);
+    let mut children = Reaper::default();
+    children.push(spawn_in_session(
+        args,
+        Some((c.id, &dir)),
+        Some(&c.file("stdout.log")),
+    ));
+    let (ready, pinned) = c.pin_tree();
+    (dir, children, ready, pinned)
+}
+
+/// The record of `c` is final, `unknown` for `reason`, with an `ended_at`, and nothing was
+/// signalled.
+fn ended_unsignalled(c: Ctx, reason: &str) {
+    let st = c.status();
+    c.fields(&st, "the record", ended("unknown", reason));
+    c.eq(c.events("signal"), Vec::<Value>::new(), "signal events");
+    ensure!(c, st["ended_at"].is_string(), "the record has no ended_at");
 }
 
 /// A pid and start time that belonged to a process of this boot that is now gone (reaped).
@@ -278,13 +301,6 @@ fn watchdog(root: &TestRoot, args: &[&str]) -> Daemon {
     Daemon::start(root.watchdog_cmd(), args)
 }
 
-/// SIGTERM to the daemon, which must exit 0.
-fn terminate(c: Ctx<'_>, dog: Daemon) -> std::process::Output {
-    let out = dog.stop();
-    c.code(&out, 0, "the watchdog on SIGTERM");
-    out
-}
-
 // ---------------------------------------------------------------------------------------------
 // The wrapper's own lease
 
@@ -436,7 +452,7 @@ fn after_kill_9_of_the_wrapper_the_watchdog_stops_the_leased_workload_at_the_dea
         "watchdog lease lateness after kill -9 of the wrapper: final record {:+.0} ms",
         (ended - deadline) * 1000.0
     );
-    terminate(c, dog);
+    dog.stop_cleanly(c);
 }
 
 #[test]
@@ -479,7 +495,7 @@ fn after_kill_9_of_the_wrapper_of_a_run_without_lease_the_watchdog_stops_it_afte
         "orphan grace 2 s: final record {:.3} s after kill -9 of the wrapper",
         ended - killed_at
     );
-    terminate(c, dog);
+    dog.stop_cleanly(c);
 }
 
 #[test]
@@ -546,7 +562,7 @@ fn a_sigstopped_wrapper_past_its_lease_is_taken_over_and_the_run_is_cancelled() 
         "the watchdog stepped in {:.3} s after the deadline, before grace + slack",
         ended - deadline
     );
-    terminate(c, dog);
+    dog.stop_cleanly(c);
 }
 
 #[test]
@@ -554,14 +570,7 @@ fn sigterm_to_the_watchdog_mid_stop_lets_the_stop_finish_then_exits_0() {
     let root = TestRoot::sharing_cpu();
     let _r = open_root(&root);
     let c = ctx(&root, "wd-sigterm-mid-stop");
-    let dir = make_run_dir(&root, c.id);
-    let mut children = Reaper::default();
-    children.push(spawn_in_session(
-        &stubborn_tree(),
-        Some((c.id, &dir)),
-        Some(&c.file("stdout.log")),
-    ));
-    let (ready, pinned) = c.pin_tree();
+    let (dir, _children, ready, pinned) = run_tree(c, &stubborn_tree());
     let mut st = running_record(c.id, ready.pid, &procfs::boot_id());
     st.grace_ms = Some(3000);
     write_record(&dir, &st);
@@ -680,14 +689,7 @@ fn in_process_run_once_marks_a_record_from_an_earlier_boot_unknown_without_signa
         "the pass's lines: {lines:?}"
     );
     for run in [c, ctx(&root, empty_id)] {
-        let st = run.status();
-        run.fields(&st, "the record", ended("unknown", "host_rebooted"));
-        run.eq(run.events("signal"), Vec::<Value>::new(), "signal events");
-        ensure!(
-            run,
-            st["ended_at"].is_string(),
-            "the record has no ended_at"
-        );
+        ended_unsignalled(run, "host_rebooted");
     }
     c.eq(unrelated.alive(), vec![pid], "the unrelated process");
 
@@ -720,10 +722,7 @@ fn in_process_run_once_marks_an_orphan_without_processes_unknown_wrapper_lost() 
     let lines = run_once(&r, &policy(Duration::from_secs(1)));
     let took = started.elapsed();
     c.eq(lines.len(), 1, format_args!("the pass's lines: {lines:?}"));
-    let st = c.status();
-    c.fields(&st, "the record", ended("unknown", "wrapper_lost"));
-    c.eq(c.events("signal"), Vec::<Value>::new(), "signal events");
-    ensure!(c, st["ended_at"].is_string(), "the record has no ended_at");
+    ended_unsignalled(c, "wrapper_lost");
     eprintln!("orphan without processes reconciled in {took:?}");
 }
 
@@ -732,14 +731,8 @@ fn in_process_run_once_stops_an_orphan_whose_lease_expired_and_cancels_it() {
     let root = TestRoot::sharing_cpu();
     let r = open_root(&root);
     let c = ctx(&root, "wd-orphan-leased-inproc");
-    let dir = make_run_dir(&root, c.id);
-    let mut children = Reaper::default();
-    children.push(spawn_in_session(
-        &["tree", "--children", "2", "--grandchildren"],
-        Some((c.id, &dir)),
-        Some(&c.file("stdout.log")),
-    ));
-    let (ready, pinned) = c.pin_tree();
+    let (dir, _children, ready, pinned) =
+        run_tree(c, &["tree", "--children", "2", "--grandchildren"]);
     write_record(&dir, &running_record(c.id, ready.pid, &procfs::boot_id()));
     write_lease(&dir, epoch_now() - 0.2, 1.0);
 
@@ -827,6 +820,20 @@ struct CorruptSet {
     untouched_records: Vec<PathBuf>,
 }
 
+/// The run root opened, the corrupt dirs of [`populate_corrupt`], and beside them the empty
+/// run dir of `due`, a run the watchdog must still act on: the root, the set, the due run's
+/// checks and its dir.
+fn corrupt_beside_due<'a>(
+    root: &'a TestRoot,
+    prefix: &str,
+    due: &'a str,
+) -> (Root, CorruptSet, Ctx<'a>, PathBuf) {
+    let r = open_root(root);
+    let set = populate_corrupt(root, prefix);
+    let c = ctx(root, due);
+    (r, set, c, make_run_dir(root, due))
+}
+
 fn populate_corrupt(root: &TestRoot, prefix: &str) -> CorruptSet {
     let boot = procfs::boot_id();
     let (dead, ticks) = dead_process();
@@ -898,27 +905,22 @@ fn populate_corrupt(root: &TestRoot, prefix: &str) -> CorruptSet {
 /// Each skipped name is logged exactly once; the corrupt file and the foreign records are
 /// exactly as they were (`c`: the due run beside them).
 fn assert_skipped_once(c: Ctx<'_>, set: &CorruptSet, stderr: &str) {
-    for name in &set.skipped {
-        let n = stderr
-            .lines()
-            .filter(|l| l.contains(&format!("{name}: skipped")))
-            .count();
-        c.eq(
-            n,
-            1,
-            format_args!("'skipped' lines for {name:?}\n--- watchdog\n{stderr}"),
-        );
-    }
-    for name in &set.damaged {
-        let n = stderr
-            .lines()
-            .filter(|l| l.contains(&format!("{name}: status.json cannot be read")))
-            .count();
-        c.eq(
-            n,
-            1,
-            format_args!("'cannot be read' lines for {name:?}\n--- watchdog\n{stderr}"),
-        );
+    let said = [
+        (&set.skipped, "skipped"),
+        (&set.damaged, "status.json cannot be read"),
+    ];
+    for (names, line) in said {
+        for name in names {
+            let n = stderr
+                .lines()
+                .filter(|l| l.contains(&format!("{name}: {line}")))
+                .count();
+            c.eq(
+                n,
+                1,
+                format_args!("'{line}' lines for {name:?}\n--- watchdog\n{stderr}"),
+            );
+        }
     }
     let (truncated, bytes) = &set.truncated;
     c.eq(
@@ -949,10 +951,7 @@ fn assert_skipped_once(c: Ctx<'_>, set: &CorruptSet, stderr: &str) {
 #[test]
 fn the_daemon_skips_corrupt_symlinked_and_foreign_dirs_with_one_line_each_and_stops_a_due_run() {
     let root = TestRoot::sharing_cpu();
-    let _r = open_root(&root);
-    let set = populate_corrupt(&root, "wd-corrupt-daemon");
-    let c = ctx(&root, "wd-corrupt-daemon-due");
-    let dir = make_run_dir(&root, c.id);
+    let (_r, set, c, dir) = corrupt_beside_due(&root, "wd-corrupt-daemon", "wd-corrupt-daemon-due");
     let mut children = Reaper::default();
     let pid = children.push(spawn_in_session(
         &["sleep-ms", "600000"],
@@ -972,17 +971,14 @@ fn the_daemon_skips_corrupt_symlinked_and_foreign_dirs_with_one_line_each_and_st
     // nor log them again nor act on them. Waiting for nothing to happen takes time by nature.
     std::thread::sleep(Duration::from_millis(3500).saturating_sub(dog_started.elapsed()));
     ensure!(c, dog.running(), "the watchdog died:\n{}", dog.stderr());
-    let out = terminate(c, dog);
+    let out = dog.stop_cleanly(c);
     assert_skipped_once(c, &set, &String::from_utf8_lossy(&out.stderr));
 }
 
 #[test]
 fn watchdog_once_skips_corrupt_dirs_with_one_line_each_and_reconciles_a_due_run() {
     let root = TestRoot::sharing_cpu();
-    let _r = open_root(&root);
-    let set = populate_corrupt(&root, "wd-corrupt-once");
-    let c = ctx(&root, "wd-corrupt-once-due");
-    let dir = make_run_dir(&root, c.id);
+    let (_r, set, c, dir) = corrupt_beside_due(&root, "wd-corrupt-once", "wd-corrupt-once-due");
     let (pid, ticks) = dead_process();
     write_record(
         &dir,
@@ -1007,8 +1003,7 @@ struct LeasedOrphan {
 
 #[test]
 fn a_thousand_run_dirs_with_two_hundred_leases_expiring_together_are_all_stopped_in_parallel() {
-    let _cpu = exclusive_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::exclusive_cpu();
     let _r = open_root(&root);
     let boot = procfs::boot_id();
     let (dead, ticks) = dead_process();
@@ -1185,7 +1180,7 @@ fn a_thousand_run_dirs_with_two_hundred_leases_expiring_together_are_all_stopped
         "the last record was final {spread:.3} s after the deadline\n--- watchdog\n{}",
         dog.stderr()
     );
-    terminate(ctx(&root, &orphans[0].id), dog);
+    dog.stop_cleanly(ctx(&root, &orphans[0].id));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1398,8 +1393,7 @@ fn wait_for_the_pass_to_end(pid: i32, from: u64) -> Duration {
 /// until its end would be late by half a pass.
 #[test]
 fn a_lease_that_falls_due_during_a_long_rescan_is_enforced_without_waiting_for_its_end() {
-    let _cpu = exclusive_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::exclusive_cpu();
     let _r = open_root(&root);
     let boot = procfs::boot_id();
     let mut children = Reaper::default();
@@ -1508,7 +1502,7 @@ fn a_lease_that_falls_due_during_a_long_rescan_is_enforced_without_waiting_for_i
             dog.stderr()
         );
     }
-    terminate(ctx(&root, &orphans[0].0), dog);
+    dog.stop_cleanly(ctx(&root, &orphans[0].0));
 }
 
 /// A settled run is kept under its status.json's inode and change time, which no call sets to
@@ -1573,7 +1567,7 @@ fn a_settled_record_rewritten_in_place_with_its_mtime_put_back_is_read_again_by_
         other => Err(other.map(|s| s["state"].clone())),
     });
     c.fields(&st, "the record", orphan_stopped());
-    terminate(c, dog);
+    dog.stop_cleanly(c);
 }
 
 /// A run held by scanning alone (`--cgroup off`), its wrapper killed -9: a process the workload
@@ -1651,7 +1645,7 @@ fn an_escapee_forked_after_the_watchdog_took_the_orphan_in_is_stopped_at_the_lea
         marked(&run.dir)
     );
     sweep(&run.dir, &[]);
-    terminate(c, dog);
+    dog.stop_cleanly(c);
 }
 
 /// A process named agent-run (a copy of the fixture) holding the locks of run dirs, as their

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use agent_run_tests::cli::*;
 use agent_run_tests::ctx::T;
-use agent_run_tests::facts::exclusive_cpu;
 use agent_run_tests::{ctx, describe_output, ensure, exit_code, Spawned, TestRoot};
 
 // ---------------------------------------------------------------------------------------------
@@ -16,8 +15,7 @@ use agent_run_tests::{ctx, describe_output, ensure, exit_code, Spawned, TestRoot
 
 #[test]
 fn a_hundred_runs_are_cancelled_in_one_call() {
-    let _cpu = exclusive_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::exclusive_cpu();
     const N: usize = 100;
     let runs: Vec<DetachedTree> = (0..N)
         .map(|i| {

@@ -7,7 +7,7 @@
 //! The keeper is never the run's (session, cgroup, marker) and ends by EOF, never by a signal.
 //! Run ids start with `out-`.
 
-use agent_run_tests::facts::epoch_of;
+use agent_run_tests::facts::{ended, epoch_of, make_fifo};
 use agent_run_tests::{
     ctx, describe_output, ensure, proc_stat, run_with_timeout, wait_until_dbg, Ctx, Pinned,
     Spawned, TestRoot,
@@ -15,7 +15,7 @@ use agent_run_tests::{
 use serde_json::{json, Value};
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::process::{Command, Output};
 use std::time::Duration;
 
 const LONG: Duration = Duration::from_secs(60);
@@ -93,9 +93,11 @@ fn keeper_of(root: &TestRoot, id: &str) -> (i32, u64) {
     )
 }
 
-/// The idioms: (name, script, expected stdout.log, expected stderr.log). `$F` is a 100 KiB
-/// file of known bytes.
-fn idioms(f: &Path) -> Vec<(&'static str, String, Vec<u8>, Vec<u8>)> {
+/// An idiom: (name, script, expected stdout.log, expected stderr.log).
+type Idiom = (&'static str, String, Vec<u8>, Vec<u8>);
+
+/// The idioms. `$F` is a 100 KiB file of known bytes.
+fn idioms(f: &Path) -> Vec<Idiom> {
     let data = fs::read(f).unwrap();
     let with = |pre: &[u8], mid: &[u8], post: &[u8]| [pre, mid, post].concat();
     vec![
@@ -135,23 +137,24 @@ fn idioms(f: &Path) -> Vec<(&'static str, String, Vec<u8>, Vec<u8>)> {
     ]
 }
 
-fn known_file(root: &TestRoot) -> PathBuf {
+/// The [`idioms`] with `$F` written in the test's directory, each with the id of a run of its
+/// own, `PREFIX-N`: (id, idiom).
+fn idiom_runs(root: &TestRoot, prefix: &str) -> Vec<(String, Idiom)> {
     let f = root.dir.path().join("data");
     let bytes: Vec<u8> = (0..100 * 1024u32).map(|i| (i % 251) as u8).collect();
     fs::write(&f, bytes).unwrap();
-    f
+    let ided = |(i, idiom)| (format!("{prefix}-{i}"), idiom);
+    idioms(&f).into_iter().enumerate().map(ided).collect()
 }
 
 #[test]
 fn every_idiom_that_reopens_stdout_or_stderr_keeps_every_byte_in_the_log_and_the_stream() {
     let root = TestRoot::new();
-    let f = known_file(&root);
-    for (i, (name, script, out, err)) in idioms(&f).into_iter().enumerate() {
-        let id = format!("out-idiom-{i}");
+    for (id, (name, script, out, err)) in idiom_runs(&root, "out-idiom") {
         let c = ctx(&root, &id);
         let o = run(&root, &[&id, "--", "bash", "-c", &script]);
         let what = format!("{name}: agent-run {id}");
-        ensure!(c, o.status.success(), "{}", describe_output(&what, &o));
+        c.code(&o, 0, &what);
         every_byte_once(c, name, &out, &err);
         // The stream (the wrapper's own stdout/stderr) carries the same bytes, once.
         c.eq(&o.stdout, &out, format_args!("{name}: streamed stdout"));
@@ -221,9 +224,8 @@ fn killed_wrapper_run(root: &TestRoot, id: &str, idiom: &str) -> (Spawned, Pinne
 #[test]
 fn with_the_wrapper_sigkilled_the_keeper_drains_on_and_cancel_or_the_watchdog_records_the_counts() {
     let root = TestRoot::new();
-    let f = known_file(&root);
-    for (i, (name, script, out, err)) in idioms(&f).into_iter().enumerate() {
-        let id = format!("out-kill-{i}");
+    for (i, (id, (name, script, out, err))) in idiom_runs(&root, "out-kill").into_iter().enumerate()
+    {
         let c = ctx(&root, &id);
         let (w, pin, _) = killed_wrapper_run(&root, &id, &script);
         let (keeper, ticks) = keeper_of(&root, &id);
@@ -241,7 +243,7 @@ fn with_the_wrapper_sigkilled_the_keeper_drains_on_and_cancel_or_the_watchdog_re
                 LONG,
             )
         };
-        ensure!(c, o.status.success(), "{}", describe_output(name, &o));
+        c.code(&o, 0, name);
         c.wait_final();
         let out = [b"before\n".as_slice(), &out, b"after\n"].concat();
         let err = [b"before-err\n".as_slice(), &err].concat();
@@ -383,12 +385,7 @@ fn the_keeper_is_not_the_runs_and_ends_by_eof() {
     let pin = Pinned::new(&[keeper]);
     fs::write(&go, b"").unwrap();
     let o = w.finish(LONG);
-    ensure!(
-        c,
-        o.status.success(),
-        "{}",
-        describe_output("out-keeper", &o)
-    );
+    c.code(&o, 0, "out-keeper");
     c.wait_gone_within(&pin, LONG, "the keeper");
     c.eq(
         log(&root, "out-keeper", "stdout.log"),
@@ -506,28 +503,29 @@ fn the_forked_keeper_ignores_int_hup_term_names_itself_and_keeps_draining() {
     assert_eq!(root.status("out-fork")["output"]["complete"], true);
 }
 
+/// `CMD --quiet OPTS ID -- head -c BYTES /dev/zero` to its end within `limit`, exit 0: the
+/// record.
+fn write_zeros(c: Ctx, mut cmd: Command, opts: &[&str], bytes: &str, limit: Duration) -> Value {
+    let args = ["--", "head", "-c", bytes, "/dev/zero"];
+    cmd.arg("--quiet").args(opts).arg(c.id).args(args);
+    let o = run_with_timeout(&mut cmd, limit);
+    c.code(&o, 0, c.id);
+    c.root.status(c.id)
+}
+
 #[test]
 fn a_ten_gib_writer_against_a_small_cap_keeps_cap_plus_markers_and_counts_the_rest() {
     let root = TestRoot::new();
     let c = ctx(&root, "out-10g");
     let cap: u64 = 1 << 20;
     // 10 GiB through a pipe takes seconds on an idle machine, minutes on two loaded cores.
-    let o = run_with_timeout(
-        root.cmd().args([
-            "--quiet",
-            "--max-output",
-            "1M",
-            "out-10g",
-            "--",
-            "head",
-            "-c",
-            "10G",
-            "/dev/zero",
-        ]),
+    let st = write_zeros(
+        c,
+        root.cmd(),
+        &["--max-output", "1M"],
+        "10G",
         Duration::from_secs(900),
     );
-    ensure!(c, o.status.success(), "{}", describe_output("out-10g", &o));
-    let st = root.status("out-10g");
     let (written, dropped) = counts(&st, "stdout");
     let ring = cap / 8;
     c.eq(&written, &(cap + ring), format_args!("{st}"));
@@ -574,20 +572,18 @@ fn a_ten_gib_writer_against_a_small_cap_keeps_cap_plus_markers_and_counts_the_re
 }
 
 /// `--quiet --max-output 2M --on-output-limit=stop ID -- sh -c SCRIPT`, to its end, SCRIPT
-/// made with the path of a file for its pids: the output, and that path.
-fn run_capped_at_2m_with_stop(
-    root: &TestRoot,
-    id: &str,
-    script: impl FnOnce(&Path) -> String,
-) -> (Output, PathBuf) {
-    let pids = root.dir.path().join("pids");
+/// made with the path of a file for its pids; it must exit 143 (stopped at its cap): the
+/// record, and that path.
+fn run_capped_at_2m_with_stop(c: Ctx, script: impl FnOnce(&Path) -> String) -> (Value, PathBuf) {
+    let pids = c.root.dir.path().join("pids");
     let script = script(&pids);
     let opts = ["--quiet", "--max-output", "2M", "--on-output-limit=stop"];
     let args: Vec<&str> = opts
         .into_iter()
-        .chain([id, "--", "sh", "-c", &script])
+        .chain([c.id, "--", "sh", "-c", &script])
         .collect();
-    (run(root, &args), pids)
+    c.code(&run(c.root, &args), 143, c.id);
+    (c.root.status(c.id), pids)
 }
 
 #[test]
@@ -598,23 +594,13 @@ fn on_output_limit_stop_ends_the_run_cancelled_output_limit_with_nothing_left() 
     // speed, and the counts are exact: the cap, the kept tail (cap/8), and the rest dropped.
     // KILL comes only at the grace (5 s); the writer is done in milliseconds. Its shell and
     // the sleeper die by the TERM.
-    let (o, pids) = run_capped_at_2m_with_stop(&root, "out-stop", |pids| {
+    let (st, pids) = run_capped_at_2m_with_stop(c, |pids| {
         format!(
             "sleep 600 & echo $$ $! > {}; (trap '' TERM HUP; exec head -c 4M /dev/zero); wait",
             pids.display()
         )
     });
-    c.eq(
-        &o.status.code(),
-        &Some(143),
-        format_args!("{}", describe_output("out-stop", &o)),
-    );
-    let st = root.status("out-stop");
-    c.eq(
-        &(st["state"].as_str(), st["reason"].as_str()),
-        &(Some("cancelled"), Some("output_limit")),
-        format_args!("{st}"),
-    );
+    c.fields(&st, &format!("{st}"), ended("cancelled", "output_limit"));
     c.eq(
         &st["output"]["complete"],
         true,
@@ -686,19 +672,17 @@ fn on_output_limit_stop_ends_the_run_cancelled_output_limit_with_nothing_left() 
 fn a_planted_cancel_request_does_not_turn_off_the_output_limit_stop() {
     let root = TestRoot::new();
     let c = ctx(&root, "out-planted");
-    let (o, pids) = run_capped_at_2m_with_stop(&root, "out-planted", |pids| {
+    let (st, pids) = run_capped_at_2m_with_stop(c, |pids| {
         format!(
             "printf x > \"$AGENT_RUN_DIR/cancel.json\"; echo $$ > {}; head -c 3M /dev/zero; exec sleep 30",
             pids.display()
         )
     });
-    let st = root.status("out-planted");
     c.eq(
         &st["state"].as_str(),
         &Some("cancelled"),
-        format_args!("{st}\n{}", describe_output("out-planted", &o)),
+        format_args!("{st}"),
     );
-    c.eq(&o.status.code(), &Some(143), "the exit code");
     let ev = root.events("out-planted");
     ensure!(
         c,
@@ -809,7 +793,7 @@ fn a_run_named_like_the_keeper_mode_is_an_ordinary_run() {
     let root = TestRoot::new();
     let c = ctx(&root, "__keep");
     let o = run(&root, &["__keep", "--", "sh", "-c", "echo hi"]);
-    ensure!(c, o.status.success(), "{}", describe_output("__keep", &o));
+    c.code(&o, 0, "__keep");
     c.eq(&o.stdout, b"hi\n", "o.stdout");
     c.record("the record", json!({"state": "finished"}));
 }
@@ -823,25 +807,9 @@ fn a_log_slow_to_fsync_still_gets_its_counts_into_the_final_record() {
     let root = TestRoot::new();
     let c = ctx(&root, "slow-fsync");
     let bytes: u64 = 128 << 20;
-    let o = run_with_timeout(
-        root.cmd().env("AGENT_RUN_FAULT", "slow_log_fsync").args([
-            "--quiet",
-            "slow-fsync",
-            "--",
-            "head",
-            "-c",
-            &bytes.to_string(),
-            "/dev/zero",
-        ]),
-        LONG,
-    );
-    ensure!(
-        c,
-        o.status.success(),
-        "{}",
-        describe_output("slow-fsync", &o)
-    );
-    let st = root.status("slow-fsync");
+    let mut cmd = root.cmd();
+    cmd.env("AGENT_RUN_FAULT", "slow_log_fsync");
+    let st = write_zeros(c, cmd, &[], &bytes.to_string(), LONG);
     c.eq(
         &st["output"]["complete"],
         true,
@@ -879,7 +847,7 @@ fn bytes_forged_into_every_pipe_of_the_wrapper_do_not_send_the_final_record_out_
             .args(["--quiet", id, "--", "sh", "-c", &script]),
         LONG,
     );
-    ensure!(c, o.status.success(), "{}", describe_output(id, &o));
+    c.code(&o, 0, id);
     let out = log(&root, id, "stdout.log");
     let first = out.split(|&b| b == b'\n').next().unwrap_or_default();
     let first = String::from_utf8_lossy(first).into_owned();
@@ -957,7 +925,7 @@ fn a_full_tmpfs_leaves_other_runs_records_whole_and_the_writers_own_record_writt
             "/dev/zero",
         ],
     );
-    ensure!(c, o.status.success(), "{}", describe_output("out-fill", &o));
+    c.code(&o, 0, "out-fill");
     let st = root.status("out-fill");
     c.eq(&st["state"], "finished", format_args!("{st}"));
     c.eq(
@@ -979,12 +947,7 @@ fn a_full_tmpfs_leaves_other_runs_records_whole_and_the_writers_own_record_writt
     let c = ctx(&root, "out-other");
     fs::write(&go, b"").unwrap();
     let o = other.finish(LONG);
-    ensure!(
-        c,
-        o.status.success(),
-        "{}",
-        describe_output("out-other", &o)
-    );
+    c.code(&o, 0, "out-other");
     let st = root.status("out-other");
     c.eq(&st["state"], "finished", format_args!("{st}"));
     c.eq(&counts(&st, "stdout"), &(3, 0), "counts(&st, \"stdout\")");
@@ -1044,12 +1007,7 @@ fn a_log_truncated_by_path_is_followed_again_from_its_start() {
     let c = ctx(&root, "out-trunc");
     let script = "echo aaaaaaaaaaaaaaaaaaaa; sleep 0.5; : > \"$AGENT_RUN_DIR/stdout.log\"; echo bb";
     let o = run(&root, &["out-trunc", "--", "sh", "-c", script]);
-    ensure!(
-        c,
-        o.status.success(),
-        "{}",
-        describe_output("out-trunc", &o)
-    );
+    c.code(&o, 0, "out-trunc");
     let err = String::from_utf8_lossy(&o.stderr);
     c.eq(
         log(&root, "out-trunc", "stdout.log"),
@@ -1095,7 +1053,7 @@ fn a_large_output_streams_every_byte_once_in_order_to_a_pipe_a_file_and_an_appen
     let id = "out-big-pipe";
     let c = ctx(&root, id);
     let o = run(&root, &[id, "--", "seq", "1", &n]);
-    ensure!(c, o.status.success(), "{}", describe_output(id, &o));
+    c.code(&o, 0, id);
     ensure!(
         c,
         o.stdout == want,
@@ -1186,28 +1144,29 @@ fn thread_switches(pid: u32, name: &str) -> Option<u64> {
     None
 }
 
-#[test]
-fn the_streamer_sleeps_while_the_run_is_quiet_and_wakes_when_its_log_grows() {
-    let root = TestRoot::new();
-    let id = "out-idle";
-    let c = ctx(&root, id);
-    let fifo = root.dir.path().join("out-idle.go");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap();
-    assert!(made.success());
-    let script = format!("echo ready; read x < '{}'; echo after", fifo.display());
-    let run = Spawned::wrapper(&root, &[id, "--", "sh", "-c", &script]);
-    let pid = run.child.id();
-    wait_until_dbg("`ready` streamed", LONG, || {
+/// Waits until the wrapper `run` has streamed exactly `want` to its stdout.
+fn streamed(run: &Spawned, want: &[u8]) {
+    let what = format!("{:?} streamed", String::from_utf8_lossy(want));
+    wait_until_dbg(&what, LONG, || {
         let out = run.stdout_so_far();
-        if out == b"ready\n" {
+        if out == want {
             Ok(())
         } else {
             Err(String::from_utf8_lossy(&out).into_owned())
         }
     });
+}
+
+#[test]
+fn the_streamer_sleeps_while_the_run_is_quiet_and_wakes_when_its_log_grows() {
+    let root = TestRoot::new();
+    let id = "out-idle";
+    let c = ctx(&root, id);
+    let fifo = make_fifo(&root, "out-idle.go");
+    let script = format!("echo ready; read x < '{}'; echo after", fifo.display());
+    let run = Spawned::wrapper(&root, &[id, "--", "sh", "-c", &script]);
+    let pid = run.child.id();
+    streamed(&run, b"ready\n");
     let before = thread_switches(pid, "agent-run-strm").expect("the streaming thread is named");
     // It waits on the keeper's wake-up pipe, not on inotify: closing an inotify instance waits
     // for an SRCU grace period in the kernel, which the wrapper's exit would pay (ms a run).
@@ -1228,16 +1187,9 @@ fn the_streamer_sleeps_while_the_run_is_quiet_and_wakes_when_its_log_grows() {
     std::thread::sleep(Duration::from_secs(1));
     let idle = thread_switches(pid, "agent-run-strm").expect("the streaming thread") - before;
     fs::write(&fifo, b"go\n").unwrap();
-    wait_until_dbg("`after` streamed", LONG, || {
-        let out = run.stdout_so_far();
-        if out == b"ready\nafter\n" {
-            Ok(())
-        } else {
-            Err(String::from_utf8_lossy(&out).into_owned())
-        }
-    });
+    streamed(&run, b"ready\nafter\n");
     let o = run.finish(LONG);
-    ensure!(c, o.status.success(), "{}", describe_output(id, &o));
+    c.code(&o, 0, id);
     ensure!(
         c,
         idle <= 2,
@@ -1328,12 +1280,7 @@ fn a_log_the_run_extends_itself_is_not_streamed_past_what_the_keeper_can_have_wr
             "truncate -s 64M \"$AGENT_RUN_DIR/stdout.log\"",
         ],
     );
-    ensure!(
-        c,
-        o.status.success(),
-        "{}",
-        describe_output("out-sparse", &o)
-    );
+    c.code(&o, 0, "out-sparse");
     let most = 1_048_576 + 131_072 + 65_536;
     ensure!(
         c,

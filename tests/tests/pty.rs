@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use agent_run_shared::pty::{self, Pty, Size};
 use agent_run_tests::ctx::Ctx;
-use agent_run_tests::facts::{epoch_now, strs};
+use agent_run_tests::facts::{ended, epoch_now, strs};
 use agent_run_tests::{
     agent_run_bin, ctx, describe_output, ensure, exit_code, proc_stat, run_with_timeout,
     session_members, wait_child, wait_until, Pinned, Spawned, TestRoot, FINAL_STATES,
@@ -334,11 +334,7 @@ fn keeper_pid(root: &TestRoot, id: &str) -> Option<i32> {
 fn assert_stopped(root: &TestRoot, id: &str, sid: i32, pinned: &Pinned, reason: &str) -> Value {
     let c = ctx(root, id);
     let st = root.wait_final(id, LONG);
-    c.eq(
-        &(st["state"].as_str(), st["reason"].as_str()),
-        &(Some("cancelled"), Some(reason)),
-        "(st[\"state\"].as_str(), st[\"reason\"].as_str())",
-    );
+    c.fields(&st, "the final record", ended("cancelled", reason));
     c.eq(
         &st["cleanup"]["survivors"],
         &serde_json::json!([]),

@@ -21,6 +21,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use agent_run_shared::time::parse_rfc3339;
+use agent_run_tests::facts::ended;
 use agent_run_tests::facts::require_root;
 use agent_run_tests::remote::{
     processes_mentioning, strip_messages, wait_for_text, Netns, SshServer,
@@ -103,17 +104,35 @@ impl World {
         self.remote(&args)
     }
 
+    /// The options of run `id` with a lease: `--id ID --lease LEASE`, and in a split world,
+    /// whose link a test cuts, ssh keepalives that notice a cut within seconds.
+    fn leased<'a>(&self, id: &'a str, lease: &'a str) -> Vec<&'a str> {
+        let mut opts = vec!["--id", id, "--lease", lease];
+        if self.net.is_some() {
+            opts.extend(FAST_KEEPALIVE);
+        }
+        opts
+    }
+
     /// `remote HOST FLAG ID` (`--status`, `--cancel`, `--attach`).
     fn one_shot(&self, flag: &str, id: &str) -> Command {
         self.remote(&[self.srv.host().as_str(), flag, id])
     }
 
-    /// Starts `remote OPTS HOST -- COMMAND` and pins the host's workload once it is ready.
-    fn start(&self, id: &str, opts: &[&str], command: &[OsString]) -> (Spawned, Ready, Pinned) {
-        let run = Spawned::spawn(&mut self.run(opts, command));
+    /// Starts `remote --id ID` of `command` with a lease ([`World::leased`]), pins the host's
+    /// workload once it is ready and waits until its ready line has come back: the run's
+    /// checks, the client, the ready line and the workload.
+    fn start<'a>(
+        &'a self,
+        id: &'a str,
+        lease: &str,
+        command: &[OsString],
+    ) -> (Ctx<'a>, Spawned, Ready, Pinned) {
+        let run = Spawned::spawn(&mut self.run(&self.leased(id, lease), command));
         let ready = wait_ready(&self.root.run_dir(id).join("stdout.log"), T);
         let workload = Pinned::new(&ready.all_pids());
-        (run, ready, workload)
+        wait_for_text("ready ", T, || run.stdout_so_far());
+        (ctx(&self.root, id), run, ready, workload)
     }
 
     /// Runs `remote HOST FLAG ID` to its end and checks its exit code.
@@ -310,10 +329,7 @@ fn a_hostile_argv_reaches_the_workload_byte_for_byte() {
 #[test]
 fn killing_the_local_client_leaves_the_run_to_its_lease() {
     let w = World::loopback();
-    let id = "client-killed";
-    let c = ctx(&w.root, id);
-    let (run, ready, workload) = w.start(id, &["--id", id, "--lease", "4s"], &tree(2, true));
-    wait_for_text("ready ", T, || run.stdout_so_far());
+    let (c, run, ready, workload) = w.start("client-killed", "4s", &tree(2, true));
     // The local side: `agent-run remote`, its ssh channels and its master (in a session of its
     // own, found by the control path in its command line). SIGKILL, no remote signal.
     let mut local = vec![run.child.id() as i32];
@@ -336,11 +352,12 @@ fn killing_the_local_client_leaves_the_run_to_its_lease() {
         &ready.all_pids(),
         "the workload must outlive its controller",
     );
-    let st = w.root.wait_final(id, T);
+    let st = w.root.wait_final(c.id, T);
     ended_as(c, &st, "cancelled", "lease_expired");
     c.wait_gone(&workload, "the workload");
     let lease: Value =
-        serde_json::from_slice(&fs::read(w.root.run_dir(id).join("lease.json")).unwrap()).unwrap();
+        serde_json::from_slice(&fs::read(w.root.run_dir(c.id).join("lease.json")).unwrap())
+            .unwrap();
     let deadline = lease["deadline_epoch"].as_f64().unwrap();
     let ended = epoch_of(&st, "ended_at");
     ensure!(
@@ -376,9 +393,7 @@ exit 7"#;
         script.into(),
         fixture_bin().into_os_string(),
     ];
-    let mut opts = vec!["--id", id, "--lease", "20s"];
-    opts.extend(FAST_KEEPALIVE);
-    let run = Spawned::spawn(&mut w.run(&opts, &command));
+    let run = Spawned::spawn(&mut w.run(&w.leased(id, "20s"), &command));
     wait_for_text("line 3\n", T, || run.stdout_so_far());
     w.net().cut();
     let cut_at = Instant::now();
@@ -418,25 +433,25 @@ exit 7"#;
 #[test]
 fn a_cut_link_that_outlasts_the_lease_reports_unknown() {
     let w = World::split();
-    let id = "cut-long";
-    let c = ctx(&w.root, id);
-    let mut opts = vec!["--id", id, "--lease", "4s"];
-    opts.extend(FAST_KEEPALIVE);
-    let (run, _, workload) = w.start(id, &opts, &tree(1, false));
+    let (c, run, _, workload) = w.start("cut-long", "4s", &tree(1, false));
     w.net().cut();
-    let out = finish(&w, id, run, 75);
+    let out = finish(&w, c.id, run, 75);
     let stderr = String::from_utf8_lossy(&out.stderr);
     ensure!(
         c,
-        stderr.contains(&format!("run {id} on {}: outcome unknown", w.srv.host())),
+        stderr.contains(&format!(
+            "run {} on {}: outcome unknown",
+            c.id,
+            w.srv.host()
+        )),
         "{stderr}"
     );
     // On the host, the lease stopped the run.
-    let st = w.root.wait_final(id, T);
+    let st = w.root.wait_final(c.id, T);
     ended_as(c, &st, "cancelled", "lease_expired");
     c.wait_gone(&workload, "the workload");
     w.net().restore();
-    let status = w.one_shot_exits("--status", id, 124);
+    let status = w.one_shot_exits("--status", c.id, 124);
     let v = record(&status);
     ended_as(c, &v, "cancelled", "lease_expired");
     w.assert_client_cleaned_up();
@@ -445,14 +460,11 @@ fn a_cut_link_that_outlasts_the_lease_reports_unknown() {
 #[test]
 fn ctrl_c_with_the_link_up_stops_the_remote_tree() {
     let w = World::loopback();
-    let id = "int-up";
-    let c = ctx(&w.root, id);
-    let (run, _, workload) = w.start(id, &["--id", id, "--lease", "30s"], &tree(2, true));
-    wait_for_text("ready ", T, || run.stdout_so_far());
+    let (c, run, _, workload) = w.start("int-up", "30s", &tree(2, true));
     run.signal(libc::SIGINT);
-    let out = finish(&w, id, run, 143);
+    let out = finish(&w, c.id, run, 143);
     c.wait_gone(&workload, "the workload");
-    let st = w.root.status(id);
+    let st = w.root.status(c.id);
     ended_as(c, &st, "cancelled", "cancel_request");
     let stderr = String::from_utf8_lossy(&out.stderr);
     // One line says how it ended; the record is not dumped.
@@ -467,12 +479,7 @@ fn ctrl_c_with_the_link_up_stops_the_remote_tree() {
 #[test]
 fn ctrl_c_with_the_link_down_cancels_once_the_link_is_back() {
     let w = World::split();
-    let id = "int-down";
-    let c = ctx(&w.root, id);
-    let mut opts = vec!["--id", id, "--lease", "20s"];
-    opts.extend(FAST_KEEPALIVE);
-    let (run, ready, workload) = w.start(id, &opts, &tree(2, false));
-    wait_for_text("ready ", T, || run.stdout_so_far());
+    let (c, run, ready, workload) = w.start("int-down", "20s", &tree(2, false));
     // Down at the server's end: packets vanish, reconnection attempts hang to their timeout.
     w.net().blackhole();
     run.signal(libc::SIGINT);
@@ -484,13 +491,13 @@ fn ctrl_c_with_the_link_down_cancels_once_the_link_is_back() {
         "the cancel cannot have reached the host",
     );
     w.net().restore_server();
-    let out = finish(&w, id, run, 143);
+    let out = finish(&w, c.id, run, 143);
     c.wait_gone(&workload, "the workload");
-    let st = w.root.status(id);
-    c.eq(
-        &(st["state"].as_str(), st["reason"].as_str()),
-        &(Some("cancelled"), Some("cancel_request")),
-        format_args!("{}", describe_output("remote", &out)),
+    let st = w.root.status(c.id);
+    c.fields(
+        &st,
+        &describe_output("remote", &out),
+        ended("cancelled", "cancel_request"),
     );
     w.assert_client_cleaned_up();
 }
@@ -498,20 +505,18 @@ fn ctrl_c_with_the_link_down_cancels_once_the_link_is_back() {
 #[test]
 fn an_earlier_run_can_be_attached_to_queried_and_cancelled() {
     let w = World::loopback();
-    let id = "earlier";
-    let c = ctx(&w.root, id);
-    let (first, _, workload) = w.start(id, &["--id", id, "--lease", "30s"], &tree(1, false));
-    let attached = Spawned::spawn(&mut w.one_shot("--attach", id));
+    let (c, first, _, workload) = w.start("earlier", "30s", &tree(1, false));
+    let attached = Spawned::spawn(&mut w.one_shot("--attach", c.id));
     wait_for_text("ready ", T, || attached.stdout_so_far());
 
-    let status = w.one_shot_exits("--status", id, 75);
+    let status = w.one_shot_exits("--status", c.id, 75);
     c.eq(
         &record(&status)["state"].as_str(),
         &Some("running"),
         "record(&status)[\"state\"].as_str()",
     );
 
-    let cancel = w.one_shot_exits("--cancel", id, 0);
+    let cancel = w.one_shot_exits("--cancel", c.id, 0);
     c.eq(
         &record(&cancel)["state"].as_str(),
         &Some("cancelled"),
@@ -519,14 +524,14 @@ fn an_earlier_run_can_be_attached_to_queried_and_cancelled() {
     );
     c.wait_gone(&workload, "the workload");
 
-    finish(&w, id, first, 143);
-    let out = finish(&w, id, attached, 143);
+    finish(&w, c.id, first, 143);
+    let out = finish(&w, c.id, attached, 143);
     ensure!(
         c,
         String::from_utf8_lossy(&out.stdout).starts_with("ready "),
         "String::from_utf8_lossy(&out.stdout).starts_with(\"ready \")"
     );
-    w.one_shot_exits("--status", id, 143);
+    w.one_shot_exits("--status", c.id, 143);
     w.assert_client_cleaned_up();
 }
 

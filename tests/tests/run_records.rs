@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use agent_run_tests::facts::{cleanup_signals, geteuid, is_rfc3339_ms, path_str};
 use agent_run_tests::foreground::*;
-use agent_run_tests::workload::{fixture_path, fx, strings, DEAF_CHILD};
+use agent_run_tests::workload::{fixture_path, fx, strings};
 use agent_run_tests::{ensure, proc_stat, TestRoot};
 use serde_json::Value;
 
@@ -76,9 +76,8 @@ fn a_tight_reader_never_sees_a_partial_status_json_or_a_state_out_of_order() {
             (states, bad, reads)
         })
     };
-    let mut run = Run::start(&root, "polled", &["--grace", "1s"], &fx(DEAF_CHILD));
+    let (mut run, ready, pinned) = Run::start_deaf(&root, "polled");
     let c = run.c;
-    let (ready, pinned) = c.pin_tree();
     // Cancel only once the reader has seen `running` (it may be starved on a loaded host).
     c.wait("the reader to see running", || {
         if saw_running.load(Ordering::SeqCst) {
@@ -233,9 +232,8 @@ fn pid_and_pgid_files_and_status_json_name_the_leader_the_kernel_shows() {
 #[test]
 fn the_journal_records_the_launch_every_state_change_and_every_signal_with_target_and_reason() {
     let root = TestRoot::new();
-    let mut run = Run::start(&root, "journal", &["--grace", "1s"], &fx(DEAF_CHILD));
+    let (mut run, ready, pinned) = Run::start_deaf(&root, "journal");
     let c = run.c;
-    let (ready, pinned) = c.pin_tree();
     c.wait_state(&["running"]);
     run.signal(libc::SIGTERM);
     run.finish(143);

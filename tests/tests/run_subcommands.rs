@@ -9,13 +9,14 @@
 
 use std::fs;
 use std::os::unix::fs::chown;
+use std::path::PathBuf;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use agent_run_tests::ctx::{ctx, Ctx};
 use agent_run_tests::facts::*;
 use agent_run_tests::workload::*;
-use agent_run_tests::{describe_output, Pinned, Spawned, TestRoot};
+use agent_run_tests::{describe_output, Detached, Pinned, Spawned, TestRoot};
 use serde_json::{json, Value};
 
 /// The value of the first key of an object whose name starts with `prefix` (the contract names
@@ -97,19 +98,32 @@ fn wait_blocks_until_the_run_is_final_and_exits_as_the_run_did() {
     k.ctl(&["wait", k.id], 137);
 }
 
+/// A detached run that writes `(stdout, stderr)` bytes (`fixture spew`), waits for the returned
+/// fifo, then runs `fixture spew SECOND` and exits `code`; returned once the logs hold the first
+/// part.
+fn two_part_run(c: Ctx, first: (u64, u64), second: &str, code: i32) -> (Detached, PathBuf) {
+    let fifo = make_fifo(c.root, "go");
+    let (out, err) = first;
+    let script = format!(
+        r#""$1" spew {out} --stderr-bytes {err}; read line < "$0"; "$1" spew {second}; exit {code}"#
+    );
+    let run = c.start_detached("", &sh(&script, &[path_str(&fifo), &fixture_path()]));
+    let size = |name: &str| fs::metadata(c.file(name)).map_or(0, |m| m.len());
+    c.wait("the first part of both logs", || {
+        match (size("stdout.log"), size("stderr.log")) {
+            seen if seen == first => Ok(()),
+            seen => Err(format!("{seen:?} bytes")),
+        }
+    });
+    (run, fifo)
+}
+
 #[test]
 fn attach_streams_the_output_from_the_start_every_byte_once_and_exits_as_the_run_did() {
     let root = TestRoot::new();
     let c = ctx(&root, "chatty");
-    let fifo = make_fifo(&root, "go");
-    let script = r#""$1" spew 100000 --stderr-bytes 2000; read line < "$0";
-        "$1" spew 50000 --stderr-bytes 1000 --chunk 1000; exit 9"#;
-    let run = c.start_detached("", &sh(script, &[path_str(&fifo), &fixture_path()]));
-    let size = |name: &str| fs::metadata(c.file(name)).map_or(0, |m| m.len());
-    c.wait("the first 100000 bytes", || match size("stdout.log") {
-        100_000 => Ok(()),
-        n => Err(format!("{n} bytes")),
-    });
+    let second = "50000 --stderr-bytes 1000 --chunk 1000";
+    let (run, fifo) = two_part_run(c, (100_000, 2000), second, 9);
 
     let attach = Spawned::wrapper(&root, &["attach", c.id]);
     let _attach_pin = Pinned::new(&[attach.child.id() as i32]);
@@ -154,17 +168,7 @@ fn attach_streams_the_output_from_the_start_every_byte_once_and_exits_as_the_run
 fn logs_prints_one_log_and_follows_it_until_the_run_is_final() {
     let root = TestRoot::new();
     let c = ctx(&root, "logged");
-    let fifo = make_fifo(&root, "go");
-    let script = r#""$1" spew 3000 --stderr-bytes 500; read line < "$0";
-        "$1" spew 4000 --stderr-bytes 700; exit 0"#;
-    let run = c.start_detached("", &sh(script, &[path_str(&fifo), &fixture_path()]));
-    let size = |name: &str| fs::metadata(c.file(name)).map_or(0, |m| m.len());
-    c.wait("the first part of both logs", || {
-        match (size("stdout.log"), size("stderr.log")) {
-            (3000, 500) => Ok(()),
-            seen => Err(format!("{seen:?} bytes")),
-        }
-    });
+    let (run, fifo) = two_part_run(c, (3000, 500), "4000 --stderr-bytes 700", 0);
     let out = c.ctl(&["logs", c.id], 0);
     c.check(
         out.stdout == spew_bytes(3000),
@@ -312,8 +316,7 @@ fn status_prints_a_human_summary_and_json_with_every_contract_key() {
     let want = json!({"state": "running", "pid": run.leader, "wrapper_pid": run.wrapper,
         "note": null, "ended_at": null});
     l.fields(&doc, "status --json (running)", want);
-    l.ctl(&["cancel", l.id], 0);
-    l.gone_now(&run.leader_pin, "after cancel");
+    l.cancel_now(&run.leader_pin, "after cancel");
 }
 
 #[test]
@@ -507,7 +510,6 @@ fn gc_removes_final_run_dirs_older_than_the_age_and_never_active_or_unreadable_o
     c.all_alive(&tree, "the active run after gc");
     c.record("the active run", json!({"state": "running"}));
 
-    c.ctl(&["cancel", c.id], 0);
-    c.gone_now(&tree, "after cancel");
+    c.cancel_now(&tree, "after cancel");
     c.wait_gone(&run.wrapper_pin, "the wrapper");
 }

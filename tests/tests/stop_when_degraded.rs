@@ -161,6 +161,14 @@ fn deny_pidfd_open(cmd: &mut Command, errno: i32) {
     );
 }
 
+/// `agent-run OPTS ID -- fixture TREE` in the foreground with pidfd_open failing with `errno`
+/// ([`deny_pidfd_open`]), once launched: the wrapper process, its pid and its pin.
+fn start_denied_pidfds(c: Ctx, errno: i32, opts: &str, tree: &str) -> (Spawned, i32, Pinned) {
+    let mut cmd = c.root.cmd();
+    deny_pidfd_open(&mut cmd, errno);
+    c.spawn_start(cmd, opts, &fx(tree))
+}
+
 /// Makes every `flock(2)` of the process `cmd` starts wait until the test lets it go (see
 /// [`Listener`]).
 fn hold_flock(cmd: &mut Command) {
@@ -173,6 +181,45 @@ fn start_tree(c: Ctx<'_>, opts: &str, tree: &str) -> (Detached, Ready, Pinned) {
     let run = c.start_running(opts, &fx(tree));
     let (ready, pins) = c.pin_tree();
     (run, ready, pins)
+}
+
+/// The run `id` of a test, with a reaper for what the test leaves.
+fn reaped<'a>(root: &'a TestRoot, id: &'a str) -> (Ctx<'a>, Reaper) {
+    let c = ctx(root, id);
+    (c, Reaper::for_run(root, c.id))
+}
+
+/// Nothing of `pins`, nothing with the run's marker and nothing in session `sid` is alive.
+fn all_gone_now(c: Ctx, pins: &Pinned, sid: i32, when: &str) {
+    c.gone_now(pins, when);
+    c.nothing_left(sid, when);
+}
+
+/// `cancel --json ID` exits 0: right then the run's processes are gone (see [`all_gone_now`]),
+/// and both the record it prints and status.json say `cancelled` by `cancel_request`.
+fn cancel_stops_all(c: Ctx, pins: &Pinned, sid: i32) {
+    let out = c.ctl(&["cancel", "--json", c.id], 0);
+    all_gone_now(c, pins, sid, "right after cancel returned");
+    let printed = c.parse(&out, "cancel");
+    let want = ended("cancelled", "cancel_request");
+    c.fields(&printed, "cancel's output", want.clone());
+    c.fields(&c.status(), "status.json", want);
+}
+
+/// The record `st` ends the run at its lease deadline (`lease_expired`, within 3 s after it),
+/// with one complaint of an unreadable lease.json on the way.
+fn expired_at(c: Ctx, st: &Value, deadline: f64) {
+    c.fields(st, "status.json", ended("cancelled", "lease_expired"));
+    let ended = c.epoch(st, "ended_at");
+    c.check(
+        ended >= deadline - 0.002 && ended <= deadline + 3.0,
+        format_args!("ended {:+.3} s from the lease deadline", ended - deadline),
+    );
+    c.eq(
+        c.events("lease_unreadable").len(),
+        1,
+        "lease_unreadable events",
+    );
 }
 
 /// The `signal` events `by` sent with `signal` to the single process `pid` (`"pid:N"`).
@@ -206,8 +253,7 @@ const STUBBORN_LEADER_SH: &str =
 fn after_kill_9_of_the_wrapper_cancel_sends_term_to_a_marked_setsid_escapee_at_the_start_of_the_stop_not_only_kill_at_the_grace(
 ) {
     let root = TestRoot::new();
-    let c = ctx(&root, "dg-escapee-term");
-    let _reaper = Reaper::for_run(&root, c.id);
+    let (c, _reaper) = reaped(&root, "dg-escapee-term");
     let tmp = root.dir.path();
     let (log, pidfile, escapee_sh) = (
         tmp.join("escapee.log"),
@@ -268,13 +314,7 @@ fn after_kill_9_of_the_wrapper_cancel_sends_term_to_a_marked_setsid_escapee_at_t
         format_args!("the escapee's parent is {ppid:?}: not reparented away from the run"),
     );
 
-    let out = c.ctl(&["cancel", "--json", c.id], 0);
-    c.gone_now(&pins, "right after cancel returned");
-    c.nothing_left(leader_sid, "right after cancel returned");
-    let printed = c.parse(&out, "cancel");
-    let want = ended("cancelled", "cancel_request");
-    c.fields(&printed, "cancel's output", want.clone());
-    c.fields(&c.status(), "status.json", want);
+    cancel_stops_all(c, &pins, leader_sid);
 
     let logged = fs::read_to_string(&log).unwrap_or_default();
     c.check(
@@ -310,8 +350,7 @@ fn after_kill_9_of_the_wrapper_cancel_sends_term_to_a_marked_setsid_escapee_at_t
 fn a_garbage_lease_json_keeps_the_last_deadline_and_the_foreground_run_ends_lease_expired_with_124()
 {
     let root = TestRoot::new();
-    let c = ctx(&root, "dg-lease-garbage");
-    let _reaper = Reaper::for_run(&root, c.id);
+    let (c, _reaper) = reaped(&root, "dg-lease-garbage");
     let tree = fx("tree --children 1 --grandchildren");
     let (proc, wrapper, wrapper_pin) = c.spawn_start(root.cmd(), "--quiet --lease 4s", &tree);
     let (ready, pins) = c.pin_tree();
@@ -331,25 +370,12 @@ fn a_garbage_lease_json_keeps_the_last_deadline_and_the_foreground_run_ends_leas
 
     let left = (deadline - epoch_now()).max(0.0);
     c.finish_within(proc, Duration::from_secs_f64(left) + T, 124);
-    c.gone_now(&pins, "after the wrapper exited");
-    c.nothing_left(ready.sid, "after the wrapper exited");
-    let st = c.status();
-    let want = ended("cancelled", "lease_expired");
-    c.fields(&st, "status.json", want);
-    let ended = c.epoch(&st, "ended_at");
-    c.check(
-        ended >= deadline - 0.002 && ended <= deadline + 3.0,
-        format_args!("ended {:+.3} s from the lease deadline", ended - deadline),
-    );
+    all_gone_now(c, &pins, ready.sid, "after the wrapper exited");
+    expired_at(c, &c.status(), deadline);
     let expired = c.events("lease_expired");
     c.check(
         !expired.is_empty() && c.epoch(&expired[0], "ts") >= deadline - 0.002,
         "no lease_expired event at or after the deadline",
-    );
-    c.eq(
-        c.events("lease_unreadable").len(),
-        1,
-        "lease_unreadable events",
     );
     c.wait_gone(&wrapper_pin, "the wrapper");
 }
@@ -359,33 +385,21 @@ fn a_garbage_lease_json_keeps_the_last_deadline_and_the_foreground_run_ends_leas
 #[test]
 fn a_truncated_lease_json_does_not_disable_the_lease_of_a_detached_run() {
     let root = TestRoot::new();
-    let c = ctx(&root, "dg-lease-truncated");
-    let _reaper = Reaper::for_run(&root, c.id);
+    let (c, _reaper) = reaped(&root, "dg-lease-truncated");
     let (run, ready, pins) = start_tree(c, "--lease 3s", "tree --children 1 --grandchildren");
-    let (wrapper, wrapper_pin) = (run.wrapper, &run.wrapper_pin);
     let deadline = c.lease_deadline();
     c.wait("the wrapper asleep in its supervise loop", || {
-        sleeping_in_poll(wrapper)
+        sleeping_in_poll(run.wrapper)
     });
     let lease = c.bytes("lease.json");
     c.replace("lease.json", &lease[..lease.len() / 2]);
 
     let st = c.wait_state(&FINAL_STATES);
-    c.fields(&st, "status.json", ended("cancelled", "lease_expired"));
     c.wait_gone(&pins, "the tree");
     c.nothing_left(ready.sid, "after the final record");
-    let ended = c.epoch(&st, "ended_at");
-    c.check(
-        ended >= deadline - 0.002 && ended <= deadline + 3.0,
-        format_args!("ended {:+.3} s from the lease deadline", ended - deadline),
-    );
-    c.eq(
-        c.events("lease_unreadable").len(),
-        1,
-        "lease_unreadable events",
-    );
+    expired_at(c, &st, deadline);
     c.ctl(&["wait", c.id], 124);
-    c.wait_gone(wrapper_pin, "the wrapper");
+    c.wait_gone(&run.wrapper_pin, "the wrapper");
 }
 
 /// An orphan (its wrapper kill -9ed) whose lease.json is garbage is a run without a lease to the
@@ -394,11 +408,9 @@ fn a_truncated_lease_json_does_not_disable_the_lease_of_a_detached_run() {
 #[test]
 fn an_orphan_whose_lease_json_is_garbage_is_stopped_by_the_watchdog_after_the_orphan_grace() {
     let root = TestRoot::new();
-    let c = ctx(&root, "dg-lease-orphan");
-    let _reaper = Reaper::for_run(&root, c.id);
+    let (c, _reaper) = reaped(&root, "dg-lease-orphan");
     let (run, ready, pins) = start_tree(c, "--lease 1h", "tree --children 2 --grandchildren");
-    let (wrapper, wrapper_pin) = (run.wrapper, &run.wrapper_pin);
-    c.kill_wrapper(wrapper, wrapper_pin);
+    c.kill_wrapper(run.wrapper, &run.wrapper_pin);
     c.replace("lease.json", br#"{"deadline_epoch": "x"}"#);
 
     c.watchdog_once("1h");
@@ -406,8 +418,12 @@ fn an_orphan_whose_lease_json_is_garbage_is_stopped_by_the_watchdog_after_the_or
     c.record("status.json", json!({"state": "running"}));
 
     let out = c.watchdog_once("0");
-    c.gone_now(&pins, "right after the watchdog pass past the orphan grace");
-    c.nothing_left(ready.sid, "right after the watchdog pass");
+    all_gone_now(
+        c,
+        &pins,
+        ready.sid,
+        "right after the watchdog pass past the orphan grace",
+    );
     let st = c.status();
     let want = ended("cancelled", "wrapper_lost");
     if st.get("state") != Some(&json!("cancelled")) {
@@ -431,35 +447,29 @@ fn an_orphan_whose_lease_json_is_garbage_is_stopped_by_the_watchdog_after_the_or
 #[test]
 fn cancel_continues_a_sigstopped_wrapper_of_a_run_without_lease_and_the_run_ends_cancelled() {
     let root = TestRoot::new();
-    let c = ctx(&root, "dg-stopped-wrapper");
-    let _reaper = Reaper::for_run(&root, c.id);
+    let (c, _reaper) = reaped(&root, "dg-stopped-wrapper");
     let (run, ready, pins) = start_tree(c, "", "tree --children 2 --grandchildren --escapee");
-    let (wrapper, wrapper_pin) = (run.wrapper, &run.wrapper_pin);
-    c.signal(wrapper_pin, wrapper, libc::SIGSTOP);
-    c.wait("the wrapper to be stopped", || match proc_stat(wrapper) {
-        Some(s) if s.0 == 'T' => Ok(()),
-        other => Err(format!("{other:?}")),
+    c.signal(&run.wrapper_pin, run.wrapper, libc::SIGSTOP);
+    c.wait("the wrapper to be stopped", || {
+        match proc_stat(run.wrapper) {
+            Some(s) if s.0 == 'T' => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
     });
 
-    let out = c.ctl(&["cancel", "--json", c.id], 0);
-    c.gone_now(&pins, "right after cancel returned");
-    c.nothing_left(ready.sid, "right after cancel returned");
-    let printed = c.parse(&out, "cancel");
-    let want = ended("cancelled", "cancel_request");
-    c.fields(&printed, "cancel's output", want.clone());
-    c.fields(&c.status(), "status.json", want);
+    cancel_stops_all(c, &pins, ready.sid);
     let events = root.events(c.id);
     c.eq(
-        signals_to(&events, "cancel", "TERM", wrapper).len(),
+        signals_to(&events, "cancel", "TERM", run.wrapper).len(),
         1,
         "TERMs from cancel to the wrapper",
     );
     c.eq(
-        signals_to(&events, "cancel", "CONT", wrapper).len(),
+        signals_to(&events, "cancel", "CONT", run.wrapper).len(),
         1,
         "CONTs from cancel to the wrapper",
     );
-    c.wait_gone(wrapper_pin, "the wrapper");
+    c.wait_gone(&run.wrapper_pin, "the wrapper");
     c.eq(c.final_state_events(), 1, "final state events");
 }
 
@@ -469,11 +479,8 @@ fn cancel_continues_a_sigstopped_wrapper_of_a_run_without_lease_and_the_run_ends
 #[test]
 fn a_corrupt_status_json_does_not_stop_a_stop_cancel_goes_by_kernel_facts() {
     let root = TestRoot::new();
-    let c = ctx(&root, "dg-corrupt-record");
-    let _reaper = Reaper::for_run(&root, c.id);
-    let (run, _, pins) = start_tree(c, "", "tree --children 2 --grandchildren");
-    let (wrapper, wrapper_pin) = (run.wrapper, &run.wrapper_pin);
-    c.kill_wrapper(wrapper, wrapper_pin);
+    let (c, _reaper) = reaped(&root, "dg-corrupt-record");
+    let (_run, _, pins) = c.orphan(&fx("tree --children 2 --grandchildren"));
     let record = c.bytes("status.json");
     let half = &record[..record.len() / 2];
     let truncated = fs::OpenOptions::new()
@@ -512,8 +519,7 @@ fn a_corrupt_status_json_does_not_stop_a_stop_cancel_goes_by_kernel_facts() {
 #[test]
 fn a_launch_declared_lost_by_cancel_is_final_unknown_and_the_id_never_runs_its_command() {
     let root = TestRoot::new();
-    let c = ctx(&root, "dg-lost-launch");
-    let _reaper = Reaper::for_run(&root, c.id);
+    let (c, _reaper) = reaped(&root, "dg-lost-launch");
     let counter = root.dir.path().join("counter");
     let counting = counting(&counter, 0);
     let ran = || fs::read_to_string(&counter).unwrap_or_default();
@@ -661,8 +667,7 @@ impl Listener {
 #[test]
 fn a_wrapper_stalled_between_mkdir_and_flock_while_cancel_declares_the_launch_lost_never_runs() {
     let root = TestRoot::new();
-    let c = ctx(&root, "dg-stalled-launch");
-    let _reaper = Reaper::for_run(&root, c.id);
+    let (c, _reaper) = reaped(&root, "dg-stalled-launch");
     let counter = root.dir.path().join("counter");
     let mut cmd = root.cmd();
     hold_flock(&mut cmd);
@@ -741,19 +746,15 @@ fn a_wrapper_stalled_between_mkdir_and_flock_while_cancel_declares_the_launch_lo
 #[test]
 fn a_wrapper_denied_pidfds_still_supervises_its_workload_and_passes_its_exit_code_through() {
     let root = TestRoot::new();
-    let c = ctx(&root, "dg-no-pidfd-exit");
-    let _reaper = Reaper::for_run(&root, c.id);
-    let mut cmd = root.cmd();
-    deny_pidfd_open(&mut cmd, libc::EMFILE);
-    let tree = fx("tree --children 1 --leader-exit 7");
-    let (proc, _wrapper, wrapper_pin) = c.spawn_start(cmd, "--quiet", &tree);
+    let (c, _reaper) = reaped(&root, "dg-no-pidfd-exit");
+    let tree = "tree --children 1 --leader-exit 7";
+    let (proc, _wrapper, wrapper_pin) = start_denied_pidfds(c, libc::EMFILE, "--quiet", tree);
     // The leader exits at once: its tree is pinned, not checked alive.
     let ready = c.ready();
     let pins = Pinned::new(&ready.all_pids());
 
     c.finish(proc, 7);
-    c.gone_now(&pins, "after the wrapper exited");
-    c.nothing_left(ready.sid, "after the wrapper exited");
+    all_gone_now(c, &pins, ready.sid, "after the wrapper exited");
     let st = c.status();
     c.fields(
         &st,
@@ -774,12 +775,10 @@ fn a_wrapper_denied_pidfds_still_supervises_its_workload_and_passes_its_exit_cod
 #[test]
 fn term_to_a_wrapper_denied_pidfds_stops_the_tree_without_them_and_exits_143() {
     let root = TestRoot::new();
-    let c = ctx(&root, "dg-no-pidfd-term");
-    let _reaper = Reaper::for_run(&root, c.id);
-    let mut cmd = root.cmd();
-    deny_pidfd_open(&mut cmd, libc::ENOSYS);
-    let tree = fx("tree --children 2 --grandchildren --escapee");
-    let (proc, wrapper, wrapper_pin) = c.spawn_start(cmd, "--quiet --grace 3s", &tree);
+    let (c, _reaper) = reaped(&root, "dg-no-pidfd-term");
+    let tree = "tree --children 2 --grandchildren --escapee";
+    let (proc, wrapper, wrapper_pin) =
+        start_denied_pidfds(c, libc::ENOSYS, "--quiet --grace 3s", tree);
     let (ready, pins) = c.pin_tree();
     let seccomp = fs::read_to_string(format!("/proc/{wrapper}/status")).unwrap_or_default();
     c.check(
@@ -797,10 +796,8 @@ fn term_to_a_wrapper_denied_pidfds_stops_the_tree_without_them_and_exits_143() {
 
     c.signal(&wrapper_pin, wrapper, libc::SIGTERM);
     c.finish(proc, 143);
-    c.gone_now(&pins, "after the wrapper exited");
-    c.nothing_left(ready.sid, "after the wrapper exited");
-    let st = c.status();
-    c.fields(&st, "status.json", ended("cancelled", "signal:TERM"));
+    all_gone_now(c, &pins, ready.sid, "after the wrapper exited");
+    c.record("status.json", ended("cancelled", "signal:TERM"));
     let failed: Vec<Value> =
         c.events_where("signal", |e| e["by"] == "wrapper" && !e["error"].is_null());
     c.eq(failed, Vec::<Value>::new(), "signals that failed");

@@ -13,7 +13,7 @@ use std::process::Stdio;
 use agent_run_tests::contain::marked;
 use agent_run_tests::facts::{cleanup_signals, path_str};
 use agent_run_tests::foreground::*;
-use agent_run_tests::workload::{fixture_path, fx, logged_tree, strings, DEAF, DEAF_CHILD};
+use agent_run_tests::workload::{fixture_path, fx, logged_tree, strings, DEAF};
 use agent_run_tests::{children_of, ensure, proc_stat, session_members, Ctx, Pinned, TestRoot};
 use serde_json::Value;
 
@@ -293,9 +293,8 @@ fn interactive_bash_at_the_default_timings_is_gone_well_under_the_grace() {
 #[test]
 fn a_child_ignoring_term_and_hup_is_killed_at_the_grace() {
     let root = TestRoot::new();
-    let mut run = Run::start(&root, "ignorer", &["--grace", "1s"], &fx(DEAF_CHILD));
+    let (mut run, ready, pinned) = Run::start_deaf(&root, "ignorer");
     let c = run.c;
-    let (ready, pinned) = c.pin_tree();
     let child = ready.members[0];
     let ign = sig_mask(child, "SigIgn").unwrap_or_default();
     c.eq(

@@ -11,7 +11,7 @@ use agent_run_tests::ctx::T;
 use agent_run_tests::tmux::{shell_path, Tmux};
 use agent_run_tests::workload::fixture_path;
 use agent_run_tests::{
-    agent_run_bin, ctx, ensure, fixture_bin, proc_stat, wait_ready, wait_until_dbg, Pinned,
+    agent_run_bin, ctx, ensure, fixture_bin, proc_stat, wait_ready, wait_until_dbg, Pinned, Ready,
     TestRoot,
 };
 use serde_json::{json, Value};
@@ -27,6 +27,19 @@ fn terminal(root: &TestRoot, cols: u16, rows: u16) -> (Tmux, String) {
         shell_path(&root.root())
     );
     (Tmux::new(cols, rows, &[]), agent_run)
+}
+
+/// On a clear screen of `t`, types `AR_T ID -- fixture tree TREE` (without waiting for its
+/// end) and waits for the fixture's ready line: the line, and the tree pinned.
+fn start_typed(t: &Tmux, ar_t: &str, root: &TestRoot, id: &str, tree: &str) -> (Ready, Pinned) {
+    t.clear();
+    t.line(&format!(
+        "{ar_t} {id} -- {} tree {tree}",
+        shell_path(&fixture_bin())
+    ));
+    let ready = wait_ready(&root.run_dir(id).join("stdout.log"), T);
+    let pinned = Pinned::new(&ready.all_pids());
+    (ready, pinned)
 }
 
 #[test]
@@ -90,10 +103,7 @@ fn a_foreground_run_says_on_stderr_why_it_stops() {
     let fx = shell_path(&fixture_bin());
 
     // Ctrl-C.
-    t.clear();
-    t.line(&format!("{ar_t} fg-int -- {fx} tree --children 1"));
-    let ready = wait_ready(&root.run_dir("fg-int").join("stdout.log"), T);
-    let tree = Pinned::new(&ready.all_pids());
+    let (_, tree) = start_typed(&t, &ar_t, &root, "fg-int", "--children 1");
     t.keys(&["C-c"]);
     let screen = t.wait_prompt(T);
     c.wait_gone(&tree, "tree");
@@ -108,10 +118,7 @@ fn a_foreground_run_says_on_stderr_why_it_stops() {
 
     let c = ctx(&root, "fg-cancel");
     // A cancel from another connection.
-    t.clear();
-    t.line(&format!("{ar_t} fg-cancel -- {fx} tree --children 1"));
-    let ready = wait_ready(&root.run_dir("fg-cancel").join("stdout.log"), T);
-    let tree = Pinned::new(&ready.all_pids());
+    let (_, tree) = start_typed(&t, &ar_t, &root, "fg-cancel", "--children 1");
     ar_code(&root, &["cancel", "fg-cancel"], 0);
     let screen = t.wait_prompt(T);
     c.wait_gone(&tree, "tree");
@@ -231,8 +238,7 @@ fn status_on_a_terminal_quotes_the_command_and_names_the_signal() {
         echo.starts_with(r#"<sh><-c><echo "it's a b"; exec "$0" tree --children 0><"#),
         "{echo}"
     );
-    ar_code(&root, &["cancel", "quoted"], 0);
-    c.wait_gone(&tree, "tree");
+    c.cancel_now(&tree, "the tree after cancel");
 }
 
 #[test]
@@ -339,15 +345,9 @@ fn ctrl_z_suspends_every_process_of_the_run_and_fg_resumes_them() {
     let root = TestRoot::sharing_cpu();
     let c = ctx(&root, "zz");
     let (t, ar_t) = terminal(&root, 120, 40);
-    let fx = shell_path(&fixture_bin());
-    t.clear();
-    t.line(&format!(
-        "{ar_t} zz -- {fx} tree --children 2 --grandchildren"
-    ));
-    let ready = wait_ready(&root.run_dir("zz").join("stdout.log"), T);
+    let (ready, tree) = start_typed(&t, &ar_t, &root, "zz", "--children 2 --grandchildren");
     let pids = ready.all_pids();
     c.eq(&pids.len(), &5, format_args!("{ready:?}"));
-    let tree = Pinned::new(&pids);
     let wrapper = root.status("zz")["wrapper_pid"].as_i64().unwrap() as i32;
     let wrapper_pin = Pinned::new(&[wrapper]);
     let states = |want: &dyn Fn(char) -> bool| {

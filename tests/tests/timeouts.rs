@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use agent_run_tests::cli::*;
 use agent_run_tests::ctx::T;
-use agent_run_tests::facts::exclusive_cpu;
+use agent_run_tests::facts::ended;
 use agent_run_tests::hostile::Daemon;
 use agent_run_tests::remote::SshServer;
 use agent_run_tests::workload::fixture_path;
@@ -132,8 +132,7 @@ fn renewals_do_not_extend_a_timeout() {
 
 #[test]
 fn the_watchdog_stops_a_run_whose_wrapper_was_killed_at_its_timeout() {
-    let _cpu = exclusive_cpu();
-    let root = TestRoot::new();
+    let root = TestRoot::exclusive_cpu();
     fs::create_dir(root.root()).unwrap();
     fs::set_permissions(root.root(), fs::Permissions::from_mode(0o700)).unwrap();
     let watchdog = Daemon::start(root.watchdog_cmd(), &["--scan-interval", "30s"]);
@@ -168,11 +167,7 @@ fn the_watchdog_stops_a_run_whose_wrapper_was_killed_at_its_timeout() {
     for r in &runs {
         let c = ctx(&root, &r.id);
         let st = root.wait_final(&r.id, T);
-        ctx(&root, &r.id).eq(
-            &(st["state"].as_str(), st["reason"].as_str()),
-            &(Some("cancelled"), Some("timeout")),
-            "(st[\"state\"].as_str(), st[\"reason\"].as_str())",
-        );
+        ctx(&root, &r.id).fields(&st, "the final record", ended("cancelled", "timeout"));
         r.assert_gone(&root, "after the watchdog's stop");
         let deadline = epoch(&st, "started_at") + st["timeout_ms"].as_f64().unwrap() / 1000.0;
         // The watchdog's first word on the run: when it acted.
@@ -230,11 +225,7 @@ fn a_stopped_wrapper_past_its_timeout_is_taken_over_by_the_watchdog() {
         other => Err(other),
     });
     let st = root.wait_final("stuck", T);
-    ctx(&root, "stuck").eq(
-        &(st["state"].as_str(), st["reason"].as_str()),
-        &(Some("cancelled"), Some("timeout")),
-        "(st[\"state\"].as_str(), st[\"reason\"].as_str())",
-    );
+    ctx(&root, "stuck").fields(&st, "the final record", ended("cancelled", "timeout"));
     run.assert_gone(&root, "after the watchdog's takeover");
     c.wait_gone(&run.wrapper_pin, "run.wrapper pin");
     // The killed wrapper cannot remove the run's cgroup: the watchdog does.
@@ -246,8 +237,7 @@ fn a_stopped_wrapper_past_its_timeout_is_taken_over_by_the_watchdog() {
         late >= 2.0 - 0.001,
         "taken over {late:.3}s after the timeout: before grace + slack"
     );
-    let out = watchdog.stop();
-    c.code(&out, 0, "the watchdog on SIGTERM");
+    watchdog.stop_cleanly(c);
 }
 
 #[test]

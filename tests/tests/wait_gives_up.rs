@@ -3,7 +3,7 @@
 //! 75 and leave the runs running.
 
 use agent_run_tests::cli::*;
-use agent_run_tests::{ctx, exit_code, TestRoot};
+use agent_run_tests::{ctx, exit_code, Ctx, TestRoot};
 
 #[test]
 fn wait_that_runs_out_says_it_gave_up_and_which_runs_are_still_running() {
@@ -32,22 +32,29 @@ fn wait_that_runs_out_says_it_gave_up_and_which_runs_are_still_running() {
     d2.assert_gone(&root, "after cancel");
 }
 
+/// `wait ID --idle 1s --timeout TIMEOUT` exits 75 and its stderr says `said`.
+fn idle_wait_gives_up(c: Ctx, id: &str, timeout: &str, said: &str) {
+    let out = ar(c.root, &["wait", id, "--idle", "1s", "--timeout", timeout]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    c.eq(
+        exit_code(&out.status),
+        75,
+        format_args!("wait --idle of {id}"),
+    );
+    c.check(
+        err.contains(said),
+        format_args!("wait --idle of {id} said: {err}"),
+    );
+}
+
 #[test]
 fn wait_idle_returns_75_once_a_run_is_silent_and_not_while_it_writes() {
     let root = TestRoot::new();
     let quiet = detached(&root, "quiet", &[], &["--children", "0"]);
     let c = ctx(&root, "quiet");
     let t0 = std::time::Instant::now();
-    let out = ar(
-        &root,
-        &["wait", "quiet", "--idle", "1s", "--timeout", "60s"],
-    );
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    c.eq(exit_code(&out.status), 75, "wait --idle's exit");
-    c.check(
-        err.contains("wait: quiet wrote nothing for 1.0s; it is still running"),
-        format_args!("wait --idle said: {err}"),
-    );
+    let said = "wait: quiet wrote nothing for 1.0s; it is still running";
+    idle_wait_gives_up(c, "quiet", "60s", said);
     c.check(
         t0.elapsed() >= std::time::Duration::from_secs(1),
         format_args!(
@@ -70,16 +77,8 @@ fn wait_idle_returns_75_once_a_run_is_silent_and_not_while_it_writes() {
         ],
         0,
     );
-    let out = ar(
-        &root,
-        &["wait", "chatty", "--idle", "1s", "--timeout", "3s"],
-    );
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    c.eq(exit_code(&out.status), 75, "wait --idle of a chatty run");
-    c.check(
-        err.contains("wait gave up after 3.0s; chatty is still running"),
-        format_args!("the chatty run's wait said: {err}"),
-    );
+    let said = "wait gave up after 3.0s; chatty is still running";
+    idle_wait_gives_up(c, "chatty", "3s", said);
     // Several runs: refused.
     ar_code(&root, &["wait", "quiet", "chatty", "--idle", "1s"], 64);
     ar_code(&root, &["cancel", "quiet", "chatty"], 0);

@@ -8,6 +8,7 @@ use std::time::Duration;
 use agent_run_shared::time::epoch_now;
 use agent_run_tests::cli::*;
 use agent_run_tests::ctx::T;
+use agent_run_tests::facts::ended;
 use agent_run_tests::{
     ctx, describe_output, ensure, fixture_bin, run_with_timeout, wait_ready, wait_until_dbg,
     Pinned, TestRoot,
@@ -84,11 +85,7 @@ fn watchdog_once_stops_an_orphan_past_its_orphan_grace() {
         }
     });
     let st = root.status(id);
-    c.eq(
-        &(st["state"].as_str(), st["reason"].as_str()),
-        &(Some("cancelled"), Some("wrapper_lost")),
-        "(st[\"state\"].as_str(), st[\"reason\"].as_str())",
-    );
+    c.fields(&st, "the final record", ended("cancelled", "wrapper_lost"));
     c.wait_gone_within(&tree, Duration::from_secs(5), "the orphan's processes");
     let after = stopped_at - killed_at;
     // Never before the grace after the death; at most a heartbeat interval and its slack later.

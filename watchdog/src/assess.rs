@@ -90,7 +90,7 @@ pub enum Verdict {
 
 /// What the watchdog remembers of a run between looks (the daemon in memory, `--once` in the
 /// root's watch ledger, [`crate::watched`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Seen {
     /// When the watchdog first saw the wrapper gone (epoch seconds).
     pub orphan_since: Option<f64>,

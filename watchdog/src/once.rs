@@ -35,7 +35,7 @@ pub fn run_once(root: &Root, policy: &Policy) -> Vec<String> {
         let name = e.name;
         let dir_ino = dir_inode(root, &name);
         let known = dir_ino.and_then(|i| before.get(&name, i)).cloned();
-        let seen = known.as_ref().map(watched::Entry::seen).unwrap_or_default();
+        let seen = known.as_ref().map(|k| k.seen).unwrap_or_default();
         let (verdict, subject) = assess(root, &name, now, seen, policy, &looks, true);
         if let (Some(s), Some(ino)) = (&subject, dir_ino) {
             let said = known.as_ref().and_then(|k| k.lease_damage.as_deref());
@@ -46,9 +46,7 @@ pub fn run_once(root: &Root, policy: &Policy) -> Vec<String> {
                 name.clone(),
                 watched::Entry {
                     dir_ino: ino,
-                    orphan_since: s.seen.orphan_since,
-                    last_lease: s.seen.last_lease,
-                    stopping_since: s.seen.stopping_since,
+                    seen: s.seen,
                     lease_damage: s.lease_damaged.clone(),
                     record_damage: s.record_damaged.clone(),
                 },

@@ -30,25 +30,14 @@ const CAP: u64 = 16 << 20;
 pub struct Entry {
     /// The run dir's inode: the entry is this dir's only.
     pub dir_ino: u64,
-    pub orphan_since: Option<f64>,
-    pub last_lease: Option<f64>,
-    pub stopping_since: Option<f64>,
+    /// What the assessment remembers, its keys beside `dir_ino`.
+    #[serde(flatten)]
+    pub seen: Seen,
     /// The lease.json damage reported already (reported once).
     pub lease_damage: Option<String>,
     /// The status.json damage reported already (reported once).
     #[serde(default)]
     pub record_damage: Option<String>,
-}
-
-impl Entry {
-    /// What the assessment starts from.
-    pub fn seen(&self) -> Seen {
-        Seen {
-            orphan_since: self.orphan_since,
-            last_lease: self.last_lease,
-            stopping_since: self.stopping_since,
-        }
-    }
 }
 
 /// The watch ledger: entries by run dir name.
@@ -90,16 +79,27 @@ mod tests {
             "r1".into(),
             Entry {
                 dir_ino: 7,
-                orphan_since: Some(100.0),
+                seen: Seen {
+                    orphan_since: Some(100.0),
+                    ..Seen::default()
+                },
                 ..Entry::default()
             },
         );
-        assert_eq!(w.get("r1", 7).and_then(|e| e.orphan_since), Some(100.0));
+        assert_eq!(
+            w.get("r1", 7).and_then(|e| e.seen.orphan_since),
+            Some(100.0)
+        );
         assert!(
             w.get("r1", 8).is_none(),
             "a run dir made again under the same id"
         );
         let text = serde_json::to_string(&w).unwrap();
+        // The remembered times are keys of the entry itself, as the ledger always had them.
+        assert!(
+            text.contains(r#""dir_ino":7,"orphan_since":100.0,"#),
+            "{text}"
+        );
         assert_eq!(serde_json::from_str::<Watched>(&text).unwrap(), w);
     }
 }

@@ -192,23 +192,29 @@ mod tests {
             .collect()
     }
 
+    /// Where a channel's arguments hold our `BatchMode=yes` and the user's `BatchMode=no`.
+    fn channel_batch_modes(l: &Link) -> (usize, usize) {
+        let a = args(&l.channel(b"true"));
+        let at = |opt: &str| a.iter().position(|x| x == opt);
+        match (at("BatchMode=yes"), at("BatchMode=no")) {
+            (Some(ours), Some(theirs)) => (ours, theirs),
+            _ => panic!("a channel without both BatchMode options: {a:?}"),
+        }
+    }
+
     #[test]
     fn a_servers_batch_mode_comes_before_the_users_options() {
         let l = link(Mode::Unattended);
-        let a = args(&l.channel(b"true"));
-        let ours = a.iter().position(|x| x == "BatchMode=yes").unwrap();
-        let theirs = a.iter().position(|x| x == "BatchMode=no").unwrap();
-        assert!(ours < theirs, "{a:?}");
+        let (ours, theirs) = channel_batch_modes(&l);
+        assert!(ours < theirs);
         assert!(args(&l.login().unwrap().0).contains(&"BatchMode=yes".to_string()));
     }
 
     #[test]
     fn an_interactive_master_may_prompt_and_its_channels_may_not() {
         let l = link(Mode::Interactive);
-        let a = args(&l.channel(b"true"));
-        let ours = a.iter().position(|x| x == "BatchMode=yes").unwrap();
-        let theirs = a.iter().position(|x| x == "BatchMode=no").unwrap();
-        assert!(theirs < ours, "{a:?}");
+        let (ours, theirs) = channel_batch_modes(&l);
+        assert!(theirs < ours);
         let m = args(&l.login().unwrap().0);
         assert!(!m.contains(&"BatchMode=yes".to_string()), "{m:?}");
         assert!(m.contains(&"ControlPersist=60".to_string()), "{m:?}");
