@@ -7,12 +7,15 @@ use crate::runs::{open_root, root_entries};
 use agent_run_shared::exit;
 use agent_run_shared::id::RunId;
 use agent_run_shared::pid::ClaimedPid;
+use agent_run_shared::record::Status;
 use agent_run_shared::record::{ContainmentMode, State};
 use agent_run_shared::root::Root;
 use agent_run_shared::spec::matches_all;
+use agent_run_shared::sweep::Sweep;
 use agent_run_shared::time::{epoch_now, parse_rfc3339};
 use agent_run_shared::verdict::{Look, Shared};
 use agent_run_shared::wrapper::Holder;
+use serde::{Serialize, Serializer};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -49,33 +52,120 @@ struct Row {
     colour: &'static str,
 }
 
+/// A row as `list --json` shows it: the keys in the order `serde_json` sorts them (the order
+/// the output has always had), serialized straight to the output.
+#[derive(Serialize)]
+struct RowJson<'a> {
+    age_s: Option<f64>,
+    containment: Option<ContainmentMode>,
+    created_at: &'a str,
+    ended_at: Option<&'a str>,
+    exit_code: Option<i32>,
+    #[serde(rename = "final")]
+    is_final: bool,
+    labels: &'a BTreeMap<String, String>,
+    launch_exit_code: Option<i32>,
+    lease_remaining_s: Option<f64>,
+    lease_unreadable: Option<&'a str>,
+    note: Option<&'a str>,
+    outcome_exit_code: Option<u8>,
+    pid: Option<ClaimedPid>,
+    reason: Option<&'a str>,
+    run_id: &'a str,
+    started_at: Option<&'a str>,
+    state: &'a str,
+    suspended: bool,
+    term_signal: Option<&'a str>,
+    timeout_remaining_s: Option<f64>,
+}
+
+/// One element of the `list --json` array: a run, or a run dir that could not be read.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Item<'a> {
+    Row(RowJson<'a>),
+    Broken(Value),
+}
+
 impl Row {
     /// The row's `list --json` object.
-    fn value(&self) -> Value {
+    fn json(&self) -> RowJson<'_> {
         let round = |x: f64| (x * 10.0).round() / 10.0;
-        json!({
-            "run_id": self.run_id, "state": self.state.as_str(), "reason": self.reason,
-            "pid": self.pid, "age_s": self.age_s.map(|a| a.round()),
-            "lease_remaining_s": self.lease_left.map(round),
-            "lease_unreadable": self.lease_unreadable,
-            "timeout_remaining_s": self.timeout_left.map(round),
-            "exit_code": self.exit_code, "launch_exit_code": self.launch_exit_code,
-            "term_signal": self.term_signal, "note": self.note, "suspended": self.suspended,
-            "final": self.state.is_final(), "outcome_exit_code": self.outcome,
-            "labels": self.labels, "created_at": self.created_at,
-            "started_at": self.started_at, "ended_at": self.ended_at,
-            "containment": self.containment,
-        })
+        RowJson {
+            run_id: &self.run_id,
+            state: self.state.as_str(),
+            reason: self.reason.as_deref(),
+            pid: self.pid,
+            age_s: self.age_s.map(|a| a.round()),
+            lease_remaining_s: self.lease_left.map(round),
+            lease_unreadable: self.lease_unreadable.as_deref(),
+            timeout_remaining_s: self.timeout_left.map(round),
+            exit_code: self.exit_code,
+            launch_exit_code: self.launch_exit_code,
+            term_signal: self.term_signal.as_deref(),
+            note: self.note.as_deref(),
+            suspended: self.suspended,
+            is_final: self.state.is_final(),
+            outcome_exit_code: self.outcome,
+            labels: &self.labels,
+            created_at: &self.created_at,
+            started_at: self.started_at.as_deref(),
+            ended_at: self.ended_at.as_deref(),
+            containment: self.containment,
+        }
+    }
+
+    /// The row of a record, with what the kernel adds to it.
+    fn new(st: Status, now: f64, live: Live) -> Row {
+        let created = parse_rfc3339(&st.created_at);
+        Row {
+            created: created.unwrap_or(0.0),
+            age_s: created.map(|c| now - c),
+            lease_left: live.lease_left,
+            lease_unreadable: live.lease_unreadable,
+            timeout_left: live.timeout_left,
+            note: live.note,
+            suspended: live.suspended,
+            outcome: exit::for_record(&st),
+            colour: human::state_colour(&st),
+            state: st.state,
+            pid: st.pid,
+            exit_code: st.exit_code,
+            launch_exit_code: st.launch_exit_code,
+            containment: st.containment.as_ref().map(|c| c.mode),
+            run_id: st.run_id,
+            reason: st.reason,
+            term_signal: st.term_signal,
+            labels: st.labels,
+            created_at: st.created_at,
+            started_at: st.started_at,
+            ended_at: st.ended_at,
+        }
     }
 }
 
-/// What `list` knows of one run, or why its dir is skipped.
-fn list_entry(root: &Root, name: &str) -> Result<Row, String> {
+/// What a run that goes on (or whose end the kernel doubts) shows beside its record. A final
+/// run nobody holds has none of it.
+#[derive(Default)]
+struct Live {
+    lease_left: Option<f64>,
+    lease_unreadable: Option<String>,
+    timeout_left: Option<f64>,
+    note: Option<String>,
+    suspended: bool,
+}
+
+/// What `list` knows of one run, or why its dir is skipped. A final run the kernel agrees
+/// with is read by the sweep's few syscalls ([`Sweep::settled`]); any other by the careful
+/// path, which looks at what holds it.
+fn list_entry(root: &Root, sweep: &mut Sweep, name: &str) -> Result<Row, String> {
+    let now = epoch_now();
+    if let Some(settled) = sweep.settled(name) {
+        return Ok(Row::new(settled.status, now, Live::default()));
+    }
     let id = RunId::parse(name).map_err(|e| e.to_string())?;
     let dir = root.open_run_dir(&id).map_err(|e| e.to_string())?;
     let st = dir.read_status().map_err(|e| e.to_string())?;
-    let now = epoch_now();
-    let created = parse_rfc3339(&st.created_at);
     let (lease_left, lease_unreadable) = match st.state.is_final() {
         true => (None, None),
         false => match dir.read_lease() {
@@ -87,34 +177,54 @@ fn list_entry(root: &Root, name: &str) -> Result<Row, String> {
         .timeout_deadline_epoch()
         .filter(|_| !st.state.is_final())
         .map(|d| d - now);
-    let look = crate::runs::look_with(&dir, &st);
+    let look = crate::runs::look_with(&dir, &st, sweep.cgroups());
     let note = crate::runs::note_of(&look);
     let suspended = !st.state.is_final()
         && agent_run_shared::suspend::is_suspended(&dir, &st, look.cgroup.as_ref());
-    let outcome = exit::for_record(&st);
-    let colour = human::state_colour(&st);
-    Ok(Row {
-        created: created.unwrap_or(0.0),
-        age_s: created.map(|c| now - c),
+    let live = Live {
         lease_left,
         lease_unreadable,
         timeout_left,
         note,
         suspended,
-        outcome,
-        colour,
-        state: st.state,
-        pid: st.pid,
-        exit_code: st.exit_code,
-        launch_exit_code: st.launch_exit_code,
-        containment: st.containment.as_ref().map(|c| c.mode),
-        run_id: st.run_id,
-        reason: st.reason,
-        term_signal: st.term_signal,
-        labels: st.labels,
-        created_at: st.created_at,
-        started_at: st.started_at,
-        ended_at: st.ended_at,
+    };
+    Ok(Row::new(st, now, live))
+}
+
+/// A sequence serialized from an iterator, once.
+struct Items<I>(std::cell::Cell<Option<I>>);
+
+impl<'a, I: Iterator<Item = Item<'a>>> Serialize for Items<I> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.take().into_iter().flatten())
+    }
+}
+
+/// Every run of `names`, in their order. A large root is read by a thread a CPU (up to 4),
+/// each over its share of the names with a sweep of its own: reading 100,000 records is
+/// syscalls and parsing, and both go as fast as there are CPUs.
+fn read_all(root: &Root, names: Vec<String>) -> Vec<(String, Result<Row, String>)> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+    let read = |names: &[String]| {
+        let mut sweep = Sweep::new(root);
+        names
+            .iter()
+            .map(|n| (n.clone(), list_entry(root, &mut sweep, n)))
+            .collect::<Vec<_>>()
+    };
+    if cpus < 2 || names.len() < 2_000 {
+        return read(&names);
+    }
+    let share = names.len().div_ceil(cpus);
+    std::thread::scope(|s| {
+        let parts: Vec<_> = names
+            .chunks(share)
+            .map(|c| s.spawn(move || read(c)))
+            .collect();
+        parts
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
     })
 }
 
@@ -213,8 +323,8 @@ pub fn list(root: Option<&Path>, args: ListArgs) -> anyhow::Result<u8> {
     };
     let mut runs = Vec::new();
     let mut broken = Vec::new();
-    for name in root_entries(&root)? {
-        match list_entry(&root, &name) {
+    for (name, entry) in read_all(&root, root_entries(&root)?) {
+        match entry {
             Ok(row) if wanted(&row) => runs.push(row),
             Ok(_) => {}
             Err(why) => {
@@ -239,22 +349,12 @@ pub fn list(root: Option<&Path>, args: ListArgs) -> anyhow::Result<u8> {
         if filtered || args.limit.is_some() {
             broken.clear();
         }
-        // The bytes of `serde_json::to_string_pretty` of the whole array, one row at a time.
-        let rows = runs.iter().map(Row::value).chain(broken);
-        let mut first = true;
-        for v in rows {
-            let text = serde_json::to_string_pretty(&v)?;
-            out.write_all(if first { b"[\n" } else { b",\n" })?;
-            first = false;
-            for (i, line) in text.lines().enumerate() {
-                if i > 0 {
-                    out.write_all(b"\n")?;
-                }
-                out.write_all(b"  ")?;
-                out.write_all(line.as_bytes())?;
-            }
-        }
-        out.write_all(if first { b"[]\n" } else { b"\n]\n" })?;
+        // The bytes of `serde_json::to_string_pretty` of the whole array, written as it is
+        // serialized.
+        let rows = runs.iter().map(|r| Item::Row(r.json()));
+        let items = rows.chain(broken.into_iter().map(Item::Broken));
+        serde_json::to_writer_pretty(&mut out, &Items(std::cell::Cell::new(Some(items))))?;
+        out.write_all(b"\n")?;
         out.flush()?;
         return Ok(exit::OK);
     }
