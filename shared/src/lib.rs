@@ -35,6 +35,7 @@ pub mod quote;
 pub mod reap;
 pub mod reason;
 pub mod record;
+pub mod removal;
 pub mod root;
 pub mod run_dir;
 pub mod signal;

@@ -9,12 +9,11 @@ use agent_run_shared::id::RunId;
 use agent_run_shared::pid::ClaimedPid;
 use agent_run_shared::record::Status;
 use agent_run_shared::record::{ContainmentMode, State};
+use agent_run_shared::removal;
 use agent_run_shared::root::Root;
 use agent_run_shared::spec::matches_all;
 use agent_run_shared::sweep::Sweep;
 use agent_run_shared::time::{epoch_now, parse_rfc3339};
-use agent_run_shared::verdict::{Look, Shared};
-use agent_run_shared::wrapper::Holder;
 use serde::{Serialize, Serializer};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -382,59 +381,17 @@ pub fn list(root: Option<&Path>, args: ListArgs) -> anyhow::Result<u8> {
     Ok(exit::OK)
 }
 
-/// Whether the final run in `dir` (its record `st`) may be removed: the kernel must agree that
-/// it is over. No live process holds its lock, its cgroup is empty, and nothing of it lives
-/// where a process of it could have gone. Otherwise the record was forged, and the dir is the
-/// evidence. `cgroups`: one walk of the cgroup2 mount for every run asked about. The error
-/// says why not, and how on.
-pub fn may_remove(
-    dir: &agent_run_shared::run_dir::RunDir,
-    st: &agent_run_shared::record::Status,
-    cgroups: &agent_run_shared::cgroup::RunCgroups,
-) -> Result<(), String> {
-    let name = dir.id().as_str();
-    if !st.state.is_final() {
-        return Err(format!(
-            "it is {}, not over (agent-run cancel {name} first)",
-            st.state.as_str()
-        ));
-    }
-    let shared = Shared {
-        cgroups: Some(cgroups),
-        ..Shared::default()
-    };
-    let look = Look::take_with(dir, Ok(st.clone()), &shared);
-    if look.believed().is_none() || !matches!(look.holder, Holder::Nobody) {
-        let why = match look.doubt() {
-            Some(d) => d.note(),
-            None => "a process holds the run's lock".to_string(),
-        };
-        return Err(format!(
-            "its record says {}, {why} (agent-run cancel {name})",
-            st.state.as_str()
-        ));
-    }
-    // The facts a record cannot fake: the run's marker (by /proc scans alone), or a process
-    // where one that left the run's cgroup could be.
-    if agent_run_shared::takeover::final_doubted(dir, &look, st, &dir.journal("gc")) {
-        return Err(format!(
-            "its record says {}, but a process of the run may live on (agent-run cancel {name})",
-            st.state.as_str()
-        ));
-    }
-    Ok(())
-}
-
-/// `agent-run gc`.
+/// `agent-run gc`: the root in inode order (the order the file system frees them fastest),
+/// each final run old enough removed when [`removal::may_remove`] agrees.
 pub fn gc(root: Option<&Path>, args: GcArgs) -> anyhow::Result<u8> {
     let Some(root) = open_root(root)? else {
         return Ok(exit::OK);
     };
     let now = epoch_now();
-    // A final record is removed only if its run's cgroup agrees that nothing is left (one walk
-    // of the cgroup2 mount for the whole gc): a forged record must not take the evidence along.
-    let cgroups = agent_run_shared::cgroup::run_cgroups();
-    for name in root_entries(&root)? {
+    // A final record is removed only if the kernel agrees that nothing is left: a forged
+    // record must not take the evidence along.
+    let mut evidence = removal::Evidence::default();
+    for name in removal::by_inode(&root)? {
         let checked = RunId::parse(&name)
             .map_err(|e| e.to_string())
             .and_then(|id| root.open_run_dir(&id).map_err(|e| e.to_string()))
@@ -450,14 +407,10 @@ pub fn gc(root: Option<&Path>, args: GcArgs) -> anyhow::Result<u8> {
                 continue;
             }
         };
-        if !st.state.is_final() {
+        if !removal::ended_before(&st, now, args.older_than) {
             continue;
         }
-        let ended = st.ended_at.as_deref().and_then(parse_rfc3339);
-        if ended.is_none_or(|e| now - e < args.older_than.as_secs_f64()) {
-            continue;
-        }
-        if let Err(why) = may_remove(&dir, &st, &cgroups) {
+        if let Err(why) = removal::may_remove(&dir, &st, &mut evidence) {
             eprintln!("agent-run: {name}: skipped: {why}");
             continue;
         }
@@ -465,8 +418,7 @@ pub fn gc(root: Option<&Path>, args: GcArgs) -> anyhow::Result<u8> {
             println!("would remove {}", dir.path().display());
             continue;
         }
-        // remove_dir_all never follows symlinks inside the tree (std, since CVE-2022-21658).
-        match std::fs::remove_dir_all(dir.path()) {
+        match removal::remove(&root, &dir) {
             Ok(()) => println!("removed {}", dir.path().display()),
             Err(e) => eprintln!("agent-run: cannot remove {}: {e}", dir.path().display()),
         }
