@@ -11,6 +11,7 @@ use agent_run_shared::record::Status;
 use agent_run_shared::record::{ContainmentMode, State};
 use agent_run_shared::removal;
 use agent_run_shared::root::Root;
+use agent_run_shared::run_dir::RunDir;
 use agent_run_shared::spec::matches_all;
 use agent_run_shared::sweep::Sweep;
 use agent_run_shared::time::{epoch_now, parse_rfc3339};
@@ -381,47 +382,81 @@ pub fn list(root: Option<&Path>, args: ListArgs) -> anyhow::Result<u8> {
     Ok(exit::OK)
 }
 
-/// `agent-run gc`: the root in inode order (the order the file system frees them fastest),
-/// each final run old enough removed when [`removal::may_remove`] agrees.
+/// `agent-run gc`: the root in inode order, each final run old enough removed when
+/// [`removal::may_remove`] agrees. The decisions are taken one run after another; the removals
+/// run on [`REMOVERS`] threads, since on a file system that discards each freed block at once
+/// an unlink waits for the device, and several waits overlap.
 pub fn gc(root: Option<&Path>, args: GcArgs) -> anyhow::Result<u8> {
     let Some(root) = open_root(root)? else {
         return Ok(exit::OK);
     };
-    let now = epoch_now();
-    // A final record is removed only if the kernel agrees that nothing is left: a forged
-    // record must not take the evidence along.
-    let mut evidence = removal::Evidence::default();
-    for name in removal::by_inode(&root)? {
-        let checked = RunId::parse(&name)
-            .map_err(|e| e.to_string())
-            .and_then(|id| root.open_run_dir(&id).map_err(|e| e.to_string()))
-            .and_then(|dir| {
-                dir.read_status()
-                    .map(|st| (dir, st))
-                    .map_err(|e| e.to_string())
+    let names = removal::by_inode(&root)?;
+    let (tx, rx) = std::sync::mpsc::sync_channel::<RunDir>(256);
+    let rx = std::sync::Mutex::new(rx);
+    std::thread::scope(|s| {
+        for _ in 0..REMOVERS {
+            s.spawn(|| loop {
+                let next = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                let Ok(dir) = next else {
+                    return;
+                };
+                match removal::remove(&root, &dir) {
+                    Ok(()) => println!("removed {}", dir.path().display()),
+                    Err(e) => eprintln!("agent-run: cannot remove {}: {e}", dir.path().display()),
+                }
             });
-        let (dir, st) = match checked {
-            Ok(x) => x,
-            Err(why) => {
-                eprintln!("agent-run: {name}: skipped: {why}");
-                continue;
+        }
+        let mut evidence = removal::Evidence::default();
+        let now = epoch_now();
+        for name in names {
+            match gc_one(&root, &name, &args, now, &mut evidence) {
+                Some(dir) if args.dry_run => println!("would remove {}", dir.path().display()),
+                Some(dir) => {
+                    if tx.send(dir).is_err() {
+                        break;
+                    }
+                }
+                None => {}
             }
-        };
-        if !removal::ended_before(&st, now, args.older_than) {
-            continue;
         }
-        if let Err(why) = removal::may_remove(&dir, &st, &mut evidence) {
-            eprintln!("agent-run: {name}: skipped: {why}");
-            continue;
-        }
-        if args.dry_run {
-            println!("would remove {}", dir.path().display());
-            continue;
-        }
-        match removal::remove(&root, &dir) {
-            Ok(()) => println!("removed {}", dir.path().display()),
-            Err(e) => eprintln!("agent-run: cannot remove {}: {e}", dir.path().display()),
-        }
-    }
+        drop(tx);
+    });
     Ok(exit::OK)
+}
+
+/// How many threads of `gc` remove run dirs at once.
+const REMOVERS: usize = 4;
+
+/// The run dir `name` when it is final, old enough and [`removal::may_remove`] agrees; why not
+/// on stderr when it cannot be read or may not go.
+fn gc_one(
+    root: &Root,
+    name: &str,
+    args: &GcArgs,
+    now: f64,
+    ev: &mut removal::Evidence,
+) -> Option<RunDir> {
+    let checked = RunId::parse(name)
+        .map_err(|e| e.to_string())
+        .and_then(|id| root.open_run_dir(&id).map_err(|e| e.to_string()))
+        .and_then(|dir| {
+            dir.read_status()
+                .map(|st| (dir, st))
+                .map_err(|e| e.to_string())
+        });
+    let (dir, st) = match checked {
+        Ok(x) => x,
+        Err(why) => {
+            eprintln!("agent-run: {name}: skipped: {why}");
+            return None;
+        }
+    };
+    if !removal::ended_before(&st, now, args.older_than) {
+        return None;
+    }
+    if let Err(why) = removal::may_remove(&dir, &st, ev) {
+        eprintln!("agent-run: {name}: skipped: {why}");
+        return None;
+    }
+    Some(dir)
 }

@@ -194,6 +194,12 @@ pub fn record_value(dir: &RunDir, st: &Status) -> Value {
     record_value_of(dir, st, &look)
 }
 
+/// [`record_value`] for one run among many (`status --all`, `--label`): the look shares
+/// /proc/locks and the cgroup walk across them (no walk of the mount per run).
+pub fn record_value_among(dir: &RunDir, st: &Status) -> Value {
+    record_value_of(dir, st, &look_with(dir, st, run_cgroups()))
+}
+
 /// [`record_value`] from a look already taken.
 pub fn record_value_of(dir: &RunDir, st: &Status, look: &Look) -> Value {
     let mut v = serde_json::to_value(st).expect("a record serializes");
