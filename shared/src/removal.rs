@@ -156,3 +156,49 @@ pub fn remove(root: &Root, dir: &RunDir) -> io::Result<()> {
     rfs::unlinkat(root.fd(), dir.id().as_str(), AtFlags::REMOVEDIR)?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::id::RunId;
+
+    #[test]
+    fn remove_takes_the_files_a_subdir_and_the_dir_and_follows_no_symlink() {
+        let d = tempfile::tempdir().unwrap();
+        let root = Root::open(&d.path().join("root"), true).unwrap();
+        let id = RunId::parse("r1").unwrap();
+        let dir = root.create_run_dir(&id).unwrap().unwrap();
+        let outside = d.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("keep"), b"x").unwrap();
+        for f in ["status.json", "stdout.log", "lock"] {
+            std::fs::write(dir.file(f), b"x").unwrap();
+        }
+        std::fs::create_dir(dir.file("sub")).unwrap();
+        std::fs::write(dir.file("sub/x"), b"x").unwrap();
+        std::os::unix::fs::symlink(&outside, dir.file("link")).unwrap();
+        std::os::unix::fs::symlink(&outside, dir.file("sub/link")).unwrap();
+        let names = by_inode(&root).unwrap();
+        assert_eq!(names, vec!["r1".to_string()]);
+        remove(&root, &dir).unwrap();
+        assert!(!dir.path().exists());
+        assert!(outside.join("keep").exists(), "a symlink was followed");
+        assert!(by_inode(&root).unwrap().is_empty());
+    }
+
+    #[test]
+    fn only_a_final_record_that_ended_long_enough_ago_is_old_enough() {
+        let mut st = Status::blank("r1");
+        st.state = crate::record::State::Finished;
+        st.ended_at = Some("2020-01-01T00:00:00.000Z".into());
+        let then = parse_rfc3339("2020-01-01T00:00:00.000Z").unwrap();
+        let day = Duration::from_secs(86_400);
+        assert!(ended_before(&st, then + 86_400.0, day));
+        assert!(!ended_before(&st, then + 86_399.0, day));
+        st.ended_at = None;
+        assert!(!ended_before(&st, then + 1e9, day));
+        st.ended_at = Some("2020-01-01T00:00:00.000Z".into());
+        st.state = crate::record::State::Running;
+        assert!(!ended_before(&st, then + 1e9, day));
+    }
+}

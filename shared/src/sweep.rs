@@ -157,3 +157,66 @@ impl<'r> Sweep<'r> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::State;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A root holding the run `r1` whose status.json is the record in `state`.
+    fn root_with(state: State) -> (tempfile::TempDir, Root) {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("root");
+        let root = Root::open(&path, true).unwrap();
+        let dir = root
+            .create_run_dir(&RunId::parse("r1").unwrap())
+            .unwrap()
+            .unwrap();
+        let mut st = Status::blank("r1");
+        st.state = state;
+        dir.write_atomic("status.json", st.to_json().as_bytes(), false)
+            .unwrap();
+        (d, root)
+    }
+
+    #[test]
+    fn a_plain_final_record_nobody_holds_is_settled_and_anything_else_is_not() {
+        let (_d, root) = root_with(State::Finished);
+        let got = Sweep::new(&root).settled("r1").map(|s| s.status.state);
+        assert_eq!(got, Some(State::Finished));
+        assert!(Sweep::new(&root).settled("nope").is_none());
+        assert!(Sweep::new(&root).settled("../r1").is_none());
+
+        let (_d, running) = root_with(State::Running);
+        assert!(Sweep::new(&running).settled("r1").is_none());
+
+        // A mode the careful open would set back: the careful path reads it.
+        let dir = root.path().join("r1");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(Sweep::new(&root).settled("r1").is_none());
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+
+        // A record behind a symlink is not read.
+        let real = dir.join("real.json");
+        std::fs::rename(dir.join("status.json"), &real).unwrap();
+        std::os::unix::fs::symlink(&real, dir.join("status.json")).unwrap();
+        assert!(Sweep::new(&root).settled("r1").is_none());
+    }
+
+    #[test]
+    fn a_flock_on_the_run_dir_or_its_lock_file_keeps_it_from_being_settled() {
+        let (_d, root) = root_with(State::Finished);
+        for name in ["", "lock"] {
+            let path = root.path().join("r1").join(name);
+            if !name.is_empty() {
+                std::fs::write(&path, b"").unwrap();
+            }
+            let f = std::fs::File::open(&path).unwrap();
+            assert!(crate::sys::try_lock_exclusive(std::os::fd::AsFd::as_fd(&f)).unwrap());
+            assert!(Sweep::new(&root).settled("r1").is_none(), "held: {name:?}");
+            drop(f);
+        }
+        assert!(Sweep::new(&root).settled("r1").is_some());
+    }
+}

@@ -409,14 +409,13 @@ pub fn gc(root: Option<&Path>, args: GcArgs) -> anyhow::Result<u8> {
         let mut evidence = removal::Evidence::default();
         let now = epoch_now();
         for name in names {
-            match gc_one(&root, &name, &args, now, &mut evidence) {
-                Some(dir) if args.dry_run => println!("would remove {}", dir.path().display()),
-                Some(dir) => {
-                    if tx.send(dir).is_err() {
-                        break;
-                    }
-                }
-                None => {}
+            let Some(dir) = gc_one(&root, &name, &args, now, &mut evidence) else {
+                continue;
+            };
+            if args.dry_run {
+                println!("would remove {}", dir.path().display());
+            } else if tx.send(dir).is_err() {
+                break;
             }
         }
         drop(tx);
