@@ -209,23 +209,25 @@ fn read_all(root: &Root, names: Vec<String>) -> Vec<(String, Result<Row, String>
         let mut sweep = Sweep::new(root);
         names
             .iter()
-            .map(|n| (n.clone(), list_entry(root, &mut sweep, n)))
+            .map(|n| list_entry(root, &mut sweep, n))
             .collect::<Vec<_>>()
     };
-    if cpus < 2 || names.len() < 2_000 {
-        return read(&names);
-    }
-    let share = names.len().div_ceil(cpus);
-    std::thread::scope(|s| {
-        let parts: Vec<_> = names
-            .chunks(share)
-            .map(|c| s.spawn(move || read(c)))
-            .collect();
-        parts
-            .into_iter()
-            .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-            .collect()
-    })
+    let rows = if cpus < 2 || names.len() < 2_000 {
+        read(&names)
+    } else {
+        let share = names.len().div_ceil(cpus);
+        std::thread::scope(|s| {
+            let parts: Vec<_> = names
+                .chunks(share)
+                .map(|c| s.spawn(move || read(c)))
+                .collect();
+            parts
+                .into_iter()
+                .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                .collect()
+        })
+    };
+    names.into_iter().zip(rows).collect()
 }
 
 /// The width `list` keeps to: 80 columns for run ids of up to 37 characters (longer ids are
