@@ -101,7 +101,7 @@ fn the_daemon_with_retain_removes_an_old_final_run_on_its_rescan_and_logs_it() {
     );
 }
 
-/// A process (not agent-run) holding a flock on a dir; killed by pid when dropped.
+/// A process holding a flock on a dir; killed by pid when dropped.
 struct LockHolder(Child);
 
 impl LockHolder {
@@ -117,10 +117,16 @@ impl Drop for LockHolder {
     }
 }
 
-/// A process (not agent-run) holding a flock on `dir`, until dropped.
-fn hold_lock(dir: &std::path::Path) -> LockHolder {
+/// A process holding a flock on `dir`, until dropped: a copy of the fixture named agent-run,
+/// as a `cancel` or another watchdog holding the run would be (the watchdog's pass leaves such
+/// a run to its holder, and the retention sweep after it meets the holder).
+fn hold_lock(root: &TestRoot, dir: &std::path::Path) -> LockHolder {
     use std::io::{BufRead, Write};
-    let mut child = Command::new(agent_run_tests::fixture_bin())
+    let bin = root.dir.path().join("bin");
+    std::fs::create_dir_all(&bin).expect("a bin dir");
+    let copy = bin.join("agent-run");
+    std::fs::copy(agent_run_tests::fixture_bin(), &copy).expect("copy the fixture");
+    let mut child = Command::new(&copy)
         .arg("hold-dir-locks")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -142,7 +148,7 @@ fn an_old_run_whose_lock_a_live_process_holds_or_whose_cgroup_holds_a_process_is
     let root = TestRoot::new();
     let _sweep = Sweep(&root);
     finished_days_ago(&root, "locked", 3);
-    let holder = hold_lock(&root.run_dir("locked"));
+    let holder = hold_lock(&root, &root.run_dir("locked"));
     let holder_proc = format!("/proc/{}", holder.pid());
 
     // A live run whose record the workload rewrote to say it ended long ago: its cgroup holds
