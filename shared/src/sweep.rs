@@ -40,7 +40,7 @@ pub struct Sweep<'r> {
     buf: Vec<u8>,
 }
 
-/// A final record nobody holds, read by [`Sweep::settled`].
+/// A record read by [`Sweep::record`]; from [`Sweep::settled`], a final one nobody holds.
 pub struct Settled {
     /// The run dir's inode.
     pub dir_ino: u64,
@@ -73,14 +73,22 @@ impl<'r> Sweep<'r> {
     /// The run `name`'s final record, when it is plain and the kernel agrees that nothing
     /// holds the run; `None`: the careful path decides (see the module doc).
     pub fn settled(&mut self, name: &str) -> Option<Settled> {
+        let s = self.record(name)?;
+        if !s.status.state.is_final() || self.may_be_held(name, s.dir_ino, &s.status) {
+            return None;
+        }
+        Some(s)
+    }
+
+    /// The run `name`'s record, when its dir and status.json are plain (see the module doc),
+    /// whatever its state and whoever holds the run: what a caller that goes on only for
+    /// some records (retention: final and old) reads first.
+    pub fn record(&mut self, name: &str) -> Option<Settled> {
         if !RunId::is_valid(name) {
             return None;
         }
         let dir_ino = self.run_dir_inode(name)?;
         let status = self.read(name)?;
-        if !status.state.is_final() || self.may_be_held(name, dir_ino, &status) {
-            return None;
-        }
         Some(Settled { dir_ino, status })
     }
 

@@ -8,8 +8,8 @@
 //! (it is looked at again on every pass). The daemon sweeps on a thread of its own, once per
 //! rescan interval: a sweep over a big root never delays a deadline.
 //!
-//! The sweep reads each run as `list` does ([`Sweep::settled`]): a run that is not final, or
-//! not final for sure, is read no further unless its record says it is final and old enough.
+//! The sweep reads each record by a few syscalls relative to the root's fd ([`Sweep::record`]):
+//! a run whose record is not final, or not old enough, is read no further.
 
 use crate::report::log;
 use agent_run_shared::id::RunId;
@@ -44,9 +44,9 @@ pub fn sweep(root: &Root, retain: Duration, said: &mut HashSet<String>) -> Swept
     let mut sweep = Sweep::new(root);
     let mut evidence = Evidence::default();
     for name in names {
-        // The cheap read first: a run that is not final for sure needs the careful one only
-        // when its record says it is final.
-        if let Some(s) = sweep.settled(&name) {
+        // The cheap read first: only a record that says it is final and old enough is read
+        // again by the careful path, which asks the kernel what holds the run.
+        if let Some(s) = sweep.record(&name) {
             if !removal::ended_before(&s.status, now, retain) {
                 continue;
             }
