@@ -33,7 +33,10 @@ pub fn status(root: Option<&Path>, args: StatusArgs) -> anyhow::Result<u8> {
         }
         Picked::Many(ids) => ids,
     };
-    let mut batch = select::Batch::default();
+    let mut batch = match args.json {
+        true => select::Batch::streaming(),
+        false => select::Batch::default(),
+    };
     for (i, id) in ids.iter().enumerate() {
         let got = open_run(root, id).and_then(|dir| Ok((read_record(&dir)?, dir)));
         match got {
