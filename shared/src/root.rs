@@ -100,6 +100,11 @@ impl Root {
         })
     }
 
+    /// The root's descriptor, for reads relative to it ([`crate::sweep`]).
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
     /// The root's path.
     pub fn path(&self) -> &Path {
         &self.path

@@ -39,6 +39,13 @@ pub struct Cli {
     /// How far past lease deadline + grace a live wrapper may be before the watchdog steps in
     #[arg(long, value_name = "DUR", default_value = "5s", value_parser = dur("--slack"))]
     pub slack: Duration,
+    /// Remove final runs that ended more than DUR ago (e.g. 14d), as `agent-run gc
+    /// --older-than DUR` would: after a --once pass, and once per --scan-interval beside the
+    /// daemon. A run whose lock a live process holds, whose cgroup holds a process, or of which
+    /// a process may live on is kept. Each removal is a log line naming the run. Default: off
+    /// (nothing is removed)
+    #[arg(long, value_name = "DUR", value_parser = dur("--retain"))]
+    pub retain: Option<Duration>,
 }
 
 pub fn dur(what: &'static str) -> impl Fn(&str) -> Result<Duration, String> + Clone {

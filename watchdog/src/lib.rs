@@ -20,6 +20,7 @@ pub mod once;
 pub mod pass;
 pub mod peek;
 pub mod report;
+pub mod retain;
 pub mod root_lock;
 pub mod watched;
 

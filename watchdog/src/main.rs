@@ -5,7 +5,7 @@ mod cli;
 
 use agent_run_shared::exit;
 use agent_run_shared::root::{resolve_root, Root};
-use agent_run_watchdog::{lock_root, run, run_once, Options, Policy, RootBusy};
+use agent_run_watchdog::{lock_root, retain, run, run_once, Options, Policy, RootBusy};
 use clap::Parser;
 use cli::Cli;
 use std::process::ExitCode;
@@ -50,7 +50,13 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         // A single pass beside a daemon on the same root would only race it.
         let _root_lock = lock_root(&root)?;
         run_once(&root, &policy);
+        if let Some(retain) = cli.retain {
+            retain::sweep(&root, retain, &mut Default::default());
+        }
         return Ok(());
+    }
+    if let Some(retain) = cli.retain {
+        retain::spawn(root_path.clone(), retain, cli.scan_interval)?;
     }
     run(Options {
         root: root_path,

@@ -7,12 +7,15 @@ use crate::runs::{open_root, root_entries};
 use agent_run_shared::exit;
 use agent_run_shared::id::RunId;
 use agent_run_shared::pid::ClaimedPid;
+use agent_run_shared::record::Status;
 use agent_run_shared::record::{ContainmentMode, State};
+use agent_run_shared::removal;
 use agent_run_shared::root::Root;
+use agent_run_shared::run_dir::RunDir;
 use agent_run_shared::spec::matches_all;
+use agent_run_shared::sweep::Sweep;
 use agent_run_shared::time::{epoch_now, parse_rfc3339};
-use agent_run_shared::verdict::{Look, Shared};
-use agent_run_shared::wrapper::Holder;
+use serde::{Serialize, Serializer};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -49,33 +52,120 @@ struct Row {
     colour: &'static str,
 }
 
+/// A row as `list --json` shows it: the keys in the order `serde_json` sorts them (the order
+/// the output has always had), serialized straight to the output.
+#[derive(Serialize)]
+struct RowJson<'a> {
+    age_s: Option<f64>,
+    containment: Option<ContainmentMode>,
+    created_at: &'a str,
+    ended_at: Option<&'a str>,
+    exit_code: Option<i32>,
+    #[serde(rename = "final")]
+    is_final: bool,
+    labels: &'a BTreeMap<String, String>,
+    launch_exit_code: Option<i32>,
+    lease_remaining_s: Option<f64>,
+    lease_unreadable: Option<&'a str>,
+    note: Option<&'a str>,
+    outcome_exit_code: Option<u8>,
+    pid: Option<ClaimedPid>,
+    reason: Option<&'a str>,
+    run_id: &'a str,
+    started_at: Option<&'a str>,
+    state: &'a str,
+    suspended: bool,
+    term_signal: Option<&'a str>,
+    timeout_remaining_s: Option<f64>,
+}
+
+/// One element of the `list --json` array: a run, or a run dir that could not be read.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Item<'a> {
+    Row(RowJson<'a>),
+    Broken(Value),
+}
+
 impl Row {
     /// The row's `list --json` object.
-    fn value(&self) -> Value {
+    fn json(&self) -> RowJson<'_> {
         let round = |x: f64| (x * 10.0).round() / 10.0;
-        json!({
-            "run_id": self.run_id, "state": self.state.as_str(), "reason": self.reason,
-            "pid": self.pid, "age_s": self.age_s.map(|a| a.round()),
-            "lease_remaining_s": self.lease_left.map(round),
-            "lease_unreadable": self.lease_unreadable,
-            "timeout_remaining_s": self.timeout_left.map(round),
-            "exit_code": self.exit_code, "launch_exit_code": self.launch_exit_code,
-            "term_signal": self.term_signal, "note": self.note, "suspended": self.suspended,
-            "final": self.state.is_final(), "outcome_exit_code": self.outcome,
-            "labels": self.labels, "created_at": self.created_at,
-            "started_at": self.started_at, "ended_at": self.ended_at,
-            "containment": self.containment,
-        })
+        RowJson {
+            run_id: &self.run_id,
+            state: self.state.as_str(),
+            reason: self.reason.as_deref(),
+            pid: self.pid,
+            age_s: self.age_s.map(|a| a.round()),
+            lease_remaining_s: self.lease_left.map(round),
+            lease_unreadable: self.lease_unreadable.as_deref(),
+            timeout_remaining_s: self.timeout_left.map(round),
+            exit_code: self.exit_code,
+            launch_exit_code: self.launch_exit_code,
+            term_signal: self.term_signal.as_deref(),
+            note: self.note.as_deref(),
+            suspended: self.suspended,
+            is_final: self.state.is_final(),
+            outcome_exit_code: self.outcome,
+            labels: &self.labels,
+            created_at: &self.created_at,
+            started_at: self.started_at.as_deref(),
+            ended_at: self.ended_at.as_deref(),
+            containment: self.containment,
+        }
+    }
+
+    /// The row of a record, with what the kernel adds to it.
+    fn new(st: Status, now: f64, live: Live) -> Row {
+        let created = parse_rfc3339(&st.created_at);
+        Row {
+            created: created.unwrap_or(0.0),
+            age_s: created.map(|c| now - c),
+            lease_left: live.lease_left,
+            lease_unreadable: live.lease_unreadable,
+            timeout_left: live.timeout_left,
+            note: live.note,
+            suspended: live.suspended,
+            outcome: exit::for_record(&st),
+            colour: human::state_colour(&st),
+            state: st.state,
+            pid: st.pid,
+            exit_code: st.exit_code,
+            launch_exit_code: st.launch_exit_code,
+            containment: st.containment.as_ref().map(|c| c.mode),
+            run_id: st.run_id,
+            reason: st.reason,
+            term_signal: st.term_signal,
+            labels: st.labels,
+            created_at: st.created_at,
+            started_at: st.started_at,
+            ended_at: st.ended_at,
+        }
     }
 }
 
-/// What `list` knows of one run, or why its dir is skipped.
-fn list_entry(root: &Root, name: &str) -> Result<Row, String> {
+/// What a run that goes on (or whose end the kernel doubts) shows beside its record. A final
+/// run nobody holds has none of it.
+#[derive(Default)]
+struct Live {
+    lease_left: Option<f64>,
+    lease_unreadable: Option<String>,
+    timeout_left: Option<f64>,
+    note: Option<String>,
+    suspended: bool,
+}
+
+/// What `list` knows of one run, or why its dir is skipped. A final run the kernel agrees
+/// with is read by the sweep's few syscalls ([`Sweep::settled`]); any other by the careful
+/// path, which looks at what holds it.
+fn list_entry(root: &Root, sweep: &mut Sweep, name: &str) -> Result<Row, String> {
+    let now = epoch_now();
+    if let Some(settled) = sweep.settled(name) {
+        return Ok(Row::new(settled.status, now, Live::default()));
+    }
     let id = RunId::parse(name).map_err(|e| e.to_string())?;
     let dir = root.open_run_dir(&id).map_err(|e| e.to_string())?;
     let st = dir.read_status().map_err(|e| e.to_string())?;
-    let now = epoch_now();
-    let created = parse_rfc3339(&st.created_at);
     let (lease_left, lease_unreadable) = match st.state.is_final() {
         true => (None, None),
         false => match dir.read_lease() {
@@ -87,35 +177,57 @@ fn list_entry(root: &Root, name: &str) -> Result<Row, String> {
         .timeout_deadline_epoch()
         .filter(|_| !st.state.is_final())
         .map(|d| d - now);
-    let look = crate::runs::look_with(&dir, &st);
+    let look = crate::runs::look_with(&dir, &st, sweep.cgroups());
     let note = crate::runs::note_of(&look);
     let suspended = !st.state.is_final()
         && agent_run_shared::suspend::is_suspended(&dir, &st, look.cgroup.as_ref());
-    let outcome = exit::for_record(&st);
-    let colour = human::state_colour(&st);
-    Ok(Row {
-        created: created.unwrap_or(0.0),
-        age_s: created.map(|c| now - c),
+    let live = Live {
         lease_left,
         lease_unreadable,
         timeout_left,
         note,
         suspended,
-        outcome,
-        colour,
-        state: st.state,
-        pid: st.pid,
-        exit_code: st.exit_code,
-        launch_exit_code: st.launch_exit_code,
-        containment: st.containment.as_ref().map(|c| c.mode),
-        run_id: st.run_id,
-        reason: st.reason,
-        term_signal: st.term_signal,
-        labels: st.labels,
-        created_at: st.created_at,
-        started_at: st.started_at,
-        ended_at: st.ended_at,
-    })
+    };
+    Ok(Row::new(st, now, live))
+}
+
+/// A sequence serialized from an iterator, once.
+struct Items<I>(std::cell::Cell<Option<I>>);
+
+impl<'a, I: Iterator<Item = Item<'a>>> Serialize for Items<I> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.take().into_iter().flatten())
+    }
+}
+
+/// Every run of `names`, in their order. A large root is read by a thread a CPU (up to 4),
+/// each over its share of the names with a sweep of its own: reading 100,000 records is
+/// syscalls and parsing, and both go as fast as there are CPUs.
+fn read_all(root: &Root, names: Vec<String>) -> Vec<(String, Result<Row, String>)> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+    let read = |names: &[String]| {
+        let mut sweep = Sweep::new(root);
+        names
+            .iter()
+            .map(|n| list_entry(root, &mut sweep, n))
+            .collect::<Vec<_>>()
+    };
+    let rows = if cpus < 2 || names.len() < 2_000 {
+        read(&names)
+    } else {
+        let share = names.len().div_ceil(cpus);
+        std::thread::scope(|s| {
+            let parts: Vec<_> = names
+                .chunks(share)
+                .map(|c| s.spawn(move || read(c)))
+                .collect();
+            parts
+                .into_iter()
+                .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                .collect()
+        })
+    };
+    names.into_iter().zip(rows).collect()
 }
 
 /// The width `list` keeps to: 80 columns for run ids of up to 37 characters (longer ids are
@@ -213,8 +325,8 @@ pub fn list(root: Option<&Path>, args: ListArgs) -> anyhow::Result<u8> {
     };
     let mut runs = Vec::new();
     let mut broken = Vec::new();
-    for name in root_entries(&root)? {
-        match list_entry(&root, &name) {
+    for (name, entry) in read_all(&root, root_entries(&root)?) {
+        match entry {
             Ok(row) if wanted(&row) => runs.push(row),
             Ok(_) => {}
             Err(why) => {
@@ -239,22 +351,12 @@ pub fn list(root: Option<&Path>, args: ListArgs) -> anyhow::Result<u8> {
         if filtered || args.limit.is_some() {
             broken.clear();
         }
-        // The bytes of `serde_json::to_string_pretty` of the whole array, one row at a time.
-        let rows = runs.iter().map(Row::value).chain(broken);
-        let mut first = true;
-        for v in rows {
-            let text = serde_json::to_string_pretty(&v)?;
-            out.write_all(if first { b"[\n" } else { b",\n" })?;
-            first = false;
-            for (i, line) in text.lines().enumerate() {
-                if i > 0 {
-                    out.write_all(b"\n")?;
-                }
-                out.write_all(b"  ")?;
-                out.write_all(line.as_bytes())?;
-            }
-        }
-        out.write_all(if first { b"[]\n" } else { b"\n]\n" })?;
+        // The bytes of `serde_json::to_string_pretty` of the whole array, written as it is
+        // serialized.
+        let rows = runs.iter().map(|r| Item::Row(r.json()));
+        let items = rows.chain(broken.into_iter().map(Item::Broken));
+        serde_json::to_writer_pretty(&mut out, &Items(std::cell::Cell::new(Some(items))))?;
+        out.write_all(b"\n")?;
         out.flush()?;
         return Ok(exit::OK);
     }
@@ -282,94 +384,80 @@ pub fn list(root: Option<&Path>, args: ListArgs) -> anyhow::Result<u8> {
     Ok(exit::OK)
 }
 
-/// Whether the final run in `dir` (its record `st`) may be removed: the kernel must agree that
-/// it is over. No live process holds its lock, its cgroup is empty, and nothing of it lives
-/// where a process of it could have gone. Otherwise the record was forged, and the dir is the
-/// evidence. `cgroups`: one walk of the cgroup2 mount for every run asked about. The error
-/// says why not, and how on.
-pub fn may_remove(
-    dir: &agent_run_shared::run_dir::RunDir,
-    st: &agent_run_shared::record::Status,
-    cgroups: &agent_run_shared::cgroup::RunCgroups,
-) -> Result<(), String> {
-    let name = dir.id().as_str();
-    if !st.state.is_final() {
-        return Err(format!(
-            "it is {}, not over (agent-run cancel {name} first)",
-            st.state.as_str()
-        ));
-    }
-    let shared = Shared {
-        cgroups: Some(cgroups),
-        ..Shared::default()
-    };
-    let look = Look::take_with(dir, Ok(st.clone()), &shared);
-    if look.believed().is_none() || !matches!(look.holder, Holder::Nobody) {
-        let why = match look.doubt() {
-            Some(d) => d.note(),
-            None => "a process holds the run's lock".to_string(),
-        };
-        return Err(format!(
-            "its record says {}, {why} (agent-run cancel {name})",
-            st.state.as_str()
-        ));
-    }
-    // The facts a record cannot fake: the run's marker (by /proc scans alone), or a process
-    // where one that left the run's cgroup could be.
-    if agent_run_shared::takeover::final_doubted(dir, &look, st, &dir.journal("gc")) {
-        return Err(format!(
-            "its record says {}, but a process of the run may live on (agent-run cancel {name})",
-            st.state.as_str()
-        ));
-    }
-    Ok(())
-}
-
-/// `agent-run gc`.
+/// `agent-run gc`: the root in inode order, each final run old enough removed when
+/// [`removal::may_remove`] agrees. The decisions are taken one run after another; the removals
+/// run on [`REMOVERS`] threads, since on a file system that discards each freed block at once
+/// an unlink waits for the device, and several waits overlap.
 pub fn gc(root: Option<&Path>, args: GcArgs) -> anyhow::Result<u8> {
     let Some(root) = open_root(root)? else {
         return Ok(exit::OK);
     };
-    let now = epoch_now();
-    // A final record is removed only if its run's cgroup agrees that nothing is left (one walk
-    // of the cgroup2 mount for the whole gc): a forged record must not take the evidence along.
-    let cgroups = agent_run_shared::cgroup::run_cgroups();
-    for name in root_entries(&root)? {
-        let checked = RunId::parse(&name)
-            .map_err(|e| e.to_string())
-            .and_then(|id| root.open_run_dir(&id).map_err(|e| e.to_string()))
-            .and_then(|dir| {
-                dir.read_status()
-                    .map(|st| (dir, st))
-                    .map_err(|e| e.to_string())
+    let names = removal::by_inode(&root)?;
+    let (tx, rx) = std::sync::mpsc::sync_channel::<RunDir>(256);
+    let rx = std::sync::Mutex::new(rx);
+    std::thread::scope(|s| {
+        for _ in 0..REMOVERS {
+            s.spawn(|| loop {
+                let next = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                let Ok(dir) = next else {
+                    return;
+                };
+                match removal::remove(&root, &dir) {
+                    Ok(()) => println!("removed {}", dir.path().display()),
+                    Err(e) => eprintln!("agent-run: cannot remove {}: {e}", dir.path().display()),
+                }
             });
-        let (dir, st) = match checked {
-            Ok(x) => x,
-            Err(why) => {
-                eprintln!("agent-run: {name}: skipped: {why}");
+        }
+        let mut evidence = removal::Evidence::default();
+        let now = epoch_now();
+        for name in names {
+            let Some(dir) = gc_one(&root, &name, &args, now, &mut evidence) else {
                 continue;
+            };
+            if args.dry_run {
+                println!("would remove {}", dir.path().display());
+            } else if tx.send(dir).is_err() {
+                break;
             }
-        };
-        if !st.state.is_final() {
-            continue;
         }
-        let ended = st.ended_at.as_deref().and_then(parse_rfc3339);
-        if ended.is_none_or(|e| now - e < args.older_than.as_secs_f64()) {
-            continue;
-        }
-        if let Err(why) = may_remove(&dir, &st, &cgroups) {
-            eprintln!("agent-run: {name}: skipped: {why}");
-            continue;
-        }
-        if args.dry_run {
-            println!("would remove {}", dir.path().display());
-            continue;
-        }
-        // remove_dir_all never follows symlinks inside the tree (std, since CVE-2022-21658).
-        match std::fs::remove_dir_all(dir.path()) {
-            Ok(()) => println!("removed {}", dir.path().display()),
-            Err(e) => eprintln!("agent-run: cannot remove {}: {e}", dir.path().display()),
-        }
-    }
+        drop(tx);
+    });
     Ok(exit::OK)
+}
+
+/// How many threads of `gc` remove run dirs at once.
+const REMOVERS: usize = 4;
+
+/// The run dir `name` when it is final, old enough and [`removal::may_remove`] agrees; why not
+/// on stderr when it cannot be read or may not go.
+fn gc_one(
+    root: &Root,
+    name: &str,
+    args: &GcArgs,
+    now: f64,
+    ev: &mut removal::Evidence,
+) -> Option<RunDir> {
+    let checked = RunId::parse(name)
+        .map_err(|e| e.to_string())
+        .and_then(|id| root.open_run_dir(&id).map_err(|e| e.to_string()))
+        .and_then(|dir| {
+            dir.read_status()
+                .map(|st| (dir, st))
+                .map_err(|e| e.to_string())
+        });
+    let (dir, st) = match checked {
+        Ok(x) => x,
+        Err(why) => {
+            eprintln!("agent-run: {name}: skipped: {why}");
+            return None;
+        }
+    };
+    if !removal::ended_before(&st, now, args.older_than) {
+        return None;
+    }
+    if let Err(why) = removal::may_remove(&dir, &st, ev) {
+        eprintln!("agent-run: {name}: skipped: {why}");
+        return None;
+    }
+    Some(dir)
 }

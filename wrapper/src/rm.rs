@@ -5,15 +5,14 @@
 
 use crate::cli::RmArgs;
 use crate::error::{exit_code_of, fail};
-use crate::list::may_remove;
 use crate::runs::{open_run, read_record};
-use agent_run_shared::cgroup::RunCgroups;
 use agent_run_shared::exit;
+use agent_run_shared::removal::{self, Evidence};
 use std::path::Path;
 
 /// `agent-run rm`: the exit code is 0 when every run went, else the first failure's.
 pub fn rm(root: Option<&Path>, args: RmArgs) -> anyhow::Result<u8> {
-    let cgroups = agent_run_shared::cgroup::run_cgroups();
+    let mut evidence = Evidence::default();
     let mut code = exit::OK;
     let mut done: Vec<&str> = Vec::new();
     for id in &args.run_ids {
@@ -21,7 +20,7 @@ pub fn rm(root: Option<&Path>, args: RmArgs) -> anyhow::Result<u8> {
             continue;
         }
         done.push(id);
-        match rm_one(root, id, &cgroups, args.dry_run) {
+        match rm_one(root, id, &mut evidence, args.dry_run) {
             Ok(()) if args.dry_run => println!("would remove {id}"),
             Ok(()) => println!("removed {id}"),
             Err(e) => {
@@ -38,7 +37,7 @@ pub fn rm(root: Option<&Path>, args: RmArgs) -> anyhow::Result<u8> {
 fn rm_one(
     root: Option<&Path>,
     id: &str,
-    cgroups: &RunCgroups,
+    evidence: &mut Evidence,
     dry_run: bool,
 ) -> anyhow::Result<()> {
     let dir = open_run(root, id)?;
@@ -47,14 +46,16 @@ fn rm_one(
             "{id}: not removed (agent-run cancel {id} writes its record anew from the kernel's facts)"
         ))
     })?;
-    if let Err(why) = may_remove(&dir, &st, cgroups) {
+    if let Err(why) = removal::may_remove(&dir, &st, evidence) {
         return fail(exit::TEMPFAIL, format!("{id}: not removed: {why}"));
     }
     if dry_run {
         return Ok(());
     }
-    // remove_dir_all never follows symlinks inside the tree (std, since CVE-2022-21658).
-    std::fs::remove_dir_all(dir.path()).or_else(|e| {
+    let Some(root) = crate::runs::open_root(root)? else {
+        return fail(exit::NO_SUCH_RUN, format!("no such run {id}"));
+    };
+    removal::remove(&root, &dir).or_else(|e| {
         fail(
             exit::SOFTWARE,
             format!("cannot remove {}: {e}", dir.path().display()),

@@ -127,15 +127,19 @@ pub fn wait_final(dir: &RunDir, timeout: Option<Duration>) -> anyhow::Result<Sta
 /// What a record cannot say by itself: whether its wrapper still lives, whether the kernel
 /// contradicts a final record, whether the host rebooted, whether a live wrapper is stopping.
 pub fn note(dir: &RunDir, st: &Status) -> Option<String> {
-    note_of(&look_with(dir, st))
+    note_of(&look_with(dir, st, run_cgroups()))
 }
 
 /// A look at a run whose record the caller read, sharing /proc/locks and the cgroup walk
-/// across every run this process looks at (`list` asks for each).
-pub fn look_with(dir: &RunDir, st: &Status) -> Look {
+/// `cgroups` across every run this process looks at (`list` and `status --all` ask for each).
+pub fn look_with(
+    dir: &RunDir,
+    st: &Status,
+    cgroups: &agent_run_shared::cgroup::RunCgroups,
+) -> Look {
     let shared = Shared {
         locks: Some(lock_table()),
-        cgroups: Some(run_cgroups()),
+        cgroups: Some(cgroups),
         cgroup: None,
     };
     Look::take_with(dir, Ok(st.clone()), &shared)
@@ -188,6 +192,12 @@ fn lock_table() -> &'static procfs::LockTable {
 pub fn record_value(dir: &RunDir, st: &Status) -> Value {
     let look = Look::take_with(dir, Ok(st.clone()), &Shared::default());
     record_value_of(dir, st, &look)
+}
+
+/// [`record_value`] for one run among many (`status --all`, `--label`): the look shares
+/// /proc/locks and the cgroup walk across them (no walk of the mount per run).
+pub fn record_value_among(dir: &RunDir, st: &Status) -> Value {
+    record_value_of(dir, st, &look_with(dir, st, run_cgroups()))
 }
 
 /// [`record_value`] from a look already taken.

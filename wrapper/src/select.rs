@@ -84,27 +84,58 @@ pub fn error_entry(id: &str, err: &anyhow::Error) -> (Value, u8) {
 pub struct Batch {
     docs: Vec<Value>,
     code: u8,
+    /// Entries written as they come ([`Batch::streaming`]): whether one was written yet.
+    streamed: Option<bool>,
 }
 
 impl Batch {
+    /// A batch whose array is written an entry at a time as the entries come (`status --all
+    /// --json` over 100,000 runs holds no 100,000 documents). The same bytes as
+    /// [`Batch::finish`] prints.
+    pub fn streaming() -> Batch {
+        Batch {
+            streamed: Some(false),
+            ..Batch::default()
+        }
+    }
+
     /// A run's entry.
     pub fn push(&mut self, doc: Value) {
-        self.docs.push(doc);
+        match self.streamed {
+            Some(first_done) => {
+                let text = serde_json::to_string_pretty(&doc).expect("json serializes");
+                let mut out = String::with_capacity(text.len() + text.len() / 16 + 4);
+                out.push_str(if first_done { ",\n" } else { "[\n" });
+                for (i, line) in text.lines().enumerate() {
+                    if i > 0 {
+                        out.push('\n');
+                    }
+                    out.push_str("  ");
+                    out.push_str(line);
+                }
+                print!("{out}");
+                self.streamed = Some(true);
+            }
+            None => self.docs.push(doc),
+        }
     }
 
     /// A run that could not be acted on ([`error_entry`]).
     pub fn failed(&mut self, id: &str, err: &anyhow::Error) {
         let (doc, code) = error_entry(id, err);
-        self.docs.push(doc);
+        self.push(doc);
         if self.code == exit::OK {
             self.code = code;
         }
     }
 
-    /// Prints the array when `json`; the exit code.
+    /// Prints the array when `json` (ends it, when streamed); the exit code.
     pub fn finish(self, json: bool) -> u8 {
-        if json {
-            print_json(&Value::Array(self.docs));
+        match (json, self.streamed) {
+            (false, _) => {}
+            (true, Some(true)) => println!("\n]"),
+            (true, Some(false)) => println!("[]"),
+            (true, None) => print_json(&Value::Array(self.docs)),
         }
         self.code
     }

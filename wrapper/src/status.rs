@@ -3,7 +3,7 @@
 
 use crate::cli::StatusArgs;
 use crate::human;
-use crate::runs::{note, open_run, print_record, read_record, record_value};
+use crate::runs::{note, open_run, print_record, read_record, record_value, record_value_among};
 use crate::select::{self, Picked};
 use agent_run_shared::exit;
 use agent_run_shared::record::Status;
@@ -33,11 +33,14 @@ pub fn status(root: Option<&Path>, args: StatusArgs) -> anyhow::Result<u8> {
         }
         Picked::Many(ids) => ids,
     };
-    let mut batch = select::Batch::default();
+    let mut batch = match args.json {
+        true => select::Batch::streaming(),
+        false => select::Batch::default(),
+    };
     for (i, id) in ids.iter().enumerate() {
         let got = open_run(root, id).and_then(|dir| Ok((read_record(&dir)?, dir)));
         match got {
-            Ok((st, dir)) if args.json => batch.push(record_value(&dir, &st)),
+            Ok((st, dir)) if args.json => batch.push(record_value_among(&dir, &st)),
             Ok((st, dir)) => {
                 if i > 0 {
                     println!();

@@ -178,17 +178,25 @@ pub(super) fn holds_processes(cg: &RunCgroup) -> bool {
 /// The live processes that carry the run's marker and started after its dir was made (a run
 /// held by /proc scans alone, its record final: what the record cannot say). One scan of /proc.
 pub fn marked_alive(dir: &RunDir, st: &Status) -> Vec<Pid> {
+    marked_alive_in(dir, st, None)
+}
+
+/// [`marked_alive`] over the look `snap` when given (one scan for many runs: see
+/// [`crate::removal`]), else over a fresh scan.
+pub fn marked_alive_in(
+    dir: &RunDir,
+    st: &Status,
+    snap: Option<&crate::procset::Snapshot>,
+) -> Vec<Pid> {
     let Some(scope) = scope_without_leader(dir, st, None) else {
         return Vec::new();
     };
-    crate::procset::discover(
-        &scope,
-        crate::procset::Depth::WithMarker,
-        &Default::default(),
-    )
-    .into_iter()
-    .map(|s| s.pid)
-    .collect()
+    let depth = crate::procset::Depth::WithMarker;
+    let found = match snap {
+        Some(snap) => crate::procset::discover_in(snap, &scope, depth, &Default::default()),
+        None => crate::procset::discover(&scope, depth, &Default::default()),
+    };
+    found.into_iter().map(|s| s.pid).collect()
 }
 
 /// Whether a final record that nobody holds is doubted by a fact it cannot fake: by /proc scans
