@@ -1220,7 +1220,9 @@ def lateness_run(ctx, tpl, n, kind, k, spacing, lead=None):
         os.chmod(tmp, 0o600)
         os.replace(tmp, root / rid / "lease.json")
     t_last = t_ready + lead + (k - 1) * spacing
-    seen = poll_finals(root, deadlines, t_last + 60)
+    # Held by scanning alone, a run stopped without its wrapper is `unknown`, `unprovable`:
+    # nothing can prove that nothing of it is left.
+    seen = poll_finals(root, deadlines, t_last + 60, (("unknown", "unprovable"), ("cancelled", "lease_expired")))
     late, pending = seen["late"], seen["pending"]
     # What a run still pending holds (a harness that missed a final record must say so).
     pending_states = sorted(
