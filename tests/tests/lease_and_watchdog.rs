@@ -1718,28 +1718,64 @@ impl Drop for LockHolder {
 // ---------------------------------------------------------------------------------------------
 // Deadlines do not wait for a pass; stops due together share their looks
 
+/// A run dir that the root's listing (the order a pass works in) puts among its first `within`
+/// run dirs, made before `fill` makes the others: the first made, where a directory lists in
+/// the order entries were made, else the first of names tried until one is listed there (a
+/// directory that lists by a hash of the name).
+fn early_run_dir(root: &TestRoot, prefix: &str, within: usize, fill: impl FnOnce()) -> String {
+    let listed = |id: &str| {
+        let names = fs::read_dir(root.root()).expect("the root lists");
+        let names: Vec<String> = names
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| !n.starts_with('.'))
+            .collect();
+        names
+            .iter()
+            .position(|n| n == id)
+            .is_some_and(|p| p < within)
+    };
+    let first = format!("{prefix}-0");
+    make_run_dir(root, &first);
+    fill();
+    if listed(&first) {
+        return first;
+    }
+    for k in 1..2000 {
+        let id = format!("{prefix}-{k}");
+        let dir = make_run_dir(root, &id);
+        if listed(&id) {
+            return id;
+        }
+        fs::remove_dir(&dir).expect("an empty run dir is removed");
+    }
+    panic!("no run dir {prefix}-N is listed among the first {within} of the root");
+}
+
 /// A full pass slowed by the `slow_pass` fault knob (50 ms a run dir: 100 final run dirs make
-/// it 5 s), begun by SIGHUP: an orphan's lease that falls due a moment into the pass is
-/// enforced, and its stop said in the log, before the log says that pass is done. A loop that
-/// served its deadlines only between passes would say the stop after.
+/// it 5 s), begun by SIGHUP. An orphan that the pass looks at within its first half second
+/// gets a lease that falls due a second into the pass: it is enforced, and its stop said in
+/// the log, before the log says that pass is done. A loop that served its deadlines only
+/// between passes would say the stop after.
 #[test]
 fn a_lease_due_during_a_pass_slowed_by_a_fault_knob_is_enforced_before_the_pass_ends() {
     let root = TestRoot::sharing_cpu();
     let _r = open_root(&root);
     let boot = procfs::boot_id();
     let (dead, ticks) = dead_process();
-    for i in 0..100 {
-        let id = format!("wd-slow-final-{i:03}");
-        let dir = make_run_dir(&root, &id);
-        let mut st = record_with(&id, dead, dead, dead, ticks, &boot);
-        st.state = State::Finished;
-        st.exit_code = Some(0);
-        st.ended_at = Some(rfc3339_now());
-        write_record(&dir, &st);
-    }
+    let id = early_run_dir(&root, "wd-slow-orphan", 10, || {
+        for i in 0..100 {
+            let id = format!("wd-slow-final-{i:03}");
+            let dir = make_run_dir(&root, &id);
+            let mut st = record_with(&id, dead, dead, dead, ticks, &boot);
+            st.state = State::Finished;
+            st.exit_code = Some(0);
+            st.ended_at = Some(rfc3339_now());
+            write_record(&dir, &st);
+        }
+    });
+    let id = id.as_str();
+    let dir = root.run_dir(id);
     let mut children = Reaper::default();
-    let id = "wd-slow-orphan";
-    let dir = make_run_dir(&root, id);
     let pid = children.push(spawn_in_session(
         &["sleep-ms", "600000"],
         Some((id, &dir)),
@@ -1762,7 +1798,7 @@ fn a_lease_due_during_a_pass_slowed_by_a_fault_knob_is_enforced_before_the_pass_
     agent_run_tests::wait_until("the pass SIGHUP begins", T, || {
         dog.stderr().contains("SIGHUP: rescanning").then_some(())
     });
-    write_lease(&dir, epoch_now() + 0.3, 1.0);
+    write_lease(&dir, epoch_now() + 1.0, 1.0);
     let st = c.wait_final();
     c.fields(&st, "the record", orphan_stopped());
     c.wait_gone_within(&pinned, Duration::from_secs(10), "the orphan");
