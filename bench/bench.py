@@ -54,6 +54,7 @@ TARGETS = {
     "rss": "< 2 MiB",
     "stream": ">= 1 GB/s and >= 80% of cat",
     "lateness": "p99 < 100 ms at 10,000 leases",
+    "burst": "p99 < 100 ms",
     "rescan": "< 100 ms CPU for 10,000 dirs",
     "idle": "near zero",
 }
@@ -1219,46 +1220,10 @@ def lateness_run(ctx, tpl, n, kind, k, spacing, lead=None):
         os.chmod(tmp, 0o600)
         os.replace(tmp, root / rid / "lease.json")
     t_last = t_ready + lead + (k - 1) * spacing
-    give_up = t_last + 60
-    pending = set(deadlines)
-    late = {}
-    act_late = {}
-    stop_ms, final_ms = [], []
-    # Poll, every millisecond, only the runs whose deadline has passed (a stat each), so the
-    # time the final record appears is known to ~1 ms without loading the machine. `ended_at`
-    # is stamped before the record is written and fsynced; "seen" is when it is there.
-    seen_key = {}
-    ended_late = {}
-    while pending and time.time() < give_up:
-        now = time.time()
-        for rid in [r for r in pending if deadlines[r] <= now + 0.002]:
-            try:
-                sb = os.stat(root / rid / "status.json")
-            except OSError:
-                continue
-            # Not the inode alone: a record is exchanged into place and the old file unlinked,
-            # so `running` -> `cancelling` -> final can hand the final record the inode the
-            # `running` one had (ext4 reuses a freed inode at once), and a poll that saw
-            # `running` and then missed `cancelling` would wait for a change it already had.
-            key = (sb.st_ino, sb.st_ctime_ns, sb.st_size)
-            if seen_key.get(rid) == key:
-                continue
-            seen_key[rid] = key
-            st = read_json(root / rid / "status.json")
-            if not (st and st.get("state") in ("cancelled", "unknown", "finished")):
-                continue
-            t_seen = time.time()
-            late[rid] = (t_seen - deadlines[rid]) * 1000
-            ended_late[rid] = (rfc3339_epoch(st["ended_at"]) - deadlines[rid]) * 1000
-            ev = watchdog_events(root / rid)
-            act_late[rid] = (ev["first"] - deadlines[rid]) * 1000 if ev.get("first") else None
-            if ev.get("first") and ev.get("stop_end"):
-                stop_ms.append((ev["stop_end"] - ev["first"]) * 1000)
-                final_ms.append((t_seen - ev["stop_end"]) * 1000)
-            pending.discard(rid)
-            if st.get("state") != "cancelled" or st.get("reason") != "lease_expired":
-                late[rid + "!"] = f"{st.get('state')}/{st.get('reason')}"
-        time.sleep(0.001)
+    # Held by scanning alone, a run stopped without its wrapper is `unknown`, `unprovable`:
+    # nothing can prove that nothing of it is left.
+    seen = poll_finals(root, deadlines, t_last + 60, (("unknown", "unprovable"), ("cancelled", "lease_expired")))
+    late, pending = seen["late"], seen["pending"]
     # What a run still pending holds (a harness that missed a final record must say so).
     pending_states = sorted(
         f"{rid}: {(read_json(root / rid / 'status.json') or {}).get('state')}" for rid in pending
@@ -1296,10 +1261,10 @@ def lateness_run(ctx, tpl, n, kind, k, spacing, lead=None):
         "run_cpu_ms": ((c_end or 0) - (c_ready or 0)) / 1e6,
         "hwm_kb": hwm or hwm_ready,
         "lateness": summary(vals),
-        "ended_at_lateness": summary(list(ended_late.values())),
-        "act_lateness": summary([v for v in act_late.values() if v is not None]),
-        "act_to_stop_end": summary(stop_ms),
-        "stop_end_to_final": summary(final_ms),
+        "ended_at_lateness": summary(list(seen["ended_late"].values())),
+        "act_lateness": summary([v for v in seen["act_late"].values() if v is not None]),
+        "act_to_stop_end": summary(seen["stop_ms"]),
+        "stop_end_to_final": summary(seen["final_ms"]),
         "not_final": len(pending),
         "pending_states": pending_states,
         "load": [load_start, loadavg()],
@@ -1308,6 +1273,120 @@ def lateness_run(ctx, tpl, n, kind, k, spacing, lead=None):
         "bad_states": bad_states,
         "fillers_touched": touched,
     }
+
+
+def orphan_burst(ctx, mode, n, window=1.0, lead=None):
+    """n orphaned runs of agent-run itself whose leases end within `window` seconds, a watchdog
+    daemon running: how late each final record is. Each run is a detached `sleep` (it dies on
+    TERM) whose wrapper is SIGKILLed; then each gets its deadline by a lease.json renamed into
+    place (without its wrapper a run's lease only ever comes earlier). mode: "cgroup" (each run
+    in a cgroup of its own, as root) or "procfs" (`--cgroup off`: held by /proc scans alone)."""
+    root = ctx.fresh_root(f"burst-{mode}")
+    lead = lead if lead is not None else ctx.n(2.0, 1.0)
+    load_start = loadavg()
+    p, ready_s = start_daemon(ctx, root, f"burst-{mode}")
+    ids = [f"b{i:03d}" for i in range(n)]
+    extra = ["--cgroup", "off"] if mode == "procfs" else []
+    ar = str(ctx.agent_run)
+    for rid in ids:
+        r = subprocess.run([ar, "--root", str(root), "-d", "--lease", "1h", *extra, rid, "--", which_abs("sleep"), "100000"], env=ctx.procs.env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if r.returncode != 0:
+            raise HarnessError(f"agent-run -d {rid} exited {r.returncode}: {r.stderr.decode(errors='replace')[:300]}")
+    held = [(read_json(root / rid / "status.json") or {}).get("containment") or {} for rid in ids]
+    cgroups = [Path(c["cgroup"]) for c in held if c.get("cgroup")]
+    wrappers = [(read_json(root / rid / "status.json") or {}).get("wrapper_pid") for rid in ids]
+    for w in wrappers:
+        if w:
+            kill_pid(w, check=lambda pid: (read_stat(pid) or {}).get("comm") == "agent-run")
+    # Every wrapper gone (a zombie is gone: its lock is released) before the leases move.
+    end = time.monotonic() + 30
+    while time.monotonic() < end and any(w and (read_stat(w) or {"state": "Z"})["state"] not in ("Z", "X") for w in wrappers):
+        time.sleep(0.01)
+    c0 = cpu_ns(p.pid)
+    t0 = time.time()
+    deadlines = {rid: t0 + lead + i * window / n for i, rid in enumerate(ids)}
+    for rid, dl in deadlines.items():
+        tmp = root / rid / ".lease.json.tmp"
+        tmp.write_text(json.dumps({"deadline_epoch": dl, "lease_s": max(1.0, dl - time.time())}) + "\n")
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, root / rid / "lease.json")
+    want = (("cancelled", "lease_expired"),) if mode == "cgroup" else (("unknown", "unprovable"), ("cancelled", "lease_expired"))
+    seen = poll_finals(root, deadlines, t0 + lead + window + 60, want)
+    c1 = cpu_ns(p.pid)
+    late, pending = seen["late"], seen["pending"]
+    states = sorted({f"{(read_json(root / r / 'status.json') or {}).get('state')}/{(read_json(root / r / 'status.json') or {}).get('reason')}" for r in ids})
+    out = {
+        "n": n,
+        "mode": mode,
+        "held_by": sorted({str(c.get("mode")) for c in held}),
+        "load_start": load_start,
+        "window_s": window,
+        "ready_s": ready_s,
+        "lateness": summary([v for key, v in late.items() if not key.endswith("!")]),
+        "act_lateness": summary([v for v in seen["act_late"].values() if v is not None]),
+        "act_to_stop_end": summary(seen["stop_ms"]),
+        "stop_end_to_final": summary(seen["final_ms"]),
+        "cpu_ms": ((c1 or 0) - (c0 or 0)) / 1e6,
+        "not_final": len(pending),
+        "bad_states": [v for key, v in late.items() if key.endswith("!")],
+        "states": states,
+    }
+    if os.environ.get("AGENT_RUN_BENCH_KEEP_JOURNALS"):
+        for rid in ids:
+            shutil.copy(root / rid / "events.jsonl", Path(os.environ["AGENT_RUN_BENCH_KEEP_JOURNALS"]) / f"burst-{mode}-{rid}.jsonl")
+    end_round(ctx, p, root, out)
+    # A cgroup the watchdog did not remove (a run it did not finish), emptied by end_round.
+    for cg in cgroups:
+        with contextlib.suppress(OSError):
+            cg.rmdir()
+    ctx.procs.forget_done()
+    return out
+
+
+def poll_finals(root, deadlines, give_up, want=(("cancelled", "lease_expired"),)):
+    """Wait for the final record of each run in `deadlines` (run id -> lease deadline, epoch)
+    until `give_up`: how late each is seen (ms), and from its journal when the watchdog acted
+    and stopped. A run that ends in a (state, reason) not in `want` is listed as "<rid>!"."""
+    pending = set(deadlines)
+    late = {}
+    act_late = {}
+    stop_ms, final_ms = [], []
+    # Poll, every millisecond, only the runs whose deadline has passed (a stat each), so the
+    # time the final record appears is known to ~1 ms without loading the machine. `ended_at`
+    # is stamped before the record is written and fsynced; "seen" is when it is there.
+    seen_key = {}
+    ended_late = {}
+    while pending and time.time() < give_up:
+        now = time.time()
+        for rid in [r for r in pending if deadlines[r] <= now + 0.002]:
+            try:
+                sb = os.stat(root / rid / "status.json")
+            except OSError:
+                continue
+            # Not the inode alone: a record is exchanged into place and the old file unlinked,
+            # so `running` -> `cancelling` -> final can hand the final record the inode the
+            # `running` one had (ext4 reuses a freed inode at once), and a poll that saw
+            # `running` and then missed `cancelling` would wait for a change it already had.
+            key = (sb.st_ino, sb.st_ctime_ns, sb.st_size)
+            if seen_key.get(rid) == key:
+                continue
+            seen_key[rid] = key
+            st = read_json(root / rid / "status.json")
+            if not (st and st.get("state") in ("cancelled", "unknown", "finished")):
+                continue
+            t_seen = time.time()
+            late[rid] = (t_seen - deadlines[rid]) * 1000
+            ended_late[rid] = (rfc3339_epoch(st["ended_at"]) - deadlines[rid]) * 1000
+            ev = watchdog_events(root / rid)
+            act_late[rid] = (ev["first"] - deadlines[rid]) * 1000 if ev.get("first") else None
+            if ev.get("first") and ev.get("stop_end"):
+                stop_ms.append((ev["stop_end"] - ev["first"]) * 1000)
+                final_ms.append((t_seen - ev["stop_end"]) * 1000)
+            pending.discard(rid)
+            if (st.get("state"), st.get("reason")) not in want:
+                late[rid + "!"] = f"{st.get('state')}/{st.get('reason')}"
+        time.sleep(0.001)
+    return {"late": late, "pending": pending, "ended_late": ended_late, "act_late": act_late, "stop_ms": stop_ms, "final_ms": final_ms}
 
 
 def watchdog_events(d):
@@ -1361,6 +1440,9 @@ def once_cpu(ctx, root, reps):
 
 
 def bench_watchdog(ctx):
+    if os.environ.get("AGENT_RUN_BENCH_BURST_ONLY"):
+        # For one experiment: the burst rows alone.
+        return {"burst": bench_burst(ctx)}
     res = {}
     tpl = status_template(ctx)
     ctx._dead = dead_pid(ctx)
@@ -1443,7 +1525,20 @@ def bench_watchdog(ctx):
     for n, kind, k, spacing in plan:
         log(f"watchdog: lease lateness, {n} pending leases ({kind} fillers), {k} expiring {spacing:g} s apart")
         res["lateness"].append(lateness_run(ctx, tpl, n, kind, k, spacing))
+
+    res["burst"] = bench_burst(ctx)
     return res
+
+
+def bench_burst(ctx):
+    """Orphaned runs of agent-run itself whose leases end in the same second: held in cgroups
+    (as root only) and by /proc scans."""
+    out = []
+    n = ctx.n(200, 20)
+    for mode in ["cgroup", "procfs"] if os.geteuid() == 0 else ["procfs"]:
+        log(f"watchdog: {n} orphaned runs ({mode}) whose leases end in one second")
+        out.append(orphan_burst(ctx, mode, n))
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -2275,6 +2370,23 @@ def watchdog_section(a, r, ctx, peers, summ):
                 ok = "meets at the median; **p99 misses**"
             ld = x.get("load", ["?", "?"])
             summ.append((f"lease lateness p99, {x['n']:,} pending ({x['kind']} fillers)", TARGETS["lateness"], f"{fms(p99)} ms" + (f", {x['not_final']} not final" if x["not_final"] else "") + f" (load {ld[0]} → {ld[-1]})", ok))
+        a("")
+
+    burst = r.get("burst", [])
+    if burst:
+        paras(
+            a,
+            "### Orphaned runs whose leases end in one second",
+            "N detached runs of agent-run itself (`sleep`, which dies on TERM), a watchdog daemon running. Every wrapper is SIGKILLed; then each run's lease.json is renamed into place with a deadline spread over one second (without its wrapper a run's lease only ever comes earlier). Lateness as above: the final record seen minus the deadline. \"cgroup\": each run in a cgroup of its own (as root); \"procfs\": `--cgroup off`, held by /proc scans alone (final state `unknown`, reason `unprovable`).",
+        )
+        table_head(a, "| runs | held by | final: p50 / p99 / max ms | act: p50 / p99 ms | act → stop_end p50 / max ms | stop_end → final seen p50 / max ms | not final | final states | watchdog CPU | load average (start → end) |")
+        for x in burst:
+            s, sa = x["lateness"], x["act_lateness"]
+            s1, s2 = x.get("act_to_stop_end", {}), x.get("stop_end_to_final", {})
+            a(f"| {x['n']} | {x['mode']} | {fms(s['median'])} / {fms(s['p99'])} / {fms(s['max'])} | {fms(sa['median'])} / {fms(sa['p99'])} | {fms(s1.get('median'))} / {fms(s1.get('max'))} | {fms(s2.get('median'))} / {fms(s2.get('max'))} | {x['not_final']} | {', '.join(x['states'])} | {fms(x['cpu_ms'])} ms | {x.get('load_start')} → {x.get('load')} |")
+            p99 = s["p99"]
+            ok = None if p99 is None else (p99 < 100 and x["not_final"] == 0 and not x["bad_states"])
+            summ.append((f"{x['n']} orphaned runs ({x['mode']}), leases ending in one second: lateness p99", TARGETS["burst"], f"{fms(p99)} ms" + (f", {x['not_final']} not final" if x["not_final"] else ""), ok))
         a("")
 
 

@@ -44,6 +44,14 @@ pub const HOLD_SPAWN_REPORT: &str = "hold_spawn_report";
 /// the user scope's request ([`crate::cgroup::user_scope_command`]). Read with [`armed`].
 pub const ASSUME_LINGER: &str = "assume_linger";
 
+/// A knob: with `AGENT_RUN_FAULT=slow_pass` each run dir of the watchdog's full pass takes
+/// [`SLOW_PASS_STEP`] more, as in a root so big or on a disk so slow that a pass takes seconds,
+/// so tests see what a deadline due in the middle of a pass waits for. Read with [`armed`].
+pub const SLOW_PASS: &str = "slow_pass";
+
+/// How much longer [`SLOW_PASS`] makes each run dir of a pass.
+pub const SLOW_PASS_STEP: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// The environment variable that names the point to die at (or the knob to turn).
 pub const ENV: &str = "AGENT_RUN_FAULT";
 

@@ -1708,3 +1708,162 @@ impl Drop for LockHolder {
         let _ = child.wait();
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Deadlines do not wait for a pass; stops due together share their looks
+
+/// A run dir that the root's listing (the order a pass works in) puts among its first `within`
+/// run dirs, made before `fill` makes the others: the first made, where a directory lists in
+/// the order entries were made, else the first of names tried until one is listed there (a
+/// directory that lists by a hash of the name).
+fn early_run_dir(root: &TestRoot, prefix: &str, within: usize, fill: impl FnOnce()) -> String {
+    let listed = |id: &str| {
+        let names = fs::read_dir(root.root()).expect("the root lists");
+        let names: Vec<String> = names
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| !n.starts_with('.'))
+            .collect();
+        names
+            .iter()
+            .position(|n| n == id)
+            .is_some_and(|p| p < within)
+    };
+    let first = format!("{prefix}-0");
+    make_run_dir(root, &first);
+    fill();
+    if listed(&first) {
+        return first;
+    }
+    for k in 1..2000 {
+        let id = format!("{prefix}-{k}");
+        let dir = make_run_dir(root, &id);
+        if listed(&id) {
+            return id;
+        }
+        fs::remove_dir(&dir).expect("an empty run dir is removed");
+    }
+    panic!("no run dir {prefix}-N is listed among the first {within} of the root");
+}
+
+/// A full pass slowed by the `slow_pass` fault knob (50 ms a run dir: 100 final run dirs make
+/// it 5 s), begun by SIGHUP. An orphan that the pass looks at within its first half second
+/// gets a lease that falls due a second into the pass: it is enforced, and its stop said in
+/// the log, before the log says that pass is done. A loop that served its deadlines only
+/// between passes would say the stop after.
+#[test]
+fn a_lease_due_during_a_pass_slowed_by_a_fault_knob_is_enforced_before_the_pass_ends() {
+    let root = TestRoot::sharing_cpu();
+    let _r = open_root(&root);
+    let boot = procfs::boot_id();
+    let (dead, ticks) = dead_process();
+    let id = early_run_dir(&root, "wd-slow-orphan", 10, || {
+        for i in 0..100 {
+            let id = format!("wd-slow-final-{i:03}");
+            let dir = make_run_dir(&root, &id);
+            let mut st = record_with(&id, dead, dead, dead, ticks, &boot);
+            st.state = State::Finished;
+            st.exit_code = Some(0);
+            st.ended_at = Some(rfc3339_now());
+            write_record(&dir, &st);
+        }
+    });
+    let id = id.as_str();
+    let dir = root.run_dir(id);
+    let mut children = Reaper::default();
+    let pid = children.push(spawn_in_session(
+        &["sleep-ms", "600000"],
+        Some((id, &dir)),
+        None,
+    ));
+    write_record(&dir, &running_record(id, pid, &boot));
+    write_lease(&dir, epoch_now() + 3600.0, 3600.0);
+    let pinned = Pinned::new(&[pid]);
+    let c = ctx(&root, id);
+
+    let mut cmd = root.watchdog_cmd();
+    cmd.env(
+        agent_run_shared::fault::ENV,
+        agent_run_shared::fault::SLOW_PASS,
+    );
+    // The periodic pass an hour away: the only pass after READY is the one SIGHUP begins.
+    let dog = Daemon::start(cmd, &["--scan-interval", "1h"]);
+    c.eq(pinned.alive(), vec![pid], "the orphan before its lease");
+    dog.signal(libc::SIGHUP);
+    agent_run_tests::wait_until("the pass SIGHUP begins", T, || {
+        dog.stderr().contains("SIGHUP: rescanning").then_some(())
+    });
+    write_lease(&dir, epoch_now() + 1.0, 1.0);
+    let st = c.wait_final();
+    c.fields(&st, "the record", orphan_stopped());
+    c.wait_gone_within(&pinned, Duration::from_secs(10), "the orphan");
+    // The pass's own line, after SIGHUP's: the stop's line must come before it.
+    let log = agent_run_tests::wait_until("the pass to end", T, || {
+        let log = dog.stderr();
+        let after = &log[log.find("SIGHUP: rescanning")?..];
+        after
+            .contains("run dirs done in")
+            .then(|| after.to_string())
+    });
+    let stop = log.find(&format!("run {id}: "));
+    let end = log.find("run dirs done in");
+    ensure!(
+        c,
+        stop.is_some_and(|s| end.is_some_and(|e| s < e)),
+        "the stop is not said before the end of the pass it fell due in\n--- watchdog\n{log}"
+    );
+    terminate(c, dog);
+}
+
+/// Several runs of agent-run held by /proc scans alone (`--cgroup off`), each a tree of five
+/// processes, their wrappers SIGKILLed, their leases due at the same moment: the watchdog's
+/// stops, which share their looks at /proc, stop every process of every tree, and each record
+/// is final, says what was signalled and that nothing survived.
+#[test]
+fn several_procfs_orphans_due_together_are_all_stopped_with_their_trees() {
+    let root = TestRoot::sharing_cpu();
+    let dog = watchdog(&root, &[]);
+    let ids: Vec<String> = (0..6).map(|i| format!("wd-together-{i}")).collect();
+    let mut runs = Vec::new();
+    for id in &ids {
+        let c = ctx(&root, id);
+        let (run, ready, pinned) = start_tree(
+            c,
+            "--cgroup off --lease 1h",
+            "tree --children 2 --grandchildren",
+        );
+        c.record(
+            "the record",
+            json!({"containment": {"mode": "procfs", "cgroup": null}}),
+        );
+        runs.push((run, ready, pinned));
+    }
+    for (id, (run, _, _)) in ids.iter().zip(&runs) {
+        ctx(&root, id).kill_wrapper(run.wrapper, &run.wrapper_pin);
+    }
+    let dl = epoch_now() + 1.0;
+    for id in &ids {
+        write_lease(&root.run_dir(id), dl, 1.0);
+    }
+    for (id, (_, ready, pinned)) in ids.iter().zip(&runs) {
+        let c = ctx(&root, id);
+        let st = c.wait_final();
+        c.fields(&st, "the record", orphan_stopped());
+        c.wait_gone_within(pinned, Duration::from_secs(10), "the run's tree");
+        let cleanup = cleanup_of(c, &st);
+        c.eq(cleanup.survivors.len(), 0, "the record's survivors");
+        let signalled: Vec<i32> = cleanup.signalled.iter().map(|p| p.raw()).collect();
+        for p in ready.all_pids() {
+            ensure!(
+                c,
+                signalled.contains(&p),
+                "process {p} of the tree is not among the signalled {signalled:?}"
+            );
+        }
+        ensure!(
+            c,
+            c.epoch(&st, "ended_at") >= dl - 0.001,
+            "the run ended before its lease deadline"
+        );
+    }
+    terminate(ctx(&root, &ids[0]), dog);
+}

@@ -13,7 +13,8 @@ use std::time::Duration;
 /// expires (or after --orphan-grace without a lease) and the record becomes `cancelled`; if
 /// nothing remains it becomes `unknown` (`wrapper_lost`). A record from an earlier boot becomes
 /// `unknown` (`host_rebooted`) and nothing is signalled. SIGTERM: finish stops in flight, exit 0.
-/// SIGHUP: rescan now (skipped runs are looked at again on every rescan).
+/// SIGHUP: rescan now, and log when that pass is done (skipped runs are looked at again on every
+/// rescan). Deadlines that fall due during a rescan are acted on at once.
 ///
 /// One watchdog per root: it holds `<root>/.watchdog.lock`; a second one (daemon or --once)
 /// names the holder's pid and exits 75. Records that do not hold the whole identity, and run

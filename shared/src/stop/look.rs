@@ -9,11 +9,33 @@ impl Stopper<'_> {
     pub(super) fn adopt(&mut self, depth: Depth) -> Vec<Pid> {
         let now = Instant::now();
         self.last_look = Some(now);
-        let snap = match self.tree_look(depth) {
-            Some(tree) => tree,
+        let snap = match self.own_look(depth) {
+            Some(own) => own,
             None => self.look(now),
         };
         self.adopt_in(&snap, depth)
+    }
+
+    /// A look that needs no scan of /proc, where the run has one: its cgroup without its
+    /// wrapper ([`Stopper::cgroup_look`]), or inside the wrapper its tree
+    /// ([`Stopper::tree_look`]).
+    pub(super) fn own_look(&self, depth: Depth) -> Option<Arc<Snapshot>> {
+        self.cgroup_look().or_else(|| self.tree_look(depth))
+    }
+
+    /// A run held in a cgroup whose wrapper is gone (the watchdog's stop of an orphan, a
+    /// cancel after a wrapper loss): the cgroup is the membership. Every process in it is the
+    /// run's, whatever its session or environment, and [`discover_in`] reads them from
+    /// `cgroup.procs`; the look itself holds no process. A process that left the cgroup is no
+    /// member (the kernel refuses root's workloads the move where it can); after an emptied
+    /// cgroup, the caller looks where such a process could be ([`crate::escape`]). So neither
+    /// the first look nor the look that calls the run gone reads /proc: many stops due
+    /// together wait for no scan, and `cgroup.events` says when the run is empty.
+    fn cgroup_look(&self) -> Option<Arc<Snapshot>> {
+        if self.scope.wrapper.is_some() || self.scope.cgroup.is_none() {
+            return None;
+        }
+        Some(Arc::new(Snapshot::empty()))
     }
 
     /// Inside the wrapper, for a look that reads no marker: the wrapper's tree alone, from the

@@ -230,9 +230,10 @@ impl<'a> Stopper<'a> {
         // since is found by the later looks (the stop ends only on a look that began after its
         // last known member was gone), and the TERMs of many stops at once (a cancel of many runs,
         // leases expiring together) go out without a scan each.
-        // Inside the wrapper, a look of its tree does (see [`Stopper::tree_look`]).
-        let snap = match self.tree_look(depth) {
-            Some(tree) => tree,
+        // Inside the wrapper, a look of its tree does (see [`Stopper::tree_look`]); in a
+        // cgroup without the wrapper, the cgroup does (see [`Stopper::cgroup_look`]).
+        let snap = match self.own_look(depth) {
+            Some(own) => own,
             None => Snapshot::since(
                 self.t0.checked_sub(FIRST_LOOK_AGE).unwrap_or(self.t0),
                 self.scope.newer_than(),

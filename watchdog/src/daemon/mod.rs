@@ -173,6 +173,9 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         if flags.hup.swap(false, Ordering::SeqCst) {
             log("SIGHUP: rescanning");
             d.begin_scan();
+            if let Some(r) = d.rescan.as_mut() {
+                r.say_end = true;
+            }
         }
         d.collect_done();
         d.run_due();

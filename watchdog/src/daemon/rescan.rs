@@ -18,6 +18,11 @@ pub(super) struct Rescan {
     look: Option<mpsc::Receiver<agent_run_shared::procset::Snapshot>>,
     /// The entry that asked for the look, assessed again once it is there.
     retry: Option<Entry>,
+    /// When the pass began, and over how many run dirs.
+    began: Instant,
+    dirs: usize,
+    /// Its end is said in the log (a pass SIGHUP asked for).
+    pub(super) say_end: bool,
 }
 
 impl Rescan {
@@ -51,8 +56,12 @@ impl Daemon {
             self.forget(&n);
         }
         self.settled.retain(|n, _| present.contains(n));
+        let dirs = ents.len();
         // One look at /proc for the whole pass, not one per run; one look at the flocks.
         self.rescan = Some(Rescan {
+            began: Instant::now(),
+            dirs,
+            say_end: false,
             pass: Pass::new(rootfd),
             looks: Looks {
                 deferred: true,
@@ -93,16 +102,17 @@ impl Daemon {
             }
         }
         let started = Instant::now();
-        let mut since_clock = 0u32;
         while let Some(e) = r.retry.take().or_else(|| r.ents.next()) {
             let name = &e.name;
             if self.busy.contains(name) {
                 continue;
             }
+            if agent_run_shared::fault::armed(agent_run_shared::fault::SLOW_PASS) {
+                thread::sleep(agent_run_shared::fault::SLOW_PASS_STEP);
+            }
             // Settled and unchanged: one statx. Final for sure: settled without the careful
-            // path. Anything else: the careful path (the costly one: the clock is read after
-            // each, and every 64 cheap ones).
-            since_clock += 1;
+            // path. Anything else: the careful path (the costly one). The clock is read after
+            // each run dir, whatever it cost (a read of the clock is tens of ns, a statx µs).
             if self
                 .settled
                 .get(name)
@@ -132,15 +142,18 @@ impl Daemon {
                     self.rescan = Some(r);
                     return false;
                 }
-                since_clock = 64;
             }
-            if since_clock >= 64 {
-                since_clock = 0;
-                if budget.is_some_and(|b| started.elapsed() >= b) {
-                    self.rescan = Some(r);
-                    return false;
-                }
+            if budget.is_some_and(|b| started.elapsed() >= b) {
+                self.rescan = Some(r);
+                return false;
             }
+        }
+        if r.say_end {
+            log(&format!(
+                "pass over {} run dirs done in {:.1?}",
+                r.dirs,
+                r.began.elapsed()
+            ));
         }
         true
     }
