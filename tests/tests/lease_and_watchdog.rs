@@ -1811,7 +1811,7 @@ fn a_lease_due_during_a_pass_slowed_by_a_fault_knob_is_enforced_before_the_pass_
         stop.is_some_and(|s| end.is_some_and(|e| s < e)),
         "the stop is not said before the end of the pass it fell due in\n--- watchdog\n{log}"
     );
-    terminate(c, dog);
+    dog.stop_cleanly(c);
 }
 
 /// Several runs of agent-run held by /proc scans alone (`--cgroup off`), each a tree of five
@@ -1865,5 +1865,5 @@ fn several_procfs_orphans_due_together_are_all_stopped_with_their_trees() {
             "the run ended before its lease deadline"
         );
     }
-    terminate(ctx(&root, &ids[0]), dog);
+    dog.stop_cleanly(ctx(&root, &ids[0]));
 }
