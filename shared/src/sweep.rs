@@ -103,31 +103,9 @@ impl<'r> Sweep<'r> {
         ok.then_some(d.stx_ino)
     }
 
-    /// `ID/status.json`, opened without following a symlink anywhere, a regular file of ours
-    /// read whole by one `read`, and parsed as the careful path parses it.
+    /// `ID/status.json` read as [`read_plain`] reads it, and parsed as the careful path parses it.
     fn read(&mut self, name: &str) -> Option<Status> {
-        let fd = rfs::openat2(
-            self.fd(),
-            format!("{name}/status.json"),
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
-            Mode::empty(),
-            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-        )
-        .ok()?;
-        let st = rfs::fstat(&fd).ok()?;
-        let size = u64::try_from(st.st_size).ok()?;
-        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile
-            || st.st_uid != self.me
-            || size > MAX_READ
-        {
-            return None;
-        }
-        // One byte more than the size: a file that grew since the fstat is not read in part.
-        self.buf.resize(size as usize + 1, 0);
-        let n = rustix::io::read(&fd, &mut self.buf[..]).ok()?;
-        if n as u64 != size {
-            return None;
-        }
+        let (_, n) = read_plain(self.root.fd(), name, self.me, &mut self.buf)?;
         parse_status(std::str::from_utf8(&self.buf[..n]).ok()?).ok()
     }
 
@@ -164,6 +142,37 @@ impl<'r> Sweep<'r> {
             _ => false,
         }
     }
+}
+
+/// `ID/status.json` under the root `root`, opened without following a symlink anywhere: a
+/// regular file of `uid`, at most [`MAX_READ`] bytes, read whole by one `read` into `buf`. Its
+/// `fstat` and its length; `None` for anything else.
+pub fn read_plain(
+    root: BorrowedFd<'_>,
+    name: &str,
+    uid: u32,
+    buf: &mut Vec<u8>,
+) -> Option<(rfs::Stat, usize)> {
+    let fd = rfs::openat2(
+        root,
+        format!("{name}/status.json"),
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )
+    .ok()?;
+    let st = rfs::fstat(&fd).ok()?;
+    let size = u64::try_from(st.st_size).ok()?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile
+        || st.st_uid != uid
+        || size > MAX_READ
+    {
+        return None;
+    }
+    // One byte more than the size: a file that grew since the fstat is not read in part.
+    buf.resize(size as usize + 1, 0);
+    let n = rustix::io::read(&fd, &mut buf[..]).ok()?;
+    (n as u64 == size).then_some((st, n))
 }
 
 #[cfg(test)]

@@ -38,15 +38,14 @@ use agent_run_shared::cgroup::{name_for, RunCgroups};
 use agent_run_shared::id::RunId;
 use agent_run_shared::pid::ClaimedPid;
 use agent_run_shared::record::ContainmentMode;
-use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, ResolveFlags, StatxFlags};
+use agent_run_shared::sweep::read_plain;
+use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, StatxFlags};
 use std::cell::OnceCell;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::rc::Rc;
 
-/// The largest status.json the pass reads (a record is about 1.5 KiB; argv can make it
-/// larger, and then the careful path reads it).
-pub const MAX_READ: u64 = 64 << 10;
+pub use agent_run_shared::sweep::MAX_READ;
 
 /// One entry of the root, from `getdents`.
 pub struct Entry {
@@ -225,28 +224,8 @@ impl Pass {
     /// else (not final, not a regular file of ours, too big, refused by the record's parse, a
     /// cgroup that is not this run's).
     fn read_known(&mut self, name: &str, dir_ino: u64, base: &str) -> Option<Known> {
-        let fd = rfs::openat2(
-            &self.root,
-            format!("{name}/status.json"),
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
-            Mode::empty(),
-            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-        )
-        .ok()?;
-        let st = rfs::fstat(&fd).ok()?;
-        let size = u64::try_from(st.st_size).ok()?;
-        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile
-            || st.st_uid != self.me
-            || size > MAX_READ
-        {
-            return None;
-        }
-        // One byte more than the size: a file that grew since the fstat is not read in part.
-        self.buf.resize(size as usize + 1, 0);
-        let n = rustix::io::read(&fd, &mut self.buf[..]).ok()?;
-        if n as u64 != size {
-            return None;
-        }
+        let (st, n) = read_plain(self.root.as_fd(), name, self.me, &mut self.buf)?;
+        let size = n as u64;
         let record = Peek::of(&self.buf[..n])?;
         if !record.state.is_final() {
             return None;
