@@ -143,14 +143,8 @@ pub fn finish(dir: &RunDir, req: &Request) -> std::result::Result<Finished, Fail
     let mut recheck = RECHECK;
     loop {
         let look = t.look();
-        if let Some(st) = look.believed() {
-            // With nobody holding the run, a stop asks the facts a record cannot fake: the
-            // run's marker (by /proc scans alone), or who is where a process that left its
-            // emptied cgroup could be. A process found makes the record a lie.
-            let recheck = req.until == Until::Final && matches!(look.holder, Holder::Nobody);
-            if !recheck || !final_doubted(dir, &look, st, &journal) {
-                return Ok(t.done(Some(st.clone())));
-            }
+        if let Some(st) = answer(dir, req, &look, &journal) {
+            return Ok(t.done(Some(st)));
         }
         let wait_on = match &look.holder {
             Holder::Wrapper(w) => match t.live_wrapper(w, &look)? {
@@ -211,11 +205,25 @@ pub fn finish(dir: &RunDir, req: &Request) -> std::result::Result<Finished, Fail
         };
         let now = Instant::now();
         if now >= req.deadline {
-            return Err(Failure::TimedOut(t.timed_out()));
+            // A record made final since the look above is the answer, not a time-out.
+            return match answer(dir, req, &t.look(), &journal) {
+                Some(st) => Ok(t.done(Some(st))),
+                None => Err(Failure::TimedOut(t.timed_out())),
+            };
         }
         wait_for(wait_on, (req.deadline - now).min(recheck));
         recheck = (recheck * 2).min(RECHECK_MAX);
     }
+}
+
+/// The final record `look` found, when it is the answer: the kernel agrees the run is over. With
+/// nobody holding the run, a stop also asks the facts a record cannot fake: the run's marker (by
+/// /proc scans alone), or who is where a process that left its emptied cgroup could be. A
+/// process found makes the record a lie.
+fn answer(dir: &RunDir, req: &Request, look: &Look, journal: &Journal) -> Option<Status> {
+    let st = look.believed()?;
+    let recheck = req.until == Until::Final && matches!(look.holder, Holder::Nobody);
+    (!recheck || !final_doubted(dir, look, st, journal)).then(|| st.clone())
 }
 
 /// How a live wrapper was taken over: idle (its stop never began), or in its own stop (by
