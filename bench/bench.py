@@ -1112,6 +1112,68 @@ def sleeper(ctx, run_id=None, run_dir=None):
     raise HarnessError("a sleeper did not start")
 
 
+# The stand-in wrapper's program: open and flock each run dir named on stdin (until an empty
+# line), say so, then exec a copy of sleep named agent-run, which keeps the locks (an open file
+# description survives exec). Its start time is the fork's: before the run dirs it holds.
+STANDIN = r"""
+import fcntl, os, resource, sys
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+want = max(hard, int(open("/proc/sys/fs/nr_open").read()))
+try:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (want, want))
+except (ValueError, OSError):
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+n = 0
+for line in sys.stdin:
+    if not line.strip():
+        break
+    fd = os.open(line.strip(), os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.set_inheritable(fd, True)
+    n += 1
+print(f"locked {n}", flush=True)
+os.execv(sys.argv[1], ["agent-run", "100000"])
+"""
+
+
+class StandIn:
+    """A live wrapper of many runs as the watchdog verifies one (comm and exe agent-run, started
+    before the run dirs, holding each dir's flock), so that their runs are not orphans. Start it
+    first ([`standin`]), write the run dirs, then `hold` them."""
+
+    def __init__(self, ctx):
+        copy = ctx.tmp / "standin" / "agent-run"
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(which_abs("sleep"), copy)
+        self.p = ctx.procs.popen(
+            [sys.executable, "-c", STANDIN, str(copy)],
+            env=ctx.procs.env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
+        self.pid = self.p.pid
+        self.ticks = read_stat(self.pid)["start"]
+
+    def hold(self, dirs):
+        dirs = [str(d) for d in dirs]
+        self.p.stdin.write(("\n".join(dirs) + "\n\n").encode())
+        self.p.stdin.flush()
+        line = self.p.stdout.readline().decode().strip()
+        if line != f"locked {len(dirs)}":
+            raise HarnessError(f"the stand-in wrapper said {line!r}")
+        for _ in range(2000):
+            st = read_stat(self.pid)
+            if st and st["comm"] == "agent-run":
+                return
+            time.sleep(0.001)
+        raise HarnessError("the stand-in wrapper did not exec")
+
+    def stop(self):
+        kill_pid(self.pid)
+        self.p.wait()
+
+
 class NotifySocket:
     """A NOTIFY_SOCKET the watchdog sends READY=1 to after its first full scan."""
 
@@ -1177,8 +1239,8 @@ def fill_final(ctx, root, n, tpl, start=0):
 def lateness_run(ctx, tpl, n, kind, k, spacing, lead=None):
     """N runs with leases pending in the watchdog; K of them (orphaned, one live sleeper each)
     expire at staggered deadlines after READY. kind: 'live' (the N-K fillers have a live wrapper,
-    one shared process) or 'orphan' (the fillers' wrapper is gone and their processes remain: one
-    shared session leader)."""
+    one stand-in that holds all their locks) or 'orphan-own' (every filler's wrapper is gone and
+    each has a live process of its own)."""
     root = ctx.fresh_root(f"late-{kind}-{n}")
     lead = lead if lead is not None else ctx.n(2.0, 0.5)
     load_start = loadavg()
@@ -1192,11 +1254,16 @@ def lateness_run(ctx, tpl, n, kind, k, spacing, lead=None):
             pr, ticks = sleeper(ctx, run_id=f"w{i:05d}", run_dir=root / f"w{i:05d}")
             own.append(pr)
             fabricate(root, f"w{i:05d}", tpl, final=False, pid=pr.pid, start_ticks=ticks, wrapper_pid=dpid, wrapper_ticks=dticks, deadline=far)
+    # Live fillers: one stand-in wrapper holds every filler's lock, as a live wrapper holds its
+    # run's (a plain process named in the record would not be taken for their wrapper).
+    standin = StandIn(ctx) if kind == "live" else None
     for i in range(n - k if kind != "orphan-own" else 0):
-        if kind == "live":
-            fabricate(root, f"w{i:05d}", tpl, final=False, pid=shared.pid, start_ticks=sticks, wrapper_pid=shared.pid, wrapper_ticks=sticks, deadline=far)
+        if standin:
+            fabricate(root, f"w{i:05d}", tpl, final=False, pid=shared.pid, start_ticks=sticks, wrapper_pid=standin.pid, wrapper_ticks=standin.ticks, deadline=far)
         else:
             fabricate(root, f"w{i:05d}", tpl, final=False, pid=shared.pid, start_ticks=sticks, wrapper_pid=dpid, wrapper_ticks=dticks, deadline=far)
+    if standin:
+        standin.hold(root / f"w{i:05d}" for i in range(n - k))
     # The K measured runs exist before the daemon starts, with leases a day away, as a run dir
     # exists before its workload (whose marker names it); after READY each gets its staggered
     # deadline by a lease.json renamed into place, as `renew` writes it.
@@ -1239,6 +1306,8 @@ def lateness_run(ctx, tpl, n, kind, k, spacing, lead=None):
         kill_pid(pr.pid)
     for pr in own + [shared]:
         pr.wait()
+    if standin:
+        standin.stop()
     # the fillers must not have been touched
     touched = sum(
         1 for i in range(0, n - k, max(1, (n - k) // 50)) if (read_json(root / f"w{i:05d}" / "status.json") or {}).get("state") != "running"
@@ -1460,20 +1529,22 @@ def bench_watchdog(ctx):
         log(f"watchdog: {n} final run dirs written")
         res["rescan"][f"final {n}"] = once_cpu(ctx, root, reps)
     pend_sizes = [100, 1000, 10000] if not ctx.quick else [100]
-    # Pending dirs whose records name one shared live process as their wrapper. (Not orphans
-    # sharing one session leader: a shared process is no orphan's by the trust rules, so a
-    # pass would stop them all, one stop each; the lateness rows measure real orphans.)
+    # Pending dirs held by one live stand-in wrapper (`StandIn`: it holds every dir's lock, as a
+    # wrapper holds its run's). Not orphans sharing one session leader: a shared process is no
+    # orphan's by the trust rules, so a pass would stop them all; the lateness rows measure
+    # real orphans.
     for kind in ("live",):
         shared, sticks = sleeper(ctx)
-        dpid, dticks = ctx._dead
         for n in pend_sizes:
             root = ctx.fresh_root(f"pend-{kind}-{n}")
             far = time.time() + 86400
+            standin = StandIn(ctx)
             for i in range(n):
-                wp, wt = (shared.pid, sticks) if kind == "live" else (dpid, dticks)
-                fabricate(root, f"p{i:05d}", tpl, final=False, pid=shared.pid, start_ticks=sticks, wrapper_pid=wp, wrapper_ticks=wt, deadline=far)
+                fabricate(root, f"p{i:05d}", tpl, final=False, pid=shared.pid, start_ticks=sticks, wrapper_pid=standin.pid, wrapper_ticks=standin.ticks, deadline=far)
+            standin.hold(root / f"p{i:05d}" for i in range(n))
             log(f"watchdog: --once over {n} pending ({kind}) run dirs")
             res["rescan"][f"{kind} {n}"] = once_cpu(ctx, root, reps if n < 10000 else 1)
+            standin.stop()
             shutil.rmtree(root, ignore_errors=True)
         kill_pid(shared.pid)
         shared.wait()
