@@ -23,7 +23,7 @@ use crate::run_dir::RunDir;
 use crate::time::parse_rfc3339;
 use crate::verdict::{Look, Shared};
 use crate::wrapper::Holder;
-use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
+use rustix::fs::{self as rfs, AtFlags};
 use rustix::io::Errno;
 use std::cell::OnceCell;
 use std::io;
@@ -102,24 +102,14 @@ pub fn ended_before(st: &Status, now: f64, age: Duration) -> bool {
 
 /// The names in the root that could be run dirs (not dot-names), in inode order.
 pub fn by_inode(root: &Root) -> crate::error::Result<Vec<String>> {
-    let err = |e: Errno| Error::io("list run root", root.path(), e.into());
-    let fd = rfs::openat(
-        root.fd(),
-        ".",
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(err)?;
-    let mut names = entries(fd.as_fd()).map_err(err)?;
-    names.sort_unstable();
-    Ok(names
-        .into_iter()
-        .map(|(_, n)| String::from_utf8_lossy(&n).into_owned())
-        .filter(|n| !n.starts_with('.'))
-        .collect())
+    let mut names =
+        crate::root::entries(root.fd()).map_err(|e| Error::io("list run root", root.path(), e))?;
+    names.sort_unstable_by_key(|e| e.ino);
+    Ok(names.into_iter().map(|e| e.name).collect())
 }
 
-/// The entries of the directory open at `fd` (not `.` and `..`), with their inodes.
+/// The files of the run dir open at `fd` (not `.` and `..`; our temp files too), with their
+/// inodes.
 fn entries(fd: std::os::fd::BorrowedFd<'_>) -> rustix::io::Result<Vec<(u64, Vec<u8>)>> {
     let mut dir = rfs::Dir::read_from(fd)?;
     let mut out = Vec::new();

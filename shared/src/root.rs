@@ -16,6 +16,44 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// One entry of a root that could be a run dir (dot-names are our own files), from `getdents`.
+pub struct Entry {
+    /// Its name; one that is not UTF-8 is kept lossily (it is then no valid run id).
+    pub name: String,
+    pub ino: u64,
+    /// `d_type`: `Some(true)` a directory, `Some(false)` something else, `None` unknown.
+    pub is_dir: Option<bool>,
+}
+
+/// The entries of the root open at `fd` that could be run dirs, in the order `getdents` gives.
+/// The one listing of a root: `list`, `status --all`, gc and the watchdog's passes read it.
+pub fn entries(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<Vec<Entry>> {
+    use rustix::fs::{FileType, Mode, OFlags};
+    // The root's own descriptor may be `O_PATH`, which cannot be read: open it for reading.
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let readable = rustix::fs::openat(fd, ".", flags, Mode::empty())?;
+    let mut dir = rustix::fs::Dir::read_from(&readable)?;
+    let mut out = Vec::new();
+    while let Some(e) = dir.read() {
+        let e = e?;
+        let name = e.file_name().to_bytes();
+        if name.first() == Some(&b'.') {
+            continue;
+        }
+        let is_dir = match e.file_type() {
+            FileType::Directory => Some(true),
+            FileType::Unknown => None,
+            _ => Some(false),
+        };
+        out.push(Entry {
+            name: String::from_utf8_lossy(name).into_owned(),
+            ino: e.ino(),
+            is_dir,
+        });
+    }
+    Ok(out)
+}
+
 /// Where the root is: `--root`, else `$AGENT_RUN_ROOT`, else `$HOME/.agent-runs`, made absolute
 /// (without resolving symlinks, so a symlinked root is still seen and refused).
 pub fn resolve_root(cli: Option<&Path>) -> Result<PathBuf> {

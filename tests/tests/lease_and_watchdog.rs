@@ -1188,9 +1188,10 @@ fn a_thousand_run_dirs_with_two_hundred_leases_expiring_together_are_all_stopped
 
 /// What the fast path says of `name` in `root`.
 fn fast_verdict(root: &TestRoot, name: &str) -> Option<agent_run_watchdog::ledger::Settled> {
-    use agent_run_watchdog::pass::{entries, open_root, Pass};
+    use agent_run_watchdog::pass::{open_root, Pass};
+    use std::os::fd::AsFd;
     let fd = open_root(&root.root()).expect("cannot open the root");
-    let ents = entries(&fd).expect("cannot list the root");
+    let ents = agent_run_shared::root::entries(fd.as_fd()).expect("cannot list the root");
     let e = ents
         .iter()
         .find(|e| e.name == name)

@@ -47,43 +47,13 @@ use std::rc::Rc;
 
 pub use agent_run_shared::sweep::MAX_READ;
 
-/// One entry of the root, from `getdents`.
-pub struct Entry {
-    pub name: String,
-    /// `d_type`: `Some(true)` a directory, `Some(false)` something else, `None` unknown.
-    pub is_dir: Option<bool>,
-}
-
-/// The entries of the root that could be run dirs (dot-names are the watchdog's own files), read
-/// with `getdents` through `dirfd`. A name that is not UTF-8 is kept lossily (the careful path
-/// then skips it as an invalid run id).
-pub fn entries(dirfd: &OwnedFd) -> std::io::Result<Vec<Entry>> {
-    let mut dir = rfs::Dir::read_from(dirfd)?;
-    let mut out = Vec::new();
-    while let Some(e) = dir.read() {
-        let e = e?;
-        let name = e.file_name().to_bytes();
-        if name.first() == Some(&b'.') {
-            continue;
-        }
-        let is_dir = match e.file_type() {
-            FileType::Directory => Some(true),
-            FileType::Unknown => None,
-            _ => Some(false),
-        };
-        out.push(Entry {
-            name: String::from_utf8_lossy(name).into_owned(),
-            is_dir,
-        });
-    }
-    Ok(out)
-}
+pub use agent_run_shared::root::Entry;
 
 /// The root, opened for a pass, and the entries in it that could be run dirs (a failure is
 /// logged: the pass then has nothing to do).
 pub fn list(root: &agent_run_shared::root::Root) -> Option<(OwnedFd, Vec<Entry>)> {
     let listed = open_root(root.path()).and_then(|fd| {
-        let ents = entries(&fd)?;
+        let ents = agent_run_shared::root::entries(fd.as_fd())?;
         Ok((fd, ents))
     });
     match listed {
@@ -347,7 +317,7 @@ mod tests {
 
         fn pass(&self, ledger: Ledger) -> (Option<Settled>, Pass) {
             let fd = open_root(&self.root).unwrap();
-            let ents = entries(&fd).unwrap();
+            let ents = agent_run_shared::root::entries(fd.as_fd()).unwrap();
             let mut p = Pass::new(fd).with_ledger(ledger);
             p.racy_before_ns = i64::MAX;
             let e = ents.iter().find(|e| e.name == "r1").expect("r1 is listed");

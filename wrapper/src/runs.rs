@@ -265,12 +265,9 @@ pub fn print_record(dir: &RunDir, st: &Status) {
 
 /// The names in the root, sorted, skipping our own temp files.
 pub fn root_entries(root: &Root) -> anyhow::Result<Vec<String>> {
-    let mut names: Vec<String> = std::fs::read_dir(root.path())
-        .map_err(|e| Error::io("list run root", root.path(), e))?
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| !n.starts_with('.'))
-        .collect();
+    let entries = agent_run_shared::root::entries(root.fd())
+        .map_err(|e| Error::io("list run root", root.path(), e))?;
+    let mut names: Vec<String> = entries.into_iter().map(|e| e.name).collect();
     names.sort();
     Ok(names)
 }
