@@ -93,6 +93,39 @@ pub fn may_remove(dir: &RunDir, st: &Status, ev: &mut Evidence) -> Result<(), St
     Ok(())
 }
 
+/// Why [`removable`] leaves a run dir.
+pub enum Kept {
+    /// Its dir or record could not be read as a run's.
+    Unreadable(String),
+    /// It is old enough, but [`may_remove`] says something of it may live: why, and when the
+    /// record says the run ended.
+    Held { why: String, ended: String },
+}
+
+/// The run dir `name` of `root`, with its record, when the run ended at least `age` before
+/// `now` and [`may_remove`] agrees: what `gc --older-than` and the watchdog's `--retain`
+/// remove. `Ok(None)`: not over, or not old enough.
+pub fn removable(
+    root: &Root,
+    name: &str,
+    now: f64,
+    age: Duration,
+    ev: &mut Evidence,
+) -> Result<Option<(RunDir, Status)>, Kept> {
+    let unreadable = |e: crate::error::Error| Kept::Unreadable(e.to_string());
+    let id = crate::id::RunId::parse(name).map_err(unreadable)?;
+    let dir = root.open_run_dir(&id).map_err(unreadable)?;
+    let st = dir.read_status().map_err(unreadable)?;
+    if !ended_before(&st, now, age) {
+        return Ok(None);
+    }
+    may_remove(&dir, &st, ev).map_err(|why| Kept::Held {
+        why,
+        ended: st.ended_at.clone().unwrap_or_else(|| "?".into()),
+    })?;
+    Ok(Some((dir, st)))
+}
+
 /// Whether the final record `st` ended at least `age` before `now` (epoch seconds). A record
 /// without a readable end is never old enough.
 pub fn ended_before(st: &Status, now: f64, age: Duration) -> bool {

@@ -12,8 +12,7 @@
 //! a run whose record is not final, or not old enough, is read no further.
 
 use crate::report::log;
-use agent_run_shared::id::RunId;
-use agent_run_shared::removal::{self, Evidence};
+use agent_run_shared::removal::{self, Evidence, Kept};
 use agent_run_shared::root::Root;
 use agent_run_shared::sweep::Sweep;
 use agent_run_shared::time::{duration_arg, epoch_now};
@@ -51,26 +50,18 @@ pub fn sweep(root: &Root, retain: Duration, said: &mut HashSet<String>) -> Swept
                 continue;
             }
         }
-        let Ok(id) = RunId::parse(&name) else {
-            continue;
-        };
-        let Ok(dir) = root.open_run_dir(&id) else {
-            continue;
-        };
-        let Ok(st) = dir.read_status() else {
-            continue;
-        };
-        if !removal::ended_before(&st, now, retain) {
-            continue;
-        }
-        let ended = st.ended_at.as_deref().unwrap_or("?");
-        if let Err(why) = removal::may_remove(&dir, &st, &mut evidence) {
-            if said.insert(name.clone()) {
-                log(&format!("{name}: kept although it ended at {ended}: {why}"));
+        let (dir, st) = match removal::removable(root, &name, now, retain, &mut evidence) {
+            Ok(Some(found)) => found,
+            Ok(None) | Err(Kept::Unreadable(_)) => continue,
+            Err(Kept::Held { why, ended }) => {
+                if said.insert(name.clone()) {
+                    log(&format!("{name}: kept although it ended at {ended}: {why}"));
+                }
+                out.kept.push(name);
+                continue;
             }
-            out.kept.push(name);
-            continue;
-        }
+        };
+        let ended = st.ended_at.as_deref().unwrap_or("?");
         match removal::remove(root, &dir) {
             Ok(()) => {
                 let past = duration_arg(retain);

@@ -437,27 +437,11 @@ fn gc_one(
     now: f64,
     ev: &mut removal::Evidence,
 ) -> Option<RunDir> {
-    let checked = RunId::parse(name)
-        .map_err(|e| e.to_string())
-        .and_then(|id| root.open_run_dir(&id).map_err(|e| e.to_string()))
-        .and_then(|dir| {
-            dir.read_status()
-                .map(|st| (dir, st))
-                .map_err(|e| e.to_string())
-        });
-    let (dir, st) = match checked {
-        Ok(x) => x,
-        Err(why) => {
+    match removal::removable(root, name, now, args.older_than, ev) {
+        Ok(found) => found.map(|(dir, _)| dir),
+        Err(removal::Kept::Unreadable(why) | removal::Kept::Held { why, .. }) => {
             eprintln!("agent-run: {name}: skipped: {why}");
-            return None;
+            None
         }
-    };
-    if !removal::ended_before(&st, now, args.older_than) {
-        return None;
     }
-    if let Err(why) = removal::may_remove(&dir, &st, ev) {
-        eprintln!("agent-run: {name}: skipped: {why}");
-        return None;
-    }
-    Some(dir)
 }
