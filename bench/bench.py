@@ -2375,6 +2375,21 @@ def output_section(a, r, ctx, peers, summ):
     a("")
 
 
+def lateness_cells(x):
+    """The four lateness cells of a lease row (lateness and burst tables alike): final seen,
+    the watchdog's first act, act to stop_end, stop_end to final seen."""
+    s, sa = x["lateness"], x["act_lateness"]
+    s1, s2 = x.get("act_to_stop_end", {}), x.get("stop_end_to_final", {})
+    return f"{fms(s['median'])} / {fms(s['p99'])} / {fms(s['max'])} | {fms(sa['median'])} / {fms(sa['p99'])} | {fms(s1.get('median'))} / {fms(s1.get('max'))} | {fms(s2.get('median'))} / {fms(s2.get('max'))}"
+
+
+def lateness_ok(x):
+    """Whether a lease row meets its target: p99 under 100 ms, every run final, no bad state
+    (None without a p99)."""
+    p99 = x["lateness"]["p99"]
+    return None if p99 is None else (p99 < 100 and x["not_final"] == 0 and not x["bad_states"])
+
+
 def watchdog_section(a, r, ctx, peers, summ):
     """Section 5: the watchdog's rescan, idle CPU and lease lateness."""
     paras(
@@ -2418,12 +2433,10 @@ def watchdog_section(a, r, ctx, peers, summ):
         )
         table_head(a, "| pending leases (N) | fillers | K, spacing, window | startup to READY | startup CPU | final: p50 / p99 / max ms | act: p50 / p99 ms | act → stop_end p50 / max ms | stop_end → final seen p50 / max ms | not final | CPU during window | peak RSS | load average (start → end) |")
         for x in lat:
-            s, sa = x["lateness"], x["act_lateness"]
             bad = f" ({', '.join(x['bad_states'])})" if x["bad_states"] else ""
             if x.get("not_final") and x.get("pending_states"):
                 bad += f" (at the end: {', '.join(x['pending_states'])})"
-            s1, s2 = x.get("act_to_stop_end", {}), x.get("stop_end_to_final", {})
-            a(f"| {x['n']:,} | {x['kind']} | {x['k']}, {x['spacing_s']:g} s, {x['window_s']:.0f} s | {x['ready_s'] * 1000:.0f} ms | {fms(x['ready_cpu_ms'])} ms | {fms(s['median'])} / {fms(s['p99'])} / {fms(s['max'])} | {fms(sa['median'])} / {fms(sa['p99'])} | {fms(s1.get('median'))} / {fms(s1.get('max'))} | {fms(s2.get('median'))} / {fms(s2.get('max'))} | {x['not_final']}{bad} | {fms(x['run_cpu_ms'])} ms | {(x['hwm_kb'] or 0) / 1024:.1f} MiB | {' → '.join(x.get('load', ['?']))} |")
+            a(f"| {x['n']:,} | {x['kind']} | {x['k']}, {x['spacing_s']:g} s, {x['window_s']:.0f} s | {x['ready_s'] * 1000:.0f} ms | {fms(x['ready_cpu_ms'])} ms | {lateness_cells(x)} | {x['not_final']}{bad} | {fms(x['run_cpu_ms'])} ms | {(x['hwm_kb'] or 0) / 1024:.1f} MiB | {' → '.join(x.get('load', ['?']))} |")
         a("")
         a("Design of the fixture: the K measured runs are orphans, each with its own live process carrying the run's marker (AGENT_RUN_ID and AGENT_RUN_DIR: the watchdog takes a process for an orphaned run's only by both). They are present with leases a day away before the daemon starts. After READY=1 each gets its staggered deadline through a lease.json renamed into place, as `agent-run renew` writes it. The N − K fillers are \"live\" or \"orphan-own\". A live filler's record names one stand-in as its wrapper, a process named agent-run that holds every filler's lock: the watchdog takes it for their live wrapper and holds their runs. (Until 12-06 the stand-in was a plain `sleep`, which the watchdog rightly took for no wrapper: it stopped all 10,000 fillers during the measured window, and that row measured their stops.) \"orphan-own\" is the literal load: every filler an orphan with its own marked process, held by the watchdog until a lease a day away. An earlier \"orphan\" kind, whose fillers shared one session leader, is gone: a shared process is no filler's by the trust rules, so those runs were settled at once, and its figures measured that, not pending leases.")
         own = [x for x in lat if x["kind"] == "orphan-own" and x.get("pid_max")]
@@ -2436,7 +2449,7 @@ def watchdog_section(a, r, ctx, peers, summ):
         big = [x for x in lat if x["n"] == top]
         for x in big:
             p99 = x["lateness"]["p99"]
-            ok = None if p99 is None else (p99 < 100 and x["not_final"] == 0 and not x["bad_states"])
+            ok = lateness_ok(x)
             if ok is False and x["lateness"]["median"] is not None and x["lateness"]["median"] < 100 and x["not_final"] == 0:
                 ok = "meets at the median; **p99 misses**"
             ld = x.get("load", ["?", "?"])
@@ -2452,12 +2465,9 @@ def watchdog_section(a, r, ctx, peers, summ):
         )
         table_head(a, "| runs | held by | final: p50 / p99 / max ms | act: p50 / p99 ms | act → stop_end p50 / max ms | stop_end → final seen p50 / max ms | not final | final states | watchdog CPU | load average (start → end) |")
         for x in burst:
-            s, sa = x["lateness"], x["act_lateness"]
-            s1, s2 = x.get("act_to_stop_end", {}), x.get("stop_end_to_final", {})
-            a(f"| {x['n']} | {x['mode']} | {fms(s['median'])} / {fms(s['p99'])} / {fms(s['max'])} | {fms(sa['median'])} / {fms(sa['p99'])} | {fms(s1.get('median'))} / {fms(s1.get('max'))} | {fms(s2.get('median'))} / {fms(s2.get('max'))} | {x['not_final']} | {', '.join(x['states'])} | {fms(x['cpu_ms'])} ms | {x.get('load_start')} → {x.get('load')} |")
-            p99 = s["p99"]
-            ok = None if p99 is None else (p99 < 100 and x["not_final"] == 0 and not x["bad_states"])
-            summ.append((f"{x['n']} orphaned runs ({x['mode']}), leases ending in one second: lateness p99", TARGETS["burst"], f"{fms(p99)} ms" + (f", {x['not_final']} not final" if x["not_final"] else ""), ok))
+            a(f"| {x['n']} | {x['mode']} | {lateness_cells(x)} | {x['not_final']} | {', '.join(x['states'])} | {fms(x['cpu_ms'])} ms | {x.get('load_start')} → {x.get('load')} |")
+            p99 = x["lateness"]["p99"]
+            summ.append((f"{x['n']} orphaned runs ({x['mode']}), leases ending in one second: lateness p99", TARGETS["burst"], f"{fms(p99)} ms" + (f", {x['not_final']} not final" if x["not_final"] else ""), lateness_ok(x)))
         a("")
 
 
