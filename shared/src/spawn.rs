@@ -58,23 +58,12 @@ pub fn spawn_workload(
     // and would hold the launch (and, with its output not yet drained, itself) forever. After a
     // fork the EOF (the exec) is waited for, at most [`REPORT_WAIT`], for the same reason.
     let wait = if waited { Duration::ZERO } else { REPORT_WAIT };
-    let report = read_report(&report_r, wait);
-    match report {
-        None => Ok(Spawned {
-            pid,
-            pidfd,
-            cgroup_entry,
-            report_ignored: None,
-        }),
+    let report_ignored = match read_report(&report_r, wait) {
+        None => None,
         // Bytes in the pipe are the child's report only if the child then ended as a child
         // that reported does; else the exec'd workload wrote them (see [`ended_as_reported`]),
         // and it is supervised as any workload, its bytes only journalled.
-        Some((step, errno)) if !ended_as_reported(pid, pidfd.as_ref(), cgroup) => Ok(Spawned {
-            pid,
-            pidfd,
-            cgroup_entry,
-            report_ignored: Some((step, errno)),
-        }),
+        Some(report) if !ended_as_reported(pid, pidfd.as_ref(), cgroup) => Some(report),
         Some((step, errno)) => {
             // The child `_exit`s right after its report: reap it, so a launch that never ran
             // leaves no zombie.
@@ -84,12 +73,18 @@ pub fn spawn_workload(
                 rustix::process::WaitOptions::empty(),
             ) {}
             let e = io::Error::from_raw_os_error(errno);
-            Err(match step {
+            return Err(match step {
                 ChildStep::Cgroup => SpawnError::Cgroup(e),
                 step => SpawnError::Child(step, e),
-            })
+            });
         }
-    }
+    };
+    Ok(Spawned {
+        pid,
+        pidfd,
+        cgroup_entry,
+        report_ignored,
+    })
 }
 
 /// After a fork, the longest the parent waits for the report pipe's EOF (the child's exec or
