@@ -112,7 +112,7 @@ impl RunDir {
             id,
             dev: md.dev(),
             ino: md.ino(),
-            born: md.created().ok(),
+            born: crate::sys::born(fd.as_fd(), &md),
             fd: Arc::new(fd),
             repaired,
         })

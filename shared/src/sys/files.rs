@@ -1,4 +1,5 @@
-//! Whole-file reads, writeback, the lock of a file and the mode of a descriptor's file.
+//! Whole-file reads, writeback, the lock of a file, the mode of a descriptor's file and when
+//! it was made.
 
 use super::*;
 
@@ -73,4 +74,22 @@ pub fn read_capped(f: &mut std::fs::File, cap: u64) -> std::io::Result<Vec<u8>> 
     }
     buf.truncate(n);
     Ok(buf)
+}
+
+/// When the file open as `fd` (`md` its metadata) was made: its birth time (`statx`, through
+/// rustix: std asks statx for it only with glibc, so a static musl build had none), else its
+/// change time, which is never earlier.
+pub fn born(fd: BorrowedFd<'_>, md: &std::fs::Metadata) -> Option<std::time::SystemTime> {
+    use rustix::fs::{statx, AtFlags, StatxFlags};
+    use std::os::unix::fs::MetadataExt;
+    let at = |secs: i64, nanos: u32| {
+        let secs = u64::try_from(secs).ok()?;
+        std::time::UNIX_EPOCH.checked_add(std::time::Duration::new(secs, nanos))
+    };
+    match statx(fd, "", AtFlags::EMPTY_PATH, StatxFlags::BTIME) {
+        Ok(x) if x.stx_mask & StatxFlags::BTIME.bits() != 0 => {
+            at(x.stx_btime.tv_sec, x.stx_btime.tv_nsec)
+        }
+        _ => at(md.ctime(), u32::try_from(md.ctime_nsec()).ok()?),
+    }
 }

@@ -150,3 +150,13 @@ fn euid_from_proc() -> u32 {
     let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
     uid.split_whitespace().nth(2).unwrap().parse().unwrap()
 }
+
+#[test]
+fn a_new_dirs_birth_is_now_and_a_scan_begun_before_it_is_older() {
+    let before = std::time::SystemTime::now() - Duration::from_secs(1);
+    let d = tempfile::tempdir().unwrap();
+    let f = std::fs::File::open(d.path()).unwrap();
+    let born = born(f.as_fd(), &f.metadata().unwrap()).expect("a birth or change time");
+    assert!(born >= before, "born {born:?} before {before:?}");
+    assert!(born <= std::time::SystemTime::now());
+}
