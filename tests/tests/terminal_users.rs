@@ -116,16 +116,16 @@ fn a_foreground_run_says_on_stderr_why_it_stops() {
     let neither = || {};
     // Each run and its options, what stops it (Ctrl-C, a cancel from another connection, or
     // neither: its timeout, its lease), and what the terminal then shows.
-    let stops: [(&str, &str, &dyn Fn(), &[&str]); 4] = [
+    let stops = [
         (
             "fg-int",
             "",
-            &ctrl_c,
+            &ctrl_c as &dyn Fn(),
             &[
                 "agent-run: INT: stopping run fg-int (TERM sent; again to KILL)",
                 "agent-run: run fg-int: cancelled (signal:INT) after ",
                 ", exit 130",
-            ],
+            ][..],
         ),
         (
             "fg-cancel",
