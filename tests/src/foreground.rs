@@ -72,12 +72,22 @@ impl<'a> Run<'a> {
         }
     }
 
+    /// [`Run::start`] of a fixture tree, with the tree pinned once the fixture is ready.
+    pub fn start_pinned(
+        root: &'a TestRoot,
+        id: &'a str,
+        opts: &[&str],
+        argv: &[impl AsRef<std::ffi::OsStr>],
+    ) -> (Run<'a>, Ready, Pinned) {
+        let run = Run::start(root, id, opts, argv);
+        let (ready, pinned) = run.c.pin_tree();
+        (run, ready, pinned)
+    }
+
     /// `agent-run --grace 1s ID -- fixture DEAF_CHILD` (a child that ignores TERM and HUP), with
     /// its tree pinned once the fixture is ready.
     pub fn start_deaf(root: &'a TestRoot, id: &'a str) -> (Run<'a>, Ready, Pinned) {
-        let run = Run::start(root, id, &["--grace", "1s"], &fx(DEAF_CHILD));
-        let (ready, pinned) = run.c.pin_tree();
-        (run, ready, pinned)
+        Run::start_pinned(root, id, &["--grace", "1s"], &fx(DEAF_CHILD))
     }
 
     pub fn wrapper_pid(&self) -> i32 {

@@ -94,25 +94,25 @@ fn module_defaults() -> &'static str {
 
 /// The playbook of the first test: a command on every host, then one that fails on some.
 fn site(fail_hosts: &[&str]) -> String {
-    format!(
-        "- name: fleet\n  hosts: all\n  gather_facts: false\n{md}  vars:\n    fail_hosts: {fail:?}\n  \
+    let rest = format!(
+        "  vars:\n    fail_hosts: {fail:?}\n  \
          tasks:\n    - name: hello\n      agentrun.remote.run:\n        argv:\n          - sh\n          \
          - -c\n          - 'echo \"$0\" >> \"$1\"; echo \"out from $0\"; echo \"err from $0\" >&2'\n          \
          - \"{{{{ inventory_hostname }}}}\"\n          - \"{{{{ agentrun_dir }}}}/count-hello\"\n    \
          - name: fail on some\n      agentrun.remote.run:\n        cmd: 'echo x >> {{{{ agentrun_dir }}}}/count-fail; \
          exit {{{{ 3 if inventory_hostname in fail_hosts else 0 }}}}'\n",
-        md = module_defaults(),
         fail = fail_hosts,
-    )
+    );
+    book("fleet", &rest)
 }
 
 #[test]
 fn a_play_on_ten_hosts_then_a_rerun_that_runs_nothing_twice() {
     let (_serial, fleet) = serial_fleet(HOSTS);
     let fail = ["h03", "h07"];
-    let book = site(&fail);
+    let site_book = site(&fail);
 
-    let first = fleet.play("site", &book, &[], PLAY);
+    let first = fleet.play("site", &site_book, &[], PLAY);
     assert_eq!(first.code(), 2, "failed hosts give 2\n{}", first.describe());
     // Ten workers wanted the controller's lease token at once, and none was there: they made
     // one, and every run has it.
@@ -194,7 +194,7 @@ fn a_play_on_ten_hosts_then_a_rerun_that_runs_nothing_twice() {
     assert_nothing_left(&fleet, "after the first play");
 
     // The same playbook again: every run is found, nothing runs twice, the same outcome.
-    let again = fleet.play("site", &book, &[], PLAY);
+    let again = fleet.play("site", &site_book, &[], PLAY);
     assert_eq!(again.code(), 2, "{}", again.describe());
     for h in &fleet.hosts {
         let r = again.result("hello", &h.name);
@@ -235,7 +235,7 @@ fn a_play_on_ten_hosts_then_a_rerun_that_runs_nothing_twice() {
 
     // Check mode with diff: the same play predicts no change; a new command would start a run
     // (changed, a diff from absent), and nothing is created on any host.
-    let check_book = book.replace("out from", "OUT FROM");
+    let check_book = site_book.replace("out from", "OUT FROM");
     let check = fleet.play("check", &check_book, &["--check", "--diff"], PLAY);
     for h in &fleet.hosts {
         let r = check.result("hello", &h.name);
@@ -267,12 +267,11 @@ fn a_play_on_ten_hosts_then_a_rerun_that_runs_nothing_twice() {
     // Wall time of the same ten-host play of one command, with agent-run and with Ansible's own
     // command module (both on a fresh command, so that neither replays anything).
     let timed = |module: &str, tag: &str| -> Play {
-        let book = format!(
-            "- name: timed\n  hosts: all\n  gather_facts: false\n{md}  tasks:\n    - name: timed\n      \
-             {module}:\n        argv: [sh, -c, 'echo {tag} {{{{ inventory_hostname }}}}; sleep 1']\n",
-            md = module_defaults(),
+        let tasks = format!(
+            "  tasks:\n    - name: timed\n      {module}:\n        \
+             argv: [sh, -c, 'echo {tag} {{{{ inventory_hostname }}}}; sleep 1']\n",
         );
-        let play = fleet.play(&format!("timed-{tag}"), &book, &[], PLAY);
+        let play = fleet.play(&format!("timed-{tag}"), &book("timed", &tasks), &[], PLAY);
         assert_eq!(play.code(), 0, "{}", play.describe());
         for h in &fleet.hosts {
             assert_eq!(
@@ -348,9 +347,15 @@ fn ansible_doc_shows_the_whole_documentation() {
 // ---------------------------------------------------------------------------------------------
 // Interruptions: Ctrl-C, SIGKILL, and the baseline with Ansible's own async
 
-/// A playbook from `yaml` with `@MD@` replaced by the module defaults (binary and root per host).
-fn book(yaml: &str) -> String {
-    yaml.replace("@MD@", module_defaults().trim_end())
+/// A playbook of one play, `name`, on every host without facts: the module defaults `md` (YAML
+/// lines, or none), then `rest` (its vars, its tasks).
+fn play_of(name: &str, md: &str, rest: &str) -> String {
+    format!("- name: {name}\n  hosts: all\n  gather_facts: false\n{md}{rest}")
+}
+
+/// [`play_of`] with the module defaults of the built binary and root per host.
+fn book(name: &str, rest: &str) -> String {
+    play_of(name, module_defaults(), rest)
 }
 
 /// Waits until every host has exactly one run `prefix`* whose leader is alive and whose session
@@ -452,11 +457,7 @@ fn pin_runs(recs: &[Value]) -> Pinned {
     Pinned::new(&pids)
 }
 
-const LONG: &str = r#"- name: long
-  hosts: all
-  gather_facts: false
-@MD@
-  vars:
+const LONG: &str = r#"  vars:
     plain: 'sleep 300 & sleep 300'
     # Ignores TERM and HUP (so do its children): only the KILL at the grace stops it.
     stubborn: 'trap "" TERM HUP; sleep 300 & sleep 300'
@@ -472,7 +473,7 @@ const LONG: &str = r#"- name: long
 fn ctrl_c_of_ansible_playbook_cancels_the_run_on_every_host_within_grace() {
     let (_serial, fleet) = serial_fleet(HOSTS);
     let trace = fleet.path("trace.log");
-    let (play, _results) = fleet.spawn("long", &book(LONG), &[], Some(&trace));
+    let (play, _results) = fleet.spawn("long", &book("long", LONG), &[], Some(&trace));
     let pgid = play.child.id() as i32;
     let recs = wait_all_running(&fleet, "ans-", 3, &play);
     let runs = pin_runs(&recs);
@@ -595,7 +596,7 @@ fn ctrl_c_of_ansible_playbook_cancels_the_run_on_every_host_within_grace() {
     assert_nothing_left(&fleet, "after Ctrl-C");
 
     // Running the play again would start the interrupted command afresh, as attempt 2.
-    let check = fleet.play("long", &book(LONG), &["--check"], PLAY);
+    let check = fleet.play("long", &book("long", LONG), &["--check"], PLAY);
     assert_eq!(check.code(), 0, "{}", check.describe());
     for (h, rec) in fleet.hosts.iter().zip(&finals) {
         let r = check.result("long", &h.name);
@@ -621,11 +622,7 @@ fn kill_deadline() -> Duration {
     KILL_LEASE + KILL_LEASE / 3 + KILL_GRACE + KILL_SLACK
 }
 
-const LEASED: &str = r#"- name: leased
-  hosts: all
-  gather_facts: false
-@MD@
-  tasks:
+const LEASED: &str = r#"  tasks:
     - name: leased
       agentrun.remote.run:
         cmd: 'sleep 300 & sleep 300'
@@ -636,7 +633,7 @@ const LEASED: &str = r#"- name: leased
 #[test]
 fn sigkill_of_ansible_playbook_leaves_each_run_to_its_lease() {
     let (_serial, fleet) = serial_fleet(HOSTS);
-    let (play, _results) = fleet.spawn("leased", &book(LEASED), &[], None);
+    let (play, _results) = fleet.spawn("leased", &book("leased", LEASED), &[], None);
     let pid = play.child.id() as i32;
     let recs = wait_all_running(&fleet, "ans-", 3, &play);
     let runs = pin_runs(&recs);
@@ -705,17 +702,18 @@ fn alive_of(pids: &[(i32, u64)]) -> Vec<i32> {
 fn baseline_ansible_async_leaves_every_process_running_after_sigkill() {
     let (_serial, fleet) = serial_fleet(HOSTS);
     // The same command as `leased`, with Ansible's own command module and async.
-    let yaml = r#"- name: async
-  hosts: all
-  gather_facts: false
-  tasks:
+    let yaml = play_of(
+        "async",
+        "",
+        r#"  tasks:
     - name: async
       ansible.builtin.command:
         argv: [sh, -c, 'echo $$ > "$0/workload.pid"; sleep 300 & exec sleep 300', "{{ agentrun_dir }}"]
       async: 600
       poll: 1
-"#;
-    let (play, _results) = fleet.spawn("async", yaml, &[], None);
+"#,
+    );
+    let (play, _results) = fleet.spawn("async", &yaml, &[], None);
     let pid = play.child.id() as i32;
     let workloads: Vec<(i32, u64)> = wait_until_dbg("every host's workload running", PLAY, || {
         let mut found = Vec::new();
@@ -781,11 +779,7 @@ fn baseline_ansible_async_leaves_every_process_running_after_sigkill() {
 // ---------------------------------------------------------------------------------------------
 // Timeouts, and a run started in one playbook and waited for in a later one
 
-const TIMEOUTS: &str = r#"- name: timeouts
-  hosts: all
-  gather_facts: false
-@MD@
-  tasks:
+const TIMEOUTS: &str = r#"  tasks:
     - name: limited
       agentrun.remote.run:
         cmd: 'sleep 300 & sleep 300'
@@ -825,7 +819,7 @@ const TIMEOUTS: &str = r#"- name: timeouts
 #[test]
 fn a_task_timeout_stops_the_run_on_every_host() {
     let (_serial, fleet) = serial_fleet(HOSTS);
-    let play = fleet.play("timeouts", &book(TIMEOUTS), &[], PLAY);
+    let play = fleet.play("timeouts", &book("timeouts", TIMEOUTS), &[], PLAY);
     assert_eq!(play.code(), 0, "{}", play.describe());
     let mut cancelled = 0;
     let mut not_started = Vec::new();
@@ -987,11 +981,7 @@ fn a_task_timeout_stops_the_run_on_every_host() {
 /// been sent by then, or there is no module to fence; it is paused long before on this machine),
 /// the others by Ctrl-C. Once `quick` exists in a host's directory the command ends at once (the
 /// rerun).
-const FENCED: &str = r#"- name: fenced
-  hosts: all
-  gather_facts: false
-@MD@
-  environment:
+const FENCED: &str = r#"  environment:
     AGENTRUN_ANSIBLE_TEST_PAUSE: "{{ pause_at.get(inventory_hostname, 'none') }}:{{ agentrun_dir }}"
   tasks:
     - name: fenced
@@ -1129,7 +1119,12 @@ fn a_cancel_before_the_run_exists_leaves_nothing_running_and_a_rerun_works() {
     let (h1, h2, h3) = (&fleet.hosts[0], &fleet.hosts[1], &fleet.hosts[2]);
     let pause = r#"{"pause_at": {"h01": "fence", "h02": "start", "h03": "fence"}}"#;
     let trace = fleet.path("trace.log");
-    let (play, results) = fleet.spawn("fenced", &book(FENCED), &["-e", pause], Some(&trace));
+    let (play, results) = fleet.spawn(
+        "fenced",
+        &book("fenced", FENCED),
+        &["-e", pause],
+        Some(&trace),
+    );
     let pgid = play.child.id() as i32;
     let (base1, pid1) = paused(h1, "fence");
     let (base2, pid2) = paused(h2, "start");
@@ -1254,7 +1249,7 @@ fn a_cancel_before_the_run_exists_leaves_nothing_running_and_a_rerun_works() {
     }
     let rerun = fleet.play(
         "fenced",
-        &book(FENCED),
+        &book("fenced", FENCED),
         &["-e", r#"{"pause_at": {}}"#],
         PLAY,
     );
@@ -1313,10 +1308,7 @@ fn a_cancel_before_the_run_exists_leaves_nothing_running_and_a_rerun_works() {
 /// then points), each host into a directory of its own. The hosts share this machine's disk, so
 /// the copy is made on the host (`remote_src`): the 30 MB debug binary sent ten times over sftp
 /// would only cost time.
-const INSTALL: &str = r#"- name: install agent-run
-  hosts: all
-  gather_facts: false
-  tasks:
+const INSTALL: &str = r#"  tasks:
     - name: the binary
       ansible.builtin.copy:
         src: "{{ agentrun_bin }}"
@@ -1326,17 +1318,13 @@ const INSTALL: &str = r#"- name: install agent-run
 "#;
 
 /// The module defaults of the playbooks that use the installed copy.
-const MD_INSTALLED: &str = "  module_defaults:\n    group/agentrun.remote.all:\n      binary: \"{{ agentrun_dir }}/agent-run\"\n      root: \"{{ agentrun_root }}\"";
+const MD_INSTALLED: &str = "  module_defaults:\n    group/agentrun.remote.all:\n      binary: \"{{ agentrun_dir }}/agent-run\"\n      root: \"{{ agentrun_root }}\"\n";
 
 /// The victims' own lease token (`lease_token:`), and one that is no run's.
 const VICTIM_TOKEN: &str = "victim-token.0123456789+/=~";
 const WRONG_TOKEN: &str = "wrong-token-0123456789abcdef";
 
-const STARTED: &str = r#"- name: start
-  hosts: all
-  gather_facts: false
-@MD@
-  vars:
+const STARTED: &str = r#"  vars:
     victim_token: "@VICTIM@"
   tasks:
     - name: start the job
@@ -1356,11 +1344,7 @@ const STARTED: &str = r#"- name: start
         cmd: 'sleep 300 & sleep 300'
 "#;
 
-const LATER: &str = r#"- name: later
-  hosts: all
-  gather_facts: false
-@MD@
-  vars:
+const LATER: &str = r#"  vars:
     victim_token: "@VICTIM@"
     wrong_token: "@WRONG@"
   tasks:
@@ -1467,11 +1451,12 @@ fn token_uses(strace_log: &str, tokens: &[&str]) -> Vec<(String, String)> {
 fn state_started_in_one_playbook_run_and_finished_in_a_later_one() {
     let (_serial, fleet) = serial_fleet(HOSTS);
     // `cmd` runs as `sh -c CMD`: give it its $0 and $1 through argv instead.
-    let started = STARTED.replace("@MD@", MD_INSTALLED).replace(
+    let started = play_of("start", MD_INSTALLED, STARTED).replace(
         "        cmd: 'while [ ! -e \"$0/gate\" ]; do sleep 0.05; done; echo done on $1'\n        # sh -c CMD $0 $1\n",
         "        argv: [sh, -c, 'while [ ! -e \"$0/gate\" ]; do sleep 0.05; done; echo done on $1', \"{{ agentrun_dir }}\", \"{{ inventory_hostname }}\"]\n",
     );
-    let started = format!("{INSTALL}{started}").replace("@VICTIM@", VICTIM_TOKEN);
+    let install = play_of("install agent-run", "", INSTALL);
+    let started = format!("{install}{started}").replace("@VICTIM@", VICTIM_TOKEN);
     // Every process h01's sshd runs, from now on, with its command line and its environment.
     let log = fleet.path("h01-execve.strace");
     let strace = agent_run_tests::Spawned::spawn(
@@ -1616,8 +1601,7 @@ fn state_started_in_one_playbook_run_and_finished_in_a_later_one() {
 
     // A later playbook: the status renews the lease, the cancel stops the victim, and the
     // finished task waits for the job (released once the victims are gone) and reports it.
-    let later_book = LATER
-        .replace("@MD@", MD_INSTALLED)
+    let later_book = play_of("later", MD_INSTALLED, LATER)
         .replace("@VICTIM@", VICTIM_TOKEN)
         .replace("@WRONG@", WRONG_TOKEN);
     let (later, results) = fleet.spawn("later", &later_book, &[], None);
@@ -1755,7 +1739,7 @@ fn state_started_in_one_playbook_run_and_finished_in_a_later_one() {
 #[test]
 fn sigterm_of_ansible_playbook_cancels_every_run_too() {
     let (_serial, fleet) = serial_fleet(3);
-    let (play, _results) = fleet.spawn("long", &book(LONG), &[], None);
+    let (play, _results) = fleet.spawn("long", &book("long", LONG), &[], None);
     let recs = wait_all_running(&fleet, "ans-", 3, &play);
     let runs = pin_runs(&recs);
     let workers = fleet.pin_descendants(play.child.id() as i32);
@@ -1780,22 +1764,21 @@ fn sigterm_of_ansible_playbook_cancels_every_run_too() {
     assert_nothing_left(&fleet, "after SIGTERM");
 }
 
-const LOST: &str = r#"- name: lost
-  hosts: all
-  gather_facts: false
-@MD@
-  tasks:
-    - name: lost
-      agentrun.remote.run:
-        cmd: 'while [ ! -e "{{ agentrun_dir }}/gate" ]; do sleep 0.05; done; echo released'
-        lease: 3s
-        grace: 1s
-"#;
+/// A play `name` of one task, `name` too, whose command waits for the file `gate` in its host's
+/// directory, then says `released`. `play` and `task` are more YAML lines of each.
+fn gated(name: &str, play: &str, task: &str) -> String {
+    let cmd = r#"'while [ ! -e "{{ agentrun_dir }}/gate" ]; do sleep 0.05; done; echo released'"#;
+    let rest = format!(
+        "{play}  tasks:\n    - name: {name}\n      agentrun.remote.run:\n        cmd: {cmd}\n{task}"
+    );
+    book(name, &rest)
+}
 
 #[test]
 fn a_host_lost_mid_run_is_unreachable_and_its_run_ends_at_its_lease() {
     let (_serial, mut fleet) = serial_fleet(3);
-    let (play, results) = fleet.spawn("lost", &book(LOST), &[], None);
+    let lost = gated("lost", "", "        lease: 3s\n        grace: 1s\n");
+    let (play, results) = fleet.spawn("lost", &lost, &[], None);
     let recs = wait_all_running(&fleet, "ans-", 1, &play);
     // Every worker is past its first wait (it renewed once), then h02's sshd goes away with
     // every session it had; the run's wrapper, detached, stays.
@@ -1848,25 +1831,20 @@ fn a_host_lost_mid_run_is_unreachable_and_its_run_ends_at_its_lease() {
 
 /// The play of the module-poll test: `su` as become (it may need a terminal, so Ansible gives
 /// a command no stdin data there), a lease of 3 s and a command that waits for its gate.
-const SU: &str = r#"- name: su
-  hosts: all
-  gather_facts: false
-  become: true
-  become_method: su
-@MD@
-  tasks:
-    - name: su
-      agentrun.remote.run:
-        cmd: 'while [ ! -e "{{ agentrun_dir }}/gate" ]; do sleep 0.05; done; echo released'
-        lease: 3s
-"#;
+fn su_play() -> String {
+    gated(
+        "su",
+        "  become: true\n  become_method: su\n",
+        "        lease: 3s\n",
+    )
+}
 
 #[test]
 fn where_stdin_cannot_carry_the_token_each_poll_is_a_module_and_renews() {
     let (_serial, fleet) = serial_fleet(1);
     let h = &fleet.hosts[0];
     let trace = fleet.path("trace.log");
-    let (play, results) = fleet.spawn("su", &book(SU), &[], Some(&trace));
+    let (play, results) = fleet.spawn("su", &su_play(), &[], Some(&trace));
     let recs = wait_all_running(&fleet, "ans-", 1, &play);
     // The plugin's polls (modules: the trace says so) renew the lease past its first 3 s.
     let polls = wait_until_dbg("two polls by module", PLAY, || {
@@ -1901,13 +1879,16 @@ fn where_stdin_cannot_carry_the_token_each_poll_is_a_module_and_renews() {
     let run_id = recs[0]["run_id"].as_str().unwrap();
     let refused = fleet.play(
         "refused",
-        &book(&format!(
-            "- name: refused\n  hosts: all\n  gather_facts: false\n@MD@\n  tasks:\n    \
+        &book(
+            "refused",
+            &format!(
+                "  tasks:\n    \
              - name: readable\n      agentrun.remote.run:\n        id: {run_id}\n        \
              state: status\n      ignore_errors: true\n    \
              - name: malformed\n      agentrun.remote.run:\n        id: {run_id}\n        \
              state: status\n        lease_token: 'short'\n      ignore_errors: true\n"
-        )),
+            ),
+        ),
         &[],
         PLAY,
     );

@@ -12,12 +12,22 @@ use std::fs;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use agent_run_tests::ctx::{ctx, Ctx};
+use agent_run_tests::ctx::{ctx, Ctx, Detached};
 use agent_run_tests::ensure;
 use agent_run_tests::facts::*;
 use agent_run_tests::workload::*;
 use agent_run_tests::{fixture_bin, proc_stat, Pinned, TestRoot};
 use serde_json::{json, Value};
+
+/// A boot id that is no host's: a record that names it is of an earlier boot.
+const OTHER_BOOT: &str = "00000000-0000-4000-8000-000000000000";
+
+/// The orphan whose record a test forges: `fixture tree --children 1`, started detached, its
+/// wrapper SIGKILLed. The run (it holds the pins of its wrapper and leader) and the tree's pins.
+fn orphan_of_one_child(c: Ctx) -> (Detached, Pinned) {
+    let (run, _, tree) = c.orphan(&fx("tree --children 1"));
+    (run, tree)
+}
 
 /// A process of the test's own, unrelated to any run: `fixture sleep-ms 60000`.
 struct Unrelated {
@@ -202,7 +212,7 @@ fn a_record_whose_pid_now_belongs_to_an_unrelated_process_lends_it_nothing_and_t
 {
     let root = TestRoot::new();
     let c = ctx(&root, "reused");
-    let (_run, _, tree) = c.orphan(&fx("tree --children 1"));
+    let (_run, tree) = orphan_of_one_child(c);
 
     let unrelated = Unrelated::spawn();
     c.edit_status(|st| {
@@ -272,15 +282,14 @@ fn a_recorded_wrapper_pid_that_belongs_to_an_unrelated_process_is_not_signalled_
 fn a_record_forged_to_another_boot_over_live_processes_is_rewritten_and_the_run_is_stopped() {
     let root = TestRoot::new();
     let c = ctx(&root, "rebooted");
-    let (_run, _, tree) = c.orphan(&fx("tree --children 1"));
-    let forged_boot = "00000000-0000-4000-8000-000000000000";
+    let (_run, tree) = orphan_of_one_child(c);
     assert_ne!(
         boot_id(),
-        forged_boot,
+        OTHER_BOOT,
         "this host's boot id is the forged one"
     );
     c.edit_status(|st| {
-        st.insert("boot_id".into(), forged_boot.into());
+        st.insert("boot_id".into(), OTHER_BOOT.into());
     });
 
     // The run's cgroup holds its processes: they are this boot's, whatever the record says.
@@ -300,7 +309,7 @@ fn a_record_forged_to_another_boot_over_live_processes_is_rewritten_and_the_run_
 fn a_record_of_an_earlier_boot_with_nothing_of_it_held_is_host_rebooted_and_nothing_is_signalled() {
     let root = TestRoot::new();
     let c = ctx(&root, "old-boot");
-    let (_run, _, tree) = c.orphan(&fx("tree --children 1"));
+    let (_run, tree) = orphan_of_one_child(c);
     // The run's processes are not its any more (its cgroup and marker are what find them):
     // take them out of its cgroup and clear the record's cgroup, as after a reboot.
     let cg = c.status()["containment"]["cgroup"]
@@ -308,10 +317,7 @@ fn a_record_of_an_earlier_boot_with_nothing_of_it_held_is_host_rebooted_and_noth
         .map(str::to_string);
     let unrelated = Unrelated::spawn();
     c.edit_status(|st| {
-        st.insert(
-            "boot_id".into(),
-            "00000000-0000-4000-8000-000000000000".into(),
-        );
+        st.insert("boot_id".into(), OTHER_BOOT.into());
         for key in ["pid", "pgid", "sid"] {
             st.insert(key.into(), unrelated.pid.into());
         }

@@ -299,13 +299,9 @@ fn a_pid_hopping_escapee_as_nobody_is_stopped_or_named_in_both_modes() {
 #[test]
 fn a_marked_process_outside_the_tree_is_stopped_when_the_leader_exits_in_both_modes() {
     for_each_mode_in_root(&ROOT_MODES, "outsider", |mode, root, id, c| {
-        let gate = root.dir.path().join("gate");
-        // The leader waits until the outsider runs, then exits 0.
-        let script = format!(
-            "while [ ! -e {} ]; do sleep 0.02; done; exit 0",
-            gate.display()
-        );
-        let run = start(root, id, mode, &["--grace", "1s"], &["sh", "-c", &script]);
+        // The leader waits until the outsider runs (a gate in its run dir), then exits 0.
+        let script = r#"while [ ! -e "$AGENT_RUN_DIR/gate" ]; do sleep 0.02; done; exit 0"#;
+        let run = start(root, id, mode, &["--grace", "1s"], &["sh", "-c", script]);
         // Started by a helper outside the wrapper's tree, carrying the run's marker (the way
         // systemd-run --user -E, tmux -e or a job queue starts work for a run).
         let mut outsider = agent_run_tests::contain::fixture(&["sleep-ms", "600000"]);
@@ -316,7 +312,7 @@ fn a_marked_process_outside_the_tree_is_stopped_when_the_leader_exits_in_both_mo
         let mut child = outsider.spawn().unwrap();
         let opid = child.id() as i32;
         let pin = Pinned::new(&[opid]);
-        fs::write(&gate, b"").unwrap();
+        fs::write(run.dir.join("gate"), b"").unwrap();
         let st = root.wait_final(id, CMD);
         c.eq(&st["state"], "finished", "st[\"state\"]");
         pin.wait_all_gone(CMD).unwrap_or_else(|p| {

@@ -128,6 +128,38 @@ fn dead_process() -> (i32, u64) {
     (pid, ticks)
 }
 
+/// What the records of dead runs are made of: this boot's id, and a process of it that is gone.
+struct Dead {
+    boot: String,
+    pid: i32,
+    ticks: u64,
+}
+
+impl Dead {
+    fn new() -> Dead {
+        let (pid, ticks) = dead_process();
+        Dead {
+            boot: procfs::boot_id(),
+            pid,
+            ticks,
+        }
+    }
+
+    /// A `running` record of run `id` whose leader, group and session are the dead process.
+    fn record(&self, id: &str) -> Status {
+        let pid = self.pid;
+        record_with(id, pid, pid, pid, self.ticks, &self.boot)
+    }
+}
+
+/// `st`, finished with exit 0 now.
+fn finished_now(mut st: Status) -> Status {
+    st.state = State::Finished;
+    st.exit_code = Some(0);
+    st.ended_at = Some(rfc3339_now());
+    st
+}
+
 // ---------------------------------------------------------------------------------------------
 // Fabricated run dirs: what a wrapper that died leaves behind
 
@@ -178,6 +210,11 @@ fn record_with(id: &str, pid: i32, pgid: i32, sid: i32, ticks: u64, boot_id: &st
 /// The run root, created (0700) the way agent-run creates it.
 fn open_root(root: &TestRoot) -> Root {
     Root::open(&root.root(), true).unwrap_or_else(|e| panic!("cannot open the run root: {e}"))
+}
+
+/// The run root opened for in-process passes, and the checks of run `id` in it.
+fn in_process<'a>(root: &'a TestRoot, id: &'a str) -> (Root, Ctx<'a>) {
+    (open_root(root), ctx(root, id))
 }
 
 /// An empty run dir (0700) for `id`.
@@ -666,10 +703,9 @@ fn a_record_from_an_earlier_boot_becomes_unknown_and_the_process_it_names_is_not
 #[test]
 fn in_process_run_once_marks_a_record_from_an_earlier_boot_unknown_without_signalling() {
     let root = TestRoot::sharing_cpu();
-    let r = open_root(&root);
     // One old record names a live process of this boot (unrelated: the pid was reused), the
     // other names nothing alive.
-    let c = ctx(&root, "wd-rebooted-inproc");
+    let (r, c) = in_process(&root, "wd-rebooted-inproc");
     let empty_id = "wd-rebooted-inproc-empty";
     let (_children, dir, pid, unrelated) = forge_earlier_boot(&root, c.id);
     let empty_dir = make_run_dir(&root, empty_id);
@@ -710,8 +746,7 @@ fn in_process_run_once_marks_a_record_from_an_earlier_boot_unknown_without_signa
 #[test]
 fn in_process_run_once_marks_an_orphan_without_processes_unknown_wrapper_lost() {
     let root = TestRoot::sharing_cpu();
-    let r = open_root(&root);
-    let c = ctx(&root, "wd-orphan-empty-inproc");
+    let (r, c) = in_process(&root, "wd-orphan-empty-inproc");
     let dir = make_run_dir(&root, c.id);
     let (pid, ticks) = dead_process();
     let mut st = record_with(c.id, pid, pid, pid, ticks, &procfs::boot_id());
@@ -729,8 +764,7 @@ fn in_process_run_once_marks_an_orphan_without_processes_unknown_wrapper_lost() 
 #[test]
 fn in_process_run_once_stops_an_orphan_whose_lease_expired_and_cancels_it() {
     let root = TestRoot::sharing_cpu();
-    let r = open_root(&root);
-    let c = ctx(&root, "wd-orphan-leased-inproc");
+    let (r, c) = in_process(&root, "wd-orphan-leased-inproc");
     let (dir, _children, ready, pinned) =
         run_tree(c, &["tree", "--children", "2", "--grandchildren"]);
     write_record(&dir, &running_record(c.id, ready.pid, &procfs::boot_id()));
@@ -760,8 +794,7 @@ fn in_process_run_once_stops_an_orphan_whose_lease_expired_and_cancels_it() {
 #[test]
 fn in_process_run_once_leaves_a_live_wrapper_alone_until_lease_plus_grace_plus_slack() {
     let root = TestRoot::sharing_cpu();
-    let r = open_root(&root);
-    let c = ctx(&root, "wd-live-wrapper-inproc");
+    let (r, c) = in_process(&root, "wd-live-wrapper-inproc");
     // A real wrapper, alive but doing nothing (SIGSTOPped: stuck). Its deadline is the one it
     // publishes (its heartbeat thread's name), not lease.json: the passes come at real times.
     let (run, ready, _tree) = start_tree(c, "--lease 2s --grace 1s", "tree --children 1");
@@ -835,8 +868,7 @@ fn corrupt_beside_due<'a>(
 }
 
 fn populate_corrupt(root: &TestRoot, prefix: &str) -> CorruptSet {
-    let boot = procfs::boot_id();
-    let (dead, ticks) = dead_process();
+    let dead = Dead::new();
     let mut skipped = Vec::new();
     let mut damaged = Vec::new();
     let mut untouched = Vec::new();
@@ -845,7 +877,7 @@ fn populate_corrupt(root: &TestRoot, prefix: &str) -> CorruptSet {
     // but said once; nothing of it is due, so it is left as it is.
     let trunc_id = format!("{prefix}-truncated");
     let trunc_dir = make_run_dir(root, &trunc_id);
-    let text = record_with(&trunc_id, dead, dead, dead, ticks, &boot).to_json();
+    let text = dead.record(&trunc_id).to_json();
     let half = text.as_bytes()[..text.len() / 2].to_vec();
     fs::OpenOptions::new()
         .write(true)
@@ -861,10 +893,7 @@ fn populate_corrupt(root: &TestRoot, prefix: &str) -> CorruptSet {
     let link_id = format!("{prefix}-symlinked");
     let elsewhere = root.dir.path().join("elsewhere");
     private_dir(&elsewhere);
-    write_record(
-        &elsewhere,
-        &record_with(&link_id, dead, dead, dead, ticks, &boot),
-    );
+    write_record(&elsewhere, &dead.record(&link_id));
     std::os::unix::fs::symlink(&elsewhere, root.run_dir(&link_id)).unwrap();
     untouched.push(elsewhere);
     skipped.push(link_id);
@@ -873,10 +902,7 @@ fn populate_corrupt(root: &TestRoot, prefix: &str) -> CorruptSet {
     if shared_sys::geteuid() == 0 {
         let foreign_id = format!("{prefix}-foreign");
         let foreign = make_run_dir(root, &foreign_id);
-        write_record(
-            &foreign,
-            &record_with(&foreign_id, dead, dead, dead, ticks, &boot),
-        );
+        write_record(&foreign, &dead.record(&foreign_id));
         std::os::unix::fs::chown(&foreign, Some(65534), Some(65534)).unwrap();
         untouched.push(foreign);
         skipped.push(foreign_id);
@@ -1005,8 +1031,7 @@ struct LeasedOrphan {
 fn a_thousand_run_dirs_with_two_hundred_leases_expiring_together_are_all_stopped_in_parallel() {
     let root = TestRoot::exclusive_cpu();
     let _r = open_root(&root);
-    let boot = procfs::boot_id();
-    let (dead, ticks) = dead_process();
+    let dead = Dead::new();
 
     // 800 finished runs: the watchdog must read past them and touch none.
     let finals = [
@@ -1019,7 +1044,7 @@ fn a_thousand_run_dirs_with_two_hundred_leases_expiring_together_are_all_stopped
     for i in 0..800 {
         let id = format!("wd-many-final-{i:03}");
         let dir = make_run_dir(&root, &id);
-        let mut st = record_with(&id, dead, dead, dead, ticks, &boot);
+        let mut st = dead.record(&id);
         let (state, reason) = finals[i % finals.len()];
         st.state = state;
         st.reason = reason.map(str::to_string);
@@ -1062,7 +1087,7 @@ fn a_thousand_run_dirs_with_two_hundred_leases_expiring_together_are_all_stopped
     assert_eq!(pinned.alive().len(), 205, "every process should be up");
     for (o, &pid) in orphans.iter().zip(&leaders) {
         let dir = root.run_dir(&o.id);
-        let mut st = running_record(&o.id, pid, &boot);
+        let mut st = running_record(&o.id, pid, &dead.boot);
         // The default grace: cooperative runs must finish far inside it, whatever the
         // stubborn ones do (2 slow cores, a debug build, 200 stops at once).
         st.grace_ms = Some(5000);
@@ -1204,12 +1229,8 @@ fn the_fast_path_settles_only_surely_final_dirs_and_hands_hostile_ones_to_the_ca
     use agent_run_watchdog::pass::MAX_READ;
     let root = TestRoot::sharing_cpu();
     let _r = open_root(&root);
-    let boot = procfs::boot_id();
-    let (dead, ticks) = dead_process();
-    let mut finished = record_with("fp-final", dead, dead, dead, ticks, &boot);
-    finished.state = State::Finished;
-    finished.exit_code = Some(0);
-    finished.ended_at = Some(rfc3339_now());
+    let dead = Dead::new();
+    let finished = finished_now(dead.record("fp-final"));
     let final_json = |id: &str| {
         let mut st = finished.clone();
         st.run_id = id.into();
@@ -1513,7 +1534,6 @@ fn a_lease_that_falls_due_during_a_long_rescan_is_enforced_without_waiting_for_i
 fn a_settled_record_rewritten_in_place_with_its_mtime_put_back_is_read_again_by_the_next_pass() {
     let root = TestRoot::sharing_cpu();
     let _r = open_root(&root);
-    let boot = procfs::boot_id();
     let mut children = Reaper::default();
     let id = "wd-settled-rewrite";
     let dir = make_run_dir(&root, id);
@@ -1523,11 +1543,8 @@ fn a_settled_record_rewritten_in_place_with_its_mtime_put_back_is_read_again_by_
         None,
     ));
     let pinned = Pinned::new(&[pid]);
-    let running = running_record(id, pid, &boot);
-    let mut done = running.clone();
-    done.state = State::Finished;
-    done.exit_code = Some(0);
-    done.ended_at = Some(rfc3339_now());
+    let running = running_record(id, pid, &procfs::boot_id());
+    let done = finished_now(running.clone());
     write_record(&dir, &done);
 
     let dog = watchdog(&root, &[]);
@@ -1755,17 +1772,12 @@ fn early_run_dir(root: &TestRoot, prefix: &str, within: usize, fill: impl FnOnce
 fn a_lease_due_during_a_pass_slowed_by_a_fault_knob_is_enforced_before_the_pass_ends() {
     let root = TestRoot::sharing_cpu();
     let _r = open_root(&root);
-    let boot = procfs::boot_id();
-    let (dead, ticks) = dead_process();
+    let dead = Dead::new();
     let id = early_run_dir(&root, "wd-slow-orphan", 10, || {
         for i in 0..100 {
             let id = format!("wd-slow-final-{i:03}");
             let dir = make_run_dir(&root, &id);
-            let mut st = record_with(&id, dead, dead, dead, ticks, &boot);
-            st.state = State::Finished;
-            st.exit_code = Some(0);
-            st.ended_at = Some(rfc3339_now());
-            write_record(&dir, &st);
+            write_record(&dir, &finished_now(dead.record(&id)));
         }
     });
     let id = id.as_str();
@@ -1776,7 +1788,7 @@ fn a_lease_due_during_a_pass_slowed_by_a_fault_knob_is_enforced_before_the_pass_
         Some((id, &dir)),
         None,
     ));
-    write_record(&dir, &running_record(id, pid, &boot));
+    write_record(&dir, &running_record(id, pid, &dead.boot));
     write_lease(&dir, epoch_now() + 3600.0, 3600.0);
     let pinned = Pinned::new(&[pid]);
     let c = ctx(&root, id);

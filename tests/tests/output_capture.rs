@@ -46,8 +46,9 @@ fn log(root: &TestRoot, id: &str, name: &str) -> Vec<u8> {
     fs::read(root.run_dir(id).join(name)).unwrap_or_default()
 }
 
-/// Two record or journal times (epoch seconds), the second less than 1.5 s after the first.
-fn within_1_5_s(c: Ctx, from: Option<f64>, to: Option<f64>, what: &str) {
+/// The record `st` ended (`ended_at`) less than 1.5 s after `from` (epoch seconds).
+fn ended_within_1_5_s(c: Ctx, st: &Value, from: Option<f64>, what: &str) {
+    let to = epoch_of(st["ended_at"].as_str().unwrap_or_default());
     ensure!(
         c,
         matches!((from, to), (Some(a), Some(b)) if b - a < 1.5),
@@ -571,16 +572,23 @@ fn a_ten_gib_writer_against_a_small_cap_keeps_cap_plus_markers_and_counts_the_re
     );
 }
 
-/// `--quiet --max-output 2M --on-output-limit=stop ID -- sh -c SCRIPT`, to its end, SCRIPT
-/// made with the path of a file for its pids; it must exit 143 (stopped at its cap): the
-/// record, and that path.
-fn run_capped_at_2m_with_stop(c: Ctx, script: impl FnOnce(&Path) -> String) -> (Value, PathBuf) {
+/// A shell and its sleeper, and a writer of 4 MiB that ignores TERM and HUP, so it writes all
+/// of it whatever the stop's speed, and the counts are exact: the cap, the kept tail (cap/8),
+/// and the rest dropped. KILL comes only at the grace (5 s); the writer is done in
+/// milliseconds. The shell and the sleeper die by the TERM.
+const WRITER_DEAF_TO_TERM: &str =
+    "sleep 600 & echo $$ $! > \"$1\"; (trap '' TERM HUP; exec head -c 4M /dev/zero); wait";
+
+/// `--quiet --max-output 2M --on-output-limit=stop ID -- sh -c SCRIPT sh PIDS`, to its end:
+/// SCRIPT writes its pids to "$1", the file PIDS. It must exit 143 (stopped at its cap): the
+/// record, and PIDS.
+fn run_capped_at_2m_with_stop(c: Ctx, script: &str) -> (Value, PathBuf) {
     let pids = c.root.dir.path().join("pids");
-    let script = script(&pids);
+    let pids_arg = pids.to_str().expect("a UTF-8 temporary path");
     let opts = ["--quiet", "--max-output", "2M", "--on-output-limit=stop"];
     let args: Vec<&str> = opts
         .into_iter()
-        .chain([c.id, "--", "sh", "-c", &script])
+        .chain([c.id, "--", "sh", "-c", script, "sh", pids_arg])
         .collect();
     c.code(&run(c.root, &args), 143, c.id);
     (c.root.status(c.id), pids)
@@ -590,16 +598,7 @@ fn run_capped_at_2m_with_stop(c: Ctx, script: impl FnOnce(&Path) -> String) -> (
 fn on_output_limit_stop_ends_the_run_cancelled_output_limit_with_nothing_left() {
     let root = TestRoot::new();
     let c = ctx(&root, "out-stop");
-    // The writer ignores TERM and HUP, so it writes all of its 4 MiB whatever the stop's
-    // speed, and the counts are exact: the cap, the kept tail (cap/8), and the rest dropped.
-    // KILL comes only at the grace (5 s); the writer is done in milliseconds. Its shell and
-    // the sleeper die by the TERM.
-    let (st, pids) = run_capped_at_2m_with_stop(c, |pids| {
-        format!(
-            "sleep 600 & echo $$ $! > {}; (trap '' TERM HUP; exec head -c 4M /dev/zero); wait",
-            pids.display()
-        )
-    });
+    let (st, pids) = run_capped_at_2m_with_stop(c, WRITER_DEAF_TO_TERM);
     c.fields(&st, &format!("{st}"), ended("cancelled", "output_limit"));
     c.eq(
         &st["output"]["complete"],
@@ -652,14 +651,10 @@ fn on_output_limit_stop_ends_the_run_cancelled_output_limit_with_nothing_left() 
             .find(|e| e["event"] == what)
             .and_then(|e| epoch_of(e["ts"].as_str()?))
     };
-    let (asked, ended) = (
-        at("stop_requested"),
-        epoch_of(st["ended_at"].as_str().unwrap()),
-    );
-    within_1_5_s(
+    ended_within_1_5_s(
         c,
-        asked,
-        ended,
+        &st,
+        at("stop_requested"),
         "the stop asked, then ended: held up by the keeper's wait",
     );
 }
@@ -672,12 +667,10 @@ fn on_output_limit_stop_ends_the_run_cancelled_output_limit_with_nothing_left() 
 fn a_planted_cancel_request_does_not_turn_off_the_output_limit_stop() {
     let root = TestRoot::new();
     let c = ctx(&root, "out-planted");
-    let (st, pids) = run_capped_at_2m_with_stop(c, |pids| {
-        format!(
-            "printf x > \"$AGENT_RUN_DIR/cancel.json\"; echo $$ > {}; head -c 3M /dev/zero; exec sleep 30",
-            pids.display()
-        )
-    });
+    let (st, pids) = run_capped_at_2m_with_stop(
+        c,
+        "printf x > \"$AGENT_RUN_DIR/cancel.json\"; echo $$ > \"$1\"; head -c 3M /dev/zero; exec sleep 30",
+    );
     c.eq(
         &st["state"].as_str(),
         &Some("cancelled"),
@@ -730,12 +723,11 @@ fn a_keeper_the_run_killed_is_journalled_lost_and_the_record_does_not_wait_for_i
             .any(|e| e["event"] == "keeper_lost" && e["by"] == "wrapper" && e["pid"] == keeper),
         "no keeper_lost line: {ev:?}"
     );
-    let at = |k: &str| epoch_of(st[k].as_str().unwrap_or_default());
-    let (started, ended) = (at("started_at"), at("ended_at"));
-    within_1_5_s(
+    let started = epoch_of(st["started_at"].as_str().unwrap_or_default());
+    ended_within_1_5_s(
         c,
+        &st,
         started,
-        ended,
         "started, then ended: the record waited for the dead keeper",
     );
 }
@@ -1268,19 +1260,8 @@ fn a_keeper_that_cannot_be_forked_after_the_spawn_stops_the_workload_and_fails_t
 fn a_log_the_run_extends_itself_is_not_streamed_past_what_the_keeper_can_have_written() {
     let root = TestRoot::new();
     let c = ctx(&root, "out-sparse");
-    let o = run(
-        &root,
-        &[
-            "--max-output",
-            "1M",
-            "out-sparse",
-            "--",
-            "sh",
-            "-c",
-            "truncate -s 64M \"$AGENT_RUN_DIR/stdout.log\"",
-        ],
-    );
-    c.code(&o, 0, "out-sparse");
+    let script = r#"truncate -s 64M "$AGENT_RUN_DIR/stdout.log""#;
+    let o = c.ctl(&["--max-output", "1M", c.id, "--", "sh", "-c", script], 0);
     let most = 1_048_576 + 131_072 + 65_536;
     ensure!(
         c,
@@ -1292,9 +1273,9 @@ fn a_log_the_run_extends_itself_is_not_streamed_past_what_the_keeper_can_have_wr
         c,
         String::from_utf8_lossy(&o.stderr).contains("more than the keeper can have written"),
         "no note: {}",
-        describe_output("out-sparse", &o)
+        describe_output(c.id, &o)
     );
-    let st = root.status("out-sparse");
+    let st = c.status();
     c.eq(&st["state"], "finished", format_args!("{st}"));
     c.eq(&st["output"]["stdout"]["written"], 0, format_args!("{st}"));
 }

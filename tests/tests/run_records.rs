@@ -188,9 +188,8 @@ fn pid_and_pgid_files_and_status_json_name_the_leader_the_kernel_shows() {
     let root = TestRoot::new();
     let fixture = fixture_path();
     let argv = [fixture.as_str(), "tree", "--children", "1"];
-    let mut run = Run::start(&root, "ids", &[], &argv);
+    let (mut run, ready, pinned) = Run::start_pinned(&root, "ids", &[], &argv);
     let c = run.c;
-    let (ready, pinned) = c.pin_tree();
     let st = c.wait_state(&["running"]);
     let dir = root.run_dir("ids");
     for name in ["pid", "pgid"] {

@@ -93,9 +93,8 @@ fn signal_to_wrapper_stops_the_worker_tree(sig: i32, name: &str, code: i32) {
     let log = root.dir.path().join("tree.log");
     let id = format!("tree-{}", name.to_lowercase());
     let tree = "--children 1 --grandchildren --leader-term log-exit --member-term log-exit";
-    let mut run = Run::start(&root, &id, &[], &logged_tree(tree, &log));
+    let (mut run, ready, pinned) = Run::start_pinned(&root, &id, &[], &logged_tree(tree, &log));
     let c = run.c;
-    let (ready, pinned) = c.pin_tree();
     let st = c.wait_state(&["running"]);
     c.eq(
         &(int(c, &st, "pid"), int(c, &st, "pgid"), int(c, &st, "sid")),
@@ -323,9 +322,8 @@ fn a_leader_exiting_on_term_does_not_strand_a_same_group_descendant_ignoring_ter
     let log = root.dir.path().join("tree.log");
     let tree = "--children 1 --grandchildren --leader-term log-exit --member-term ignore";
     let argv = logged_tree(&format!("{tree} --member-hup ignore"), &log);
-    let mut run = Run::start(&root, "outlived", &["--grace", "2s"], &argv);
+    let (mut run, ready, pinned) = Run::start_pinned(&root, "outlived", &["--grace", "2s"], &argv);
     let c = run.c;
-    let (ready, pinned) = c.pin_tree();
     for &m in &ready.members {
         let pgid = proc_stat(m).map(|s| s.2);
         c.eq(
@@ -398,9 +396,8 @@ while :; do sleep 0.05; done"#;
 fn a_second_term_during_the_grace_kills_at_once() {
     let root = TestRoot::new();
     let argv = fx(&format!("tree --children 1 --grandchildren {DEAF}"));
-    let mut run = Run::start(&root, "stubborn", &["--grace", "30s"], &argv);
+    let (mut run, ready, pinned) = Run::start_pinned(&root, "stubborn", &["--grace", "30s"], &argv);
     let c = run.c;
-    let (ready, pinned) = c.pin_tree();
 
     run.signal(libc::SIGTERM);
     c.wait_state(&["cancelling"]);
@@ -429,9 +426,9 @@ fn a_second_term_during_the_grace_kills_at_once() {
 #[test]
 fn a_setsid_double_forked_escapee_is_stopped_on_cancel() {
     let root = TestRoot::new();
-    let mut run = Run::start(&root, "escapee", &[], &fx("tree --children 1 --escapee"));
+    let (mut run, ready, pinned) =
+        Run::start_pinned(&root, "escapee", &[], &fx("tree --children 1 --escapee"));
     let c = run.c;
-    let (ready, pinned) = c.pin_tree();
     let escapees: Vec<i32> = ready
         .members
         .iter()
@@ -662,7 +659,7 @@ fn a_setsid_escapee_left_by_a_workload_that_exits_0_is_stopped_and_listed() {
 #[test]
 fn cancelling_one_run_leaves_another_run_under_the_same_root_running_to_its_finish() {
     let root = TestRoot::new();
-    let mut doomed = Run::start(
+    let (mut doomed, ready, doomed_pins) = Run::start_pinned(
         &root,
         "doomed",
         &[],
@@ -670,7 +667,6 @@ fn cancelling_one_run_leaves_another_run_under_the_same_root_running_to_its_fini
     );
     let other_argv = ["sh", "-c", "sleep 600 & read line; kill $!"];
     let mut other = Run::start_with(&root, "other", &[], &other_argv, hold_stdin);
-    let (ready, doomed_pins) = doomed.c.pin_tree();
     let st = other.c.wait_state(&["running"]);
     let (leader, sid) = (int(other.c, &st, "pid"), int(other.c, &st, "sid"));
     let sleeper = other.c.wait("the other run's sleep", || {
@@ -681,13 +677,7 @@ fn cancelling_one_run_leaves_another_run_under_the_same_root_running_to_its_fini
     });
     let other_pins = Pinned::new(&[leader, sleeper]);
 
-    doomed.signal(libc::SIGTERM);
-    doomed.finish(143);
-    let st = doomed.final_record();
-    doomed
-        .c
-        .fields(&st, "the record", outcome("cancelled", Some("signal:TERM")));
-    nothing_left(doomed.c, &doomed_pins, ready.sid);
+    doomed.stop_by_term(&doomed_pins, ready.sid);
 
     other.c.eq(
         &other_pins.alive(),

@@ -43,16 +43,6 @@ CapabilityBoundingSet=CAP_SYS_PTRACE
 /// A short systemd watchdog for the ping tests (and a quick restart after its timeout).
 const SHORT_WATCHDOG: &str = "[Service]\nWatchdogSec=4s\nRestartSec=500ms\n";
 
-/// What must never show in a unit's journal or a run's: the sandbox refusing the watchdog.
-const REFUSALS: [&str; 6] = [
-    "Read-only file system",
-    "Operation not permitted",
-    "Permission denied",
-    "EROFS",
-    "EPERM",
-    "skipped",
-];
-
 /// `text` must be in docs/operations.md, word for word: the tests run the doc's commands.
 fn documented(text: &str) {
     documented_in(OPERATIONS, text);
@@ -212,9 +202,17 @@ fn wait_active(sd: &Systemd, unit: &str) {
     });
 }
 
-/// No refusal in `text` (a journal).
+/// No refusal in `text` (a journal): what must never show in a unit's journal or a run's is
+/// the sandbox refusing the watchdog.
 fn no_refusal(what: &str, text: &str, sd: &Systemd) {
-    for r in REFUSALS {
+    for r in [
+        "Read-only file system",
+        "Operation not permitted",
+        "Permission denied",
+        "EROFS",
+        "EPERM",
+        "skipped",
+    ] {
         assert!(
             !text.contains(r),
             "{what} says {r:?}:\n{text}\n{}",

@@ -11,22 +11,34 @@ use agent_run_tests::ctx::T;
 use agent_run_tests::tmux::{shell_path, Tmux};
 use agent_run_tests::workload::fixture_path;
 use agent_run_tests::{
-    agent_run_bin, ctx, ensure, fixture_bin, proc_stat, wait_ready, wait_until_dbg, Pinned, Ready,
-    TestRoot,
+    agent_run_bin, ctx, ensure, fixture_bin, proc_stat, wait_ready, wait_until_dbg, Ctx, Pinned,
+    Ready, TestRoot,
 };
 use serde_json::{json, Value};
 
 // ---------------------------------------------------------------------------------------------
 // Output for people, on a real terminal, and its JSON twin
 
-/// A tmux terminal of COLS x ROWS, and the shell words that run the built agent-run on `root`.
-fn terminal(root: &TestRoot, cols: u16, rows: u16) -> (Tmux, String) {
+/// A test's root (it shares the CPU), a tmux terminal of COLS x ROWS, and the shell words that
+/// run the built agent-run on that root.
+fn terminal(cols: u16, rows: u16) -> (TestRoot, Tmux, String) {
+    let root = TestRoot::sharing_cpu();
     let agent_run = format!(
         "{} --root {}",
         shell_path(&agent_run_bin()),
         shell_path(&root.root())
     );
-    (Tmux::new(cols, rows, &[]), agent_run)
+    (root, Tmux::new(cols, rows, &[]), agent_run)
+}
+
+/// Every one of `parts` is in `text` (a screen, or what a command said on it).
+fn shows(c: Ctx, text: &str, parts: &[&str]) {
+    let missing: Vec<&str> = parts
+        .iter()
+        .copied()
+        .filter(|p| !text.contains(p))
+        .collect();
+    ensure!(c, missing.is_empty(), "no {missing:?} in:\n{text}");
 }
 
 /// On a clear screen of `t`, types `AR_T ID -- fixture tree TREE` (without waiting for its
@@ -44,9 +56,8 @@ fn start_typed(t: &Tmux, ar_t: &str, root: &TestRoot, id: &str, tree: &str) -> (
 
 #[test]
 fn cancel_and_a_final_relaunch_say_one_line_on_a_terminal_and_give_json_otherwise() {
-    let root = TestRoot::sharing_cpu();
+    let (root, t, ar_t) = terminal(120, 40);
     let c = ctx(&root, "train-3");
-    let (t, ar_t) = terminal(&root, 120, 40);
     let run = detached(&root, "train-3", &[], &["--children", "2"]);
     let said = t.run(&format!("{ar_t} cancel train-3"), T);
     let line = said.trim();
@@ -82,14 +93,16 @@ fn cancel_and_a_final_relaunch_say_one_line_on_a_terminal_and_give_json_otherwis
         ),
         T,
     );
-    ensure!(
+    shows(
         c,
-        said.contains("agent-run: run fin: finished after ")
-            && said.contains(", exit 3; not running it again")
-            && said.contains("code=3")
-            && !said.contains('{'),
-        "{said}"
+        &said,
+        &[
+            "agent-run: run fin: finished after ",
+            ", exit 3; not running it again",
+            "code=3",
+        ],
     );
+    ensure!(c, !said.contains('{'), "JSON on a terminal: {said}");
     let out = ar_code(&root, &["fin", "--json", "--", &fx, "exit", "3"], 3);
     let record: Value = serde_json::from_slice(&out.stdout).expect("the record on stdout");
     c.eq(&record["exit_code"], 3, "record[\"exit_code\"]");
@@ -97,66 +110,67 @@ fn cancel_and_a_final_relaunch_say_one_line_on_a_terminal_and_give_json_otherwis
 
 #[test]
 fn a_foreground_run_says_on_stderr_why_it_stops() {
-    let root = TestRoot::sharing_cpu();
-    let c = ctx(&root, "fg-int");
-    let (t, ar_t) = terminal(&root, 120, 40);
-    let fx = shell_path(&fixture_bin());
-
-    // Ctrl-C.
-    let (_, tree) = start_typed(&t, &ar_t, &root, "fg-int", "--children 1");
-    t.keys(&["C-c"]);
-    let screen = t.wait_prompt(T);
-    c.wait_gone(&tree, "tree");
-    ensure!(
-        c,
-        screen.contains("agent-run: INT: stopping run fg-int (TERM sent; again to KILL)")
-            && screen.contains("agent-run: run fg-int: cancelled (signal:INT) after ")
-            && screen.contains(", exit 130"),
-        "{screen}"
-    );
-    c.record("the record", json!({"reason": "signal:INT"}));
-
-    let c = ctx(&root, "fg-cancel");
-    // A cancel from another connection.
-    let (_, tree) = start_typed(&t, &ar_t, &root, "fg-cancel", "--children 1");
-    ar_code(&root, &["cancel", "fg-cancel"], 0);
-    let screen = t.wait_prompt(T);
-    c.wait_gone(&tree, "tree");
-    ensure!(c, screen.contains(
-            "agent-run: cancel requested from another connection: stopping run fg-cancel (TERM sent)"
-        ) && screen.contains("exit 143"), "{screen}");
-
-    let c = ctx(&root, "fg-timeout");
-    // The timeout, and the lease.
-    let said = t.run(
-        &format!("{ar_t} --timeout 1s fg-timeout -- {fx} tree --children 0"),
-        T,
-    );
-    ensure!(
-        c,
-        said.contains("agent-run: timeout of 1.0s reached: stopping run fg-timeout")
-            && said.contains("cancelled (timeout)")
-            && said.contains("exit 124"),
-        "{said}"
-    );
-    let c = ctx(&root, "fg-lease");
-    let said = t.run(
-        &format!("{ar_t} --lease 1s fg-lease -- {fx} tree --children 0"),
-        T,
-    );
-    ensure!(
-        c,
-        said.contains("agent-run: the lease expired without a renewal: stopping run fg-lease")
-            && said.contains("exit 124"),
-        "{said}"
-    );
+    let (root, t, ar_t) = terminal(120, 40);
+    let ctrl_c = || t.keys(&["C-c"]);
+    let cancel = || drop(ar_code(&root, &["cancel", "fg-cancel"], 0));
+    let neither = || {};
+    // Each run and its options, what stops it (Ctrl-C, a cancel from another connection, or
+    // neither: its timeout, its lease), and what the terminal then shows.
+    let stops = [
+        (
+            "fg-int",
+            "",
+            &ctrl_c as &dyn Fn(),
+            &[
+                "agent-run: INT: stopping run fg-int (TERM sent; again to KILL)",
+                "agent-run: run fg-int: cancelled (signal:INT) after ",
+                ", exit 130",
+            ][..],
+        ),
+        (
+            "fg-cancel",
+            "",
+            &cancel,
+            &[
+                "agent-run: cancel requested from another connection: stopping run fg-cancel (TERM sent)",
+                "exit 143",
+            ],
+        ),
+        (
+            "fg-timeout",
+            "--timeout 1s",
+            &neither,
+            &[
+                "agent-run: timeout of 1.0s reached: stopping run fg-timeout",
+                "cancelled (timeout)",
+                "exit 124",
+            ],
+        ),
+        (
+            "fg-lease",
+            "--lease 1s",
+            &neither,
+            &[
+                "agent-run: the lease expired without a renewal: stopping run fg-lease",
+                "exit 124",
+            ],
+        ),
+    ];
+    for (id, opts, stop, says) in stops {
+        let c = ctx(&root, id);
+        let (_, tree) = start_typed(&t, &format!("{ar_t} {opts}"), &root, id, "--children 1");
+        stop();
+        let screen = t.wait_prompt(T);
+        c.wait_gone(&tree, "tree");
+        shows(c, &screen, says);
+    }
+    ctx(&root, "fg-int").record("the record", json!({"reason": "signal:INT"}));
 }
 
 #[test]
 fn status_on_a_terminal_quotes_the_command_and_names_the_signal() {
-    let root = TestRoot::sharing_cpu();
+    let (root, t, ar_t) = terminal(120, 50);
     let c = ctx(&root, "segv");
-    let (t, ar_t) = terminal(&root, 120, 50);
     let fx = fixture_path();
     ar_code(&root, &["segv", "--", &fx, "signal", "11"], 139);
     let said = t.run(&format!("{ar_t} status segv"), T);
@@ -243,9 +257,8 @@ fn status_on_a_terminal_quotes_the_command_and_names_the_signal() {
 
 #[test]
 fn list_on_a_terminal_is_newest_first_fits_80_columns_and_is_coloured_unless_no_color() {
-    let root = TestRoot::sharing_cpu();
+    let (root, t, ar_t) = terminal(80, 50);
     let c = ctx(&root, "live");
-    let (t, ar_t) = terminal(&root, 80, 50);
     let fx = fixture_path();
     ar_code(&root, &["ok-run", "--", "true"], 0);
     ar_code(&root, &["failing", "--", "sh", "-c", "exit 3"], 3);
@@ -342,9 +355,8 @@ fn list_on_a_terminal_is_newest_first_fits_80_columns_and_is_coloured_unless_no_
 
 #[test]
 fn ctrl_z_suspends_every_process_of_the_run_and_fg_resumes_them() {
-    let root = TestRoot::sharing_cpu();
+    let (root, t, ar_t) = terminal(120, 40);
     let c = ctx(&root, "zz");
-    let (t, ar_t) = terminal(&root, 120, 40);
     let (ready, tree) = start_typed(&t, &ar_t, &root, "zz", "--children 2 --grandchildren");
     let pids = ready.all_pids();
     c.eq(&pids.len(), &5, format_args!("{ready:?}"));
@@ -401,8 +413,7 @@ fn ctrl_z_suspends_every_process_of_the_run_and_fg_resumes_them() {
 
 #[test]
 fn programs_that_prompt_fail_fast_instead_of_waiting_for_a_terminal() {
-    let root = TestRoot::sharing_cpu();
-    let (t, ar_t) = terminal(&root, 120, 40);
+    let (root, t, ar_t) = terminal(120, 40);
     // On a real terminal, in the foreground: the workload has no controlling terminal (its own
     // session), so a prompt on /dev/tty fails at once; with stdin from /dev/null, so does `read`.
     let said = t.run(

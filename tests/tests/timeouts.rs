@@ -167,7 +167,7 @@ fn the_watchdog_stops_a_run_whose_wrapper_was_killed_at_its_timeout() {
     for r in &runs {
         let c = ctx(&root, &r.id);
         let st = root.wait_final(&r.id, T);
-        ctx(&root, &r.id).fields(&st, "the final record", ended("cancelled", "timeout"));
+        c.fields(&st, "the final record", ended("cancelled", "timeout"));
         r.assert_gone(&root, "after the watchdog's stop");
         let deadline = epoch(&st, "started_at") + st["timeout_ms"].as_f64().unwrap() / 1000.0;
         // The watchdog's first word on the run: when it acted.
@@ -175,7 +175,7 @@ fn the_watchdog_stops_a_run_whose_wrapper_was_killed_at_its_timeout() {
             .events(&r.id)
             .into_iter()
             .find(|e| e["by"] == "watchdog")
-            .unwrap_or_else(|| ctx(&root, &r.id).fail("no watchdog event"));
+            .unwrap_or_else(|| c.fail("no watchdog event"));
         let late = (epoch(&acted, "ts") - deadline) * 1000.0;
         ensure!(
             c,
@@ -196,13 +196,7 @@ fn the_watchdog_stops_a_run_whose_wrapper_was_killed_at_its_timeout() {
     );
     // The watchdog's target for deadlines (docs/benchmarks.md): p99 under 100 ms.
     assert!(p99 < 100.0, "p99 lateness {p99:.1} ms: {lateness_ms:?}");
-    let out = watchdog.stop();
-    assert_eq!(
-        exit_code(&out.status),
-        0,
-        "{}",
-        describe_output("watchdog", &out)
-    );
+    watchdog.stop_cleanly(ctx(&root, &runs[0].id));
 }
 
 #[test]
