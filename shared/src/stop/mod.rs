@@ -12,7 +12,8 @@
 //! 4. up to `confirm` more: wait until nothing remains; what does is reported as a survivor.
 //!
 //! Between deadlines it sleeps in one `poll(2)` on every member's pidfd and on an optional
-//! escalation fd (the wrapper's signal pipe: a second TERM/INT/HUP skips to KILL at once). When
+//! escalation fd (the wrapper's signal pipe: a second TERM/INT/HUP skips to KILL at once); after
+//! `cgroup.kill`, on the cgroup's `cgroup.events` alone until it is empty. When
 //! every known member is gone it scans again (with the environment marker) and only finishes when
 //! that scan is empty too, so processes forked mid-stop are caught. "Already gone" (ESRCH) is
 //! success. Zombies count as gone.

@@ -38,7 +38,9 @@ impl Stopper<'_> {
         for &p in &targets {
             let m = &self.members[&p];
             let in_group = m.stat.pgid == Some(leader);
-            let stopped = m.stat.is_stopped() || procfs::stat(p).is_some_and(|s| s.is_stopped());
+            // KILL needs no CONT: spare the read of each member's stat.
+            let stopped = level != Level::Kill
+                && (m.stat.is_stopped() || procfs::stat(p).is_some_and(|s| s.is_stopped()));
             if grouped && in_group {
                 self.report.signalled.push(p);
             } else {
@@ -47,7 +49,7 @@ impl Stopper<'_> {
             if level == Level::Term && self.hup_enabled && ignores_term(p) {
                 self.send(p, Sig::Hup);
             }
-            if stopped && level != Level::Kill {
+            if stopped {
                 self.send(p, Sig::Cont);
             }
         }

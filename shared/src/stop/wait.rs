@@ -1,5 +1,6 @@
 //! The wait between deadlines: one poll(2) on every member's pidfd, the cgroup's events and the
-//! escalation descriptor.
+//! escalation descriptor. After `cgroup.kill`, on the cgroup's events alone while it is
+//! populated.
 
 use super::*;
 
@@ -11,6 +12,9 @@ impl Stopper<'_> {
         timeout: Duration,
         esc: Option<&mut (dyn Escalation + '_)>,
     ) -> bool {
+        if self.cgroup_killed.is_some() && self.wait_for_empty(timeout) {
+            return false;
+        }
         let live: Vec<Pid> = self.live();
         let mut fds = Vec::with_capacity(live.len() + 1);
         let mut polled = Vec::with_capacity(live.len());
@@ -83,5 +87,36 @@ impl Stopper<'_> {
             (Some(e), Some(i)) if fds[i].revents != 0 => e.kill_now(),
             _ => false,
         }
+    }
+
+    /// After `cgroup.kill`: while the cgroup is populated, wait on its `cgroup.events` alone
+    /// (at most [`KILL_AGAIN`], so the loop can write `cgroup.kill` again), reaping as
+    /// children end. Returns false when it did not wait (no events file, or the cgroup is
+    /// empty): then the members' pidfds say who is gone. A thousand members dying at once
+    /// would wake a wait on their pidfds once per exit, each wake polling all of them; the
+    /// kernel's count wakes it once.
+    fn wait_for_empty(&mut self, timeout: Duration) -> bool {
+        use std::os::unix::fs::FileExt;
+        let Some(ev) = &self.events else {
+            return false;
+        };
+        // Read through the polled descriptor itself: a change after this read wakes the poll.
+        let mut buf = [0u8; 128];
+        let populated = ev.read_at(&mut buf, 0).is_ok_and(|n| {
+            crate::cgroup::events_populated(&String::from_utf8_lossy(&buf[..n])) == Some(true)
+        });
+        if !populated {
+            return false;
+        }
+        let mut fds = [sys::PollFd {
+            fd: ev.as_raw_fd(),
+            events: libc::POLLPRI,
+            revents: 0,
+        }];
+        if sys::poll(&mut fds, Some(timeout.min(KILL_AGAIN))).is_err() {
+            std::thread::yield_now();
+        }
+        self.reap_dead_children();
+        true
     }
 }
