@@ -758,22 +758,30 @@ fn a_second_watchdog_on_a_root_names_the_first_and_exits_75() {
 // ---------------------------------------------------------------------------------------------
 // Squatting on the lock of a dead wrapper
 
-/// flock(1) holds the lock of a run whose wrapper is dead, while its child sleeps. In a cgroup,
-/// the cgroup is the run's membership: flock(1), outside it, is an outsider with or without
-/// the run's marker (safety.md CS-88). Held by /proc scans alone, the marker makes it the run's
-/// own.
+/// flock(1) holds the lock of a run whose wrapper is dead, while its child sleeps: the `lock`
+/// file, or the run dir itself (the lock every party takes first). In a cgroup, the cgroup is
+/// the run's membership: flock(1), outside it, is an outsider with or without the run's marker
+/// (safety.md CS-88). Held by /proc scans alone, the marker makes it the run's own.
 #[test]
 fn a_squatter_on_a_dead_wrappers_lock_does_not_keep_the_run_from_being_cancelled() {
     let root = TestRoot::new();
     let side = Side::new(&root, User::Root);
-    let cases: [(bool, &[&str]); 3] = [(true, &[]), (false, &[]), (true, &["--cgroup", "off"])];
-    for (n, (marked, opts)) in cases.iter().enumerate() {
+    let off: &[&str] = &["--cgroup", "off"];
+    let cases: [(bool, &[&str], &str); 5] = [
+        (true, &[], "lock"),
+        (false, &[], "lock"),
+        (true, off, "lock"),
+        (false, &[], "."),
+        (true, off, "."),
+    ];
+    for (n, (marked, opts, squatted)) in cases.iter().enumerate() {
         let id = format!("squat-{n}");
         let c = ctx(&root, &id);
         let (run, tree) = side.leased_orphan_with(&id, opts);
         let runs_own = *marked && !opts.is_empty();
+        let target = run.dir.join(squatted);
         let mut cmd = Command::new("flock");
-        cmd.arg(run.dir.join("lock"))
+        cmd.arg(&target)
             .arg(fixture_bin())
             .args(["sleep-ms", "120000"])
             .stdin(std::process::Stdio::null());
@@ -793,8 +801,7 @@ fn a_squatter_on_a_dead_wrappers_lock_does_not_keep_the_run_from_being_cancelled
         let spin = Pinned::new(&[spid, child]);
         wait_until_dbg("the squatter to hold the lock", CMD, || {
             let locks = fs::read_to_string("/proc/locks").unwrap_or_default();
-            let ino =
-                std::os::unix::fs::MetadataExt::ino(&fs::metadata(run.dir.join("lock")).unwrap());
+            let ino = std::os::unix::fs::MetadataExt::ino(&fs::metadata(&target).unwrap());
             if locks.contains(&format!(":{ino} ")) {
                 Ok(())
             } else {
