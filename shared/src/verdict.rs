@@ -84,6 +84,11 @@ impl Look {
             dir.lock_ids(),
             shared.locks,
             cgroup.as_ref().map(|c| c.path()),
+            record
+                .as_ref()
+                .ok()
+                .and_then(|st| st.wrapper_pid)
+                .and_then(|p| p.pid()),
         );
         Look {
             record,

@@ -68,7 +68,7 @@ fn reason_of(subject: &Subject, why: Due) -> Reason {
 fn orphan(subject: &Subject, reason: Reason) -> Result<String> {
     let dir = &subject.dir;
     if let agent_run_shared::wrapper::Holder::Wrapper(_) =
-        agent_run_shared::wrapper::holder(dir, dir.lock_ids(), None, None)
+        agent_run_shared::wrapper::holder(dir, dir.lock_ids(), None, None, None)
     {
         return Ok("its wrapper is alive; left to it".into());
     }
