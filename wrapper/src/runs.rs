@@ -124,10 +124,16 @@ pub fn wait_final(dir: &RunDir, timeout: Option<Duration>) -> anyhow::Result<Sta
     }
 }
 
-/// What a record cannot say by itself: whether its wrapper still lives, whether the kernel
-/// contradicts a final record, whether the host rebooted, whether a live wrapper is stopping.
-pub fn note(dir: &RunDir, st: &Status) -> Option<String> {
-    note_of(&look_with(dir, st, run_cgroups()))
+/// The look behind a human summary: the cgroup walk shared across the runs this process
+/// shows, and no table of /proc/locks (the holder is asked of the wrapper the record names,
+/// and /proc/locks is read only when someone else holds the run).
+pub fn summary_look(dir: &RunDir, st: &Status) -> Look {
+    let shared = Shared {
+        locks: None,
+        cgroups: Some(run_cgroups()),
+        cgroup: None,
+    };
+    Look::take_with(dir, Ok(st.clone()), &shared)
 }
 
 /// A look at a run whose record the caller read, sharing /proc/locks and the cgroup walk
@@ -145,7 +151,9 @@ pub fn look_with(
     Look::take_with(dir, Ok(st.clone()), &shared)
 }
 
-/// The note of a look (see [`note`]).
+/// What a record cannot say by itself, from a look: whether its wrapper still lives, whether
+/// the kernel contradicts a final record, whether the host rebooted, whether a live wrapper
+/// is stopping.
 pub fn note_of(look: &Look) -> Option<String> {
     let st = look.record.as_ref().ok()?;
     if !st.state.is_final() && st.boot_id != procfs::boot_id() {

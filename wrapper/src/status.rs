@@ -3,7 +3,9 @@
 
 use crate::cli::StatusArgs;
 use crate::human;
-use crate::runs::{note, open_run, print_record, read_record, record_value, record_value_among};
+use crate::runs::{
+    note_of, open_run, print_record, read_record, record_value_among, record_value_of, summary_look,
+};
 use crate::select::{self, Picked};
 use agent_run_shared::exit;
 use agent_run_shared::record::Status;
@@ -112,7 +114,9 @@ fn unreadable(dir: &RunDir, err: anyhow::Error, json: bool) -> anyhow::Result<u8
 
 /// The human summary of one record: what ran, where, since when, how it ended.
 fn summary(dir: &RunDir, st: &Status, colour: bool) -> String {
-    let v = record_value(dir, st);
+    // One look serves the derived fields and the note.
+    let look = summary_look(dir, st);
+    let v = record_value_of(dir, st, &look);
     // A run whose processes are all stopped (Ctrl-Z, SIGSTOP, a frozen cgroup) says so.
     let word = match v["suspended"].as_bool() {
         Some(true) => "suspended",
@@ -126,7 +130,7 @@ fn summary(dir: &RunDir, st: &Status, colour: bool) -> String {
     if let Some(r) = &st.reason {
         line += &format!(" ({})", human::printable(r));
     }
-    if let Some(n) = note(dir, st) {
+    if let Some(n) = note_of(&look) {
         line += &format!(", {}", human::printable(&n));
     }
     let mut f = Fields::default();
