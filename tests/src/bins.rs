@@ -141,6 +141,19 @@ pub fn watchdog_bin() -> PathBuf {
     )
 }
 
+/// The fixture under the name `agent-run` in `dir` (a process the exe check takes for an
+/// agent-run party). A hard link where it can be: a fresh copy is a file just written, and a
+/// test thread that forks meanwhile holds its write descriptor until its child execs, so an
+/// exec of the copy fails with ETXTBSY ("Text file busy"). A copy only across file systems.
+pub fn fixture_as_agent_run(dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).expect("a bin dir");
+    let named = dir.join("agent-run");
+    if !named.exists() && std::fs::hard_link(fixture_bin(), &named).is_err() {
+        std::fs::copy(fixture_bin(), &named).expect("copy the fixture");
+    }
+    named
+}
+
 /// The `fixture` workload: `$AGENT_RUN_FIXTURE_BIN`, else `<profile dir>/fixture` (cargo
 /// builds it before it runs this package's tests: it is a binary of this package). A copy
 /// every user reaches when others cannot reach it ([`reachable`]).

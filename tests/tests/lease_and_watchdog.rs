@@ -1677,10 +1677,7 @@ struct LockHolder {
 
 impl LockHolder {
     fn start(root: &TestRoot) -> LockHolder {
-        let bin = root.dir.path().join("bin");
-        fs::create_dir_all(&bin).expect("a bin dir");
-        let copy = bin.join("agent-run");
-        fs::copy(agent_run_tests::fixture_bin(), &copy).expect("copy the fixture");
+        let copy = agent_run_tests::fixture_as_agent_run(&root.dir.path().join("bin"));
         let mut child = std::process::Command::new(&copy)
             .arg("hold-dir-locks")
             .stdin(std::process::Stdio::piped())

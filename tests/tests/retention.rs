@@ -122,10 +122,7 @@ impl Drop for LockHolder {
 /// a run to its holder, and the retention sweep after it meets the holder).
 fn hold_lock(root: &TestRoot, dir: &std::path::Path) -> LockHolder {
     use std::io::{BufRead, Write};
-    let bin = root.dir.path().join("bin");
-    std::fs::create_dir_all(&bin).expect("a bin dir");
-    let copy = bin.join("agent-run");
-    std::fs::copy(agent_run_tests::fixture_bin(), &copy).expect("copy the fixture");
+    let copy = agent_run_tests::fixture_as_agent_run(&root.dir.path().join("bin"));
     let mut child = Command::new(&copy)
         .arg("hold-dir-locks")
         .stdin(Stdio::piped())
