@@ -305,7 +305,7 @@ impl Status {
     }
 
     /// The wrapper as the record names it: its pid and start ticks, when both are there (a
-    /// claim, confirmed only by [`crate::wrapper::live_wrapper`]).
+    /// claim, confirmed only by [`crate::wrapper::verify_wrapper`]).
     pub fn wrapper(&self) -> Option<Identity> {
         Some(Identity {
             pid: self.wrapper_pid?.pid()?,

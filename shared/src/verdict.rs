@@ -87,8 +87,8 @@ impl Look {
             record
                 .as_ref()
                 .ok()
-                .and_then(|st| st.wrapper_pid)
-                .and_then(|p| p.pid()),
+                .and_then(Status::wrapper)
+                .map(|w| w.pid),
         );
         Look {
             record,

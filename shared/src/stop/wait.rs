@@ -103,7 +103,8 @@ impl Stopper<'_> {
         // Read through the polled descriptor itself: a change after this read wakes the poll.
         let mut buf = [0u8; 128];
         let populated = ev.read_at(&mut buf, 0).is_ok_and(|n| {
-            crate::cgroup::events_populated(&String::from_utf8_lossy(&buf[..n])) == Some(true)
+            std::str::from_utf8(&buf[..n])
+                .is_ok_and(|e| crate::cgroup::events_populated(e) == Some(true))
         });
         if !populated {
             return false;
