@@ -114,13 +114,30 @@ pub fn for_signal(sig: Sig) -> u8 {
 
 /// The exit code a final record stands for. `None` for a record that is not final.
 pub fn for_record(st: &Status) -> Option<u8> {
-    Some(match st.state {
-        State::Finished => match (&st.term_signal, st.exit_code) {
+    for_outcome(
+        st.state,
+        st.term_signal.as_deref(),
+        st.exit_code,
+        st.reason.as_deref(),
+        st.launch_exit_code,
+    )
+}
+
+/// [`for_record`] of the record's fields that decide it (a [`crate::peek::Peek`] has them).
+pub fn for_outcome(
+    state: State,
+    term_signal: Option<&str>,
+    exit_code: Option<i32>,
+    reason: Option<&str>,
+    launch_exit_code: Option<i32>,
+) -> Option<u8> {
+    Some(match state {
+        State::Finished => match (term_signal, exit_code) {
             (Some(name), _) => Sig::from_name(name).map(for_signal).unwrap_or(SOFTWARE),
             (None, Some(code)) => code.clamp(0, 255) as u8,
             (None, None) => TEMPFAIL,
         },
-        State::Cancelled => match st.reason.as_deref().and_then(Reason::parse) {
+        State::Cancelled => match reason.and_then(Reason::parse) {
             Some(Reason::LeaseExpired) => LEASE_EXPIRED,
             Some(Reason::Timeout) => TIMEOUT,
             // The caller's channel hung up: what a hangup with a pty gives (signal:HUP).
@@ -129,7 +146,7 @@ pub fn for_record(st: &Status) -> Option<u8> {
             _ => for_signal(Sig::Term),
         },
         // `launch_exit_code`; records written before it existed kept the code in `exit_code`.
-        State::LaunchFailed => match st.launch_exit_code.or(st.exit_code) {
+        State::LaunchFailed => match launch_exit_code.or(exit_code) {
             Some(c) if c == NOT_FOUND as i32 || c == CANNOT_EXECUTE as i32 => c as u8,
             _ => SOFTWARE,
         },

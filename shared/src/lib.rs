@@ -26,6 +26,7 @@ pub mod lease;
 pub mod lifecycle;
 pub mod lock;
 pub mod output;
+pub mod peek;
 pub mod pid;
 pub mod pid_counter;
 pub mod procfs;

@@ -17,7 +17,7 @@
 use crate::cgroup::{run_cgroups, RunCgroups};
 use crate::error::Error;
 use crate::procset::Snapshot;
-use crate::record::Status;
+use crate::record::{State, Status};
 use crate::root::Root;
 use crate::run_dir::RunDir;
 use crate::time::parse_rfc3339;
@@ -129,8 +129,13 @@ pub fn removable(
 /// Whether the final record `st` ended at least `age` before `now` (epoch seconds). A record
 /// without a readable end is never old enough.
 pub fn ended_before(st: &Status, now: f64, age: Duration) -> bool {
-    let ended = st.ended_at.as_deref().and_then(parse_rfc3339);
-    st.state.is_final() && ended.is_some_and(|e| now - e >= age.as_secs_f64())
+    ended_when(st.state, st.ended_at.as_deref(), now, age)
+}
+
+/// [`ended_before`] of a record's state and `ended_at`.
+pub fn ended_when(state: State, ended_at: Option<&str>, now: f64, age: Duration) -> bool {
+    let ended = ended_at.and_then(parse_rfc3339);
+    state.is_final() && ended.is_some_and(|e| now - e >= age.as_secs_f64())
 }
 
 /// The names in the root that could be run dirs (not dot-names), in inode order.

@@ -5,8 +5,8 @@
 //! [`Sweep::settled`] reads a run by a few syscalls relative to the root's descriptor: one
 //! `statx` of the dir (ours, a directory, mode 0700: the careful open's checks, with nothing to
 //! repair), one `openat2` of `ID/status.json` that follows no symlink, one `fstat` (a regular
-//! file of ours, at most [`MAX_READ`] bytes) and one `read`. The record's own parse
-//! ([`parse_status`]) decides what it says. The kernel's facts come from what the sweep reads
+//! file of ours, at most [`MAX_READ`] bytes) and one `read`. A [`Peek`] at the record (it
+//! refuses what the record's own parse refuses) says what it says. The kernel's facts come from what the sweep reads
 //! once: the flocks of the host ([`Flocks`], /proc/locks), the run cgroups of the cgroup2 mount
 //! ([`run_cgroups`]), and the `agent-run.*` children of each cgroup parent a record names
 //! ([`CgroupParents`]).
@@ -19,7 +19,7 @@
 use crate::cgroup::{name_for, run_cgroups, RunCgroups};
 use crate::held::{CgroupParents, Flocks};
 use crate::id::RunId;
-use crate::record::{parse_status, Status};
+use crate::peek::Peek;
 use crate::root::Root;
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, ResolveFlags, StatxFlags};
 use std::cell::OnceCell;
@@ -44,7 +44,7 @@ pub struct Sweep<'r> {
 pub struct Settled {
     /// The run dir's inode.
     pub dir_ino: u64,
-    pub status: Status,
+    pub record: Peek,
 }
 
 impl<'r> Sweep<'r> {
@@ -74,7 +74,7 @@ impl<'r> Sweep<'r> {
     /// holds the run; `None`: the careful path decides (see the module doc).
     pub fn settled(&mut self, name: &str) -> Option<Settled> {
         let s = self.record(name)?;
-        if !s.status.state.is_final() || self.may_be_held(name, s.dir_ino, &s.status) {
+        if !s.record.state.is_final() || self.may_be_held(name, s.dir_ino, &s.record) {
             return None;
         }
         Some(s)
@@ -88,8 +88,8 @@ impl<'r> Sweep<'r> {
             return None;
         }
         let dir_ino = self.run_dir_inode(name)?;
-        let status = self.read(name)?;
-        Some(Settled { dir_ino, status })
+        let record = self.read(name)?;
+        Some(Settled { dir_ino, record })
     }
 
     /// The careful open's checks of the run dir, by one `statx`: ours, a directory, mode 0700
@@ -103,16 +103,16 @@ impl<'r> Sweep<'r> {
         ok.then_some(d.stx_ino)
     }
 
-    /// `ID/status.json` read as [`read_plain`] reads it, and parsed as the careful path parses it.
-    fn read(&mut self, name: &str) -> Option<Status> {
+    /// `ID/status.json` read as [`read_plain`] reads it, and peeked at ([`Peek`]).
+    fn read(&mut self, name: &str) -> Option<Peek> {
         let (_, n) = read_plain(self.root.fd(), name, self.me, &mut self.buf)?;
-        parse_status(std::str::from_utf8(&self.buf[..n]).ok()?).ok()
+        Peek::of(&self.buf[..n])
     }
 
     /// Whether the kernel says anything may hold the run: a flock on its dir, on its `lock`
     /// file, or by the pid its record names as its wrapper; a run cgroup of its name anywhere
     /// on the mount, or under the parent its record names.
-    fn may_be_held(&mut self, name: &str, dir_ino: u64, st: &Status) -> bool {
+    fn may_be_held(&mut self, name: &str, dir_ino: u64, st: &Peek) -> bool {
         let Some(flocks) = self.flocks.get_or_init(Flocks::read) else {
             return true;
         };
@@ -178,7 +178,7 @@ pub fn read_plain(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::State;
+    use crate::record::{State, Status};
     use std::os::unix::fs::PermissionsExt;
 
     /// A root holding the run `r1` whose status.json is the record in `state`.
@@ -200,7 +200,7 @@ mod tests {
     #[test]
     fn a_plain_final_record_nobody_holds_is_settled_and_anything_else_is_not() {
         let (_d, root) = root_with(State::Finished);
-        let got = Sweep::new(&root).settled("r1").map(|s| s.status.state);
+        let got = Sweep::new(&root).settled("r1").map(|s| s.record.state);
         assert_eq!(got, Some(State::Finished));
         assert!(Sweep::new(&root).settled("nope").is_none());
         assert!(Sweep::new(&root).settled("../r1").is_none());

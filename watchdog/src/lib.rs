@@ -18,7 +18,6 @@ pub mod ledger;
 pub mod notify;
 pub mod once;
 pub mod pass;
-pub mod peek;
 pub mod report;
 pub mod retain;
 pub mod root_lock;

@@ -16,7 +16,7 @@
 //!   no symlink anywhere on the way, never a blocked open; `fstat`: a regular file of ours, at
 //!   most [`MAX_READ`] bytes; one `read` of `st_size + 1` bytes that must return exactly the
 //!   size;
-//! - a [`Peek`] at the record (serde_json, borrowed): what the careful path would refuse or
+//! - a [`Peek`] at the record (serde_json, the fields it reads): what the careful path would refuse or
 //!   read otherwise is refused, and the state must be final;
 //! - no live wrapper: no flock on the run dir's inode, and none held by the record's
 //!   `wrapper_pid` ([`Flocks`], /proc/locks read once per pass, on first need: a wrapper holds
@@ -33,9 +33,9 @@
 
 use crate::held::{CgroupParents, Flocks};
 use crate::ledger::{Carry, Known, Ledger, Settled, RACY};
-use crate::peek::Peek;
 use agent_run_shared::cgroup::{name_for, RunCgroups};
 use agent_run_shared::id::RunId;
+use agent_run_shared::peek::Peek;
 use agent_run_shared::pid::ClaimedPid;
 use agent_run_shared::record::ContainmentMode;
 use agent_run_shared::sweep::read_plain;

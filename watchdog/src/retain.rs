@@ -46,7 +46,8 @@ pub fn sweep(root: &Root, retain: Duration, said: &mut HashSet<String>) -> Swept
         // The cheap read first: only a record that says it is final and old enough is read
         // again by the careful path, which asks the kernel what holds the run.
         if let Some(s) = sweep.record(&name) {
-            if !removal::ended_before(&s.status, now, retain) {
+            let r = &s.record;
+            if !removal::ended_when(r.state, r.ended_at.as_deref(), now, retain) {
                 continue;
             }
         }

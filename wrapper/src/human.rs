@@ -120,8 +120,13 @@ pub fn shell_command(argv: &[String]) -> String {
 
 /// The ANSI colour of a state (SGR parameters).
 pub fn state_colour(st: &Status) -> &'static str {
-    match st.state {
-        State::Finished if exit::for_record(st) == Some(0) => "32",
+    colour_of(st.state, exit::for_record(st))
+}
+
+/// [`state_colour`] of a record's state and the exit code it stands for.
+pub fn colour_of(state: State, outcome: Option<u8>) -> &'static str {
+    match state {
+        State::Finished if outcome == Some(0) => "32",
         State::Finished => "31",
         State::Cancelled => "33",
         State::LaunchFailed | State::Unknown => "1;31",
