@@ -1,6 +1,8 @@
-//! A look at a record through serde_json that keeps only what a sweep over many runs shows or
-//! decides on (`list`, `status --all`, the watchdog's pass, retention), and allocates nothing
-//! for the rest: no argv, cwd, host, output counts or resources.
+//! A look at a record through serde_json, borrowed from its bytes: what a sweep over many runs
+//! shows or decides on (`list`, the watchdog's pass, retention), and nothing it would have to
+//! allocate. A field it reads that holds a JSON escape cannot be borrowed: the peek is refused,
+//! and the caller's careful path reads the whole record (a run id, a time, a reason never
+//! holds one; a label value or a cgroup path may).
 //!
 //! [`Peek`] lists every key of the record ([`crate::record::KEYS`]), so that the record's own
 //! parse ([`crate::record::parse_status`]) and a peek refuse the same documents where it
@@ -11,12 +13,12 @@
 //! at). That gives a workload nothing: it can write a whole valid final record into its own
 //! status.json, which the careful path takes as final too.
 //!
-//! Measured on the static musl build: `list --json` over 100,000 final runs reads and parses
-//! them in about half the time the whole record's parse took, mostly for the allocations it
-//! does not make (see docs/benchmarks.md).
+//! On the static musl build, `list --json` over 100,000 final runs reads and parses them in
+//! about half the time the whole record's parse took, mostly for the allocations it does not
+//! make: musl's allocator has one lock for every thread.
 
 use crate::pid::ClaimedPid;
-use crate::record::{Containment, State, Status, SCHEMA};
+use crate::record::{ContainmentMode, State, Status, SCHEMA};
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -24,16 +26,16 @@ use std::collections::BTreeMap;
 /// Every key of the record; those with a public field are read.
 #[derive(Deserialize)]
 #[allow(dead_code)]
-pub struct Peek {
+pub struct Peek<'a> {
     schema: u32,
-    pub run_id: String,
+    pub run_id: &'a str,
     pub state: State,
-    #[serde(default)]
-    pub reason: Option<String>,
+    #[serde(borrow, default)]
+    pub reason: Option<&'a str>,
     #[serde(default)]
     pub exit_code: Option<i32>,
-    #[serde(default)]
-    pub term_signal: Option<String>,
+    #[serde(borrow, default)]
+    pub term_signal: Option<&'a str>,
     argv: IgnoredAny,
     cwd: IgnoredAny,
     #[serde(default)]
@@ -51,11 +53,11 @@ pub struct Peek {
     host: IgnoredAny,
     user: IgnoredAny,
     uid: IgnoredAny,
-    pub created_at: String,
-    #[serde(default)]
-    pub started_at: Option<String>,
-    #[serde(default)]
-    pub ended_at: Option<String>,
+    pub created_at: &'a str,
+    #[serde(borrow, default)]
+    pub started_at: Option<&'a str>,
+    #[serde(borrow, default)]
+    pub ended_at: Option<&'a str>,
     #[serde(default)]
     cleanup: Option<IgnoredAny>,
     #[serde(default)]
@@ -71,8 +73,8 @@ pub struct Peek {
     argv_b64: Option<IgnoredAny>,
     #[serde(default)]
     timeout_ms: Option<IgnoredAny>,
-    #[serde(default)]
-    pub labels: BTreeMap<String, String>,
+    #[serde(borrow, default)]
+    pub labels: BTreeMap<&'a str, &'a str>,
     #[serde(default)]
     env: Option<IgnoredAny>,
     #[serde(default)]
@@ -81,8 +83,8 @@ pub struct Peek {
     on_disconnect: Option<IgnoredAny>,
     #[serde(default)]
     pub launch_exit_code: Option<i32>,
-    #[serde(default)]
-    pub containment: Option<Containment>,
+    #[serde(borrow, default)]
+    pub containment: Option<Containment<'a>>,
     #[serde(default)]
     resources: Option<IgnoredAny>,
     #[serde(default)]
@@ -95,23 +97,32 @@ pub struct Peek {
     lease_token_sha256: Option<IgnoredAny>,
 }
 
-impl Peek {
-    /// Peek at a record's bytes: `None` for what the record's parse refuses (above).
-    pub fn of(bytes: &[u8]) -> Option<Peek> {
+/// The `containment` key, borrowed.
+#[derive(Deserialize)]
+pub struct Containment<'a> {
+    pub mode: ContainmentMode,
+    #[serde(borrow)]
+    pub cgroup: Option<&'a str>,
+}
+
+impl<'a> Peek<'a> {
+    /// Peek at a record's bytes: `None` for what the record's parse refuses, and for an escape
+    /// in a field it reads (above).
+    pub fn of(bytes: &'a [u8]) -> Option<Peek<'a>> {
         let p: Peek = serde_json::from_str(std::str::from_utf8(bytes).ok()?).ok()?;
         (p.schema == SCHEMA).then_some(p)
     }
 
     /// The same fields of a whole record (which the careful path read).
-    pub fn of_status(st: Status) -> Peek {
+    pub fn of_status(st: &'a Status) -> Peek<'a> {
         let i = IgnoredAny;
         Peek {
             schema: st.schema,
-            run_id: st.run_id,
+            run_id: &st.run_id,
             state: st.state,
-            reason: st.reason,
+            reason: st.reason.as_deref(),
             exit_code: st.exit_code,
-            term_signal: st.term_signal,
+            term_signal: st.term_signal.as_deref(),
             argv: i,
             cwd: i,
             pid: st.pid,
@@ -124,9 +135,9 @@ impl Peek {
             host: i,
             user: i,
             uid: i,
-            created_at: st.created_at,
-            started_at: st.started_at,
-            ended_at: st.ended_at,
+            created_at: &st.created_at,
+            started_at: st.started_at.as_deref(),
+            ended_at: st.ended_at.as_deref(),
             cleanup: None,
             error: None,
             version: i,
@@ -135,12 +146,15 @@ impl Peek {
             warnings: None,
             argv_b64: None,
             timeout_ms: None,
-            labels: st.labels,
+            labels: st.labels.iter().map(|(k, v)| (&**k, &**v)).collect(),
             env: None,
             caller_lost_at: None,
             on_disconnect: None,
             launch_exit_code: st.launch_exit_code,
-            containment: st.containment,
+            containment: st.containment.as_ref().map(|c| Containment {
+                mode: c.mode,
+                cgroup: c.cgroup.as_deref(),
+            }),
             resources: None,
             pty: None,
             output: None,
@@ -153,9 +167,9 @@ impl Peek {
     pub fn exit_code_for_wait(&self) -> Option<u8> {
         crate::exit::for_outcome(
             self.state,
-            self.term_signal.as_deref(),
+            self.term_signal,
             self.exit_code,
-            self.reason.as_deref(),
+            self.reason,
             self.launch_exit_code,
         )
     }
@@ -187,7 +201,7 @@ mod tests {
                 let c = p.containment.unwrap();
                 assert_eq!(c.mode, ContainmentMode::Cgroup);
                 assert_eq!(
-                    c.cgroup.as_deref(),
+                    c.cgroup,
                     Some("/sys/fs/cgroup/x/agent-run.r1.1f")
                 );
             }
@@ -224,7 +238,8 @@ mod tests {
     }
 
     /// The fields a peek reads are the record's, whether peeked from its bytes or taken from
-    /// the whole record; and the exit code they give is the record's.
+    /// the whole record; and the exit code they give is the record's. A field it reads that
+    /// holds an escape is refused (the careful path reads that record).
     #[test]
     fn a_peeks_fields_are_the_records_from_its_bytes_or_from_the_record() {
         let mut st = record(State::Cancelled);
@@ -234,34 +249,51 @@ mod tests {
         st.pid = Some(77.into());
         st.started_at = Some("2026-12-06T10:00:00.000Z".into());
         st.ended_at = Some("2026-12-06T10:00:01.000Z".into());
-        st.labels.insert("team".into(), "a \"b\"".into());
+        st.labels.insert("team".into(), "é b".into());
         st.launch_exit_code = Some(127);
+        st.containment = Some(Held::cgroup(std::path::Path::new("/x/agent-run.r1.1f")));
         let fields = |p: &Peek| {
+            let c = p
+                .containment
+                .as_ref()
+                .map(|c| (c.mode, c.cgroup.map(str::to_owned)));
             (
-                (p.run_id.clone(), p.state, p.reason.clone(), p.exit_code),
                 (
-                    p.term_signal.clone(),
-                    p.pid,
-                    p.wrapper_pid,
-                    p.created_at.clone(),
+                    p.run_id.to_owned(),
+                    p.state,
+                    p.reason.map(str::to_owned),
+                    p.exit_code,
                 ),
-                (p.started_at.clone(), p.ended_at.clone(), p.labels.clone()),
+                (p.term_signal.map(str::to_owned), p.pid, p.wrapper_pid),
+                (p.created_at.to_owned(), p.started_at.map(str::to_owned)),
                 (
-                    p.launch_exit_code,
-                    p.containment.clone(),
-                    p.exit_code_for_wait(),
+                    p.ended_at.map(str::to_owned),
+                    p.labels
+                        .clone()
+                        .into_iter()
+                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                        .collect::<Vec<_>>(),
                 ),
+                (p.launch_exit_code, c, p.exit_code_for_wait()),
             )
         };
-        let peeked = fields(&Peek::of(st.to_json().as_bytes()).unwrap());
-        let taken = fields(&Peek::of_status(st.clone()));
-        assert_eq!(peeked, taken);
+        let text = st.to_json();
+        let peeked = fields(&Peek::of(text.as_bytes()).unwrap());
+        assert_eq!(peeked, fields(&Peek::of_status(&st)));
         assert_eq!(
             peeked.0,
             (st.run_id.clone(), st.state, st.reason.clone(), Some(3))
         );
-        assert_eq!(peeked.2 .2, st.labels);
-        assert_eq!(peeked.3 .2, crate::exit::for_record(&st));
-        assert_eq!(peeked.3 .2, Some(crate::exit::LEASE_EXPIRED));
+        assert_eq!(peeked.3 .1, vec![("team".to_owned(), "é b".to_owned())]);
+        assert_eq!(peeked.4 .2, crate::exit::for_record(&st));
+        assert_eq!(peeked.4 .2, Some(crate::exit::LEASE_EXPIRED));
+
+        st.labels.insert("quoted".into(), "a \"b\"".into());
+        let escaped = st.to_json();
+        assert!(parse_status(&escaped).is_ok());
+        assert!(
+            Peek::of(escaped.as_bytes()).is_none(),
+            "an escape in a label"
+        );
     }
 }

@@ -29,33 +29,42 @@ use std::os::fd::BorrowedFd;
 /// larger, and then the careful path reads it).
 pub const MAX_READ: u64 = 64 << 10;
 
-/// What one sweep over a root reads once.
+/// What one sweep over a root reads once, and the buffer its records are read into.
 pub struct Sweep<'r> {
+    facts: Facts<'r>,
+    buf: Vec<u8>,
+}
+
+/// The kernel's facts a sweep reads once, on first need.
+struct Facts<'r> {
     root: &'r Root,
     me: u32,
     /// `None` inside: /proc/locks could not be read, so every run may be held.
     flocks: OnceCell<Option<Flocks>>,
     cgroups: OnceCell<RunCgroups>,
     parents: CgroupParents,
-    buf: Vec<u8>,
 }
 
-/// A record read by [`Sweep::record`]; from [`Sweep::settled`], a final one nobody holds.
-pub struct Settled {
+/// A record read by [`Sweep::record`]; from [`Sweep::settled`], a final one nobody holds. It
+/// borrows the sweep's buffer until the next read.
+pub struct Settled<'b> {
     /// The run dir's inode.
     pub dir_ino: u64,
-    pub record: Peek,
+    pub record: Peek<'b>,
 }
 
 impl<'r> Sweep<'r> {
     /// A sweep over `root`; nothing is read until asked.
     pub fn new(root: &'r Root) -> Sweep<'r> {
-        Sweep {
+        let facts = Facts {
             root,
             me: rustix::process::geteuid().as_raw(),
             flocks: OnceCell::new(),
             cgroups: OnceCell::new(),
             parents: CgroupParents::default(),
+        };
+        Sweep {
+            facts,
             buf: Vec::new(),
         }
     }
@@ -63,33 +72,49 @@ impl<'r> Sweep<'r> {
     /// The run cgroups of the cgroup2 mount, walked once per sweep (the careful path of the
     /// same sweep shares the walk).
     pub fn cgroups(&self) -> &RunCgroups {
-        self.cgroups.get_or_init(run_cgroups)
-    }
-
-    fn fd(&self) -> BorrowedFd<'_> {
-        self.root.fd()
+        self.facts.cgroups()
     }
 
     /// The run `name`'s final record, when it is plain and the kernel agrees that nothing
     /// holds the run; `None`: the careful path decides (see the module doc).
-    pub fn settled(&mut self, name: &str) -> Option<Settled> {
-        let s = self.record(name)?;
-        if !s.record.state.is_final() || self.may_be_held(name, s.dir_ino, &s.record) {
+    pub fn settled(&mut self, name: &str) -> Option<Settled<'_>> {
+        let (dir_ino, n) = self.read(name)?;
+        let record = Peek::of(&self.buf[..n])?;
+        if !record.state.is_final() || self.facts.may_be_held(name, dir_ino, &record) {
             return None;
         }
-        Some(s)
+        Some(Settled { dir_ino, record })
     }
 
     /// The run `name`'s record, when its dir and status.json are plain (see the module doc),
     /// whatever its state and whoever holds the run: what a caller that goes on only for
     /// some records (retention: final and old) reads first.
-    pub fn record(&mut self, name: &str) -> Option<Settled> {
+    pub fn record(&mut self, name: &str) -> Option<Settled<'_>> {
+        let (dir_ino, n) = self.read(name)?;
+        let record = Peek::of(&self.buf[..n])?;
+        Some(Settled { dir_ino, record })
+    }
+
+    /// The run dir's inode and `ID/status.json` read as [`read_plain`] reads it, into the
+    /// buffer: its length.
+    fn read(&mut self, name: &str) -> Option<(u64, usize)> {
         if !RunId::is_valid(name) {
             return None;
         }
-        let dir_ino = self.run_dir_inode(name)?;
-        let record = self.read(name)?;
-        Some(Settled { dir_ino, record })
+        let dir_ino = self.facts.run_dir_inode(name)?;
+        let f = &self.facts;
+        let (_, n) = read_plain(f.root.fd(), name, f.me, &mut self.buf)?;
+        Some((dir_ino, n))
+    }
+}
+
+impl Facts<'_> {
+    fn cgroups(&self) -> &RunCgroups {
+        self.cgroups.get_or_init(run_cgroups)
+    }
+
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.root.fd()
     }
 
     /// The careful open's checks of the run dir, by one `statx`: ours, a directory, mode 0700
@@ -101,12 +126,6 @@ impl<'r> Sweep<'r> {
             && d.stx_uid == self.me
             && u32::from(d.stx_mode) & 0o7777 == 0o700;
         ok.then_some(d.stx_ino)
-    }
-
-    /// `ID/status.json` read as [`read_plain`] reads it, and peeked at ([`Peek`]).
-    fn read(&mut self, name: &str) -> Option<Peek> {
-        let (_, n) = read_plain(self.root.fd(), name, self.me, &mut self.buf)?;
-        Peek::of(&self.buf[..n])
     }
 
     /// Whether the kernel says anything may hold the run: a flock on its dir, on its `lock`
@@ -134,7 +153,7 @@ impl<'r> Sweep<'r> {
         }
         // The cgroup the record names, where it is named for this run (a name that is not
         // this run's is no hint of where its cgroup is: the careful look ignores it too).
-        let named = st.containment.as_ref().and_then(|c| c.cgroup.as_deref());
+        let named = st.containment.as_ref().and_then(|c| c.cgroup);
         match named.and_then(|cg| cg.rsplit_once('/')) {
             Some((parent, last)) if last == base => {
                 !parent.starts_with('/') || !self.parents.gone(parent, &base)

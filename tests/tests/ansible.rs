@@ -711,6 +711,10 @@ fn baseline_ansible_async_leaves_every_process_running_after_sigkill() {
         argv: [sh, -c, 'echo $$ > "$0/workload.pid"; sleep 300 & exec sleep 300', "{{ agentrun_dir }}"]
       async: 600
       poll: 1
+      # The module unpacks itself under TMPDIR and removes that on its way out, which a
+      # killed module never takes: in the host's dir, the fleet's cleanup removes it.
+      environment:
+        TMPDIR: "{{ agentrun_dir }}"
 "#,
     );
     let (play, _results) = fleet.spawn("async", &yaml, &[], None);

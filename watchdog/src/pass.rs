@@ -206,7 +206,6 @@ impl Pass {
             // run's, and the careful path says what it is.
             Some(c) if c.mode == ContainmentMode::Cgroup => {
                 let cg = c.cgroup?;
-                let cg: &str = &cg;
                 let (parent, named) = cg.rsplit_once('/')?;
                 if named != base || !parent.starts_with('/') || parent.chars().any(char::is_control)
                 {

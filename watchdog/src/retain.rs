@@ -47,7 +47,7 @@ pub fn sweep(root: &Root, retain: Duration, said: &mut HashSet<String>) -> Swept
         // again by the careful path, which asks the kernel what holds the run.
         if let Some(s) = sweep.record(&name) {
             let r = &s.record;
-            if !removal::ended_when(r.state, r.ended_at.as_deref(), now, retain) {
+            if !removal::ended_when(r.state, r.ended_at, now, retain) {
                 continue;
             }
         }

@@ -123,8 +123,9 @@ impl Row {
 
     /// The row of a record, with what the kernel adds to it.
     fn new(st: Peek, now: f64, live: Live) -> Row {
-        let created = parse_rfc3339(&st.created_at);
+        let created = parse_rfc3339(st.created_at);
         let outcome = st.exit_code_for_wait();
+        let own = |s: Option<&str>| s.map(str::to_owned);
         Row {
             created: created.unwrap_or(0.0),
             age_s: created.map(|c| now - c),
@@ -140,13 +141,17 @@ impl Row {
             exit_code: st.exit_code,
             launch_exit_code: st.launch_exit_code,
             containment: st.containment.as_ref().map(|c| c.mode),
-            run_id: st.run_id,
-            reason: st.reason,
-            term_signal: st.term_signal,
-            labels: st.labels,
-            created_at: st.created_at,
-            started_at: st.started_at,
-            ended_at: st.ended_at,
+            run_id: st.run_id.to_owned(),
+            reason: own(st.reason),
+            term_signal: own(st.term_signal),
+            labels: st
+                .labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            created_at: st.created_at.to_owned(),
+            started_at: own(st.started_at),
+            ended_at: own(st.ended_at),
         }
     }
 }
@@ -195,7 +200,7 @@ fn list_entry(root: &Root, sweep: &mut Sweep, name: &str) -> Result<Row, String>
         note,
         suspended,
     };
-    Ok(Row::new(Peek::of_status(st), now, live))
+    Ok(Row::new(Peek::of_status(&st), now, live))
 }
 
 /// How many items of `list --json` are serialized at a time (a share of them per thread).
