@@ -200,10 +200,7 @@ mod tests {
                 assert_eq!((p.state, p.wrapper_pid), (state, Some(4321.into())));
                 let c = p.containment.unwrap();
                 assert_eq!(c.mode, ContainmentMode::Cgroup);
-                assert_eq!(
-                    c.cgroup,
-                    Some("/sys/fs/cgroup/x/agent-run.r1.1f")
-                );
+                assert_eq!(c.cgroup, Some("/sys/fs/cgroup/x/agent-run.r1.1f"));
             }
         }
         // An escaped state is the same state to both.

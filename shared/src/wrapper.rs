@@ -131,6 +131,8 @@ pub struct VerifiedWrapper {
     fd: OwnedFd,
     pid: Pid,
     start_ticks: u64,
+    /// Its signal facts as the verification read them.
+    signals: procfs::SigDispositions,
 }
 
 impl VerifiedWrapper {
@@ -142,6 +144,12 @@ impl VerifiedWrapper {
     /// Its start time in clock ticks since boot.
     pub fn start_ticks(&self) -> u64 {
         self.start_ticks
+    }
+
+    /// Whether it was stopping its run when it was verified (its signal mask:
+    /// [`procfs::SigDispositions::marks_stopping`]); a caller that acts on it reads it afresh.
+    pub fn was_stopping(&self) -> bool {
+        self.signals.marks_stopping()
     }
 
     /// The pidfd (poll it for the wrapper's exit).
@@ -277,16 +285,15 @@ pub fn verify_wrapper(
     let st = procfs::stat(pid)
         .filter(|s| !s.is_dead())
         .ok_or_else(|| format!("pid {pid} is gone"))?;
-    if procfs::real_uid(pid) != Some(sys::geteuid()) {
+    let signals = procfs::sig_dispositions(pid).ok_or_else(|| format!("pid {pid} is gone"))?;
+    if signals.real_uid != Some(sys::geteuid()) {
         return Err(format!("pid {pid} is not a process of this user"));
     }
     if procfs::comm(pid).as_deref() != Some("agent-run") {
         return Err(format!("pid {pid} is not named agent-run"));
     }
     // A `cancel`, a `status`, the watchdog: holding the lock for a look or a takeover.
-    if procfs::sig_dispositions(pid)
-        .is_some_and(|d| d.blocks(sys::PARTY_MARK) && !d.blocks(Sig::Term))
-    {
+    if signals.blocks(sys::PARTY_MARK) && !signals.blocks(Sig::Term) {
         return Err(format!("pid {pid} is an agent-run party, not a wrapper"));
     }
     // The wrapper made the run dir: it started no later (a tick of slack for the clock
@@ -319,6 +326,7 @@ pub fn verify_wrapper(
         fd,
         pid,
         start_ticks: st.start_ticks,
+        signals,
     })
 }
 

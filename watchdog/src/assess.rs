@@ -253,7 +253,7 @@ fn alive(
         }
     };
     let grace = st.map_or(Timings::default().grace, |st| timings_of(st).grace);
-    let stopping = procfs::marks_stopping(w.pid())
+    let stopping = w.was_stopping()
         || st.is_some_and(|st| st.state == agent_run_shared::record::State::Cancelling);
     s.seen.stopping_since = if stopping {
         Some(s.seen.stopping_since.unwrap_or(now))

@@ -11,6 +11,11 @@ use cli::Cli;
 use std::process::ExitCode;
 use std::time::Duration;
 
+/// Under musl, the heap the wrapper uses ([`agent_run_shared::sys::Heap`]).
+#[cfg(target_env = "musl")]
+#[global_allocator]
+static ALLOCATOR: agent_run_shared::sys::Heap = agent_run_shared::sys::Heap;
+
 fn main() -> ExitCode {
     // Never taken for a run's wrapper while it holds a run's lock (sys::PARTY_MARK).
     agent_run_shared::sys::mark_party();

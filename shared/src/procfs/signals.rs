@@ -4,7 +4,8 @@ use super::*;
 use crate::signal::Sig;
 
 /// Signal facts from /proc/PID/status (`SigIgn`, `SigCgt`, `SigBlk`, `SigPnd` | `ShdPnd`
-/// bitmasks, bit N-1 = signal N; and whether `State:` is T or t).
+/// bitmasks, bit N-1 = signal N; and whether `State:` is T or t), and the real uid the same
+/// read gives (the kernel makes the whole file for each read: one read, not two).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SigDispositions {
     pub ignored: u64,
@@ -14,6 +15,8 @@ pub struct SigDispositions {
     pub pending: u64,
     /// Stopped by a signal or a tracer.
     pub stopped: bool,
+    /// The real uid (`Uid:`, its first field).
+    pub real_uid: Option<u32>,
 }
 
 impl SigDispositions {
@@ -75,6 +78,11 @@ pub fn sig_dispositions(pid: Pid) -> Option<SigDispositions> {
             d.pending |= hex(v);
         } else if let Some(v) = line.strip_prefix("State:") {
             d.stopped = matches!(v.trim_start().as_bytes().first(), Some(b'T' | b't'));
+        } else if let Some(v) = line.strip_prefix("Uid:") {
+            d.real_uid = v
+                .split_ascii_whitespace()
+                .next()
+                .and_then(|u| u.parse().ok());
         }
     }
     Some(d)

@@ -273,7 +273,9 @@ fn reads_this_process() {
     assert!(me.start_ticks > 0);
     assert!(scan().iter().any(|s| s.pid == Pid::this()));
     assert!(!boot_id().is_empty());
-    assert!(sig_dispositions(Pid::this()).is_some());
+    let signals = sig_dispositions(Pid::this()).unwrap();
+    assert_eq!(signals.real_uid, Some(rustix::process::getuid().as_raw()));
+    assert_eq!(signals.real_uid, real_uid(Pid::this()));
 }
 
 #[test]
