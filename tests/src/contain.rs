@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::hostile::NOBODY;
-use crate::{proc_stat, processes_with_env};
+use crate::{poll_until, proc_stat, processes_with_env};
 
 /// The cgroup2 mount from /proc/self/mountinfo, if the host has one.
 pub fn cgroup2_mount() -> Option<PathBuf> {
@@ -126,22 +126,49 @@ impl Delegated {
     }
 }
 
-/// Remove a cgroup and every cgroup below it, deepest first; one with processes left cannot
-/// go and stays (the test that left them failed anyway).
-pub fn remove_cgroup_tree(p: &Path) {
-    if let Ok(rd) = fs::read_dir(p) {
-        for e in rd.flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                remove_cgroup_tree(&e.path());
-            }
-        }
+/// Remove a cgroup and every cgroup below it, deepest first, each once the kernel says it is
+/// empty (`populated 0`), to one deadline. Err(what is left, and why).
+pub fn remove_cgroup_tree(top: &Path, wait: Duration) -> Result<(), String> {
+    let mut dirs = vec![top.to_path_buf()];
+    let mut i = 0;
+    while i < dirs.len() {
+        let below: Vec<PathBuf> = fs::read_dir(&dirs[i])
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.path())
+            .collect();
+        dirs.extend(below);
+        i += 1;
     }
-    let _ = fs::remove_dir(p);
+    dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+    let start = Instant::now();
+    for d in dirs {
+        let left = wait.saturating_sub(start.elapsed());
+        poll_until(left, || match fs::remove_dir(&d) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(format!(
+                "{}: {e}; {}; procs {:?}",
+                d.display(),
+                fs::read_to_string(d.join("cgroup.events"))
+                    .unwrap_or_default()
+                    .trim(),
+                fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default()
+            )),
+            _ => Ok(()),
+        })
+        .map_err(|(_, why)| why)?;
+    }
+    Ok(())
 }
 
 impl Drop for Delegated {
     fn drop(&mut self) {
-        remove_cgroup_tree(&self.path);
+        // The run cgroup below may still be on its way out (its last process exiting, the
+        // stop removing it): waited for, so that no delegated root is left behind.
+        if let Err(why) = remove_cgroup_tree(&self.path, Duration::from_secs(10)) {
+            eprintln!("left behind: {why}");
+        }
     }
 }
 

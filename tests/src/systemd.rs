@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::contain::cgroup2_mount;
+use crate::contain::{cgroup2_mount, remove_cgroup_tree};
 use crate::{describe_output, poll_until, run_with_timeout, sys};
 
 /// The prefix of every boot's name: its directory under `target/systemd-test/` and its cgroup
@@ -238,42 +238,6 @@ fn sweep_stale_boots() {
             let _ = fs::remove_dir_all(e.path());
         }
     }
-}
-
-/// Remove a cgroup and every cgroup below it, deepest first, each once the kernel says it is
-/// empty (`populated 0`), to one deadline. Err(what is left, and why).
-fn remove_cgroup_tree(top: &Path, wait: Duration) -> Result<(), String> {
-    let mut dirs = vec![top.to_path_buf()];
-    let mut i = 0;
-    while i < dirs.len() {
-        let below: Vec<PathBuf> = fs::read_dir(&dirs[i])
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-            .map(|e| e.path())
-            .collect();
-        dirs.extend(below);
-        i += 1;
-    }
-    dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
-    let start = Instant::now();
-    for d in dirs {
-        let left = wait.saturating_sub(start.elapsed());
-        poll_until(left, || match fs::remove_dir(&d) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(format!(
-                "{}: {e}; {}; procs {:?}",
-                d.display(),
-                fs::read_to_string(d.join("cgroup.events"))
-                    .unwrap_or_default()
-                    .trim(),
-                fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default()
-            )),
-            _ => Ok(()),
-        })
-        .map_err(|(_, why)| why)?;
-    }
-    Ok(())
 }
 
 /// A running systemd: see the module's doc.

@@ -341,7 +341,10 @@ struct RemoveCgroups(PathBuf);
 
 impl Drop for RemoveCgroups {
     fn drop(&mut self) {
-        agent_run_tests::contain::remove_cgroup_tree(&self.0);
+        let wait = std::time::Duration::from_secs(10);
+        if let Err(why) = agent_run_tests::contain::remove_cgroup_tree(&self.0, wait) {
+            eprintln!("left behind: {why}");
+        }
     }
 }
 
