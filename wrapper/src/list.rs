@@ -22,34 +22,28 @@ use std::io::Write;
 use std::path::Path;
 
 /// What `list` keeps of one run: the few fields it shows, not the whole record (100,000 runs
-/// listed hold 100,000 of these, about 200 bytes each, and no record).
+/// listed hold 100,000 of these, 176 bytes each and their strings, and no record).
 struct Row {
     /// The sort key: `created_at` in epoch seconds (0 when unparsable).
     created: f64,
-    run_id: String,
+    run_id: Box<str>,
     state: State,
-    reason: Option<String>,
+    reason: Option<Box<str>>,
     /// The record's leader pid, as written.
     pid: Option<ClaimedPid>,
     age_s: Option<f64>,
-    lease_left: Option<f64>,
-    /// Why lease.json cannot be read (the workload can damage it), while the run is active.
-    lease_unreadable: Option<String>,
-    timeout_left: Option<f64>,
+    /// What the kernel and the run's other files add, for a run that is not settled (none for
+    /// most of 100,000 runs, which then keep 8 bytes for it).
+    live: Option<Box<Live>>,
     exit_code: Option<i32>,
     launch_exit_code: Option<i32>,
-    term_signal: Option<String>,
-    note: Option<String>,
-    /// Every process of the run is stopped, or its cgroup frozen (shown as `suspended`).
-    suspended: bool,
+    term_signal: Option<Box<str>>,
     outcome: Option<u8>,
     labels: BTreeMap<String, String>,
-    created_at: String,
-    started_at: Option<String>,
-    ended_at: Option<String>,
+    created_at: Box<str>,
+    started_at: Option<Box<str>>,
+    ended_at: Option<Box<str>>,
     containment: Option<ContainmentMode>,
-    /// The state's colour for the human table.
-    colour: &'static str,
 }
 
 /// A row as `list --json` shows it: the keys in the order `serde_json` sorts them (the order
@@ -93,24 +87,39 @@ fn row_json<S: Serializer>(r: &&Row, s: S) -> Result<S::Ok, S::Error> {
     r.json().serialize(s)
 }
 
+/// What a settled run adds: nothing.
+static SETTLED: Live = Live {
+    lease_left: None,
+    lease_unreadable: None,
+    timeout_left: None,
+    note: None,
+    suspended: false,
+};
+
 impl Row {
+    /// What the run adds beside its record.
+    fn live(&self) -> &Live {
+        self.live.as_deref().unwrap_or(&SETTLED)
+    }
+
     /// The row's `list --json` object.
     fn json(&self) -> RowJson<'_> {
         let round = |x: f64| (x * 10.0).round() / 10.0;
+        let live = self.live();
         RowJson {
             run_id: &self.run_id,
             state: self.state.as_str(),
             reason: self.reason.as_deref(),
             pid: self.pid,
             age_s: self.age_s.map(|a| a.round()),
-            lease_remaining_s: self.lease_left.map(round),
-            lease_unreadable: self.lease_unreadable.as_deref(),
-            timeout_remaining_s: self.timeout_left.map(round),
+            lease_remaining_s: live.lease_left.map(round),
+            lease_unreadable: live.lease_unreadable.as_deref(),
+            timeout_remaining_s: live.timeout_left.map(round),
             exit_code: self.exit_code,
             launch_exit_code: self.launch_exit_code,
             term_signal: self.term_signal.as_deref(),
-            note: self.note.as_deref(),
-            suspended: self.suspended,
+            note: live.note.as_deref(),
+            suspended: live.suspended,
             is_final: self.state.is_final(),
             outcome_exit_code: self.outcome,
             labels: &self.labels,
@@ -122,26 +131,21 @@ impl Row {
     }
 
     /// The row of a record, with what the kernel adds to it.
-    fn new(st: Peek, now: f64, live: Live) -> Row {
+    fn new(st: Peek, now: f64, live: Option<Box<Live>>) -> Row {
         let created = parse_rfc3339(st.created_at);
         let outcome = st.exit_code_for_wait();
-        let own = |s: Option<&str>| s.map(str::to_owned);
+        let own = |s: Option<&str>| s.map(Box::from);
         Row {
             created: created.unwrap_or(0.0),
             age_s: created.map(|c| now - c),
-            lease_left: live.lease_left,
-            lease_unreadable: live.lease_unreadable,
-            timeout_left: live.timeout_left,
-            note: live.note,
-            suspended: live.suspended,
+            live,
             outcome,
-            colour: human::colour_of(st.state, outcome),
             state: st.state,
             pid: st.pid,
             exit_code: st.exit_code,
             launch_exit_code: st.launch_exit_code,
             containment: st.containment.as_ref().map(|c| c.mode),
-            run_id: st.run_id.to_owned(),
+            run_id: st.run_id.into(),
             reason: own(st.reason),
             term_signal: own(st.term_signal),
             labels: st
@@ -149,7 +153,7 @@ impl Row {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
-            created_at: st.created_at.to_owned(),
+            created_at: st.created_at.into(),
             started_at: own(st.started_at),
             ended_at: own(st.ended_at),
         }
@@ -158,7 +162,6 @@ impl Row {
 
 /// What a run that goes on (or whose end the kernel doubts) shows beside its record. A final
 /// run nobody holds has none of it.
-#[derive(Default)]
 struct Live {
     lease_left: Option<f64>,
     lease_unreadable: Option<String>,
@@ -173,7 +176,7 @@ struct Live {
 fn list_entry(root: &Root, sweep: &mut Sweep, name: &str) -> Result<Row, String> {
     let now = epoch_now();
     if let Some(settled) = sweep.settled(name) {
-        return Ok(Row::new(settled.record, now, Live::default()));
+        return Ok(Row::new(settled.record, now, None));
     }
     let id = RunId::parse(name).map_err(|e| e.to_string())?;
     let dir = root.open_run_dir(&id).map_err(|e| e.to_string())?;
@@ -200,7 +203,7 @@ fn list_entry(root: &Root, sweep: &mut Sweep, name: &str) -> Result<Row, String>
         note,
         suspended,
     };
-    Ok(Row::new(Peek::of_status(&st), now, live))
+    Ok(Row::new(Peek::of_status(&st), now, Some(Box::new(live))))
 }
 
 /// How many items of `list --json` are serialized at a time (a share of them per thread).
@@ -285,11 +288,12 @@ const LIST_WIDTH: usize = 80;
 
 /// One human line of `list`. `id_w` and `state_w` are the column widths.
 fn list_line(r: &Row, id_w: usize, state_w: usize, colour: bool) -> String {
-    let state = match r.suspended {
+    let live = r.live();
+    let state = match live.suspended {
         true => "suspended",
         false => r.state.as_str(),
     };
-    let detail = match (r.note.as_deref(), r.reason.as_deref()) {
+    let detail = match (live.note.as_deref(), r.reason.as_deref()) {
         (Some(n), _) => format!(" ({})", short_note(n)),
         (None, Some(reason)) => format!(" ({})", human::printable(reason)),
         (None, None) => String::new(),
@@ -306,13 +310,13 @@ fn list_line(r: &Row, id_w: usize, state_w: usize, colour: bool) -> String {
     // Colour the state word only, after the padding is computed on the plain text.
     let painted = format!(
         "{}{}{}",
-        human::paint_code(r.colour, state, colour),
+        human::paint_code(human::colour_of(r.state, r.outcome), state, colour),
         &text[state.len()..],
         " ".repeat(pad)
     );
     // The figures the JSON shows, rounded as it rounds them.
     let round = |x: f64| (x * 10.0).round() / 10.0;
-    let left = [r.lease_left.map(round), r.timeout_left.map(round)]
+    let left = [live.lease_left.map(round), live.timeout_left.map(round)]
         .into_iter()
         .flatten()
         .min_by(f64::total_cmp);
@@ -323,7 +327,7 @@ fn list_line(r: &Row, id_w: usize, state_w: usize, colour: bool) -> String {
         r.age_s
             .map(|a| a.round())
             .map_or("-".into(), human::duration_coarse),
-        match (&r.lease_unreadable, left) {
+        match (&live.lease_unreadable, left) {
             // A damaged lease.json: said where the time left would be (status says why).
             (Some(_), _) => "damaged".into(),
             (None, left) => left.map_or("-".into(), human::duration_coarse),
