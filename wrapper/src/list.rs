@@ -1,6 +1,7 @@
 //! `agent-run list` and `agent-run gc`: every run under the root. A corrupt or unsafe run dir is
 //! reported on its own line without stopping either.
 
+use crate::cancel::parallel;
 use crate::cli::{GcArgs, ListArgs};
 use crate::human;
 use crate::runs::{open_root, root_entries};
@@ -231,16 +232,9 @@ fn write_pretty_array<T: Serialize + Sync>(
     };
     out.write_all(b"[")?;
     for (i, batch) in items.chunks(BATCH).enumerate() {
-        let parts = std::thread::scope(|s| {
-            let spawned: Vec<_> = batch
-                .chunks(share)
-                .map(|c| s.spawn(move || pretty(c)))
-                .collect();
-            spawned
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-                .collect::<anyhow::Result<Vec<_>>>()
-        })?;
+        let shares: Vec<&[T]> = batch.chunks(share).collect();
+        let parts = parallel(&shares, cpus, |c| pretty(c));
+        let parts = parts.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
         for (j, part) in parts.iter().enumerate() {
             if i + j > 0 {
                 out.write_all(b",")?;
@@ -269,17 +263,8 @@ fn read_all(root: &Root, names: &[String]) -> Vec<Vec<Result<Row, String>>> {
     if cpus < 2 || names.len() < 2_000 {
         return vec![read(names)];
     }
-    let share = names.len().div_ceil(cpus);
-    std::thread::scope(|s| {
-        let parts: Vec<_> = names
-            .chunks(share)
-            .map(|c| s.spawn(move || read(c)))
-            .collect();
-        parts
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-            .collect()
-    })
+    let shares: Vec<&[String]> = names.chunks(names.len().div_ceil(cpus)).collect();
+    parallel(&shares, cpus, |c| read(c))
 }
 
 /// The width `list` keeps to: 80 columns for run ids of up to 37 characters (longer ids are
