@@ -163,8 +163,9 @@ impl<'a> Peek<'a> {
         }
     }
 
-    /// The exit code `agent-run wait` gives for the record ([`crate::exit::for_outcome`]).
-    pub fn exit_code_for_wait(&self) -> Option<u8> {
+    /// The exit code the record stands for, as `agent-run wait` gives it
+    /// ([`crate::exit::for_outcome`]).
+    pub fn outcome(&self) -> Option<u8> {
         crate::exit::for_outcome(
             self.state,
             self.term_signal,
@@ -271,7 +272,7 @@ mod tests {
                         .map(|(k, v)| (k.to_owned(), v.to_owned()))
                         .collect::<Vec<_>>(),
                 ),
-                (p.launch_exit_code, c, p.exit_code_for_wait()),
+                (p.launch_exit_code, c, p.outcome()),
             )
         };
         let text = st.to_json();

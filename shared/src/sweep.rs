@@ -6,8 +6,8 @@
 //! `statx` of the dir (ours, a directory, mode 0700: the careful open's checks, with nothing to
 //! repair), one `openat2` of `ID/status.json` that follows no symlink, one `fstat` (a regular
 //! file of ours, at most [`MAX_READ`] bytes) and one `read`. A [`Peek`] at the record (it
-//! refuses what the record's own parse refuses) says what it says. The kernel's facts come from what the sweep reads
-//! once: the flocks of the host ([`Flocks`], /proc/locks), the run cgroups of the cgroup2 mount
+//! refuses what the record's own parse refuses) says what it says. The kernel's facts come
+//! from what the sweep reads once: the flocks of the host ([`Flocks`], /proc/locks), the run cgroups of the cgroup2 mount
 //! ([`run_cgroups`]), and the `agent-run.*` children of each cgroup parent a record names
 //! ([`CgroupParents`]).
 //!

@@ -16,8 +16,8 @@
 //!   no symlink anywhere on the way, never a blocked open; `fstat`: a regular file of ours, at
 //!   most [`MAX_READ`] bytes; one `read` of `st_size + 1` bytes that must return exactly the
 //!   size;
-//! - a [`Peek`] at the record (serde_json, the fields it reads): what the careful path would refuse or
-//!   read otherwise is refused, and the state must be final;
+//! - a [`Peek`] at the record (serde_json, the fields it reads): what the careful path would
+//!   refuse or read otherwise is refused, and the state must be final;
 //! - no live wrapper: no flock on the run dir's inode, and none held by the record's
 //!   `wrapper_pid` ([`Flocks`], /proc/locks read once per pass, on first need: a wrapper holds
 //!   its run's lock for its whole life, and writes its final record a moment before it exits);

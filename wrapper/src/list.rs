@@ -23,7 +23,7 @@ use std::io::Write;
 use std::path::Path;
 
 /// What `list` keeps of one run: the few fields it shows, not the whole record (100,000 runs
-/// listed hold 100,000 of these, 176 bytes each and their strings, and no record).
+/// listed hold 100,000 of these, 184 bytes each and their strings, and no record).
 struct Row {
     /// The sort key: `created_at` in epoch seconds (0 when unparsable).
     created: f64,
@@ -134,7 +134,7 @@ impl Row {
     /// The row of a record, with what the kernel adds to it.
     fn new(st: Peek, now: f64, live: Option<Box<Live>>) -> Row {
         let created = parse_rfc3339(st.created_at);
-        let outcome = st.exit_code_for_wait();
+        let outcome = st.outcome();
         let own = |s: Option<&str>| s.map(Box::from);
         Row {
             created: created.unwrap_or(0.0),
@@ -207,6 +207,11 @@ fn list_entry(root: &Root, sweep: &mut Sweep, name: &str) -> Result<Row, String>
     Ok(Row::new(Peek::of_status(&st), now, Some(Box::new(live))))
 }
 
+/// How many threads read or serialize: one a CPU, up to 4.
+fn fan_width() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
+}
+
 /// How many items of `list --json` are serialized at a time (a share of them per thread).
 const BATCH: usize = 8192;
 
@@ -219,7 +224,7 @@ fn write_pretty_array<T: Serialize + Sync>(
     out: &mut impl Write,
     items: &[T],
 ) -> anyhow::Result<()> {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+    let cpus = fan_width();
     let share = BATCH.div_ceil(cpus);
     if cpus < 2 || items.len() <= share {
         serde_json::to_writer_pretty(out, items)?;
@@ -252,7 +257,7 @@ fn write_pretty_array<T: Serialize + Sync>(
 /// sweep of its own: reading 100,000 records is syscalls and parsing, and both go as fast as
 /// there are CPUs. The rows stay in the parts they were read into (100,000 rows are 35 MB).
 fn read_all(root: &Root, names: &[String]) -> Vec<Vec<Result<Row, String>>> {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+    let cpus = fan_width();
     let read = |names: &[String]| {
         let mut sweep = Sweep::new(root);
         names

@@ -14,9 +14,7 @@ pub fn v2_path(text: &str) -> Option<&str> {
 /// process's dumpable flag; /proc/PID of a non-dumpable process belongs to root). `None` when
 /// it is gone.
 pub fn real_uid(pid: Pid) -> Option<u32> {
-    let text = read_kernel_file(format!("/proc/{pid}/status")).ok()?;
-    let line = text.lines().find_map(|l| l.strip_prefix("Uid:"))?;
-    line.split_ascii_whitespace().next()?.parse().ok()
+    sig_dispositions(pid)?.real_uid
 }
 
 /// A process's command name (/proc/PID/comm, trimmed): readable for every process, whatever
