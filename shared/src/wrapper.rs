@@ -19,7 +19,7 @@
 use crate::error::{Error, Result};
 use crate::journal::Journal;
 use crate::lock::{is_agent_run_exe, LockIds};
-use crate::pid::{ClaimedPid, Pid};
+use crate::pid::{ClaimedPid, Identity, Pid};
 use crate::procfs;
 use crate::reason::Reason;
 use crate::record::{State, Status};
@@ -144,6 +144,14 @@ impl VerifiedWrapper {
     /// Its start time in clock ticks since boot.
     pub fn start_ticks(&self) -> u64 {
         self.start_ticks
+    }
+
+    /// Its pid and start time.
+    pub fn identity(&self) -> Identity {
+        Identity {
+            pid: self.pid,
+            start_ticks: self.start_ticks,
+        }
     }
 
     /// Whether it was stopping its run when it was verified (its signal mask:

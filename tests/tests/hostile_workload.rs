@@ -325,6 +325,40 @@ mode_tests!(a_forged_final_record_is_not_believed;
     a_forged_final_record_is_not_believed_as_nobody_in_procfs_mode => NobodyProcfs,
 );
 
+/// Asked to stop, the workload forges a final record and kills its wrapper, which `cancel` had
+/// seen alive; a child in a session of its own lives on. `cancel` then scans only the pids
+/// newer than that wrapper for the run's marker (the wrapper forked the run): the child is
+/// among them, so the record is not believed and the child is stopped. (The child holds no
+/// pipe of the run's output: the output keeper then ends at once, and nobody holds the run.)
+fn a_record_forged_as_the_wrapper_dies_mid_cancel_is_not_believed(mode: Mode) {
+    let root = TestRoot::new();
+    let side = Side::new(&root, mode, "f3w");
+    let forge = "sed -e 's/\"state\": *\"[a-z]*\"/\"state\": \"finished\"/' \
+                 \"$AGENT_RUN_DIR/status.json\" > \"$AGENT_RUN_DIR/.f\" \
+                 && mv \"$AGENT_RUN_DIR/.f\" \"$AGENT_RUN_DIR/status.json\"";
+    let damage = format!(
+        "setsid sleep 600 </dev/null >/dev/null 2>&1 & say \"pid child $!\"; \
+         forge() {{ {forge}; }}; trap 'forge; kill -9 $PPID; exit 0' TERM"
+    );
+    let (run, c) = start_done(&side, "forger", &[], &damage);
+    let child = said_pid(&run.said(), "child").expect("the child");
+    let child_pin = Pinned::new(&[child]);
+    let (code, _, err) = side.ctl(&["cancel", "forger"]);
+    c.eq(code, 0, format_args!("cancel: {err}"));
+    c.wait_gone(&run.wrapper_pin, "the wrapper the workload killed");
+    let st = stopped_honestly(&side, &run, &child_pin);
+    ensure!(
+        c,
+        st["state"] != "finished",
+        "the forged record stood: {st}"
+    );
+}
+
+mode_tests!(a_record_forged_as_the_wrapper_dies_mid_cancel_is_not_believed;
+    a_record_forged_as_the_wrapper_dies_mid_cancel_is_not_believed_as_root => RootCgroup,
+    a_record_forged_as_the_wrapper_dies_mid_cancel_is_not_believed_as_nobody_in_procfs_mode => NobodyProcfs,
+);
+
 // ---------------------------------------------------------------------------------------------
 // F4: a rewritten `containment` hides nothing: the run's cgroup is found by its name
 

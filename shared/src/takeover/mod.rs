@@ -30,7 +30,7 @@ use crate::error::Error;
 use crate::journal::Journal;
 use crate::lifecycle::{finalize, remove_cgroup, timings_of, transition};
 use crate::lock::{RunLock, Taken};
-use crate::pid::Pid;
+use crate::pid::{Identity, Pid};
 use crate::procfs;
 use crate::procset::RunScope;
 use crate::reason::Reason;
@@ -138,12 +138,16 @@ pub fn finish(dir: &RunDir, req: &Request) -> std::result::Result<Finished, Fail
         cgroup: None,
         party_since: None,
         squat_noted: false,
+        seen: None,
     };
     t.note_damage();
     let mut recheck = RECHECK;
     loop {
         let look = t.look();
-        if let Some(st) = answer(dir, req, &look, &journal) {
+        if let Some(w) = look.wrapper() {
+            t.seen = Some(w.identity());
+        }
+        if let Some(st) = answer(dir, req, &look, &journal, t.seen) {
             return Ok(t.done(Some(st)));
         }
         let wait_on = match &look.holder {
@@ -206,7 +210,7 @@ pub fn finish(dir: &RunDir, req: &Request) -> std::result::Result<Finished, Fail
         let now = Instant::now();
         if now >= req.deadline {
             // A record made final since the look above is the answer, not a time-out.
-            return match answer(dir, req, &t.look(), &journal) {
+            return match answer(dir, req, &t.look(), &journal, t.seen) {
                 Some(st) => Ok(t.done(Some(st))),
                 None => Err(Failure::TimedOut(t.timed_out())),
             };
@@ -219,11 +223,17 @@ pub fn finish(dir: &RunDir, req: &Request) -> std::result::Result<Finished, Fail
 /// The final record `look` found, when it is the answer: the kernel agrees the run is over. With
 /// nobody holding the run, a stop also asks the facts a record cannot fake: the run's marker (by
 /// /proc scans alone), or who is where a process that left its emptied cgroup could be. A
-/// process found makes the record a lie.
-fn answer(dir: &RunDir, req: &Request, look: &Look, journal: &Journal) -> Option<Status> {
+/// process found makes the record a lie. `seen`: the run's wrapper, when we saw it alive.
+fn answer(
+    dir: &RunDir,
+    req: &Request,
+    look: &Look,
+    journal: &Journal,
+    seen: Option<Identity>,
+) -> Option<Status> {
     let st = look.believed()?;
     let recheck = req.until == Until::Final && matches!(look.holder, Holder::Nobody);
-    (!recheck || !final_doubted(dir, look, st, journal)).then(|| st.clone())
+    (!recheck || !final_doubted(dir, look, st, journal, seen)).then(|| st.clone())
 }
 
 /// How a live wrapper was taken over: idle (its stop never began), or in its own stop (by
@@ -267,6 +277,8 @@ struct Takeover<'a> {
     /// Since when another party holds the run.
     party_since: Option<Instant>,
     squat_noted: bool,
+    /// The run's wrapper, once a look found it alive (verified by kernel facts).
+    seen: Option<Identity>,
 }
 
 impl Takeover<'_> {

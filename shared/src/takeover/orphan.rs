@@ -199,14 +199,34 @@ pub fn marked_alive_in(
     found.into_iter().map(|s| s.pid).collect()
 }
 
+/// [`marked_alive`] for a caller that saw the run's wrapper alive: `wrapper`, verified by
+/// kernel facts ([`crate::wrapper::verify_wrapper`]). The wrapper forked the run, so every
+/// process of the run began after it and, while the pid counter has not wrapped since
+/// ([`procfs::only_newer_pids`]), has a higher pid: the scan reads only those. A record's
+/// word never sets this floor. It is what makes a cancel's last check cheap: the wrapper
+/// writes its final record and exits, and the canceller, woken by that exit, finds nobody
+/// holding the run.
+pub fn marked_alive_after(dir: &RunDir, st: &Status, wrapper: Identity) -> Vec<Pid> {
+    let snap = crate::procset::Snapshot::take_above(procfs::only_newer_pids(wrapper));
+    marked_alive_in(dir, st, Some(&snap))
+}
+
 /// Whether a final record that nobody holds is doubted by a fact it cannot fake: by /proc scans
 /// alone, a live process carries the run's marker; in a cgroup, the cgroup is still there (the
 /// one who writes a final record removes it) and a process that may have left it lives where
-/// it could have gone. A cgroup left behind with no such process is removed.
-pub fn final_doubted(dir: &RunDir, look: &Look, st: &Status, journal: &Journal) -> bool {
-    match &look.cgroup {
-        None => !marked_alive(dir, st).is_empty(),
-        Some(cg) => {
+/// it could have gone. A cgroup left behind with no such process is removed. `seen`: the run's
+/// wrapper, when the caller saw it alive (see [`marked_alive_after`]).
+pub fn final_doubted(
+    dir: &RunDir,
+    look: &Look,
+    st: &Status,
+    journal: &Journal,
+    seen: Option<Identity>,
+) -> bool {
+    match (&look.cgroup, seen) {
+        (None, Some(wrapper)) => !marked_alive_after(dir, st, wrapper).is_empty(),
+        (None, None) => !marked_alive(dir, st).is_empty(),
+        (Some(cg), _) => {
             if !possible_escapees(dir, st, cg).is_empty() {
                 return true;
             }
