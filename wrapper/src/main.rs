@@ -78,17 +78,17 @@ fn run(cli: cli::Cli) -> anyhow::Result<u8> {
         agent_run_shared::sys::default_sigpipe();
     }
     match cli.command {
-        cli::Command::Start(args) => launch::start(root, args),
-        cli::Command::Cancel(args) => cancel::cancel(root, args),
-        cli::Command::Renew(args) => renew::renew(root, args),
-        cli::Command::Status(args) => status::status(root, args),
-        cli::Command::Wait(args) => wait::wait(root, args),
-        cli::Command::Attach(args) => logs::attach(root, args),
-        cli::Command::Logs(args) => logs::logs(root, args),
-        cli::Command::List(args) => list::list(root, args),
-        cli::Command::Gc(args) => list::gc(root, args),
-        cli::Command::Rm(args) => rm::rm(root, args),
-        cli::Command::Remote(args) => remote::remote(args),
-        cli::Command::Version(args) => version::version(args),
+        cli::Command::Start(cli::Later(args)) => launch::start(root, args),
+        cli::Command::Cancel(cli::Later(args)) => cancel::cancel(root, args),
+        cli::Command::Renew(cli::Later(args)) => renew::renew(root, args),
+        cli::Command::Status(cli::Later(args)) => status::status(root, args),
+        cli::Command::Wait(cli::Later(args)) => wait::wait(root, args),
+        cli::Command::Attach(cli::Later(args)) => logs::attach(root, args),
+        cli::Command::Logs(cli::Later(args)) => logs::logs(root, args),
+        cli::Command::List(cli::Later(args)) => list::list(root, args),
+        cli::Command::Gc(cli::Later(args)) => list::gc(root, args),
+        cli::Command::Rm(cli::Later(args)) => rm::rm(root, args),
+        cli::Command::Remote(cli::Later(args)) => remote::remote(args),
+        cli::Command::Version(cli::Later(args)) => version::version(args),
     }
 }

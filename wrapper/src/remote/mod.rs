@@ -370,7 +370,8 @@ mod tests {
         let mut argv = vec!["agent-run", "remote"];
         argv.extend_from_slice(extra);
         argv.extend(["host", "--", "true"]);
-        let Command::Remote(args) = Cli::try_parse_from(argv).unwrap().command else {
+        let Command::Remote(crate::cli::Later(args)) = Cli::try_parse_from(argv).unwrap().command
+        else {
             panic!("not remote")
         };
         let remote = Remote {
