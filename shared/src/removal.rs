@@ -82,7 +82,16 @@ pub fn may_remove(dir: &RunDir, st: &Status, ev: &mut Evidence) -> Result<(), St
     // where one that left the run's cgroup could be.
     let doubted = match look.cgroup {
         None => !crate::takeover::marked_alive_in(dir, st, Some(ev.snapshot_for(dir))).is_empty(),
-        Some(_) => crate::takeover::final_doubted(dir, &look, st, &dir.journal("gc"), None),
+        Some(_) => crate::takeover::final_doubted(
+            dir,
+            &look,
+            st,
+            &dir.journal("gc"),
+            crate::takeover::Asker {
+                since: std::time::Instant::now(),
+                wrapper: None,
+            },
+        ),
     };
     if doubted {
         return Err(format!(

@@ -139,6 +139,7 @@ pub fn finish(dir: &RunDir, req: &Request) -> std::result::Result<Finished, Fail
         party_since: None,
         squat_noted: false,
         seen: None,
+        looked: Instant::now(),
     };
     t.note_damage();
     let mut recheck = RECHECK;
@@ -147,7 +148,7 @@ pub fn finish(dir: &RunDir, req: &Request) -> std::result::Result<Finished, Fail
         if let Some(w) = look.wrapper() {
             t.seen = Some(w.identity());
         }
-        if let Some(st) = answer(dir, req, &look, &journal, t.seen) {
+        if let Some(st) = answer(dir, req, &look, &journal, t.asker()) {
             return Ok(t.done(Some(st)));
         }
         let wait_on = match &look.holder {
@@ -210,7 +211,8 @@ pub fn finish(dir: &RunDir, req: &Request) -> std::result::Result<Finished, Fail
         let now = Instant::now();
         if now >= req.deadline {
             // A record made final since the look above is the answer, not a time-out.
-            return match answer(dir, req, &t.look(), &journal, t.seen) {
+            let look = t.look();
+            return match answer(dir, req, &look, &journal, t.asker()) {
                 Some(st) => Ok(t.done(Some(st))),
                 None => Err(Failure::TimedOut(t.timed_out())),
             };
@@ -223,17 +225,17 @@ pub fn finish(dir: &RunDir, req: &Request) -> std::result::Result<Finished, Fail
 /// The final record `look` found, when it is the answer: the kernel agrees the run is over. With
 /// nobody holding the run, a stop also asks the facts a record cannot fake: the run's marker (by
 /// /proc scans alone), or who is where a process that left its emptied cgroup could be. A
-/// process found makes the record a lie. `seen`: the run's wrapper, when we saw it alive.
+/// process found makes the record a lie.
 fn answer(
     dir: &RunDir,
     req: &Request,
     look: &Look,
     journal: &Journal,
-    seen: Option<Identity>,
+    asker: Asker,
 ) -> Option<Status> {
     let st = look.believed()?;
     let recheck = req.until == Until::Final && matches!(look.holder, Holder::Nobody);
-    (!recheck || !final_doubted(dir, look, st, journal, seen)).then(|| st.clone())
+    (!recheck || !final_doubted(dir, look, st, journal, asker)).then(|| st.clone())
 }
 
 /// How a live wrapper was taken over: idle (its stop never began), or in its own stop (by
@@ -279,10 +281,13 @@ struct Takeover<'a> {
     squat_noted: bool,
     /// The run's wrapper, once a look found it alive (verified by kernel facts).
     seen: Option<Identity>,
+    /// When the last look began.
+    looked: Instant,
 }
 
 impl Takeover<'_> {
     fn look(&mut self) -> Look {
+        self.looked = Instant::now();
         let known = self.cgroup.as_ref().map(|c| c.path().to_path_buf());
         let shared = Shared {
             cgroup: known.as_deref(),
@@ -293,6 +298,14 @@ impl Takeover<'_> {
             self.cgroup = look.cgroup.clone();
         }
         look
+    }
+
+    /// What a check of a final record nobody holds may lean on (see [`Asker`]).
+    fn asker(&self) -> Asker {
+        Asker {
+            since: self.looked,
+            wrapper: self.seen,
+        }
     }
 
     /// Say once what the run dir's files made us work around.

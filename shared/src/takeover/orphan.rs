@@ -199,34 +199,44 @@ pub fn marked_alive_in(
     found.into_iter().map(|s| s.pid).collect()
 }
 
-/// [`marked_alive`] for a caller that saw the run's wrapper alive: `wrapper`, verified by
-/// kernel facts ([`crate::wrapper::verify_wrapper`]). The wrapper forked the run, so every
-/// process of the run began after it and, while the pid counter has not wrapped since
-/// ([`procfs::only_newer_pids`]), has a higher pid: the scan reads only those. A record's
-/// word never sets this floor. It is what makes a cancel's last check cheap: the wrapper
-/// writes its final record and exits, and the canceller, woken by that exit, finds nobody
-/// holding the run.
-pub fn marked_alive_after(dir: &RunDir, st: &Status, wrapper: Identity) -> Vec<Pid> {
-    let snap = crate::procset::Snapshot::take_above(procfs::only_newer_pids(wrapper));
+/// What the caller of [`final_doubted`] knows beyond its look at the run.
+#[derive(Debug, Clone, Copy)]
+pub struct Asker {
+    /// When the look began. Any scan of /proc that began since then will do: it is shared
+    /// with the other stops and checks of this process ([`crate::procset::Snapshot::since`]),
+    /// so a cancel of many runs does not scan the whole process table once a run.
+    pub since: Instant,
+    /// The run's wrapper, when the caller saw it alive, verified by kernel facts
+    /// ([`crate::wrapper::verify_wrapper`]). It forked the run, so every process of the run
+    /// began after it and, while the pid counter has not wrapped since
+    /// ([`procfs::only_newer_pids`]), has a higher pid: the scan reads only those. A record's
+    /// word never sets this floor. A cancel's last check is cheap with it: the wrapper writes
+    /// its final record and exits, and the canceller, woken by that exit, finds nobody holding
+    /// the run.
+    pub wrapper: Option<Identity>,
+}
+
+/// [`marked_alive`] over a look shared as [`Asker`] says.
+fn marked_alive_for(dir: &RunDir, st: &Status, asker: Asker) -> Vec<Pid> {
+    let floor = asker.wrapper.and_then(procfs::only_newer_pids);
+    let snap = crate::procset::Snapshot::since(asker.since, floor);
     marked_alive_in(dir, st, Some(&snap))
 }
 
 /// Whether a final record that nobody holds is doubted by a fact it cannot fake: by /proc scans
 /// alone, a live process carries the run's marker; in a cgroup, the cgroup is still there (the
 /// one who writes a final record removes it) and a process that may have left it lives where
-/// it could have gone. A cgroup left behind with no such process is removed. `seen`: the run's
-/// wrapper, when the caller saw it alive (see [`marked_alive_after`]).
+/// it could have gone. A cgroup left behind with no such process is removed.
 pub fn final_doubted(
     dir: &RunDir,
     look: &Look,
     st: &Status,
     journal: &Journal,
-    seen: Option<Identity>,
+    asker: Asker,
 ) -> bool {
-    match (&look.cgroup, seen) {
-        (None, Some(wrapper)) => !marked_alive_after(dir, st, wrapper).is_empty(),
-        (None, None) => !marked_alive(dir, st).is_empty(),
-        (Some(cg), _) => {
+    match &look.cgroup {
+        None => !marked_alive_for(dir, st, asker).is_empty(),
+        Some(cg) => {
             if !possible_escapees(dir, st, cg).is_empty() {
                 return true;
             }
