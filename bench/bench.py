@@ -2591,7 +2591,7 @@ def simplify_removals(a):
     paras(
         a,
         "## Removed in [simplify] (issue 37)",
-        "Each row is a mechanism whose only purpose was speed, and what removing it cost the launch median over bare, in ms, in two runs. Each was under the bar of 0.2 ms a launch, so it went. Together they cost about 0.4 ms: 1.64-1.80 ms over bare before, 2.03-2.17 ms after, against a target of tini's overhead + 2 ms. The symbol-ordering link changed only the static build's page faults and is not in this table. The watchdog's hand JSON tokenizer went too: a `--once` pass over 100,000 final runs took 430 ms of CPU before and after.",
+        "Each row is a mechanism whose only purpose was speed, and what removing it cost the launch median over bare, in ms, in two runs. Each was under the bar of 0.2 ms a launch, so it went. Together they cost about 0.4 ms: 1.64-1.80 ms over bare before, 2.03-2.17 ms after, against a target of tini's overhead + 2 ms. The symbol-ordering link is not in this table: it changed the static build's page faults, not its launch. Without it a wrapper maps nearly all of its binary's text, so its peak RSS rose from 0.95 MiB (71cf49c) to about 1.9 MiB. Those pages are the binary's, shared by every wrapper on the host: 1,000 live wrappers hold 137 MiB of PSS (shared pages split among them) where 71cf49c's held 169 MiB, measured side by side. The watchdog's hand JSON tokenizer went too: a `--once` pass over 100,000 final runs took 430 ms of CPU before and after.",
     )
     a("| removed | launch median over bare, run 1 / run 2 (ms) |")
     a("|---|---|")
