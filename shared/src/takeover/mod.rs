@@ -124,30 +124,11 @@ const RECHECK_MAX: Duration = Duration::from_millis(320);
 /// Finish the run in `dir` as `req` asks.
 pub fn finish(dir: &RunDir, req: &Request) -> std::result::Result<Finished, Failure> {
     let journal = dir.journal(req.by);
-    let mut t = Takeover {
-        dir,
-        req,
-        journal: &journal,
-        lock: dir.lock(),
-        notes: Vec::new(),
-        asked: None,
-        first_look: None,
-        we_signalled: None,
-        requested: false,
-        took_over: None,
-        cgroup: None,
-        party_since: None,
-        squat_noted: false,
-        seen: None,
-        looked: Instant::now(),
-    };
+    let mut t = Takeover::new(dir, req, &journal);
     t.note_damage();
     let mut recheck = RECHECK;
     loop {
         let look = t.look();
-        if let Some(w) = look.wrapper() {
-            t.seen = Some(w.identity());
-        }
         if let Some(st) = answer(dir, req, &look, &journal, t.asker()) {
             return Ok(t.done(Some(st)));
         }
@@ -285,7 +266,28 @@ struct Takeover<'a> {
     looked: Instant,
 }
 
-impl Takeover<'_> {
+impl<'a> Takeover<'a> {
+    fn new(dir: &'a RunDir, req: &'a Request, journal: &'a Journal) -> Takeover<'a> {
+        Takeover {
+            dir,
+            req,
+            journal,
+            lock: dir.lock(),
+            notes: Vec::new(),
+            asked: None,
+            first_look: None,
+            we_signalled: None,
+            requested: false,
+            took_over: None,
+            cgroup: None,
+            party_since: None,
+            squat_noted: false,
+            seen: None,
+            looked: Instant::now(),
+        }
+    }
+
+    /// Look at the run; remember its cgroup, and its wrapper when it is alive.
     fn look(&mut self) -> Look {
         self.looked = Instant::now();
         let known = self.cgroup.as_ref().map(|c| c.path().to_path_buf());
@@ -296,6 +298,9 @@ impl Takeover<'_> {
         let look = Look::take_with(self.dir, self.dir.read_status(), &shared);
         if self.cgroup.is_none() {
             self.cgroup = look.cgroup.clone();
+        }
+        if let Some(w) = look.wrapper() {
+            self.seen = Some(w.identity());
         }
         look
     }
