@@ -80,18 +80,9 @@ pub fn may_remove(dir: &RunDir, st: &Status, ev: &mut Evidence) -> Result<(), St
     }
     // The facts a record cannot fake: the run's marker (by /proc scans alone), or a process
     // where one that left the run's cgroup could be.
-    let doubted = match look.cgroup {
+    let doubted = match &look.cgroup {
         None => !crate::takeover::marked_alive_in(dir, st, Some(ev.snapshot_for(dir))).is_empty(),
-        Some(_) => crate::takeover::final_doubted(
-            dir,
-            &look,
-            st,
-            &dir.journal("gc"),
-            crate::takeover::Asker {
-                since: std::time::Instant::now(),
-                wrapper: None,
-            },
-        ),
+        Some(cg) => crate::takeover::cgroup_doubted(dir, st, cg, &dir.journal("gc")),
     };
     if doubted {
         return Err(format!(

@@ -59,7 +59,8 @@ pub struct Cli {
 
 /// A subcommand's arguments, made only when clap enters that subcommand
 /// ([`clap::Command::defer`]). A launch then builds the arguments of `start` alone, not those of
-/// all twelve subcommands: its parse took 0.33 ms and most of the wrapper's memory besides.
+/// all twelve subcommands (that cost the wrapper a third of its own, anonymous memory: 84 of
+/// 272 KiB, and 0.08 ms of a launch).
 /// Help, man pages and completions build every subcommand first, so they show the same.
 #[derive(Debug)]
 pub struct Later<T>(pub T);

@@ -236,14 +236,18 @@ pub fn final_doubted(
 ) -> bool {
     match &look.cgroup {
         None => !marked_alive_for(dir, st, asker).is_empty(),
-        Some(cg) => {
-            if !possible_escapees(dir, st, cg).is_empty() {
-                return true;
-            }
-            remove_cgroup(cg, journal);
-            false
-        }
+        Some(cg) => cgroup_doubted(dir, st, cg, journal),
     }
+}
+
+/// [`final_doubted`] of a run whose cgroup is still there: a process that may have left it
+/// lives where it could have gone. A cgroup left behind with no such process is removed.
+pub fn cgroup_doubted(dir: &RunDir, st: &Status, cg: &RunCgroup, journal: &Journal) -> bool {
+    if !possible_escapees(dir, st, cg).is_empty() {
+        return true;
+    }
+    remove_cgroup(cg, journal);
+    false
 }
 
 /// The processes that may have left the run's empty cgroup ([`crate::escape::look`], from the
